@@ -1,0 +1,516 @@
+//! The usage ledger: one SQL row per [`UsageEvent`], on SQLite (default) or PostgreSQL.
+//!
+//! Both backends go through one [`sqlx::AnyPool`], so every query is written once. The SQL sticks
+//! to the common subset: `$n` placeholders (SQLite accepts them too), `BIGINT`/`TEXT` columns and
+//! `INSERT .. ON CONFLICT DO NOTHING`. The one difference, booleans (`INTEGER` 0/1 in SQLite,
+//! `BOOLEAN` in PostgreSQL), is bound as Rust `bool` and read back through
+//! `CASE WHEN col THEN 1 ELSE 0 END`, which yields an integer on both. Each backend has its own
+//! migration directory, embedded at compile time.
+
+use crate::BillingError;
+use serde::de::DeserializeOwned;
+use sqlx::any::{AnyPoolOptions, AnyRow};
+use sqlx::migrate::Migrator;
+use sqlx::{AnyPool, Row};
+use std::time::Duration;
+use switchyard_schemas::usage::{Usage, UsageEvent, UsageStatus};
+use switchyard_schemas::{ErrorClass, UsageKind};
+use uuid::Uuid;
+
+static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("./migrations/sqlite");
+static POSTGRES_MIGRATIONS: Migrator = sqlx::migrate!("./migrations/postgres");
+
+/// How long a SQLite connection waits for a competing writer's lock before failing.
+const SQLITE_BUSY_TIMEOUT_MS: u32 = 5_000;
+
+/// Which database a [`Ledger`] runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// A SQLite file (`sqlite://path`), journal in WAL mode.
+    Sqlite,
+    /// A PostgreSQL database (`postgres://...`).
+    Postgres,
+}
+
+impl Backend {
+    /// The backend a ledger URL names, if any: `sqlite:` or `postgres://` / `postgresql://`.
+    pub fn from_url(url: &str) -> Option<Self> {
+        if url.starts_with("sqlite:") {
+            Some(Self::Sqlite)
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Some(Self::Postgres)
+        } else {
+            None
+        }
+    }
+}
+
+/// The durable record of usage events. Cheap to clone (shares one connection pool).
+#[derive(Debug, Clone)]
+pub struct Ledger {
+    pool: AnyPool,
+    backend: Backend,
+}
+
+/// One [`UsageEvent`] checked and converted to the ledger's column types, plus its original JSON.
+#[derive(Debug, Clone)]
+pub(crate) struct UsageRow {
+    request_id: String,
+    kind: &'static str,
+    attempt: i64,
+    ts_ms: i64,
+    tenant: Option<String>,
+    key_id: Option<String>,
+    model: String,
+    target: Option<String>,
+    upstream_model: Option<String>,
+    prompt_tokens: i64,
+    cached_tokens: i64,
+    cache_write_tokens: i64,
+    completion_tokens: i64,
+    reasoning_tokens: i64,
+    estimated: bool,
+    status: &'static str,
+    error_class: Option<&'static str>,
+    ttft_ms: Option<i64>,
+    latency_ms: i64,
+    fallbacks: i64,
+    cache_hit: bool,
+    raw: String,
+}
+
+impl UsageRow {
+    /// Checks `event` fits the columns (counts within `i64`, no NUL in strings, which PostgreSQL
+    /// `TEXT` rejects) and converts it. `raw` is the JSON to keep; `None` re-serialises `event`.
+    pub(crate) fn from_event(
+        event: &UsageEvent,
+        raw: Option<String>,
+    ) -> Result<Self, BillingError> {
+        let invalid = |reason: String| BillingError::InvalidEvent {
+            request_id: event.request_id,
+            kind: event.kind.as_str(),
+            attempt: event.attempt,
+            reason,
+        };
+        let int = |field: &str, value: u64| {
+            i64::try_from(value).map_err(|_| invalid(format!("{field} = {value} exceeds i64::MAX")))
+        };
+        let text = |field: &str, value: &str| {
+            if value.contains('\0') {
+                Err(invalid(format!("{field} contains a NUL character")))
+            } else {
+                Ok(value.to_owned())
+            }
+        };
+        let opt_text = |field: &str, value: &Option<String>| {
+            value.as_deref().map(|v| text(field, v)).transpose()
+        };
+        let raw = match raw {
+            Some(raw) => raw,
+            None => serde_json::to_string(event).map_err(|e| invalid(e.to_string()))?,
+        };
+        let usage = &event.usage;
+        Ok(Self {
+            request_id: event.request_id.to_string(),
+            kind: event.kind.as_str(),
+            attempt: i64::from(event.attempt),
+            ts_ms: int("ts_ms", event.ts_ms)?,
+            tenant: opt_text("tenant", &event.tenant)?,
+            key_id: opt_text("key_id", &event.key_id)?,
+            model: text("model", &event.model)?,
+            target: opt_text("target", &event.target)?,
+            upstream_model: opt_text("upstream_model", &event.upstream_model)?,
+            prompt_tokens: int("prompt_tokens", usage.prompt_tokens)?,
+            cached_tokens: int("cached_tokens", usage.cached_tokens)?,
+            cache_write_tokens: int("cache_write_tokens", usage.cache_write_tokens)?,
+            completion_tokens: int("completion_tokens", usage.completion_tokens)?,
+            reasoning_tokens: int("reasoning_tokens", usage.reasoning_tokens)?,
+            estimated: event.estimated,
+            status: status_str(event.status),
+            error_class: event.error_class.map(ErrorClass::as_str),
+            ttft_ms: event.ttft_ms.map(|v| int("ttft_ms", v)).transpose()?,
+            latency_ms: int("latency_ms", event.latency_ms)?,
+            fallbacks: i64::from(event.fallbacks),
+            cache_hit: event.cache_hit,
+            raw,
+        })
+    }
+}
+
+fn status_str(status: UsageStatus) -> &'static str {
+    match status {
+        UsageStatus::Ok => "ok",
+        UsageStatus::Error => "error",
+        UsageStatus::Cancelled => "cancelled",
+    }
+}
+
+const INSERT_SQL: &str = "INSERT INTO usage_events (request_id, kind, attempt, ts_ms, tenant, \
+     key_id, model, target, upstream_model, prompt_tokens, cached_tokens, cache_write_tokens, \
+     completion_tokens, reasoning_tokens, estimated, status, error_class, ttft_ms, latency_ms, \
+     fallbacks, cache_hit, raw, ingested_at_ms) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, \
+     $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23) ON CONFLICT DO NOTHING";
+
+const SELECT_COLUMNS: &str = "request_id, kind, attempt, ts_ms, tenant, key_id, model, target, \
+     upstream_model, prompt_tokens, cached_tokens, cache_write_tokens, completion_tokens, \
+     reasoning_tokens, CASE WHEN estimated THEN 1 ELSE 0 END AS estimated, status, error_class, \
+     ttft_ms, latency_ms, fallbacks, CASE WHEN cache_hit THEN 1 ELSE 0 END AS cache_hit";
+
+impl Ledger {
+    /// Connects to the ledger at `url` and applies pending migrations.
+    ///
+    /// `sqlite://<path>` (relative to the working directory; `sqlite:///abs/path` for absolute
+    /// paths): the file and its parent directory are created if missing (`mode=rwc` is implied),
+    /// the journal is switched to WAL and every connection waits up to 5 s on a locked database.
+    /// `sqlite::memory:` gives a private in-memory ledger (single connection).
+    /// `postgres://user@host:port/db[?options=-c%20search_path%3Dschema]`: a PostgreSQL database.
+    pub async fn connect(url: &str) -> Result<Self, BillingError> {
+        sqlx::any::install_default_drivers();
+        let backend =
+            Backend::from_url(url).ok_or_else(|| BillingError::UnsupportedUrl(url.to_owned()))?;
+        let pool = match backend {
+            Backend::Sqlite => {
+                let (url, in_memory) = prepare_sqlite_url(url)?;
+                let pool = AnyPoolOptions::new()
+                    .max_connections(if in_memory { 1 } else { 4 })
+                    .after_connect(|conn, _meta| {
+                        Box::pin(async move {
+                            let pragma = format!("PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}");
+                            sqlx::query(&pragma).execute(conn).await.map(|_| ())
+                        })
+                    })
+                    .connect(&url)
+                    .await?;
+                if !in_memory {
+                    // Persistent in the file: once set, every later connection uses WAL.
+                    sqlx::query("PRAGMA journal_mode = WAL")
+                        .execute(&pool)
+                        .await?;
+                }
+                SQLITE_MIGRATIONS.run(&pool).await?;
+                pool
+            }
+            Backend::Postgres => {
+                let pool = AnyPoolOptions::new()
+                    .max_connections(8)
+                    .acquire_timeout(Duration::from_secs(10))
+                    .connect(url)
+                    .await?;
+                POSTGRES_MIGRATIONS.run(&pool).await?;
+                pool
+            }
+        };
+        Ok(Self { pool, backend })
+    }
+
+    /// The database this ledger runs on.
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// The underlying pool, for ad-hoc queries (reports, budgets). SQL must work on both
+    /// backends: `$n` placeholders, booleans read through `CASE WHEN col THEN 1 ELSE 0 END`.
+    pub fn pool(&self) -> &AnyPool {
+        &self.pool
+    }
+
+    /// Stores `events` in one transaction; an event whose (`request_id`, `kind`, `attempt`) is
+    /// already stored is skipped, so redelivery and replay never double count. Returns how many
+    /// rows were newly inserted. Fails without storing anything if any event is not storable
+    /// (see [`BillingError::InvalidEvent`]).
+    pub async fn insert_batch(&self, events: &[UsageEvent]) -> Result<u64, BillingError> {
+        let rows = events
+            .iter()
+            .map(|event| UsageRow::from_event(event, None))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.insert_rows(&rows).await
+    }
+
+    /// [`Ledger::insert_batch`] for rows already checked by [`UsageRow::from_event`].
+    pub(crate) async fn insert_rows(&self, rows: &[UsageRow]) -> Result<u64, BillingError> {
+        if rows.is_empty() {
+            return Ok(0);
+        }
+        let ingested_at_ms = i64::try_from(switchyard_schemas::now_ms()).unwrap_or(i64::MAX);
+        let mut tx = self.pool.begin().await?;
+        let mut inserted = 0;
+        for row in rows {
+            let result = sqlx::query(INSERT_SQL)
+                .bind(row.request_id.as_str())
+                .bind(row.kind)
+                .bind(row.attempt)
+                .bind(row.ts_ms)
+                .bind(row.tenant.as_deref())
+                .bind(row.key_id.as_deref())
+                .bind(row.model.as_str())
+                .bind(row.target.as_deref())
+                .bind(row.upstream_model.as_deref())
+                .bind(row.prompt_tokens)
+                .bind(row.cached_tokens)
+                .bind(row.cache_write_tokens)
+                .bind(row.completion_tokens)
+                .bind(row.reasoning_tokens)
+                .bind(row.estimated)
+                .bind(row.status)
+                .bind(row.error_class)
+                .bind(row.ttft_ms)
+                .bind(row.latency_ms)
+                .bind(row.fallbacks)
+                .bind(row.cache_hit)
+                .bind(row.raw.as_str())
+                .bind(ingested_at_ms)
+                .execute(&mut *tx)
+                .await?;
+            inserted += result.rows_affected();
+        }
+        tx.commit().await?;
+        Ok(inserted)
+    }
+
+    /// Every stored event of `request_id`, ordered by kind then attempt, rebuilt from the columns.
+    pub async fn usage_for(&self, request_id: Uuid) -> Result<Vec<UsageEvent>, BillingError> {
+        let sql = format!(
+            "SELECT {SELECT_COLUMNS} FROM usage_events WHERE request_id = $1 ORDER BY kind, attempt"
+        );
+        let rows = sqlx::query(&sql)
+            .bind(request_id.to_string())
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(event_from_row).collect()
+    }
+
+    /// The original JSON stored for (`request_id`, `kind`, `attempt`), if that event is stored.
+    pub async fn raw_for(
+        &self,
+        request_id: Uuid,
+        kind: UsageKind,
+        attempt: u32,
+    ) -> Result<Option<String>, BillingError> {
+        let raw = sqlx::query_scalar::<_, String>(
+            "SELECT raw FROM usage_events WHERE request_id = $1 AND kind = $2 AND attempt = $3",
+        )
+        .bind(request_id.to_string())
+        .bind(kind.as_str())
+        .bind(i64::from(attempt))
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(raw)
+    }
+
+    /// Number of stored events (rows of `usage_events`).
+    pub async fn count(&self) -> Result<u64, BillingError> {
+        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM usage_events")
+            .fetch_one(&self.pool)
+            .await?;
+        u64::try_from(n).map_err(|_| BillingError::CorruptRow(format!("negative count {n}")))
+    }
+
+    /// Closes every pooled connection; waits for connections in use to be returned.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+/// Splits off the SQLite path of `url`, creates its parent directory and adds `mode=rwc` unless
+/// a mode is given. Returns the URL to connect with and whether the database is in memory.
+fn prepare_sqlite_url(url: &str) -> Result<(String, bool), BillingError> {
+    let rest = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))
+        .unwrap_or_default();
+    let (path, query) = match rest.split_once('?') {
+        Some((path, query)) => (path, Some(query)),
+        None => (rest, None),
+    };
+    let in_memory = path.is_empty()
+        || path == ":memory:"
+        || query.is_some_and(|q| q.split('&').any(|kv| kv == "mode=memory"));
+    if in_memory {
+        return Ok((url.to_owned(), true));
+    }
+    if let Some(parent) = std::path::Path::new(path).parent()
+        && !parent.as_os_str().is_empty()
+    {
+        std::fs::create_dir_all(parent)?;
+    }
+    let has_mode = query.is_some_and(|q| q.split('&').any(|kv| kv.starts_with("mode=")));
+    let url = match (query, has_mode) {
+        (_, true) => url.to_owned(),
+        (Some(_), false) => format!("{url}&mode=rwc"),
+        (None, false) => format!("{url}?mode=rwc"),
+    };
+    Ok((url, false))
+}
+
+fn event_from_row(row: &AnyRow) -> Result<UsageEvent, BillingError> {
+    let request_id: String = row.try_get("request_id")?;
+    let request_id = Uuid::parse_str(&request_id)
+        .map_err(|e| BillingError::CorruptRow(format!("request_id `{request_id}`: {e}")))?;
+    let kind: UsageKind = parse_enum("kind", &row.try_get::<String, _>("kind")?)?;
+    let error_class = row
+        .try_get::<Option<String>, _>("error_class")?
+        .map(|s| parse_enum::<ErrorClass>("error_class", &s))
+        .transpose()?;
+    Ok(UsageEvent {
+        request_id,
+        kind,
+        attempt: uint(row, "attempt")?,
+        ts_ms: uint(row, "ts_ms")?,
+        tenant: row.try_get("tenant")?,
+        key_id: row.try_get("key_id")?,
+        model: row.try_get("model")?,
+        target: row.try_get("target")?,
+        upstream_model: row.try_get("upstream_model")?,
+        usage: Usage {
+            prompt_tokens: uint(row, "prompt_tokens")?,
+            cached_tokens: uint(row, "cached_tokens")?,
+            cache_write_tokens: uint(row, "cache_write_tokens")?,
+            completion_tokens: uint(row, "completion_tokens")?,
+            reasoning_tokens: uint(row, "reasoning_tokens")?,
+        },
+        estimated: row.try_get::<i64, _>("estimated")? != 0,
+        status: parse_enum("status", &row.try_get::<String, _>("status")?)?,
+        error_class,
+        ttft_ms: row
+            .try_get::<Option<i64>, _>("ttft_ms")?
+            .map(|v| to_uint("ttft_ms", v))
+            .transpose()?,
+        latency_ms: uint(row, "latency_ms")?,
+        fallbacks: uint(row, "fallbacks")?,
+        cache_hit: row.try_get::<i64, _>("cache_hit")? != 0,
+    })
+}
+
+fn uint<T: TryFrom<i64>>(row: &AnyRow, column: &str) -> Result<T, BillingError> {
+    to_uint(column, row.try_get::<i64, _>(column)?)
+}
+
+fn to_uint<T: TryFrom<i64>>(column: &str, value: i64) -> Result<T, BillingError> {
+    T::try_from(value)
+        .map_err(|_| BillingError::CorruptRow(format!("{column} = {value} out of range")))
+}
+
+/// Parses a snake_case enum value stored as TEXT through its serde name.
+fn parse_enum<T: DeserializeOwned>(column: &str, value: &str) -> Result<T, BillingError> {
+    serde_json::from_value(serde_json::Value::String(value.to_owned()))
+        .map_err(|e| BillingError::CorruptRow(format!("{column} `{value}`: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+
+    fn event(kind: UsageKind, attempt: u32) -> UsageEvent {
+        UsageEvent {
+            request_id: Uuid::now_v7(),
+            kind,
+            attempt,
+            ts_ms: 1_700_000_000_123,
+            tenant: Some("acme".into()),
+            key_id: None,
+            model: "gpt-4o".into(),
+            target: Some("openai-east".into()),
+            upstream_model: Some("gpt-4o-2024-08-06".into()),
+            usage: Usage {
+                prompt_tokens: 1200,
+                cached_tokens: 1000,
+                cache_write_tokens: 0,
+                completion_tokens: 300,
+                reasoning_tokens: 100,
+            },
+            estimated: true,
+            status: UsageStatus::Error,
+            error_class: Some(ErrorClass::RateLimited),
+            ttft_ms: Some(250),
+            latency_ms: 1234,
+            fallbacks: 2,
+            cache_hit: false,
+        }
+    }
+
+    #[tokio::test]
+    async fn sqlite_roundtrip_and_idempotent_insert() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/nested/dir/ledger.db", dir.path().display());
+        let ledger = Ledger::connect(&url).await.unwrap();
+        assert_eq!(ledger.backend(), Backend::Sqlite);
+        let a = event(UsageKind::Upstream, 1);
+        let mut b = a.clone();
+        b.kind = UsageKind::Charge;
+        b.attempt = 0;
+        b.error_class = None;
+        b.status = UsageStatus::Ok;
+        b.ttft_ms = None;
+        b.estimated = false;
+        b.cache_hit = true;
+        // Duplicate inside one batch and across batches: stored once.
+        assert_eq!(
+            ledger
+                .insert_batch(&[a.clone(), b.clone(), a.clone()])
+                .await
+                .unwrap(),
+            2
+        );
+        assert_eq!(
+            ledger.insert_batch(&[b.clone(), a.clone()]).await.unwrap(),
+            0
+        );
+        assert_eq!(ledger.count().await.unwrap(), 2);
+        assert_eq!(
+            ledger.usage_for(a.request_id).await.unwrap(),
+            vec![b.clone(), a.clone()]
+        );
+        let raw = ledger
+            .raw_for(a.request_id, UsageKind::Upstream, 1)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(serde_json::from_str::<UsageEvent>(&raw).unwrap(), a);
+        ledger.close().await;
+
+        // Reopening runs the (already applied) migrations again and sees the same rows.
+        let ledger = Ledger::connect(&url).await.unwrap();
+        assert_eq!(ledger.count().await.unwrap(), 2);
+        let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+            .fetch_one(ledger.pool())
+            .await
+            .unwrap();
+        assert_eq!(mode, "wal");
+    }
+
+    #[tokio::test]
+    async fn unstorable_event_rejects_whole_batch() {
+        let ledger = Ledger::connect("sqlite::memory:").await.unwrap();
+        let ok = event(UsageKind::Upstream, 0);
+        let mut huge = event(UsageKind::Upstream, 0);
+        huge.usage.prompt_tokens = u64::MAX;
+        let mut nul = event(UsageKind::Charge, 0);
+        nul.model = "gpt\0".into();
+        for bad in [huge, nul] {
+            let err = ledger.insert_batch(&[ok.clone(), bad]).await.unwrap_err();
+            assert!(matches!(err, BillingError::InvalidEvent { .. }), "{err}");
+        }
+        assert_eq!(ledger.count().await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn rejects_unknown_url() {
+        let err = Ledger::connect("mysql://x").await.unwrap_err();
+        assert!(matches!(err, BillingError::UnsupportedUrl(_)));
+    }
+
+    #[test]
+    fn sqlite_url_gets_create_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/a/b.db", dir.path().display());
+        let (out, mem) = prepare_sqlite_url(&url).unwrap();
+        assert_eq!(out, format!("{url}?mode=rwc"));
+        assert!(!mem);
+        assert!(dir.path().join("a").is_dir());
+        let (out, _) = prepare_sqlite_url(&format!("{url}?mode=ro")).unwrap();
+        assert!(out.ends_with("?mode=ro"));
+        assert!(prepare_sqlite_url("sqlite::memory:").unwrap().1);
+    }
+}

@@ -1,0 +1,318 @@
+//! The consumer loop: usage stream → ledger, in batches, acking only after commit.
+//!
+//! Delivery guarantees: a message is acked only after the transaction holding its row commits.
+//! A crash between commit and ack leads to a redelivery that the ledger's primary key ignores, so
+//! every event is counted exactly once. A message that is not a storable [`UsageEvent`] (bad
+//! JSON, a count beyond `i64::MAX`, a NUL in a string) can never succeed: it is logged with its
+//! subject and acked with [`AckKind::Term`], so JetStream stops redelivering it instead of
+//! looping forever; it stays in the stream (until `max_age`) for inspection. When the database
+//! fails, the batch is nak'ed with a delay and redelivered later; nothing is dropped.
+
+use crate::ledger::UsageRow;
+use crate::stream::{ensure_billing_consumer, ensure_usage_stream};
+use crate::{BillingError, Ledger};
+use async_nats::jetstream::consumer::pull::{self, MessagesErrorKind};
+use async_nats::jetstream::{self, AckKind};
+use futures::StreamExt;
+use std::future::Future;
+use std::pin::{Pin, pin};
+use std::time::Duration;
+use switchyard_schemas::UsageEvent;
+use switchyard_schemas::subjects::Subjects;
+use tokio::time::Instant;
+
+/// Tuning of the consumer loop.
+#[derive(Debug, Clone)]
+pub struct ServiceConfig {
+    /// Most messages stored in one transaction (default 500).
+    pub batch_max: usize,
+    /// Longest wait for more messages once a batch has its first one (default 50 ms).
+    pub batch_wait: Duration,
+    /// Consumer `max_ack_pending`: delivered-but-unacked messages allowed (default 10 000; must
+    /// exceed `2 * batch_max`, as the client pulls ahead while a batch is being stored).
+    pub max_ack_pending: i64,
+    /// Consumer `ack_wait`: redelivery delay of an unacked message (default 30 s).
+    pub ack_wait: Duration,
+    /// Nak delay after a failed insert, and pause before re-subscribing after an error (default 1 s).
+    pub retry_delay: Duration,
+}
+
+impl Default for ServiceConfig {
+    fn default() -> Self {
+        Self {
+            batch_max: 500,
+            batch_wait: Duration::from_millis(50),
+            max_ack_pending: 10_000,
+            ack_wait: Duration::from_secs(30),
+            retry_delay: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Counters of one [`BillingService::run`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BillingStats {
+    /// Batches committed.
+    pub batches: u64,
+    /// Rows newly inserted.
+    pub inserted: u64,
+    /// Valid events already in the ledger (redelivery or replay).
+    pub duplicates: u64,
+    /// Messages terminated as undecodable or unstorable.
+    pub terminated: u64,
+    /// Batches whose insert failed (nak'ed for redelivery).
+    pub failed_batches: u64,
+}
+
+/// Reads usage events from the durable consumer `billing` and stores them in the [`Ledger`].
+#[derive(Debug)]
+pub struct BillingService {
+    nats: async_nats::Client,
+    subjects: Subjects,
+    ledger: Ledger,
+    config: ServiceConfig,
+    stats: BillingStats,
+}
+
+/// Consecutive transient pull errors after which the message stream is re-created.
+const MAX_TRANSIENT_ERRORS: u32 = 3;
+
+/// Runs a [`BillingService`] with the default [`ServiceConfig`] until `shutdown` completes.
+pub async fn run(
+    nats: async_nats::Client,
+    subjects: Subjects,
+    ledger: Ledger,
+    shutdown: impl Future,
+) -> Result<(), BillingError> {
+    BillingService::new(nats, subjects, ledger)
+        .run(shutdown)
+        .await
+        .map(|_| ())
+}
+
+/// What waiting for a batch produced.
+enum Collected {
+    /// Messages to store; `stop` when shutdown was requested meanwhile.
+    Batch {
+        messages: Vec<jetstream::Message>,
+        stop: bool,
+    },
+    /// Shutdown requested with nothing in hand.
+    Shutdown,
+    /// The message stream ended or failed for good; re-subscribe.
+    Lost(String),
+}
+
+impl BillingService {
+    /// A service with the default [`ServiceConfig`].
+    pub fn new(nats: async_nats::Client, subjects: Subjects, ledger: Ledger) -> Self {
+        Self {
+            nats,
+            subjects,
+            ledger,
+            config: ServiceConfig::default(),
+            stats: BillingStats::default(),
+        }
+    }
+
+    /// Replaces the tuning.
+    pub fn with_config(mut self, config: ServiceConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Ensures the usage stream and the consumer, then stores batches until `shutdown` completes.
+    /// The batch in hand when shutdown arrives is finished (stored and acked) first. Fails only
+    /// if the initial stream/consumer setup fails; later errors are logged and retried.
+    pub async fn run(mut self, shutdown: impl Future) -> Result<BillingStats, BillingError> {
+        let js = jetstream::new(self.nats.clone());
+        let mut shutdown = pin!(shutdown);
+        let mut messages = Some(self.subscribe(&js).await?);
+        tracing::info!(subjects = %self.subjects.usage_all(), "billing consumer started");
+        loop {
+            let Some(stream) = messages.as_mut() else {
+                if pause(self.config.retry_delay, &mut shutdown).await {
+                    break;
+                }
+                match self.subscribe(&js).await {
+                    Ok(stream) => messages = Some(stream),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "re-subscribing to the usage stream failed")
+                    }
+                }
+                continue;
+            };
+            match self.collect(stream, &mut shutdown).await {
+                Collected::Batch { messages, stop } => {
+                    let ok = self.process(messages).await;
+                    if stop || (!ok && pause(self.config.retry_delay, &mut shutdown).await) {
+                        break;
+                    }
+                }
+                Collected::Shutdown => break,
+                Collected::Lost(reason) => {
+                    tracing::warn!(%reason, "usage message stream lost; re-subscribing");
+                    messages = None;
+                }
+            }
+        }
+        // Acks are buffered publishes: push them out before the caller drops the client.
+        if let Err(e) = self.nats.flush().await {
+            tracing::warn!(error = %e, "flushing acks on shutdown failed");
+        }
+        tracing::info!(stats = ?self.stats, "billing consumer stopped");
+        Ok(self.stats)
+    }
+
+    /// Ensures stream and consumer and opens the pull message stream.
+    async fn subscribe(&self, js: &jetstream::Context) -> Result<pull::Stream, BillingError> {
+        let stream = ensure_usage_stream(js, &self.subjects).await?;
+        let consumer =
+            ensure_billing_consumer(&stream, self.config.max_ack_pending, self.config.ack_wait)
+                .await?;
+        let batch = self.config.batch_max.max(1);
+        Ok(consumer
+            .stream()
+            .max_messages_per_batch(batch)
+            .expires(Duration::from_secs(30))
+            .heartbeat(Duration::from_secs(10))
+            .messages()
+            .await?)
+    }
+
+    /// Waits for a first message (or shutdown), then gathers more for up to `batch_wait` or until
+    /// `batch_max` are in hand.
+    async fn collect<F: Future>(
+        &self,
+        stream: &mut pull::Stream,
+        shutdown: &mut Pin<&mut F>,
+    ) -> Collected {
+        let mut transient = 0;
+        let first = loop {
+            let next = tokio::select! {
+                biased;
+                _ = shutdown.as_mut() => return Collected::Shutdown,
+                next = stream.next() => next,
+            };
+            match next {
+                Some(Ok(message)) => break message,
+                None => return Collected::Lost("message stream ended".into()),
+                Some(Err(e)) if is_fatal(e.kind()) => return Collected::Lost(e.to_string()),
+                Some(Err(e)) => {
+                    transient += 1;
+                    tracing::warn!(error = %e, "pulling usage events failed");
+                    if transient >= MAX_TRANSIENT_ERRORS {
+                        return Collected::Lost(e.to_string());
+                    }
+                    if pause(self.config.retry_delay, shutdown).await {
+                        return Collected::Shutdown;
+                    }
+                }
+            }
+        };
+        let mut messages = vec![first];
+        let deadline = Instant::now() + self.config.batch_wait;
+        while messages.len() < self.config.batch_max {
+            let next = tokio::select! {
+                biased;
+                _ = shutdown.as_mut() => return Collected::Batch { messages, stop: true },
+                _ = tokio::time::sleep_until(deadline) => break,
+                next = stream.next() => next,
+            };
+            match next {
+                Some(Ok(message)) => messages.push(message),
+                // Store what is in hand; the next `collect` reports the error again if it lasts.
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "pulling usage events failed mid-batch");
+                    break;
+                }
+                None => break,
+            }
+        }
+        Collected::Batch {
+            messages,
+            stop: false,
+        }
+    }
+
+    /// Decodes, stores and acks one batch. Returns false when the insert failed (batch nak'ed).
+    async fn process(&mut self, batch: Vec<jetstream::Message>) -> bool {
+        let mut rows = Vec::with_capacity(batch.len());
+        let mut good = Vec::with_capacity(batch.len());
+        for message in batch {
+            match decode(&message.payload) {
+                Ok(row) => {
+                    rows.push(row);
+                    good.push(message);
+                }
+                Err(reason) => {
+                    self.stats.terminated += 1;
+                    tracing::warn!(
+                        subject = %message.subject,
+                        %reason,
+                        "terminating usage message that is not a storable UsageEvent"
+                    );
+                    if let Err(e) = message.ack_with(AckKind::Term).await {
+                        tracing::warn!(subject = %message.subject, error = %e, "term failed");
+                    }
+                }
+            }
+        }
+        if rows.is_empty() {
+            return true;
+        }
+        match self.ledger.insert_rows(&rows).await {
+            Ok(inserted) => {
+                self.stats.batches += 1;
+                self.stats.inserted += inserted;
+                self.stats.duplicates += rows.len() as u64 - inserted;
+                tracing::debug!(events = rows.len(), inserted, "usage batch stored");
+                for message in &good {
+                    // A lost ack means a redelivery, which the primary key absorbs.
+                    if let Err(e) = message.ack().await {
+                        tracing::warn!(subject = %message.subject, error = %e, "ack failed");
+                    }
+                }
+                true
+            }
+            Err(e) => {
+                self.stats.failed_batches += 1;
+                tracing::error!(error = %e, events = rows.len(), "storing usage batch failed; nak");
+                let nak = AckKind::Nak(Some(self.config.retry_delay));
+                for message in &good {
+                    if let Err(e) = message.ack_with(nak).await {
+                        tracing::warn!(subject = %message.subject, error = %e, "nak failed");
+                    }
+                }
+                false
+            }
+        }
+    }
+}
+
+/// Parses and checks one payload; the error says why it can never be stored.
+fn decode(payload: &[u8]) -> Result<UsageRow, String> {
+    let event: UsageEvent =
+        serde_json::from_slice(payload).map_err(|e| format!("bad JSON: {e}"))?;
+    let raw = std::str::from_utf8(payload).ok().map(str::to_owned);
+    UsageRow::from_event(&event, raw).map_err(|e| e.to_string())
+}
+
+/// Pull errors after which the message stream yields nothing more.
+fn is_fatal(kind: MessagesErrorKind) -> bool {
+    matches!(
+        kind,
+        MessagesErrorKind::ConsumerDeleted
+            | MessagesErrorKind::PushBasedConsumer
+            | MessagesErrorKind::RequestLimitExceeded
+    )
+}
+
+/// Sleeps `delay` unless shutdown completes first; returns true on shutdown.
+async fn pause<F: Future>(delay: Duration, shutdown: &mut Pin<&mut F>) -> bool {
+    tokio::select! {
+        biased;
+        _ = shutdown.as_mut() => true,
+        _ = tokio::time::sleep(delay) => false,
+    }
+}

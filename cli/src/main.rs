@@ -1,0 +1,418 @@
+//! `switchyard`: the CLI wiring Switchyard's services. `up` runs everything in one process; the
+//! other subcommands run one service each against a shared NATS (the distributed topology).
+
+mod config;
+
+use clap::{Args, Parser, Subcommand};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use switchyard_schemas::config::{BUILTIN_MOCK_URL, GatewayConfig, ProviderKind};
+use switchyard_schemas::subjects::Subjects;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser)]
+#[command(name = "switchyard", version, about = "An LLM API gateway on NATS")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Args, Clone)]
+struct Common {
+    /// YAML config file (default: the built-in demo config).
+    #[arg(long, env = "SWITCHYARD_CONFIG")]
+    config: Option<PathBuf>,
+    /// NATS URL; overrides the config's `nats_url`.
+    #[arg(long, env = "SWITCHYARD_NATS_URL")]
+    nats_url: Option<String>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Everything in one process: private nats-server (unless a NATS URL is set), built-in mock
+    /// upstream, ingress, workers, cache and billing (SQLite under the data dir).
+    Up {
+        #[command(flatten)]
+        common: Common,
+        /// HTTP listen address (overrides the config's `listen`).
+        #[arg(long)]
+        listen: Option<String>,
+        /// Data directory for the embedded nats-server and the ledger (overrides `data_dir`).
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+        /// Port for the private nats-server (default: a free port).
+        #[arg(long)]
+        nats_port: Option<u16>,
+    },
+    /// The HTTP front door only.
+    Ingress {
+        #[command(flatten)]
+        common: Common,
+        /// HTTP listen address (overrides the config's `listen`).
+        #[arg(long)]
+        listen: Option<String>,
+    },
+    /// A provider worker (joins the queue groups of the given providers; default all configured).
+    Worker {
+        #[command(flatten)]
+        common: Common,
+        /// Provider queue to serve (repeatable): openai, openai_compatible, anthropic.
+        #[arg(long = "provider", value_parser = parse_provider)]
+        providers: Vec<ProviderKind>,
+        /// Base URL (with `/v1`) that `builtin:mock` targets resolve to.
+        #[arg(long)]
+        mock_url: Option<String>,
+    },
+    /// The billing consumer (durable JetStream consumer → SQL ledger).
+    Billing {
+        #[command(flatten)]
+        common: Common,
+        /// sqlx database URL (default: SQLite under the data dir).
+        #[arg(long, env = "SWITCHYARD_DATABASE_URL")]
+        database_url: Option<String>,
+    },
+    /// The cache service.
+    Cache {
+        #[command(flatten)]
+        common: Common,
+    },
+    /// A wire-accurate mock of the OpenAI and Anthropic APIs for tests, demos and benchmarks.
+    MockUpstream {
+        /// Listen address.
+        #[arg(long, default_value = "127.0.0.1:9090")]
+        listen: SocketAddr,
+    },
+}
+
+fn parse_provider(s: &str) -> Result<ProviderKind, String> {
+    serde_json::from_value(serde_json::Value::String(s.to_owned()))
+        .map_err(|_| format!("unknown provider `{s}` (openai, openai_compatible, anthropic)"))
+}
+
+#[derive(Debug, thiserror::Error)]
+enum CliError {
+    #[error(transparent)]
+    Config(#[from] config::ConfigLoadError),
+    #[error("{0}")]
+    Msg(String),
+}
+
+fn msg(e: impl std::fmt::Display) -> CliError {
+    CliError::Msg(e.to_string())
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(Cli::parse()).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("switchyard: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// Fires on Ctrl-C or SIGTERM.
+fn shutdown_token() -> CancellationToken {
+    let token = CancellationToken::new();
+    let t = token.clone();
+    tokio::spawn(async move {
+        let ctrl_c = tokio::signal::ctrl_c();
+        #[cfg(unix)]
+        {
+            let mut term =
+                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                    Ok(s) => s,
+                    Err(_) => {
+                        let _ = ctrl_c.await;
+                        t.cancel();
+                        return;
+                    }
+                };
+            tokio::select! {
+                _ = ctrl_c => {}
+                _ = term.recv() => {}
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = ctrl_c.await;
+        t.cancel();
+    });
+    token
+}
+
+fn load(common: &Common) -> Result<GatewayConfig, CliError> {
+    let mut c = config::load(common.config.as_deref())?;
+    if let Some(url) = &common.nats_url {
+        c.nats_url = Some(url.clone());
+    }
+    Ok(c)
+}
+
+async fn connect(url: &str, name: &str) -> Result<async_nats::Client, CliError> {
+    async_nats::ConnectOptions::new()
+        .name(name)
+        .connect(url)
+        .await
+        .map_err(|e| msg(format!("connecting to NATS at {url}: {e}")))
+}
+
+fn require_nats(c: &GatewayConfig) -> Result<String, CliError> {
+    c.nats_url
+        .clone()
+        .ok_or_else(|| msg("no NATS URL: pass --nats-url or set nats_url in the config"))
+}
+
+fn new_id(kind: &str) -> String {
+    format!("{kind}-{}", uuid::Uuid::now_v7().simple())
+}
+
+async fn run(cli: Cli) -> Result<(), CliError> {
+    match cli.command {
+        Command::Up {
+            common,
+            listen,
+            data_dir,
+            nats_port,
+        } => up(common, listen, data_dir, nats_port).await,
+        Command::Ingress { common, listen } => {
+            let mut c = load(&common)?;
+            if let Some(l) = listen {
+                c.listen = l;
+            }
+            let nats = connect(&require_nats(&c)?, "switchyard-ingress").await?;
+            let shutdown = shutdown_token();
+            run_ingress(nats, Arc::new(c), shutdown).await
+        }
+        Command::Worker {
+            common,
+            providers,
+            mock_url,
+        } => {
+            let c = load(&common)?;
+            let nats = connect(&require_nats(&c)?, "switchyard-worker").await?;
+            let opts = switchyard_workers::worker::WorkerOptions {
+                worker_id: new_id("worker"),
+                subjects: Subjects::new(c.subject_prefix.clone()),
+                config: Arc::new(c),
+                providers,
+                builtin_mock_url: mock_url,
+            };
+            switchyard_workers::worker::run(nats, opts, shutdown_token())
+                .await
+                .map_err(msg)
+        }
+        Command::Billing {
+            common,
+            database_url,
+        } => {
+            let c = load(&common)?;
+            let nats = connect(&require_nats(&c)?, "switchyard-billing").await?;
+            run_billing(nats, &c, database_url, shutdown_token()).await
+        }
+        Command::Cache { common } => {
+            let c = load(&common)?;
+            let nats = connect(&require_nats(&c)?, "switchyard-cache").await?;
+            let token = shutdown_token();
+            switchyard_cache::run(
+                nats,
+                Subjects::new(c.subject_prefix.clone()),
+                token.cancelled_owned(),
+            )
+            .await
+            .map_err(msg)
+        }
+        Command::MockUpstream { listen } => {
+            let listener = tokio::net::TcpListener::bind(listen).await.map_err(msg)?;
+            eprintln!(
+                "switchyard mock upstream on http://{listen} (OpenAI: /v1/chat/completions, Anthropic: /v1/messages)"
+            );
+            let token = shutdown_token();
+            tokio::select! {
+                r = switchyard_workers::mock_upstream::serve(listener, switchyard_workers::mock_upstream::MockState::new()) => r.map_err(msg),
+                _ = token.cancelled() => Ok(()),
+            }
+        }
+    }
+}
+
+async fn run_ingress(
+    nats: async_nats::Client,
+    c: Arc<GatewayConfig>,
+    shutdown: CancellationToken,
+) -> Result<(), CliError> {
+    let listener = tokio::net::TcpListener::bind(&c.listen)
+        .await
+        .map_err(|e| msg(format!("binding {}: {e}", c.listen)))?;
+    let addr = listener.local_addr().map_err(msg)?;
+    let state = switchyard_ingress::state(nats, c.clone(), &new_id("ingress"))
+        .await
+        .map_err(msg)?;
+    tracing::warn!(
+        "authentication is OFF: any bearer token is accepted (API keys arrive in a later release)"
+    );
+    tracing::info!("ingress listening on http://{addr}");
+    switchyard_ingress::serve(listener, state, shutdown.cancelled_owned())
+        .await
+        .map_err(msg)
+}
+
+async fn run_billing(
+    nats: async_nats::Client,
+    c: &GatewayConfig,
+    database_url: Option<String>,
+    shutdown: CancellationToken,
+) -> Result<(), CliError> {
+    let url = database_url
+        .or_else(|| c.billing.database_url.clone())
+        .unwrap_or_else(|| {
+            format!(
+                "sqlite://{}/ledger.db?mode=rwc",
+                c.data_dir.trim_end_matches('/')
+            )
+        });
+    let ledger = switchyard_billing::Ledger::connect(&url)
+        .await
+        .map_err(msg)?;
+    switchyard_billing::run(
+        nats,
+        Subjects::new(c.subject_prefix.clone()),
+        ledger,
+        shutdown.cancelled_owned(),
+    )
+    .await
+    .map_err(msg)
+}
+
+async fn up(
+    common: Common,
+    listen: Option<String>,
+    data_dir: Option<PathBuf>,
+    nats_port: Option<u16>,
+) -> Result<(), CliError> {
+    let mut c = load(&common)?;
+    if let Some(l) = listen {
+        c.listen = l;
+    }
+    if let Some(d) = data_dir {
+        c.data_dir = d.display().to_string();
+    }
+    std::fs::create_dir_all(&c.data_dir)
+        .map_err(|e| msg(format!("creating {}: {e}", c.data_dir)))?;
+    // The private nats-server lives as long as this binding (killed on drop).
+    let mut _natsd = None;
+    let url = match c.nats_url.clone() {
+        Some(u) => u,
+        None => {
+            let port = match nats_port {
+                Some(p) => p,
+                None => switchyard_natsd::free_port().map_err(msg)?,
+            };
+            let store = PathBuf::from(&c.data_dir).join("nats");
+            let server = switchyard_natsd::NatsServer::start(&store, port).map_err(msg)?;
+            tracing::info!(url = %server.url(), store = %store.display(), "started private nats-server");
+            let url = server.url();
+            _natsd = Some(server);
+            url
+        }
+    };
+    c.nats_url = Some(url.clone());
+    let config = Arc::new(c);
+    let shutdown = shutdown_token();
+    let subjects = Subjects::new(config.subject_prefix.clone());
+
+    // Built-in mock upstream for `builtin:mock` targets.
+    let mut mock_url = None;
+    if config
+        .targets
+        .iter()
+        .any(|t| t.base_url == BUILTIN_MOCK_URL)
+    {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(msg)?;
+        let addr = listener.local_addr().map_err(msg)?;
+        mock_url = Some(format!("http://{addr}/v1"));
+        tokio::spawn(switchyard_workers::mock_upstream::serve(
+            listener,
+            switchyard_workers::mock_upstream::MockState::new(),
+        ));
+        tracing::info!("built-in mock upstream on http://{addr}");
+    }
+
+    let mut tasks = tokio::task::JoinSet::new();
+    // Billing first: it creates the usage stream the others publish to.
+    {
+        let nats = connect(&url, "switchyard-billing").await?;
+        let js = async_nats::jetstream::new(nats.clone());
+        switchyard_billing::ensure_usage_stream(&js, &subjects)
+            .await
+            .map_err(msg)?;
+        let config = config.clone();
+        let token = shutdown.clone();
+        tasks.spawn(async move {
+            run_billing(nats, &config, None, token)
+                .await
+                .map_err(|e| ("billing", e))
+        });
+    }
+    {
+        let nats = connect(&url, "switchyard-cache").await?;
+        let subjects = subjects.clone();
+        let token = shutdown.clone();
+        tasks.spawn(async move {
+            switchyard_cache::run(nats, subjects, token.cancelled_owned())
+                .await
+                .map_err(|e| ("cache", msg(e)))
+        });
+    }
+    {
+        let nats = connect(&url, "switchyard-worker").await?;
+        let opts = switchyard_workers::worker::WorkerOptions {
+            worker_id: new_id("worker"),
+            subjects: subjects.clone(),
+            config: config.clone(),
+            providers: Vec::new(),
+            builtin_mock_url: mock_url,
+        };
+        let token = shutdown.clone();
+        tasks.spawn(async move {
+            switchyard_workers::worker::run(nats, opts, token)
+                .await
+                .map_err(|e| ("worker", msg(e)))
+        });
+    }
+    {
+        let nats = connect(&url, "switchyard-ingress").await?;
+        let config = config.clone();
+        let token = shutdown.clone();
+        tasks.spawn(async move {
+            run_ingress(nats, config, token)
+                .await
+                .map_err(|e| ("ingress", e))
+        });
+    }
+    for m in &config.models {
+        tracing::info!(model = %m.id, targets = ?m.targets, "model available");
+    }
+    // The first service to stop (error or shutdown) stops the rest.
+    let mut result = Ok(());
+    while let Some(joined) = tasks.join_next().await {
+        if let Ok(Err((service, e))) = joined {
+            tracing::error!(%service, error = %e, "service failed; shutting down");
+            if result.is_ok() {
+                result = Err(msg(format!("{service}: {e}")));
+            }
+        }
+        shutdown.cancel();
+    }
+    result
+}

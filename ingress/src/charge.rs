@@ -1,0 +1,115 @@
+//! The `charge` usage event ingress writes for every admitted request: exactly one, whether the
+//! request completed, failed, or the client went away (then it is written on drop, with usage
+//! estimated from the text seen if the worker's usage had not arrived yet).
+
+use crate::AppState;
+use std::sync::Arc;
+use std::time::Instant;
+use switchyard_schemas::publish::publish_usage_event;
+use switchyard_schemas::usage::UsageStatus;
+use switchyard_schemas::{ChatRequest, ErrorClass, Usage, UsageEvent, UsageKind, now_ms};
+
+/// Accumulates what the tenant is charged for one request; publishes once.
+pub struct Charge {
+    app: Arc<AppState>,
+    event: Option<UsageEvent>,
+    admitted: Instant,
+    prompt_bytes: usize,
+    /// Bytes of generated text seen so far, for the estimate on abort.
+    pub output_bytes: usize,
+}
+
+impl Charge {
+    /// Starts the record for `req` at admission time `admitted`.
+    pub fn new(app: Arc<AppState>, req: &ChatRequest, admitted: Instant) -> Self {
+        let event = UsageEvent {
+            request_id: req.id,
+            kind: UsageKind::Charge,
+            attempt: 0,
+            ts_ms: now_ms(),
+            tenant: req.tenant.clone(),
+            key_id: req.key_id.clone(),
+            model: req.model.clone(),
+            target: None,
+            upstream_model: None,
+            usage: Usage::default(),
+            estimated: false,
+            status: UsageStatus::Cancelled,
+            error_class: Some(ErrorClass::Cancelled),
+            ttft_ms: None,
+            latency_ms: 0,
+            fallbacks: 0,
+            cache_hit: false,
+        };
+        Self {
+            app,
+            event: Some(event),
+            admitted,
+            prompt_bytes: req.prompt_text().len(),
+            output_bytes: 0,
+        }
+    }
+
+    /// Records the attempt now being tried.
+    pub fn attempt(&mut self, target: &str, upstream_model: &str, fallbacks: u32) {
+        if let Some(e) = self.event.as_mut() {
+            e.target = Some(target.to_owned());
+            e.upstream_model = Some(upstream_model.to_owned());
+            e.fallbacks = fallbacks;
+        }
+    }
+
+    /// Marks the first content (TTFT from admission).
+    pub fn first_content(&mut self) {
+        let ms = self.admitted.elapsed().as_millis() as u64;
+        if let Some(e) = self.event.as_mut()
+            && e.ttft_ms.is_none()
+        {
+            e.ttft_ms = Some(ms);
+        }
+    }
+
+    /// Records the upstream-reported usage.
+    pub fn usage(&mut self, usage: Usage) {
+        if let Some(e) = self.event.as_mut() {
+            e.usage = usage;
+        }
+    }
+
+    /// Publishes the event with its final status. `error` is `None` on success.
+    pub fn finish(mut self, error: Option<ErrorClass>) {
+        let status = match error {
+            None => UsageStatus::Ok,
+            Some(ErrorClass::Cancelled) => UsageStatus::Cancelled,
+            Some(_) => UsageStatus::Error,
+        };
+        self.publish(status, error);
+    }
+
+    fn publish(&mut self, status: UsageStatus, error: Option<ErrorClass>) {
+        let Some(mut e) = self.event.take() else {
+            return;
+        };
+        e.status = status;
+        e.error_class = error;
+        e.latency_ms = self.admitted.elapsed().as_millis() as u64;
+        if e.usage == Usage::default() && self.output_bytes > 0 {
+            // Aborted before the worker's usage arrived: estimate at 4 bytes per token.
+            e.usage.prompt_tokens = self.prompt_bytes.div_ceil(4) as u64;
+            e.usage.completion_tokens = self.output_bytes.div_ceil(4) as u64;
+            e.estimated = true;
+        }
+        let app = self.app.clone();
+        tokio::spawn(async move {
+            publish_usage_event(&app.js, &app.subjects, &e).await;
+        });
+    }
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        if self.event.is_some() {
+            self.publish(UsageStatus::Cancelled, Some(ErrorClass::Cancelled));
+        }
+    }
+}

@@ -1,0 +1,127 @@
+//! Ingress: the HTTP/SSE front doors. It validates requests, picks targets, publishes normalised
+//! requests on NATS, and turns the worker's frame stream back into the client's wire format.
+//!
+//! Routes: `POST /v1/chat/completions` (OpenAI, stream and non-stream), `GET /v1/models`,
+//! `GET /healthz`.
+
+pub mod charge;
+pub mod chat;
+pub mod dispatch;
+pub mod error;
+pub mod openai;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use std::sync::Arc;
+use switchyard_schemas::config::GatewayConfig;
+use switchyard_schemas::subjects::Subjects;
+
+/// Everything a handler needs.
+pub struct AppState {
+    /// The active config.
+    pub config: Arc<GatewayConfig>,
+    /// Request publisher and reply demultiplexer.
+    pub dispatcher: dispatch::Dispatcher,
+    /// JetStream, for usage events.
+    pub js: async_nats::jetstream::Context,
+    /// Subject names.
+    pub subjects: Subjects,
+    /// The NATS connection (health).
+    pub nats: async_nats::Client,
+}
+
+/// Ingress start-up failures.
+#[derive(Debug, thiserror::Error)]
+pub enum IngressError {
+    /// Subscribing the reply inbox failed.
+    #[error("NATS subscribe failed: {0}")]
+    Subscribe(#[from] async_nats::SubscribeError),
+    /// Serving HTTP failed.
+    #[error("HTTP server: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Builds the state: subscribes this process's reply inbox (`ingress_id` must be unique per process).
+pub async fn state(
+    nats: async_nats::Client,
+    config: Arc<GatewayConfig>,
+    ingress_id: &str,
+) -> Result<Arc<AppState>, IngressError> {
+    let subjects = Subjects::new(config.subject_prefix.clone());
+    let dispatcher =
+        dispatch::Dispatcher::start(nats.clone(), subjects.clone(), ingress_id).await?;
+    Ok(Arc::new(AppState {
+        config,
+        dispatcher,
+        js: async_nats::jetstream::new(nats.clone()),
+        subjects,
+        nats,
+    }))
+}
+
+/// The HTTP router.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat::chat_completions))
+        .route("/v1/models", get(models))
+        .route("/healthz", get(healthz))
+        .fallback(not_found)
+        // 8 MiB: the embedded nats-server's max_payload (see natsd).
+        .layer(axum::extract::DefaultBodyLimit::max(8 * 1024 * 1024))
+        .with_state(state)
+}
+
+/// Serves until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: Arc<AppState>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), IngressError> {
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await?;
+    Ok(())
+}
+
+async fn models(State(app): State<Arc<AppState>>) -> Response {
+    let data: Vec<serde_json::Value> = app
+        .config
+        .models
+        .iter()
+        .map(|m| {
+            let owner = m
+                .owned_by
+                .clone()
+                .unwrap_or_else(|| m.id.split('/').next().unwrap_or("switchyard").to_owned());
+            serde_json::json!({"id": m.id, "object": "model", "created": 0, "owned_by": owner})
+        })
+        .collect();
+    axum::Json(serde_json::json!({"object": "list", "data": data})).into_response()
+}
+
+async fn healthz(State(app): State<Arc<AppState>>) -> Response {
+    let connected = app.nats.connection_state() == async_nats::connection::State::Connected;
+    let status = if connected {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body =
+        serde_json::json!({"status": if connected { "ok" } else { "degraded" }, "nats": connected});
+    (status, axum::Json(body)).into_response()
+}
+
+async fn not_found() -> Response {
+    let e = error::ApiError {
+        status: StatusCode::NOT_FOUND,
+        message: "Unknown route. Switchyard serves /v1/chat/completions and /v1/models.".into(),
+        kind: "invalid_request_error",
+        param: None,
+        code: Some("unknown_url"),
+        retry_after_s: None,
+    };
+    e.into_response()
+}

@@ -1,0 +1,286 @@
+//! Writes OpenAI wire responses: `chat.completion.chunk` SSE events and the aggregated
+//! `chat.completion` object. Reference: OpenAI API reference, "The chat completion object" and
+//! "The chat completion chunk object" (usage chunk with `choices: []` when
+//! `stream_options.include_usage` is true; every other chunk then carries `"usage": null`).
+
+use bytes::Bytes;
+use serde::Serialize;
+use switchyard_schemas::{FinishReason, Usage};
+
+/// Identity of one response: the same `id`, `created` and `model` on every chunk.
+#[derive(Debug, Clone)]
+pub struct ResponseMeta {
+    /// `chatcmpl-<request-id>`.
+    pub id: String,
+    /// Unix seconds.
+    pub created: u64,
+    /// The model the client asked for (never the upstream id).
+    pub model: String,
+    /// Whether chunks carry `"usage": null` and a final usage chunk follows.
+    pub include_usage: bool,
+}
+
+#[derive(Serialize)]
+struct Chunk<'a> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    system_fingerprint: Option<&'a str>,
+    choices: &'a [ChunkChoice<'a>],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<Option<UsageOut>>,
+}
+
+#[derive(Serialize)]
+struct ChunkChoice<'a> {
+    index: u32,
+    delta: Delta<'a>,
+    logprobs: Option<()>,
+    finish_reason: Option<&'static str>,
+}
+
+/// A chunk's `delta`.
+#[derive(Serialize, Default)]
+pub struct Delta<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_calls: Option<[ToolCallDelta<'a>; 1]>,
+}
+
+#[derive(Serialize)]
+struct ToolCallDelta<'a> {
+    index: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<&'a str>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    kind: Option<&'static str>,
+    function: FunctionDelta<'a>,
+}
+
+#[derive(Serialize)]
+struct FunctionDelta<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'a str>,
+    arguments: &'a str,
+}
+
+/// OpenAI's usage object.
+#[derive(Serialize, Debug, Clone, PartialEq)]
+pub struct UsageOut {
+    prompt_tokens: u64,
+    completion_tokens: u64,
+    total_tokens: u64,
+    prompt_tokens_details: PromptDetails,
+    completion_tokens_details: CompletionDetails,
+}
+
+#[derive(Serialize, Debug, Clone, PartialEq)]
+struct PromptDetails {
+    cached_tokens: u64,
+}
+
+#[derive(Serialize, Debug, Clone, PartialEq)]
+struct CompletionDetails {
+    reasoning_tokens: u64,
+}
+
+impl From<Usage> for UsageOut {
+    fn from(u: Usage) -> Self {
+        Self {
+            prompt_tokens: u.prompt_tokens,
+            completion_tokens: u.completion_tokens,
+            total_tokens: u.total_tokens(),
+            prompt_tokens_details: PromptDetails {
+                cached_tokens: u.cached_tokens,
+            },
+            completion_tokens_details: CompletionDetails {
+                reasoning_tokens: u.reasoning_tokens,
+            },
+        }
+    }
+}
+
+fn sse(value: &impl Serialize) -> Bytes {
+    let mut buf = Vec::with_capacity(256);
+    buf.extend_from_slice(b"data: ");
+    // Serialising these plain structs cannot fail.
+    let _ = serde_json::to_writer(&mut buf, value);
+    buf.extend_from_slice(b"\n\n");
+    Bytes::from(buf)
+}
+
+impl ResponseMeta {
+    fn chunk(&self, delta: Delta<'_>, finish: Option<FinishReason>) -> Bytes {
+        let choices = [ChunkChoice {
+            index: 0,
+            delta,
+            logprobs: None,
+            finish_reason: finish.map(FinishReason::as_str),
+        }];
+        sse(&Chunk {
+            id: &self.id,
+            object: "chat.completion.chunk",
+            created: self.created,
+            model: &self.model,
+            system_fingerprint: None,
+            choices: &choices,
+            usage: self.include_usage.then_some(None),
+        })
+    }
+
+    /// The first chunk: `{"role":"assistant","content":""}`.
+    pub fn role_chunk(&self) -> Bytes {
+        self.chunk(
+            Delta {
+                role: Some("assistant"),
+                content: Some(""),
+                tool_calls: None,
+            },
+            None,
+        )
+    }
+
+    /// A text delta.
+    pub fn text_chunk(&self, text: &str) -> Bytes {
+        self.chunk(
+            Delta {
+                content: Some(text),
+                ..Delta::default()
+            },
+            None,
+        )
+    }
+
+    /// A tool-call delta; `id` and `name` only on the first piece of each index.
+    pub fn tool_chunk(
+        &self,
+        index: u32,
+        id: Option<&str>,
+        name: Option<&str>,
+        arguments: &str,
+    ) -> Bytes {
+        let call = ToolCallDelta {
+            index,
+            id,
+            kind: id.map(|_| "function"),
+            function: FunctionDelta { name, arguments },
+        };
+        self.chunk(
+            Delta {
+                tool_calls: Some([call]),
+                ..Delta::default()
+            },
+            None,
+        )
+    }
+
+    /// The chunk carrying `finish_reason` with an empty delta.
+    pub fn finish_chunk(&self, finish: FinishReason) -> Bytes {
+        self.chunk(Delta::default(), Some(finish))
+    }
+
+    /// The final usage chunk (`choices: []`), only sent when the client asked for it.
+    pub fn usage_chunk(&self, usage: Usage) -> Bytes {
+        sse(&Chunk {
+            id: &self.id,
+            object: "chat.completion.chunk",
+            created: self.created,
+            model: &self.model,
+            system_fingerprint: None,
+            choices: &[],
+            usage: Some(Some(usage.into())),
+        })
+    }
+}
+
+/// The stream terminator.
+pub const DONE: &[u8] = b"data: [DONE]\n\n";
+
+/// An in-stream error event after content was sent (the OpenAI SDKs raise on a chunk with `error`).
+pub fn error_event(err: &crate::error::ApiError) -> Bytes {
+    sse(&err.body())
+}
+
+/// Builds a tool call, accumulated from deltas, for the non-streamed answer.
+#[derive(Debug, Default, Clone)]
+pub struct ToolCallAcc {
+    /// Call id.
+    pub id: String,
+    /// Function name.
+    pub name: String,
+    /// Concatenated argument pieces.
+    pub arguments: String,
+}
+
+/// The aggregated `chat.completion` object.
+pub fn completion(
+    meta: &ResponseMeta,
+    text: &str,
+    tool_calls: &[ToolCallAcc],
+    finish: FinishReason,
+    usage: Option<Usage>,
+) -> serde_json::Value {
+    let calls: Vec<serde_json::Value> = tool_calls
+        .iter()
+        .map(|c| serde_json::json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+        .collect();
+    let mut message = serde_json::json!({
+        "role": "assistant",
+        "content": if text.is_empty() && !calls.is_empty() { None } else { Some(text) },
+        "refusal": null,
+    });
+    if !calls.is_empty() {
+        message["tool_calls"] = serde_json::Value::Array(calls);
+    }
+    serde_json::json!({
+        "id": meta.id,
+        "object": "chat.completion",
+        "created": meta.created,
+        "model": meta.model,
+        "system_fingerprint": null,
+        "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": finish.as_str()}],
+        "usage": serde_json::to_value(UsageOut::from(usage.unwrap_or_default())).unwrap_or_default(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn meta(include_usage: bool) -> ResponseMeta {
+        ResponseMeta {
+            id: "chatcmpl-1".into(),
+            created: 7,
+            model: "demo/mock".into(),
+            include_usage,
+        }
+    }
+
+    #[test]
+    fn chunk_wire_format() {
+        let b = meta(false).text_chunk("Hi");
+        assert_eq!(
+            std::str::from_utf8(&b).unwrap(),
+            "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":7,\"model\":\"demo/mock\",\"system_fingerprint\":null,\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n"
+        );
+        let b = meta(true).finish_chunk(FinishReason::Stop);
+        assert!(
+            std::str::from_utf8(&b)
+                .unwrap()
+                .ends_with("\"finish_reason\":\"stop\"}],\"usage\":null}\n\n")
+        );
+        let u = Usage {
+            prompt_tokens: 5,
+            completion_tokens: 3,
+            cached_tokens: 2,
+            ..Usage::default()
+        };
+        let b = meta(true).usage_chunk(u);
+        assert!(std::str::from_utf8(&b).unwrap().contains("\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":3,\"total_tokens\":8,\"prompt_tokens_details\":{\"cached_tokens\":2}"));
+    }
+}

@@ -1,0 +1,171 @@
+//! A private nats-server child process with JetStream.
+//!
+//! `switchyard up` uses it when no NATS URL is configured (data under `./data/nats`), and every
+//! integration test uses it on a random port with a temporary JetStream directory, so no test relies
+//! on a server that happens to be running. NATS >= 2.10 is required (Debian's 2.9.10 lacks JetStream
+//! account fields async-nats 0.51 needs for KV); `scripts/bootstrap` installs 2.15.1 under `.tools/`.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Why the server could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum NatsdError {
+    /// No usable binary: names every place looked at.
+    #[error(
+        "nats-server >= 2.10 not found (looked at $SWITCHYARD_NATS_SERVER, {0}); run scripts/bootstrap"
+    )]
+    NotFound(String),
+    /// Spawning or preparing directories failed.
+    #[error("starting nats-server: {0}")]
+    Io(#[from] std::io::Error),
+    /// The server did not accept connections in time.
+    #[error("nats-server did not accept connections on {addr} within {waited_ms} ms")]
+    NotReady {
+        /// Where we waited.
+        addr: SocketAddr,
+        /// How long, ms.
+        waited_ms: u128,
+    },
+}
+
+/// A running nats-server; killed (and its temp dir removed) on drop.
+#[derive(Debug)]
+pub struct NatsServer {
+    child: Child,
+    port: u16,
+    _tmp: Option<tempfile::TempDir>,
+}
+
+/// Where `scripts/bootstrap` puts the binary, relative to the workspace root.
+pub const BOOTSTRAP_PATH: &str = ".tools/bin/nats-server";
+
+/// Finds the nats-server binary: `$SWITCHYARD_NATS_SERVER`, then `<root>/.tools/bin/nats-server` for
+/// `root` in the given roots (current dir, the workspace this crate was built in).
+pub fn find_binary() -> Result<PathBuf, NatsdError> {
+    if let Some(p) = std::env::var_os("SWITCHYARD_NATS_SERVER") {
+        let p = PathBuf::from(p);
+        if p.is_file() {
+            return Ok(p);
+        }
+    }
+    let mut looked = Vec::new();
+    let mut roots = vec![PathBuf::from(".")];
+    if let Ok(exe) = std::env::current_exe() {
+        // target/{debug,release}/switchyard → workspace root three levels up.
+        roots.extend(exe.ancestors().skip(3).take(1).map(Path::to_path_buf));
+    }
+    roots.push(PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/..")));
+    for root in roots {
+        let p = root.join(BOOTSTRAP_PATH);
+        if p.is_file() {
+            return Ok(p);
+        }
+        looked.push(p.display().to_string());
+    }
+    Err(NatsdError::NotFound(looked.join(", ")))
+}
+
+/// A free TCP port on 127.0.0.1 (bound then released; the tiny race is acceptable for tests).
+pub fn free_port() -> Result<u16, NatsdError> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+impl NatsServer {
+    /// Starts a server on a random port with a fresh temporary JetStream directory (for tests).
+    pub fn start_temp() -> Result<Self, NatsdError> {
+        let tmp = tempfile::tempdir()?;
+        let mut s = Self::start(tmp.path(), free_port()?)?;
+        s._tmp = Some(tmp);
+        Ok(s)
+    }
+
+    /// Starts a server on 127.0.0.1:`port` keeping JetStream data under `store_dir`, and waits up to
+    /// 10 s for it to accept connections. `max_payload` is raised to 8 MiB so large prompts fit.
+    pub fn start(store_dir: &Path, port: u16) -> Result<Self, NatsdError> {
+        let bin = find_binary()?;
+        std::fs::create_dir_all(store_dir)?;
+        let conf = store_dir.join("switchyard-nats.conf");
+        std::fs::write(&conf, "max_payload: 8MB\n")?;
+        let child = Command::new(&bin)
+            .arg("-c")
+            .arg(&conf)
+            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+            .arg(store_dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let mut s = Self {
+            child,
+            port,
+            _tmp: None,
+        };
+        s.wait_ready(Duration::from_secs(10))?;
+        Ok(s)
+    }
+
+    fn wait_ready(&mut self, limit: Duration) -> Result<(), NatsdError> {
+        let addr = SocketAddr::from(([127, 0, 0, 1], self.port));
+        let start = Instant::now();
+        loop {
+            if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+                return Ok(());
+            }
+            if let Some(status) = self.child.try_wait()? {
+                return Err(NatsdError::Io(std::io::Error::other(format!(
+                    "nats-server exited at start-up with {status}"
+                ))));
+            }
+            if start.elapsed() > limit {
+                return Err(NatsdError::NotReady {
+                    addr,
+                    waited_ms: start.elapsed().as_millis(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The client URL, `nats://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Whether the child is still running.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn starts_and_stops() {
+        let mut s = NatsServer::start_temp().unwrap();
+        assert!(s.is_running());
+        let url = s.url();
+        assert!(url.starts_with("nats://127.0.0.1:"));
+        let port = s.port();
+        drop(s);
+        // The port is free again once the child is gone.
+        assert!(TcpListener::bind(("127.0.0.1", port)).is_ok());
+    }
+}

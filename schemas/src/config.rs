@@ -1,0 +1,286 @@
+//! Gateway configuration types, shared by every service so they read one file the same way.
+//!
+//! Every struct rejects unknown fields (a typo is an error naming the field, not a silent default);
+//! [`GatewayConfig::validate`] checks cross-field rules at start-up. Parsing YAML and `${ENV}`
+//! interpolation happen in the `switchyard` binary.
+
+use crate::secret::Secret;
+use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
+
+/// The base URL value that means "the built-in mock upstream started by `switchyard up`".
+pub const BUILTIN_MOCK_URL: &str = "builtin:mock";
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatewayConfig {
+    /// HTTP listen address of ingress, default `127.0.0.1:8080`.
+    #[serde(default = "default_listen")]
+    pub listen: String,
+    /// NATS server URL. `None` makes `switchyard up` start a private nats-server.
+    #[serde(default)]
+    pub nats_url: Option<String>,
+    /// Subject prefix (one NATS token), default `sy`.
+    #[serde(default = "default_prefix")]
+    pub subject_prefix: String,
+    /// Where the embedded nats-server and the SQLite ledger keep data, default `./data`.
+    #[serde(default = "default_data_dir")]
+    pub data_dir: String,
+    /// Upstream targets.
+    #[serde(default)]
+    pub targets: Vec<TargetConfig>,
+    /// Models clients can name, each mapped to ordered targets.
+    #[serde(default)]
+    pub models: Vec<ModelConfig>,
+    /// Timeouts.
+    #[serde(default)]
+    pub timeouts: Timeouts,
+    /// Billing ledger.
+    #[serde(default)]
+    pub billing: BillingConfig,
+}
+
+fn default_listen() -> String {
+    "127.0.0.1:8080".into()
+}
+fn default_prefix() -> String {
+    "sy".into()
+}
+fn default_data_dir() -> String {
+    "./data".into()
+}
+fn yes() -> bool {
+    true
+}
+
+/// Which adapter speaks to a target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProviderKind {
+    /// OpenAI Chat Completions (`{base_url}/chat/completions`, bearer auth).
+    Openai,
+    /// Any OpenAI-compatible server (vLLM, Ollama, llama.cpp, Groq, …).
+    OpenaiCompatible,
+    /// Anthropic Messages (`{base_url}/messages`, `x-api-key`).
+    Anthropic,
+}
+
+impl ProviderKind {
+    /// The subject token and queue-group suffix of this provider's workers.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Openai => "openai",
+            Self::OpenaiCompatible => "openai_compatible",
+            Self::Anthropic => "anthropic",
+        }
+    }
+}
+
+/// One upstream target: a provider endpoint with a model and credentials.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TargetConfig {
+    /// Unique id, e.g. `openai-main`.
+    pub id: String,
+    /// Adapter.
+    pub provider: ProviderKind,
+    /// API base including the version path, e.g. `https://api.openai.com/v1`, or `builtin:mock`.
+    pub base_url: String,
+    /// Credential; supports `${ENV_VAR}` interpolation. Empty = no auth header.
+    #[serde(default)]
+    pub api_key: Secret,
+    /// Model id the upstream expects.
+    pub upstream_model: String,
+    /// Disabled targets are never chosen.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+}
+
+/// A model (standard id or route tag) clients name in `model`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// Standard id, e.g. `openai/gpt-4o-mini`, listed by `GET /v1/models`.
+    pub id: String,
+    /// Target ids in fallback order.
+    pub targets: Vec<String>,
+    /// Owner shown in `/v1/models` (`owned_by`), default the part before `/`.
+    #[serde(default)]
+    pub owned_by: Option<String>,
+}
+
+/// Timeouts, all in milliseconds.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Timeouts {
+    /// Ingress: no frame at all from a worker within this → try the next target.
+    pub first_frame_ms: u64,
+    /// Ingress: no frame (heartbeats count) within this after the start → the worker is gone.
+    pub worker_silence_ms: u64,
+    /// Worker: heartbeat interval while the upstream is silent. Must be < `worker_silence_ms`.
+    pub heartbeat_ms: u64,
+    /// Worker: TCP/TLS connect timeout.
+    pub connect_ms: u64,
+    /// Worker: time to the first upstream byte of the body (TTFT bound).
+    pub first_byte_ms: u64,
+    /// Worker: longest gap between two upstream body reads.
+    pub idle_ms: u64,
+    /// Whole request, admission to last byte.
+    pub total_ms: u64,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self {
+            first_frame_ms: 2_000,
+            worker_silence_ms: 5_000,
+            heartbeat_ms: 1_000,
+            connect_ms: 5_000,
+            first_byte_ms: 60_000,
+            idle_ms: 60_000,
+            total_ms: 600_000,
+        }
+    }
+}
+
+/// Billing ledger settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BillingConfig {
+    /// sqlx URL, `sqlite://…` or `postgres://…`. `None` = SQLite at `<data_dir>/ledger.db`.
+    pub database_url: Option<String>,
+}
+
+impl Default for BillingConfig {
+    fn default() -> Self {
+        Self { database_url: None }
+    }
+}
+
+/// A configuration rule that does not hold, naming the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("config field `{field}`: {message}")]
+pub struct ConfigError {
+    /// Dotted path of the offending field, e.g. `models[0].targets[1]`.
+    pub field: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+fn err(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError {
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+impl GatewayConfig {
+    /// Checks rules serde cannot: unique ids, references, a valid subject prefix, timeout order.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.subject_prefix.is_empty() || self.subject_prefix.contains(['.', '*', '>', ' ']) {
+            return Err(err(
+                "subject_prefix",
+                "must be one NATS token (no '.', '*', '>', spaces)",
+            ));
+        }
+        let mut target_ids = HashSet::new();
+        for (i, t) in self.targets.iter().enumerate() {
+            if t.id.is_empty() || !target_ids.insert(t.id.as_str()) {
+                return Err(err(
+                    format!("targets[{i}].id"),
+                    format!("`{}` is empty or repeated", t.id),
+                ));
+            }
+            if t.base_url != BUILTIN_MOCK_URL
+                && !t.base_url.starts_with("http://")
+                && !t.base_url.starts_with("https://")
+            {
+                return Err(err(
+                    format!("targets[{i}].base_url"),
+                    format!(
+                        "`{}` must start with http:// or https:// (or be {BUILTIN_MOCK_URL})",
+                        t.base_url
+                    ),
+                ));
+            }
+        }
+        let mut model_ids = HashSet::new();
+        for (i, m) in self.models.iter().enumerate() {
+            if m.id.is_empty() || !model_ids.insert(m.id.as_str()) {
+                return Err(err(
+                    format!("models[{i}].id"),
+                    format!("`{}` is empty or repeated", m.id),
+                ));
+            }
+            if m.targets.is_empty() {
+                return Err(err(
+                    format!("models[{i}].targets"),
+                    "needs at least one target",
+                ));
+            }
+            for (j, t) in m.targets.iter().enumerate() {
+                if !target_ids.contains(t.as_str()) {
+                    return Err(err(
+                        format!("models[{i}].targets[{j}]"),
+                        format!("unknown target `{t}`"),
+                    ));
+                }
+            }
+        }
+        let t = &self.timeouts;
+        if t.heartbeat_ms == 0 || t.heartbeat_ms >= t.worker_silence_ms {
+            return Err(err(
+                "timeouts.heartbeat_ms",
+                "must be > 0 and < timeouts.worker_silence_ms",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The target with this id.
+    pub fn target(&self, id: &str) -> Option<&TargetConfig> {
+        self.targets.iter().find(|t| t.id == id)
+    }
+
+    /// The model with this id.
+    pub fn model(&self, id: &str) -> Option<&ModelConfig> {
+        self.models.iter().find(|m| m.id == id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn base() -> GatewayConfig {
+        serde_json::from_value(serde_json::json!({
+            "targets": [{"id": "mock", "provider": "openai", "base_url": "builtin:mock", "upstream_model": "mock"}],
+            "models": [{"id": "demo/mock", "targets": ["mock"]}]
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn valid_default_shape() {
+        let c = base();
+        assert_eq!(c.listen, "127.0.0.1:8080");
+        assert!(c.validate().is_ok());
+    }
+
+    #[test]
+    fn unknown_target_names_the_field() {
+        let mut c = base();
+        c.models[0].targets.push("nope".into());
+        let e = c.validate().unwrap_err();
+        assert_eq!(e.field, "models[0].targets[1]");
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected() {
+        let r: Result<GatewayConfig, _> =
+            serde_json::from_value(serde_json::json!({"listne": "x"}));
+        assert!(r.unwrap_err().to_string().contains("listne"));
+    }
+}

@@ -1,0 +1,130 @@
+//! The ordered stream a worker sends back on a request's reply subject.
+//!
+//! Order of a successful attempt: `start` → any number of `text` / `tool_call` (and `heartbeat` while
+//! the upstream is silent) → `usage` (at most one, final cumulative values) → `end`. A failed attempt
+//! ends with `error` instead of `end`. `seq` starts at 0 and increases by one per frame, so the reader
+//! can detect a gap (a lost message) and fail the request rather than return a damaged answer.
+
+use crate::error::ErrorInfo;
+use crate::usage::Usage;
+use serde::{Deserialize, Serialize};
+
+/// One message on the reply subject.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Frame {
+    /// Position in this attempt's stream, from 0.
+    pub seq: u32,
+    /// What happened.
+    #[serde(flatten)]
+    pub body: FrameBody,
+}
+
+/// Why generation stopped, in OpenAI's `finish_reason` vocabulary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// Natural end or a stop sequence.
+    Stop,
+    /// `max_tokens` reached.
+    Length,
+    /// The model called tools.
+    ToolCalls,
+    /// Output withheld by a content filter.
+    ContentFilter,
+}
+
+impl FinishReason {
+    /// The OpenAI wire string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Stop => "stop",
+            Self::Length => "length",
+            Self::ToolCalls => "tool_calls",
+            Self::ContentFilter => "content_filter",
+        }
+    }
+}
+
+/// The content of a frame.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum FrameBody {
+    /// The worker accepted the request and is calling the upstream.
+    Start {
+        /// Id of the worker process (its cancel subject is `<prefix>.cancel.<worker>`).
+        worker: String,
+        /// Configured target id.
+        target: String,
+        /// Model id sent upstream.
+        upstream_model: String,
+    },
+    /// A piece of generated text.
+    Text {
+        /// The text delta.
+        text: String,
+    },
+    /// A piece of a tool call, OpenAI-delta style: `id`/`name` on the first piece of each `index`.
+    ToolCall {
+        /// Which tool call (0-based) within the choice.
+        index: u32,
+        /// Call id, first piece only.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<String>,
+        /// Function name, first piece only.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        name: Option<String>,
+        /// A fragment of the JSON-encoded arguments.
+        #[serde(default)]
+        arguments: String,
+    },
+    /// Final token usage as reported by the upstream (normalised; see [`Usage`]).
+    Usage {
+        /// The counts.
+        usage: Usage,
+    },
+    /// Successful end of the stream.
+    End {
+        /// Why generation stopped.
+        finish_reason: FinishReason,
+    },
+    /// The attempt failed. `content_sent` tells whether any text/tool_call frame went out before it,
+    /// in which case ingress must not fall back (the client may already have seen content).
+    Error {
+        /// The classified failure.
+        error: ErrorInfo,
+        /// Whether content frames preceded this error.
+        content_sent: bool,
+    },
+    /// The worker is alive and waiting on a silent upstream.
+    Heartbeat,
+}
+
+impl FrameBody {
+    /// True for frames that carry model output.
+    pub fn is_content(&self) -> bool {
+        matches!(self, Self::Text { .. } | Self::ToolCall { .. })
+    }
+
+    /// True for the last frame of an attempt.
+    pub fn is_terminal(&self) -> bool {
+        matches!(self, Self::End { .. } | Self::Error { .. })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn wire_shape_is_flat_and_tagged() {
+        let f = Frame {
+            seq: 3,
+            body: FrameBody::Text { text: "Hi".into() },
+        };
+        let s = serde_json::to_string(&f).unwrap();
+        assert_eq!(s, r#"{"seq":3,"type":"text","text":"Hi"}"#);
+        let back: Frame = serde_json::from_str(&s).unwrap();
+        assert_eq!(back, f);
+    }
+}

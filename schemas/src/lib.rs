@@ -1,0 +1,32 @@
+//! Switchyard's shared vocabulary: the types every service exchanges over NATS.
+//!
+//! Data flows one way: ingress publishes a [`request::ChatRequest`] on a capability-keyed subject
+//! ([`subjects::Subjects::request`]); a provider worker answers with an ordered stream of
+//! [`frame::Frame`]s on the request's reply subject; both sides publish [`usage::UsageEvent`]s to the
+//! durable usage stream that billing consumes. Config types live in [`config`].
+//!
+//! Wire encoding is JSON (serde_json) for every payload.
+
+pub mod config;
+pub mod error;
+pub mod frame;
+#[cfg(feature = "nats")]
+pub mod publish;
+pub mod request;
+pub mod secret;
+pub mod subjects;
+pub mod usage;
+
+pub use error::{ErrorClass, ErrorInfo};
+pub use frame::{FinishReason, Frame, FrameBody};
+pub use request::ChatRequest;
+pub use secret::Secret;
+pub use usage::{Usage, UsageEvent, UsageKind};
+
+/// Milliseconds since the Unix epoch, the time unit of every timestamp in these types.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}

@@ -1,0 +1,241 @@
+//! The normalised chat request ingress publishes and workers consume.
+//!
+//! The shape follows the OpenAI Chat Completions vocabulary (the lingua franca of the field), with
+//! everything a provider adapter needs to translate to its own wire format and nothing tied to one
+//! front door. Reference: OpenAI API reference, "Create chat completion".
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// One chat completion request after validation and routing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatRequest {
+    /// Request id (UUIDv7), also the idempotency key sent upstream and the usage join key.
+    pub id: Uuid,
+    /// Tenant the calling key belongs to, when auth is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// Id of the calling API key (never the key itself), when auth is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_id: Option<String>,
+    /// The standard model id or route tag the client asked for, e.g. `demo/mock`. Echoed to the client.
+    pub model: String,
+    /// The target chosen for this attempt.
+    pub target: TargetRef,
+    /// The conversation, in order.
+    pub messages: Vec<Message>,
+    /// Tools the model may call.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<Tool>,
+    /// OpenAI `tool_choice`: `"auto"`, `"none"`, `"required"` or `{"type":"function","function":{"name"}}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<serde_json::Value>,
+    /// Sampling and output-shaping parameters.
+    #[serde(default)]
+    pub params: SamplingParams,
+    /// Whether the client asked for an SSE stream.
+    pub stream: bool,
+    /// Whether the client asked for a final usage chunk (`stream_options.include_usage`).
+    #[serde(default)]
+    pub include_usage: bool,
+    /// Absolute deadline, ms since the Unix epoch; workers abandon the request after it.
+    pub deadline_ms: u64,
+    /// Zero-based attempt number across fallbacks (0 = first target).
+    #[serde(default)]
+    pub attempt: u32,
+}
+
+/// The target an attempt goes to: which provider adapter, which configured target, which upstream model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TargetRef {
+    /// Configured target id, e.g. `mock` or `openai-main`.
+    pub id: String,
+    /// Provider queue (subject token), e.g. `openai`; workers for it share queue group `workers.<provider>`.
+    pub provider: String,
+    /// The model id the upstream expects, e.g. `gpt-4o-mini-2024-07-18`.
+    pub upstream_model: String,
+}
+
+/// Who said a message. `developer` is OpenAI's newer name for system instructions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// System instructions.
+    System,
+    /// Developer instructions (OpenAI o-series name for system).
+    Developer,
+    /// The end user.
+    User,
+    /// The model.
+    Assistant,
+    /// A tool result.
+    Tool,
+}
+
+/// One message of the conversation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Message {
+    /// Author role.
+    pub role: Role,
+    /// Text or multi-part content; absent on assistant messages that only call tools.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<Content>,
+    /// Optional participant name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Tool calls made by an assistant message.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// For `role: tool`, the id of the call this answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+}
+
+/// Message content: a plain string or a list of parts (OpenAI's two accepted forms).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    /// A plain string.
+    Text(String),
+    /// Multi-part content (text and images).
+    Parts(Vec<ContentPart>),
+}
+
+impl Content {
+    /// All text of the content joined with `\n` (images skipped): for token estimates and cache keys.
+    pub fn text(&self) -> String {
+        match self {
+            Content::Text(t) => t.clone(),
+            Content::Parts(parts) => parts
+                .iter()
+                .filter_map(|p| match p {
+                    ContentPart::Text { text } => Some(text.as_str()),
+                    ContentPart::ImageUrl { .. } => None,
+                })
+                .collect::<Vec<_>>()
+                .join("\n"),
+        }
+    }
+}
+
+/// One part of multi-part content, in OpenAI's shape.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ContentPart {
+    /// `{"type":"text","text":…}`
+    Text {
+        /// The text.
+        text: String,
+    },
+    /// `{"type":"image_url","image_url":{"url","detail"}}`; `url` is an http(s) or `data:` URL.
+    ImageUrl {
+        /// The image reference.
+        image_url: ImageUrl,
+    },
+}
+
+/// An image reference.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageUrl {
+    /// `https://…` or `data:image/png;base64,…`.
+    pub url: String,
+    /// `auto`, `low` or `high`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// A function tool the model may call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Tool {
+    /// Always `function` today.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The function's declaration.
+    pub function: FunctionDef,
+}
+
+/// A function declaration: name, description and JSON Schema parameters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FunctionDef {
+    /// Function name.
+    pub name: String,
+    /// What it does, for the model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// JSON Schema of the arguments.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<serde_json::Value>,
+    /// OpenAI structured-outputs strict mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strict: Option<bool>,
+}
+
+/// A complete tool call made by the model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// Call id, e.g. `call_abc`.
+    pub id: String,
+    /// Always `function`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Name and JSON-encoded arguments.
+    pub function: FunctionCall,
+}
+
+/// The function part of a tool call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FunctionCall {
+    /// Function name.
+    pub name: String,
+    /// Arguments as a JSON string (as OpenAI sends them).
+    pub arguments: String,
+}
+
+/// Sampling and output-shaping parameters; `None` means "provider default".
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SamplingParams {
+    /// 0–2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    /// Nucleus sampling, 0–1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f64>,
+    /// Upper bound on generated tokens (OpenAI `max_completion_tokens` or legacy `max_tokens`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    /// Stop sequences (up to 4 on OpenAI).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stop: Vec<String>,
+    /// Number of choices.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n: Option<u32>,
+    /// Best-effort determinism seed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<i64>,
+    /// −2 to 2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub presence_penalty: Option<f64>,
+    /// −2 to 2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frequency_penalty: Option<f64>,
+    /// OpenAI `response_format` object (`text`, `json_object`, `json_schema`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_format: Option<serde_json::Value>,
+    /// Whether the model may call several tools in one turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel_tool_calls: Option<bool>,
+    /// End-user id for abuse tracking and stable canary hashing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+}
+
+impl ChatRequest {
+    /// All message text joined: the input to token estimates.
+    pub fn prompt_text(&self) -> String {
+        self.messages
+            .iter()
+            .filter_map(|m| m.content.as_ref().map(Content::text))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}

@@ -1,0 +1,95 @@
+//! NATS subject names. Every service builds subjects through [`Subjects`] so the prefix
+//! (default `sy`) is configurable in one place.
+
+/// Subject builder for one deployment prefix.
+#[derive(Debug, Clone)]
+pub struct Subjects {
+    prefix: String,
+}
+
+/// The JetStream stream holding usage events (`<prefix>.usage.>`).
+pub const USAGE_STREAM: &str = "SY_USAGE";
+/// The durable consumer billing reads the usage stream with.
+pub const BILLING_CONSUMER: &str = "billing";
+/// Capability token for chat completions.
+pub const CAP_CHAT: &str = "chat";
+
+impl Default for Subjects {
+    fn default() -> Self {
+        Self::new("sy")
+    }
+}
+
+impl Subjects {
+    /// Subjects under `prefix` (a single NATS token such as `sy`).
+    pub fn new(prefix: impl Into<String>) -> Self {
+        Self {
+            prefix: prefix.into(),
+        }
+    }
+
+    /// The prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// `<prefix>.req.<capability>.<provider>`: where ingress publishes normalised requests.
+    pub fn request(&self, capability: &str, provider: &str) -> String {
+        format!("{}.req.{capability}.{provider}", self.prefix)
+    }
+
+    /// Queue group shared by every worker of `provider`: NATS hands each request to one of them.
+    pub fn worker_queue_group(provider: &str) -> String {
+        format!("workers.{provider}")
+    }
+
+    /// `<prefix>.inbox.<ingress-id>`: the reply-subject prefix of one ingress process. Replies go to
+    /// `<inbox>.<request-id>`; the process holds one wildcard subscription `<inbox>.*`.
+    pub fn inbox(&self, ingress_id: &str) -> String {
+        format!("{}.inbox.{ingress_id}", self.prefix)
+    }
+
+    /// `<prefix>.cancel.<worker-id>`: payload is the request id whose upstream call to abort.
+    pub fn cancel(&self, worker_id: &str) -> String {
+        format!("{}.cancel.{worker_id}", self.prefix)
+    }
+
+    /// `<prefix>.usage.<kind>.<request-id>`: usage events, captured by the durable usage stream.
+    pub fn usage(&self, kind: &str, request_id: &str) -> String {
+        format!("{}.usage.{kind}.{request_id}", self.prefix)
+    }
+
+    /// `<prefix>.usage.>`: the usage stream's subject filter.
+    pub fn usage_all(&self) -> String {
+        format!("{}.usage.>", self.prefix)
+    }
+
+    /// `<prefix>.cache.lookup`: cache service request/reply (queue group `cache`).
+    pub fn cache_lookup(&self) -> String {
+        format!("{}.cache.lookup", self.prefix)
+    }
+
+    /// `<prefix>.cache.store`: fire-and-forget store of a complete answer.
+    pub fn cache_store(&self) -> String {
+        format!("{}.cache.store", self.prefix)
+    }
+
+    /// `<prefix>.health.<target>`: circuit/limit state changes.
+    pub fn health(&self, target: &str) -> String {
+        format!("{}.health.{target}", self.prefix)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        let s = Subjects::default();
+        assert_eq!(s.request(CAP_CHAT, "openai"), "sy.req.chat.openai");
+        assert_eq!(Subjects::worker_queue_group("openai"), "workers.openai");
+        assert_eq!(s.inbox("abc"), "sy.inbox.abc");
+        assert_eq!(s.usage("upstream", "r1"), "sy.usage.upstream.r1");
+    }
+}

@@ -1,0 +1,117 @@
+//! Token usage and the usage events billing consumes from the durable JetStream stream.
+
+use crate::error::ErrorClass;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// Normalised token counts of one upstream call.
+///
+/// Parts are subsets, never added on top: `prompt_tokens` already includes `cached_tokens` and
+/// `cache_write_tokens` (as OpenAI's `prompt_tokens` includes `prompt_tokens_details.cached_tokens`);
+/// `completion_tokens` already includes `reasoning_tokens` (as OpenAI's
+/// `completion_tokens_details.reasoning_tokens`). Anthropic reports `input_tokens` *excluding* cache
+/// reads and writes, so its adapter adds them in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// All input tokens, cached or not.
+    pub prompt_tokens: u64,
+    /// Input tokens read from the provider's prompt cache (subset of `prompt_tokens`).
+    #[serde(default)]
+    pub cached_tokens: u64,
+    /// Input tokens written to the provider's prompt cache (subset of `prompt_tokens`).
+    #[serde(default)]
+    pub cache_write_tokens: u64,
+    /// All generated tokens, reasoning included.
+    pub completion_tokens: u64,
+    /// Hidden reasoning tokens (subset of `completion_tokens`).
+    #[serde(default)]
+    pub reasoning_tokens: u64,
+}
+
+impl Usage {
+    /// `prompt_tokens + completion_tokens`.
+    pub fn total_tokens(&self) -> u64 {
+        self.prompt_tokens + self.completion_tokens
+    }
+}
+
+/// Which side of the pipeline wrote a usage event; billing joins the two by request id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UsageKind {
+    /// Written by the worker: what the upstream reported for one upstream call.
+    Upstream,
+    /// Written by ingress: what the tenant is charged for the request as a whole.
+    Charge,
+}
+
+impl UsageKind {
+    /// The subject token and ledger value, e.g. `upstream`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Upstream => "upstream",
+            Self::Charge => "charge",
+        }
+    }
+}
+
+/// Outcome of the request or upstream call a usage event describes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UsageStatus {
+    /// Completed normally.
+    Ok,
+    /// Ended with an error (see `error_class`).
+    Error,
+    /// The client went away before the end.
+    Cancelled,
+}
+
+/// One usage record. Idempotent by (`request_id`, `kind`, `attempt`): redelivery never double counts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UsageEvent {
+    /// The request (UUIDv7).
+    pub request_id: Uuid,
+    /// Who wrote it.
+    pub kind: UsageKind,
+    /// Attempt number for `upstream` events (one per upstream call); 0 for `charge`.
+    #[serde(default)]
+    pub attempt: u32,
+    /// When the event was produced, ms since the Unix epoch.
+    pub ts_ms: u64,
+    /// Tenant, when auth is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// Calling key id, when auth is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_id: Option<String>,
+    /// Standard model id or route tag the client asked for.
+    pub model: String,
+    /// Target that served (or last tried).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    /// Model id sent upstream.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_model: Option<String>,
+    /// Token counts.
+    pub usage: Usage,
+    /// True when the counts are an estimate (upstream aborted before reporting usage).
+    #[serde(default)]
+    pub estimated: bool,
+    /// Outcome.
+    pub status: UsageStatus,
+    /// Error class when `status` is `error`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_class: Option<ErrorClass>,
+    /// Time to first content, ms (from request admission for `charge`, from upstream call for `upstream`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttft_ms: Option<u64>,
+    /// Total duration, ms.
+    pub latency_ms: u64,
+    /// Number of fallbacks before the serving target (`charge` only).
+    #[serde(default)]
+    pub fallbacks: u32,
+    /// Whether the answer came from the cache (`charge` only).
+    #[serde(default)]
+    pub cache_hit: bool,
+}

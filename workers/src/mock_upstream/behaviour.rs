@@ -1,0 +1,427 @@
+//! Per-request behaviour of the mock upstream.
+//!
+//! Behaviour comes from `x-mock-<key>: value` headers and from `#mock key=value ...`
+//! directive lines inside the last user message; headers win over directives.
+//! Keys are case-insensitive and `-` is accepted in place of `_`
+//! (`x-mock-ttft-ms` == `x-mock-ttft_ms`).
+
+use std::collections::BTreeMap;
+
+use axum::http::HeaderMap;
+use serde_json::Value;
+
+use super::DEFAULT_TEXT;
+
+/// Words repeated to build `text_len=N` texts.
+const LOREM: &str = "lorem ipsum dolor sit amet ";
+
+/// Cities used for the generated tool call arguments.
+const CITIES: [&str; 6] = ["Paris", "London", "Tokyo", "Berlin", "Madrid", "Rome"];
+
+/// Completion tokens reported per tool call.
+const TOKENS_PER_TOOL_CALL: u64 = 10;
+
+/// Everything the request asked the mock to do.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Behaviour {
+    pub(crate) text: Option<String>,
+    pub(crate) text_len: Option<usize>,
+    pub(crate) chunks: Option<usize>,
+    pub(crate) ttft_ms: u64,
+    pub(crate) chunk_delay_ms: u64,
+    pub(crate) status: Option<u16>,
+    pub(crate) retry_after: Option<String>,
+    pub(crate) error_after: Option<usize>,
+    pub(crate) hang: bool,
+    pub(crate) garbage: bool,
+    pub(crate) split: Option<Vec<usize>>,
+    pub(crate) split_every: Option<usize>,
+    pub(crate) compact: bool,
+    pub(crate) crlf: bool,
+    pub(crate) tool_calls: usize,
+    pub(crate) prompt_tokens: Option<u64>,
+    pub(crate) completion_tokens: Option<u64>,
+    pub(crate) cached_tokens: Option<u64>,
+    pub(crate) id: Option<String>,
+    pub(crate) created: Option<u64>,
+}
+
+impl Behaviour {
+    /// Merges the directives of the last user message with the `x-mock-*` headers.
+    pub(crate) fn from_request(headers: &HeaderMap, body: &Value) -> Result<Self, String> {
+        let mut raw = BTreeMap::new();
+        if let Some(text) = last_user_text(body) {
+            raw.extend(parse_directives(&text));
+        }
+        for (name, value) in headers {
+            if let Some(key) = name.as_str().strip_prefix("x-mock-") {
+                let value = value
+                    .to_str()
+                    .map_err(|_| format!("header {name} is not valid ASCII"))?;
+                raw.insert(normalise_key(key), value.trim().to_string());
+            }
+        }
+        Self::from_pairs(&raw)
+    }
+
+    /// Parses normalised `key -> value` pairs. Unknown keys are ignored.
+    pub(crate) fn from_pairs(raw: &BTreeMap<String, String>) -> Result<Self, String> {
+        let mut b = Behaviour::default();
+        for (key, value) in raw {
+            let v = value.as_str();
+            match key.as_str() {
+                "text" => b.text = Some(percent_decode(v)?),
+                "text_len" => b.text_len = Some(num(key, v)?),
+                "chunks" => b.chunks = Some(num(key, v)?),
+                "ttft_ms" => b.ttft_ms = num(key, v)?,
+                "chunk_delay_ms" => b.chunk_delay_ms = num(key, v)?,
+                "status" => {
+                    let status: u16 = num(key, v)?;
+                    match status {
+                        200..=299 => b.status = None,
+                        400..=599 => b.status = Some(status),
+                        _ => return Err(format!("mock status must be 2xx, 4xx or 5xx, got {v}")),
+                    }
+                }
+                "retry_after" => b.retry_after = Some(v.to_string()),
+                "error_after" => b.error_after = Some(num(key, v)?),
+                "hang" => b.hang = flag(key, v)?,
+                "garbage" => b.garbage = flag(key, v)?,
+                "split" => b.split = Some(num_list(key, v)?),
+                "split_every" => {
+                    let every: usize = num(key, v)?;
+                    if every == 0 {
+                        return Err("mock split_every must be at least 1".to_string());
+                    }
+                    b.split_every = Some(every);
+                }
+                "compact" => b.compact = flag(key, v)?,
+                "crlf" => b.crlf = flag(key, v)?,
+                "tool_calls" => b.tool_calls = num(key, v)?,
+                "prompt_tokens" => b.prompt_tokens = Some(num(key, v)?),
+                "completion_tokens" => b.completion_tokens = Some(num(key, v)?),
+                "cached_tokens" => b.cached_tokens = Some(num(key, v)?),
+                "id" => b.id = Some(percent_decode(v)?),
+                "created" => b.created = Some(num(key, v)?),
+                other => tracing::debug!(key = other, "ignoring unknown mock key"),
+            }
+        }
+        Ok(b)
+    }
+
+    /// Byte offsets at which a serialised body is cut into frames, if splitting was requested.
+    pub(crate) fn split_offsets(&self, len: usize) -> Option<Vec<usize>> {
+        let mut offsets = if let Some(every) = self.split_every {
+            (1..).map(|i| i * every).take_while(|o| *o < len).collect()
+        } else {
+            self.split.clone()?
+        };
+        offsets.retain(|o| *o > 0 && *o < len);
+        offsets.sort_unstable();
+        offsets.dedup();
+        Some(offsets)
+    }
+}
+
+/// What the request body says, independent of the provider's wire format.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RequestInfo {
+    pub(crate) model: String,
+    pub(crate) stream: bool,
+    pub(crate) include_usage: bool,
+    pub(crate) max_tokens: Option<u64>,
+    pub(crate) tool_names: Vec<String>,
+    pub(crate) prompt_words: u64,
+}
+
+/// One generated tool call.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ToolCall {
+    pub(crate) name: String,
+    pub(crate) arguments: String,
+    /// `arguments` cut into at least two pieces for streaming.
+    pub(crate) pieces: Vec<String>,
+}
+
+/// The generated assistant output.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Output {
+    /// Plain text, already cut into stream chunks.
+    Text {
+        chunks: Vec<String>,
+        truncated: bool,
+    },
+    /// Parallel tool calls.
+    Tools(Vec<ToolCall>),
+}
+
+/// Token accounting in provider-neutral form (`prompt` includes `cached`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Usage {
+    pub(crate) prompt: u64,
+    pub(crate) completion: u64,
+    pub(crate) cached: u64,
+}
+
+/// A complete generated answer.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Generation {
+    pub(crate) output: Output,
+    pub(crate) usage: Usage,
+}
+
+impl Generation {
+    /// Number of streamed content pieces (text chunks or tool argument pieces).
+    pub(crate) fn content_pieces(&self) -> usize {
+        match &self.output {
+            Output::Text { chunks, .. } => chunks.len(),
+            Output::Tools(calls) => calls.iter().map(|c| c.pieces.len()).sum(),
+        }
+    }
+}
+
+/// Produces the answer for a request.
+pub(crate) fn generate(b: &Behaviour, info: &RequestInfo) -> Generation {
+    let (output, default_completion) = if b.tool_calls > 0 {
+        let calls: Vec<ToolCall> = (0..b.tool_calls)
+            .map(|i| {
+                let name = if info.tool_names.is_empty() {
+                    "get_weather".to_string()
+                } else {
+                    info.tool_names[i % info.tool_names.len()].clone()
+                };
+                let arguments = serde_json::json!({ "city": CITIES[i % CITIES.len()] }).to_string();
+                let pieces = split_even(&arguments, b.chunks.unwrap_or(2).max(2));
+                ToolCall {
+                    name,
+                    arguments,
+                    pieces,
+                }
+            })
+            .collect();
+        let tokens = TOKENS_PER_TOOL_CALL * calls.len() as u64;
+        (Output::Tools(calls), tokens)
+    } else {
+        let text = match (&b.text, b.text_len) {
+            (Some(text), _) => text.clone(),
+            (None, Some(len)) => lorem(len),
+            (None, None) => DEFAULT_TEXT.to_string(),
+        };
+        let (text, truncated) = match info.max_tokens {
+            Some(max) => truncate_words(&text, max),
+            None => (text, false),
+        };
+        let words = word_count(&text);
+        let chunks = match b.chunks {
+            Some(n) => split_even(&text, n),
+            None => chunk_words(&text),
+        };
+        (Output::Text { chunks, truncated }, words)
+    };
+    let usage = Usage {
+        prompt: b.prompt_tokens.unwrap_or(info.prompt_words),
+        completion: b.completion_tokens.unwrap_or(default_completion),
+        cached: b.cached_tokens.unwrap_or(0),
+    };
+    Generation { output, usage }
+}
+
+/// Number of whitespace-separated words.
+pub(crate) fn word_count(text: &str) -> u64 {
+    text.split_whitespace().count() as u64
+}
+
+/// Words over all text found in a message `content` (string or array of parts, recursively).
+pub(crate) fn content_words(content: &Value) -> u64 {
+    match content {
+        Value::String(s) => word_count(s),
+        Value::Array(parts) => parts.iter().map(content_words).sum(),
+        Value::Object(part) => {
+            let text = part.get("text").map_or(0, content_words);
+            let nested = part.get("content").map_or(0, content_words);
+            text + nested
+        }
+        _ => 0,
+    }
+}
+
+/// Words over the `content` of every message in `messages`.
+pub(crate) fn messages_words(body: &Value) -> u64 {
+    body.get("messages")
+        .and_then(Value::as_array)
+        .map_or(0, |messages| {
+            messages
+                .iter()
+                .filter_map(|m| m.get("content"))
+                .map(content_words)
+                .sum()
+        })
+}
+
+/// The text of the last message with role `user` (text parts joined by newlines).
+fn last_user_text(body: &Value) -> Option<String> {
+    let messages = body.get("messages")?.as_array()?;
+    let last = messages
+        .iter()
+        .rev()
+        .find(|m| m.get("role").and_then(Value::as_str) == Some("user"))?;
+    match last.get("content")? {
+        Value::String(s) => Some(s.clone()),
+        Value::Array(parts) => Some(
+            parts
+                .iter()
+                .filter_map(|p| p.get("text").and_then(Value::as_str))
+                .collect::<Vec<_>>()
+                .join("\n"),
+        ),
+        _ => None,
+    }
+}
+
+/// Extracts `key=value` pairs from every `#mock ...` line; later lines win.
+/// A bare `key` means `key=1`.
+pub(crate) fn parse_directives(text: &str) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.trim_start().strip_prefix("#mock") else {
+            continue;
+        };
+        if !(rest.is_empty() || rest.starts_with(char::is_whitespace)) {
+            continue;
+        }
+        for token in rest.split_whitespace() {
+            let (key, value) = token.split_once('=').unwrap_or((token, "1"));
+            out.insert(normalise_key(key), value.to_string());
+        }
+    }
+    out
+}
+
+fn normalise_key(key: &str) -> String {
+    key.trim().to_ascii_lowercase().replace('-', "_")
+}
+
+fn num<T: std::str::FromStr>(key: &str, value: &str) -> Result<T, String> {
+    value
+        .trim()
+        .parse()
+        .map_err(|_| format!("mock key {key}: {value:?} is not a valid non-negative number"))
+}
+
+fn num_list(key: &str, value: &str) -> Result<Vec<usize>, String> {
+    value
+        .split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| num(key, s))
+        .collect()
+}
+
+fn flag(key: &str, value: &str) -> Result<bool, String> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" | "" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err(format!("mock key {key}: {value:?} is not a boolean")),
+    }
+}
+
+/// Decodes `%XX` escapes and `+` (as a space), like `application/x-www-form-urlencoded`.
+/// Malformed escapes are kept literally.
+pub(crate) fn percent_decode(value: &str) -> Result<String, String> {
+    let bytes = value.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
+                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                    Some(byte) => {
+                        out.push(byte);
+                        i += 3;
+                        continue;
+                    }
+                    None => out.push(b'%'),
+                }
+            }
+            other => out.push(other),
+        }
+        i += 1;
+    }
+    String::from_utf8(out).map_err(|_| format!("mock text {value:?} does not decode to UTF-8"))
+}
+
+/// A deterministic ASCII text of exactly `len` bytes made of lorem-ipsum words.
+pub(crate) fn lorem(len: usize) -> String {
+    LOREM.chars().cycle().take(len).collect()
+}
+
+/// Keeps the first `max` words (and the whitespace between them).
+/// Returns whether anything was cut off.
+pub(crate) fn truncate_words(text: &str, max: u64) -> (String, bool) {
+    if word_count(text) <= max {
+        return (text.to_string(), false);
+    }
+    let mut words = 0;
+    let mut in_word = false;
+    for (i, c) in text.char_indices() {
+        if c.is_whitespace() {
+            if in_word {
+                words += 1;
+                if words == max {
+                    return (text[..i].to_string(), true);
+                }
+            }
+            in_word = false;
+        } else {
+            if !in_word && max == 0 {
+                return (String::new(), true);
+            }
+            in_word = true;
+        }
+    }
+    (text.to_string(), false)
+}
+
+/// One chunk per word; each word keeps its following whitespace (leading whitespace goes
+/// to the first chunk), so the chunks concatenate to `text` exactly.
+pub(crate) fn chunk_words(text: &str) -> Vec<String> {
+    let mut chunks: Vec<String> = Vec::new();
+    let mut current = String::new();
+    let mut seen_space = false;
+    for c in text.chars() {
+        if c.is_whitespace() {
+            seen_space = true;
+        } else if seen_space && current.chars().any(|c| !c.is_whitespace()) {
+            chunks.push(std::mem::take(&mut current));
+            seen_space = false;
+        } else {
+            seen_space = false;
+        }
+        current.push(c);
+    }
+    if !current.is_empty() {
+        chunks.push(current);
+    }
+    chunks
+}
+
+/// Splits `text` into `n` nearly-equal pieces at char boundaries (fewer if it has
+/// fewer than `n` chars; none for an empty text).
+pub(crate) fn split_even(text: &str, n: usize) -> Vec<String> {
+    let chars: Vec<char> = text.chars().collect();
+    let n = n.max(1).min(chars.len());
+    if n == 0 {
+        return Vec::new();
+    }
+    let base = chars.len() / n;
+    let rem = chars.len() % n;
+    let mut out = Vec::with_capacity(n);
+    let mut start = 0;
+    for i in 0..n {
+        let len = base + usize::from(i < rem);
+        out.push(chars[start..start + len].iter().collect());
+        start += len;
+    }
+    out
+}

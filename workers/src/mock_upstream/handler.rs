@@ -1,0 +1,281 @@
+//! Axum routes and the request flow shared by both providers.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::behaviour::{Behaviour, RequestInfo, generate};
+use super::wire::{self, Plan, SseFormat};
+use super::{MockState, RecordedRequest, anthropic, openai};
+
+/// Largest accepted request body.
+const BODY_LIMIT: usize = 64 * 1024 * 1024;
+
+/// Headers never recorded.
+const SKIPPED_HEADERS: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "te",
+    "trailer",
+    "upgrade",
+    "content-length",
+];
+
+#[derive(Clone)]
+struct App {
+    state: MockState,
+    shutdown: CancellationToken,
+}
+
+/// All routes of the mock.
+pub(crate) fn router(state: MockState, shutdown: CancellationToken) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/messages", post(messages))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/_mock/requests", get(list_requests).delete(clear_requests))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .with_state(App { state, shutdown })
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Provider {
+    OpenAi,
+    Anthropic,
+}
+
+impl Provider {
+    fn error_body(self, status: u16, message: Option<&str>) -> Value {
+        match self {
+            Provider::OpenAi => openai::error_body(status, message),
+            Provider::Anthropic => anthropic::error_body(status, message),
+        }
+    }
+
+    fn request_info(self, body: &Value) -> Result<RequestInfo, String> {
+        match self {
+            Provider::OpenAi => openai::request_info(body),
+            Provider::Anthropic => anthropic::request_info(body),
+        }
+    }
+
+    fn new_id(self) -> String {
+        let uuid = uuid::Uuid::now_v7().simple();
+        match self {
+            Provider::OpenAi => format!("chatcmpl-mock-{uuid}"),
+            Provider::Anthropic => format!("msg_mock_{uuid}"),
+        }
+    }
+
+    fn request_id_header(self) -> (HeaderName, String) {
+        let uuid = uuid::Uuid::now_v7().simple();
+        match self {
+            Provider::OpenAi => (
+                HeaderName::from_static("x-request-id"),
+                format!("req_mock_{uuid}"),
+            ),
+            Provider::Anthropic => (
+                HeaderName::from_static("request-id"),
+                format!("req_mock_{uuid}"),
+            ),
+        }
+    }
+
+    /// A response with the provider's request id header.
+    fn response(self, status: StatusCode, content_type: &'static str, body: Body) -> Response {
+        let mut response = Response::new(body);
+        *response.status_mut() = status;
+        let headers = response.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+        let (name, value) = self.request_id_header();
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            headers.insert(name, value);
+        }
+        response
+    }
+
+    /// A provider-shaped error response.
+    fn error(self, status: u16, message: Option<&str>, retry_after: Option<&str>) -> Response {
+        let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let body = self.error_body(status, message).to_string();
+        let mut response = self.response(code, "application/json", Body::from(body));
+        if let Some(value) = retry_after.and_then(|v| HeaderValue::from_str(v).ok()) {
+            response.headers_mut().insert(header::RETRY_AFTER, value);
+        }
+        response
+    }
+}
+
+async fn chat_completions(
+    State(app): State<App>,
+    headers: HeaderMap,
+    uri: Uri,
+    body: Bytes,
+) -> Response {
+    handle(Provider::OpenAi, &app, &headers, &uri, &body).await
+}
+
+async fn messages(State(app): State<App>, headers: HeaderMap, uri: Uri, body: Bytes) -> Response {
+    handle(Provider::Anthropic, &app, &headers, &uri, &body).await
+}
+
+async fn models(State(app): State<App>, headers: HeaderMap, uri: Uri) -> Response {
+    record(&app.state, &headers, &uri, Value::Null);
+    axum::Json(json!({
+        "object": "list",
+        "data": [{
+            "id": "mock",
+            "object": "model",
+            "created": 1_700_000_000u64,
+            "owned_by": "switchyard",
+        }],
+    }))
+    .into_response()
+}
+
+async fn health() -> Response {
+    axum::Json(json!({ "status": "ok" })).into_response()
+}
+
+async fn list_requests(State(app): State<App>) -> Response {
+    axum::Json(app.state.requests()).into_response()
+}
+
+async fn clear_requests(State(app): State<App>) -> StatusCode {
+    app.state.clear();
+    StatusCode::NO_CONTENT
+}
+
+async fn not_found(method: Method, uri: Uri) -> Response {
+    let message = format!("Invalid URL ({method} {})", uri.path());
+    let body = json!({
+        "error": { "message": message, "type": "invalid_request_error", "param": null, "code": null }
+    });
+    (StatusCode::NOT_FOUND, axum::Json(body)).into_response()
+}
+
+fn record(state: &MockState, headers: &HeaderMap, uri: &Uri, body: Value) {
+    let headers = headers
+        .iter()
+        .filter(|(name, _)| !SKIPPED_HEADERS.contains(&name.as_str()))
+        .map(|(name, value)| {
+            let value = match value.to_str() {
+                Ok(v) => v.to_string(),
+                Err(_) => String::from_utf8_lossy(value.as_bytes()).into_owned(),
+            };
+            (name.as_str().to_string(), value)
+        })
+        .collect();
+    state.record(RecordedRequest {
+        path: uri.path().to_string(),
+        headers,
+        body,
+    });
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+async fn handle(
+    provider: Provider,
+    app: &App,
+    headers: &HeaderMap,
+    uri: &Uri,
+    raw: &Bytes,
+) -> Response {
+    let parsed = serde_json::from_slice::<Value>(raw);
+    let recorded = match &parsed {
+        Ok(value) => value.clone(),
+        Err(_) if raw.is_empty() => Value::Null,
+        Err(_) => Value::String(String::from_utf8_lossy(raw).into_owned()),
+    };
+    record(&app.state, headers, uri, recorded);
+
+    let body = match parsed {
+        Ok(value) if value.is_object() => value,
+        Ok(_) => return provider.error(400, Some("The request body must be a JSON object."), None),
+        Err(e) => {
+            let message = format!("We could not parse the JSON body of your request: {e}");
+            return provider.error(400, Some(&message), None);
+        }
+    };
+    let behaviour = match Behaviour::from_request(headers, &body) {
+        Ok(b) => b,
+        Err(message) => return provider.error(400, Some(&message), None),
+    };
+    if let Some(status) = behaviour.status {
+        return provider.error(status, None, behaviour.retry_after.as_deref());
+    }
+    let info = match provider.request_info(&body) {
+        Ok(info) => info,
+        Err(message) => return provider.error(400, Some(&message), None),
+    };
+    let generation = generate(&behaviour, &info);
+    let fmt = SseFormat::new(&behaviour);
+    let id = behaviour.id.clone().unwrap_or_else(|| provider.new_id());
+    let created = behaviour.created.unwrap_or_else(now_secs);
+
+    if info.stream {
+        let script = match provider {
+            Provider::OpenAi => openai::stream_script(&id, created, &info, &generation, fmt),
+            Provider::Anthropic => anthropic::stream_script(&id, &info, &generation, fmt),
+        };
+        let plan = wire::plan(script, &behaviour, fmt);
+        let mut response = provider.response(
+            StatusCode::OK,
+            "text/event-stream; charset=utf-8",
+            wire::body(plan, app.shutdown.clone()),
+        );
+        response
+            .headers_mut()
+            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        return response;
+    }
+
+    // Non-stream: wait as long as the equivalent stream would take.
+    if behaviour.hang {
+        app.shutdown.cancelled().await;
+        return provider.response(StatusCode::OK, "application/json", wire::aborted_body());
+    }
+    let pieces = generation.content_pieces().saturating_sub(1) as u64;
+    let delay = Duration::from_millis(
+        behaviour
+            .ttft_ms
+            .saturating_add(behaviour.chunk_delay_ms.saturating_mul(pieces)),
+    );
+    if !delay.is_zero() {
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = app.shutdown.cancelled() => {
+                return provider.response(StatusCode::OK, "application/json", wire::aborted_body());
+            }
+        }
+    }
+    if behaviour.error_after.is_some() {
+        return provider.error(500, None, behaviour.retry_after.as_deref());
+    }
+    let value = match provider {
+        Provider::OpenAi => openai::completion(&id, created, &info, &generation),
+        Provider::Anthropic => anthropic::message(&id, &info, &generation),
+    };
+    let bytes = Bytes::from(value.to_string());
+    let body = match behaviour.split_offsets(bytes.len()) {
+        Some(offsets) => wire::body(Plan::split(&bytes, &offsets), app.shutdown.clone()),
+        None => Body::from(bytes),
+    };
+    provider.response(StatusCode::OK, "application/json", body)
+}

@@ -1,0 +1,266 @@
+//! `switchyard mock-upstream`: a wire-accurate mock of the OpenAI Chat Completions API and
+//! the Anthropic Messages API, used by tests, the demo and benchmarks.
+//!
+//! # Routes
+//!
+//! * `POST /v1/chat/completions` — OpenAI Chat Completions (stream and non-stream).
+//! * `POST /v1/messages` — Anthropic Messages (stream and non-stream; `max_tokens` required,
+//!   `anthropic-version` is recorded but not required).
+//! * `GET /v1/models` — OpenAI list with the single model `mock`.
+//! * `GET /health` — `{"status":"ok"}`.
+//! * `GET /_mock/requests` — the recorded requests as a JSON array; `DELETE` clears them.
+//!
+//! Only requests to `/v1/...` are recorded.
+//!
+//! # Behaviour
+//!
+//! Each request can steer the mock with headers `x-mock-<key>: value` or with a line
+//! `#mock key=value key=value` inside the **last user message** (for requests that pass
+//! through a gateway that does not forward headers). Headers win over directives. Keys are
+//! case-insensitive, `-` may replace `_`, a bare `key` in a directive means `key=1`.
+//! Unknown keys are ignored; malformed values give a 400 in the provider's error shape.
+//!
+//! | key | meaning |
+//! |-----|---------|
+//! | `text=<urlencoded>` | completion text (default [`DEFAULT_TEXT`]; `+` decodes to a space) |
+//! | `text_len=N` | deterministic ASCII text of exactly N bytes (`lorem ipsum dolor sit amet ...`); `text` wins |
+//! | `chunks=N` | N nearly-equal stream pieces at char boundaries (default: one per word, each word keeps its following whitespace) |
+//! | `ttft_ms=N` | delay before the first content (stream headers go out at once; Anthropic `message_start` too) |
+//! | `chunk_delay_ms=N` | delay between content chunks |
+//! | `status=N` | answer with HTTP status N and a provider-shaped error body (2xx means "no error") |
+//! | `retry_after=S` | adds `Retry-After: S` to error responses |
+//! | `error_after=N` | streams: N content chunks then an in-stream error; non-stream: 500 |
+//! | `hang=1` | streams: headers (Anthropic: plus `message_start`) then nothing; non-stream: no response |
+//! | `garbage=1` | streams: invalid non-SSE bytes (invalid UTF-8) after the first content chunk |
+//! | `split=a,b,c` | serialise the whole body, then write it as frames cut at these byte offsets (~2 ms apart) |
+//! | `split_every=N` | like `split`, every N bytes |
+//! | `compact=1` | `data:{...}` / `event:x` without the space after the colon |
+//! | `crlf=1` | `\r\n` line endings |
+//! | `tool_calls=N` | N parallel tool calls instead of text (names cycle through the request's `tools`, default `get_weather`) |
+//! | `prompt_tokens=N`, `completion_tokens=N`, `cached_tokens=N` | override usage |
+//! | `id=<urlencoded>` | exact response id (for byte-identical comparisons) |
+//! | `created=N` | OpenAI `created` timestamp |
+//!
+//! Notes:
+//!
+//! * With `split`/`split_every` the timing options `ttft_ms`/`chunk_delay_ms` are ignored
+//!   (frames are written ~2 ms apart); with `hang=1` splitting is ignored. Splitting also
+//!   applies to non-stream JSON bodies.
+//! * A non-stream response waits `ttft_ms + (pieces - 1) * chunk_delay_ms`, i.e. the time
+//!   the equivalent stream would take.
+//! * Default usage: prompt tokens = whitespace-separated words over all text of the request
+//!   messages (and the Anthropic `system`); completion tokens = words of the generated text
+//!   (10 per tool call); cached 0. Anthropic `input_tokens` excludes cached tokens.
+//! * `max_tokens` / `max_completion_tokens` smaller than the word count truncates the text to
+//!   that many words and finishes with `length` / `max_tokens`.
+//! * Ids are `chatcmpl-mock-<uuid>` / `msg_mock_<uuid>`; tool call ids `call_mock_<i>` /
+//!   `toolu_mock_<i>`; the response `model` echoes the request.
+
+mod anthropic;
+mod behaviour;
+mod handler;
+mod openai;
+mod wire;
+
+#[cfg(test)]
+mod tests;
+#[cfg(test)]
+mod tests_anthropic;
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde::Serialize;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// The default completion text; streamed as one chunk per word.
+pub const DEFAULT_TEXT: &str =
+    "Hello from the Switchyard mock upstream. Every word arrives as its own chunk.";
+
+/// One request received by the mock on a `/v1/...` route.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RecordedRequest {
+    /// Request path, e.g. `/v1/chat/completions`.
+    pub path: String,
+    /// Request headers (lower-case names, arrival order) without hop-by-hop headers
+    /// and `content-length`.
+    pub headers: Vec<(String, String)>,
+    /// JSON body; `Null` when empty, a string holding the raw text when not valid JSON.
+    pub body: serde_json::Value,
+}
+
+impl RecordedRequest {
+    /// The first value of header `name` (case-insensitive).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+#[derive(Debug)]
+struct Inner {
+    requests: Mutex<VecDeque<RecordedRequest>>,
+    count: AtomicUsize,
+    limit: Option<usize>,
+}
+
+/// Shared state of a mock server: the request recording. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct MockState {
+    inner: Arc<Inner>,
+}
+
+impl Default for MockState {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MockState {
+    /// State that records every request.
+    pub fn new() -> Self {
+        Self::build(None)
+    }
+
+    /// State that keeps only the most recent `limit` requests (for long benchmarks);
+    /// [`MockState::request_count`] still counts all of them.
+    pub fn with_record_limit(limit: usize) -> Self {
+        Self::build(Some(limit))
+    }
+
+    fn build(limit: Option<usize>) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                requests: Mutex::new(VecDeque::new()),
+                count: AtomicUsize::new(0),
+                limit,
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, VecDeque<RecordedRequest>> {
+        self.inner
+            .requests
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The recorded requests in arrival order.
+    pub fn requests(&self) -> Vec<RecordedRequest> {
+        self.lock().iter().cloned().collect()
+    }
+
+    /// How many requests were recorded since creation or the last [`MockState::clear`].
+    pub fn request_count(&self) -> usize {
+        self.inner.count.load(Ordering::SeqCst)
+    }
+
+    /// Forgets all recorded requests and resets the count.
+    pub fn clear(&self) {
+        let mut requests = self.lock();
+        requests.clear();
+        self.inner.count.store(0, Ordering::SeqCst);
+    }
+
+    fn record(&self, request: RecordedRequest) {
+        let mut requests = self.lock();
+        if self.inner.limit == Some(0) {
+            self.inner.count.fetch_add(1, Ordering::SeqCst);
+            return;
+        }
+        requests.push_back(request);
+        if let Some(limit) = self.inner.limit {
+            while requests.len() > limit {
+                requests.pop_front();
+            }
+        }
+        self.inner.count.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Serves the mock API on `listener` until the returned future is dropped.
+pub async fn serve(listener: TcpListener, state: MockState) -> std::io::Result<()> {
+    serve_until_dropped(listener, state, CancellationToken::new()).await
+}
+
+/// Like [`serve`]; cancelling `shutdown` fails every open stream and hanging request.
+async fn serve_until_dropped(
+    listener: TcpListener,
+    state: MockState,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    axum::serve(listener, handler::router(state, shutdown)).await
+}
+
+/// A mock server running in the background on `127.0.0.1`; stops when dropped.
+#[derive(Debug)]
+pub struct MockUpstream {
+    addr: SocketAddr,
+    state: MockState,
+    shutdown: CancellationToken,
+    task: JoinHandle<std::io::Result<()>>,
+}
+
+impl MockUpstream {
+    /// Binds `127.0.0.1:0` and spawns the server with fresh state.
+    pub async fn start() -> std::io::Result<MockUpstream> {
+        Self::start_with_state(MockState::new()).await
+    }
+
+    /// Binds `127.0.0.1:0` and spawns the server with the given state.
+    pub async fn start_with_state(state: MockState) -> std::io::Result<MockUpstream> {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
+        let addr = listener.local_addr()?;
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(serve_until_dropped(
+            listener,
+            state.clone(),
+            shutdown.clone(),
+        ));
+        Ok(MockUpstream {
+            addr,
+            state,
+            shutdown,
+            task,
+        })
+    }
+
+    /// `http://127.0.0.1:PORT` (no trailing slash).
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The bound socket address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The shared state (recording).
+    pub fn state(&self) -> &MockState {
+        &self.state
+    }
+
+    /// The recorded requests in arrival order.
+    pub fn requests(&self) -> Vec<RecordedRequest> {
+        self.state.requests()
+    }
+
+    /// How many requests were recorded.
+    pub fn request_count(&self) -> usize {
+        self.state.request_count()
+    }
+}
+
+impl Drop for MockUpstream {
+    fn drop(&mut self) {
+        // Open connections outlive the accept loop, so fail their streams explicitly.
+        self.shutdown.cancel();
+        self.task.abort();
+    }
+}

@@ -1,0 +1,275 @@
+//! OpenAI Chat Completions wire format: `chat.completion`, `chat.completion.chunk`, errors.
+
+use serde_json::{Value, json};
+
+use super::behaviour::{Generation, Output, RequestInfo, Usage, messages_words};
+use super::wire::{Item, Script, SseFormat};
+
+/// `system_fingerprint` reported by every response.
+const FINGERPRINT: &str = "fp_mock";
+
+/// Reads the fields the mock needs from a chat completions request.
+pub(crate) fn request_info(body: &Value) -> Result<RequestInfo, String> {
+    if !body.get("messages").is_some_and(Value::is_array) {
+        return Err("Missing required parameter: 'messages'.".to_string());
+    }
+    let max_tokens = body
+        .get("max_completion_tokens")
+        .and_then(Value::as_u64)
+        .or_else(|| body.get("max_tokens").and_then(Value::as_u64));
+    let mut tool_names: Vec<String> = body
+        .get("tools")
+        .and_then(Value::as_array)
+        .map(|tools| {
+            tools
+                .iter()
+                .filter_map(|t| t.pointer("/function/name").and_then(Value::as_str))
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default();
+    if tool_names.is_empty() {
+        // Legacy `functions` parameter.
+        tool_names = body
+            .get("functions")
+            .and_then(Value::as_array)
+            .map(|fs| {
+                fs.iter()
+                    .filter_map(|f| f.get("name").and_then(Value::as_str))
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default();
+    }
+    Ok(RequestInfo {
+        model: body
+            .get("model")
+            .and_then(Value::as_str)
+            .unwrap_or("mock")
+            .to_string(),
+        stream: body.get("stream").and_then(Value::as_bool).unwrap_or(false),
+        include_usage: body
+            .pointer("/stream_options/include_usage")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
+        max_tokens,
+        tool_names,
+        prompt_words: messages_words(body),
+    })
+}
+
+/// `(type, code, default message)` of an OpenAI error for an HTTP status.
+fn error_kind(status: u16) -> (&'static str, Option<&'static str>, &'static str) {
+    match status {
+        401 => (
+            "invalid_request_error",
+            Some("invalid_api_key"),
+            "Incorrect API key provided (mock).",
+        ),
+        403 => (
+            "permission_error",
+            Some("permission_denied"),
+            "You are not allowed to access this resource (mock).",
+        ),
+        404 => (
+            "invalid_request_error",
+            Some("model_not_found"),
+            "The model does not exist or you do not have access to it (mock).",
+        ),
+        429 => (
+            "rate_limit_error",
+            Some("rate_limit_exceeded"),
+            "Rate limit reached for requests (mock).",
+        ),
+        400..=499 => ("invalid_request_error", None, "Invalid request (mock)."),
+        503 | 529 => (
+            "server_error",
+            None,
+            "The engine is currently overloaded, please try again later (mock).",
+        ),
+        _ => (
+            "server_error",
+            None,
+            "The server had an error while processing your request. Sorry about that! (mock)",
+        ),
+    }
+}
+
+/// `{"error":{"message","type","param","code"}}` for an HTTP status.
+pub(crate) fn error_body(status: u16, message: Option<&str>) -> Value {
+    let (kind, code, default) = error_kind(status);
+    json!({
+        "error": {
+            "message": message.unwrap_or(default),
+            "type": kind,
+            "param": null,
+            "code": code,
+        }
+    })
+}
+
+fn usage(u: Usage) -> Value {
+    json!({
+        "prompt_tokens": u.prompt,
+        "completion_tokens": u.completion,
+        "total_tokens": u.prompt + u.completion,
+        "prompt_tokens_details": { "cached_tokens": u.cached },
+        "completion_tokens_details": { "reasoning_tokens": 0 },
+    })
+}
+
+fn finish_reason(generation: &Generation) -> &'static str {
+    match &generation.output {
+        Output::Text {
+            truncated: true, ..
+        } => "length",
+        Output::Text { .. } => "stop",
+        Output::Tools(_) => "tool_calls",
+    }
+}
+
+/// Tool call id of the `i`-th call.
+fn call_id(i: usize) -> String {
+    format!("call_mock_{i}")
+}
+
+/// The non-streaming `chat.completion` object.
+pub(crate) fn completion(id: &str, created: u64, info: &RequestInfo, g: &Generation) -> Value {
+    let message = match &g.output {
+        Output::Text { chunks, .. } => json!({
+            "role": "assistant",
+            "content": chunks.concat(),
+            "refusal": null,
+            "annotations": [],
+        }),
+        Output::Tools(calls) => {
+            let calls: Vec<Value> = calls
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    json!({
+                        "id": call_id(i),
+                        "type": "function",
+                        "function": { "name": c.name, "arguments": c.arguments },
+                    })
+                })
+                .collect();
+            json!({
+                "role": "assistant",
+                "content": null,
+                "tool_calls": calls,
+                "refusal": null,
+                "annotations": [],
+            })
+        }
+    };
+    json!({
+        "id": id,
+        "object": "chat.completion",
+        "created": created,
+        "model": info.model,
+        "choices": [{
+            "index": 0,
+            "message": message,
+            "logprobs": null,
+            "finish_reason": finish_reason(g),
+        }],
+        "usage": usage(g.usage),
+        "system_fingerprint": FINGERPRINT,
+    })
+}
+
+struct Chunker<'a> {
+    id: &'a str,
+    created: u64,
+    info: &'a RequestInfo,
+    fmt: SseFormat,
+}
+
+impl Chunker<'_> {
+    fn base(&self, choices: Value) -> Value {
+        let mut chunk = json!({
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.info.model,
+            "system_fingerprint": FINGERPRINT,
+            "choices": choices,
+        });
+        if self.info.include_usage {
+            chunk["usage"] = Value::Null;
+        }
+        chunk
+    }
+
+    fn chunk(&self, delta: Value, finish_reason: Option<&str>) -> bytes::Bytes {
+        let choices = json!([{
+            "index": 0,
+            "delta": delta,
+            "logprobs": null,
+            "finish_reason": finish_reason,
+        }]);
+        self.fmt.data(&self.base(choices).to_string())
+    }
+}
+
+/// The SSE events of a streamed answer.
+pub(crate) fn stream_script(
+    id: &str,
+    created: u64,
+    info: &RequestInfo,
+    g: &Generation,
+    fmt: SseFormat,
+) -> Script {
+    let c = Chunker {
+        id,
+        created,
+        info,
+        fmt,
+    };
+    let mut body = Vec::new();
+    match &g.output {
+        Output::Text { chunks, .. } => {
+            body.push(Item::Frame(
+                c.chunk(json!({ "role": "assistant", "content": "" }), None),
+            ));
+            for piece in chunks {
+                body.push(Item::Content(c.chunk(json!({ "content": piece }), None)));
+            }
+        }
+        Output::Tools(calls) => {
+            body.push(Item::Frame(
+                c.chunk(json!({ "role": "assistant", "content": null }), None),
+            ));
+            for (i, call) in calls.iter().enumerate() {
+                let header = json!({ "tool_calls": [{
+                    "index": i,
+                    "id": call_id(i),
+                    "type": "function",
+                    "function": { "name": call.name, "arguments": "" },
+                }]});
+                body.push(Item::Frame(c.chunk(header, None)));
+                for piece in &call.pieces {
+                    let delta = json!({ "tool_calls": [{
+                        "index": i,
+                        "function": { "arguments": piece },
+                    }]});
+                    body.push(Item::Content(c.chunk(delta, None)));
+                }
+            }
+        }
+    }
+    let mut trailer = vec![c.chunk(json!({}), Some(finish_reason(g)))];
+    if info.include_usage {
+        let mut last = c.base(json!([]));
+        last["usage"] = usage(g.usage);
+        trailer.push(fmt.data(&last.to_string()));
+    }
+    trailer.push(fmt.data("[DONE]"));
+    Script {
+        prelude: Vec::new(),
+        body,
+        trailer,
+        error: fmt.data(&error_body(500, None).to_string()),
+    }
+}

@@ -1,0 +1,234 @@
+//! The one trait every upstream provider adapter implements, and helpers they share.
+//!
+//! An adapter translates a normalised [`ChatRequest`] into its provider's wire request, sends it with
+//! the worker's shared `reqwest::Client`, and translates the provider's stream back into normalised
+//! [`FrameBody`] events: `Text`, `ToolCall`, `Usage` (possibly several times, cumulative: the worker
+//! keeps the last), and exactly one `End`. Failures are returned as classified [`ErrorInfo`]s.
+//! The worker — not the adapter — owns timeouts, heartbeats, sequence numbers and cancellation.
+
+use futures::future::BoxFuture;
+use futures::stream::BoxStream;
+use reqwest::header::HeaderMap;
+use switchyard_schemas::config::{ProviderKind, TargetConfig};
+use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, FrameBody};
+
+/// The normalised events of one upstream call, in order.
+pub type EventStream = BoxStream<'static, Result<FrameBody, ErrorInfo>>;
+
+/// What a provider can do; routing filters targets with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Server-sent-event streaming.
+    pub streaming: bool,
+    /// Function/tool calling.
+    pub tools: bool,
+    /// Image inputs.
+    pub vision: bool,
+    /// `response_format` JSON mode.
+    pub json_mode: bool,
+    /// An embeddings endpoint.
+    pub embeddings: bool,
+}
+
+/// One provider family (OpenAI, Anthropic, …). Implementations are stateless apart from config.
+pub trait Provider: Send + Sync {
+    /// Which family this adapter speaks.
+    fn kind(&self) -> ProviderKind;
+
+    /// What the provider supports.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Starts the upstream call. Resolves once the upstream answered with a success status (the
+    /// stream then yields the events) or failed (a classified error, nothing sent to the client yet).
+    /// `base_url` is the target's resolved base URL (e.g. the built-in mock's address).
+    fn stream_chat(
+        &self,
+        http: &reqwest::Client,
+        target: &TargetConfig,
+        base_url: &str,
+        req: &ChatRequest,
+    ) -> BoxFuture<'static, Result<EventStream, ErrorInfo>>;
+}
+
+/// Parses `Retry-After` (delta-seconds; RFC 9110 §10.2.3) and the OpenAI-style `retry-after-ms`
+/// header into milliseconds. HTTP-date values are not honoured (no provider we target sends them).
+pub fn retry_after_ms(headers: &HeaderMap) -> Option<u64> {
+    if let Some(ms) = headers
+        .get("retry-after-ms")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<f64>().ok())
+    {
+        return Some(ms.max(0.0) as u64);
+    }
+    headers
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map(|s| (s.max(0.0) * 1000.0) as u64)
+}
+
+/// Classifies a non-success upstream HTTP answer. `body` is the (possibly truncated) error body;
+/// its message is extracted from the OpenAI (`error.message`) or Anthropic (`error.message`) shape,
+/// and context-length failures are recognised from the provider's code or wording.
+pub fn classify_http_error(status: u16, headers: &HeaderMap, body: &[u8]) -> ErrorInfo {
+    let parsed: Option<serde_json::Value> = serde_json::from_slice(body).ok();
+    let err_obj = parsed.as_ref().and_then(|v| v.get("error"));
+    let message = err_obj
+        .and_then(|e| e.get("message"))
+        .and_then(|m| m.as_str())
+        .map(str::to_owned)
+        .unwrap_or_else(|| String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned());
+    let code = err_obj
+        .and_then(|e| e.get("code").or_else(|| e.get("type")))
+        .and_then(|c| c.as_str())
+        .unwrap_or("");
+    let lower = message.to_ascii_lowercase();
+    let context = code == "context_length_exceeded"
+        || lower.contains("context length")
+        || lower.contains("context window")
+        || lower.contains("prompt is too long");
+    let class = match status {
+        400 | 413 | 422 if context => ErrorClass::ContextLengthExceeded,
+        400 | 413 | 422 => ErrorClass::InvalidRequest,
+        401 => ErrorClass::Auth,
+        403 => ErrorClass::Permission,
+        404 => ErrorClass::NotFound,
+        408 => ErrorClass::Timeout,
+        429 => ErrorClass::RateLimited,
+        503 | 529 => ErrorClass::Overloaded,
+        500..=599 => ErrorClass::Upstream5xx,
+        _ => ErrorClass::InvalidRequest,
+    };
+    ErrorInfo::new(class, format!("upstream returned HTTP {status}: {message}"))
+        .with_status(status)
+        .with_retry_after_ms(retry_after_ms(headers))
+}
+
+/// Classifies a transport failure from reqwest.
+pub fn classify_transport_error(e: &reqwest::Error) -> ErrorInfo {
+    let class = if e.is_timeout() {
+        ErrorClass::Timeout
+    } else {
+        ErrorClass::Network
+    };
+    // reqwest errors carry the URL but never headers, so they cannot leak the API key.
+    ErrorInfo::new(class, format!("upstream request failed: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reqwest::header::HeaderValue;
+
+    #[test]
+    fn classifies_statuses_and_retry_after() {
+        let mut h = HeaderMap::new();
+        h.insert("retry-after", HeaderValue::from_static("7"));
+        let e = classify_http_error(
+            429,
+            &h,
+            br#"{"error":{"message":"slow down","type":"rate_limit"}}"#,
+        );
+        assert_eq!(e.class, ErrorClass::RateLimited);
+        assert_eq!(e.retry_after_ms, Some(7000));
+        assert!(e.retryable);
+        assert_eq!(e.message, "upstream returned HTTP 429: slow down");
+
+        let e = classify_http_error(
+            400,
+            &HeaderMap::new(),
+            br#"{"error":{"message":"too long","code":"context_length_exceeded"}}"#,
+        );
+        assert_eq!(e.class, ErrorClass::ContextLengthExceeded);
+        assert!(!e.retryable);
+        assert_eq!(
+            classify_http_error(529, &HeaderMap::new(), b"").class,
+            ErrorClass::Overloaded
+        );
+        assert_eq!(
+            classify_http_error(502, &HeaderMap::new(), b"x").class,
+            ErrorClass::Upstream5xx
+        );
+    }
+}
+
+/// Upper bound on an upstream error body we read to classify it, bytes.
+pub const MAX_ERROR_BODY: usize = 64 * 1024;
+
+/// Sends a prepared upstream request; a non-2xx answer becomes a classified error (reading at most
+/// [`MAX_ERROR_BODY`] bytes of its body), a transport failure a `network`/`timeout` error.
+pub async fn send_checked(req: reqwest::RequestBuilder) -> Result<reqwest::Response, ErrorInfo> {
+    let resp = req.send().await.map_err(|e| classify_transport_error(&e))?;
+    let status = resp.status();
+    if status.is_success() {
+        return Ok(resp);
+    }
+    let headers = resp.headers().clone();
+    let mut body = Vec::new();
+    let mut resp = resp;
+    while body.len() < MAX_ERROR_BODY {
+        match resp.chunk().await {
+            Ok(Some(chunk)) => body.extend_from_slice(&chunk),
+            _ => break,
+        }
+    }
+    body.truncate(MAX_ERROR_BODY);
+    Err(classify_http_error(status.as_u16(), &headers, &body))
+}
+
+/// Turns one provider's SSE events into normalised events. Implemented once per provider file.
+pub trait SseTranslator: Send + 'static {
+    /// Handles one SSE event, pushing zero or more results. Returns `true` when the stream is
+    /// complete (e.g. OpenAI `[DONE]`, Anthropic `message_stop`); nothing after it is read.
+    fn on_event(
+        &mut self,
+        event: crate::sse::SseEvent,
+        out: &mut std::collections::VecDeque<Result<FrameBody, ErrorInfo>>,
+    ) -> bool;
+
+    /// The byte stream ended before `on_event` returned `true`: push a final `End` or an error.
+    fn on_eof(&mut self, out: &mut std::collections::VecDeque<Result<FrameBody, ErrorInfo>>);
+}
+
+/// Streams a successful upstream response through `translator`. After the first error the stream
+/// ends; SSE-level failures (transport, oversize) become `network` / `protocol` errors.
+pub fn translate_sse<T: SseTranslator>(resp: reqwest::Response, translator: T) -> EventStream {
+    use futures::StreamExt;
+    use std::collections::VecDeque;
+    let events = Box::pin(crate::sse::sse_stream(resp.bytes_stream()));
+    let state = (events, translator, VecDeque::new(), false);
+    futures::stream::unfold(
+        state,
+        |(mut events, mut tr, mut pending, mut done)| async move {
+            loop {
+                if let Some(item) = pending.pop_front() {
+                    if matches!(item, Err(_)) {
+                        pending.clear();
+                        done = true;
+                    }
+                    return Some((item, (events, tr, pending, done)));
+                }
+                if done {
+                    return None;
+                }
+                match events.next().await {
+                    Some(Ok(ev)) => done = tr.on_event(ev, &mut pending),
+                    Some(Err(crate::sse::SseError::Transport(e))) => {
+                        pending.push_back(Err(ErrorInfo::new(
+                            ErrorClass::Network,
+                            format!("upstream stream broke: {e}"),
+                        )));
+                    }
+                    Some(Err(e)) => {
+                        pending.push_back(Err(ErrorInfo::new(ErrorClass::Protocol, e.to_string())));
+                    }
+                    None => {
+                        tr.on_eof(&mut pending);
+                        done = true;
+                    }
+                }
+            }
+        },
+    )
+    .boxed()
+}

@@ -1,0 +1,933 @@
+//! Anthropic Messages API adapter: `POST {base_url}/messages`, always with `"stream": true`.
+//!
+//! Request translation follows the Anthropic API reference, "Messages": instructions go in the
+//! top-level `system` field, turns strictly alternate `user`/`assistant`, tool calls and results are
+//! `tool_use` / `tool_result` content blocks, `tool_choice` is `auto|any|tool|none`, `max_tokens` is
+//! required. Stream translation follows "Streaming Messages": `message_start`, then per content block
+//! `content_block_start` / `content_block_delta`* / `content_block_stop`, then `message_delta`
+//! (stop reason, cumulative usage) and `message_stop`; `ping` may appear anywhere; an `error` event
+//! (e.g. `overloaded_error`) may end the stream; unknown event types must be ignored.
+
+use std::collections::{HashMap, VecDeque};
+
+use futures::future::BoxFuture;
+use reqwest::header::{CONTENT_TYPE, HeaderValue};
+use serde_json::{Value, json};
+use switchyard_schemas::config::{ProviderKind, TargetConfig};
+use switchyard_schemas::request::{Content, ContentPart, Message, Role, ToolCall};
+use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, FinishReason, FrameBody, Usage};
+
+use crate::provider::{
+    Capabilities, EventStream, Provider, SseTranslator, send_checked, translate_sse,
+};
+use crate::sse::SseEvent;
+
+/// Value of the `anthropic-version` header (Anthropic API reference, "Versions").
+pub const ANTHROPIC_VERSION: &str = "2023-06-01";
+
+/// `max_tokens` sent when the client gave none; Anthropic requires the field ("Messages").
+pub const DEFAULT_MAX_TOKENS: u32 = 4096;
+
+/// Adapter for the Anthropic Messages API (`{base_url}/messages`, `x-api-key` auth,
+/// `anthropic-version: 2023-06-01`). Stateless; always streams upstream.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AnthropicProvider;
+
+impl Provider for AnthropicProvider {
+    fn kind(&self) -> ProviderKind {
+        ProviderKind::Anthropic
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            streaming: true,
+            tools: true,
+            vision: true,
+            json_mode: false,
+            embeddings: false,
+        }
+    }
+
+    fn stream_chat(
+        &self,
+        http: &reqwest::Client,
+        target: &TargetConfig,
+        base_url: &str,
+        req: &ChatRequest,
+    ) -> BoxFuture<'static, Result<EventStream, ErrorInfo>> {
+        let body = build_request(target, req).map(|body| body.to_string());
+        let url = format!("{}/messages", base_url.trim_end_matches('/'));
+        let mut builder = http
+            .post(url)
+            .header("anthropic-version", ANTHROPIC_VERSION)
+            .header(CONTENT_TYPE, "application/json");
+        let key =
+            (!target.api_key.is_empty()).then(|| HeaderValue::from_str(target.api_key.expose()));
+        Box::pin(async move {
+            let body = body?;
+            if let Some(key) = key {
+                let bad_key =
+                    |_| ErrorInfo::new(ErrorClass::Auth, "api_key is not a valid header value");
+                let mut key = key.map_err(bad_key)?;
+                key.set_sensitive(true);
+                builder = builder.header("x-api-key", key);
+            }
+            let resp = send_checked(builder.body(body)).await?;
+            Ok(translate_sse(resp, AnthropicTranslator::default()))
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Request translation
+// ---------------------------------------------------------------------------------------------
+
+fn invalid(param: &str, message: impl Into<String>) -> ErrorInfo {
+    ErrorInfo::new(ErrorClass::InvalidRequest, message).with_param(param)
+}
+
+/// An `invalid_request` error about `messages[i]`.
+fn bad_message(i: usize, what: impl std::fmt::Display) -> ErrorInfo {
+    invalid("messages", format!("messages[{i}]: {what}"))
+}
+
+/// Translates a normalised request into an Anthropic Messages request body (JSON object).
+///
+/// Mapping (Anthropic API reference, "Messages"): `system`/`developer` messages → top-level `system`
+/// joined with `"\n\n"`; `tool` messages → `tool_result` blocks in a `user` turn; consecutive turns of
+/// one role merged (Anthropic requires alternation); assistant `tool_calls` → `tool_use` blocks;
+/// `max_tokens` defaults to [`DEFAULT_MAX_TOKENS`]; `stop` → `stop_sequences`; `user` →
+/// `metadata.user_id`; always `"stream": true`. Errors (class `invalid_request`, with `param`):
+/// `n` > 1, a non-`text` `response_format`, unparsable tool-call arguments, unsupported image URLs.
+/// `seed`, `presence_penalty` and `frequency_penalty` have no Anthropic equivalent and are not sent.
+pub fn build_request(target: &TargetConfig, req: &ChatRequest) -> Result<Value, ErrorInfo> {
+    let p = &req.params;
+    if let Some(n) = p.n.filter(|n| *n > 1) {
+        return Err(invalid(
+            "n",
+            format!("n={n} is not supported by Anthropic (one choice only)"),
+        ));
+    }
+    if let Some(rf) = &p.response_format {
+        let kind = rf.get("type").and_then(Value::as_str).unwrap_or("");
+        if kind != "text" {
+            return Err(invalid(
+                "response_format",
+                format!("response_format `{kind}` is not supported by the Anthropic adapter yet"),
+            ));
+        }
+    }
+    let mut system: Vec<String> = Vec::new();
+    let mut turns: Vec<(&'static str, Vec<Value>)> = Vec::new();
+    for (i, m) in req.messages.iter().enumerate() {
+        match m.role {
+            Role::System | Role::Developer => {
+                let text = m.content.as_ref().map(Content::text).unwrap_or_default();
+                if !text.is_empty() {
+                    system.push(text);
+                }
+            }
+            Role::User => push_turn(&mut turns, "user", content_blocks(m.content.as_ref(), i)?),
+            Role::Assistant => {
+                let mut blocks = content_blocks(m.content.as_ref(), i)?;
+                for call in &m.tool_calls {
+                    blocks.push(tool_use_block(call, i)?);
+                }
+                push_turn(&mut turns, "assistant", blocks);
+            }
+            Role::Tool => push_turn(&mut turns, "user", vec![tool_result_block(m, i)?]),
+        }
+    }
+    let messages: Vec<Value> = turns
+        .into_iter()
+        .map(|(role, content)| json!({ "role": role, "content": content }))
+        .collect();
+    let mut body = without_nulls(json!({
+        "model": target.upstream_model,
+        "max_tokens": p.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
+        "system": (!system.is_empty()).then(|| system.join("\n\n")),
+        "messages": messages,
+        "stream": true,
+        "temperature": p.temperature,
+        "top_p": p.top_p,
+        "stop_sequences": (!p.stop.is_empty()).then_some(&p.stop),
+        "metadata": p.user.as_ref().map(|u| json!({ "user_id": u })),
+    }));
+    if !req.tools.is_empty() {
+        let default_schema = json!({ "type": "object", "properties": {} });
+        let tools = req.tools.iter().map(|t| {
+            let f = &t.function;
+            without_nulls(json!({
+                "name": f.name,
+                "description": f.description,
+                "input_schema": f.parameters.as_ref().unwrap_or(&default_schema),
+            }))
+        });
+        if let Some(obj) = body.as_object_mut() {
+            obj.insert("tools".into(), tools.collect());
+        }
+        let choice = tool_choice(req.tool_choice.as_ref(), p.parallel_tool_calls)?;
+        if let (Some(choice), Some(obj)) = (choice, body.as_object_mut()) {
+            obj.insert("tool_choice".into(), choice);
+        }
+    }
+    Ok(body)
+}
+
+/// `v` without its top-level `null` members (absent optional fields).
+fn without_nulls(mut v: Value) -> Value {
+    if let Some(obj) = v.as_object_mut() {
+        obj.retain(|_, v| !v.is_null());
+    }
+    v
+}
+
+/// Appends `blocks` as a `role` turn, merging into the previous turn when it has the same role.
+/// Turns without blocks are dropped (Anthropic rejects empty content).
+fn push_turn(turns: &mut Vec<(&'static str, Vec<Value>)>, role: &'static str, blocks: Vec<Value>) {
+    if blocks.is_empty() {
+        return;
+    }
+    match turns.last_mut() {
+        Some((last, content)) if *last == role => content.extend(blocks),
+        _ => turns.push((role, blocks)),
+    }
+}
+
+/// Text and image blocks of a message's content; empty text is skipped (Anthropic rejects it).
+fn content_blocks(content: Option<&Content>, i: usize) -> Result<Vec<Value>, ErrorInfo> {
+    let text_block = |t: &str| json!({ "type": "text", "text": t });
+    match content {
+        None => Ok(Vec::new()),
+        Some(Content::Text(t)) if t.is_empty() => Ok(Vec::new()),
+        Some(Content::Text(t)) => Ok(vec![text_block(t)]),
+        Some(Content::Parts(parts)) => {
+            let mut out = Vec::with_capacity(parts.len());
+            for part in parts {
+                match part {
+                    ContentPart::Text { text } if text.is_empty() => {}
+                    ContentPart::Text { text } => out.push(text_block(text)),
+                    ContentPart::ImageUrl { image_url } => {
+                        out.push(image_block(&image_url.url, i)?)
+                    }
+                }
+            }
+            Ok(out)
+        }
+    }
+}
+
+/// `data:<media>;base64,<data>` → a base64 image source; `http(s)://` → a URL image source.
+fn image_block(url: &str, i: usize) -> Result<Value, ErrorInfo> {
+    if let Some(rest) = url.strip_prefix("data:") {
+        let parsed = rest
+            .split_once(',')
+            .and_then(|(meta, data)| meta.strip_suffix(";base64").map(|media| (media, data)));
+        return match parsed {
+            Some((media, data)) if !media.is_empty() => Ok(json!({
+                "type": "image",
+                "source": { "type": "base64", "media_type": media, "data": data },
+            })),
+            _ => Err(bad_message(
+                i,
+                "image data URLs must be data:<media type>;base64,<data>",
+            )),
+        };
+    }
+    if url.starts_with("https://") || url.starts_with("http://") {
+        return Ok(json!({ "type": "image", "source": { "type": "url", "url": url } }));
+    }
+    Err(bad_message(i, "image URLs must be http(s) or data: URLs"))
+}
+
+/// An assistant tool call → `{"type":"tool_use","id","name","input"}` (input = parsed arguments).
+fn tool_use_block(call: &ToolCall, i: usize) -> Result<Value, ErrorInfo> {
+    let raw = call.function.arguments.trim();
+    let input: Value = if raw.is_empty() {
+        json!({})
+    } else {
+        let what = |e: &dyn std::fmt::Display| format!("tool call `{}` arguments: {e}", call.id);
+        serde_json::from_str(raw).map_err(|e| bad_message(i, what(&e)))?
+    };
+    if !input.is_object() {
+        return Err(bad_message(
+            i,
+            format!("tool call `{}` arguments must be a JSON object", call.id),
+        ));
+    }
+    Ok(json!({ "type": "tool_use", "id": call.id, "name": call.function.name, "input": input }))
+}
+
+/// A `role: tool` message → `{"type":"tool_result","tool_use_id","content"}`.
+fn tool_result_block(m: &Message, i: usize) -> Result<Value, ErrorInfo> {
+    let id = m.tool_call_id.as_deref().filter(|id| !id.is_empty());
+    let id = id.ok_or_else(|| bad_message(i, "role `tool` needs tool_call_id"))?;
+    let mut block = json!({ "type": "tool_result", "tool_use_id": id });
+    let content = match &m.content {
+        Some(Content::Text(t)) if !t.is_empty() => Some(json!(t)),
+        Some(parts @ Content::Parts(_)) => {
+            Some(Value::Array(content_blocks(Some(parts), i)?)).filter(|v| v != &json!([]))
+        }
+        _ => None,
+    };
+    if let (Some(content), Some(obj)) = (content, block.as_object_mut()) {
+        obj.insert("content".into(), content);
+    }
+    Ok(block)
+}
+
+/// OpenAI `tool_choice` (+ `parallel_tool_calls`) → Anthropic `tool_choice`:
+/// `auto`→`{"type":"auto"}`, `none`→`{"type":"none"}`, `required`→`{"type":"any"}`,
+/// `{"type":"function","function":{"name"}}`→`{"type":"tool","name"}`;
+/// `parallel_tool_calls: false` adds `disable_parallel_tool_use: true` (not on `none`).
+fn tool_choice(choice: Option<&Value>, parallel: Option<bool>) -> Result<Option<Value>, ErrorInfo> {
+    let bad = || {
+        invalid(
+            "tool_choice",
+            "must be auto, none, required or a named function",
+        )
+    };
+    let mut out = match choice {
+        None if parallel == Some(false) => json!({ "type": "auto" }),
+        None => return Ok(None),
+        Some(Value::String(s)) => match s.as_str() {
+            "auto" => json!({ "type": "auto" }),
+            "none" => json!({ "type": "none" }),
+            "required" => json!({ "type": "any" }),
+            _ => return Err(bad()),
+        },
+        Some(v @ Value::Object(_)) => {
+            let name = v.pointer("/function/name").and_then(Value::as_str);
+            let name = name.ok_or_else(bad)?;
+            json!({ "type": "tool", "name": name })
+        }
+        Some(_) => return Err(bad()),
+    };
+    if let Some(obj) = out.as_object_mut().filter(|o| o["type"] != "none")
+        && parallel == Some(false)
+    {
+        obj.insert("disable_parallel_tool_use".into(), json!(true));
+    }
+    Ok(Some(out))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stream translation
+// ---------------------------------------------------------------------------------------------
+
+type Item = Result<FrameBody, ErrorInfo>;
+
+fn protocol(message: impl Into<String>) -> ErrorInfo {
+    ErrorInfo::new(ErrorClass::Protocol, message)
+}
+
+/// Anthropic stream → normalised events: `Text`, `ToolCall`, one `Usage` right before `End` (at
+/// `message_stop`), or an error; the byte stream ending before `message_stop` is a `protocol` error.
+#[derive(Debug, Default)]
+struct AnthropicTranslator {
+    /// `usage.input_tokens` (excludes cache reads and writes).
+    input: u64,
+    /// `usage.cache_read_input_tokens`.
+    cache_read: u64,
+    /// `usage.cache_creation_input_tokens`.
+    cache_creation: u64,
+    /// `usage.output_tokens` (cumulative).
+    output: u64,
+    /// From `message_delta.delta.stop_reason`.
+    finish: Option<FinishReason>,
+    /// Content block index → (tool index, whether any argument piece was sent).
+    tools: HashMap<u64, (u32, bool)>,
+    /// Next tool index (counts only `tool_use` blocks, from 0).
+    next_tool: u32,
+}
+
+impl SseTranslator for AnthropicTranslator {
+    fn on_event(&mut self, event: SseEvent, out: &mut VecDeque<Item>) -> bool {
+        self.event(&event, out)
+    }
+
+    fn on_eof(&mut self, out: &mut VecDeque<Item>) {
+        out.push_back(Err(protocol("upstream stream ended before message_stop")));
+    }
+}
+
+impl AnthropicTranslator {
+    /// Handles one SSE event; returns true when the stream is finished (stop or error).
+    fn event(&mut self, ev: &SseEvent, out: &mut VecDeque<Item>) -> bool {
+        let name = ev.event.as_deref().unwrap_or("message");
+        let result = serde_json::from_str::<Value>(&ev.data)
+            .map_err(|e| protocol(format!("unparsable JSON in `{name}` event: {e}")))
+            .and_then(|data| {
+                let kind = data.get("type").and_then(Value::as_str).unwrap_or(name);
+                self.handle(kind, &data, out)
+            });
+        result.unwrap_or_else(|e| {
+            out.push_back(Err(e));
+            true
+        })
+    }
+
+    fn handle(
+        &mut self,
+        kind: &str,
+        data: &Value,
+        out: &mut VecDeque<Item>,
+    ) -> Result<bool, ErrorInfo> {
+        let at = data.get("index").and_then(Value::as_u64);
+        let block_index = || at.ok_or_else(|| protocol(format!("`{kind}` event without an index")));
+        match kind {
+            "message_start" => self.merge_usage(data.pointer("/message/usage")),
+            "content_block_start" => match str_at(data, "/content_block/type") {
+                Some("tool_use") => {
+                    let field = |k: &str| {
+                        let v = str_at(data, &format!("/content_block/{k}")).map(str::to_owned);
+                        v.ok_or_else(|| protocol(format!("tool_use content block without `{k}`")))
+                    };
+                    let (id, name) = (field("id")?, field("name")?);
+                    let index = self.next_tool;
+                    self.next_tool += 1;
+                    self.tools.insert(block_index()?, (index, false));
+                    out.push_back(tool_frame(index, Some(id), Some(name), String::new()));
+                }
+                Some("text") => push_text(out, str_at(data, "/content_block/text")),
+                _ => {}
+            },
+            "content_block_delta" => match str_at(data, "/delta/type") {
+                Some("text_delta") => push_text(out, str_at(data, "/delta/text")),
+                Some("input_json_delta") => {
+                    let piece = str_at(data, "/delta/partial_json").unwrap_or("");
+                    let at = block_index()?;
+                    let not_tool = || protocol(format!("input_json_delta for non-tool block {at}"));
+                    let (index, sent) = self.tools.get_mut(&at).ok_or_else(not_tool)?;
+                    if !piece.is_empty() {
+                        *sent = true;
+                        out.push_back(tool_frame(*index, None, None, piece.to_owned()));
+                    }
+                }
+                // thinking_delta, signature_delta, citations_delta, …: not forwarded.
+                _ => {}
+            },
+            "content_block_stop" => {
+                // A tool called without arguments still needs valid JSON arguments.
+                if let Some((index, sent @ false)) = at.and_then(|at| self.tools.get_mut(&at)) {
+                    *sent = true;
+                    out.push_back(tool_frame(*index, None, None, "{}".into()));
+                }
+            }
+            "message_delta" => {
+                if let Some(reason) = str_at(data, "/delta/stop_reason") {
+                    self.finish = Some(finish_reason(reason));
+                }
+                self.merge_usage(data.get("usage"));
+            }
+            "message_stop" => {
+                out.push_back(Ok(FrameBody::Usage {
+                    usage: self.usage(),
+                }));
+                let finish_reason = self.finish.unwrap_or(FinishReason::Stop);
+                out.push_back(Ok(FrameBody::End { finish_reason }));
+                return Ok(true);
+            }
+            "error" => return Err(stream_error(data)),
+            // `ping` and event types added later (Anthropic versioning policy) are ignored.
+            _ => {}
+        }
+        Ok(false)
+    }
+
+    /// Merges an Anthropic usage object. Counts are cumulative, so the larger value wins (this
+    /// also keeps `message_start` input counts when `message_delta` omits or zeroes them).
+    fn merge_usage(&mut self, u: Option<&Value>) {
+        let get = |k: &str| {
+            u.and_then(|u| u.get(k))
+                .and_then(Value::as_u64)
+                .unwrap_or(0)
+        };
+        self.input = self.input.max(get("input_tokens"));
+        self.cache_read = self.cache_read.max(get("cache_read_input_tokens"));
+        self.cache_creation = self.cache_creation.max(get("cache_creation_input_tokens"));
+        self.output = self.output.max(get("output_tokens"));
+    }
+
+    /// Normalised usage: Anthropic `input_tokens` excludes cache reads and writes, so they are
+    /// added into `prompt_tokens` (see [`Usage`]).
+    fn usage(&self) -> Usage {
+        Usage {
+            prompt_tokens: self.input + self.cache_read + self.cache_creation,
+            cached_tokens: self.cache_read,
+            cache_write_tokens: self.cache_creation,
+            completion_tokens: self.output,
+            reasoning_tokens: 0,
+        }
+    }
+}
+
+/// The string at JSON pointer `ptr` of `v`, if any.
+fn str_at<'a>(v: &'a Value, ptr: &str) -> Option<&'a str> {
+    v.pointer(ptr).and_then(Value::as_str)
+}
+
+/// Pushes a `Text` event unless the text is absent or empty.
+fn push_text(out: &mut VecDeque<Item>, text: Option<&str>) {
+    if let Some(text) = text.filter(|t| !t.is_empty()) {
+        out.push_back(Ok(FrameBody::Text {
+            text: text.to_owned(),
+        }));
+    }
+}
+
+/// A `ToolCall` event (`id`/`name` only on the first piece of a call).
+fn tool_frame(index: u32, id: Option<String>, name: Option<String>, arguments: String) -> Item {
+    Ok(FrameBody::ToolCall {
+        index,
+        id,
+        name,
+        arguments,
+    })
+}
+
+/// Anthropic `stop_reason` → OpenAI `finish_reason` (unknown reasons map to `stop`).
+fn finish_reason(reason: &str) -> FinishReason {
+    match reason {
+        "max_tokens" | "model_context_window_exceeded" => FinishReason::Length,
+        "tool_use" => FinishReason::ToolCalls,
+        "refusal" => FinishReason::ContentFilter,
+        // end_turn, stop_sequence, pause_turn, …
+        _ => FinishReason::Stop,
+    }
+}
+
+/// An in-stream `{"type":"error","error":{"type","message"}}` event → a classified error.
+fn stream_error(data: &Value) -> ErrorInfo {
+    let kind = str_at(data, "/error/type").unwrap_or("unknown");
+    let message = str_at(data, "/error/message").unwrap_or("");
+    let class = match kind {
+        "overloaded_error" => ErrorClass::Overloaded,
+        "rate_limit_error" => ErrorClass::RateLimited,
+        "invalid_request_error" => ErrorClass::InvalidRequest,
+        _ => ErrorClass::Upstream5xx,
+    };
+    ErrorInfo::new(class, format!("upstream stream error {kind}: {message}"))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use crate::mock_upstream::MockUpstream;
+    use crate::sse::SseParser;
+    use futures::StreamExt;
+
+    /// Feeds `chunks` as separate writes through the SSE parser and the translator, as
+    /// `translate_sse` does with a live response.
+    fn translate_chunks(chunks: &[&str]) -> Vec<Item> {
+        let (mut parser, mut events) = (SseParser::new(), Vec::new());
+        for chunk in chunks {
+            parser.push(chunk.as_bytes(), &mut events).unwrap();
+        }
+        events.extend(parser.finish());
+        let (mut tr, mut out) = (AnthropicTranslator::default(), VecDeque::new());
+        if !events.into_iter().any(|ev| tr.on_event(ev, &mut out)) {
+            tr.on_eof(&mut out);
+        }
+        out.into_iter().collect()
+    }
+
+    fn text(t: &str) -> Item {
+        Ok(FrameBody::Text { text: t.into() })
+    }
+    fn end(finish_reason: FinishReason) -> Item {
+        Ok(FrameBody::End { finish_reason })
+    }
+    fn usage(prompt: u64, cached: u64, write: u64, completion: u64) -> Item {
+        let usage = Usage {
+            prompt_tokens: prompt,
+            cached_tokens: cached,
+            cache_write_tokens: write,
+            completion_tokens: completion,
+            reasoning_tokens: 0,
+        };
+        Ok(FrameBody::Usage { usage })
+    }
+    /// One SSE event per line of JSON, named after its `type` (as Anthropic sends them).
+    fn sse(lines: &str) -> String {
+        let event = |l: &str| {
+            let kind = serde_json::from_str::<Value>(l).unwrap()["type"].clone();
+            format!("event: {}\ndata: {l}\n\n", kind.as_str().unwrap())
+        };
+        lines
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| event(l.trim()))
+            .collect()
+    }
+
+    fn target(base: &str) -> TargetConfig {
+        serde_json::from_value(json!({"id": "a", "provider": "anthropic",
+            "base_url": format!("{base}/v1"), "upstream_model": "claude-test"}))
+        .unwrap()
+    }
+
+    fn request(messages: Value, extra: Value) -> ChatRequest {
+        let mut v = json!({"id": "01900000-0000-7000-8000-000000000000", "model": "demo/claude",
+            "target": {"id": "a", "provider": "anthropic", "upstream_model": "claude-test"},
+            "messages": messages, "stream": true, "deadline_ms": 0});
+        if let (Some(obj), Value::Object(extra)) = (v.as_object_mut(), extra) {
+            obj.extend(extra);
+        }
+        serde_json::from_value(v).unwrap()
+    }
+
+    /// A one-message request steering the mock with a `#mock` directive line.
+    fn ask(directives: &str) -> ChatRequest {
+        let content = format!("hi\n#mock {directives}");
+        request(json!([{"role": "user", "content": content}]), json!({}))
+    }
+
+    async fn run(mock: &MockUpstream, req: &ChatRequest) -> Result<Vec<Item>, ErrorInfo> {
+        let (t, http) = (target(&mock.base_url()), reqwest::Client::new());
+        Ok(AnthropicProvider
+            .stream_chat(&http, &t, &t.base_url, req)
+            .await?
+            .collect()
+            .await)
+    }
+
+    fn find(hay: &str, needle: &str, from: usize) -> usize {
+        from + hay[from..]
+            .find(needle)
+            .unwrap_or_else(|| panic!("{needle:?} not in {hay:?}"))
+    }
+
+    /// FC-01: the `content_block_delta` event arrives as three writes, cut inside `text_del|ta`.
+    #[tokio::test]
+    async fn fc01_split_delta_event() {
+        let mock = MockUpstream::start().await.unwrap();
+        let directives =
+            "text=Hello,+world chunks=1 prompt_tokens=5 completion_tokens=2 id=msg_fc01";
+        // Fetch the unsplit body once (same bytes: fixed id and usage) to find the byte offsets.
+        let body = build_request(&target(&mock.base_url()), &ask(directives)).unwrap();
+        let url = format!("{}/v1/messages", mock.base_url());
+        let resp = reqwest::Client::new()
+            .post(url)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let raw = resp.text().await.unwrap();
+        let start = find(&raw, "event: content_block_delta\n", 0);
+        let data = start + "event: content_block_delta\n".len();
+        let cut = find(&raw, "text_del", data) + "text_del".len();
+        let end_at = find(&raw, "\n\n", cut) + 2;
+        assert!(raw[data..cut].starts_with("data: {"), "{raw}");
+        assert!(raw[cut..end_at].starts_with("ta\""), "{raw}");
+        assert!(
+            raw[data..end_at].contains(r#""text":"Hello, world""#),
+            "{raw}"
+        );
+
+        let req = ask(&format!("{directives} split={start},{data},{cut},{end_at}"));
+        let events = run(&mock, &req).await.unwrap();
+        assert_eq!(
+            events,
+            vec![
+                text("Hello, world"),
+                usage(5, 0, 0, 2),
+                end(FinishReason::Stop)
+            ]
+        );
+        let sent = &mock.requests()[1];
+        assert_eq!(sent.path, "/v1/messages");
+        assert_eq!(sent.header("anthropic-version"), Some(ANTHROPIC_VERSION));
+        assert_eq!(sent.header("x-api-key"), None);
+        assert_eq!(sent.body["stream"], json!(true));
+        assert_eq!(sent.body["model"], json!("claude-test"));
+        assert_eq!(sent.body["max_tokens"], json!(DEFAULT_MAX_TOKENS));
+    }
+
+    /// The exact three writes of the brief (Anthropic's own key order), without network.
+    #[test]
+    fn split_writes_offline() {
+        let events = translate_chunks(&[
+            "event: message_start\n",
+            r#"data: {"type":"message_start","message":{"usage":{"input_tokens":4,"output_tokens":1}}}"#,
+            "\n\nevent: content_block_delta\n",
+            r#"data: {"type":"content_block_delta","index":0,"delta":{"type":"text_del"#,
+            "ta\",\"text\":\"Hello, world\"}}\n\n",
+            "event: message_delta\n",
+            r#"data: {"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":3}}"#,
+            "\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+        ]);
+        assert_eq!(
+            events,
+            vec![
+                text("Hello, world"),
+                usage(4, 0, 0, 3),
+                end(FinishReason::Stop)
+            ]
+        );
+    }
+
+    #[test]
+    fn bad_json_and_missing_stop_are_protocol_errors() {
+        for body in [
+            "event: message_start\ndata: {not json\n\n",
+            "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{}}\n\n",
+        ] {
+            let events = translate_chunks(&[body]);
+            assert_eq!(events.len(), 1, "{events:?}");
+            assert_eq!(events[0].clone().unwrap_err().class, ErrorClass::Protocol);
+        }
+    }
+
+    const MIXED: &str = r#"
+        {"type":"message_start","message":{"usage":{"input_tokens":7,"cache_read_input_tokens":20,"cache_creation_input_tokens":5,"output_tokens":1}}}
+        {"type": "ping"}
+        {"type":"content_block_start","index":0,"content_block":{"type":"thinking","thinking":""}}
+        {"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":"hmm"}}
+        {"type":"content_block_stop","index":0}
+        {"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"toolu_1","name":"now","input":{}}}
+        {"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":""}}
+        {"type":"content_block_stop","index":1}
+        {"type":"some_future_event"}
+        {"type":"message_delta","delta":{"stop_reason":"refusal"},"usage":{"output_tokens":9}}
+        {"type":"message_stop"}"#;
+
+    #[test]
+    fn thinking_ping_empty_tool_args_and_cache_writes() {
+        let (id, name) = (Some("toolu_1".to_owned()), Some("now".to_owned()));
+        let expected = vec![
+            tool_frame(0, id, name, String::new()),
+            tool_frame(0, None, None, "{}".into()),
+            usage(32, 20, 5, 9),
+            end(FinishReason::ContentFilter),
+        ];
+        assert_eq!(translate_chunks(&[&sse(MIXED)]), expected);
+    }
+
+    #[test]
+    fn in_stream_error_events_are_classified() {
+        for (kind, class) in [
+            ("overloaded_error", ErrorClass::Overloaded),
+            ("rate_limit_error", ErrorClass::RateLimited),
+            ("api_error", ErrorClass::Upstream5xx),
+            ("invalid_request_error", ErrorClass::InvalidRequest),
+            ("something_new", ErrorClass::Upstream5xx),
+        ] {
+            let data = json!({"type": "error", "error": {"type": kind, "message": "m"}});
+            let events = translate_chunks(&[&format!("event: error\ndata: {data}\n\n")]);
+            assert_eq!(events.len(), 1);
+            assert_eq!(events[0].clone().unwrap_err().class, class, "{kind}");
+        }
+    }
+
+    #[tokio::test]
+    async fn usage_with_cached_tokens() {
+        let mock = MockUpstream::start().await.unwrap();
+        let req = ask("cached_tokens=3 prompt_tokens=10 completion_tokens=4");
+        let events = run(&mock, &req).await.unwrap();
+        assert!(events.iter().all(Result::is_ok), "{events:?}");
+        assert_eq!(
+            events[events.len() - 2..],
+            [usage(10, 3, 0, 4), end(FinishReason::Stop)]
+        );
+    }
+
+    #[tokio::test]
+    async fn streamed_tool_calls() {
+        let mock = MockUpstream::start().await.unwrap();
+        let events = run(&mock, &ask("tool_calls=2 chunks=3")).await.unwrap();
+        let mut calls: Vec<(Option<String>, Option<String>, String)> = Vec::new();
+        for e in &events {
+            if let Ok(FrameBody::ToolCall {
+                index,
+                id,
+                name,
+                arguments,
+            }) = e
+            {
+                if id.is_some() {
+                    assert_eq!((*index as usize, arguments.as_str()), (calls.len(), ""));
+                    calls.push((id.clone(), name.clone(), String::new()));
+                } else {
+                    assert!(name.is_none());
+                    calls[*index as usize].2.push_str(arguments);
+                }
+            }
+        }
+        assert_eq!(calls.len(), 2);
+        for (i, (id, name, args)) in calls.iter().enumerate() {
+            assert_eq!(id.as_deref(), Some(format!("toolu_mock_{i}").as_str()));
+            assert_eq!(name.as_deref(), Some("get_weather"));
+            let parsed: Value = serde_json::from_str(args).unwrap();
+            assert!(parsed["city"].is_string(), "{args}");
+        }
+        assert_eq!(events.last(), Some(&end(FinishReason::ToolCalls)));
+    }
+
+    #[tokio::test]
+    async fn status_529_is_overloaded() {
+        let mock = MockUpstream::start().await.unwrap();
+        let err = run(&mock, &ask("status=529")).await.unwrap_err();
+        assert_eq!((err.class, err.retryable), (ErrorClass::Overloaded, true));
+        assert_eq!(err.upstream_status, Some(529));
+    }
+
+    #[tokio::test]
+    async fn in_stream_error_after_two_chunks() {
+        let mock = MockUpstream::start().await.unwrap();
+        let events = run(&mock, &ask("error_after=2")).await.unwrap();
+        assert_eq!(events.len(), 3, "{events:?}");
+        assert!(matches!(
+            events[..2],
+            [Ok(FrameBody::Text { .. }), Ok(FrameBody::Text { .. })]
+        ));
+        let err = events[2].clone().unwrap_err();
+        assert_eq!((err.class, err.retryable), (ErrorClass::Overloaded, true));
+    }
+
+    #[tokio::test]
+    async fn sends_api_key_when_configured() {
+        let mock = MockUpstream::start().await.unwrap();
+        let mut t = target(&mock.base_url());
+        t.api_key = switchyard_schemas::Secret::new("sk-ant-test");
+        let http = reqwest::Client::new();
+        let s = AnthropicProvider
+            .stream_chat(&http, &t, &t.base_url, &ask("chunks=1"))
+            .await;
+        let _events: Vec<Item> = s.unwrap().collect().await;
+        assert_eq!(mock.requests()[0].header("x-api-key"), Some("sk-ant-test"));
+    }
+
+    fn build(messages: Value, extra: Value) -> Result<Value, ErrorInfo> {
+        build_request(&target("http://x"), &request(messages, extra))
+    }
+
+    #[test]
+    fn hoists_system_and_maps_params() {
+        let messages = json!([
+            {"role": "system", "content": "Be brief."},
+            {"role": "developer", "content": [{"type": "text", "text": "Use French."}]},
+            {"role": "user", "content": [
+                {"type": "text", "text": "What is this?"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                {"type": "image_url", "image_url": {"url": "https://e.com/a.png"}}]},
+            {"role": "user", "content": "Please."}
+        ]);
+        let params = json!({"params": {"max_tokens": 50, "temperature": 0.5, "top_p": 0.9,
+            "stop": ["END"], "user": "u-1", "seed": 7}});
+        let body = build(messages, params).unwrap();
+        assert_eq!(body["system"], json!("Be brief.\n\nUse French."));
+        assert_eq!(
+            body["messages"],
+            json!([{"role": "user", "content": [
+            {"type": "text", "text": "What is this?"},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}},
+            {"type": "image", "source": {"type": "url", "url": "https://e.com/a.png"}},
+            {"type": "text", "text": "Please."}]}])
+        );
+        assert_eq!(body["max_tokens"], json!(50));
+        assert_eq!(
+            (&body["temperature"], &body["top_p"]),
+            (&json!(0.5), &json!(0.9))
+        );
+        assert_eq!(body["stop_sequences"], json!(["END"]));
+        assert_eq!(body["metadata"], json!({"user_id": "u-1"}));
+        assert_eq!(body["stream"], json!(true));
+        assert!(body.get("seed").is_none());
+    }
+
+    #[test]
+    fn tool_calls_and_results_merge() {
+        let messages = json!([
+            {"role": "user", "content": "Weather in Paris and Rome?"},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "t1", "type": "function", "function": {"name": "w", "arguments": "{\"city\":\"Paris\"}"}},
+                {"id": "t2", "type": "function", "function": {"name": "w", "arguments": ""}}]},
+            {"role": "tool", "tool_call_id": "t1", "content": "sunny"},
+            {"role": "tool", "tool_call_id": "t2", "content": "rain"},
+            {"role": "user", "content": "Thanks"}
+        ]);
+        let tools = json!({"tools": [{"type": "function", "function": {"name": "w",
+            "description": "weather", "parameters": {"type": "object"}}}]});
+        let body = build(messages, tools).unwrap();
+        assert_eq!(
+            body["messages"],
+            json!([
+                {"role": "user", "content": [{"type": "text", "text": "Weather in Paris and Rome?"}]},
+                {"role": "assistant", "content": [
+                    {"type": "tool_use", "id": "t1", "name": "w", "input": {"city": "Paris"}},
+                    {"type": "tool_use", "id": "t2", "name": "w", "input": {}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "t1", "content": "sunny"},
+                    {"type": "tool_result", "tool_use_id": "t2", "content": "rain"},
+                    {"type": "text", "text": "Thanks"}]}
+            ])
+        );
+        let expected =
+            json!([{"name": "w", "description": "weather", "input_schema": {"type": "object"}}]);
+        assert_eq!(body["tools"], expected);
+        assert!(body.get("tool_choice").is_none());
+    }
+
+    #[test]
+    fn tool_choice_mapping() {
+        let tools = json!([{"type": "function", "function": {"name": "w"}}]);
+        let user = json!([{"role": "user", "content": "x"}]);
+        let named = json!({"type": "function", "function": {"name": "w"}});
+        let cases = [
+            (json!("auto"), None, json!({"type": "auto"})),
+            (json!("none"), Some(false), json!({"type": "none"})),
+            (json!("required"), None, json!({"type": "any"})),
+            (
+                named,
+                Some(false),
+                json!({"type": "tool", "name": "w", "disable_parallel_tool_use": true}),
+            ),
+        ];
+        for (choice, parallel, expected) in cases {
+            let extra = json!({"tools": tools, "tool_choice": choice,
+                "params": {"parallel_tool_calls": parallel}});
+            assert_eq!(build(user.clone(), extra).unwrap()["tool_choice"], expected);
+        }
+        let extra = json!({"tools": tools, "params": {"parallel_tool_calls": false}});
+        let expected = json!({"type": "auto", "disable_parallel_tool_use": true});
+        assert_eq!(build(user.clone(), extra).unwrap()["tool_choice"], expected);
+        let err = build(user, json!({"tools": tools, "tool_choice": "sometimes"})).unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("tool_choice"));
+    }
+
+    #[test]
+    fn rejects_what_anthropic_cannot_do() {
+        let user = json!([{"role": "user", "content": "x"}]);
+        let invalid = |e: ErrorInfo| (e.class, e.param);
+        let want = |p: &str| (ErrorClass::InvalidRequest, Some(p.to_owned()));
+        let err = build(user.clone(), json!({"params": {"n": 2}})).unwrap_err();
+        assert_eq!(invalid(err), want("n"));
+        assert!(build(user.clone(), json!({"params": {"n": 1}})).is_ok());
+        let rf = json!({"params": {"response_format": {"type": "json_object"}}});
+        assert_eq!(
+            invalid(build(user.clone(), rf).unwrap_err()),
+            want("response_format")
+        );
+        assert!(
+            build(
+                user,
+                json!({"params": {"response_format": {"type": "text"}}})
+            )
+            .is_ok()
+        );
+        let bad_args = json!([{"role": "assistant", "tool_calls": [
+            {"id": "t", "type": "function", "function": {"name": "w", "arguments": "{oops"}}]}]);
+        assert_eq!(
+            invalid(build(bad_args, json!({})).unwrap_err()),
+            want("messages")
+        );
+        let bad_image = json!([{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "ftp://x/y.png"}}]}]);
+        assert_eq!(
+            invalid(build(bad_image, json!({})).unwrap_err()),
+            want("messages")
+        );
+    }
+}

@@ -1,0 +1,3 @@
+//! Provider adapters, one file per provider family.
+pub mod anthropic;
+pub mod openai;

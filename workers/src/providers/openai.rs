@@ -1,0 +1,279 @@
+//! OpenAI Chat Completions, and every OpenAI-compatible server (vLLM, Ollama, llama.cpp, Groq, …).
+//!
+//! Wire reference: OpenAI API reference, "Create chat completion" and "The chat completion chunk
+//! object". The upstream is always called with `stream: true` and
+//! `stream_options.include_usage: true`, so usage arrives in a final chunk with `choices: []`.
+
+use crate::provider::{
+    Capabilities, EventStream, Provider, SseTranslator, send_checked, translate_sse,
+};
+use crate::sse::SseEvent;
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use serde_json::{Map, Value, json};
+use std::collections::VecDeque;
+use switchyard_schemas::config::{ProviderKind, TargetConfig};
+use switchyard_schemas::request::Role;
+use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, FinishReason, FrameBody, Usage};
+
+/// Adapter for [`ProviderKind::Openai`] and [`ProviderKind::OpenaiCompatible`].
+#[derive(Debug, Clone, Copy)]
+pub struct OpenAiProvider {
+    kind: ProviderKind,
+}
+
+impl OpenAiProvider {
+    /// OpenAI itself.
+    pub fn openai() -> Self {
+        Self {
+            kind: ProviderKind::Openai,
+        }
+    }
+    /// A generic OpenAI-compatible server.
+    pub fn compatible() -> Self {
+        Self {
+            kind: ProviderKind::OpenaiCompatible,
+        }
+    }
+}
+
+impl Provider for OpenAiProvider {
+    fn kind(&self) -> ProviderKind {
+        self.kind
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            streaming: true,
+            tools: true,
+            vision: true,
+            json_mode: true,
+            embeddings: true,
+        }
+    }
+
+    fn stream_chat(
+        &self,
+        http: &reqwest::Client,
+        target: &TargetConfig,
+        base_url: &str,
+        req: &ChatRequest,
+    ) -> BoxFuture<'static, Result<EventStream, ErrorInfo>> {
+        let body = build_body(self.kind, &target.upstream_model, req);
+        let url = format!("{}/chat/completions", base_url.trim_end_matches('/'));
+        let mut rb = http
+            .post(url)
+            .header("content-type", "application/json")
+            .header("accept", "text/event-stream")
+            // Lets providers that support it deduplicate our retries of the same request.
+            .header("idempotency-key", req.id.to_string())
+            .body(body);
+        if !target.api_key.is_empty() {
+            rb = rb.bearer_auth(target.api_key.expose());
+        }
+        async move {
+            let resp = send_checked(rb).await?;
+            Ok(translate_sse(resp, OpenAiTranslator::default()))
+        }
+        .boxed()
+    }
+}
+
+/// Builds the upstream JSON body. Public for tests and benchmarks.
+pub fn build_body(kind: ProviderKind, upstream_model: &str, req: &ChatRequest) -> Vec<u8> {
+    let mut o = Map::new();
+    o.insert("model".into(), Value::String(upstream_model.to_owned()));
+    let messages: Vec<Value> = req
+        .messages
+        .iter()
+        .map(|m| {
+            let mut v = serde_json::to_value(m).unwrap_or(Value::Null);
+            // Many compatible servers predate the `developer` role.
+            if kind == ProviderKind::OpenaiCompatible && m.role == Role::Developer {
+                v["role"] = Value::String("system".into());
+            }
+            v
+        })
+        .collect();
+    o.insert("messages".into(), Value::Array(messages));
+    if !req.tools.is_empty() {
+        o.insert(
+            "tools".into(),
+            serde_json::to_value(&req.tools).unwrap_or(Value::Null),
+        );
+    }
+    if let Some(tc) = &req.tool_choice {
+        o.insert("tool_choice".into(), tc.clone());
+    }
+    let p = &req.params;
+    let mut put = |k: &str, v: Option<Value>| {
+        if let Some(v) = v {
+            o.insert(k.into(), v);
+        }
+    };
+    put("temperature", p.temperature.map(Value::from));
+    put("top_p", p.top_p.map(Value::from));
+    // OpenAI deprecated `max_tokens` for `max_completion_tokens`; compatible servers mostly know the old name.
+    let max_key = if kind == ProviderKind::Openai {
+        "max_completion_tokens"
+    } else {
+        "max_tokens"
+    };
+    put(max_key, p.max_tokens.map(Value::from));
+    put("stop", (!p.stop.is_empty()).then(|| json!(p.stop)));
+    put("n", p.n.map(Value::from));
+    put("seed", p.seed.map(Value::from));
+    put("presence_penalty", p.presence_penalty.map(Value::from));
+    put("frequency_penalty", p.frequency_penalty.map(Value::from));
+    put("response_format", p.response_format.clone());
+    put(
+        "parallel_tool_calls",
+        p.parallel_tool_calls.map(Value::from),
+    );
+    put("user", p.user.clone().map(Value::from));
+    o.insert("stream".into(), Value::Bool(true));
+    o.insert("stream_options".into(), json!({"include_usage": true}));
+    serde_json::to_vec(&Value::Object(o)).unwrap_or_default()
+}
+
+/// Translates `chat.completion.chunk` events.
+#[derive(Debug, Default)]
+pub struct OpenAiTranslator {
+    finish: Option<FinishReason>,
+    usage: Option<Usage>,
+}
+
+fn map_finish(s: &str) -> FinishReason {
+    match s {
+        "length" => FinishReason::Length,
+        "tool_calls" | "function_call" => FinishReason::ToolCalls,
+        "content_filter" => FinishReason::ContentFilter,
+        _ => FinishReason::Stop,
+    }
+}
+
+/// Reads OpenAI's usage object into the normalised struct (parts are subsets, see [`Usage`]).
+pub fn parse_usage(u: &Value) -> Option<Usage> {
+    let n = |v: Option<&Value>| v.and_then(Value::as_u64).unwrap_or(0);
+    if !u.is_object() {
+        return None;
+    }
+    Some(Usage {
+        prompt_tokens: n(u.get("prompt_tokens")),
+        cached_tokens: n(u.pointer("/prompt_tokens_details/cached_tokens")),
+        cache_write_tokens: 0,
+        completion_tokens: n(u.get("completion_tokens")),
+        reasoning_tokens: n(u.pointer("/completion_tokens_details/reasoning_tokens")),
+    })
+}
+
+impl OpenAiTranslator {
+    fn finish(&mut self, out: &mut VecDeque<Result<FrameBody, ErrorInfo>>) {
+        if let Some(usage) = self.usage {
+            out.push_back(Ok(FrameBody::Usage { usage }));
+        }
+        let finish_reason = self.finish.unwrap_or(FinishReason::Stop);
+        out.push_back(Ok(FrameBody::End { finish_reason }));
+    }
+}
+
+impl SseTranslator for OpenAiTranslator {
+    fn on_event(&mut self, ev: SseEvent, out: &mut VecDeque<Result<FrameBody, ErrorInfo>>) -> bool {
+        let data = ev.data.trim();
+        if data == "[DONE]" {
+            self.finish(out);
+            return true;
+        }
+        if data.is_empty() {
+            return false;
+        }
+        let v: Value = match serde_json::from_str(data) {
+            Ok(v) => v,
+            Err(e) => {
+                out.push_back(Err(ErrorInfo::new(
+                    ErrorClass::Protocol,
+                    format!("upstream sent an unparsable stream chunk: {e}"),
+                )));
+                return true;
+            }
+        };
+        // Errors can arrive inside an HTTP 200 stream.
+        if let Some(err) = v.get("error") {
+            let msg = err
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or("unknown error");
+            let code = err
+                .get("code")
+                .or_else(|| err.get("type"))
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            let class = match code {
+                "rate_limit_exceeded" | "rate_limit_error" => ErrorClass::RateLimited,
+                "overloaded_error" | "server_overloaded" => ErrorClass::Overloaded,
+                "context_length_exceeded" => ErrorClass::ContextLengthExceeded,
+                "invalid_request_error" => ErrorClass::InvalidRequest,
+                _ => ErrorClass::Upstream5xx,
+            };
+            out.push_back(Err(ErrorInfo::new(
+                class,
+                format!("upstream stream error: {msg}"),
+            )));
+            return true;
+        }
+        if let Some(u) = v.get("usage").and_then(parse_usage) {
+            // Some servers repeat cumulative usage on every chunk: keep the last, never sum.
+            self.usage = Some(u);
+        }
+        let Some(choice) = v
+            .get("choices")
+            .and_then(Value::as_array)
+            .and_then(|c| c.first())
+        else {
+            return false;
+        };
+        if let Some(delta) = choice.get("delta") {
+            if let Some(text) = delta.get("content").and_then(Value::as_str)
+                && !text.is_empty()
+            {
+                out.push_back(Ok(FrameBody::Text {
+                    text: text.to_owned(),
+                }));
+            }
+            if let Some(calls) = delta.get("tool_calls").and_then(Value::as_array) {
+                for (i, c) in calls.iter().enumerate() {
+                    let f = c.get("function");
+                    out.push_back(Ok(FrameBody::ToolCall {
+                        index: c.get("index").and_then(Value::as_u64).unwrap_or(i as u64) as u32,
+                        id: c.get("id").and_then(Value::as_str).map(str::to_owned),
+                        name: f
+                            .and_then(|f| f.get("name"))
+                            .and_then(Value::as_str)
+                            .map(str::to_owned),
+                        arguments: f
+                            .and_then(|f| f.get("arguments"))
+                            .and_then(Value::as_str)
+                            .unwrap_or("")
+                            .to_owned(),
+                    }));
+                }
+            }
+        }
+        if let Some(fr) = choice.get("finish_reason").and_then(Value::as_str) {
+            self.finish = Some(map_finish(fr));
+        }
+        false
+    }
+
+    fn on_eof(&mut self, out: &mut VecDeque<Result<FrameBody, ErrorInfo>>) {
+        // Lenient: some compatible servers omit `[DONE]` but did send a finish_reason.
+        if self.finish.is_some() {
+            self.finish(out);
+        } else {
+            out.push_back(Err(ErrorInfo::new(
+                ErrorClass::Protocol,
+                "upstream stream ended before [DONE] or a finish_reason",
+            )));
+        }
+    }
+}
