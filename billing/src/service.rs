@@ -265,7 +265,7 @@ impl BillingService {
             Ok(inserted) => {
                 self.stats.batches += 1;
                 self.stats.inserted += inserted;
-                self.stats.duplicates += rows.len() as u64 - inserted;
+                self.stats.duplicates += (rows.len() as u64).saturating_sub(inserted);
                 tracing::debug!(events = rows.len(), inserted, "usage batch stored");
                 for message in &good {
                     // A lost ack means a redelivery, which the primary key absorbs.

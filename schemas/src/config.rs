@@ -145,17 +145,11 @@ impl Default for Timeouts {
 }
 
 /// Billing ledger settings.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct BillingConfig {
     /// sqlx URL, `sqlite://…` or `postgres://…`. `None` = SQLite at `<data_dir>/ledger.db`.
     pub database_url: Option<String>,
-}
-
-impl Default for BillingConfig {
-    fn default() -> Self {
-        Self { database_url: None }
-    }
 }
 
 /// A configuration rule that does not hold, naming the field.

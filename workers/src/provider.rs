@@ -115,43 +115,6 @@ pub fn classify_transport_error(e: &reqwest::Error) -> ErrorInfo {
     ErrorInfo::new(class, format!("upstream request failed: {e}"))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use reqwest::header::HeaderValue;
-
-    #[test]
-    fn classifies_statuses_and_retry_after() {
-        let mut h = HeaderMap::new();
-        h.insert("retry-after", HeaderValue::from_static("7"));
-        let e = classify_http_error(
-            429,
-            &h,
-            br#"{"error":{"message":"slow down","type":"rate_limit"}}"#,
-        );
-        assert_eq!(e.class, ErrorClass::RateLimited);
-        assert_eq!(e.retry_after_ms, Some(7000));
-        assert!(e.retryable);
-        assert_eq!(e.message, "upstream returned HTTP 429: slow down");
-
-        let e = classify_http_error(
-            400,
-            &HeaderMap::new(),
-            br#"{"error":{"message":"too long","code":"context_length_exceeded"}}"#,
-        );
-        assert_eq!(e.class, ErrorClass::ContextLengthExceeded);
-        assert!(!e.retryable);
-        assert_eq!(
-            classify_http_error(529, &HeaderMap::new(), b"").class,
-            ErrorClass::Overloaded
-        );
-        assert_eq!(
-            classify_http_error(502, &HeaderMap::new(), b"x").class,
-            ErrorClass::Upstream5xx
-        );
-    }
-}
-
 /// Upper bound on an upstream error body we read to classify it, bytes.
 pub const MAX_ERROR_BODY: usize = 64 * 1024;
 
@@ -196,13 +159,13 @@ pub fn translate_sse<T: SseTranslator>(resp: reqwest::Response, translator: T) -
     use futures::StreamExt;
     use std::collections::VecDeque;
     let events = Box::pin(crate::sse::sse_stream(resp.bytes_stream()));
-    let state = (events, translator, VecDeque::new(), false);
+    let state = (events, translator, VecDeque::<Result<FrameBody, ErrorInfo>>::new(), false);
     futures::stream::unfold(
         state,
         |(mut events, mut tr, mut pending, mut done)| async move {
             loop {
                 if let Some(item) = pending.pop_front() {
-                    if matches!(item, Err(_)) {
+                    if item.is_err() {
                         pending.clear();
                         done = true;
                     }
@@ -231,4 +194,41 @@ pub fn translate_sse<T: SseTranslator>(resp: reqwest::Response, translator: T) -
         },
     )
     .boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reqwest::header::HeaderValue;
+
+    #[test]
+    fn classifies_statuses_and_retry_after() {
+        let mut h = HeaderMap::new();
+        h.insert("retry-after", HeaderValue::from_static("7"));
+        let e = classify_http_error(
+            429,
+            &h,
+            br#"{"error":{"message":"slow down","type":"rate_limit"}}"#,
+        );
+        assert_eq!(e.class, ErrorClass::RateLimited);
+        assert_eq!(e.retry_after_ms, Some(7000));
+        assert!(e.retryable);
+        assert_eq!(e.message, "upstream returned HTTP 429: slow down");
+
+        let e = classify_http_error(
+            400,
+            &HeaderMap::new(),
+            br#"{"error":{"message":"too long","code":"context_length_exceeded"}}"#,
+        );
+        assert_eq!(e.class, ErrorClass::ContextLengthExceeded);
+        assert!(!e.retryable);
+        assert_eq!(
+            classify_http_error(529, &HeaderMap::new(), b"").class,
+            ErrorClass::Overloaded
+        );
+        assert_eq!(
+            classify_http_error(502, &HeaderMap::new(), b"x").class,
+            ErrorClass::Upstream5xx
+        );
+    }
 }

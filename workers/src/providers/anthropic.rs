@@ -78,10 +78,6 @@ impl Provider for AnthropicProvider {
     }
 }
 
-// ---------------------------------------------------------------------------------------------
-// Request translation
-// ---------------------------------------------------------------------------------------------
-
 fn invalid(param: &str, message: impl Into<String>) -> ErrorInfo {
     ErrorInfo::new(ErrorClass::InvalidRequest, message).with_param(param)
 }
@@ -310,10 +306,6 @@ fn tool_choice(choice: Option<&Value>, parallel: Option<bool>) -> Result<Option<
     }
     Ok(Some(out))
 }
-
-// ---------------------------------------------------------------------------------------------
-// Stream translation
-// ---------------------------------------------------------------------------------------------
 
 type Item = Result<FrameBody, ErrorInfo>;
 
@@ -722,15 +714,17 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn usage_with_cached_tokens() {
+    async fn usage_with_cached_tokens_and_api_key() {
         let mock = MockUpstream::start().await.unwrap();
+        let mut t = target(&mock.base_url());
+        t.api_key = switchyard_schemas::Secret::new("sk-ant-test");
         let req = ask("cached_tokens=3 prompt_tokens=10 completion_tokens=4");
-        let events = run(&mock, &req).await.unwrap();
+        let s = AnthropicProvider.stream_chat(&reqwest::Client::new(), &t, &t.base_url, &req);
+        let events: Vec<Item> = s.await.unwrap().collect().await;
         assert!(events.iter().all(Result::is_ok), "{events:?}");
-        assert_eq!(
-            events[events.len() - 2..],
-            [usage(10, 3, 0, 4), end(FinishReason::Stop)]
-        );
+        let tail = [usage(10, 3, 0, 4), end(FinishReason::Stop)];
+        assert_eq!(events[events.len() - 2..], tail);
+        assert_eq!(mock.requests()[0].header("x-api-key"), Some("sk-ant-test"));
     }
 
     #[tokio::test]
@@ -786,19 +780,6 @@ mod tests {
         assert_eq!((err.class, err.retryable), (ErrorClass::Overloaded, true));
     }
 
-    #[tokio::test]
-    async fn sends_api_key_when_configured() {
-        let mock = MockUpstream::start().await.unwrap();
-        let mut t = target(&mock.base_url());
-        t.api_key = switchyard_schemas::Secret::new("sk-ant-test");
-        let http = reqwest::Client::new();
-        let s = AnthropicProvider
-            .stream_chat(&http, &t, &t.base_url, &ask("chunks=1"))
-            .await;
-        let _events: Vec<Item> = s.unwrap().collect().await;
-        assert_eq!(mock.requests()[0].header("x-api-key"), Some("sk-ant-test"));
-    }
-
     fn build(messages: Value, extra: Value) -> Result<Value, ErrorInfo> {
         build_request(&target("http://x"), &request(messages, extra))
     }
@@ -826,14 +807,11 @@ mod tests {
             {"type": "image", "source": {"type": "url", "url": "https://e.com/a.png"}},
             {"type": "text", "text": "Please."}]}])
         );
-        assert_eq!(body["max_tokens"], json!(50));
-        assert_eq!(
-            (&body["temperature"], &body["top_p"]),
-            (&json!(0.5), &json!(0.9))
-        );
-        assert_eq!(body["stop_sequences"], json!(["END"]));
-        assert_eq!(body["metadata"], json!({"user_id": "u-1"}));
-        assert_eq!(body["stream"], json!(true));
+        let expected = json!({"max_tokens": 50, "temperature": 0.5, "top_p": 0.9,
+            "stop_sequences": ["END"], "metadata": {"user_id": "u-1"}, "stream": true});
+        for (k, v) in expected.as_object().unwrap() {
+            assert_eq!(&body[k], v, "{k}");
+        }
         assert!(body.get("seed").is_none());
     }
 
@@ -897,37 +875,37 @@ mod tests {
         assert_eq!(err.param.as_deref(), Some("tool_choice"));
     }
 
+    /// The `param` of the `invalid_request` error `build` fails with.
+    fn rejected(messages: Value, extra: Value) -> Option<String> {
+        build(messages, extra)
+            .err()
+            .filter(|e| e.class == ErrorClass::InvalidRequest)?
+            .param
+    }
+
     #[test]
     fn rejects_what_anthropic_cannot_do() {
-        let user = json!([{"role": "user", "content": "x"}]);
-        let invalid = |e: ErrorInfo| (e.class, e.param);
-        let want = |p: &str| (ErrorClass::InvalidRequest, Some(p.to_owned()));
-        let err = build(user.clone(), json!({"params": {"n": 2}})).unwrap_err();
-        assert_eq!(invalid(err), want("n"));
-        assert!(build(user.clone(), json!({"params": {"n": 1}})).is_ok());
-        let rf = json!({"params": {"response_format": {"type": "json_object"}}});
+        let user = || json!([{"role": "user", "content": "x"}]);
         assert_eq!(
-            invalid(build(user.clone(), rf).unwrap_err()),
-            want("response_format")
+            rejected(user(), json!({"params": {"n": 2}})).as_deref(),
+            Some("n")
         );
-        assert!(
-            build(
-                user,
-                json!({"params": {"response_format": {"type": "text"}}})
-            )
-            .is_ok()
+        assert!(build(user(), json!({"params": {"n": 1}})).is_ok());
+        let rf = |kind: &str| json!({"params": {"response_format": {"type": kind}}});
+        assert_eq!(
+            rejected(user(), rf("json_object")).as_deref(),
+            Some("response_format")
         );
+        assert_eq!(
+            rejected(user(), rf("json_schema")).as_deref(),
+            Some("response_format")
+        );
+        assert!(build(user(), rf("text")).is_ok());
         let bad_args = json!([{"role": "assistant", "tool_calls": [
             {"id": "t", "type": "function", "function": {"name": "w", "arguments": "{oops"}}]}]);
-        assert_eq!(
-            invalid(build(bad_args, json!({})).unwrap_err()),
-            want("messages")
-        );
+        assert_eq!(rejected(bad_args, json!({})).as_deref(), Some("messages"));
         let bad_image = json!([{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": "ftp://x/y.png"}}]}]);
-        assert_eq!(
-            invalid(build(bad_image, json!({})).unwrap_err()),
-            want("messages")
-        );
+        assert_eq!(rejected(bad_image, json!({})).as_deref(), Some("messages"));
     }
 }
