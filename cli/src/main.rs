@@ -312,12 +312,8 @@ async fn up(
     let url = match c.nats_url.clone() {
         Some(u) => u,
         None => {
-            let port = match nats_port {
-                Some(p) => p,
-                None => switchyard_natsd::free_port().map_err(msg)?,
-            };
             let store = PathBuf::from(&c.data_dir).join("nats");
-            let server = switchyard_natsd::NatsServer::start(&store, port).map_err(msg)?;
+            let server = switchyard_natsd::NatsServer::start(&store, nats_port).map_err(msg)?;
             tracing::info!(url = %server.url(), store = %store.display(), "started private nats-server");
             let url = server.url();
             _natsd = Some(server);

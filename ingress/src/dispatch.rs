@@ -45,6 +45,10 @@ impl Dispatcher {
     ) -> Result<Self, async_nats::SubscribeError> {
         let inbox = subjects.inbox(ingress_id);
         let mut sub = nats.subscribe(format!("{inbox}.>")).await?;
+        // Make sure the server knows the inbox before the first reply can arrive.
+        if !switchyard_schemas::publish::sync_with_server(&nats).await {
+            tracing::warn!("could not confirm the inbox subscription with the NATS server");
+        }
         let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
         let routes = pending.clone();
         let prefix_len = inbox.len() + 1;

@@ -77,55 +77,68 @@ impl NatsServer {
     /// Starts a server on a random port with a fresh temporary JetStream directory (for tests).
     pub fn start_temp() -> Result<Self, NatsdError> {
         let tmp = tempfile::tempdir()?;
-        let mut s = Self::start(tmp.path(), free_port()?)?;
+        let mut s = Self::start(tmp.path(), None)?;
         s._tmp = Some(tmp);
         Ok(s)
     }
 
     /// Starts a server on 127.0.0.1:`port` keeping JetStream data under `store_dir`, and waits up to
-    /// 10 s for it to accept connections. `max_payload` is raised to 8 MiB so large prompts fit.
-    pub fn start(store_dir: &Path, port: u16) -> Result<Self, NatsdError> {
+    /// 10 s for it to accept connections. With `port` `None` the server picks a free port itself and
+    /// reports it through its ports file (no bind-then-release race between parallel tests).
+    /// `max_payload` is raised to 8 MiB so large prompts fit.
+    pub fn start(store_dir: &Path, port: Option<u16>) -> Result<Self, NatsdError> {
         let bin = find_binary()?;
         std::fs::create_dir_all(store_dir)?;
         let conf = store_dir.join("switchyard-nats.conf");
         std::fs::write(&conf, "max_payload: 8MB\n")?;
+        let ports_dir = store_dir.join("ports");
+        std::fs::create_dir_all(&ports_dir)?;
+        let port_arg = port.map_or_else(|| "-1".to_owned(), |p| p.to_string());
         let child = Command::new(&bin)
             .arg("-c")
             .arg(&conf)
-            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+            .args(["-a", "127.0.0.1", "-p", &port_arg, "-js", "-sd"])
             .arg(store_dir)
+            .arg("--ports_file_dir")
+            .arg(&ports_dir)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()?;
         let mut s = Self {
             child,
-            port,
+            port: port.unwrap_or(0),
             _tmp: None,
         };
-        s.wait_ready(Duration::from_secs(10))?;
+        s.wait_ready(&ports_dir, Duration::from_secs(10))?;
         Ok(s)
     }
 
-    fn wait_ready(&mut self, limit: Duration) -> Result<(), NatsdError> {
-        let addr = SocketAddr::from(([127, 0, 0, 1], self.port));
+    /// Waits for the ports file of our child (written once it listens), then for a TCP connect.
+    fn wait_ready(&mut self, ports_dir: &Path, limit: Duration) -> Result<(), NatsdError> {
         let start = Instant::now();
+        let pid = self.child.id();
         loop {
-            if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
-                return Ok(());
-            }
             if let Some(status) = self.child.try_wait()? {
                 return Err(NatsdError::Io(std::io::Error::other(format!(
-                    "nats-server exited at start-up with {status}"
+                    "nats-server exited at start-up with {status} (port in use?)"
                 ))));
             }
+            if let Some(port) = read_ports_file(ports_dir, pid) {
+                self.port = port;
+                let addr = SocketAddr::from(([127, 0, 0, 1], port));
+                if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+                    return Ok(());
+                }
+            }
             if start.elapsed() > limit {
+                let addr = SocketAddr::from(([127, 0, 0, 1], self.port));
                 return Err(NatsdError::NotReady {
                     addr,
                     waited_ms: start.elapsed().as_millis(),
                 });
             }
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(Duration::from_millis(10));
         }
     }
 
@@ -143,6 +156,23 @@ impl NatsServer {
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
     }
+}
+
+/// Reads the client port from `<dir>/nats-server_<pid>.ports` (`{"nats":["nats://host:port"],…}`).
+fn read_ports_file(dir: &Path, pid: u32) -> Option<u16> {
+    let entries = std::fs::read_dir(dir).ok()?;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if !name.ends_with(&format!("_{pid}.ports")) {
+            continue;
+        }
+        let text = std::fs::read_to_string(entry.path()).ok()?;
+        let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+        let url = v.get("nats")?.as_array()?.first()?.as_str()?;
+        return url.rsplit(':').next()?.parse().ok();
+    }
+    None
 }
 
 impl Drop for NatsServer {

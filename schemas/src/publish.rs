@@ -40,3 +40,22 @@ pub async fn publish_usage_event(
     tracing::warn!(%subject, "usage event could not be stored in JetStream after 5 attempts");
     false
 }
+
+/// Waits until the server has processed everything `client` sent before (e.g. subscriptions):
+/// publishes to a fresh subject the client itself subscribes to and waits, up to 5 s, for the
+/// echo. (`Client::flush` only empties the socket buffer; it does not prove the server has
+/// registered a SUB.) Returns false on timeout or failure.
+pub async fn sync_with_server(client: &async_nats::Client) -> bool {
+    use futures::StreamExt as _;
+    let subject = client.new_inbox();
+    let Ok(mut sub) = client.subscribe(subject.clone()).await else {
+        return false;
+    };
+    if client.publish(subject, bytes::Bytes::new()).await.is_err() {
+        return false;
+    }
+    matches!(
+        tokio::time::timeout(Duration::from_secs(5), sub.next()).await,
+        Ok(Some(_))
+    )
+}

@@ -159,7 +159,12 @@ pub fn translate_sse<T: SseTranslator>(resp: reqwest::Response, translator: T) -
     use futures::StreamExt;
     use std::collections::VecDeque;
     let events = Box::pin(crate::sse::sse_stream(resp.bytes_stream()));
-    let state = (events, translator, VecDeque::<Result<FrameBody, ErrorInfo>>::new(), false);
+    let state = (
+        events,
+        translator,
+        VecDeque::<Result<FrameBody, ErrorInfo>>::new(),
+        false,
+    );
     futures::stream::unfold(
         state,
         |(mut events, mut tr, mut pending, mut done)| async move {

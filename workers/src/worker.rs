@@ -68,68 +68,103 @@ struct Shared {
     cancels: Mutex<HashMap<Uuid, CancellationToken>>,
 }
 
-/// Runs a worker until `shutdown` fires, then stops taking requests and waits for in-flight ones.
+/// A worker whose queue subscriptions are registered with the server (so a request published
+/// after [`Worker::subscribe`] returns reaches it), ready to [`Worker::serve`].
+pub struct Worker {
+    shared: Arc<Shared>,
+    requests: futures::stream::SelectAll<async_nats::Subscriber>,
+    cancel_sub: async_nats::Subscriber,
+}
+
+/// Subscribes and serves until `shutdown` fires (see [`Worker`]).
 pub async fn run(
     nats: async_nats::Client,
     opts: WorkerOptions,
     shutdown: CancellationToken,
 ) -> Result<(), WorkerError> {
-    let t = &opts.config.timeouts;
-    let http = reqwest::Client::builder()
-        .connect_timeout(Duration::from_millis(t.connect_ms))
-        .pool_max_idle_per_host(256)
-        .tcp_nodelay(true)
-        .build()?;
-    let mut kinds = opts.providers.clone();
-    if kinds.is_empty() {
-        for target in &opts.config.targets {
-            if !kinds.contains(&target.provider) {
-                kinds.push(target.provider);
-            }
-        }
-    }
-    let mut subs = Vec::new();
-    for kind in &kinds {
-        let subject = opts.subjects.request(CAP_CHAT, kind.as_str());
-        subs.push(
-            nats.queue_subscribe(subject, Subjects::worker_queue_group(kind.as_str()))
-                .await?,
-        );
-    }
-    let mut cancel_sub = nats
-        .subscribe(opts.subjects.cancel(&opts.worker_id))
-        .await?;
-    let shared = Arc::new(Shared {
-        js: async_nats::jetstream::new(nats.clone()),
-        nats,
-        opts,
-        http,
-        cancels: Mutex::new(HashMap::new()),
-    });
-    tracing::info!(worker = %shared.opts.worker_id, providers = ?kinds, "worker serving");
-    let mut requests = futures::stream::select_all(subs);
-    let tracker = TaskTracker::new();
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => break,
-            Some(msg) = cancel_sub.next() => {
-                if let Ok(id) = std::str::from_utf8(&msg.payload).unwrap_or("").parse::<Uuid>()
-                    && let Some(tok) = shared.cancels.lock().get(&id)
-                {
-                    tok.cancel();
+    Worker::subscribe(nats, opts).await?.serve(shutdown).await;
+    Ok(())
+}
+
+impl Worker {
+    /// Joins the queue group of every served provider and the worker's cancel subject, and waits
+    /// until the server has registered them (a flush round trip).
+    pub async fn subscribe(
+        nats: async_nats::Client,
+        opts: WorkerOptions,
+    ) -> Result<Self, WorkerError> {
+        let t = &opts.config.timeouts;
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_millis(t.connect_ms))
+            .pool_max_idle_per_host(256)
+            .tcp_nodelay(true)
+            .build()?;
+        let mut kinds = opts.providers.clone();
+        if kinds.is_empty() {
+            for target in &opts.config.targets {
+                if !kinds.contains(&target.provider) {
+                    kinds.push(target.provider);
                 }
             }
-            msg = requests.next() => {
-                let Some(msg) = msg else { break };
-                tracker.spawn(handle(shared.clone(), msg));
+        }
+        let mut subs = Vec::new();
+        for kind in &kinds {
+            let subject = opts.subjects.request(CAP_CHAT, kind.as_str());
+            subs.push(
+                nats.queue_subscribe(subject, Subjects::worker_queue_group(kind.as_str()))
+                    .await?,
+            );
+        }
+        let cancel_sub = nats
+            .subscribe(opts.subjects.cancel(&opts.worker_id))
+            .await?;
+        if !switchyard_schemas::publish::sync_with_server(&nats).await {
+            tracing::warn!("could not confirm the worker's subscriptions with the NATS server");
+        }
+        tracing::info!(worker = %opts.worker_id, providers = ?kinds, "worker serving");
+        let shared = Arc::new(Shared {
+            js: async_nats::jetstream::new(nats.clone()),
+            nats,
+            opts,
+            http,
+            cancels: Mutex::new(HashMap::new()),
+        });
+        Ok(Self {
+            shared,
+            requests: futures::stream::select_all(subs),
+            cancel_sub,
+        })
+    }
+
+    /// Serves until `shutdown` fires, then stops taking requests (other workers in the queue group
+    /// get them) and waits for in-flight ones to finish.
+    pub async fn serve(self, shutdown: CancellationToken) {
+        let Self {
+            shared,
+            mut requests,
+            mut cancel_sub,
+        } = self;
+        let tracker = TaskTracker::new();
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                Some(msg) = cancel_sub.next() => {
+                    if let Ok(id) = std::str::from_utf8(&msg.payload).unwrap_or("").parse::<Uuid>()
+                        && let Some(tok) = shared.cancels.lock().get(&id)
+                    {
+                        tok.cancel();
+                    }
+                }
+                msg = requests.next() => {
+                    let Some(msg) = msg else { break };
+                    tracker.spawn(handle(shared.clone(), msg));
+                }
             }
         }
+        drop(requests);
+        tracker.close();
+        tracker.wait().await;
     }
-    // Stop taking requests (other workers in the queue group get them), finish in-flight ones.
-    drop(requests);
-    tracker.close();
-    tracker.wait().await;
-    Ok(())
 }
 
 /// Publishes frames with increasing `seq` on one reply subject.

@@ -95,7 +95,8 @@ fn bad_message(i: usize, what: impl std::fmt::Display) -> ErrorInfo {
 /// `max_tokens` defaults to [`DEFAULT_MAX_TOKENS`]; `stop` → `stop_sequences`; `user` →
 /// `metadata.user_id`; always `"stream": true`. Errors (class `invalid_request`, with `param`):
 /// `n` > 1, a non-`text` `response_format`, unparsable tool-call arguments, unsupported image URLs.
-/// `seed`, `presence_penalty` and `frequency_penalty` have no Anthropic equivalent and are not sent.
+/// `seed`, `presence_penalty` and `frequency_penalty` have no Anthropic equivalent and are not sent;
+/// `tool_choice` is only sent together with `tools`.
 pub fn build_request(target: &TargetConfig, req: &ChatRequest) -> Result<Value, ErrorInfo> {
     let p = &req.params;
     if let Some(n) = p.n.filter(|n| *n > 1) {
@@ -242,7 +243,9 @@ fn tool_use_block(call: &ToolCall, i: usize) -> Result<Value, ErrorInfo> {
     let input: Value = if raw.is_empty() {
         json!({})
     } else {
-        let what = |e: &dyn std::fmt::Display| format!("tool call `{}` arguments: {e}", call.id);
+        let what = |e: &dyn std::fmt::Display| {
+            format!("tool call `{}` arguments are not JSON: {e}", call.id)
+        };
         serde_json::from_str(raw).map_err(|e| bad_message(i, what(&e)))?
     };
     if !input.is_object() {
@@ -280,7 +283,7 @@ fn tool_choice(choice: Option<&Value>, parallel: Option<bool>) -> Result<Option<
     let bad = || {
         invalid(
             "tool_choice",
-            "must be auto, none, required or a named function",
+            "tool_choice must be auto, none, required or a named function",
         )
     };
     let mut out = match choice {

@@ -1,0 +1,253 @@
+//! In-process gateway for integration tests: a real nats-server on a random port with a temp
+//! JetStream dir, the mock upstream, a worker, ingress and (optionally) billing on SQLite.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+use std::time::Duration;
+use switchyard_schemas::config::GatewayConfig;
+use switchyard_schemas::subjects::Subjects;
+use switchyard_workers::mock_upstream::MockUpstream;
+use tokio_util::sync::CancellationToken;
+
+pub struct Gateway {
+    pub base: String,
+    pub nats: switchyard_natsd::NatsServer,
+    pub mock: MockUpstream,
+    pub ledger: Option<switchyard_billing::Ledger>,
+    pub shutdown: CancellationToken,
+    pub worker_shutdown: CancellationToken,
+    _tmp: tempfile::TempDir,
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+        self.worker_shutdown.cancel();
+    }
+}
+
+/// Targets: `mock` (the mock upstream), `dead` (a closed port); models: `demo/mock` → [mock],
+/// `demo/fallback` → [dead, mock], `demo/dead` → [dead].
+pub fn test_config(extra: serde_json::Value) -> GatewayConfig {
+    let mut v = serde_json::json!({
+        "targets": [
+            {"id": "mock", "provider": "openai", "base_url": "builtin:mock", "upstream_model": "mock"},
+            {"id": "dead", "provider": "openai", "base_url": "http://127.0.0.1:9/v1", "upstream_model": "mock"}
+        ],
+        "models": [
+            {"id": "demo/mock", "targets": ["mock"]},
+            {"id": "demo/fallback", "targets": ["dead", "mock"]},
+            {"id": "demo/dead", "targets": ["dead"]}
+        ],
+        "timeouts": {"first_frame_ms": 2000, "worker_silence_ms": 3000, "heartbeat_ms": 200}
+    });
+    if let (Some(o), Some(e)) = (v.as_object_mut(), extra.as_object()) {
+        for (k, val) in e {
+            o.insert(k.clone(), val.clone());
+        }
+    }
+    let c: GatewayConfig = serde_json::from_value(v).unwrap();
+    c.validate().unwrap();
+    c
+}
+
+pub struct Options {
+    pub config: GatewayConfig,
+    pub billing: bool,
+    pub worker: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            config: test_config(serde_json::json!({})),
+            billing: false,
+            worker: true,
+        }
+    }
+}
+
+pub async fn start(opts: Options) -> Gateway {
+    let tmp = tempfile::tempdir().unwrap();
+    let nats = switchyard_natsd::NatsServer::start_temp().unwrap();
+    let mock = MockUpstream::start().await.unwrap();
+    let config = Arc::new(opts.config);
+    let subjects = Subjects::new(config.subject_prefix.clone());
+    let shutdown = CancellationToken::new();
+    let worker_shutdown = CancellationToken::new();
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let js = async_nats::jetstream::new(client.clone());
+    switchyard_billing::ensure_usage_stream(&js, &subjects)
+        .await
+        .unwrap();
+
+    let mut ledger = None;
+    if opts.billing {
+        let url = format!("sqlite://{}/ledger.db?mode=rwc", tmp.path().display());
+        let l = switchyard_billing::Ledger::connect(&url).await.unwrap();
+        ledger = Some(l.clone());
+        let c = async_nats::connect(nats.url()).await.unwrap();
+        tokio::spawn(switchyard_billing::run(
+            c,
+            subjects.clone(),
+            l,
+            shutdown.clone().cancelled_owned(),
+        ));
+    }
+    if opts.worker {
+        spawn_worker(
+            &nats.url(),
+            &mock,
+            config.clone(),
+            "worker-a",
+            worker_shutdown.clone(),
+        )
+        .await;
+    }
+    let state = switchyard_ingress::state(
+        client,
+        config,
+        &format!("ingress-{}", uuid::Uuid::now_v7().simple()),
+    )
+    .await
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(switchyard_ingress::serve(
+        listener,
+        state,
+        shutdown.clone().cancelled_owned(),
+    ));
+    Gateway {
+        base,
+        nats,
+        mock,
+        ledger,
+        shutdown,
+        worker_shutdown,
+        _tmp: tmp,
+    }
+}
+
+pub async fn spawn_worker(
+    url: &str,
+    mock: &MockUpstream,
+    config: Arc<GatewayConfig>,
+    id: &str,
+    shutdown: CancellationToken,
+) {
+    let c = async_nats::connect(url).await.unwrap();
+    let opts = switchyard_workers::worker::WorkerOptions {
+        worker_id: id.to_owned(),
+        subjects: Subjects::new(config.subject_prefix.clone()),
+        config,
+        providers: Vec::new(),
+        builtin_mock_url: Some(format!("{}/v1", mock.base_url())),
+    };
+    let worker = switchyard_workers::worker::Worker::subscribe(c, opts)
+        .await
+        .unwrap();
+    tokio::spawn(worker.serve(shutdown));
+}
+
+/// Polls `f` until it returns Some, or panics after `limit`.
+pub async fn eventually<T, F, Fut>(limit: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "condition not met within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A chat body with one user message.
+pub fn chat(model: &str, content: &str, stream: bool) -> serde_json::Value {
+    serde_json::json!({"model": model, "stream": stream, "messages": [{"role": "user", "content": content}]})
+}
+
+/// Parsed SSE response: the `data:` payloads in order.
+pub struct SseBody {
+    pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
+    pub events: Vec<String>,
+}
+
+impl SseBody {
+    pub fn content(&self) -> String {
+        self.json_events()
+            .iter()
+            .filter_map(|v| {
+                v.pointer("/choices/0/delta/content")
+                    .and_then(|c| c.as_str())
+                    .map(str::to_owned)
+            })
+            .collect()
+    }
+    pub fn json_events(&self) -> Vec<serde_json::Value> {
+        self.events
+            .iter()
+            .filter(|e| *e != "[DONE]")
+            .map(|e| serde_json::from_str(e).unwrap())
+            .collect()
+    }
+    pub fn finish_reason(&self) -> Option<String> {
+        self.json_events()
+            .iter()
+            .filter_map(|v| {
+                v.pointer("/choices/0/finish_reason")
+                    .and_then(|c| c.as_str())
+                    .map(str::to_owned)
+            })
+            .last()
+    }
+    pub fn done_count(&self) -> usize {
+        self.events.iter().filter(|e| *e == "[DONE]").count()
+    }
+}
+
+pub async fn post_sse(base: &str, body: &serde_json::Value) -> SseBody {
+    let resp = reqwest::Client::new()
+        .post(format!("{base}/v1/chat/completions"))
+        .bearer_auth("sk-test")
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let text = resp.text().await.unwrap();
+    let events = text
+        .split("\n\n")
+        .filter_map(|block| block.strip_prefix("data: ").map(str::to_owned))
+        .collect();
+    SseBody {
+        status,
+        headers,
+        events,
+    }
+}
+
+pub async fn post_json(
+    base: &str,
+    body: &serde_json::Value,
+) -> (u16, reqwest::header::HeaderMap, serde_json::Value) {
+    let resp = reqwest::Client::new()
+        .post(format!("{base}/v1/chat/completions"))
+        .bearer_auth("sk-test")
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    (status, headers, resp.json().await.unwrap())
+}

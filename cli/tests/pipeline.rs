@@ -1,0 +1,301 @@
+//! End-to-end pipeline tests: HTTP → ingress → NATS → worker → mock upstream → frames → SSE/JSON.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::*;
+use std::time::Duration;
+use switchyard_workers::mock_upstream::DEFAULT_TEXT;
+
+#[tokio::test]
+async fn non_streamed_completion_with_exact_usage() {
+    let gw = start(Options::default()).await;
+    let (status, headers, body) =
+        post_json(&gw.base, &chat("demo/mock", "Say hello please", false)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["object"], "chat.completion");
+    assert_eq!(body["model"], "demo/mock");
+    assert_eq!(body["choices"][0]["message"]["content"], DEFAULT_TEXT);
+    assert_eq!(body["choices"][0]["finish_reason"], "stop");
+    assert_eq!(body["usage"]["prompt_tokens"], 3);
+    assert_eq!(body["usage"]["completion_tokens"], 13);
+    assert_eq!(body["usage"]["total_tokens"], 16);
+    assert_eq!(headers["x-switchyard-target"], "mock");
+    assert_eq!(headers["x-switchyard-fallbacks"], "0");
+    // The upstream was asked for usage in its stream, whatever the client asked.
+    let upstream = gw.mock.requests();
+    assert_eq!(upstream.len(), 1);
+    assert_eq!(upstream[0].body["stream_options"]["include_usage"], true);
+    assert_eq!(upstream[0].body["model"], "mock");
+}
+
+#[tokio::test]
+async fn streamed_completion_headers_chunks_and_done() {
+    let gw = start(Options::default()).await;
+    let r = post_sse(&gw.base, &chat("demo/mock", "hi", true)).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.headers["content-type"], "text/event-stream");
+    assert_eq!(r.headers["cache-control"], "no-cache");
+    assert_eq!(r.headers["x-accel-buffering"], "no");
+    assert_eq!(r.content(), DEFAULT_TEXT);
+    assert_eq!(r.finish_reason().as_deref(), Some("stop"));
+    assert_eq!(r.done_count(), 1);
+    assert_eq!(r.events.last().map(String::as_str), Some("[DONE]"));
+    // Usage was not asked for: no chunk carries a usage field.
+    assert!(r.json_events().iter().all(|e| e.get("usage").is_none()));
+    // One chunk per word plus the role chunk and the finish chunk.
+    assert_eq!(r.json_events().len(), 13 + 2);
+}
+
+#[tokio::test]
+async fn include_usage_adds_a_final_usage_chunk() {
+    let gw = start(Options::default()).await;
+    let mut body = chat("demo/mock", "one two three four", true);
+    body["stream_options"] = serde_json::json!({"include_usage": true});
+    let r = post_sse(&gw.base, &body).await;
+    let events = r.json_events();
+    let last = events.last().unwrap();
+    assert_eq!(last["choices"], serde_json::json!([]));
+    assert_eq!(last["usage"]["prompt_tokens"], 4);
+    assert_eq!(last["usage"]["completion_tokens"], 13);
+    assert_eq!(last["usage"]["total_tokens"], 17);
+    assert!(
+        events[..events.len() - 1]
+            .iter()
+            .all(|e| e["usage"].is_null())
+    );
+}
+
+/// FC-03: an upstream writing `data:{...}` with no space after the colon, ending `data:[DONE]`.
+#[tokio::test]
+async fn fc03_data_without_space() {
+    let gw = start(Options::default()).await;
+    let r = post_sse(
+        &gw.base,
+        &chat("demo/mock", "#mock compact=1 text=Hi", true),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.content(), "Hi");
+    assert_eq!(r.finish_reason().as_deref(), Some("stop"));
+    assert_eq!(r.done_count(), 1);
+}
+
+/// FC-01 (OpenAI form): every upstream event split mid-JSON across separate TCP writes, with
+/// CRLF line endings and multi-byte characters split across writes.
+#[tokio::test]
+async fn fc01_events_split_mid_json() {
+    let gw = start(Options::default()).await;
+    let text = "Hello,+world+%E4%B8%96%E7%95%8C+%F0%9F%8E%89";
+    for extra in ["", " crlf=1"] {
+        let prompt = format!("#mock split_every=7 chunks=4 text={text}{extra}");
+        let r = post_sse(&gw.base, &chat("demo/mock", &prompt, true)).await;
+        assert_eq!(r.status, 200);
+        assert_eq!(r.content(), "Hello, world 世界 🎉");
+        assert_eq!(r.finish_reason().as_deref(), Some("stop"));
+        assert_eq!(r.done_count(), 1);
+        assert!(r.json_events().iter().all(|e| e.get("error").is_none()));
+    }
+}
+
+#[tokio::test]
+async fn falls_back_before_first_content() {
+    let gw = start(Options::default()).await;
+    let r = post_sse(&gw.base, &chat("demo/fallback", "hi", true)).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.content(), DEFAULT_TEXT);
+    assert_eq!(r.headers["x-switchyard-target"], "mock");
+    assert_eq!(r.headers["x-switchyard-fallbacks"], "1");
+    let (status, headers, body) = post_json(&gw.base, &chat("demo/fallback", "hi", false)).await;
+    assert_eq!(status, 200);
+    assert_eq!(body["choices"][0]["message"]["content"], DEFAULT_TEXT);
+    assert_eq!(headers["x-switchyard-fallbacks"], "1");
+}
+
+#[tokio::test]
+async fn error_after_content_is_an_error_event_not_a_silent_end() {
+    let gw = start(Options::default()).await;
+    let r = post_sse(&gw.base, &chat("demo/mock", "#mock error_after=2", true)).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.content(), "Hello from ");
+    assert_eq!(r.done_count(), 0);
+    let last = r.json_events().last().cloned().unwrap();
+    assert_eq!(last["error"]["type"], "upstream_error");
+    assert_eq!(last["error"]["code"], "upstream_error");
+    assert_eq!(r.finish_reason(), None);
+}
+
+#[tokio::test]
+async fn upstream_errors_map_to_openai_shape_and_status() {
+    let gw = start(Options::default()).await;
+    // 429 with Retry-After, single target: passed on with the header.
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", gw.base))
+        .json(&chat("demo/mock", "#mock status=429 retry_after=7", false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 429);
+    assert_eq!(resp.headers()["retry-after"], "7");
+    let body: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "rate_limit_error");
+    assert_eq!(body["error"]["code"], "rate_limit_exceeded");
+    // A 400 from the upstream is the caller's fault: 400, never retried.
+    let (status, _, body) = post_json(&gw.base, &chat("demo/mock", "#mock status=400", true)).await;
+    assert_eq!(status, 400);
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+    assert_eq!(gw.mock.request_count(), 2);
+    // Every target unreachable: 502 naming the cause.
+    let (status, _, body) = post_json(&gw.base, &chat("demo/dead", "hi", false)).await;
+    assert_eq!(status, 502);
+    assert_eq!(body["error"]["code"], "upstream_unreachable");
+}
+
+#[tokio::test]
+async fn bad_input_gets_a_400_naming_the_parameter() {
+    let gw = start(Options::default()).await;
+    let (status, _, body) = post_json(&gw.base, &serde_json::json!({"model": "demo/mock", "messages": [{"role": "user"}], "temperature": 9})).await;
+    assert_eq!(status, 400);
+    assert_eq!(body["error"]["param"], "temperature");
+    let (status, _, body) = post_json(&gw.base, &chat("nope/nope", "hi", false)).await;
+    assert_eq!(status, 404);
+    assert_eq!(body["error"]["code"], "model_not_found");
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", gw.base))
+        .header("content-type", "application/json")
+        .body("{\"model\": ")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 400);
+    let body: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+    assert_eq!(gw.mock.request_count(), 0);
+}
+
+#[tokio::test]
+async fn no_worker_is_a_fast_503() {
+    let gw = start(Options {
+        worker: false,
+        ..Options::default()
+    })
+    .await;
+    let started = std::time::Instant::now();
+    let (status, _, body) = post_json(&gw.base, &chat("demo/mock", "hi", false)).await;
+    assert_eq!(status, 503);
+    assert_eq!(body["error"]["code"], "no_capacity");
+    // NATS "no responders" answers at once; no waiting for the first-frame timeout (2 s here).
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn heartbeats_keep_a_slow_model_alive() {
+    // Worker silence limit 3 s, heartbeat 200 ms, first token after 3.5 s: succeeds only because
+    // heartbeats prove the worker is alive.
+    let mut config = test_config(serde_json::json!({}));
+    config.timeouts.first_frame_ms = 1000;
+    let gw = start(Options {
+        config,
+        ..Options::default()
+    })
+    .await;
+    let r = post_sse(
+        &gw.base,
+        &chat("demo/mock", "#mock ttft_ms=3500 text=late", true),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.content(), "late");
+}
+
+#[tokio::test]
+async fn usage_reaches_the_ledger_once_per_side() {
+    let gw = start(Options {
+        billing: true,
+        ..Options::default()
+    })
+    .await;
+    let (status, headers, _) = post_json(
+        &gw.base,
+        &chat(
+            "demo/mock",
+            "#mock prompt_tokens=11 completion_tokens=5 cached_tokens=3",
+            false,
+        ),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let id: uuid::Uuid = headers["x-request-id"].to_str().unwrap().parse().unwrap();
+    let ledger = gw.ledger.clone().unwrap();
+    let rows = eventually(Duration::from_secs(10), || {
+        let ledger = ledger.clone();
+        async move {
+            let rows = ledger.usage_for(id).await.unwrap();
+            (rows.len() == 2).then_some(rows)
+        }
+    })
+    .await;
+    for r in &rows {
+        assert_eq!(r.usage.prompt_tokens, 11);
+        assert_eq!(r.usage.cached_tokens, 3);
+        assert_eq!(r.usage.completion_tokens, 5);
+        assert_eq!(r.model, "demo/mock");
+        assert_eq!(r.target.as_deref(), Some("mock"));
+        assert!(!r.estimated);
+    }
+}
+
+#[tokio::test]
+async fn client_disconnect_cancels_the_upstream_call() {
+    let gw = start(Options {
+        billing: true,
+        ..Options::default()
+    })
+    .await;
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", gw.base))
+        .json(&chat(
+            "demo/mock",
+            "#mock text_len=2000 chunk_delay_ms=100",
+            true,
+        ))
+        .send()
+        .await
+        .unwrap();
+    let id: uuid::Uuid = resp.headers()["x-request-id"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mut stream = resp.bytes_stream();
+    use futures::StreamExt;
+    // Read the first content, then go away.
+    let first = stream.next().await.unwrap().unwrap();
+    assert!(!first.is_empty());
+    drop(stream);
+    let ledger = gw.ledger.clone().unwrap();
+    // Both sides record the request as cancelled, with estimated usage for what was produced.
+    let rows = eventually(Duration::from_secs(10), || {
+        let ledger = ledger.clone();
+        async move {
+            let rows = ledger.usage_for(id).await.unwrap();
+            (rows.len() == 2).then_some(rows)
+        }
+    })
+    .await;
+    for r in &rows {
+        assert_eq!(
+            r.status,
+            switchyard_schemas::usage::UsageStatus::Cancelled,
+            "{r:?}"
+        );
+        assert!(
+            r.latency_ms < 5_000,
+            "the upstream call was not aborted: {r:?}"
+        );
+    }
+}
