@@ -202,12 +202,12 @@ impl SseBody {
     pub fn finish_reason(&self) -> Option<String> {
         self.json_events()
             .iter()
-            .filter_map(|v| {
+            .rev()
+            .find_map(|v| {
                 v.pointer("/choices/0/finish_reason")
                     .and_then(|c| c.as_str())
                     .map(str::to_owned)
             })
-            .last()
     }
     pub fn done_count(&self) -> usize {
         self.events.iter().filter(|e| *e == "[DONE]").count()
