@@ -299,3 +299,51 @@ async fn client_disconnect_cancels_the_upstream_call() {
         );
     }
 }
+
+/// FC-01: an Anthropic upstream whose `content_block_delta` event arrives as three TCP writes:
+/// `event: content_block_delta\n` | `data: {..."type":"text_del` | `ta","text":"Hello, world"}}\n\n`.
+#[tokio::test]
+async fn fc01_anthropic_event_split_across_three_writes() {
+    let gw = start(Options::default()).await;
+    let prompt = "Greet me\n#mock text=Hello,+world chunks=1 id=msg_fc01";
+    // The exact bytes the mock sends for this request (same word count, so the same usage), to
+    // find the split offsets.
+    let upstream_body = serde_json::json!({
+        "model": "claude-test", "max_tokens": 4096, "stream": true,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": format!("{prompt} split=1")}]}]
+    });
+    let raw = reqwest::Client::new()
+        .post(format!("{}/v1/messages", gw.mock.base_url()))
+        .json(&upstream_body)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let event = raw.find("event: content_block_delta\n").unwrap();
+    let data = event + "event: content_block_delta\n".len();
+    let mid = data + raw[data..].find("text_del").unwrap() + "text_del".len();
+    let end = data + raw[data..].find("\n\n").unwrap() + 2;
+    assert_eq!(
+        &raw[data..mid],
+        r#"data: {"type":"content_block_delta","index":0,"delta":{"type":"text_del"#
+    );
+    assert_eq!(&raw[mid..end], "ta\",\"text\":\"Hello, world\"}}\n\n");
+    let split = format!("{event},{data},{mid},{end}");
+    let mut body = chat("demo/claude", &format!("{prompt} split={split}"), true);
+    body["stream_options"] = serde_json::json!({"include_usage": true});
+    let r = post_sse(&gw.base, &body).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.content(), "Hello, world");
+    assert_eq!(r.finish_reason().as_deref(), Some("stop"));
+    assert_eq!(r.done_count(), 1);
+    assert!(r.json_events().iter().all(|e| e.get("error").is_none()));
+    assert_eq!(
+        r.json_events().last().unwrap()["usage"]["completion_tokens"],
+        2
+    );
+    assert_eq!(r.json_events()[0]["model"], "demo/claude");
+    // The same bytes reached the adapter: one upstream call with the split applied.
+    assert_eq!(gw.mock.request_count(), 2);
+}

@@ -27,17 +27,20 @@ impl Drop for Gateway {
 }
 
 /// Targets: `mock` (the mock upstream), `dead` (a closed port); models: `demo/mock` → [mock],
-/// `demo/fallback` → [dead, mock], `demo/dead` → [dead].
+/// `demo/fallback` → [dead, mock], `demo/dead` → [dead]; `claude` (Anthropic wire format on the
+/// mock) → `demo/claude`.
 pub fn test_config(extra: serde_json::Value) -> GatewayConfig {
     let mut v = serde_json::json!({
         "targets": [
             {"id": "mock", "provider": "openai", "base_url": "builtin:mock", "upstream_model": "mock"},
-            {"id": "dead", "provider": "openai", "base_url": "http://127.0.0.1:9/v1", "upstream_model": "mock"}
+            {"id": "dead", "provider": "openai", "base_url": "http://127.0.0.1:9/v1", "upstream_model": "mock"},
+            {"id": "claude", "provider": "anthropic", "base_url": "builtin:mock", "upstream_model": "claude-test"}
         ],
         "models": [
             {"id": "demo/mock", "targets": ["mock"]},
             {"id": "demo/fallback", "targets": ["dead", "mock"]},
-            {"id": "demo/dead", "targets": ["dead"]}
+            {"id": "demo/dead", "targets": ["dead"]},
+            {"id": "demo/claude", "targets": ["claude"]}
         ],
         "timeouts": {"first_frame_ms": 2000, "worker_silence_ms": 3000, "heartbeat_ms": 200}
     });
@@ -200,14 +203,11 @@ impl SseBody {
             .collect()
     }
     pub fn finish_reason(&self) -> Option<String> {
-        self.json_events()
-            .iter()
-            .rev()
-            .find_map(|v| {
-                v.pointer("/choices/0/finish_reason")
-                    .and_then(|c| c.as_str())
-                    .map(str::to_owned)
-            })
+        self.json_events().iter().rev().find_map(|v| {
+            v.pointer("/choices/0/finish_reason")
+                .and_then(|c| c.as_str())
+                .map(str::to_owned)
+        })
     }
     pub fn done_count(&self) -> usize {
         self.events.iter().filter(|e| *e == "[DONE]").count()
