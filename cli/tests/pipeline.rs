@@ -231,14 +231,7 @@ async fn usage_reaches_the_ledger_once_per_side() {
     assert_eq!(status, 200);
     let id: uuid::Uuid = headers["x-request-id"].to_str().unwrap().parse().unwrap();
     let ledger = gw.ledger.clone().unwrap();
-    let rows = eventually(Duration::from_secs(10), || {
-        let ledger = ledger.clone();
-        async move {
-            let rows = ledger.usage_for(id).await.unwrap();
-            (rows.len() == 2).then_some(rows)
-        }
-    })
-    .await;
+    let rows = ledger_rows(&ledger, id, 2).await;
     for r in &rows {
         assert_eq!(r.usage.prompt_tokens, 11);
         assert_eq!(r.usage.cached_tokens, 3);
@@ -279,14 +272,7 @@ async fn client_disconnect_cancels_the_upstream_call() {
     drop(stream);
     let ledger = gw.ledger.clone().unwrap();
     // Both sides record the request as cancelled, with estimated usage for what was produced.
-    let rows = eventually(Duration::from_secs(10), || {
-        let ledger = ledger.clone();
-        async move {
-            let rows = ledger.usage_for(id).await.unwrap();
-            (rows.len() == 2).then_some(rows)
-        }
-    })
-    .await;
+    let rows = ledger_rows(&ledger, id, 2).await;
     for r in &rows {
         assert_eq!(
             r.status,

@@ -214,14 +214,34 @@ impl SseBody {
     }
 }
 
-pub async fn post_sse(base: &str, body: &serde_json::Value) -> SseBody {
-    let resp = reqwest::Client::new()
+pub async fn post(base: &str, body: &serde_json::Value) -> reqwest::Response {
+    reqwest::Client::new()
         .post(format!("{base}/v1/chat/completions"))
         .bearer_auth("sk-test")
         .json(body)
         .send()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+/// Waits until the ledger holds `n` usage rows for `id` and returns them.
+pub async fn ledger_rows(
+    ledger: &switchyard_billing::Ledger,
+    id: uuid::Uuid,
+    n: usize,
+) -> Vec<switchyard_schemas::UsageEvent> {
+    eventually(Duration::from_secs(10), || {
+        let ledger = ledger.clone();
+        async move {
+            let rows = ledger.usage_for(id).await.unwrap();
+            (rows.len() == n).then_some(rows)
+        }
+    })
+    .await
+}
+
+pub async fn post_sse(base: &str, body: &serde_json::Value) -> SseBody {
+    let resp = post(base, body).await;
     let status = resp.status().as_u16();
     let headers = resp.headers().clone();
     let text = resp.text().await.unwrap();
@@ -240,13 +260,7 @@ pub async fn post_json(
     base: &str,
     body: &serde_json::Value,
 ) -> (u16, reqwest::header::HeaderMap, serde_json::Value) {
-    let resp = reqwest::Client::new()
-        .post(format!("{base}/v1/chat/completions"))
-        .bearer_auth("sk-test")
-        .json(body)
-        .send()
-        .await
-        .unwrap();
+    let resp = post(base, body).await;
     let status = resp.status().as_u16();
     let headers = resp.headers().clone();
     (status, headers, resp.json().await.unwrap())
