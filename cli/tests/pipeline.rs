@@ -333,3 +333,14 @@ async fn fc01_anthropic_event_split_across_three_writes() {
     // The same bytes reached the adapter: one upstream call with the split applied.
     assert_eq!(gw.mock.request_count(), 2);
 }
+
+#[tokio::test]
+async fn body_larger_than_nats_max_payload_is_413() {
+    let gw = start(Options::default()).await;
+    // The test server's max_payload is 8 MiB (natsd).
+    let big = "x ".repeat(4_500_000);
+    let (status, _, body) = post_json(&gw.base, &chat("demo/mock", &big, false)).await;
+    assert_eq!(status, 413);
+    assert_eq!(body["error"]["code"], "request_too_large");
+    assert_eq!(gw.mock.request_count(), 0);
+}

@@ -55,7 +55,26 @@ impl Served {
     }
 }
 
+/// Room left in a NATS message for the normalised request's own fields, bytes.
+const ENVELOPE_BYTES: usize = 4096;
+
 async fn handle(app: Arc<AppState>, body: &[u8]) -> Result<Response, ApiError> {
+    // The normalised request must fit in one NATS message (the server's max_payload).
+    let max = app.nats.server_info().max_payload;
+    if body.len() + ENVELOPE_BYTES > max {
+        return Err(ApiError {
+            status: axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+            message: format!(
+                "Request body of {} bytes exceeds this gateway's limit of {} bytes.",
+                body.len(),
+                max.saturating_sub(ENVELOPE_BYTES)
+            ),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("request_too_large"),
+            retry_after_s: None,
+        });
+    }
     let parsed: ParsedChat = request::parse(body)?;
     let model = app
         .config

@@ -69,8 +69,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(models))
         .route("/healthz", get(healthz))
         .fallback(not_found)
-        // 8 MiB: the embedded nats-server's max_payload (see natsd).
-        .layer(axum::extract::DefaultBodyLimit::max(8 * 1024 * 1024))
+        // A memory guard only: the real limit is the NATS server's max_payload (413 in chat.rs).
+        .layer(axum::extract::DefaultBodyLimit::max(64 * 1024 * 1024))
         .with_state(state)
 }
 
