@@ -16,7 +16,7 @@ pub struct Charge {
     admitted: Instant,
     prompt_bytes: usize,
     /// Bytes of generated text seen so far, for the estimate on abort.
-    pub output_bytes: usize,
+    output_bytes: usize,
 }
 
 impl Charge {
@@ -59,8 +59,14 @@ impl Charge {
         }
     }
 
+    /// Records `bytes` of generated content (and the TTFT on the first call).
+    pub fn content(&mut self, bytes: usize) {
+        self.output_bytes += bytes;
+        self.first_content();
+    }
+
     /// Marks the first content (TTFT from admission).
-    pub fn first_content(&mut self) {
+    fn first_content(&mut self) {
         let ms = self.admitted.elapsed().as_millis() as u64;
         if let Some(e) = self.event.as_mut()
             && e.ttft_ms.is_none()

@@ -9,6 +9,7 @@ pub mod chat;
 pub mod dispatch;
 pub mod error;
 pub mod openai;
+pub mod route;
 
 use axum::Router;
 use axum::extract::State;

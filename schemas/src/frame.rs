@@ -20,10 +20,11 @@ pub struct Frame {
 }
 
 /// Why generation stopped, in OpenAI's `finish_reason` vocabulary.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FinishReason {
     /// Natural end or a stop sequence.
+    #[default]
     Stop,
     /// `max_tokens` reached.
     Length,

@@ -205,34 +205,21 @@ pub fn error_event(err: &crate::error::ApiError) -> Bytes {
     sse(&err.body())
 }
 
-/// Builds a tool call, accumulated from deltas, for the non-streamed answer.
-#[derive(Debug, Default, Clone)]
-pub struct ToolCallAcc {
-    /// Call id.
-    pub id: String,
-    /// Function name.
-    pub name: String,
-    /// Concatenated argument pieces.
-    pub arguments: String,
-}
-
 /// The aggregated `chat.completion` object.
-pub fn completion(
-    meta: &ResponseMeta,
-    text: &str,
-    tool_calls: &[ToolCallAcc],
-    finish: FinishReason,
-    usage: Option<Usage>,
-) -> serde_json::Value {
-    let calls: Vec<serde_json::Value> = tool_calls
+pub fn completion(meta: &ResponseMeta, agg: &crate::route::Aggregate) -> serde_json::Value {
+    let calls: Vec<serde_json::Value> = agg
+        .tool_calls
         .iter()
-        .map(|c| serde_json::json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+        .map(|c| {
+            serde_json::json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}})
+        })
         .collect();
-    let mut message = serde_json::json!({
-        "role": "assistant",
-        "content": if text.is_empty() && !calls.is_empty() { None } else { Some(text) },
-        "refusal": null,
-    });
+    let content = if agg.text.is_empty() && !calls.is_empty() {
+        None
+    } else {
+        Some(agg.text.as_str())
+    };
+    let mut message = serde_json::json!({"role": "assistant", "content": content, "refusal": null});
     if !calls.is_empty() {
         message["tool_calls"] = serde_json::Value::Array(calls);
     }
@@ -242,8 +229,8 @@ pub fn completion(
         "created": meta.created,
         "model": meta.model,
         "system_fingerprint": null,
-        "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": finish.as_str()}],
-        "usage": serde_json::to_value(UsageOut::from(usage.unwrap_or_default())).unwrap_or_default(),
+        "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": agg.finish.as_str()}],
+        "usage": serde_json::to_value(UsageOut::from(agg.usage.unwrap_or_default())).unwrap_or_default(),
     })
 }
 
