@@ -8,6 +8,8 @@
 //! migration directory, embedded at compile time.
 
 use crate::BillingError;
+use crate::pricing::{Catalog, Cost};
+use rust_decimal::Decimal;
 use serde::de::DeserializeOwned;
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::migrate::Migrator;
@@ -50,6 +52,7 @@ impl Backend {
 pub struct Ledger {
     pool: AnyPool,
     backend: Backend,
+    catalog: std::sync::Arc<Catalog>,
 }
 
 /// One [`UsageEvent`] checked and converted to the ledger's column types, plus its original JSON.
@@ -137,6 +140,20 @@ impl UsageRow {
     }
 }
 
+impl UsageRow {
+    /// The token counts (validated non-negative at construction).
+    fn usage(&self) -> Usage {
+        let u = |v: i64| u64::try_from(v).unwrap_or(0);
+        Usage {
+            prompt_tokens: u(self.prompt_tokens),
+            cached_tokens: u(self.cached_tokens),
+            cache_write_tokens: u(self.cache_write_tokens),
+            completion_tokens: u(self.completion_tokens),
+            reasoning_tokens: u(self.reasoning_tokens),
+        }
+    }
+}
+
 fn status_str(status: UsageStatus) -> &'static str {
     match status {
         UsageStatus::Ok => "ok",
@@ -148,8 +165,12 @@ fn status_str(status: UsageStatus) -> &'static str {
 const INSERT_SQL: &str = "INSERT INTO usage_events (request_id, kind, attempt, ts_ms, tenant, \
      key_id, model, target, upstream_model, prompt_tokens, cached_tokens, cache_write_tokens, \
      completion_tokens, reasoning_tokens, estimated, status, error_class, ttft_ms, latency_ms, \
-     fallbacks, cache_hit, raw, ingested_at_ms) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, \
-     $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23) ON CONFLICT DO NOTHING";
+     fallbacks, cache_hit, raw, ingested_at_ms, cost_usd) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, \
+     $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24) \
+     ON CONFLICT DO NOTHING";
+
+const LINE_SQL: &str = "INSERT INTO ledger_lines (request_id, kind, attempt, billing_type, tokens, \
+     unit_price_usd, amount_usd) VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING";
 
 const SELECT_COLUMNS: &str = "request_id, kind, attempt, ts_ms, tenant, key_id, model, target, \
      upstream_model, prompt_tokens, cached_tokens, cache_write_tokens, completion_tokens, \
@@ -200,7 +221,37 @@ impl Ledger {
                 pool
             }
         };
-        Ok(Self { pool, backend })
+        let catalog = std::sync::Arc::new(Catalog::bundled().unwrap_or_else(|e| {
+            tracing::error!(error = %e, "bundled pricing catalog unreadable; costs will be NULL");
+            Catalog::empty()
+        }));
+        Ok(Self {
+            pool,
+            backend,
+            catalog,
+        })
+    }
+
+    /// Uses `catalog` to price events from now on (default: the bundled catalog).
+    pub fn with_catalog(mut self, catalog: Catalog) -> Self {
+        self.catalog = std::sync::Arc::new(catalog);
+        self
+    }
+
+    /// The pricing catalog in use.
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
+    /// Prices one row: cost price for `upstream` events, charge for `charge` events.
+    fn price(&self, row: &UsageRow) -> Option<Cost> {
+        let usage = row.usage();
+        match row.kind {
+            "upstream" => self
+                .catalog
+                .upstream_cost(row.upstream_model.as_deref()?, &usage, false),
+            _ => self.catalog.charge(&row.model, &usage, false),
+        }
     }
 
     /// The database this ledger runs on.
@@ -235,6 +286,7 @@ impl Ledger {
         let mut tx = self.pool.begin().await?;
         let mut inserted = 0;
         for row in rows {
+            let cost = self.price(row);
             let result = sqlx::query(INSERT_SQL)
                 .bind(row.request_id.as_str())
                 .bind(row.kind)
@@ -259,8 +311,26 @@ impl Ledger {
                 .bind(row.cache_hit)
                 .bind(row.raw.as_str())
                 .bind(ingested_at_ms)
+                .bind(cost.as_ref().map(|c| c.total.to_string()))
                 .execute(&mut *tx)
                 .await?;
+            // Lines only with a newly stored event, so a replay adds nothing.
+            if result.rows_affected() == 1
+                && let Some(cost) = &cost
+            {
+                for line in &cost.lines {
+                    sqlx::query(LINE_SQL)
+                        .bind(row.request_id.as_str())
+                        .bind(row.kind)
+                        .bind(row.attempt)
+                        .bind(line.billing_type.as_str())
+                        .bind(i64::try_from(line.tokens).unwrap_or(i64::MAX))
+                        .bind(line.unit_price.normalize().to_string())
+                        .bind(line.amount.normalize().to_string())
+                        .execute(&mut *tx)
+                        .await?;
+                }
+            }
             inserted += result.rows_affected();
         }
         tx.commit().await?;
@@ -277,6 +347,53 @@ impl Ledger {
             .fetch_all(&self.pool)
             .await?;
         rows.iter().map(event_from_row).collect()
+    }
+
+    /// The stored cost (`upstream`) or charge (`charge`) of one event, USD; `None` when the event is
+    /// missing or its model is not priced.
+    pub async fn cost_of(
+        &self,
+        request_id: Uuid,
+        kind: UsageKind,
+        attempt: u32,
+    ) -> Result<Option<Decimal>, BillingError> {
+        let v: Option<Option<String>> = sqlx::query_scalar(
+            "SELECT cost_usd FROM usage_events WHERE request_id = $1 AND kind = $2 AND attempt = $3",
+        )
+        .bind(request_id.to_string())
+        .bind(kind.as_str())
+        .bind(i64::from(attempt))
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(v.flatten().and_then(|s| s.parse().ok()))
+    }
+
+    /// The ledger lines of one event as (billing type, tokens, amount USD), in billing-type order.
+    pub async fn lines_of(
+        &self,
+        request_id: Uuid,
+        kind: UsageKind,
+        attempt: u32,
+    ) -> Result<Vec<(String, u64, Decimal)>, BillingError> {
+        let rows = sqlx::query(
+            "SELECT billing_type, tokens, amount_usd FROM ledger_lines \
+             WHERE request_id = $1 AND kind = $2 AND attempt = $3 ORDER BY billing_type",
+        )
+        .bind(request_id.to_string())
+        .bind(kind.as_str())
+        .bind(i64::from(attempt))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                let amount: String = r.try_get(2)?;
+                Ok((
+                    r.try_get(0)?,
+                    u64::try_from(r.try_get::<i64, _>(1)?).unwrap_or(0),
+                    amount.parse().unwrap_or_default(),
+                ))
+            })
+            .collect()
     }
 
     /// The original JSON stored for (`request_id`, `kind`, `attempt`), if that event is stored.
@@ -512,5 +629,57 @@ mod tests {
         let (out, _) = prepare_sqlite_url(&format!("{url}?mode=ro")).unwrap();
         assert!(out.ends_with("?mode=ro"));
         assert!(prepare_sqlite_url("sqlite::memory:").unwrap().1);
+    }
+
+    /// FC-11 through the ledger: the upstream row costs $0.005615 and carries one line per
+    /// billing type; a replay of the same event adds neither rows nor lines.
+    #[tokio::test]
+    async fn fc11_cost_and_lines_are_stored_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/ledger.db", dir.path().display());
+        let ledger = Ledger::connect(&url).await.unwrap();
+        let mut e = event(UsageKind::Upstream, 0);
+        e.upstream_model = Some("gpt-4o".into());
+        e.usage = Usage {
+            prompt_tokens: 2006,
+            cached_tokens: 1920,
+            completion_tokens: 300,
+            ..Usage::default()
+        };
+        assert_eq!(ledger.insert_batch(&[e.clone()]).await.unwrap(), 1);
+        assert_eq!(ledger.insert_batch(&[e.clone()]).await.unwrap(), 0);
+        let cost = ledger
+            .cost_of(e.request_id, UsageKind::Upstream, 0)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(cost.to_string(), "0.005615");
+        let lines = ledger
+            .lines_of(e.request_id, UsageKind::Upstream, 0)
+            .await
+            .unwrap();
+        let got: Vec<(String, u64, String)> = lines
+            .into_iter()
+            .map(|(t, n, a)| (t, n, a.normalize().to_string()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("cached_input".to_string(), 1920, "0.0024".to_string()),
+                ("new_input".to_string(), 86, "0.000215".to_string()),
+                ("output".to_string(), 300, "0.003".to_string()),
+            ]
+        );
+        // An unpriced model stores NULL cost, not zero.
+        let mut u = event(UsageKind::Upstream, 0);
+        u.upstream_model = Some("unknown-model".into());
+        ledger.insert_batch(&[u.clone()]).await.unwrap();
+        assert_eq!(
+            ledger
+                .cost_of(u.request_id, UsageKind::Upstream, 0)
+                .await
+                .unwrap(),
+            None
+        );
     }
 }

@@ -11,6 +11,7 @@
 
 mod error;
 pub mod ledger;
+pub mod pricing;
 pub mod service;
 pub mod stream;
 
