@@ -7,15 +7,25 @@
 //! transaction, keyed by (`request_id`, `kind`, `attempt`), acking only after the commit: replay
 //! and redelivery never double count.
 //!
-//! Pricing, budgets and reports build on the ledger's `usage_events` table.
+//! Pricing, budgets and reports build on the ledger's `usage_events` table: [`reconcile`](mod@reconcile) matches
+//! each request's `charge` row against its `upstream` rows, [`report`] builds the daily report
+//! (table, CSV, JSON, HTML) and [`report_import`] compares a provider's usage export with the
+//! ledger.
 
 mod error;
 pub mod ledger;
 pub mod pricing;
+pub mod reconcile;
+pub mod report;
+mod report_html;
+pub mod report_import;
 pub mod service;
 pub mod stream;
 
 pub use error::BillingError;
 pub use ledger::{Backend, Ledger};
+pub use reconcile::{DiscrepancyClass, Reconciliation, reconcile};
+pub use report::{DailyReport, ReportError, daily_report};
+pub use report_import::{ImportDiff, import_usage_diff, parse_usage_export};
 pub use service::{BillingService, BillingStats, ServiceConfig, run};
 pub use stream::{ensure_billing_consumer, ensure_usage_stream};

@@ -2,6 +2,7 @@
 //! other subcommands run one service each against a shared NATS (the distributed topology).
 
 mod config;
+mod local_model;
 
 use clap::{Args, Parser, Subcommand};
 use std::net::SocketAddr;
@@ -44,6 +45,10 @@ enum Command {
         /// Port for the private nats-server (default: a free port).
         #[arg(long)]
         nats_port: Option<u16>,
+        /// Do not start the local model server (SmolLM2-135M on llama.cpp) for
+        /// `builtin:local-model` targets; their models are then not served.
+        #[arg(long)]
+        no_local_model: bool,
     },
     /// The HTTP front door only.
     Ingress {
@@ -63,6 +68,10 @@ enum Command {
         /// Base URL (with `/v1`) that `builtin:mock` targets resolve to.
         #[arg(long)]
         mock_url: Option<String>,
+        /// Base URL (with `/v1`) that `builtin:local-model` targets resolve to, e.g. the address
+        /// `scripts/local_model.py` prints plus `/v1`.
+        #[arg(long)]
+        local_model_url: Option<String>,
     },
     /// The billing consumer (durable JetStream consumer → SQL ledger).
     Billing {
@@ -182,7 +191,8 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             listen,
             data_dir,
             nats_port,
-        } => up(common, listen, data_dir, nats_port).await,
+            no_local_model,
+        } => up(common, listen, data_dir, nats_port, !no_local_model).await,
         Command::Ingress { common, listen } => {
             let mut c = load(&common)?;
             if let Some(l) = listen {
@@ -196,6 +206,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             common,
             providers,
             mock_url,
+            local_model_url,
         } => {
             let c = load(&common)?;
             let nats = connect(&require_nats(&c)?, "switchyard-worker").await?;
@@ -205,6 +216,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                 config: Arc::new(c),
                 providers,
                 builtin_mock_url: mock_url,
+                builtin_local_model_url: local_model_url,
             };
             switchyard_workers::worker::run(nats, opts, shutdown_token())
                 .await
@@ -297,6 +309,7 @@ async fn up(
     listen: Option<String>,
     data_dir: Option<PathBuf>,
     nats_port: Option<u16>,
+    local_model: bool,
 ) -> Result<(), CliError> {
     let mut c = load(&common)?;
     if let Some(l) = listen {
@@ -321,8 +334,10 @@ async fn up(
         }
     };
     c.nats_url = Some(url.clone());
-    let config = Arc::new(c);
     let shutdown = shutdown_token();
+    // The local model server for `builtin:local-model` targets (removed from `c` when unavailable).
+    let local_model = local_model::start(&mut c, local_model, shutdown.clone()).await;
+    let config = Arc::new(c);
     let subjects = Subjects::new(config.subject_prefix.clone());
 
     // Built-in mock upstream for `builtin:mock` targets.
@@ -378,6 +393,7 @@ async fn up(
             config: config.clone(),
             providers: Vec::new(),
             builtin_mock_url: mock_url,
+            builtin_local_model_url: local_model.as_ref().map(local_model::LocalModel::api_url),
         };
         let token = shutdown.clone();
         tasks.spawn(async move {
@@ -409,6 +425,9 @@ async fn up(
             }
         }
         shutdown.cancel();
+    }
+    if let Some(m) = local_model {
+        m.stopped().await;
     }
     result
 }

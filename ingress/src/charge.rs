@@ -9,6 +9,15 @@ use switchyard_schemas::publish::publish_usage_event;
 use switchyard_schemas::usage::UsageStatus;
 use switchyard_schemas::{ChatRequest, ErrorClass, Usage, UsageEvent, UsageKind, now_ms};
 
+/// Who is calling (empty while authentication is off).
+#[derive(Debug, Clone, Default)]
+pub struct Caller {
+    /// Tenant.
+    pub tenant: Option<String>,
+    /// Key id.
+    pub key_id: Option<String>,
+}
+
 /// Accumulates what the tenant is charged for one request; publishes once.
 pub struct Charge {
     app: Arc<AppState>,
@@ -22,14 +31,37 @@ pub struct Charge {
 impl Charge {
     /// Starts the record for `req` at admission time `admitted`.
     pub fn new(app: Arc<AppState>, req: &ChatRequest, admitted: Instant) -> Self {
+        let who = Caller {
+            tenant: req.tenant.clone(),
+            key_id: req.key_id.clone(),
+        };
+        Self::start(
+            app,
+            req.id,
+            &req.model,
+            who,
+            req.prompt_text().len(),
+            admitted,
+        )
+    }
+
+    /// Starts the record of any request: `prompt_bytes` feeds the estimate used on abort.
+    pub fn start(
+        app: Arc<AppState>,
+        request_id: uuid::Uuid,
+        model: &str,
+        who: Caller,
+        prompt_bytes: usize,
+        admitted: Instant,
+    ) -> Self {
         let event = UsageEvent {
-            request_id: req.id,
+            request_id,
             kind: UsageKind::Charge,
             attempt: 0,
             ts_ms: now_ms(),
-            tenant: req.tenant.clone(),
-            key_id: req.key_id.clone(),
-            model: req.model.clone(),
+            tenant: who.tenant,
+            key_id: who.key_id,
+            model: model.to_owned(),
             target: None,
             upstream_model: None,
             usage: Usage::default(),
@@ -45,7 +77,7 @@ impl Charge {
             app,
             event: Some(event),
             admitted,
-            prompt_bytes: req.prompt_text().len(),
+            prompt_bytes,
             output_bytes: 0,
         }
     }

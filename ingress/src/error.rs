@@ -1,5 +1,7 @@
 //! The one place errors become HTTP responses, in OpenAI's error shape
-//! `{"error":{"message","type","param","code"}}` (OpenAI API reference, "Error codes").
+//! `{"error":{"message","type","param","code"}}` (OpenAI API reference, "Error codes") or, for the
+//! Anthropic front door, Anthropic's `{"type":"error","error":{"type","message"}}` (Anthropic API
+//! reference, "Errors").
 
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -46,6 +48,50 @@ impl ApiError {
             code: Some("model_not_found"),
             retry_after_s: None,
         }
+    }
+
+    /// Anthropic's error `type` for this error, from its HTTP status (Anthropic API reference,
+    /// "Errors"): 400 `invalid_request_error` (also other 4xx), 401 `authentication_error`, 403
+    /// `permission_error`, 404 `not_found_error`, 413 `request_too_large`, 429
+    /// `rate_limit_error`, 503 `overloaded_error` (Anthropic's own 529), other 5xx `api_error`.
+    /// The status itself comes from [`class_to_http`], so both front doors agree on it.
+    pub fn anthropic_type(&self) -> &'static str {
+        match self.status.as_u16() {
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            413 => "request_too_large",
+            429 => "rate_limit_error",
+            503 | 529 => "overloaded_error",
+            400..=499 => "invalid_request_error",
+            _ => "api_error",
+        }
+    }
+
+    /// The Anthropic JSON body `{"type":"error","error":{"type","message"}}` (Anthropic API
+    /// reference, "Errors", error shapes); also the `data` of a stream's `error` event.
+    pub fn anthropic_body(&self) -> serde_json::Value {
+        serde_json::json!({"type": "error", "error": {
+            "type": self.anthropic_type(),
+            "message": self.message,
+        }})
+    }
+
+    /// The response in Anthropic's error shape, with the same status and `Retry-After`.
+    pub fn into_anthropic_response(self) -> Response {
+        let body = axum::Json(self.anthropic_body());
+        self.with_body(body)
+    }
+
+    /// `status` + `body` + `Retry-After` when set.
+    fn with_body(self, body: impl IntoResponse) -> Response {
+        let mut resp = (self.status, body).into_response();
+        if let Some(s) = self.retry_after_s
+            && let Ok(v) = HeaderValue::from_str(&s.to_string())
+        {
+            resp.headers_mut().insert("retry-after", v);
+        }
+        resp
     }
 
     /// The JSON body.
@@ -147,13 +193,8 @@ impl From<ErrorInfo> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut resp = (self.status, axum::Json(self.body())).into_response();
-        if let Some(s) = self.retry_after_s
-            && let Ok(v) = HeaderValue::from_str(&s.to_string())
-        {
-            resp.headers_mut().insert("retry-after", v);
-        }
-        resp
+        let body = axum::Json(self.body());
+        self.with_body(body)
     }
 }
 
@@ -171,6 +212,25 @@ mod tests {
         assert_eq!(
             e.body(),
             serde_json::json!({"error":{"message":"slow down","type":"rate_limit_error","param":null,"code":"rate_limit_exceeded"}})
+        );
+    }
+
+    #[test]
+    fn anthropic_types_follow_the_status() {
+        let kind = |class| ApiError::from(ErrorInfo::new(class, "m")).anthropic_type();
+        assert_eq!(kind(ErrorClass::InvalidRequest), "invalid_request_error");
+        assert_eq!(kind(ErrorClass::NotFound), "not_found_error");
+        assert_eq!(kind(ErrorClass::RateLimited), "rate_limit_error");
+        assert_eq!(kind(ErrorClass::Overloaded), "overloaded_error");
+        assert_eq!(kind(ErrorClass::NoCapacity), "overloaded_error");
+        assert_eq!(kind(ErrorClass::Upstream5xx), "api_error");
+        assert_eq!(kind(ErrorClass::Timeout), "api_error");
+        assert_eq!(kind(ErrorClass::Internal), "api_error");
+        assert_eq!(kind(ErrorClass::Cancelled), "invalid_request_error");
+        let e = ApiError::model_not_found("x/y");
+        assert_eq!(
+            e.anthropic_body(),
+            serde_json::json!({"type":"error","error":{"type":"not_found_error","message":e.message}})
         );
     }
 }

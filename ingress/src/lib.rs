@@ -1,12 +1,14 @@
 //! Ingress: the HTTP/SSE front doors. It validates requests, picks targets, publishes normalised
 //! requests on NATS, and turns the worker's frame stream back into the client's wire format.
 //!
-//! Routes: `POST /v1/chat/completions` (OpenAI, stream and non-stream), `GET /v1/models`,
-//! `GET /healthz`.
+//! Routes: `POST /v1/chat/completions` (OpenAI, stream and non-stream), `POST /v1/messages`
+//! (Anthropic Messages, stream and non-stream), `GET /v1/models`, `GET /healthz`.
 
+pub mod anthropic;
 pub mod charge;
 pub mod chat;
 pub mod dispatch;
+pub mod embeddings;
 pub mod error;
 pub mod openai;
 pub mod route;
@@ -67,6 +69,8 @@ pub async fn state(
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/v1/models", get(models))
         .route("/healthz", get(healthz))
         .fallback(not_found)
@@ -118,7 +122,9 @@ async fn healthz(State(app): State<Arc<AppState>>) -> Response {
 async fn not_found() -> Response {
     let e = error::ApiError {
         status: StatusCode::NOT_FOUND,
-        message: "Unknown route. Switchyard serves /v1/chat/completions and /v1/models.".into(),
+        message:
+            "Unknown route. Switchyard serves /v1/chat/completions, /v1/messages and /v1/models."
+                .into(),
         kind: "invalid_request_error",
         param: None,
         code: Some("unknown_url"),

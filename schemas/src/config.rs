@@ -11,6 +11,11 @@ use std::collections::HashSet;
 /// The base URL value that means "the built-in mock upstream started by `switchyard up`".
 pub const BUILTIN_MOCK_URL: &str = "builtin:mock";
 
+/// The base URL value that means "the local model server started by `switchyard up`"
+/// (SmolLM2-135M on llama.cpp, see `scripts/local_model.py`); workers resolve it to that server's
+/// `/v1` URL.
+pub const BUILTIN_LOCAL_MODEL_URL: &str = "builtin:local-model";
+
 /// The whole configuration file.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -64,6 +69,12 @@ pub enum ProviderKind {
     OpenaiCompatible,
     /// Anthropic Messages (`{base_url}/messages`, `x-api-key`).
     Anthropic,
+    /// Google Gemini API (`{base_url}/models/{model}:streamGenerateContent?alt=sse`,
+    /// `x-goog-api-key`; Gemini API reference, "Generating content").
+    Gemini,
+    /// Azure OpenAI (`{base_url}/openai/deployments/{deployment}/chat/completions?api-version=…`,
+    /// `api-key`; Azure OpenAI REST API reference, data plane inference).
+    AzureOpenai,
 }
 
 impl ProviderKind {
@@ -73,6 +84,8 @@ impl ProviderKind {
             Self::Openai => "openai",
             Self::OpenaiCompatible => "openai_compatible",
             Self::Anthropic => "anthropic",
+            Self::Gemini => "gemini",
+            Self::AzureOpenai => "azure_openai",
         }
     }
 }
@@ -85,13 +98,19 @@ pub struct TargetConfig {
     pub id: String,
     /// Adapter.
     pub provider: ProviderKind,
-    /// API base including the version path, e.g. `https://api.openai.com/v1`, or `builtin:mock`.
+    /// API base including the version path, e.g. `https://api.openai.com/v1`, or `builtin:mock` /
+    /// `builtin:local-model`.
     pub base_url: String,
     /// Credential; supports `${ENV_VAR}` interpolation. Empty = no auth header.
     #[serde(default)]
     pub api_key: Secret,
-    /// Model id the upstream expects.
+    /// Model id the upstream expects (for `azure_openai`: the deployment name).
     pub upstream_model: String,
+    /// Azure OpenAI `api-version` query parameter, e.g. `2024-10-21` (Azure OpenAI REST API
+    /// reference: every data-plane call requires it). Only valid for `azure_openai` targets;
+    /// `None` means the adapter's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<String>,
     /// Disabled targets are never chosen.
     #[serde(default = "yes")]
     pub enabled: bool,
@@ -187,16 +206,35 @@ impl GatewayConfig {
                 ));
             }
             if t.base_url != BUILTIN_MOCK_URL
+                && t.base_url != BUILTIN_LOCAL_MODEL_URL
                 && !t.base_url.starts_with("http://")
                 && !t.base_url.starts_with("https://")
             {
                 return Err(err(
                     format!("targets[{i}].base_url"),
                     format!(
-                        "`{}` must start with http:// or https:// (or be {BUILTIN_MOCK_URL})",
+                        "`{}` must start with http:// or https:// (or be {BUILTIN_MOCK_URL} or \
+                         {BUILTIN_LOCAL_MODEL_URL})",
                         t.base_url
                     ),
                 ));
+            }
+            if let Some(v) = &t.api_version {
+                if t.provider != ProviderKind::AzureOpenai {
+                    return Err(err(
+                        format!("targets[{i}].api_version"),
+                        format!(
+                            "only azure_openai targets take an api_version (this one is {})",
+                            t.provider.as_str()
+                        ),
+                    ));
+                }
+                if v.trim().is_empty() || v.contains(['&', '#', ' ', '?']) {
+                    return Err(err(
+                        format!("targets[{i}].api_version"),
+                        format!("`{v}` is not an api-version like 2024-10-21"),
+                    ));
+                }
             }
         }
         let mut model_ids = HashSet::new();
@@ -269,6 +307,36 @@ mod tests {
         c.models[0].targets.push("nope".into());
         let e = c.validate().unwrap_err();
         assert_eq!(e.field, "models[0].targets[1]");
+    }
+
+    #[test]
+    fn api_version_only_on_azure() {
+        let mut c = base();
+        c.targets[0].api_version = Some("2024-10-21".into());
+        assert_eq!(c.validate().unwrap_err().field, "targets[0].api_version");
+        c.targets[0].provider = ProviderKind::AzureOpenai;
+        assert!(c.validate().is_ok());
+        c.targets[0].api_version = Some("2024-10-21&x=1".into());
+        assert_eq!(c.validate().unwrap_err().field, "targets[0].api_version");
+        let t: TargetConfig = serde_json::from_value(serde_json::json!({"id": "g",
+            "provider": "gemini", "base_url": "builtin:mock", "upstream_model": "m"}))
+        .unwrap();
+        assert_eq!((t.provider.as_str(), t.api_version), ("gemini", None));
+        let t: TargetConfig = serde_json::from_value(serde_json::json!({"id": "a",
+            "provider": "azure_openai", "base_url": "builtin:mock", "upstream_model": "d"}))
+        .unwrap();
+        assert_eq!(t.provider.as_str(), "azure_openai");
+    }
+
+    #[test]
+    fn builtin_base_urls_are_valid_and_others_are_not() {
+        let mut c = base();
+        c.targets[0].base_url = BUILTIN_LOCAL_MODEL_URL.into();
+        assert!(c.validate().is_ok());
+        c.targets[0].base_url = "builtin:nope".into();
+        let e = c.validate().unwrap_err();
+        assert_eq!(e.field, "targets[0].base_url");
+        assert!(e.message.contains(BUILTIN_LOCAL_MODEL_URL), "{}", e.message);
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! Wire encoding is JSON (serde_json) for every payload.
 
 pub mod config;
+pub mod embed;
 pub mod error;
 pub mod frame;
 #[cfg(feature = "nats")]

@@ -13,6 +13,8 @@ pub const USAGE_STREAM: &str = "SY_USAGE";
 pub const BILLING_CONSUMER: &str = "billing";
 /// Capability token for chat completions.
 pub const CAP_CHAT: &str = "chat";
+/// Capability token for embeddings (request/reply, one answer).
+pub const CAP_EMBED: &str = "embed";
 
 impl Default for Subjects {
     fn default() -> Self {

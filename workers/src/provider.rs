@@ -10,7 +10,8 @@ use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use reqwest::header::HeaderMap;
 use switchyard_schemas::config::{ProviderKind, TargetConfig};
-use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, FrameBody};
+use switchyard_schemas::embed::EmbedRequest;
+use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, FrameBody, Usage};
 
 /// The normalised events of one upstream call, in order.
 pub type EventStream = BoxStream<'static, Result<FrameBody, ErrorInfo>>;
@@ -48,6 +49,34 @@ pub trait Provider: Send + Sync {
         base_url: &str,
         req: &ChatRequest,
     ) -> BoxFuture<'static, Result<EventStream, ErrorInfo>>;
+
+    /// Embeds `req.input`: one vector per input, in order, with the upstream's token usage.
+    /// Providers without an embeddings API keep this default, a 400 naming `model`.
+    fn embed(
+        &self,
+        _http: &reqwest::Client,
+        _target: &TargetConfig,
+        _base_url: &str,
+        _req: &EmbedRequest,
+    ) -> BoxFuture<'static, Result<Embeddings, ErrorInfo>> {
+        let kind = self.kind().as_str();
+        Box::pin(async move {
+            Err(ErrorInfo::new(
+                ErrorClass::InvalidRequest,
+                format!("provider `{kind}` has no embeddings API in Switchyard"),
+            )
+            .with_param("model"))
+        })
+    }
+}
+
+/// The result of an embeddings call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Embeddings {
+    /// One vector per input, in input order.
+    pub vectors: Vec<Vec<f32>>,
+    /// Upstream-reported usage (`prompt_tokens`).
+    pub usage: Usage,
 }
 
 /// Parses `Retry-After` (delta-seconds; RFC 9110 §10.2.3) and the OpenAI-style `retry-after-ms`
@@ -68,8 +97,13 @@ pub fn retry_after_ms(headers: &HeaderMap) -> Option<u64> {
 }
 
 /// Classifies a non-success upstream HTTP answer. `body` is the (possibly truncated) error body;
-/// its message is extracted from the OpenAI (`error.message`) or Anthropic (`error.message`) shape,
+/// its message is extracted from the OpenAI, Anthropic or Google (`error.message`) shape,
 /// and context-length failures are recognised from the provider's code or wording.
+///
+/// Google APIs (Gemini API reference, "API errors": `{"error":{"code","message","status",
+/// "details"}}`) answer a bad API key with 400 `INVALID_ARGUMENT` and reason `API_KEY_INVALID`
+/// (classified `auth` here), and put the wait of a 429 in a `google.rpc.RetryInfo` detail
+/// (`retryDelay: "37s"`), used when no `Retry-After` header came.
 pub fn classify_http_error(status: u16, headers: &HeaderMap, body: &[u8]) -> ErrorInfo {
     let parsed: Option<serde_json::Value> = serde_json::from_slice(body).ok();
     let err_obj = parsed.as_ref().and_then(|v| v.get("error"));
@@ -86,8 +120,19 @@ pub fn classify_http_error(status: u16, headers: &HeaderMap, body: &[u8]) -> Err
     let context = code == "context_length_exceeded"
         || lower.contains("context length")
         || lower.contains("context window")
-        || lower.contains("prompt is too long");
+        || lower.contains("prompt is too long")
+        || lower.contains("exceeds the maximum number of tokens");
+    let details = err_obj
+        .and_then(|e| e.get("details"))
+        .and_then(serde_json::Value::as_array);
+    let detail_str = |key: &str| {
+        details
+            .into_iter()
+            .flatten()
+            .find_map(|d| d.get(key).and_then(serde_json::Value::as_str))
+    };
     let class = match status {
+        400 if detail_str("reason") == Some("API_KEY_INVALID") => ErrorClass::Auth,
         400 | 413 | 422 if context => ErrorClass::ContextLengthExceeded,
         400 | 413 | 422 => ErrorClass::InvalidRequest,
         401 => ErrorClass::Auth,
@@ -99,9 +144,16 @@ pub fn classify_http_error(status: u16, headers: &HeaderMap, body: &[u8]) -> Err
         500..=599 => ErrorClass::Upstream5xx,
         _ => ErrorClass::InvalidRequest,
     };
+    let google_delay = || {
+        let secs = detail_str("retryDelay")?
+            .strip_suffix('s')?
+            .parse::<f64>()
+            .ok()?;
+        Some((secs.max(0.0) * 1000.0) as u64)
+    };
     ErrorInfo::new(class, format!("upstream returned HTTP {status}: {message}"))
         .with_status(status)
-        .with_retry_after_ms(retry_after_ms(headers))
+        .with_retry_after_ms(retry_after_ms(headers).or_else(google_delay))
 }
 
 /// Classifies a transport failure from reqwest.
@@ -234,6 +286,41 @@ mod tests {
         assert_eq!(
             classify_http_error(502, &HeaderMap::new(), b"x").class,
             ErrorClass::Upstream5xx
+        );
+    }
+
+    /// Google's error shape (Gemini API reference, "API errors").
+    #[test]
+    fn classifies_google_errors() {
+        let body = br#"{"error":{"code":429,"message":"Resource has been exhausted","status":"RESOURCE_EXHAUSTED",
+            "details":[{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"37s"}]}}"#;
+        let e = classify_http_error(429, &HeaderMap::new(), body);
+        assert_eq!(
+            (e.class, e.retry_after_ms),
+            (ErrorClass::RateLimited, Some(37_000))
+        );
+        assert_eq!(
+            e.message,
+            "upstream returned HTTP 429: Resource has been exhausted"
+        );
+        let mut h = HeaderMap::new();
+        h.insert("retry-after", HeaderValue::from_static("2"));
+        assert_eq!(
+            classify_http_error(429, &h, body).retry_after_ms,
+            Some(2000)
+        );
+        let body = br#"{"error":{"code":400,"message":"API key not valid. Please pass a valid API key.",
+            "status":"INVALID_ARGUMENT","details":[{"@type":"type.googleapis.com/google.rpc.ErrorInfo",
+            "reason":"API_KEY_INVALID","domain":"googleapis.com"}]}}"#;
+        let e = classify_http_error(400, &HeaderMap::new(), body);
+        assert_eq!((e.class, e.retryable), (ErrorClass::Auth, false));
+        let body = br#"{"error":{"code":400,"message":"The input token count (1200000) exceeds the maximum number of tokens allowed (1048576).","status":"INVALID_ARGUMENT"}}"#;
+        let e = classify_http_error(400, &HeaderMap::new(), body);
+        assert_eq!(e.class, ErrorClass::ContextLengthExceeded);
+        let body = br#"{"error":{"code":503,"message":"The model is overloaded.","status":"UNAVAILABLE"}}"#;
+        assert_eq!(
+            classify_http_error(503, &HeaderMap::new(), body).class,
+            ErrorClass::Overloaded
         );
     }
 }

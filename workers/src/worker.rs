@@ -14,9 +14,11 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use switchyard_schemas::config::{BUILTIN_MOCK_URL, GatewayConfig, ProviderKind, TargetConfig};
+use switchyard_schemas::config::{
+    BUILTIN_LOCAL_MODEL_URL, BUILTIN_MOCK_URL, GatewayConfig, ProviderKind, TargetConfig,
+};
 use switchyard_schemas::publish::publish_usage_event;
-use switchyard_schemas::subjects::{CAP_CHAT, Subjects};
+use switchyard_schemas::subjects::{CAP_CHAT, CAP_EMBED, Subjects};
 use switchyard_schemas::usage::UsageStatus;
 use switchyard_schemas::{
     ChatRequest, ErrorClass, ErrorInfo, Frame, FrameBody, Usage, UsageEvent, UsageKind, now_ms,
@@ -49,6 +51,9 @@ pub struct WorkerOptions {
     pub providers: Vec<ProviderKind>,
     /// Resolved address of the built-in mock upstream (`builtin:mock` targets), e.g. `http://127.0.0.1:9000/v1`.
     pub builtin_mock_url: Option<String>,
+    /// Resolved address of the local model server (`builtin:local-model` targets), e.g.
+    /// `http://127.0.0.1:9001/v1`.
+    pub builtin_local_model_url: Option<String>,
 }
 
 /// Returns the adapter for a provider family.
@@ -57,14 +62,17 @@ pub fn adapter(kind: ProviderKind) -> Arc<dyn Provider> {
         ProviderKind::Openai => Arc::new(OpenAiProvider::openai()),
         ProviderKind::OpenaiCompatible => Arc::new(OpenAiProvider::compatible()),
         ProviderKind::Anthropic => Arc::new(crate::providers::anthropic::AnthropicProvider),
+        ProviderKind::Gemini => Arc::new(crate::providers::gemini::GeminiProvider),
+        ProviderKind::AzureOpenai => Arc::new(crate::providers::azure::AzureOpenAiProvider),
     }
 }
 
-struct Shared {
-    nats: async_nats::Client,
-    js: async_nats::jetstream::Context,
-    opts: WorkerOptions,
-    http: reqwest::Client,
+/// What every request task of one worker shares.
+pub(crate) struct Shared {
+    pub(crate) nats: async_nats::Client,
+    pub(crate) js: async_nats::jetstream::Context,
+    pub(crate) opts: WorkerOptions,
+    pub(crate) http: reqwest::Client,
     cancels: Mutex<HashMap<Uuid, CancellationToken>>,
 }
 
@@ -74,6 +82,8 @@ pub struct Worker {
     shared: Arc<Shared>,
     requests: futures::stream::SelectAll<async_nats::Subscriber>,
     cancel_sub: async_nats::Subscriber,
+    /// `.req.embed.`: tells embeddings requests from chat ones by subject.
+    embed_marker: String,
 }
 
 /// Subscribes and serves until `shutdown` fires (see [`Worker`]).
@@ -114,7 +124,13 @@ impl Worker {
                 nats.queue_subscribe(subject, Subjects::worker_queue_group(kind.as_str()))
                     .await?,
             );
+            let embed = opts.subjects.request(CAP_EMBED, kind.as_str());
+            subs.push(
+                nats.queue_subscribe(embed, Subjects::worker_queue_group(kind.as_str()))
+                    .await?,
+            );
         }
+        let embed_marker = format!(".req.{CAP_EMBED}.");
         let cancel_sub = nats
             .subscribe(opts.subjects.cancel(&opts.worker_id))
             .await?;
@@ -133,6 +149,7 @@ impl Worker {
             shared,
             requests: futures::stream::select_all(subs),
             cancel_sub,
+            embed_marker,
         })
     }
 
@@ -143,6 +160,7 @@ impl Worker {
             shared,
             mut requests,
             mut cancel_sub,
+            embed_marker,
         } = self;
         let tracker = TaskTracker::new();
         loop {
@@ -157,7 +175,11 @@ impl Worker {
                 }
                 msg = requests.next() => {
                     let Some(msg) = msg else { break };
-                    tracker.spawn(handle(shared.clone(), msg));
+                    if msg.subject.contains(embed_marker.as_str()) {
+                        tracker.spawn(crate::embed::handle(shared.clone(), msg));
+                    } else {
+                        tracker.spawn(handle(shared.clone(), msg));
+                    }
                 }
             }
         }
@@ -289,9 +311,16 @@ async fn handle(shared: Arc<Shared>, msg: async_nats::Message) {
     }
 }
 
-fn base_url(shared: &Shared, target: &TargetConfig) -> String {
+/// The target's base URL, with `builtin:` addresses resolved.
+pub(crate) fn base_url(shared: &Shared, target: &TargetConfig) -> String {
     if target.base_url == BUILTIN_MOCK_URL {
         shared.opts.builtin_mock_url.clone().unwrap_or_default()
+    } else if target.base_url == BUILTIN_LOCAL_MODEL_URL {
+        shared
+            .opts
+            .builtin_local_model_url
+            .clone()
+            .unwrap_or_default()
     } else {
         target.base_url.clone()
     }

@@ -146,6 +146,7 @@ pub async fn spawn_worker(
         config,
         providers: Vec::new(),
         builtin_mock_url: Some(format!("{}/v1", mock.base_url())),
+        builtin_local_model_url: None,
     };
     let worker = switchyard_workers::worker::Worker::subscribe(c, opts)
         .await

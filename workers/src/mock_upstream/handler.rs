@@ -12,8 +12,8 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::behaviour::{Behaviour, RequestInfo, generate};
-use super::wire::{self, Plan, SseFormat};
-use super::{MockState, RecordedRequest, anthropic, openai};
+use super::wire::{self, Item, Plan, SseFormat};
+use super::{MockState, RecordedRequest, anthropic, gemini, openai};
 
 /// Largest accepted request body.
 const BODY_LIMIT: usize = 64 * 1024 * 1024;
@@ -41,6 +41,17 @@ pub(crate) fn router(state: MockState, shutdown: CancellationToken) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/messages", post(messages))
+        .route("/v1beta/models/{target}", post(generate_content))
+        .route("/v1/models/{target}", post(generate_content))
+        .route(
+            "/openai/deployments/{deployment}/chat/completions",
+            post(azure_chat_completions),
+        )
+        .route(
+            "/v1/openai/deployments/{deployment}/chat/completions",
+            post(azure_chat_completions),
+        )
+        .route("/v1/embeddings", post(embeddings))
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/_mock/requests", get(list_requests).delete(clear_requests))
@@ -53,6 +64,10 @@ pub(crate) fn router(state: MockState, shutdown: CancellationToken) -> Router {
 enum Provider {
     OpenAi,
     Anthropic,
+    /// Google Gemini API (`models/{model}:generateContent` / `:streamGenerateContent`).
+    Gemini,
+    /// Azure OpenAI: the OpenAI wire format plus Azure's content-filter annotations.
+    Azure,
 }
 
 impl Provider {
@@ -60,21 +75,25 @@ impl Provider {
         match self {
             Provider::OpenAi => openai::error_body(status, message),
             Provider::Anthropic => anthropic::error_body(status, message),
+            Provider::Gemini => gemini::error_body(status, message),
+            Provider::Azure => openai::azure_error_body(status, message),
         }
     }
 
-    fn request_info(self, body: &Value) -> Result<RequestInfo, String> {
+    fn request_info(self, body: &Value, uri: &Uri) -> Result<RequestInfo, String> {
         match self {
-            Provider::OpenAi => openai::request_info(body),
+            Provider::OpenAi | Provider::Azure => openai::request_info(body),
             Provider::Anthropic => anthropic::request_info(body),
+            Provider::Gemini => gemini::request_info(body, uri),
         }
     }
 
     fn new_id(self) -> String {
         let uuid = uuid::Uuid::now_v7().simple();
         match self {
-            Provider::OpenAi => format!("chatcmpl-mock-{uuid}"),
+            Provider::OpenAi | Provider::Azure => format!("chatcmpl-mock-{uuid}"),
             Provider::Anthropic => format!("msg_mock_{uuid}"),
+            Provider::Gemini => format!("mock{uuid}"),
         }
     }
 
@@ -85,6 +104,12 @@ impl Provider {
                 HeaderName::from_static("x-request-id"),
                 format!("req_mock_{uuid}"),
             ),
+            Provider::Azure => (
+                HeaderName::from_static("apim-request-id"),
+                uuid::Uuid::now_v7().to_string(),
+            ),
+            // Google sends no request id header; its front end names itself.
+            Provider::Gemini => (header::SERVER, "scaffolding on HTTPServer2".to_string()),
             Provider::Anthropic => (
                 HeaderName::from_static("request-id"),
                 format!("req_mock_{uuid}"),
@@ -108,7 +133,11 @@ impl Provider {
     /// A provider-shaped error response.
     fn error(self, status: u16, message: Option<&str>, retry_after: Option<&str>) -> Response {
         let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let body = self.error_body(status, message).to_string();
+        let value = self.error_body(status, message);
+        let body = match self {
+            Provider::Gemini => gemini::pretty(&value),
+            _ => value.to_string(),
+        };
         let mut response = self.response(code, "application/json", Body::from(body));
         if let Some(value) = retry_after.and_then(|v| HeaderValue::from_str(v).ok()) {
             response.headers_mut().insert(header::RETRY_AFTER, value);
@@ -128,6 +157,45 @@ async fn chat_completions(
 
 async fn messages(State(app): State<App>, headers: HeaderMap, uri: Uri, body: Bytes) -> Response {
     handle(Provider::Anthropic, &app, &headers, &uri, &body).await
+}
+
+/// `POST /v1beta/models/{model}:(stream)GenerateContent` (also under `/v1`).
+async fn generate_content(
+    State(app): State<App>,
+    headers: HeaderMap,
+    uri: Uri,
+    body: Bytes,
+) -> Response {
+    if gemini::parse_target(uri.path()).is_none() {
+        record(&app.state, &headers, &uri, Value::Null);
+        let message = format!("Method not found: {}", uri.path());
+        return Provider::Gemini.error(404, Some(&message), None);
+    }
+    handle(Provider::Gemini, &app, &headers, &uri, &body).await
+}
+
+/// Azure OpenAI chat completions: the OpenAI handler behind Azure's URL, which requires the
+/// `api-version` query parameter (answered 404 "Resource not found" without it).
+async fn azure_chat_completions(
+    State(app): State<App>,
+    headers: HeaderMap,
+    uri: Uri,
+    body: Bytes,
+) -> Response {
+    let has_version = uri
+        .query()
+        .is_some_and(|q| q.split('&').any(|kv| kv.starts_with("api-version=")));
+    if !has_version {
+        record(&app.state, &headers, &uri, Value::Null);
+        return Provider::Azure.error(404, Some("Resource not found"), None);
+    }
+    handle(Provider::Azure, &app, &headers, &uri, &body).await
+}
+
+async fn embeddings(State(app): State<App>, headers: HeaderMap, uri: Uri, body: Bytes) -> Response {
+    let value: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    record(&app.state, &headers, &uri, value.clone());
+    super::embeddings::respond(&headers, &value)
 }
 
 async fn models(State(app): State<App>, headers: HeaderMap, uri: Uri) -> Response {
@@ -179,6 +247,7 @@ fn record(state: &MockState, headers: &HeaderMap, uri: &Uri, body: Value) {
         .collect();
     state.record(RecordedRequest {
         path: uri.path().to_string(),
+        query: uri.query().map(str::to_string),
         headers,
         body,
     });
@@ -213,14 +282,18 @@ async fn handle(
             return provider.error(400, Some(&message), None);
         }
     };
-    let behaviour = match Behaviour::from_request(headers, &body) {
+    let directives = match provider {
+        Provider::Gemini => gemini::directive_view(&body),
+        _ => std::borrow::Cow::Borrowed(&body),
+    };
+    let behaviour = match Behaviour::from_request(headers, &directives) {
         Ok(b) => b,
         Err(message) => return provider.error(400, Some(&message), None),
     };
     if let Some(status) = behaviour.status {
         return provider.error(status, None, behaviour.retry_after.as_deref());
     }
-    let info = match provider.request_info(&body) {
+    let info = match provider.request_info(&body, uri) {
         Ok(info) => info,
         Err(message) => return provider.error(400, Some(&message), None),
     };
@@ -232,12 +305,26 @@ async fn handle(
     if info.stream {
         let script = match provider {
             Provider::OpenAi => openai::stream_script(&id, created, &info, &generation, fmt),
+            Provider::Azure => {
+                let mut script = openai::stream_script(&id, created, &info, &generation, fmt);
+                script
+                    .body
+                    .insert(0, Item::Frame(openai::azure_prompt_filter_chunk(fmt)));
+                script
+            }
             Provider::Anthropic => anthropic::stream_script(&id, &info, &generation, fmt),
+            Provider::Gemini => {
+                gemini::stream_script(&id, &info, &generation, fmt, gemini::is_sse(uri))
+            }
+        };
+        let content_type = match provider {
+            Provider::Gemini if !gemini::is_sse(uri) => "application/json; charset=UTF-8",
+            _ => "text/event-stream; charset=utf-8",
         };
         let plan = wire::plan(script, &behaviour, fmt);
         let mut response = provider.response(
             StatusCode::OK,
-            "text/event-stream; charset=utf-8",
+            content_type,
             wire::body(plan, app.shutdown.clone()),
         );
         response
@@ -270,9 +357,18 @@ async fn handle(
     }
     let value = match provider {
         Provider::OpenAi => openai::completion(&id, created, &info, &generation),
+        Provider::Azure => {
+            let mut value = openai::completion(&id, created, &info, &generation);
+            value["prompt_filter_results"] = openai::azure_prompt_filter_results();
+            value
+        }
         Provider::Anthropic => anthropic::message(&id, &info, &generation),
+        Provider::Gemini => gemini::generate_response(&id, &info, &generation),
     };
-    let bytes = Bytes::from(value.to_string());
+    let bytes = Bytes::from(match provider {
+        Provider::Gemini => gemini::pretty(&value),
+        _ => value.to_string(),
+    });
     let body = match behaviour.split_offsets(bytes.len()) {
         Some(offsets) => wire::body(Plan::split(&bytes, &offsets), app.shutdown.clone()),
         None => Body::from(bytes),

@@ -6,11 +6,16 @@
 //! * `POST /v1/chat/completions` — OpenAI Chat Completions (stream and non-stream).
 //! * `POST /v1/messages` — Anthropic Messages (stream and non-stream; `max_tokens` required,
 //!   `anthropic-version` is recorded but not required).
+//! * `POST /v1beta/models/{model}:streamGenerateContent` and `:generateContent` — Google Gemini
+//!   API (also under `/v1/models/…`); `?alt=sse` gives SSE, without it a JSON-array stream.
+//! * `POST /openai/deployments/{deployment}/chat/completions?api-version=…` — Azure OpenAI (the
+//!   OpenAI handler plus Azure's `prompt_filter_results` chunk; also under `/v1/openai/…` for
+//!   `builtin:mock` targets); 404 without `api-version`.
 //! * `GET /v1/models` — OpenAI list with the single model `mock`.
 //! * `GET /health` — `{"status":"ok"}`.
 //! * `GET /_mock/requests` — the recorded requests as a JSON array; `DELETE` clears them.
 //!
-//! Only requests to `/v1/...` are recorded.
+//! Requests to the provider routes are recorded (path, query, headers, body).
 //!
 //! # Behaviour
 //!
@@ -53,11 +58,17 @@
 //!   (10 per tool call); cached 0. Anthropic `input_tokens` excludes cached tokens.
 //! * `max_tokens` / `max_completion_tokens` smaller than the word count truncates the text to
 //!   that many words and finishes with `length` / `max_tokens`.
-//! * Ids are `chatcmpl-mock-<uuid>` / `msg_mock_<uuid>`; tool call ids `call_mock_<i>` /
-//!   `toolu_mock_<i>`; the response `model` echoes the request.
+//! * Ids are `chatcmpl-mock-<uuid>` / `msg_mock_<uuid>` / Gemini `responseId` `mock<uuid>`; tool
+//!   call ids `call_mock_<i>` / `toolu_mock_<i>` (Gemini function calls carry none); the
+//!   response `model` (Gemini `modelVersion`) echoes the request.
+//! * Gemini: directives are read from the last `user` content with text; `maxOutputTokens`
+//!   truncates like `max_tokens`; each function call is streamed whole in its own chunk; the
+//!   in-stream error is `{"error":{"code":503,…,"status":"UNAVAILABLE"}}`.
 
 mod anthropic;
 mod behaviour;
+pub mod embeddings;
+mod gemini;
 mod handler;
 mod openai;
 mod wire;
@@ -81,11 +92,14 @@ use tokio_util::sync::CancellationToken;
 pub const DEFAULT_TEXT: &str =
     "Hello from the Switchyard mock upstream. Every word arrives as its own chunk.";
 
-/// One request received by the mock on a `/v1/...` route.
+/// One request received by the mock on a provider route (`/v1/...`, `/v1beta/...`, `/openai/...`).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RecordedRequest {
     /// Request path, e.g. `/v1/chat/completions`.
     pub path: String,
+    /// Query string without `?`, e.g. `alt=sse` or `api-version=2024-10-21`, when present.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub query: Option<String>,
     /// Request headers (lower-case names, arrival order) without hop-by-hop headers
     /// and `content-length`.
     pub headers: Vec<(String, String)>,

@@ -273,3 +273,43 @@ pub(crate) fn stream_script(
         error: fmt.data(&error_body(500, None).to_string()),
     }
 }
+
+/// Azure OpenAI's `prompt_filter_results`: every category passed (Azure OpenAI REST API
+/// reference, `promptFilterResults` / `contentFilterPromptResults`).
+pub(crate) fn azure_prompt_filter_results() -> Value {
+    let safe = json!({ "filtered": false, "severity": "safe" });
+    json!([{
+        "prompt_index": 0,
+        "content_filter_results": {
+            "hate": safe, "self_harm": safe, "sexual": safe, "violence": safe,
+        },
+    }])
+}
+
+/// The annotation chunk Azure OpenAI streams first: `choices: []` plus `prompt_filter_results`,
+/// with empty `id`/`model`/`object` (clients must skip chunks without choices).
+pub(crate) fn azure_prompt_filter_chunk(fmt: SseFormat) -> bytes::Bytes {
+    let chunk = json!({
+        "choices": [],
+        "created": 0,
+        "id": "",
+        "model": "",
+        "object": "",
+        "prompt_filter_results": azure_prompt_filter_results(),
+    });
+    fmt.data(&chunk.to_string())
+}
+
+/// Azure OpenAI error bodies: gateway-level failures (auth, rate limit, unknown route) are
+/// `{"error":{"code":"<status>","message"}}`; model-level ones keep the OpenAI shape.
+pub(crate) fn azure_error_body(status: u16, message: Option<&str>) -> Value {
+    let default = match status {
+        401 => "Access denied due to invalid subscription key or wrong API endpoint. (mock)",
+        404 => "Resource not found",
+        429 => {
+            "Requests to the ChatCompletions_Create Operation have exceeded the rate limit of your current pricing tier. (mock)"
+        }
+        _ => return error_body(status, message),
+    };
+    json!({ "error": { "code": status.to_string(), "message": message.unwrap_or(default) } })
+}

@@ -1,3 +1,5 @@
 //! Provider adapters, one file per provider family.
 pub mod anthropic;
+pub mod azure;
+pub mod gemini;
 pub mod openai;

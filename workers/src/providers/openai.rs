@@ -5,7 +5,7 @@
 //! `stream_options.include_usage: true`, so usage arrives in a final chunk with `choices: []`.
 
 use crate::provider::{
-    Capabilities, EventStream, Provider, SseTranslator, send_checked, translate_sse,
+    Capabilities, Embeddings, EventStream, Provider, SseTranslator, send_checked, translate_sse,
 };
 use crate::sse::SseEvent;
 use futures::FutureExt;
@@ -13,6 +13,7 @@ use futures::future::BoxFuture;
 use serde_json::{Map, Value, json};
 use std::collections::VecDeque;
 use switchyard_schemas::config::{ProviderKind, TargetConfig};
+use switchyard_schemas::embed::EmbedRequest;
 use switchyard_schemas::request::Role;
 use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, FinishReason, FrameBody, Usage};
 
@@ -77,10 +78,97 @@ impl Provider for OpenAiProvider {
         }
         .boxed()
     }
+
+    fn embed(
+        &self,
+        http: &reqwest::Client,
+        target: &TargetConfig,
+        base_url: &str,
+        req: &EmbedRequest,
+    ) -> BoxFuture<'static, Result<Embeddings, ErrorInfo>> {
+        let url = format!("{}/embeddings", base_url.trim_end_matches('/'));
+        let mut rb = http
+            .post(url)
+            .json(&embed_body(&target.upstream_model, req));
+        if !target.api_key.is_empty() {
+            rb = rb.bearer_auth(target.api_key.expose());
+        }
+        async move {
+            let resp = send_checked(rb).await?;
+            let body: Value = resp.json().await.map_err(|e| {
+                ErrorInfo::new(
+                    ErrorClass::Protocol,
+                    format!("upstream embeddings body: {e}"),
+                )
+            })?;
+            parse_embeddings(&body)
+        }
+        .boxed()
+    }
+}
+
+/// The upstream body of an embeddings call: floats on the wire, whatever the client asked.
+pub fn embed_body(upstream_model: &str, req: &EmbedRequest) -> Value {
+    let mut o = json!({"model": upstream_model, "input": req.input, "encoding_format": "float"});
+    if let Some(d) = req.dimensions {
+        o["dimensions"] = Value::from(d);
+    }
+    if let Some(u) = &req.user {
+        o["user"] = Value::from(u.clone());
+    }
+    o
+}
+
+/// Reads an OpenAI `list` of `embedding` objects (ordered by their `index`) and its usage.
+pub fn parse_embeddings(body: &Value) -> Result<Embeddings, ErrorInfo> {
+    let bad =
+        |what: &str| ErrorInfo::new(ErrorClass::Protocol, format!("upstream embeddings: {what}"));
+    let data = body
+        .get("data")
+        .and_then(Value::as_array)
+        .ok_or_else(|| bad("no `data` array"))?;
+    let mut indexed: Vec<(u64, Vec<f32>)> = Vec::with_capacity(data.len());
+    for (i, item) in data.iter().enumerate() {
+        let index = item
+            .get("index")
+            .and_then(Value::as_u64)
+            .unwrap_or(i as u64);
+        let vector = item
+            .get("embedding")
+            .and_then(Value::as_array)
+            .ok_or_else(|| bad("an item has no float `embedding`"))?
+            .iter()
+            .map(|x| x.as_f64().map(|f| f as f32))
+            .collect::<Option<Vec<f32>>>()
+            .ok_or_else(|| bad("a non-number in `embedding`"))?;
+        indexed.push((index, vector));
+    }
+    indexed.sort_by_key(|(i, _)| *i);
+    let prompt = body
+        .pointer("/usage/prompt_tokens")
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
+    Ok(Embeddings {
+        vectors: indexed.into_iter().map(|(_, v)| v).collect(),
+        usage: Usage {
+            prompt_tokens: prompt,
+            ..Usage::default()
+        },
+    })
 }
 
 /// Builds the upstream JSON body. Public for tests and benchmarks.
 pub fn build_body(kind: ProviderKind, upstream_model: &str, req: &ChatRequest) -> Vec<u8> {
+    serde_json::to_vec(&Value::Object(build_object(kind, upstream_model, req))).unwrap_or_default()
+}
+
+/// The upstream JSON body as an object, for adapters that speak a dialect of this wire format
+/// (Azure OpenAI adjusts a few keys) — see [`build_body`].
+pub fn build_object(
+    kind: ProviderKind,
+    upstream_model: &str,
+    req: &ChatRequest,
+) -> Map<String, Value> {
     let mut o = Map::new();
     o.insert("model".into(), Value::String(upstream_model.to_owned()));
     let messages: Vec<Value> = req
@@ -133,7 +221,7 @@ pub fn build_body(kind: ProviderKind, upstream_model: &str, req: &ChatRequest) -
     put("user", p.user.clone().map(Value::from));
     o.insert("stream".into(), Value::Bool(true));
     o.insert("stream_options".into(), json!({"include_usage": true}));
-    serde_json::to_vec(&Value::Object(o)).unwrap_or_default()
+    o
 }
 
 /// Translates `chat.completion.chunk` events.

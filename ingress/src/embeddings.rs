@@ -1,0 +1,239 @@
+//! The OpenAI front door for embeddings, `POST /v1/embeddings` (OpenAI API reference, "Create
+//! embeddings"): one NATS request/reply per attempt, fallback across the model's targets on
+//! retryable failures, vectors as floats or base64 (little-endian f32, the encoding the OpenAI SDKs
+//! ask for by default and decode themselves).
+
+use crate::AppState;
+use crate::charge::{Caller, Charge};
+use crate::error::ApiError;
+use crate::route;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use base64::Engine;
+use bytes::Bytes;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use switchyard_schemas::embed::{EmbedInput, EmbedReply, EmbedRequest};
+use switchyard_schemas::request::TargetRef;
+use switchyard_schemas::subjects::CAP_EMBED;
+use switchyard_schemas::{ErrorClass, ErrorInfo, now_ms};
+use uuid::Uuid;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EmbeddingsBody {
+    model: String,
+    input: RawInput,
+    #[serde(default)]
+    encoding_format: Option<String>,
+    #[serde(default)]
+    dimensions: Option<u32>,
+    #[serde(default)]
+    user: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum RawInput {
+    One(String),
+    Many(Vec<String>),
+    Ids(Vec<u32>),
+    ManyIds(Vec<Vec<u32>>),
+}
+
+/// The handler.
+pub async fn embeddings(State(app): State<Arc<AppState>>, body: Bytes) -> Response {
+    match handle(app, &body).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+fn parse(body: &[u8]) -> Result<(EmbeddingsBody, EmbedInput, bool), ApiError> {
+    let de = &mut serde_json::Deserializer::from_slice(body);
+    let b: EmbeddingsBody = serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let param = (path != ".").then(|| path.clone());
+        ApiError::invalid(format!("Invalid request body at `{path}`: {inner}"), param)
+    })?;
+    let input = match &b.input {
+        RawInput::One(s) => EmbedInput::Texts(vec![s.clone()]),
+        RawInput::Many(v) => EmbedInput::Texts(v.clone()),
+        RawInput::Ids(v) => EmbedInput::Tokens(vec![v.clone()]),
+        RawInput::ManyIds(v) => EmbedInput::Tokens(v.clone()),
+    };
+    let empty = match &input {
+        EmbedInput::Texts(t) => t.is_empty() || t.iter().any(String::is_empty),
+        EmbedInput::Tokens(t) => t.is_empty() || t.iter().any(Vec::is_empty),
+    };
+    if empty {
+        return Err(ApiError::invalid(
+            "`input` must be non-empty, and so must each of its items.",
+            Some("input".into()),
+        ));
+    }
+    // OpenAI's limit: at most 2048 inputs per request.
+    if input.len() > 2048 {
+        return Err(ApiError::invalid(
+            "`input` may hold at most 2048 items.",
+            Some("input".into()),
+        ));
+    }
+    let base64 = match b.encoding_format.as_deref() {
+        None | Some("float") => false,
+        Some("base64") => true,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                format!("`encoding_format` must be `float` or `base64`, not `{other}`."),
+                Some("encoding_format".into()),
+            ));
+        }
+    };
+    Ok((b, input, base64))
+}
+
+async fn handle(app: Arc<AppState>, body: &[u8]) -> Result<Response, ApiError> {
+    route::check_size(&app, body.len())?;
+    let (b, input, base64) = parse(body)?;
+    let model = app
+        .config
+        .model(&b.model)
+        .ok_or_else(|| ApiError::model_not_found(&b.model))?;
+    let admitted = Instant::now();
+    let id = Uuid::now_v7();
+    let t = &app.config.timeouts;
+    let prompt_bytes = match &input {
+        EmbedInput::Texts(v) => v.iter().map(String::len).sum(),
+        EmbedInput::Tokens(v) => v.iter().map(|x| x.len() * 4).sum(),
+    };
+    let mut charge = Charge::start(
+        app.clone(),
+        id,
+        &b.model,
+        Caller::default(),
+        prompt_bytes,
+        admitted,
+    );
+    let mut req = EmbedRequest {
+        id,
+        tenant: None,
+        key_id: None,
+        model: b.model.clone(),
+        target: TargetRef {
+            id: String::new(),
+            provider: String::new(),
+            upstream_model: String::new(),
+        },
+        input,
+        dimensions: b.dimensions,
+        user: b.user,
+        deadline_ms: now_ms() + t.total_ms,
+        attempt: 0,
+    };
+    let limit = Duration::from_millis(t.first_byte_ms);
+    let mut last_err = None;
+    let mut tried = 0u32;
+    for target_id in &model.targets {
+        let Some(target) = app.config.target(target_id).filter(|t| t.enabled) else {
+            continue;
+        };
+        req.target = TargetRef {
+            id: target.id.clone(),
+            provider: target.provider.as_str().to_owned(),
+            upstream_model: target.upstream_model.clone(),
+        };
+        req.attempt = tried;
+        charge.attempt(&target.id, &target.upstream_model, tried);
+        tried += 1;
+        match call(&app, &req, limit).await {
+            Ok((vectors, usage, worker)) => {
+                charge.usage(usage);
+                charge.finish(None);
+                let served = route::Served {
+                    request_id: id,
+                    target: target.id.clone(),
+                    worker,
+                    fallbacks: tried - 1,
+                };
+                let mut resp = axum::Json(render(&b.model, &vectors, usage.prompt_tokens, base64))
+                    .into_response();
+                served.apply(&mut resp);
+                return Ok(resp);
+            }
+            Err(e) if e.retryable => last_err = Some(e),
+            Err(e) => {
+                charge.finish(Some(e.class));
+                return Err(e.into());
+            }
+        }
+    }
+    let e = last_err.unwrap_or_else(|| {
+        ErrorInfo::new(ErrorClass::NoCapacity, "no enabled target for this model")
+    });
+    charge.finish(Some(e.class));
+    Err(e.into())
+}
+
+async fn call(
+    app: &AppState,
+    req: &EmbedRequest,
+    limit: Duration,
+) -> Result<(Vec<Vec<f32>>, switchyard_schemas::Usage, String), ErrorInfo> {
+    let payload =
+        serde_json::to_vec(req).map_err(|e| ErrorInfo::new(ErrorClass::Internal, e.to_string()))?;
+    let subject = app.subjects.request(CAP_EMBED, &req.target.provider);
+    let request = async_nats::Request::new()
+        .payload(payload.into())
+        .timeout(Some(limit));
+    let msg = app.nats.send_request(subject, request).await.map_err(|e| {
+        use async_nats::RequestErrorKind::*;
+        match e.kind() {
+            NoResponders => {
+                ErrorInfo::new(ErrorClass::NoCapacity, "no worker is serving this provider")
+            }
+            TimedOut => ErrorInfo::new(
+                ErrorClass::Timeout,
+                "timed out waiting for the embeddings answer",
+            ),
+            _ => ErrorInfo::new(ErrorClass::NoCapacity, format!("NATS request failed: {e}")),
+        }
+    })?;
+    match serde_json::from_slice::<EmbedReply>(&msg.payload) {
+        Ok(EmbedReply::Ok {
+            vectors,
+            usage,
+            worker,
+        }) => Ok((vectors, usage, worker)),
+        Ok(EmbedReply::Error { error }) => Err(error),
+        Err(e) => Err(ErrorInfo::new(
+            ErrorClass::Internal,
+            format!("bad embeddings reply: {e}"),
+        )),
+    }
+}
+
+/// The OpenAI `list` of `embedding` objects.
+fn render(model: &str, vectors: &[Vec<f32>], prompt_tokens: u64, base64: bool) -> Value {
+    let data: Vec<Value> = vectors
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let embedding = if base64 {
+                let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                Value::String(base64::engine::general_purpose::STANDARD.encode(bytes))
+            } else {
+                json!(v)
+            };
+            json!({"object": "embedding", "index": i, "embedding": embedding})
+        })
+        .collect();
+    json!({
+        "object": "list",
+        "data": data,
+        "model": model,
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+    })
+}

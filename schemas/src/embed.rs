@@ -1,0 +1,85 @@
+//! Embeddings: the normalised request and its single reply (NATS request/reply, no stream).
+//!
+//! Reference: OpenAI API reference, "Create embeddings" (`input` is a string, an array of strings,
+//! an array of token ids, or an array of token-id arrays).
+
+use crate::error::ErrorInfo;
+use crate::request::TargetRef;
+use crate::usage::Usage;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// What to embed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum EmbedInput {
+    /// One or more texts.
+    Texts(Vec<String>),
+    /// One or more pre-tokenised inputs (token ids of the target model's tokenizer).
+    Tokens(Vec<Vec<u32>>),
+}
+
+impl EmbedInput {
+    /// Number of inputs.
+    pub fn len(&self) -> usize {
+        match self {
+            Self::Texts(t) => t.len(),
+            Self::Tokens(t) => t.len(),
+        }
+    }
+
+    /// True when there is nothing to embed.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// One embeddings request after validation and routing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EmbedRequest {
+    /// Request id (UUIDv7).
+    pub id: Uuid,
+    /// Tenant, when auth is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// Calling key id, when auth is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_id: Option<String>,
+    /// Standard model id the client asked for.
+    pub model: String,
+    /// The chosen target.
+    pub target: TargetRef,
+    /// Inputs.
+    pub input: EmbedInput,
+    /// Output dimensions, for models that can shorten their vectors.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dimensions: Option<u32>,
+    /// End-user id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Absolute deadline, ms since the Unix epoch.
+    pub deadline_ms: u64,
+    /// Zero-based attempt number across fallbacks.
+    #[serde(default)]
+    pub attempt: u32,
+}
+
+/// The worker's answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum EmbedReply {
+    /// One vector per input, in input order.
+    Ok {
+        /// The vectors.
+        vectors: Vec<Vec<f32>>,
+        /// Token usage (`prompt_tokens` only).
+        usage: Usage,
+        /// Worker that served.
+        worker: String,
+    },
+    /// The call failed.
+    Error {
+        /// What happened.
+        error: ErrorInfo,
+    },
+}

@@ -1,0 +1,107 @@
+//! Embeddings requests: one NATS request, one [`EmbedReply`], one `upstream` usage event.
+
+use crate::worker::{Shared, adapter, base_url};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use switchyard_schemas::embed::{EmbedReply, EmbedRequest};
+use switchyard_schemas::publish::publish_usage_event;
+use switchyard_schemas::usage::UsageStatus;
+use switchyard_schemas::{ErrorClass, ErrorInfo, Usage, UsageEvent, UsageKind, now_ms};
+
+/// Serves one embeddings request message.
+pub(crate) async fn handle(shared: Arc<Shared>, msg: async_nats::Message) {
+    let Some(reply) = msg.reply.clone() else {
+        return;
+    };
+    let answer = |r: EmbedReply| {
+        let nats = shared.nats.clone();
+        let reply = reply.clone();
+        async move {
+            if let Ok(bytes) = serde_json::to_vec(&r)
+                && let Err(e) = nats.publish(reply, bytes.into()).await
+            {
+                tracing::warn!(error = %e, "embeddings reply failed");
+            }
+        }
+    };
+    let req: EmbedRequest = match serde_json::from_slice(&msg.payload) {
+        Ok(r) => r,
+        Err(e) => {
+            let error = ErrorInfo::new(
+                ErrorClass::Internal,
+                format!("worker cannot decode request: {e}"),
+            );
+            answer(EmbedReply::Error { error }).await;
+            return;
+        }
+    };
+    let Some(target) = shared.opts.config.target(&req.target.id).cloned() else {
+        let error = ErrorInfo::new(
+            ErrorClass::NotFound,
+            format!("target `{}` is not configured", req.target.id),
+        );
+        answer(EmbedReply::Error { error }).await;
+        return;
+    };
+    let started = Instant::now();
+    let limit = Duration::from_millis(
+        shared
+            .opts
+            .config
+            .timeouts
+            .first_byte_ms
+            .min(req.deadline_ms.saturating_sub(now_ms())),
+    );
+    let call =
+        adapter(target.provider).embed(&shared.http, &target, &base_url(&shared, &target), &req);
+    let result = match tokio::time::timeout(limit, call).await {
+        Ok(r) => r,
+        Err(_) => Err(ErrorInfo::new(
+            ErrorClass::Timeout,
+            "timed out waiting for the embeddings answer",
+        )),
+    };
+    let (usage, status, error_class, reply) = match result {
+        Ok(e) => {
+            let usage = e.usage;
+            let worker = shared.opts.worker_id.clone();
+            (
+                usage,
+                UsageStatus::Ok,
+                None,
+                EmbedReply::Ok {
+                    vectors: e.vectors,
+                    usage,
+                    worker,
+                },
+            )
+        }
+        Err(error) => (
+            Usage::default(),
+            UsageStatus::Error,
+            Some(error.class),
+            EmbedReply::Error { error },
+        ),
+    };
+    answer(reply).await;
+    let event = UsageEvent {
+        request_id: req.id,
+        kind: UsageKind::Upstream,
+        attempt: req.attempt,
+        ts_ms: now_ms(),
+        tenant: req.tenant,
+        key_id: req.key_id,
+        model: req.model,
+        target: Some(target.id),
+        upstream_model: Some(target.upstream_model),
+        usage,
+        estimated: false,
+        status,
+        error_class,
+        ttft_ms: None,
+        latency_ms: started.elapsed().as_millis() as u64,
+        fallbacks: 0,
+        cache_hit: false,
+    };
+    publish_usage_event(&shared.js, &shared.opts.subjects, &event).await;
+}

@@ -1,0 +1,441 @@
+//! Azure OpenAI adapter: `POST {base_url}/openai/deployments/{deployment}/chat/completions
+//! ?api-version={api_version}` with the key in the `api-key` header (Azure OpenAI REST API
+//! reference, data plane inference, "Chat completions"), e.g.
+//! `base_url: https://my-resource.openai.azure.com`, `upstream_model: <deployment name>`.
+//!
+//! The body and the stream are OpenAI's Chat Completions format (see [`super::openai`]), with
+//! Azure's differences: the deployment in the URL picks the model (the body's `model` is ignored
+//! and carries the deployment name, as Azure's own SDKs send it); GA API versions up to
+//! `2024-10-21` know `max_tokens` but not `max_completion_tokens` (added with the o1 models in
+//! `2024-09-01-preview`) nor the `developer` role (added in `2024-12-01-preview`); streams begin
+//! with an annotation chunk `{"choices":[],"prompt_filter_results":[…]}` and may carry more
+//! chunks without choices (content-filter annotations), which carry no content and are skipped;
+//! a filtered completion ends with `finish_reason: "content_filter"`.
+
+use std::collections::VecDeque;
+
+use futures::future::BoxFuture;
+use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderValue};
+use serde_json::{Value, json};
+use switchyard_schemas::config::{ProviderKind, TargetConfig};
+use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, FrameBody};
+
+use super::openai::{OpenAiTranslator, build_object};
+use crate::provider::{
+    Capabilities, EventStream, Provider, SseTranslator, send_checked, translate_sse,
+};
+use crate::sse::SseEvent;
+
+/// `api-version` used when the target sets none: the GA data-plane inference version
+/// (Azure OpenAI REST API reference, "API specs": latest GA `2024-10-21`).
+pub const DEFAULT_API_VERSION: &str = "2024-10-21";
+
+/// Adapter for Azure OpenAI deployments (`api-key` auth, `api-version` query). Stateless; always
+/// streams upstream with `stream_options.include_usage`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AzureOpenAiProvider;
+
+impl Provider for AzureOpenAiProvider {
+    fn kind(&self) -> ProviderKind {
+        ProviderKind::AzureOpenai
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            streaming: true,
+            tools: true,
+            vision: true,
+            json_mode: true,
+            // Azure has an embeddings endpoint; this adapter does not implement `embed` yet.
+            embeddings: false,
+        }
+    }
+
+    fn stream_chat(
+        &self,
+        http: &reqwest::Client,
+        target: &TargetConfig,
+        base_url: &str,
+        req: &ChatRequest,
+    ) -> BoxFuture<'static, Result<EventStream, ErrorInfo>> {
+        let version = target.api_version.as_deref().unwrap_or(DEFAULT_API_VERSION);
+        let body = build_body(&target.upstream_model, version, req);
+        let url = chat_url(base_url, &target.upstream_model, version);
+        let mut builder = http
+            .post(url)
+            .header(CONTENT_TYPE, "application/json")
+            .header(ACCEPT, "text/event-stream");
+        let key =
+            (!target.api_key.is_empty()).then(|| HeaderValue::from_str(target.api_key.expose()));
+        Box::pin(async move {
+            if let Some(key) = key {
+                let bad_key =
+                    |_| ErrorInfo::new(ErrorClass::Auth, "api_key is not a valid header value");
+                let mut key = key.map_err(bad_key)?;
+                key.set_sensitive(true);
+                builder = builder.header("api-key", key);
+            }
+            let resp = send_checked(builder.body(body)).await?;
+            Ok(translate_sse(resp, AzureTranslator::default()))
+        })
+    }
+}
+
+/// `{base_url}/openai/deployments/{deployment}/chat/completions?api-version={version}`.
+pub fn chat_url(base_url: &str, deployment: &str, api_version: &str) -> String {
+    let base = base_url.trim_end_matches('/');
+    format!("{base}/openai/deployments/{deployment}/chat/completions?api-version={api_version}")
+}
+
+/// The `YYYY-MM-DD` date of an api-version and whether it is a `-preview`; `None` when the
+/// version is not date-shaped.
+fn version_date(api_version: &str) -> Option<((u32, u32, u32), bool)> {
+    let date = api_version.get(..10)?;
+    let mut it = date.split('-').map(|p| p.parse::<u32>().ok());
+    let parsed = (it.next()??, it.next()??, it.next()??);
+    Some((parsed, api_version.ends_with("-preview")))
+}
+
+/// Whether `max_completion_tokens` is accepted: previews from `2024-09-01-preview` on, GA
+/// versions after `2024-10-21` (whose spec has only `max_tokens`), and versions that are not
+/// dates (assumed newest).
+pub fn supports_max_completion_tokens(api_version: &str) -> bool {
+    match version_date(api_version) {
+        None => true,
+        Some((d, true)) => d >= (2024, 9, 1),
+        Some((d, false)) => d > (2024, 10, 21),
+    }
+}
+
+/// Whether the `developer` role is accepted: previews from `2024-12-01-preview` on, GA versions
+/// after `2024-10-21`, and versions that are not dates.
+pub fn supports_developer_role(api_version: &str) -> bool {
+    match version_date(api_version) {
+        None => true,
+        Some((d, true)) => d >= (2024, 12, 1),
+        Some((d, false)) => d > (2024, 10, 21),
+    }
+}
+
+/// The upstream JSON body: OpenAI's ([`build_object`]) with `max_completion_tokens` renamed to
+/// `max_tokens` and `developer` messages sent as `system` where `api_version` predates them.
+pub fn build_body(deployment: &str, api_version: &str, req: &ChatRequest) -> Vec<u8> {
+    let mut o = build_object(ProviderKind::Openai, deployment, req);
+    if !supports_max_completion_tokens(api_version)
+        && let Some(v) = o.remove("max_completion_tokens")
+    {
+        o.insert("max_tokens".into(), v);
+    }
+    if !supports_developer_role(api_version)
+        && let Some(Value::Array(messages)) = o.get_mut("messages")
+    {
+        for m in messages.iter_mut().filter(|m| m["role"] == "developer") {
+            m["role"] = json!("system");
+        }
+    }
+    serde_json::to_vec(&Value::Object(o)).unwrap_or_default()
+}
+
+/// The OpenAI translator (it already skips chunks with `choices: []`, such as Azure's
+/// `prompt_filter_results` annotations) plus one Azure case: an in-stream error with code
+/// `content_filter` ends the answer as `content_filter` instead of failing it (shape
+/// `{"error":{"code":"content_filter",…}}` as in Azure's HTTP 400 filter errors).
+#[derive(Debug, Default)]
+struct AzureTranslator {
+    inner: OpenAiTranslator,
+}
+
+impl SseTranslator for AzureTranslator {
+    fn on_event(&mut self, ev: SseEvent, out: &mut VecDeque<Result<FrameBody, ErrorInfo>>) -> bool {
+        let filtered = ev.data.contains("content_filter")
+            && serde_json::from_str::<Value>(&ev.data)
+                .is_ok_and(|v| v.pointer("/error/code") == Some(&json!("content_filter")));
+        if !filtered {
+            return self.inner.on_event(ev, out);
+        }
+        let finish =
+            json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "content_filter"}]});
+        for data in [finish.to_string(), "[DONE]".to_owned()] {
+            let ev = SseEvent {
+                data,
+                ..SseEvent::default()
+            };
+            if self.inner.on_event(ev, out) {
+                return true;
+            }
+        }
+        true
+    }
+
+    fn on_eof(&mut self, out: &mut VecDeque<Result<FrameBody, ErrorInfo>>) {
+        self.inner.on_eof(out);
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use crate::mock_upstream::MockUpstream;
+    use crate::sse::SseParser;
+    use futures::StreamExt;
+    use switchyard_schemas::{FinishReason, Usage};
+
+    type Item = Result<FrameBody, ErrorInfo>;
+
+    fn translate_chunks(chunks: &[&str]) -> Vec<Item> {
+        let (mut parser, mut events) = (SseParser::new(), Vec::new());
+        for chunk in chunks {
+            parser.push(chunk.as_bytes(), &mut events).unwrap();
+        }
+        events.extend(parser.finish());
+        let (mut tr, mut out) = (AzureTranslator::default(), VecDeque::new());
+        if !events.into_iter().any(|ev| tr.on_event(ev, &mut out)) {
+            tr.on_eof(&mut out);
+        }
+        out.into_iter().collect()
+    }
+
+    fn text(t: &str) -> Item {
+        Ok(FrameBody::Text { text: t.into() })
+    }
+    fn end(finish_reason: FinishReason) -> Item {
+        Ok(FrameBody::End { finish_reason })
+    }
+    fn usage(prompt: u64, cached: u64, completion: u64) -> Item {
+        let usage = Usage {
+            prompt_tokens: prompt,
+            cached_tokens: cached,
+            cache_write_tokens: 0,
+            completion_tokens: completion,
+            reasoning_tokens: 0,
+        };
+        Ok(FrameBody::Usage { usage })
+    }
+
+    fn target(base: &str, api_version: Option<&str>) -> TargetConfig {
+        serde_json::from_value(json!({"id": "az", "provider": "azure_openai",
+            "base_url": base, "upstream_model": "gpt4o-dep", "api_version": api_version}))
+        .unwrap()
+    }
+
+    fn request(messages: Value, extra: Value) -> ChatRequest {
+        let mut v = json!({"id": "01900000-0000-7000-8000-000000000000", "model": "demo/azure",
+            "target": {"id": "az", "provider": "azure_openai", "upstream_model": "gpt4o-dep"},
+            "messages": messages, "stream": true, "deadline_ms": 0});
+        if let (Some(obj), Value::Object(extra)) = (v.as_object_mut(), extra) {
+            obj.extend(extra);
+        }
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn ask(directives: &str) -> ChatRequest {
+        let content = format!("hi\n#mock {directives}");
+        request(json!([{"role": "user", "content": content}]), json!({}))
+    }
+
+    async fn run_with(t: &TargetConfig, req: &ChatRequest) -> Result<Vec<Item>, ErrorInfo> {
+        let http = reqwest::Client::new();
+        Ok(AzureOpenAiProvider
+            .stream_chat(&http, t, &t.base_url, req)
+            .await?
+            .collect()
+            .await)
+    }
+
+    async fn run(mock: &MockUpstream, req: &ChatRequest) -> Result<Vec<Item>, ErrorInfo> {
+        run_with(&target(&mock.base_url(), None), req).await
+    }
+
+    #[tokio::test]
+    async fn plain_text_stream_and_wire_request() {
+        let mock = MockUpstream::start().await.unwrap();
+        let mut t = target(&mock.base_url(), None);
+        t.api_key = switchyard_schemas::Secret::new("az-key");
+        let req = request(
+            json!([{"role": "developer", "content": "Be brief."},
+                {"role": "user", "content": "hi\n#mock text=Hello,+world chunks=2 prompt_tokens=5 completion_tokens=2"}]),
+            json!({"params": {"max_tokens": 50}}),
+        );
+        let events = run_with(&t, &req).await.unwrap();
+        let expected = vec![
+            text("Hello,"),
+            text(" world"),
+            usage(5, 0, 2),
+            end(FinishReason::Stop),
+        ];
+        assert_eq!(events, expected);
+        let sent = &mock.requests()[0];
+        assert_eq!(sent.path, "/openai/deployments/gpt4o-dep/chat/completions");
+        assert_eq!(sent.query.as_deref(), Some("api-version=2024-10-21"));
+        assert_eq!(sent.header("api-key"), Some("az-key"));
+        assert_eq!(sent.header("authorization"), None);
+        assert_eq!(sent.body["max_tokens"], json!(50));
+        assert!(sent.body.get("max_completion_tokens").is_none());
+        assert_eq!(sent.body["messages"][0]["role"], "system");
+        assert_eq!(sent.body["stream_options"], json!({"include_usage": true}));
+    }
+
+    #[tokio::test]
+    async fn preview_version_keeps_new_names() {
+        let mock = MockUpstream::start().await.unwrap();
+        let t = target(&mock.base_url(), Some("2025-01-01-preview"));
+        let req = request(
+            json!([{"role": "developer", "content": "Be brief."},
+                {"role": "user", "content": "hi"}]),
+            json!({"params": {"max_tokens": 50}}),
+        );
+        run_with(&t, &req).await.unwrap();
+        let sent = &mock.requests()[0];
+        assert_eq!(
+            sent.query.as_deref(),
+            Some("api-version=2025-01-01-preview")
+        );
+        assert_eq!(sent.body["max_completion_tokens"], json!(50));
+        assert!(sent.body.get("max_tokens").is_none());
+        assert_eq!(sent.body["messages"][0]["role"], "developer");
+    }
+
+    #[tokio::test]
+    async fn usage_with_cached_tokens() {
+        let mock = MockUpstream::start().await.unwrap();
+        let events = run(
+            &mock,
+            &ask("cached_tokens=3 prompt_tokens=10 completion_tokens=4"),
+        )
+        .await
+        .unwrap();
+        assert!(events.iter().all(Result::is_ok), "{events:?}");
+        let tail = [usage(10, 3, 4), end(FinishReason::Stop)];
+        assert_eq!(events[events.len() - 2..], tail);
+    }
+
+    #[tokio::test]
+    async fn two_parallel_tool_calls() {
+        let mock = MockUpstream::start().await.unwrap();
+        let events = run(&mock, &ask("tool_calls=2 chunks=3")).await.unwrap();
+        let mut calls: Vec<(String, String, String)> = Vec::new();
+        for e in &events {
+            if let Ok(FrameBody::ToolCall {
+                index,
+                id,
+                name,
+                arguments,
+            }) = e
+            {
+                match (id, name) {
+                    (Some(id), Some(name)) => {
+                        assert_eq!(*index as usize, calls.len());
+                        calls.push((id.clone(), name.clone(), arguments.clone()));
+                    }
+                    _ => calls[*index as usize].2.push_str(arguments),
+                }
+            }
+        }
+        let cities: Vec<Value> = calls
+            .iter()
+            .map(|(_, _, args)| serde_json::from_str::<Value>(args).unwrap()["city"].clone())
+            .collect();
+        assert_eq!(cities, [json!("Paris"), json!("London")]);
+        assert_eq!(calls[1].0, "call_mock_1");
+        assert_eq!(events.last(), Some(&end(FinishReason::ToolCalls)));
+    }
+
+    #[tokio::test]
+    async fn error_statuses() {
+        let mock = MockUpstream::start().await.unwrap();
+        let err = run(&mock, &ask("status=429 retry_after=7"))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            (err.class, err.upstream_status, err.retry_after_ms),
+            (ErrorClass::RateLimited, Some(429), Some(7000))
+        );
+        let err = run(&mock, &ask("status=503")).await.unwrap_err();
+        assert_eq!((err.class, err.retryable), (ErrorClass::Overloaded, true));
+        let err = run(&mock, &ask("status=400")).await.unwrap_err();
+        assert_eq!(
+            (err.class, err.retryable),
+            (ErrorClass::InvalidRequest, false)
+        );
+    }
+
+    #[tokio::test]
+    async fn in_stream_error_after_two_chunks() {
+        let mock = MockUpstream::start().await.unwrap();
+        let events = run(&mock, &ask("error_after=2")).await.unwrap();
+        assert_eq!(events.len(), 3, "{events:?}");
+        assert!(matches!(
+            events[..2],
+            [Ok(FrameBody::Text { .. }), Ok(FrameBody::Text { .. })]
+        ));
+        let err = events[2].clone().unwrap_err();
+        assert_eq!((err.class, err.retryable), (ErrorClass::Upstream5xx, true));
+    }
+
+    #[tokio::test]
+    async fn mock_requires_api_version() {
+        let mock = MockUpstream::start().await.unwrap();
+        let url = format!("{}/openai/deployments/d/chat/completions", mock.base_url());
+        let resp = reqwest::Client::new()
+            .post(url)
+            .json(&json!({"messages": [{"role": "user", "content": "x"}]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 404);
+        let body: Value = resp.json().await.unwrap();
+        assert_eq!(
+            body,
+            json!({"error": {"code": "404", "message": "Resource not found"}})
+        );
+    }
+
+    /// Azure's annotation chunks (`choices: []`), then a filtered finish, then usage.
+    #[test]
+    fn prompt_filter_chunks_and_content_filter_finish() {
+        let safe = r#"{"hate":{"filtered":false,"severity":"safe"}}"#;
+        let chunks = [
+            format!(
+                r#"{{"choices":[],"created":0,"id":"","model":"","object":"","prompt_filter_results":[{{"prompt_index":0,"content_filter_results":{safe}}}]}}"#
+            ),
+            format!(
+                r#"{{"choices":[{{"content_filter_results":{safe},"delta":{{"content":"Hi"}},"finish_reason":null,"index":0}}],"id":"c","object":"chat.completion.chunk"}}"#
+            ),
+            r#"{"choices":[{"delta":{},"finish_reason":"content_filter","index":0}],"id":"c"}"#
+                .to_owned(),
+            r#"{"choices":[],"id":"c","usage":{"prompt_tokens":9,"completion_tokens":1,"total_tokens":10}}"#
+                .to_owned(),
+            "[DONE]".to_owned(),
+        ];
+        let body: String = chunks.iter().map(|c| format!("data: {c}\n\n")).collect();
+        let expected = vec![text("Hi"), usage(9, 0, 1), end(FinishReason::ContentFilter)];
+        assert_eq!(translate_chunks(&[&body]), expected);
+
+        let err = r#"{"error":{"code":"content_filter","message":"filtered","status":400}}"#;
+        let body = format!("data: {}\n\ndata: {err}\n\n", chunks[1]);
+        let expected = vec![text("Hi"), end(FinishReason::ContentFilter)];
+        assert_eq!(translate_chunks(&[&body]), expected);
+    }
+
+    #[test]
+    fn api_version_rules() {
+        for (v, mct, dev) in [
+            ("2024-10-21", false, false),
+            ("2024-06-01", false, false),
+            ("2024-08-01-preview", false, false),
+            ("2024-09-01-preview", true, false),
+            ("2024-12-01-preview", true, true),
+            ("2025-04-01-preview", true, true),
+            ("2025-06-01", true, true),
+            ("latest", true, true),
+        ] {
+            assert_eq!(supports_max_completion_tokens(v), mct, "{v}");
+            assert_eq!(supports_developer_role(v), dev, "{v}");
+        }
+        assert_eq!(
+            chat_url("https://r.openai.azure.com/", "dep", "2024-10-21"),
+            "https://r.openai.azure.com/openai/deployments/dep/chat/completions?api-version=2024-10-21"
+        );
+    }
+}

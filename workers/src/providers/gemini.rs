@@ -1,0 +1,1063 @@
+//! Google Gemini API adapter: `POST {base_url}/models/{model}:streamGenerateContent?alt=sse` with
+//! the key in `x-goog-api-key` (Gemini API reference, "API reference" → authentication), e.g.
+//! `base_url: https://generativelanguage.googleapis.com/v1beta`.
+//!
+//! Request translation follows the Gemini API reference, "Generating content"
+//! (`GenerateContentRequest`: `contents[]` of `{role: user|model, parts[]}`, `systemInstruction`,
+//! `tools[].functionDeclarations[]`, `toolConfig.functionCallingConfig`, `generationConfig`) and
+//! the "Function calling" guide (`functionCall` / `functionResponse` parts). Stream translation:
+//! with `alt=sse` every SSE `data:` is one `GenerateContentResponse`; text and whole function calls
+//! arrive as `candidates[0].content.parts[]`, `finishReason` marks the last chunk, `usageMetadata`
+//! is cumulative (the last one wins), and there is no `[DONE]`: the stream simply ends.
+
+use std::collections::{HashMap, VecDeque};
+
+use futures::future::BoxFuture;
+use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderValue};
+use serde_json::{Map, Value, json};
+use switchyard_schemas::config::{ProviderKind, TargetConfig};
+use switchyard_schemas::request::{Content, ContentPart, Message, Role, ToolCall};
+use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, FinishReason, FrameBody, Usage};
+
+use crate::provider::{
+    Capabilities, EventStream, Provider, SseTranslator, send_checked, translate_sse,
+};
+use crate::sse::SseEvent;
+
+/// MIME type assumed for an `http(s)` image URL whose extension says nothing (`fileData.mimeType`
+/// is required; Gemini API reference, "Content" → `FileData`).
+pub const DEFAULT_IMAGE_MIME: &str = "image/jpeg";
+
+/// `thoughtSignature` sent on the first `functionCall` part of each replayed model turn. Gemini 3
+/// models reject function-call history without signatures (400); OpenAI-shaped history cannot
+/// carry the real ones, and the Gemini API "Thought signatures" FAQ documents this value for
+/// history that did not come from the same model.
+pub const THOUGHT_SIGNATURE_SKIP: &str = "skip_thought_signature_validator";
+
+/// Adapter for the Google Gemini API (`{base_url}/models/{model}:streamGenerateContent?alt=sse`,
+/// `x-goog-api-key` auth). Stateless; always streams upstream.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GeminiProvider;
+
+impl Provider for GeminiProvider {
+    fn kind(&self) -> ProviderKind {
+        ProviderKind::Gemini
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            streaming: true,
+            tools: true,
+            vision: true,
+            json_mode: true,
+            embeddings: false,
+        }
+    }
+
+    fn stream_chat(
+        &self,
+        http: &reqwest::Client,
+        target: &TargetConfig,
+        base_url: &str,
+        req: &ChatRequest,
+    ) -> BoxFuture<'static, Result<EventStream, ErrorInfo>> {
+        let body = build_request(req).map(|body| body.to_string());
+        let url = stream_url(base_url, &target.upstream_model);
+        let mut builder = http
+            .post(url)
+            .header(CONTENT_TYPE, "application/json")
+            .header(ACCEPT, "text/event-stream");
+        let key =
+            (!target.api_key.is_empty()).then(|| HeaderValue::from_str(target.api_key.expose()));
+        Box::pin(async move {
+            let body = body?;
+            if let Some(key) = key {
+                let bad_key =
+                    |_| ErrorInfo::new(ErrorClass::Auth, "api_key is not a valid header value");
+                let mut key = key.map_err(bad_key)?;
+                key.set_sensitive(true);
+                builder = builder.header("x-goog-api-key", key);
+            }
+            let resp = send_checked(builder.body(body)).await?;
+            Ok(translate_sse(resp, GeminiTranslator::default()))
+        })
+    }
+}
+
+/// `{base_url}/models/{model}:streamGenerateContent?alt=sse`; a `models/` prefix on the model id
+/// (the resource name form Gemini's `models.list` returns) is accepted.
+pub fn stream_url(base_url: &str, upstream_model: &str) -> String {
+    let model = upstream_model.trim_start_matches("models/");
+    let base = base_url.trim_end_matches('/');
+    format!("{base}/models/{model}:streamGenerateContent?alt=sse")
+}
+
+fn invalid(param: &str, message: impl Into<String>) -> ErrorInfo {
+    ErrorInfo::new(ErrorClass::InvalidRequest, message).with_param(param)
+}
+
+/// An `invalid_request` error about `messages[i]`.
+fn bad_message(i: usize, what: impl std::fmt::Display) -> ErrorInfo {
+    invalid("messages", format!("messages[{i}]: {what}"))
+}
+
+/// One `Content` being built: role, whether it holds tool results, parts.
+struct Turn {
+    role: &'static str,
+    tool_results: bool,
+    parts: Vec<Value>,
+}
+
+/// Translates a normalised request into a Gemini `GenerateContentRequest` body (the model goes in
+/// the URL).
+///
+/// Mapping (Gemini API reference, "Generating content" and the "Function calling" guide):
+/// `system`/`developer` → `systemInstruction.parts[]`; `user` → role `user`, `assistant` → role
+/// `model`; text parts → `{text}`, `data:` image URLs → `inlineData{mimeType,data}`, `http(s)` image
+/// URLs → `fileData{mimeType (from the extension, default [`DEFAULT_IMAGE_MIME`]),fileUri}`;
+/// assistant `tool_calls` → `functionCall{name,args}` parts (the first with
+/// [`THOUGHT_SIGNATURE_SKIP`]); `tool` messages → `functionResponse{name,response}` parts in a
+/// `user` turn, the name looked up from the earlier call's id, `response` the result when it is a
+/// JSON object, else `{"output": <text>}`; consecutive tool results share one turn (Gemini wants
+/// as many responses as the model turn had calls), and consecutive turns of one kind are merged;
+/// `tools` → `tools[{functionDeclarations[{name,description,parametersJsonSchema}]}]`
+/// (`parametersJsonSchema` takes plain JSON Schema, where `parameters` takes only Google's
+/// OpenAPI subset); `tool_choice` → `toolConfig.functionCallingConfig.mode` `AUTO`/`NONE`/`ANY`
+/// (+ `allowedFunctionNames` for a named function); `generationConfig` gets `temperature`,
+/// `topP`, `maxOutputTokens`, `stopSequences`, `candidateCount`, `seed`, `presencePenalty`,
+/// `frequencyPenalty`, and for `response_format` `json_object` → `responseMimeType:
+/// application/json`, `json_schema` → also `responseJsonSchema` (JSON Schema, a subset honoured).
+/// `user` and `parallel_tool_calls` have no Gemini equivalent and are not sent. Errors (class
+/// `invalid_request`, with `param`): `n` > 1 (one choice only), unknown `response_format` or
+/// `tool_choice`, unparsable tool arguments, unsupported image URLs, a tool result whose call is
+/// unknown, no non-system message.
+pub fn build_request(req: &ChatRequest) -> Result<Value, ErrorInfo> {
+    let p = &req.params;
+    if let Some(n) = p.n.filter(|n| *n > 1) {
+        return Err(invalid(
+            "n",
+            format!("n={n} is not supported by the Gemini adapter (one choice only)"),
+        ));
+    }
+    let mut system: Vec<Value> = Vec::new();
+    let mut turns: Vec<Turn> = Vec::new();
+    let mut call_names: HashMap<&str, &str> = HashMap::new();
+    for (i, m) in req.messages.iter().enumerate() {
+        match m.role {
+            Role::System | Role::Developer => {
+                let text = m.content.as_ref().map(Content::text).unwrap_or_default();
+                if !text.is_empty() {
+                    system.push(json!({ "text": text }));
+                }
+            }
+            Role::User => push_turn(&mut turns, "user", false, parts(m.content.as_ref(), i)?),
+            Role::Assistant => {
+                let mut out = parts(m.content.as_ref(), i)?;
+                for (j, call) in m.tool_calls.iter().enumerate() {
+                    out.push(function_call_part(call, j == 0, i)?);
+                    call_names.insert(&call.id, &call.function.name);
+                }
+                push_turn(&mut turns, "model", false, out);
+            }
+            Role::Tool => {
+                let part = function_response_part(m, &call_names, i)?;
+                push_turn(&mut turns, "user", true, vec![part]);
+            }
+        }
+    }
+    if turns.is_empty() {
+        return Err(invalid(
+            "messages",
+            "Gemini needs at least one user or assistant message",
+        ));
+    }
+    let contents: Vec<Value> = turns
+        .into_iter()
+        .map(|t| json!({ "role": t.role, "parts": t.parts }))
+        .collect();
+    let mut body = Map::new();
+    body.insert("contents".into(), Value::Array(contents));
+    if !system.is_empty() {
+        body.insert("systemInstruction".into(), json!({ "parts": system }));
+    }
+    if !req.tools.is_empty() {
+        let declarations: Vec<Value> = req
+            .tools
+            .iter()
+            .map(|t| {
+                let f = &t.function;
+                without_nulls(json!({
+                    "name": f.name,
+                    "description": f.description,
+                    "parametersJsonSchema": f.parameters,
+                }))
+            })
+            .collect();
+        body.insert(
+            "tools".into(),
+            json!([{ "functionDeclarations": declarations }]),
+        );
+        if let Some(config) = tool_config(req.tool_choice.as_ref())? {
+            body.insert("toolConfig".into(), config);
+        }
+    }
+    let mut config = without_nulls(json!({
+        "temperature": p.temperature,
+        "topP": p.top_p,
+        "maxOutputTokens": p.max_tokens,
+        "stopSequences": (!p.stop.is_empty()).then_some(&p.stop),
+        "candidateCount": p.n,
+        "seed": p.seed,
+        "presencePenalty": p.presence_penalty,
+        "frequencyPenalty": p.frequency_penalty,
+    }));
+    if let (Some(rf), Some(obj)) = (&p.response_format, config.as_object_mut()) {
+        response_format(rf, obj)?;
+    }
+    if config.as_object().is_some_and(|c| !c.is_empty()) {
+        body.insert("generationConfig".into(), config);
+    }
+    Ok(Value::Object(body))
+}
+
+/// OpenAI `response_format` → `generationConfig.responseMimeType` (+ `responseJsonSchema`).
+fn response_format(rf: &Value, config: &mut Map<String, Value>) -> Result<(), ErrorInfo> {
+    let kind = rf.get("type").and_then(Value::as_str).unwrap_or("");
+    match kind {
+        "text" => {}
+        "json_object" => {
+            config.insert("responseMimeType".into(), json!("application/json"));
+        }
+        "json_schema" => {
+            let schema = rf.pointer("/json_schema/schema").ok_or_else(|| {
+                invalid("response_format", "json_schema needs json_schema.schema")
+            })?;
+            config.insert("responseMimeType".into(), json!("application/json"));
+            config.insert("responseJsonSchema".into(), schema.clone());
+        }
+        other => {
+            return Err(invalid(
+                "response_format",
+                format!("response_format `{other}` is not supported by the Gemini adapter"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `v` without its top-level `null` members (absent optional fields).
+fn without_nulls(mut v: Value) -> Value {
+    if let Some(obj) = v.as_object_mut() {
+        obj.retain(|_, v| !v.is_null());
+    }
+    v
+}
+
+/// Appends `parts` as a turn, merging into the previous turn when it has the same role and kind
+/// (tool results are never merged with ordinary user text). Empty turns are dropped.
+fn push_turn(turns: &mut Vec<Turn>, role: &'static str, tool_results: bool, parts: Vec<Value>) {
+    if parts.is_empty() {
+        return;
+    }
+    match turns.last_mut() {
+        Some(last) if last.role == role && last.tool_results == tool_results => {
+            last.parts.extend(parts);
+        }
+        _ => turns.push(Turn {
+            role,
+            tool_results,
+            parts,
+        }),
+    }
+}
+
+/// Text and image parts of a message's content; empty text is skipped.
+fn parts(content: Option<&Content>, i: usize) -> Result<Vec<Value>, ErrorInfo> {
+    match content {
+        None => Ok(Vec::new()),
+        Some(Content::Text(t)) if t.is_empty() => Ok(Vec::new()),
+        Some(Content::Text(t)) => Ok(vec![json!({ "text": t })]),
+        Some(Content::Parts(list)) => {
+            let mut out = Vec::with_capacity(list.len());
+            for part in list {
+                match part {
+                    ContentPart::Text { text } if text.is_empty() => {}
+                    ContentPart::Text { text } => out.push(json!({ "text": text })),
+                    ContentPart::ImageUrl { image_url } => out.push(image_part(&image_url.url, i)?),
+                }
+            }
+            Ok(out)
+        }
+    }
+}
+
+/// `data:<mime>;base64,<data>` → `inlineData`; `http(s)://` → `fileData` (Gemini API reference,
+/// "Content" → `Blob` / `FileData`).
+fn image_part(url: &str, i: usize) -> Result<Value, ErrorInfo> {
+    if let Some(rest) = url.strip_prefix("data:") {
+        let parsed = rest
+            .split_once(',')
+            .and_then(|(meta, data)| meta.strip_suffix(";base64").map(|mime| (mime, data)));
+        return match parsed {
+            Some((mime, data)) if !mime.is_empty() => {
+                Ok(json!({ "inlineData": { "mimeType": mime, "data": data } }))
+            }
+            _ => Err(bad_message(
+                i,
+                "image data URLs must be data:<media type>;base64,<data>",
+            )),
+        };
+    }
+    if url.starts_with("https://") || url.starts_with("http://") {
+        let mime = mime_from_extension(url);
+        return Ok(json!({ "fileData": { "mimeType": mime, "fileUri": url } }));
+    }
+    Err(bad_message(i, "image URLs must be http(s) or data: URLs"))
+}
+
+/// The image MIME type a URL's file extension suggests (query and fragment ignored).
+fn mime_from_extension(url: &str) -> &'static str {
+    let path = url.split(['?', '#']).next().unwrap_or(url);
+    let file = path.rsplit('/').next().unwrap_or(path);
+    let ext = file
+        .rsplit_once('.')
+        .map(|(_, e)| e.to_ascii_lowercase())
+        .unwrap_or_default();
+    match ext.as_str() {
+        "png" => "image/png",
+        "jpg" | "jpeg" => "image/jpeg",
+        "webp" => "image/webp",
+        "gif" => "image/gif",
+        "heic" => "image/heic",
+        "heif" => "image/heif",
+        _ => DEFAULT_IMAGE_MIME,
+    }
+}
+
+/// An assistant tool call → `{"functionCall":{"name","args"}}` (args = parsed arguments object).
+fn function_call_part(call: &ToolCall, first: bool, i: usize) -> Result<Value, ErrorInfo> {
+    let raw = call.function.arguments.trim();
+    let args: Value = if raw.is_empty() {
+        json!({})
+    } else {
+        let what = |e: &dyn std::fmt::Display| {
+            format!("tool call `{}` arguments are not JSON: {e}", call.id)
+        };
+        serde_json::from_str(raw).map_err(|e| bad_message(i, what(&e)))?
+    };
+    if !args.is_object() {
+        return Err(bad_message(
+            i,
+            format!("tool call `{}` arguments must be a JSON object", call.id),
+        ));
+    }
+    let mut part = json!({ "functionCall": { "name": call.function.name, "args": args } });
+    if first && let Some(obj) = part.as_object_mut() {
+        obj.insert("thoughtSignature".into(), json!(THOUGHT_SIGNATURE_SKIP));
+    }
+    Ok(part)
+}
+
+/// A `role: tool` message → `{"functionResponse":{"name","response"}}`. Gemini matches results
+/// to calls by function name (and order), so the name comes from the assistant call with this
+/// `tool_call_id` (falling back to the message's `name`).
+fn function_response_part(
+    m: &Message,
+    call_names: &HashMap<&str, &str>,
+    i: usize,
+) -> Result<Value, ErrorInfo> {
+    let id = m.tool_call_id.as_deref().filter(|id| !id.is_empty());
+    let id = id.ok_or_else(|| bad_message(i, "role `tool` needs tool_call_id"))?;
+    let name = call_names
+        .get(id)
+        .copied()
+        .or(m.name.as_deref())
+        .ok_or_else(|| bad_message(i, format!("no earlier assistant tool call has id `{id}`")))?;
+    let text = m.content.as_ref().map(Content::text).unwrap_or_default();
+    let response = match serde_json::from_str::<Value>(&text) {
+        Ok(v @ Value::Object(_)) => v,
+        _ => json!({ "output": text }),
+    };
+    Ok(json!({ "functionResponse": { "name": name, "response": response } }))
+}
+
+/// OpenAI `tool_choice` → `toolConfig`: `auto`→`AUTO`, `none`→`NONE`, `required`→`ANY`,
+/// `{"type":"function","function":{"name"}}`→`ANY` + `allowedFunctionNames: [name]`.
+fn tool_config(choice: Option<&Value>) -> Result<Option<Value>, ErrorInfo> {
+    let bad = || {
+        invalid(
+            "tool_choice",
+            "tool_choice must be auto, none, required or a named function",
+        )
+    };
+    let config = match choice {
+        None => return Ok(None),
+        Some(Value::String(s)) => match s.as_str() {
+            "auto" => json!({ "mode": "AUTO" }),
+            "none" => json!({ "mode": "NONE" }),
+            "required" => json!({ "mode": "ANY" }),
+            _ => return Err(bad()),
+        },
+        Some(v @ Value::Object(_)) => {
+            let name = v.pointer("/function/name").and_then(Value::as_str);
+            json!({ "mode": "ANY", "allowedFunctionNames": [name.ok_or_else(bad)?] })
+        }
+        Some(_) => return Err(bad()),
+    };
+    Ok(Some(json!({ "functionCallingConfig": config })))
+}
+
+type Item = Result<FrameBody, ErrorInfo>;
+
+fn protocol(message: impl Into<String>) -> ErrorInfo {
+    ErrorInfo::new(ErrorClass::Protocol, message)
+}
+
+/// Gemini stream → normalised events: `Text`, whole `ToolCall`s, then (at the end of the byte
+/// stream, Gemini has no end marker) one `Usage` and `End`; a stream that ends without any
+/// `finishReason` is a `protocol` error.
+#[derive(Debug, Default)]
+struct GeminiTranslator {
+    /// From `candidates[0].finishReason`.
+    finish: Option<FinishReason>,
+    /// The last `usageMetadata` (cumulative).
+    usage: Option<Usage>,
+    /// Function calls seen so far (the next tool index).
+    calls: u32,
+}
+
+impl SseTranslator for GeminiTranslator {
+    fn on_event(&mut self, ev: SseEvent, out: &mut VecDeque<Item>) -> bool {
+        let data = ev.data.trim();
+        if data.is_empty() {
+            return false;
+        }
+        match serde_json::from_str::<Value>(data) {
+            Ok(v) => match self.chunk(&v, out) {
+                Ok(()) => false,
+                Err(e) => {
+                    out.push_back(Err(e));
+                    true
+                }
+            },
+            Err(e) => {
+                out.push_back(Err(protocol(format!(
+                    "upstream sent an unparsable stream chunk: {e}"
+                ))));
+                true
+            }
+        }
+    }
+
+    fn on_eof(&mut self, out: &mut VecDeque<Item>) {
+        let Some(finish) = self.finish else {
+            out.push_back(Err(protocol(
+                "upstream stream ended before any finishReason",
+            )));
+            return;
+        };
+        if let Some(usage) = self.usage {
+            out.push_back(Ok(FrameBody::Usage { usage }));
+        }
+        // Gemini says STOP after function calls; OpenAI's vocabulary says tool_calls.
+        let finish_reason = match finish {
+            FinishReason::Stop if self.calls > 0 => FinishReason::ToolCalls,
+            other => other,
+        };
+        out.push_back(Ok(FrameBody::End { finish_reason }));
+    }
+}
+
+impl GeminiTranslator {
+    /// Handles one `GenerateContentResponse` (or an in-stream `{"error":…}`).
+    fn chunk(&mut self, v: &Value, out: &mut VecDeque<Item>) -> Result<(), ErrorInfo> {
+        if let Some(err) = v.get("error") {
+            return Err(stream_error(err));
+        }
+        if let Some(reason) = v
+            .pointer("/promptFeedback/blockReason")
+            .and_then(Value::as_str)
+        {
+            return Err(ErrorInfo::new(
+                ErrorClass::InvalidRequest,
+                format!("the prompt was blocked by Gemini (blockReason {reason})"),
+            ));
+        }
+        if let Some(u) = v.get("usageMetadata").filter(|u| u.is_object()) {
+            self.usage = Some(parse_usage(u));
+        }
+        let candidates = v.get("candidates").and_then(Value::as_array);
+        // One choice only: the candidate with index 0 (the field is omitted when 0).
+        let Some(candidate) = candidates
+            .into_iter()
+            .flatten()
+            .find(|c| c.get("index").and_then(Value::as_u64).unwrap_or(0) == 0)
+        else {
+            return Ok(());
+        };
+        let parts = candidate
+            .pointer("/content/parts")
+            .and_then(Value::as_array);
+        for part in parts.into_iter().flatten() {
+            // Thought summaries (`thought: true`) are not part of the answer.
+            if part.get("thought").and_then(Value::as_bool) == Some(true) {
+                continue;
+            }
+            if let Some(text) = part.get("text").and_then(Value::as_str)
+                && !text.is_empty()
+            {
+                out.push_back(Ok(FrameBody::Text {
+                    text: text.to_owned(),
+                }));
+            }
+            if let Some(call) = part.get("functionCall") {
+                out.push_back(Ok(self.tool_call(call)?));
+            }
+        }
+        if let Some(reason) = candidate.get("finishReason").and_then(Value::as_str)
+            && let Some(f) = finish_reason(reason)
+        {
+            self.finish = Some(f);
+        }
+        Ok(())
+    }
+
+    /// A whole `functionCall{id?,name,args}` → one `ToolCall` piece. Gemini API calls usually
+    /// carry no id, so `call_<n>` is generated (n = the call's index in this response).
+    fn tool_call(&mut self, call: &Value) -> Result<FrameBody, ErrorInfo> {
+        let name = call.get("name").and_then(Value::as_str);
+        let name = name.ok_or_else(|| protocol("functionCall without a name"))?;
+        let index = self.calls;
+        self.calls += 1;
+        let id = call
+            .get("id")
+            .and_then(Value::as_str)
+            .filter(|id| !id.is_empty())
+            .map_or_else(|| format!("call_{index}"), str::to_owned);
+        let arguments = match call.get("args") {
+            Some(args @ Value::Object(_)) => args.to_string(),
+            _ => "{}".to_owned(),
+        };
+        Ok(FrameBody::ToolCall {
+            index,
+            id: Some(id),
+            name: Some(name.to_owned()),
+            arguments,
+        })
+    }
+}
+
+/// Gemini `usageMetadata` → normalised usage: `promptTokenCount` already includes
+/// `cachedContentTokenCount`; Gemini counts thinking separately (`thoughtsTokenCount`), while our
+/// `completion_tokens` includes reasoning, so it is `candidatesTokenCount + thoughtsTokenCount`.
+fn parse_usage(u: &Value) -> Usage {
+    let n = |k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
+    let thoughts = n("thoughtsTokenCount");
+    Usage {
+        prompt_tokens: n("promptTokenCount"),
+        cached_tokens: n("cachedContentTokenCount"),
+        cache_write_tokens: 0,
+        completion_tokens: n("candidatesTokenCount") + thoughts,
+        reasoning_tokens: thoughts,
+    }
+}
+
+/// Gemini `finishReason` → OpenAI `finish_reason` (Gemini API reference, `Candidate.FinishReason`);
+/// `None` for `FINISH_REASON_UNSPECIFIED`. Blocked output (`SAFETY`, `RECITATION`, `BLOCKLIST`,
+/// `PROHIBITED_CONTENT`, `SPII`, `IMAGE_SAFETY`, …) is `content_filter`; `LANGUAGE`, `OTHER`,
+/// `MALFORMED_FUNCTION_CALL` and unknown reasons end the answer as `stop`.
+fn finish_reason(reason: &str) -> Option<FinishReason> {
+    Some(match reason {
+        "FINISH_REASON_UNSPECIFIED" => return None,
+        "MAX_TOKENS" => FinishReason::Length,
+        "SAFETY" | "RECITATION" | "BLOCKLIST" | "PROHIBITED_CONTENT" | "SPII" => {
+            FinishReason::ContentFilter
+        }
+        r if r.starts_with("IMAGE_") => FinishReason::ContentFilter,
+        _ => FinishReason::Stop,
+    })
+}
+
+/// An in-stream `{"error":{"code","message","status"}}` → a classified error, by the canonical
+/// status name (Gemini API reference, "API errors").
+fn stream_error(err: &Value) -> ErrorInfo {
+    let status = err.get("status").and_then(Value::as_str).unwrap_or("");
+    let message = err.get("message").and_then(Value::as_str).unwrap_or("");
+    let class = match status {
+        "RESOURCE_EXHAUSTED" => ErrorClass::RateLimited,
+        "UNAVAILABLE" => ErrorClass::Overloaded,
+        "INVALID_ARGUMENT" | "FAILED_PRECONDITION" | "OUT_OF_RANGE" => ErrorClass::InvalidRequest,
+        "UNAUTHENTICATED" => ErrorClass::Auth,
+        "PERMISSION_DENIED" => ErrorClass::Permission,
+        "NOT_FOUND" => ErrorClass::NotFound,
+        "DEADLINE_EXCEEDED" => ErrorClass::Timeout,
+        _ => ErrorClass::Upstream5xx,
+    };
+    ErrorInfo::new(class, format!("upstream stream error {status}: {message}"))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use crate::mock_upstream::MockUpstream;
+    use crate::sse::SseParser;
+    use futures::StreamExt;
+
+    /// Feeds `chunks` as separate writes through the SSE parser and the translator.
+    fn translate_chunks(chunks: &[&str]) -> Vec<Item> {
+        let (mut parser, mut events) = (SseParser::new(), Vec::new());
+        for chunk in chunks {
+            parser.push(chunk.as_bytes(), &mut events).unwrap();
+        }
+        events.extend(parser.finish());
+        let (mut tr, mut out) = (GeminiTranslator::default(), VecDeque::new());
+        if !events.into_iter().any(|ev| tr.on_event(ev, &mut out)) {
+            tr.on_eof(&mut out);
+        }
+        out.into_iter().collect()
+    }
+
+    /// One SSE `data:` event per non-empty line of JSON.
+    fn sse(lines: &str) -> String {
+        lines
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(|l| format!("data: {l}\r\n\r\n"))
+            .collect()
+    }
+
+    fn text(t: &str) -> Item {
+        Ok(FrameBody::Text { text: t.into() })
+    }
+    fn end(finish_reason: FinishReason) -> Item {
+        Ok(FrameBody::End { finish_reason })
+    }
+    fn usage(prompt: u64, cached: u64, completion: u64, reasoning: u64) -> Item {
+        let usage = Usage {
+            prompt_tokens: prompt,
+            cached_tokens: cached,
+            cache_write_tokens: 0,
+            completion_tokens: completion,
+            reasoning_tokens: reasoning,
+        };
+        Ok(FrameBody::Usage { usage })
+    }
+    fn call(index: u32, id: &str, name: &str, arguments: &str) -> Item {
+        Ok(FrameBody::ToolCall {
+            index,
+            id: Some(id.into()),
+            name: Some(name.into()),
+            arguments: arguments.into(),
+        })
+    }
+
+    fn target(base: &str) -> TargetConfig {
+        serde_json::from_value(json!({"id": "g", "provider": "gemini",
+            "base_url": format!("{base}/v1beta"), "upstream_model": "gemini-test"}))
+        .unwrap()
+    }
+
+    fn request(messages: Value, extra: Value) -> ChatRequest {
+        let mut v = json!({"id": "01900000-0000-7000-8000-000000000000", "model": "demo/gemini",
+            "target": {"id": "g", "provider": "gemini", "upstream_model": "gemini-test"},
+            "messages": messages, "stream": true, "deadline_ms": 0});
+        if let (Some(obj), Value::Object(extra)) = (v.as_object_mut(), extra) {
+            obj.extend(extra);
+        }
+        serde_json::from_value(v).unwrap()
+    }
+
+    /// A one-message request steering the mock with a `#mock` directive line.
+    fn ask(directives: &str) -> ChatRequest {
+        let content = format!("hi\n#mock {directives}");
+        request(json!([{"role": "user", "content": content}]), json!({}))
+    }
+
+    async fn run_with(t: &TargetConfig, req: &ChatRequest) -> Result<Vec<Item>, ErrorInfo> {
+        let http = reqwest::Client::new();
+        Ok(GeminiProvider
+            .stream_chat(&http, t, &t.base_url, req)
+            .await?
+            .collect()
+            .await)
+    }
+
+    async fn run(mock: &MockUpstream, req: &ChatRequest) -> Result<Vec<Item>, ErrorInfo> {
+        run_with(&target(&mock.base_url()), req).await
+    }
+
+    #[tokio::test]
+    async fn plain_text_stream_and_wire_request() {
+        let mock = MockUpstream::start().await.unwrap();
+        let mut t = target(&mock.base_url());
+        t.api_key = switchyard_schemas::Secret::new("AIza-test");
+        let req = request(
+            json!([{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "hi\n#mock text=Hello,+world chunks=2 prompt_tokens=5 completion_tokens=2"}]),
+            json!({"params": {"temperature": 0.2, "max_tokens": 64}}),
+        );
+        let events = run_with(&t, &req).await.unwrap();
+        let expected = vec![
+            text("Hello,"),
+            text(" world"),
+            usage(5, 0, 2, 0),
+            end(FinishReason::Stop),
+        ];
+        assert_eq!(events, expected);
+        let sent = &mock.requests()[0];
+        assert_eq!(
+            sent.path,
+            "/v1beta/models/gemini-test:streamGenerateContent"
+        );
+        assert_eq!(sent.query.as_deref(), Some("alt=sse"));
+        assert_eq!(sent.header("x-goog-api-key"), Some("AIza-test"));
+        assert_eq!(sent.header("authorization"), None);
+        assert_eq!(
+            sent.body["systemInstruction"],
+            json!({"parts": [{"text": "Be brief."}]})
+        );
+        assert_eq!(sent.body["contents"][0]["role"], "user");
+        assert_eq!(
+            sent.body["generationConfig"],
+            json!({"temperature": 0.2, "maxOutputTokens": 64})
+        );
+        assert!(sent.body.get("model").is_none());
+    }
+
+    #[tokio::test]
+    async fn usage_values_are_exact() {
+        let mock = MockUpstream::start().await.unwrap();
+        let events = run(
+            &mock,
+            &ask("cached_tokens=3 prompt_tokens=10 completion_tokens=4"),
+        )
+        .await
+        .unwrap();
+        assert!(events.iter().all(Result::is_ok), "{events:?}");
+        let tail = [usage(10, 3, 4, 0), end(FinishReason::Stop)];
+        assert_eq!(events[events.len() - 2..], tail);
+    }
+
+    #[tokio::test]
+    async fn two_parallel_tool_calls() {
+        let mock = MockUpstream::start().await.unwrap();
+        let tools = json!([{"type": "function", "function": {"name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+        let req = request(
+            json!([{"role": "user", "content": "Weather?\n#mock tool_calls=2 prompt_tokens=9"}]),
+            json!({"tools": tools, "tool_choice": "required"}),
+        );
+        let events = run(&mock, &req).await.unwrap();
+        let expected = vec![
+            call(0, "call_0", "get_weather", r#"{"city":"Paris"}"#),
+            call(1, "call_1", "get_weather", r#"{"city":"London"}"#),
+            usage(9, 0, 20, 0),
+            end(FinishReason::ToolCalls),
+        ];
+        assert_eq!(events, expected);
+        let sent = &mock.requests()[0].body;
+        assert_eq!(
+            sent["tools"][0]["functionDeclarations"][0]["name"],
+            "get_weather"
+        );
+        assert_eq!(
+            sent["toolConfig"],
+            json!({"functionCallingConfig": {"mode": "ANY"}})
+        );
+    }
+
+    #[tokio::test]
+    async fn max_tokens_finishes_with_length() {
+        let mock = MockUpstream::start().await.unwrap();
+        let mut req = ask("text=one+two+three+four");
+        req.params.max_tokens = Some(2);
+        let events = run(&mock, &req).await.unwrap();
+        assert_eq!(events.last(), Some(&end(FinishReason::Length)));
+        assert_eq!(events[..2], [text("one "), text("two")]);
+    }
+
+    #[test]
+    fn finish_reasons() {
+        for (reason, expected) in [
+            ("STOP", FinishReason::Stop),
+            ("MAX_TOKENS", FinishReason::Length),
+            ("SAFETY", FinishReason::ContentFilter),
+            ("RECITATION", FinishReason::ContentFilter),
+            ("BLOCKLIST", FinishReason::ContentFilter),
+            ("PROHIBITED_CONTENT", FinishReason::ContentFilter),
+            ("SPII", FinishReason::ContentFilter),
+            ("IMAGE_SAFETY", FinishReason::ContentFilter),
+            ("OTHER", FinishReason::Stop),
+            ("MALFORMED_FUNCTION_CALL", FinishReason::Stop),
+        ] {
+            let body = sse(&format!(
+                r#"{{"candidates": [{{"content": {{"parts": [{{"text": ""}}],"role": "model"}},"finishReason": "{reason}"}}]}}"#
+            ));
+            assert_eq!(translate_chunks(&[&body]), vec![end(expected)], "{reason}");
+        }
+        assert_eq!(finish_reason("FINISH_REASON_UNSPECIFIED"), None);
+    }
+
+    /// Usage with thinking and caching; a `thought` part, an id-carrying call, split writes.
+    #[test]
+    fn thoughts_cache_and_split_writes() {
+        let body = sse(r#"
+            {"candidates": [{"content": {"parts": [{"text": "plan…", "thought": true}],"role": "model"}}],"usageMetadata": {"promptTokenCount": 11,"totalTokenCount": 11}}
+            {"candidates": [{"content": {"parts": [{"text": "Hi"}],"role": "model"}}],"usageMetadata": {"promptTokenCount": 11,"totalTokenCount": 11}}
+            {"candidates": [{"content": {"parts": [{"functionCall": {"id": "fc-9", "name": "now", "args": {}}}, {"functionCall": {"name": "w"}}],"role": "model"},"finishReason": "STOP"}],"usageMetadata": {"promptTokenCount": 100,"cachedContentTokenCount": 64,"candidatesTokenCount": 5,"thoughtsTokenCount": 30,"totalTokenCount": 135}}
+        "#);
+        let (a, b) = body.split_at(body.find("\"Hi\"").unwrap() + 2);
+        let expected = vec![
+            text("Hi"),
+            call(0, "fc-9", "now", "{}"),
+            call(1, "call_1", "w", "{}"),
+            usage(100, 64, 35, 30),
+            end(FinishReason::ToolCalls),
+        ];
+        assert_eq!(translate_chunks(&[a, b]), expected);
+    }
+
+    #[test]
+    fn blocked_prompt_bad_json_and_missing_finish() {
+        let blocked = sse(
+            r#"{"promptFeedback": {"blockReason": "SAFETY"},"usageMetadata": {"promptTokenCount": 7,"totalTokenCount": 7}}"#,
+        );
+        let events = translate_chunks(&[&blocked]);
+        let err = events[0].clone().unwrap_err();
+        assert_eq!((events.len(), err.class), (1, ErrorClass::InvalidRequest));
+        assert!(err.message.contains("SAFETY"), "{}", err.message);
+        for body in [
+            "data: {not json\n\n".to_owned(),
+            sse(r#"{"candidates": [{"content": {"parts": [{"text": "cut"}],"role": "model"}}]}"#),
+        ] {
+            let events = translate_chunks(&[&body]);
+            let last = events.last().unwrap().clone().unwrap_err();
+            assert_eq!(last.class, ErrorClass::Protocol, "{body}");
+        }
+    }
+
+    #[test]
+    fn in_stream_errors_are_classified() {
+        for (status, class) in [
+            ("UNAVAILABLE", ErrorClass::Overloaded),
+            ("RESOURCE_EXHAUSTED", ErrorClass::RateLimited),
+            ("INVALID_ARGUMENT", ErrorClass::InvalidRequest),
+            ("DEADLINE_EXCEEDED", ErrorClass::Timeout),
+            ("INTERNAL", ErrorClass::Upstream5xx),
+        ] {
+            let data = json!({"error": {"code": 500, "message": "m", "status": status}});
+            let events = translate_chunks(&[&format!("data: {data}\n\n")]);
+            assert_eq!(events.len(), 1);
+            assert_eq!(events[0].clone().unwrap_err().class, class, "{status}");
+        }
+    }
+
+    #[tokio::test]
+    async fn in_stream_error_after_two_chunks() {
+        let mock = MockUpstream::start().await.unwrap();
+        let events = run(&mock, &ask("error_after=2")).await.unwrap();
+        assert_eq!(events.len(), 3, "{events:?}");
+        assert!(matches!(
+            events[..2],
+            [Ok(FrameBody::Text { .. }), Ok(FrameBody::Text { .. })]
+        ));
+        let err = events[2].clone().unwrap_err();
+        assert_eq!((err.class, err.retryable), (ErrorClass::Overloaded, true));
+    }
+
+    #[tokio::test]
+    async fn error_statuses() {
+        let mock = MockUpstream::start().await.unwrap();
+        let err = run(&mock, &ask("status=429 retry_after=7"))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            (err.class, err.upstream_status, err.retry_after_ms),
+            (ErrorClass::RateLimited, Some(429), Some(7000))
+        );
+        assert!(
+            err.message.contains("Resource has been exhausted"),
+            "{}",
+            err.message
+        );
+        let err = run(&mock, &ask("status=503")).await.unwrap_err();
+        assert_eq!((err.class, err.retryable), (ErrorClass::Overloaded, true));
+        let err = run(&mock, &ask("status=400")).await.unwrap_err();
+        assert_eq!(
+            (err.class, err.retryable),
+            (ErrorClass::InvalidRequest, false)
+        );
+        assert_eq!(err.upstream_status, Some(400));
+    }
+
+    fn build(messages: Value, extra: Value) -> Result<Value, ErrorInfo> {
+        build_request(&request(messages, extra))
+    }
+
+    #[test]
+    fn system_roles_and_images() {
+        let messages = json!([
+            {"role": "system", "content": "Be brief."},
+            {"role": "developer", "content": [{"type": "text", "text": "Use French."}]},
+            {"role": "user", "content": [
+                {"type": "text", "text": "What are these?"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                {"type": "image_url", "image_url": {"url": "https://e.com/a.WEBP?x=1"}},
+                {"type": "image_url", "image_url": {"url": "https://e.com/img"}}]},
+            {"role": "user", "content": "Please."},
+            {"role": "assistant", "content": "Deux chats."},
+            {"role": "user", "content": ""}
+        ]);
+        let body = build(
+            messages,
+            json!({"params": {"stop": ["END"], "seed": 7, "top_p": 0.9,
+            "presence_penalty": 0.5, "frequency_penalty": -0.5, "n": 1, "user": "u-1"}}),
+        )
+        .unwrap();
+        assert_eq!(
+            body["systemInstruction"],
+            json!({"parts": [{"text": "Be brief."}, {"text": "Use French."}]})
+        );
+        assert_eq!(
+            body["contents"],
+            json!([
+                {"role": "user", "parts": [
+                    {"text": "What are these?"},
+                    {"inlineData": {"mimeType": "image/png", "data": "AAAA"}},
+                    {"fileData": {"mimeType": "image/webp", "fileUri": "https://e.com/a.WEBP?x=1"}},
+                    {"fileData": {"mimeType": "image/jpeg", "fileUri": "https://e.com/img"}},
+                    {"text": "Please."}]},
+                {"role": "model", "parts": [{"text": "Deux chats."}]}
+            ])
+        );
+        assert_eq!(
+            body["generationConfig"],
+            json!({"topP": 0.9, "stopSequences": ["END"], "candidateCount": 1, "seed": 7,
+                "presencePenalty": 0.5, "frequencyPenalty": -0.5})
+        );
+        assert!(body.get("tools").is_none() && body.get("toolConfig").is_none());
+    }
+
+    #[test]
+    fn tool_calls_and_results_with_name_lookup() {
+        let messages = json!([
+            {"role": "user", "content": "Weather in Paris, and the time?"},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{\"city\":\"Paris\"}"}},
+                {"id": "c2", "type": "function", "function": {"name": "clock", "arguments": ""}}]},
+            {"role": "tool", "tool_call_id": "c2", "content": "{\"time\":\"12:00\"}"},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+            {"role": "user", "content": "Thanks"}
+        ]);
+        let tools = json!({"tools": [
+            {"type": "function", "function": {"name": "weather", "description": "w",
+                "parameters": {"type": "object", "additionalProperties": false}}},
+            {"type": "function", "function": {"name": "clock"}}]});
+        let body = build(messages, tools).unwrap();
+        assert_eq!(
+            body["contents"],
+            json!([
+                {"role": "user", "parts": [{"text": "Weather in Paris, and the time?"}]},
+                {"role": "model", "parts": [
+                    {"functionCall": {"name": "weather", "args": {"city": "Paris"}},
+                        "thoughtSignature": THOUGHT_SIGNATURE_SKIP},
+                    {"functionCall": {"name": "clock", "args": {}}}]},
+                {"role": "user", "parts": [
+                    {"functionResponse": {"name": "clock", "response": {"time": "12:00"}}},
+                    {"functionResponse": {"name": "weather", "response": {"output": "sunny"}}}]},
+                {"role": "user", "parts": [{"text": "Thanks"}]}
+            ])
+        );
+        assert_eq!(
+            body["tools"],
+            json!([{"functionDeclarations": [
+                {"name": "weather", "description": "w",
+                    "parametersJsonSchema": {"type": "object", "additionalProperties": false}},
+                {"name": "clock"}]}])
+        );
+        assert!(body.get("toolConfig").is_none());
+    }
+
+    #[test]
+    fn tool_choice_mapping() {
+        let tools = json!([{"type": "function", "function": {"name": "w"}}]);
+        let user = json!([{"role": "user", "content": "x"}]);
+        let named = json!({"type": "function", "function": {"name": "w"}});
+        for (choice, expected) in [
+            (json!("auto"), json!({"mode": "AUTO"})),
+            (json!("none"), json!({"mode": "NONE"})),
+            (json!("required"), json!({"mode": "ANY"})),
+            (named, json!({"mode": "ANY", "allowedFunctionNames": ["w"]})),
+        ] {
+            let extra = json!({"tools": tools, "tool_choice": choice});
+            let body = build(user.clone(), extra).unwrap();
+            assert_eq!(body["toolConfig"]["functionCallingConfig"], expected);
+        }
+        let err = build(user, json!({"tools": tools, "tool_choice": "sometimes"})).unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("tool_choice"));
+    }
+
+    #[test]
+    fn json_mode_and_schema() {
+        let user = || json!([{"role": "user", "content": "x"}]);
+        let rf = |v: Value| json!({"params": {"response_format": v}});
+        let body = build(user(), rf(json!({"type": "json_object"}))).unwrap();
+        assert_eq!(
+            body["generationConfig"],
+            json!({"responseMimeType": "application/json"})
+        );
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        let body = build(
+            user(),
+            rf(json!({"type": "json_schema", "json_schema": {"name": "s", "schema": schema}})),
+        )
+        .unwrap();
+        assert_eq!(
+            body["generationConfig"],
+            json!({"responseMimeType": "application/json", "responseJsonSchema": schema})
+        );
+        let body = build(user(), rf(json!({"type": "text"}))).unwrap();
+        assert!(body.get("generationConfig").is_none());
+        for bad in [json!({"type": "json_schema"}), json!({"type": "grammar"})] {
+            let err = build(user(), rf(bad)).unwrap_err();
+            assert_eq!(err.param.as_deref(), Some("response_format"));
+        }
+    }
+
+    #[test]
+    fn rejects_what_gemini_cannot_take() {
+        let err = build(
+            json!([{"role": "user", "content": "x"}]),
+            json!({"params": {"n": 2}}),
+        );
+        assert_eq!(err.unwrap_err().param.as_deref(), Some("n"));
+        let orphan = json!([{"role": "user", "content": "x"},
+            {"role": "tool", "tool_call_id": "nope", "content": "r"}]);
+        let err = build(orphan, json!({})).unwrap_err();
+        assert!(err.message.contains("`nope`"), "{}", err.message);
+        let only_system = json!([{"role": "system", "content": "x"}]);
+        assert_eq!(
+            build(only_system, json!({})).unwrap_err().param.as_deref(),
+            Some("messages")
+        );
+        let bad_image = json!([{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "ftp://x/y.png"}}]}]);
+        assert!(build(bad_image, json!({})).is_err());
+        let bad_args = json!([{"role": "assistant", "tool_calls": [
+            {"id": "t", "type": "function", "function": {"name": "w", "arguments": "[1]"}}]}]);
+        assert!(build(bad_args, json!({})).is_err());
+    }
+
+    #[test]
+    fn url_shape() {
+        assert_eq!(
+            stream_url(
+                "https://generativelanguage.googleapis.com/v1beta/",
+                "models/gemini-2.5-flash"
+            ),
+            "https://generativelanguage.googleapis.com/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse"
+        );
+    }
+}
