@@ -37,6 +37,10 @@ cached_input_tokens,cache_write_tokens,output_tokens,reasoning_tokens,upstream_t
 charge_usd,margin_usd,cache_hits,fallbacks,errors,cancelled,upstream_errors,estimated_rows,\
 unpriced_rows";
 
+/// The columns of [`DailyReport::to_table`]'s group table (a subset of [`CSV_HEADER`]).
+const TABLE_COLUMNS: &str = "tenant model target requests new_in cached_in cache_wr output \
+reasoning cost_usd charge_usd margin_usd cache_hits fallbacks errors cancelled estimated";
+
 /// Why a report could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
@@ -356,25 +360,7 @@ fn ranked(map: BTreeMap<String, Amounts>) -> Vec<Amounts> {
 impl DailyReport {
     /// Aligned plain text for terminals: groups, totals, discrepancy counts and rows.
     pub fn to_table(&self) -> String {
-        let head = [
-            "tenant",
-            "model",
-            "target",
-            "requests",
-            "new_in",
-            "cached_in",
-            "cache_wr",
-            "output",
-            "reasoning",
-            "cost_usd",
-            "charge_usd",
-            "margin_usd",
-            "cache_hits",
-            "fallbacks",
-            "errors",
-            "cancelled",
-            "estimated",
-        ];
+        let head: Vec<&str> = TABLE_COLUMNS.split(' ').collect();
         let cells = |tenant: &str, model: &str, target: &str, s: &GroupStats| {
             let mut row = vec![tenant.to_owned(), model.to_owned(), target.to_owned()];
             row.extend(
@@ -466,14 +452,9 @@ impl DailyReport {
                     ]
                 })
                 .collect();
-            let head = [
-                "request_id",
-                "class",
-                "tenant",
-                "model",
-                "target",
-                "details",
-            ];
+            let head: Vec<&str> = "request_id class tenant model target details"
+                .split(' ')
+                .collect();
             out.push_str(&render_table(&head, &rows, usize::MAX));
             if r.truncated {
                 out.push_str(&format!(

@@ -250,9 +250,9 @@ impl DailyReport {
             );
         }
         h.push_str("</div>\n");
-        let _ = write!(
+        let _ = writeln!(
             h,
-            "<p class=\"legend\">Amounts in USD, rounded to {MONEY_DP} places.<span style=\"background:{CHARGE_COLOUR}\"></span>charge (sale price)<span style=\"background:{COST_COLOUR}\"></span>cost (upstream price)</p>\n"
+            "<p class=\"legend\">Amounts in USD, rounded to {MONEY_DP} places.<span style=\"background:{CHARGE_COLOUR}\"></span>charge (sale price)<span style=\"background:{COST_COLOUR}\"></span>cost (upstream price)</p>"
         );
         h.push_str(&bar_chart("Spend by model", &self.by_model));
         h.push('\n');

@@ -60,7 +60,7 @@ fn charge(id: Uuid, ts: u64, tenant: &str, model: &str, target: &str, up: &str) 
     }
 }
 
-/// The upstream event of attempt `attempt`, 5 ms before `ts`.
+/// The ok upstream event of attempt `attempt`, 5 ms before the charge (estimated copied).
 fn upstream(c: &UsageEvent, attempt: u32, target: &str, up: &str, u: Usage) -> UsageEvent {
     UsageEvent {
         kind: UsageKind::Upstream,
@@ -69,6 +69,8 @@ fn upstream(c: &UsageEvent, attempt: u32, target: &str, up: &str, u: Usage) -> U
         target: Some(target.into()),
         upstream_model: Some(up.into()),
         usage: u,
+        status: UsageStatus::Ok,
+        error_class: None,
         fallbacks: 0,
         ..c.clone()
     }

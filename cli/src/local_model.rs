@@ -18,7 +18,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 use switchyard_schemas::config::{BUILTIN_LOCAL_MODEL_URL, GatewayConfig};
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::{Child, ChildStdin, Command};
 use tokio_util::sync::CancellationToken;
 
 /// The launcher, relative to the checkout root.
@@ -176,6 +176,14 @@ pub async fn start(
     None
 }
 
+/// A started child and the write end of its stdin pipe, held apart because `Child::wait` would
+/// close it (the launcher exits on EOF).
+#[derive(Debug)]
+struct Running {
+    child: Child,
+    stdin: Option<ChildStdin>,
+}
+
 /// What one child start needs.
 #[derive(Debug, Clone)]
 struct Launch {
@@ -208,17 +216,17 @@ async fn launch(
         http,
     };
     let started = Instant::now();
-    let (child, url) = spawn_ready(&launch, 0, &shutdown).await?;
+    let (running, url) = spawn_ready(&launch, 0, &shutdown).await?;
     tracing::info!(
         %url,
-        pid = child.id().unwrap_or(0),
+        pid = running.child.id().unwrap_or(0),
         ready_ms = started.elapsed().as_millis() as u64,
         model = %launch.paths.model.display(),
         log = %launch.log.display(),
         "local model ready"
     );
     let port = port_of(&url).ok_or_else(|| format!("no port in the launcher's address {url}"))?;
-    let supervisor = tokio::spawn(supervise(launch, child, port, shutdown));
+    let supervisor = tokio::spawn(supervise(launch, running, port, shutdown));
     Ok(LocalModel { url, supervisor })
 }
 
@@ -233,7 +241,7 @@ async fn spawn_ready(
     launch: &Launch,
     port: u16,
     shutdown: &CancellationToken,
-) -> Result<(Child, String), String> {
+) -> Result<(Running, String), String> {
     let log_err = |e: std::io::Error| format!("opening {}: {e}", launch.log.display());
     if let Some(dir) = launch.log.parent() {
         std::fs::create_dir_all(dir).map_err(log_err)?;
@@ -258,6 +266,7 @@ async fn spawn_ready(
         .kill_on_drop(true)
         .spawn()
         .map_err(|e| format!("running {}: {e}", launch.paths.python.display()))?;
+    let stdin = child.stdin.take();
     let stdout = child
         .stdout
         .take()
@@ -302,18 +311,20 @@ async fn spawn_ready(
         ))),
         _ = shutdown.cancelled() => Err("shutting down".to_owned()),
     };
+    let running = Running { child, stdin };
     match result {
-        Ok(url) => Ok((child, url)),
+        Ok(url) => Ok((running, url)),
         Err(e) => {
-            stop(child).await;
+            stop(running).await;
             Err(e)
         }
     }
 }
 
 /// Closes the child's stdin (the launcher exits on EOF), waits [`STOP_GRACE`], then kills it.
-async fn stop(mut child: Child) {
-    drop(child.stdin.take());
+async fn stop(running: Running) {
+    let Running { mut child, stdin } = running;
+    drop(stdin);
     if tokio::time::timeout(STOP_GRACE, child.wait())
         .await
         .is_err()
@@ -324,14 +335,14 @@ async fn stop(mut child: Child) {
 }
 
 /// Keeps the child running on `port` until `shutdown`, restarting it with backoff when it exits.
-async fn supervise(launch: Launch, mut child: Child, port: u16, shutdown: CancellationToken) {
+async fn supervise(launch: Launch, mut running: Running, port: u16, shutdown: CancellationToken) {
     let mut backoff = BACKOFF_MIN;
     let mut since = Instant::now();
     loop {
         let exited = tokio::select! {
-            s = child.wait() => s,
+            s = running.child.wait() => s,
             _ = shutdown.cancelled() => {
-                stop(child).await;
+                stop(running).await;
                 tracing::info!("local model server stopped");
                 return;
             }
@@ -341,7 +352,7 @@ async fn supervise(launch: Launch, mut child: Child, port: u16, shutdown: Cancel
             backoff = BACKOFF_MIN;
         }
         tracing::warn!(%status, log = %launch.log.display(), "local model server exited; restarting");
-        child = loop {
+        running = loop {
             tracing::info!(
                 delay_ms = backoff.as_millis() as u64,
                 "restarting the local model server"
@@ -356,7 +367,7 @@ async fn supervise(launch: Launch, mut child: Child, port: u16, shutdown: Cancel
                 Ok((c, url)) => {
                     tracing::info!(
                         %url,
-                        pid = c.id().unwrap_or(0),
+                        pid = c.child.id().unwrap_or(0),
                         ready_ms = started.elapsed().as_millis() as u64,
                         "local model ready (restarted)"
                     );

@@ -3,6 +3,7 @@
 
 mod config;
 mod local_model;
+mod report_cmd;
 
 use clap::{Args, Parser, Subcommand};
 use std::net::SocketAddr;
@@ -92,6 +93,9 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1:9090")]
         listen: SocketAddr,
     },
+    /// Reports from the usage ledger: `daily` (per tenant/model/target, cost, charge and margin in
+    /// USD, reconciliation) and `import-usage` (a provider's usage export vs the ledger).
+    Report(report_cmd::ReportArgs),
 }
 
 fn parse_provider(s: &str) -> Result<ProviderKind, String> {
@@ -253,6 +257,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                 _ = token.cancelled() => Ok(()),
             }
         }
+        Command::Report(args) => report_cmd::run(args).await.map_err(msg),
     }
 }
 

@@ -33,9 +33,13 @@ DEFAULT_COMPLETION_TOKENS = len(DEFAULT_TEXT.split())
 assert DEFAULT_COMPLETION_TOKENS == 13
 
 MODEL = "demo/mock"
+#: The local model `switchyard up` serves (SmolLM2-135M on llama.cpp, scripts/local_model.py).
+LOCAL_MODEL = "local/smollm2-135m"
 
 START_DEADLINE_S = 20.0
 READY_DEADLINE_S = 30.0
+#: `switchyard up` waits up to 60 s for the local model server before it starts ingress.
+LOCAL_READY_DEADLINE_S = 90.0
 
 _WORKER_ID_RE = re.compile(r"worker-[0-9a-f]{32}")
 
@@ -208,12 +212,12 @@ def http_ok(url: str) -> bool:
     return httpx.get(url, timeout=2.0).status_code == 200
 
 
-def chat_ok(base_url: str) -> bool:
+def chat_ok(base_url: str, model: str = MODEL, **params) -> bool:
     r = httpx.post(
         f"{base_url}/v1/chat/completions",
-        json={"model": MODEL, "messages": [{"role": "user", "content": "ping"}]},
+        json={"model": model, "messages": [{"role": "user", "content": "ping"}], **params},
         headers={"authorization": "Bearer sk-ready"},
-        timeout=10.0,
+        timeout=30.0,
     )
     return r.status_code == 200
 
@@ -390,23 +394,68 @@ def gateway(request, procs, tmp_path, nats, mock_upstream) -> Gateway:
                    workers=workers, config_path=config, procs=procs)
 
 
+_LOCAL_READY_RE = re.compile(r"local model ready(?: \(restarted\))? url=(\S+) pid=(\d+)")
+
+
 @dataclass
 class Up:
     base_url: str
     data_dir: Path
     proc: Proc
 
+    @property
+    def ledger_path(self) -> Path:
+        return self.data_dir / "ledger.db"
+
+    def local_model_starts(self) -> list[tuple[str, int]]:
+        """(url, pid) of every local model server start `switchyard up` logged, oldest first."""
+        return [(m.group(1), int(m.group(2))) for m in _LOCAL_READY_RE.finditer(self.proc.log())]
+
+
+def start_up(procs: ProcessGroup, data_dir: Path, *extra_args: str, name: str = "switchyard-up",
+             local_model: bool = False) -> Up:
+    """`switchyard up` on a free port with `data_dir`; returns once a demo/mock chat succeeds and,
+    with `local_model`, once the local model answers too (it fails fast when `up` logs that the
+    local model is disabled)."""
+    port = pick_free_port()
+    proc = procs.start(name, [
+        switchyard_bin(), "up", "--data-dir", str(data_dir), "--listen", f"127.0.0.1:{port}",
+        *extra_args,
+    ])
+    base = f"http://127.0.0.1:{port}"
+    deadline = LOCAL_READY_DEADLINE_S if local_model else READY_DEADLINE_S
+
+    def healthy() -> bool:
+        if local_model and "local model disabled" in proc.log():
+            pytest.fail(f"switchyard up did not start the local model (run scripts/bootstrap)\n"
+                        f"{proc.log()}")
+        return http_ok(f"{base}/healthz")
+
+    wait_until("switchyard up /healthz", healthy, deadline, [proc])
+    wait_until("a chat request to succeed through switchyard up", lambda: chat_ok(base),
+               READY_DEADLINE_S, [proc])
+    if local_model:
+        wait_until(f"a {LOCAL_MODEL} chat request to succeed through switchyard up",
+                   lambda: chat_ok(base, LOCAL_MODEL, max_tokens=1, temperature=0),
+                   READY_DEADLINE_S, [proc])
+    return Up(base_url=base, data_dir=data_dir, proc=proc)
+
 
 @pytest.fixture
 def up(procs, tmp_path) -> Up:
-    """`switchyard up` (private nats-server, built-in mock, model demo/mock) on a free port."""
-    port = pick_free_port()
-    data_dir = tmp_path / "up-data"
-    proc = procs.start("switchyard-up", [
-        switchyard_bin(), "up", "--data-dir", str(data_dir), "--listen", f"127.0.0.1:{port}",
-    ])
-    base = f"http://127.0.0.1:{port}"
-    wait_until("switchyard up /healthz", lambda: http_ok(f"{base}/healthz"), READY_DEADLINE_S, [proc])
-    wait_until("a chat request to succeed through switchyard up", lambda: chat_ok(base),
-               READY_DEADLINE_S, [proc])
-    return Up(base_url=base, data_dir=data_dir, proc=proc)
+    """`switchyard up` (private nats-server, built-in mock, model demo/mock, and the local model
+    when installed) on a free port."""
+    return start_up(procs, tmp_path / "up-data")
+
+
+@pytest.fixture(scope="module")
+def up_local(tmp_path_factory) -> Up:
+    """One `switchyard up` for a whole test module, with the local model server (its log line
+    `local model ready url=… pid=…` tells the tests where it is); fails when the local model is
+    not installed."""
+    tmp = tmp_path_factory.mktemp("up-local")
+    group = ProcessGroup(tmp)
+    try:
+        yield start_up(group, tmp / "data", name="switchyard-up-local", local_model=True)
+    finally:
+        group.close()

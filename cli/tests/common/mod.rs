@@ -34,13 +34,16 @@ pub fn test_config(extra: serde_json::Value) -> GatewayConfig {
         "targets": [
             {"id": "mock", "provider": "openai", "base_url": "builtin:mock", "upstream_model": "mock"},
             {"id": "dead", "provider": "openai", "base_url": "http://127.0.0.1:9/v1", "upstream_model": "mock"},
-            {"id": "claude", "provider": "anthropic", "base_url": "builtin:mock", "upstream_model": "claude-test"}
+            {"id": "claude", "provider": "anthropic", "base_url": "builtin:mock", "upstream_model": "claude-test"},
+            {"id": "claude-sonnet", "provider": "anthropic", "base_url": "builtin:mock", "upstream_model": "claude-sonnet-4-20250514"}
         ],
         "models": [
             {"id": "demo/mock", "targets": ["mock"]},
             {"id": "demo/fallback", "targets": ["dead", "mock"]},
             {"id": "demo/dead", "targets": ["dead"]},
-            {"id": "demo/claude", "targets": ["claude"]}
+            {"id": "demo/claude", "targets": ["claude"]},
+            {"id": "anthropic/claude-sonnet-4", "targets": ["claude-sonnet"]},
+            {"id": "demo/mock-then-claude", "targets": ["mock", "claude"]}
         ],
         "timeouts": {"first_frame_ms": 2000, "worker_silence_ms": 3000, "heartbeat_ms": 200}
     });

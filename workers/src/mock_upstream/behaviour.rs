@@ -44,6 +44,7 @@ pub(crate) struct Behaviour {
     pub(crate) cached_tokens: Option<u64>,
     pub(crate) id: Option<String>,
     pub(crate) created: Option<u64>,
+    pub(crate) fixture: Option<String>,
 }
 
 impl Behaviour {
@@ -103,6 +104,7 @@ impl Behaviour {
                 "cached_tokens" => b.cached_tokens = Some(num(key, v)?),
                 "id" => b.id = Some(percent_decode(v)?),
                 "created" => b.created = Some(num(key, v)?),
+                "fixture" => b.fixture = Some(v.to_owned()),
                 other => tracing::debug!(key = other, "ignoring unknown mock key"),
             }
         }

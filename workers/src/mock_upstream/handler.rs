@@ -293,6 +293,24 @@ async fn handle(
     if let Some(status) = behaviour.status {
         return provider.error(status, None, behaviour.retry_after.as_deref());
     }
+    if let Some(name) = &behaviour.fixture {
+        let Some(bytes) = super::fixtures::get(name) else {
+            return provider.error(400, Some(&format!("unknown mock fixture `{name}`")), None);
+        };
+        let script = wire::Script {
+            body: super::fixtures::events(bytes)
+                .into_iter()
+                .map(Item::Content)
+                .collect(),
+            ..wire::Script::default()
+        };
+        let plan = wire::plan(script, &behaviour, SseFormat::new(&behaviour));
+        return provider.response(
+            StatusCode::OK,
+            "text/event-stream; charset=utf-8",
+            wire::body(plan, app.shutdown.clone()),
+        );
+    }
     let info = match provider.request_info(&body, uri) {
         Ok(info) => info,
         Err(message) => return provider.error(400, Some(&message), None),

@@ -68,6 +68,7 @@
 mod anthropic;
 mod behaviour;
 pub mod embeddings;
+pub mod fixtures;
 mod gemini;
 mod handler;
 mod openai;

@@ -81,7 +81,9 @@ impl Provider for AzureOpenAiProvider {
     }
 }
 
-/// `{base_url}/openai/deployments/{deployment}/chat/completions?api-version={version}`.
+/// `{base_url}/openai/deployments/{deployment}/chat/completions?api-version={version}` (Azure
+/// OpenAI REST API reference, "Chat completions": `deployment-id` path and required
+/// `api-version` query parameters).
 pub fn chat_url(base_url: &str, deployment: &str, api_version: &str) -> String {
     let base = base_url.trim_end_matches('/');
     format!("{base}/openai/deployments/{deployment}/chat/completions?api-version={api_version}")
@@ -96,9 +98,10 @@ fn version_date(api_version: &str) -> Option<((u32, u32, u32), bool)> {
     Some((parsed, api_version.ends_with("-preview")))
 }
 
-/// Whether `max_completion_tokens` is accepted: previews from `2024-09-01-preview` on, GA
-/// versions after `2024-10-21` (whose spec has only `max_tokens`), and versions that are not
-/// dates (assumed newest).
+/// Whether `max_completion_tokens` is accepted: previews from `2024-09-01-preview` on (Azure
+/// OpenAI "reasoning models" guide: added there, `max_tokens` deprecated), GA versions after
+/// `2024-10-21` (the `2024-10-21` inference spec has only `max_tokens`), and versions that are
+/// not dates (assumed newest).
 pub fn supports_max_completion_tokens(api_version: &str) -> bool {
     match version_date(api_version) {
         None => true,
@@ -107,8 +110,9 @@ pub fn supports_max_completion_tokens(api_version: &str) -> bool {
     }
 }
 
-/// Whether the `developer` role is accepted: previews from `2024-12-01-preview` on, GA versions
-/// after `2024-10-21`, and versions that are not dates.
+/// Whether the `developer` role is accepted: previews from `2024-12-01-preview` on (Azure OpenAI
+/// "reasoning models" guide, "Developer messages"), GA versions after `2024-10-21`, and versions
+/// that are not dates.
 pub fn supports_developer_role(api_version: &str) -> bool {
     match version_date(api_version) {
         None => true,

@@ -84,8 +84,9 @@ impl Provider for GeminiProvider {
     }
 }
 
-/// `{base_url}/models/{model}:streamGenerateContent?alt=sse`; a `models/` prefix on the model id
-/// (the resource name form Gemini's `models.list` returns) is accepted.
+/// `{base_url}/models/{model}:streamGenerateContent?alt=sse` (Gemini API reference, "Generating
+/// content" → `models.streamGenerateContent`); a `models/` prefix on the model id (the resource
+/// name form `models.list` returns) is accepted.
 pub fn stream_url(base_url: &str, upstream_model: &str) -> String {
     let model = upstream_model.trim_start_matches("models/");
     let base = base_url.trim_end_matches('/');

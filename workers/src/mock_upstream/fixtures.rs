@@ -1,0 +1,45 @@
+//! Canned wire fixtures (`fixture=<name>`): exact upstream bodies for field cases, written from
+//! the providers' documented stream formats (OpenAI "Streaming" and Anthropic "Streaming Messages"
+//! docs). Each SSE event is sent as one content item, so `split`, `chunk_delay_ms` and friends
+//! still apply.
+
+use bytes::Bytes;
+
+/// Name → bytes of every fixture.
+const FIXTURES: &[(&str, &str)] = &[
+    (
+        "fc06_anthropic_overloaded",
+        include_str!("fixtures/fc06_anthropic_overloaded.sse"),
+    ),
+    (
+        "fc07_openai_error_in_200",
+        include_str!("fixtures/fc07_openai_error_in_200.sse"),
+    ),
+    (
+        "fc10_anthropic_usage_in_delta",
+        include_str!("fixtures/fc10_anthropic_usage_in_delta.sse"),
+    ),
+    (
+        "fc10_anthropic_usage_in_start",
+        include_str!("fixtures/fc10_anthropic_usage_in_start.sse"),
+    ),
+    (
+        "fc17_anthropic_two_tools",
+        include_str!("fixtures/fc17_anthropic_two_tools.sse"),
+    ),
+];
+
+/// The fixture called `name`.
+pub fn get(name: &str) -> Option<&'static str> {
+    FIXTURES
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, body)| *body)
+}
+
+/// Splits a fixture into its SSE events (each ending in a blank line).
+pub(crate) fn events(body: &str) -> Vec<Bytes> {
+    body.split_inclusive("\n\n")
+        .map(|e| Bytes::copy_from_slice(e.as_bytes()))
+        .collect()
+}
