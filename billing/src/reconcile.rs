@@ -590,11 +590,11 @@ mod tests {
     fn upstream_without_charge() {
         assert_eq!(
             classes(None, vec![up(0, "a", Ok)]),
-            vec![C::UpstreamWithoutCharge]
+            [C::UpstreamWithoutCharge]
         );
         assert_eq!(
             classes(None, vec![up(0, "a", Error)]),
-            vec![C::UpstreamWithoutCharge]
+            [C::UpstreamWithoutCharge]
         );
         assert!(classes(None, vec![]).is_empty());
     }
@@ -604,7 +604,7 @@ mod tests {
         for status in [Cancelled, Error] {
             assert_eq!(
                 classes(Some(charge("a", status)), vec![up(0, "a", Ok)]),
-                vec![C::AdmittedNotSettled]
+                [C::AdmittedNotSettled]
             );
         }
         // Not when no upstream call completed.
@@ -615,12 +615,12 @@ mod tests {
     fn charge_without_upstream() {
         assert_eq!(
             classes(Some(charge("a", Ok)), vec![]),
-            vec![C::ChargeWithoutUpstream]
+            [C::ChargeWithoutUpstream]
         );
         // An ok upstream row on another target does not serve this charge.
         assert_eq!(
             classes(Some(charge("b", Ok)), vec![up(0, "a", Ok)]),
-            vec![C::ChargeWithoutUpstream]
+            [C::ChargeWithoutUpstream]
         );
         // Cache hits have no upstream call by design.
         let mut hit = charge("a", Ok);
@@ -658,7 +658,7 @@ mod tests {
         c.estimated = true;
         assert_eq!(
             classes(Some(c), vec![up(0, "a", Cancelled)]),
-            vec![C::Estimated]
+            [C::Estimated]
         );
         let mut u = up(0, "a", Ok);
         u.estimated = true;
@@ -688,14 +688,8 @@ mod tests {
         ]);
         assert_eq!(reqs.len(), 2);
         assert_eq!(reqs[0].anchor_ts_ms(), 1_000);
-        assert_eq!(
-            reqs[0]
-                .upstream
-                .iter()
-                .map(|u| u.attempt)
-                .collect::<Vec<_>>(),
-            vec![0, 1]
-        );
+        let attempts: Vec<u32> = reqs[0].upstream.iter().map(|u| u.attempt).collect();
+        assert_eq!(attempts, [0, 1]);
         assert_eq!(
             RequestRows {
                 upstream: vec![up(3, "a", Ok), up(1, "a", Ok)],

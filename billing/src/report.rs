@@ -18,6 +18,7 @@ use crate::{BillingError, Ledger};
 use rust_decimal::{Decimal, RoundingStrategy};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::ops::Range;
 use switchyard_schemas::usage::{Usage, UsageKind, UsageStatus};
 
 /// Decimal places money is printed with in table, CSV and HTML output (USD).
@@ -404,7 +405,7 @@ impl DailyReport {
             "Switchyard daily report {} (UTC; ts_ms {}..{}; USD)\n\n",
             self.date, self.from_ms, self.to_ms
         );
-        out.push_str(&render_table(&head, &rows, 3));
+        out.push_str(&render_table(&head, &rows, 3..usize::MAX));
         out.push_str(&format!(
             "\nupstream calls {}, upstream errors {}, upstream tokens {}, unpriced rows {}\n",
             self.totals.upstream_calls,
@@ -435,7 +436,7 @@ impl DailyReport {
                 ]
             })
             .collect();
-        out.push_str(&render_table(&["class", "count", "rule"], &counts, 1));
+        out.push_str(&render_table(&["class", "count", "rule"], &counts, 1..2));
         if !r.rows.is_empty() {
             out.push('\n');
             let rows: Vec<Vec<String>> = r
@@ -455,7 +456,7 @@ impl DailyReport {
             let head: Vec<&str> = "request_id class tenant model target details"
                 .split(' ')
                 .collect();
-            out.push_str(&render_table(&head, &rows, usize::MAX));
+            out.push_str(&render_table(&head, &rows, 0..0));
             if r.truncated {
                 out.push_str(&format!(
                     "(first {} findings shown)\n",
@@ -533,9 +534,9 @@ pub(crate) fn csv_field(s: &str) -> String {
     }
 }
 
-/// Renders rows under `head` with columns padded to their widest cell; columns from index
-/// `numeric_from` on are right-aligned. Trailing spaces are trimmed.
-pub(crate) fn render_table(head: &[&str], rows: &[Vec<String>], numeric_from: usize) -> String {
+/// Renders rows under `head` with columns padded to their widest cell; the `numeric` columns
+/// are right-aligned. Trailing spaces are trimmed.
+pub(crate) fn render_table(head: &[&str], rows: &[Vec<String>], numeric: Range<usize>) -> String {
     let mut widths: Vec<usize> = head.iter().map(|h| h.chars().count()).collect();
     for row in rows {
         for (i, cell) in row.iter().enumerate() {
@@ -551,7 +552,7 @@ pub(crate) fn render_table(head: &[&str], rows: &[Vec<String>], numeric_from: us
                 s.push_str("  ");
             }
             let pad = w.saturating_sub(cell.chars().count());
-            if i >= numeric_from {
+            if numeric.contains(&i) {
                 s.push_str(&" ".repeat(pad));
                 s.push_str(cell);
             } else {

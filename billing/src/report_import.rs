@@ -427,7 +427,7 @@ impl ImportDiff {
             "Provider usage export vs ledger upstream rows, {} .. {} (UTC; diff = export - ledger; USD)\n\n",
             self.date_from, self.date_to
         );
-        out.push_str(&render_table(&head, &rows, 3));
+        out.push_str(&render_table(&head, &rows, 3..usize::MAX));
         out.push_str(&format!(
             "\nexact cost difference: {} USD; export rows outside the range: {}; unpriced ledger rows: {}\n",
             self.cost_usd_diff.normalize(),

@@ -4,6 +4,7 @@
 //! [`GatewayConfig::validate`] checks cross-field rules at start-up. Parsing YAML and `${ENV}`
 //! interpolation happen in the `switchyard` binary.
 
+use crate::routing::{Breaker, Limits, Policy, Retry, TimeoutOverrides};
 use crate::secret::Secret;
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
@@ -38,6 +39,9 @@ pub struct GatewayConfig {
     /// Models clients can name, each mapped to ordered targets.
     #[serde(default)]
     pub models: Vec<ModelConfig>,
+    /// Routing policies models refer to.
+    #[serde(default)]
+    pub policies: Vec<Policy>,
     /// Timeouts.
     #[serde(default)]
     pub timeouts: Timeouts,
@@ -57,6 +61,9 @@ fn default_data_dir() -> String {
 }
 fn yes() -> bool {
     true
+}
+fn one() -> f64 {
+    1.0
 }
 
 /// Which adapter speaks to a target.
@@ -114,6 +121,27 @@ pub struct TargetConfig {
     /// Disabled targets are never chosen.
     #[serde(default = "yes")]
     pub enabled: bool,
+    /// Order under the `priority` strategy: lower first.
+    #[serde(default)]
+    pub priority: i32,
+    /// Share under the `weighted` strategy (relative).
+    #[serde(default = "one")]
+    pub weight: f64,
+    /// Context window of the upstream model, tokens; requests estimated larger skip the target.
+    #[serde(default)]
+    pub context_window: Option<u64>,
+    /// RPM / TPM / concurrency limits.
+    #[serde(default)]
+    pub limits: Limits,
+    /// Circuit breaker.
+    #[serde(default)]
+    pub breaker: Breaker,
+    /// Retries inside the worker.
+    #[serde(default)]
+    pub retry: Retry,
+    /// Timeout overrides for this target.
+    #[serde(default)]
+    pub timeouts: TimeoutOverrides,
 }
 
 /// A model (standard id or route tag) clients name in `model`.
@@ -127,6 +155,9 @@ pub struct ModelConfig {
     /// Owner shown in `/v1/models` (`owned_by`), default the part before `/`.
     #[serde(default)]
     pub owned_by: Option<String>,
+    /// Routing policy id; `None` = `priority` over `targets` in order.
+    #[serde(default)]
+    pub policy: Option<String>,
 }
 
 /// Timeouts, all in milliseconds.
@@ -260,6 +291,58 @@ impl GatewayConfig {
                 }
             }
         }
+        let mut policy_ids = HashSet::new();
+        for (i, p) in self.policies.iter().enumerate() {
+            if p.id.is_empty() || !policy_ids.insert(p.id.as_str()) {
+                return Err(err(
+                    format!("policies[{i}].id"),
+                    format!("`{}` is empty or repeated", p.id),
+                ));
+            }
+            if let Some(c) = &p.canary {
+                if !(0.0..=100.0).contains(&c.percent) {
+                    return Err(err(
+                        format!("policies[{i}].canary.percent"),
+                        "must be between 0 and 100",
+                    ));
+                }
+                if !target_ids.contains(c.target.as_str()) {
+                    return Err(err(
+                        format!("policies[{i}].canary.target"),
+                        format!("unknown target `{}`", c.target),
+                    ));
+                }
+            } else if p.strategy == crate::routing::Strategy::Canary {
+                return Err(err(
+                    format!("policies[{i}].canary"),
+                    "strategy `canary` needs `canary: {target, percent}`",
+                ));
+            }
+        }
+        for (i, m) in self.models.iter().enumerate() {
+            if let Some(p) = &m.policy
+                && !policy_ids.contains(p.as_str())
+            {
+                return Err(err(
+                    format!("models[{i}].policy"),
+                    format!("unknown policy `{p}`"),
+                ));
+            }
+        }
+        for (i, t) in self.targets.iter().enumerate() {
+            if !(t.weight.is_finite() && t.weight >= 0.0) {
+                return Err(err(
+                    format!("targets[{i}].weight"),
+                    "must be a finite number >= 0",
+                ));
+            }
+            if t.retry.max_attempts == 0 {
+                return Err(err(
+                    format!("targets[{i}].retry.max_attempts"),
+                    "must be at least 1",
+                ));
+            }
+        }
         let t = &self.timeouts;
         if t.heartbeat_ms == 0 || t.heartbeat_ms >= t.worker_silence_ms {
             return Err(err(
@@ -273,6 +356,11 @@ impl GatewayConfig {
     /// The target with this id.
     pub fn target(&self, id: &str) -> Option<&TargetConfig> {
         self.targets.iter().find(|t| t.id == id)
+    }
+
+    /// The policy with this id.
+    pub fn policy(&self, id: &str) -> Option<&Policy> {
+        self.policies.iter().find(|p| p.id == id)
     }
 
     /// The model with this id.

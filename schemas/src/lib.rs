@@ -14,6 +14,7 @@ pub mod frame;
 #[cfg(feature = "nats")]
 pub mod publish;
 pub mod request;
+pub mod routing;
 pub mod secret;
 pub mod subjects;
 pub mod usage;

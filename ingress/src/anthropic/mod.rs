@@ -89,3 +89,126 @@ fn stream_response(meta: MessageMeta, feed: FrameFeed) -> Response {
     });
     sse_response(Body::from_stream(body))
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::request::parse;
+    use serde_json::{Value, json};
+
+    fn body(extra: Value) -> Vec<u8> {
+        let mut v = json!({"model": "demo/mock", "max_tokens": 64,
+            "messages": [{"role": "user", "content": "hi"}]});
+        if let (Some(o), Value::Object(e)) = (v.as_object_mut(), extra) {
+            o.extend(e);
+        }
+        v.to_string().into_bytes()
+    }
+
+    fn rejected(extra: Value) -> (String, String) {
+        let e = parse(&body(extra)).unwrap_err();
+        assert_eq!(e.status.as_u16(), 400, "{}", e.message);
+        (e.param.unwrap_or_default(), e.message)
+    }
+
+    #[test]
+    fn translates_a_tool_round_trip() {
+        let p = parse(&body(json!({
+            "system": [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "Look"},
+                    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA"}}]},
+                {"role": "assistant", "content": [{"type": "text", "text": "Calling"},
+                    {"type": "tool_use", "id": "t1", "name": "w", "input": {"city": "Paris"}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+                    {"type": "tool_result", "tool_use_id": "t2", "content": "c", "is_error": true},
+                    {"type": "text", "text": "Thanks"}]},
+                {"role": "assistant", "content": "Sure"}],
+            "tools": [{"name": "w", "description": "weather", "input_schema": {"type": "object"}}],
+            "tool_choice": {"type": "tool", "name": "w", "disable_parallel_tool_use": true},
+            "metadata": {"user_id": "u1"}, "stop_sequences": ["END"], "stream": true,
+            "temperature": 0.5, "thinking": {"type": "disabled"},
+        })))
+        .unwrap();
+        let msgs = serde_json::to_value(&p.messages).unwrap();
+        assert_eq!(
+            msgs,
+            json!([
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": [{"type": "text", "text": "Look"},
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}]},
+                {"role": "assistant", "content": "Calling", "tool_calls": [{"id": "t1", "type": "function",
+                    "function": {"name": "w", "arguments": "{\"city\":\"Paris\"}"}}]},
+                {"role": "tool", "content": "a\nb", "tool_call_id": "t1"},
+                {"role": "tool", "content": "c", "tool_call_id": "t2"},
+                {"role": "user", "content": "Thanks"},
+                {"role": "assistant", "content": "Sure"}
+            ])
+        );
+        assert_eq!(
+            p.tool_choice,
+            Some(json!({"type": "function", "function": {"name": "w"}}))
+        );
+        assert_eq!(p.params.parallel_tool_calls, Some(false));
+        assert_eq!(p.params.user.as_deref(), Some("u1"));
+        assert_eq!(p.params.stop, vec!["END".to_owned()]);
+        assert_eq!(p.params.max_tokens, Some(64));
+        assert!(p.stream);
+        assert_eq!(
+            p.tools[0].function.parameters,
+            Some(json!({"type": "object"}))
+        );
+    }
+
+    #[test]
+    fn tool_choice_kinds() {
+        let tools = json!([{"name": "w", "input_schema": {}}]);
+        for (choice, expected) in [
+            (json!({"type": "auto"}), json!("auto")),
+            (json!({"type": "any"}), json!("required")),
+            (json!({"type": "none"}), json!("none")),
+        ] {
+            let p = parse(&body(json!({"tools": tools, "tool_choice": choice}))).unwrap();
+            assert_eq!(p.tool_choice, Some(expected));
+            assert_eq!(p.params.parallel_tool_calls, None);
+        }
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let mut v: Value = serde_json::from_slice(&body(json!({}))).unwrap();
+        v.as_object_mut().unwrap().remove("max_tokens");
+        let e = parse(v.to_string().as_bytes()).unwrap_err();
+        assert_eq!(e.message, "max_tokens: Field required");
+        assert_eq!(rejected(json!({"top_k": 5})).0, "top_k");
+        assert_eq!(
+            rejected(json!({"thinking": {"type": "enabled", "budget_tokens": 1024}})).0,
+            "thinking"
+        );
+        let (param, msg) = rejected(json!({"bogus": 1}));
+        assert_eq!(
+            (param.as_str(), msg.as_str()),
+            ("bogus", "bogus: Extra inputs are not permitted")
+        );
+        assert_eq!(rejected(json!({"temperature": 1.5})).0, "temperature");
+        let m = |content: Value| json!({"messages": [{"role": "user", "content": content}]});
+        let (param, msg) = rejected(m(json!([{"type": "text", "text": "x", "extra": 1}])));
+        assert_eq!(param, "messages[0].content[0]");
+        assert!(msg.contains("extra"), "{msg}");
+        assert_eq!(
+            rejected(m(json!([{"type": "thinking", "thinking": "x"}]))).0,
+            "messages[0].content[0].type"
+        );
+        assert_eq!(rejected(m(json!([]))).0, "messages[0].content");
+        let role = json!({"messages": [{"role": "system", "content": "x"}]});
+        assert_eq!(rejected(role).0, "messages[0].role");
+        let server = json!({"tools": [{"type": "web_search_20250305", "name": "web_search"}]});
+        assert_eq!(rejected(server).0, "tools[0].type");
+        assert_eq!(
+            rejected(json!({"tool_choice": {"type": "any"}})).0,
+            "tool_choice"
+        );
+        assert!(parse(b"{nope").unwrap_err().param.is_none());
+    }
+}
