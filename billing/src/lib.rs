@@ -14,7 +14,7 @@
 
 mod error;
 pub mod ledger;
-pub mod pricing;
+pub use switchyard_schemas::pricing;
 pub mod reconcile;
 pub mod report;
 mod report_html;

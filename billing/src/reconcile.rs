@@ -404,7 +404,8 @@ pub fn reconcile_requests(
     out
 }
 
-/// Reads every request anchored in `[from_ms, to_ms)` with all of its rows.
+/// Reads every request anchored in `[from_ms, to_ms)` with all of its rows, in memory (meant for
+/// ranges of about a day; the rows are compact, no raw JSON).
 pub async fn load_requests(
     ledger: &Ledger,
     from_ms: u64,

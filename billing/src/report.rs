@@ -1,11 +1,11 @@
 //! The daily report: one UTC day of the ledger grouped by tenant, model and target, with the day's
-//! [reconciliation](crate::reconcile) attached, rendered as an aligned table, CSV, JSON or a
+//! [reconciliation](mod@crate::reconcile) attached, rendered as an aligned table, CSV, JSON or a
 //! self-contained HTML page ([`DailyReport::to_html`]).
 //!
-//! **What is counted where.** Requests are filed under the day and hour of their anchor time (see
-//! [`crate::reconcile`]). Each ledger row is added to the group of its own (tenant, model, target):
-//! a `charge` row to the target that served (or was tried last), each `upstream` row to the target
-//! it called, so the cost of a failed attempt lands on the target that failed. `requests`,
+//! **What is counted where.** Requests are filed under the day and hour of their anchor time
+//! (see [`reconcile`](mod@crate::reconcile)). Each ledger row is added to the group of its own
+//! (tenant, model, target): a `charge` row to the target that served (or was tried last), each
+//! `upstream` row to the target it called, so the cost of a failed attempt lands on the target that failed. `requests`,
 //! `tokens`, `charge_usd`, cache hits, fallbacks, errors and cancellations come from `charge` rows
 //! (what tenants were billed for); `cost_usd`, `upstream_calls`, `upstream_tokens` and
 //! `upstream_errors` from `upstream` rows (what upstream calls cost us).

@@ -340,10 +340,6 @@ async fn scenario(url: &str) {
 
     // HTML: three charts and the rounded totals.
     let html = r.to_html();
-    if let Ok(p) = std::env::var("TMP_HTML_OUT") {
-        std::fs::write(p, &html).unwrap();
-        std::fs::write("/tmp/sy-table.txt", r.to_table()).unwrap();
-    }
     assert_eq!(html.matches("<svg").count(), 3);
     for total in ["0.196133", "0.188962", "0.007171"] {
         assert!(html.contains(total), "{total}");

@@ -60,8 +60,14 @@ pub fn locate() -> Result<Paths, String> {
         roots.extend(exe.ancestors().nth(3).map(Path::to_path_buf));
     }
     roots.push(PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/..")));
+    locate_in(&roots)
+}
+
+/// [`locate`] in the first of `roots` that has both the venv's Python and the launcher.
+fn locate_in(roots: &[PathBuf]) -> Result<Paths, String> {
     let mut looked = Vec::new();
     for root in roots {
+        let root = std::fs::canonicalize(root).unwrap_or_else(|_| root.clone());
         let python = root.join(VENV_PYTHON);
         let launcher = root.join(LAUNCHER);
         if !(python.is_file() && launcher.is_file()) {
@@ -172,7 +178,11 @@ pub async fn start(
         "--no-local-model".to_owned()
     };
     let removed = remove_from_config(config);
-    tracing::warn!(models = ?removed, "local model disabled ({why}); its models are not served");
+    if enabled {
+        tracing::warn!(models = ?removed, "local model disabled ({why}); its models are not served");
+    } else {
+        tracing::info!(models = ?removed, "local model disabled ({why}); its models are not served");
+    }
     None
 }
 
@@ -421,6 +431,41 @@ models:
         assert_eq!(ids, ["demo/mock", "local-or-mock"]);
         assert_eq!(c.model("local-or-mock").unwrap().targets, ["mock"]);
         assert_eq!(c.targets.len(), 1);
+    }
+
+    #[test]
+    fn locating_names_what_is_missing() {
+        let empty = tempfile::tempdir().unwrap();
+        let e = locate_in(&[empty.path().to_path_buf()]).unwrap_err();
+        assert!(
+            e.contains(VENV_PYTHON) && e.contains("scripts/bootstrap"),
+            "{e}"
+        );
+
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        for f in [VENV_PYTHON, LAUNCHER] {
+            std::fs::create_dir_all(r.join(f).parent().unwrap()).unwrap();
+            std::fs::write(r.join(f), "").unwrap();
+        }
+        let e = locate_in(&[empty.path().to_path_buf(), r.to_path_buf()]).unwrap_err();
+        assert!(
+            e.contains(MODEL_FILE) && e.contains("scripts/bootstrap"),
+            "{e}"
+        );
+
+        let model = r
+            .join(".tools/venv/lib/python3.11/site-packages")
+            .join(MODEL_FILE);
+        std::fs::create_dir_all(model.parent().unwrap()).unwrap();
+        std::fs::write(&model, "gguf").unwrap();
+        let paths = locate_in(&[empty.path().to_path_buf(), r.to_path_buf()]).unwrap();
+        assert_eq!(
+            paths.model.canonicalize().unwrap(),
+            model.canonicalize().unwrap()
+        );
+        assert!(paths.python.ends_with(VENV_PYTHON));
+        assert!(paths.launcher.ends_with(LAUNCHER));
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! `switchyard`: the CLI wiring Switchyard's services. `up` runs everything in one process; the
 //! other subcommands run one service each against a shared NATS (the distributed topology).
 
-mod config;
+use switchyard::{config, reload};
 mod local_model;
 mod report_cmd;
 
@@ -9,7 +9,7 @@ use clap::{Args, Parser, Subcommand};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use switchyard_schemas::config::{BUILTIN_MOCK_URL, GatewayConfig, ProviderKind};
+use switchyard_schemas::config::{BUILTIN_MOCK_URL, ConfigHandle, GatewayConfig, ProviderKind};
 use switchyard_schemas::subjects::Subjects;
 use tokio_util::sync::CancellationToken;
 
@@ -96,6 +96,26 @@ enum Command {
     /// Reports from the usage ledger: `daily` (per tenant/model/target, cost, charge and margin in
     /// USD, reconciliation) and `import-usage` (a provider's usage export vs the ledger).
     Report(report_cmd::ReportArgs),
+    /// Live config: `push FILE` validates a YAML config and stores it in the NATS KV bucket every
+    /// running service watches (they switch atomically, no restart); `show` prints the stored one.
+    Config {
+        #[command(subcommand)]
+        action: ConfigAction,
+        /// NATS URL.
+        #[arg(long, env = "SWITCHYARD_NATS_URL", global = true)]
+        nats_url: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum ConfigAction {
+    /// Validate FILE and make it the live config of every service.
+    Push {
+        /// The YAML file.
+        file: PathBuf,
+    },
+    /// Print the live config text and its version.
+    Show,
 }
 
 fn parse_provider(s: &str) -> Result<ProviderKind, String> {
@@ -204,7 +224,9 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             }
             let nats = connect(&require_nats(&c)?, "switchyard-ingress").await?;
             let shutdown = shutdown_token();
-            run_ingress(nats, Arc::new(c), shutdown).await
+            let handle = ConfigHandle::new(c);
+            spawn_reload(&nats, &handle, &shutdown, Arc::new(|_| {}));
+            run_ingress(nats, handle, shutdown).await
         }
         Command::Worker {
             common,
@@ -214,15 +236,19 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         } => {
             let c = load(&common)?;
             let nats = connect(&require_nats(&c)?, "switchyard-worker").await?;
+            let subjects = Subjects::new(c.subject_prefix.clone());
+            let handle = ConfigHandle::new(c);
+            let shutdown = shutdown_token();
+            spawn_reload(&nats, &handle, &shutdown, Arc::new(|_| {}));
             let opts = switchyard_workers::worker::WorkerOptions {
                 worker_id: new_id("worker"),
-                subjects: Subjects::new(c.subject_prefix.clone()),
-                config: Arc::new(c),
+                subjects,
+                config: handle,
                 providers,
                 builtin_mock_url: mock_url,
                 builtin_local_model_url: local_model_url,
             };
-            switchyard_workers::worker::run(nats, opts, shutdown_token())
+            switchyard_workers::worker::run(nats, opts, shutdown)
                 .await
                 .map_err(msg)
         }
@@ -258,19 +284,59 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             }
         }
         Command::Report(args) => report_cmd::run(args).await.map_err(msg),
+        Command::Config { action, nats_url } => {
+            let url = nats_url.ok_or_else(|| msg("pass --nats-url (or SWITCHYARD_NATS_URL)"))?;
+            let nats = connect(&url, "switchyard-config").await?;
+            match action {
+                ConfigAction::Push { file } => {
+                    let text = std::fs::read_to_string(&file)
+                        .map_err(|e| msg(format!("reading {}: {e}", file.display())))?;
+                    let version = reload::push(&nats, &text).await.map_err(msg)?;
+                    println!("config version {version} is live");
+                }
+                ConfigAction::Show => {
+                    let kv = reload::bucket(&nats).await.map_err(msg)?;
+                    match kv.entry(reload::KEY).await.map_err(msg)? {
+                        Some(e) => println!(
+                            "# version {}\n{}",
+                            e.revision,
+                            String::from_utf8_lossy(&e.value)
+                        ),
+                        None => println!("# no live config pushed yet"),
+                    }
+                }
+            }
+            Ok(())
+        }
     }
+}
+
+/// Applies live config pushes (NATS KV) to `handle` until `shutdown`.
+fn spawn_reload(
+    nats: &async_nats::Client,
+    handle: &ConfigHandle,
+    shutdown: &CancellationToken,
+    fixup: reload::Fixup,
+) {
+    let (nats, handle, shutdown) = (nats.clone(), handle.clone(), shutdown.clone());
+    tokio::spawn(async move {
+        if let Err(e) = reload::watch_kv(nats, handle, shutdown, fixup).await {
+            tracing::warn!(error = %e, "live config reload is off");
+        }
+    });
 }
 
 async fn run_ingress(
     nats: async_nats::Client,
-    c: Arc<GatewayConfig>,
+    handle: ConfigHandle,
     shutdown: CancellationToken,
 ) -> Result<(), CliError> {
+    let c = handle.get();
     let listener = tokio::net::TcpListener::bind(&c.listen)
         .await
         .map_err(|e| msg(format!("binding {}: {e}", c.listen)))?;
     let addr = listener.local_addr().map_err(msg)?;
-    let state = switchyard_ingress::state(nats, c.clone(), &new_id("ingress"))
+    let state = switchyard_ingress::state(nats, handle, &new_id("ingress"))
         .await
         .map_err(msg)?;
     tracing::warn!(
@@ -342,8 +408,28 @@ async fn up(
     let shutdown = shutdown_token();
     // The local model server for `builtin:local-model` targets (removed from `c` when unavailable).
     let local_model = local_model::start(&mut c, local_model, shutdown.clone()).await;
-    let config = Arc::new(c);
+    let handle = ConfigHandle::new(c);
+    let config = handle.get();
     let subjects = Subjects::new(config.subject_prefix.clone());
+    {
+        let nats = connect(&url, "switchyard-config").await?;
+        // Without a running local model server, reloaded configs must not route to it either.
+        let local_running = local_model.is_some();
+        let fixup: reload::Fixup = Arc::new(move |c| {
+            if !local_running {
+                local_model::remove_from_config(c);
+            }
+        });
+        spawn_reload(&nats, &handle, &shutdown, fixup);
+        if let Some(file) = common.config.clone() {
+            tokio::spawn(reload::watch_file(
+                nats,
+                file,
+                std::time::Duration::from_secs(1),
+                shutdown.clone(),
+            ));
+        }
+    }
 
     // Built-in mock upstream for `builtin:mock` targets.
     let mut mock_url = None;
@@ -395,7 +481,7 @@ async fn up(
         let opts = switchyard_workers::worker::WorkerOptions {
             worker_id: new_id("worker"),
             subjects: subjects.clone(),
-            config: config.clone(),
+            config: handle.clone(),
             providers: Vec::new(),
             builtin_mock_url: mock_url,
             builtin_local_model_url: local_model.as_ref().map(local_model::LocalModel::api_url),
@@ -409,10 +495,10 @@ async fn up(
     }
     {
         let nats = connect(&url, "switchyard-ingress").await?;
-        let config = config.clone();
+        let handle = handle.clone();
         let token = shutdown.clone();
         tasks.spawn(async move {
-            run_ingress(nats, config, token)
+            run_ingress(nats, handle, token)
                 .await
                 .map_err(|e| ("ingress", e))
         });

@@ -98,13 +98,13 @@ fn parse(body: &[u8]) -> Result<(EmbeddingsBody, EmbedInput, bool), ApiError> {
 async fn handle(app: Arc<AppState>, body: &[u8]) -> Result<Response, ApiError> {
     route::check_size(&app, body.len())?;
     let (b, input, base64) = parse(body)?;
-    let model = app
-        .config
+    let config = app.config.get();
+    let model = config
         .model(&b.model)
         .ok_or_else(|| ApiError::model_not_found(&b.model))?;
     let admitted = Instant::now();
     let id = Uuid::now_v7();
-    let t = &app.config.timeouts;
+    let t = &config.timeouts;
     let prompt_bytes = match &input {
         EmbedInput::Texts(v) => v.iter().map(String::len).sum(),
         EmbedInput::Tokens(v) => v.iter().map(|x| x.len() * 4).sum(),
@@ -137,7 +137,7 @@ async fn handle(app: Arc<AppState>, body: &[u8]) -> Result<Response, ApiError> {
     let mut last_err = None;
     let mut tried = 0u32;
     for target_id in &model.targets {
-        let Some(target) = app.config.target(target_id).filter(|t| t.enabled) else {
+        let Some(target) = config.target(target_id).filter(|t| t.enabled) else {
             continue;
         };
         req.target = TargetRef {

@@ -19,13 +19,13 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use std::sync::Arc;
-use switchyard_schemas::config::GatewayConfig;
+use switchyard_schemas::config::ConfigHandle;
 use switchyard_schemas::subjects::Subjects;
 
 /// Everything a handler needs.
 pub struct AppState {
-    /// The active config.
-    pub config: Arc<GatewayConfig>,
+    /// The live config; take one snapshot per request with `config.get()`.
+    pub config: ConfigHandle,
     /// Request publisher and reply demultiplexer.
     pub dispatcher: dispatch::Dispatcher,
     /// JetStream, for usage events.
@@ -50,10 +50,10 @@ pub enum IngressError {
 /// Builds the state: subscribes this process's reply inbox (`ingress_id` must be unique per process).
 pub async fn state(
     nats: async_nats::Client,
-    config: Arc<GatewayConfig>,
+    config: ConfigHandle,
     ingress_id: &str,
 ) -> Result<Arc<AppState>, IngressError> {
-    let subjects = Subjects::new(config.subject_prefix.clone());
+    let subjects = Subjects::new(config.get().subject_prefix.clone());
     let dispatcher =
         dispatch::Dispatcher::start(nats.clone(), subjects.clone(), ingress_id).await?;
     Ok(Arc::new(AppState {
@@ -92,8 +92,8 @@ pub async fn serve(
 }
 
 async fn models(State(app): State<Arc<AppState>>) -> Response {
-    let data: Vec<serde_json::Value> = app
-        .config
+    let config = app.config.get();
+    let data: Vec<serde_json::Value> = config
         .models
         .iter()
         .map(|m| {

@@ -12,6 +12,19 @@ use std::collections::HashSet;
 /// The base URL value that means "the built-in mock upstream started by `switchyard up`".
 pub const BUILTIN_MOCK_URL: &str = "builtin:mock";
 
+/// Whether `url` is `builtin:mock/x/<spec>`: the built-in mock with per-target behaviour keys
+/// (`<spec>` = `key=value,key=value`, one path segment: no `/`, `?`, `#` or whitespace). Workers
+/// resolve it to `<mock root>/x/<spec>/v1`.
+pub fn is_mock_path_prefix(url: &str) -> bool {
+    url.strip_prefix(BUILTIN_MOCK_URL)
+        .and_then(|rest| rest.strip_prefix("/x/"))
+        .is_some_and(|spec| {
+            !spec.is_empty()
+                && !spec.contains(['/', '?', '#'])
+                && !spec.chars().any(char::is_whitespace)
+        })
+}
+
 /// The base URL value that means "the local model server started by `switchyard up`"
 /// (SmolLM2-135M on llama.cpp, see `scripts/local_model.py`); workers resolve it to that server's
 /// `/v1` URL.
@@ -82,9 +95,22 @@ pub enum ProviderKind {
     /// Azure OpenAI (`{base_url}/openai/deployments/{deployment}/chat/completions?api-version=…`,
     /// `api-key`; Azure OpenAI REST API reference, data plane inference).
     AzureOpenai,
+    /// Amazon Bedrock Converse API (`{base_url}/model/{modelId}/converse-stream`, AWS SigV4 with
+    /// service `bedrock`; Amazon Bedrock API Reference, "ConverseStream"). Needs [`AwsTarget`].
+    Bedrock,
 }
 
 impl ProviderKind {
+    /// Every provider family, in declaration order.
+    pub const ALL: &'static [ProviderKind] = &[
+        Self::Openai,
+        Self::OpenaiCompatible,
+        Self::Anthropic,
+        Self::Gemini,
+        Self::AzureOpenai,
+        Self::Bedrock,
+    ];
+
     /// The subject token and queue-group suffix of this provider's workers.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -93,6 +119,7 @@ impl ProviderKind {
             Self::Anthropic => "anthropic",
             Self::Gemini => "gemini",
             Self::AzureOpenai => "azure_openai",
+            Self::Bedrock => "bedrock",
         }
     }
 }
@@ -106,7 +133,10 @@ pub struct TargetConfig {
     /// Adapter.
     pub provider: ProviderKind,
     /// API base including the version path, e.g. `https://api.openai.com/v1`, or `builtin:mock` /
-    /// `builtin:local-model`.
+    /// `builtin:local-model`. May be left out (empty) only for `bedrock` targets, which then use
+    /// the regional endpoint `https://bedrock-runtime.{region}.amazonaws.com` (AWS General
+    /// Reference, "Amazon Bedrock endpoints and quotas").
+    #[serde(default)]
     pub base_url: String,
     /// Credential; supports `${ENV_VAR}` interpolation. Empty = no auth header.
     #[serde(default)]
@@ -118,6 +148,11 @@ pub struct TargetConfig {
     /// `None` means the adapter's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_version: Option<String>,
+    /// AWS region and credentials of a `bedrock` target (required there, rejected elsewhere);
+    /// requests are signed with SigV4 (AWS IAM User Guide, "AWS Signature Version 4 for API
+    /// requests"). `api_key` is not used by `bedrock` targets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aws: Option<AwsTarget>,
     /// Disabled targets are never chosen.
     #[serde(default = "yes")]
     pub enabled: bool,
@@ -142,6 +177,67 @@ pub struct TargetConfig {
     /// Timeout overrides for this target.
     #[serde(default)]
     pub timeouts: TimeoutOverrides,
+}
+
+/// Region and credentials for SigV4-signed AWS targets (`bedrock`). The secrets support
+/// `${ENV_VAR}` interpolation like `api_key`, and never print.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AwsTarget {
+    /// AWS region, e.g. `us-east-1`: part of the endpoint host and of the SigV4 credential scope.
+    pub region: String,
+    /// Access key id (`AKIA…` for long-term keys, `ASIA…` for temporary ones).
+    pub access_key_id: Secret,
+    /// Secret access key.
+    pub secret_access_key: Secret,
+    /// Session token of temporary (STS) credentials, sent as `x-amz-security-token` (AWS IAM User
+    /// Guide, "Use temporary credentials with AWS resources").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_token: Option<Secret>,
+}
+
+/// Checks the `aws` block of target `i`: required for `bedrock`, rejected elsewhere, with a
+/// region of lower-case letters, digits and `-` and non-empty keys.
+fn validate_aws(i: usize, t: &TargetConfig) -> Result<(), ConfigError> {
+    let aws = match (&t.aws, t.provider) {
+        (None, ProviderKind::Bedrock) => {
+            return Err(err(
+                format!("targets[{i}].aws"),
+                "bedrock targets need `aws: {region, access_key_id, secret_access_key}`",
+            ));
+        }
+        (None, _) => return Ok(()),
+        (Some(aws), ProviderKind::Bedrock) => aws,
+        (Some(_), other) => {
+            return Err(err(
+                format!("targets[{i}].aws"),
+                format!(
+                    "only bedrock targets take aws settings (this one is {})",
+                    other.as_str()
+                ),
+            ));
+        }
+    };
+    let region_ok = !aws.region.is_empty()
+        && aws
+            .region
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    if !region_ok {
+        return Err(err(
+            format!("targets[{i}].aws.region"),
+            format!("`{}` is not an AWS region like us-east-1", aws.region),
+        ));
+    }
+    for (name, value) in [
+        ("access_key_id", &aws.access_key_id),
+        ("secret_access_key", &aws.secret_access_key),
+    ] {
+        if value.expose().trim().is_empty() {
+            return Err(err(format!("targets[{i}].aws.{name}"), "must not be empty"));
+        }
+    }
+    Ok(())
 }
 
 /// A model (standard id or route tag) clients name in `model`.
@@ -236,7 +332,10 @@ impl GatewayConfig {
                     format!("`{}` is empty or repeated", t.id),
                 ));
             }
-            if t.base_url != BUILTIN_MOCK_URL
+            let bedrock_default = t.base_url.is_empty() && t.provider == ProviderKind::Bedrock;
+            if !bedrock_default
+                && t.base_url != BUILTIN_MOCK_URL
+                && !is_mock_path_prefix(&t.base_url)
                 && t.base_url != BUILTIN_LOCAL_MODEL_URL
                 && !t.base_url.starts_with("http://")
                 && !t.base_url.starts_with("https://")
@@ -244,8 +343,8 @@ impl GatewayConfig {
                 return Err(err(
                     format!("targets[{i}].base_url"),
                     format!(
-                        "`{}` must start with http:// or https:// (or be {BUILTIN_MOCK_URL} or \
-                         {BUILTIN_LOCAL_MODEL_URL})",
+                        "`{}` must start with http:// or https:// (or be {BUILTIN_MOCK_URL}, \
+                         {BUILTIN_MOCK_URL}/x/<key=value,...> or {BUILTIN_LOCAL_MODEL_URL})",
                         t.base_url
                     ),
                 ));
@@ -267,6 +366,7 @@ impl GatewayConfig {
                     ));
                 }
             }
+            validate_aws(i, t)?;
         }
         let mut model_ids = HashSet::new();
         for (i, m) in self.models.iter().enumerate() {
@@ -369,6 +469,63 @@ impl GatewayConfig {
     }
 }
 
+/// The live config of one process: a versioned snapshot swapped atomically on reload. Each
+/// request takes one snapshot ([`ConfigHandle::get`]) and keeps it to the end, so a reload never
+/// changes a request half-way.
+#[derive(Debug, Clone)]
+pub struct ConfigHandle {
+    inner: std::sync::Arc<arc_swap::ArcSwap<Versioned>>,
+}
+
+/// A config with the version it was published under (0 = the start-up file).
+#[derive(Debug)]
+pub struct Versioned {
+    /// Monotonic version (the NATS KV revision when distributed).
+    pub version: u64,
+    /// The config.
+    pub config: std::sync::Arc<GatewayConfig>,
+}
+
+impl ConfigHandle {
+    /// A handle starting at `config`, version 0.
+    pub fn new(config: GatewayConfig) -> Self {
+        let v = Versioned {
+            version: 0,
+            config: std::sync::Arc::new(config),
+        };
+        Self {
+            inner: std::sync::Arc::new(arc_swap::ArcSwap::from_pointee(v)),
+        }
+    }
+
+    /// The current snapshot.
+    pub fn get(&self) -> std::sync::Arc<GatewayConfig> {
+        self.inner.load().config.clone()
+    }
+
+    /// The current version.
+    pub fn version(&self) -> u64 {
+        self.inner.load().version
+    }
+
+    /// Installs `config` as `version` if it is newer than the current one; returns whether it did.
+    /// The caller validates first.
+    pub fn set(&self, version: u64, config: GatewayConfig) -> bool {
+        let new = std::sync::Arc::new(Versioned {
+            version,
+            config: std::sync::Arc::new(config),
+        });
+        let prev = self.inner.rcu(|cur| {
+            if version > cur.version {
+                new.clone()
+            } else {
+                cur.clone()
+            }
+        });
+        prev.version < version
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -421,10 +578,56 @@ mod tests {
         let mut c = base();
         c.targets[0].base_url = BUILTIN_LOCAL_MODEL_URL.into();
         assert!(c.validate().is_ok());
+        c.targets[0].base_url = "builtin:mock/x/status=503,retry_after=2".into();
+        assert!(c.validate().is_ok());
+        for bad in [
+            "builtin:mock/x/",
+            "builtin:mock/x/a/b",
+            "builtin:mock/y/a",
+            "builtin:mockx",
+        ] {
+            c.targets[0].base_url = bad.into();
+            assert_eq!(
+                c.validate().unwrap_err().field,
+                "targets[0].base_url",
+                "{bad}"
+            );
+        }
         c.targets[0].base_url = "builtin:nope".into();
         let e = c.validate().unwrap_err();
         assert_eq!(e.field, "targets[0].base_url");
         assert!(e.message.contains(BUILTIN_LOCAL_MODEL_URL), "{}", e.message);
+    }
+
+    #[test]
+    fn bedrock_targets_need_aws_settings() {
+        let mut c = base();
+        c.targets[0].provider = ProviderKind::Bedrock;
+        assert_eq!(c.validate().unwrap_err().field, "targets[0].aws");
+        let t: TargetConfig = serde_json::from_value(serde_json::json!({"id": "mock",
+            "provider": "bedrock", "upstream_model": "anthropic.claude-3-haiku-20240307-v1:0",
+            "aws": {"region": "us-east-1", "access_key_id": "AKID", "secret_access_key": "s",
+                "session_token": "tok"}}))
+        .unwrap();
+        assert_eq!((t.provider.as_str(), t.base_url.as_str()), ("bedrock", ""));
+        let aws = t.aws.clone().unwrap();
+        assert_eq!(format!("{aws:?}").matches("[redacted]").count(), 3);
+        c.targets[0] = t;
+        assert!(c.validate().is_ok(), "{:?}", c.validate());
+        c.targets[0].aws.as_mut().unwrap().region = "US East".into();
+        assert_eq!(c.validate().unwrap_err().field, "targets[0].aws.region");
+        c.targets[0].aws.as_mut().unwrap().region = "eu-west-3".into();
+        c.targets[0].aws.as_mut().unwrap().secret_access_key = Secret::new("");
+        let e = c.validate().unwrap_err();
+        assert_eq!(e.field, "targets[0].aws.secret_access_key");
+        c.targets[0].aws = Some(aws);
+        c.targets[0].provider = ProviderKind::Openai;
+        assert_eq!(c.validate().unwrap_err().field, "targets[0].base_url");
+        c.targets[0].base_url = "https://api.openai.com/v1".into();
+        assert_eq!(c.validate().unwrap_err().field, "targets[0].aws");
+        let r: Result<AwsTarget, _> = serde_json::from_value(serde_json::json!({"region": "x",
+            "access_key_id": "a", "secret_access_key": "b", "profile": "p"}));
+        assert!(r.unwrap_err().to_string().contains("profile"));
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //! Data flows one way: ingress publishes a [`request::ChatRequest`] on a capability-keyed subject
 //! ([`subjects::Subjects::request`]); a provider worker answers with an ordered stream of
 //! [`frame::Frame`]s on the request's reply subject; both sides publish [`usage::UsageEvent`]s to the
-//! durable usage stream that billing consumes. Config types live in [`config`].
+//! durable usage stream that billing consumes. Config types live in [`config`], the pricing catalog
+//! (cost and sale prices, shared by billing and cost-aware routing) in [`pricing`], target health
+//! events in [`health`].
 //!
 //! Wire encoding is JSON (serde_json) for every payload.
 
@@ -11,6 +13,8 @@ pub mod config;
 pub mod embed;
 pub mod error;
 pub mod frame;
+pub mod health;
+pub mod pricing;
 #[cfg(feature = "nats")]
 pub mod publish;
 pub mod request;

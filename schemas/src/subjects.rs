@@ -11,6 +11,9 @@ pub struct Subjects {
 pub const USAGE_STREAM: &str = "SY_USAGE";
 /// The durable consumer billing reads the usage stream with.
 pub const BILLING_CONSUMER: &str = "billing";
+/// The JetStream KV bucket holding the shared RPM/TPM token buckets of the workers, one key per
+/// target and limit (`<target>.rpm`, `<target>.tpm`), each `{"tokens": f64, "updated_ms": u64}`.
+pub const LIMITS_BUCKET: &str = "SY_LIMITS";
 /// Capability token for chat completions.
 pub const CAP_CHAT: &str = "chat";
 /// Capability token for embeddings (request/reply, one answer).
@@ -76,7 +79,8 @@ impl Subjects {
         format!("{}.cache.store", self.prefix)
     }
 
-    /// `<prefix>.health.<target>`: circuit/limit state changes.
+    /// `<prefix>.health.<target>`: circuit breaker / cooldown state changes, JSON
+    /// [`crate::health::HealthEvent`].
     pub fn health(&self, target: &str) -> String {
         format!("{}.health.{target}", self.prefix)
     }

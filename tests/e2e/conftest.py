@@ -302,9 +302,16 @@ targets:
     provider: openai
     base_url: builtin:mock
     upstream_model: mock
+  - id: claude
+    provider: anthropic
+    base_url: builtin:mock
+    upstream_model: claude-test
 models:
   - id: {MODEL}
     targets: [mock]
+    owned_by: switchyard
+  - id: demo/claude
+    targets: [claude]
     owned_by: switchyard
 """
     )

@@ -35,7 +35,8 @@ pub(crate) async fn handle(shared: Arc<Shared>, msg: async_nats::Message) {
             return;
         }
     };
-    let Some(target) = shared.opts.config.target(&req.target.id).cloned() else {
+    let config = shared.opts.config.get();
+    let Some(target) = config.target(&req.target.id).cloned() else {
         let error = ErrorInfo::new(
             ErrorClass::NotFound,
             format!("target `{}` is not configured", req.target.id),
@@ -45,9 +46,7 @@ pub(crate) async fn handle(shared: Arc<Shared>, msg: async_nats::Message) {
     };
     let started = Instant::now();
     let limit = Duration::from_millis(
-        shared
-            .opts
-            .config
+        config
             .timeouts
             .first_byte_ms
             .min(req.deadline_ms.saturating_sub(now_ms())),

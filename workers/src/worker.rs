@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use switchyard_schemas::config::{
-    BUILTIN_LOCAL_MODEL_URL, BUILTIN_MOCK_URL, GatewayConfig, ProviderKind, TargetConfig,
+    BUILTIN_LOCAL_MODEL_URL, BUILTIN_MOCK_URL, ConfigHandle, ProviderKind, TargetConfig,
 };
 use switchyard_schemas::publish::publish_usage_event;
 use switchyard_schemas::subjects::{CAP_CHAT, CAP_EMBED, Subjects};
@@ -45,8 +45,8 @@ pub struct WorkerOptions {
     pub worker_id: String,
     /// Subject names.
     pub subjects: Subjects,
-    /// The gateway config (targets and timeouts).
-    pub config: Arc<GatewayConfig>,
+    /// The live gateway config (targets and timeouts); each request uses one snapshot.
+    pub config: ConfigHandle,
     /// Providers whose queue groups this worker joins; empty = every provider with a target.
     pub providers: Vec<ProviderKind>,
     /// Resolved address of the built-in mock upstream (`builtin:mock` targets), e.g. `http://127.0.0.1:9000/v1`.
@@ -64,6 +64,7 @@ pub fn adapter(kind: ProviderKind) -> Arc<dyn Provider> {
         ProviderKind::Anthropic => Arc::new(crate::providers::anthropic::AnthropicProvider),
         ProviderKind::Gemini => Arc::new(crate::providers::gemini::GeminiProvider),
         ProviderKind::AzureOpenai => Arc::new(crate::providers::azure::AzureOpenAiProvider),
+        ProviderKind::Bedrock => Arc::new(crate::providers::bedrock::BedrockProvider),
     }
 }
 
@@ -103,19 +104,17 @@ impl Worker {
         nats: async_nats::Client,
         opts: WorkerOptions,
     ) -> Result<Self, WorkerError> {
-        let t = &opts.config.timeouts;
+        let config = opts.config.get();
+        let t = &config.timeouts;
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_millis(t.connect_ms))
             .pool_max_idle_per_host(256)
             .tcp_nodelay(true)
             .build()?;
+        // Every provider by default, so targets added by a config reload are served at once.
         let mut kinds = opts.providers.clone();
         if kinds.is_empty() {
-            for target in &opts.config.targets {
-                if !kinds.contains(&target.provider) {
-                    kinds.push(target.provider);
-                }
-            }
+            kinds = ProviderKind::ALL.to_vec();
         }
         let mut subs = Vec::new();
         for kind in &kinds {
@@ -284,7 +283,8 @@ async fn handle(shared: Arc<Shared>, msg: async_nats::Message) {
             return;
         }
     };
-    let Some(target) = shared.opts.config.target(&req.target.id).cloned() else {
+    let config = shared.opts.config.get();
+    let Some(target) = config.target(&req.target.id).cloned() else {
         let msg = format!("target `{}` is not configured on worker", req.target.id);
         sink.error(ErrorInfo::new(ErrorClass::NotFound, msg)).await;
         return;
@@ -333,7 +333,8 @@ async fn call_upstream(
     sink: &mut FrameSink,
     cancel: &CancellationToken,
 ) -> Outcome {
-    let t = &shared.opts.config.timeouts;
+    let config = shared.opts.config.get();
+    let t = &config.timeouts;
     let hb = Duration::from_millis(t.heartbeat_ms);
     let started = Instant::now();
     let remaining = Duration::from_millis(req.deadline_ms.saturating_sub(now_ms()));

@@ -2,9 +2,8 @@
 //! JetStream dir, the mock upstream, a worker, ingress and (optionally) billing on SQLite.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::sync::Arc;
 use std::time::Duration;
-use switchyard_schemas::config::GatewayConfig;
+use switchyard_schemas::config::{ConfigHandle, GatewayConfig};
 use switchyard_schemas::subjects::Subjects;
 use switchyard_workers::mock_upstream::MockUpstream;
 use tokio_util::sync::CancellationToken;
@@ -16,6 +15,8 @@ pub struct Gateway {
     pub ledger: Option<switchyard_billing::Ledger>,
     pub shutdown: CancellationToken,
     pub worker_shutdown: CancellationToken,
+    /// The live config shared by ingress and the worker (reload it with `config.set`).
+    pub config: ConfigHandle,
     _tmp: tempfile::TempDir,
 }
 
@@ -77,8 +78,8 @@ pub async fn start(opts: Options) -> Gateway {
     let tmp = tempfile::tempdir().unwrap();
     let nats = switchyard_natsd::NatsServer::start_temp().unwrap();
     let mock = MockUpstream::start().await.unwrap();
-    let config = Arc::new(opts.config);
-    let subjects = Subjects::new(config.subject_prefix.clone());
+    let config = ConfigHandle::new(opts.config);
+    let subjects = Subjects::new(config.get().subject_prefix.clone());
     let shutdown = CancellationToken::new();
     let worker_shutdown = CancellationToken::new();
     let client = async_nats::connect(nats.url()).await.unwrap();
@@ -112,7 +113,7 @@ pub async fn start(opts: Options) -> Gateway {
     }
     let state = switchyard_ingress::state(
         client,
-        config,
+        config.clone(),
         &format!("ingress-{}", uuid::Uuid::now_v7().simple()),
     )
     .await
@@ -131,6 +132,7 @@ pub async fn start(opts: Options) -> Gateway {
         ledger,
         shutdown,
         worker_shutdown,
+        config,
         _tmp: tmp,
     }
 }
@@ -138,14 +140,14 @@ pub async fn start(opts: Options) -> Gateway {
 pub async fn spawn_worker(
     url: &str,
     mock: &MockUpstream,
-    config: Arc<GatewayConfig>,
+    config: ConfigHandle,
     id: &str,
     shutdown: CancellationToken,
 ) {
     let c = async_nats::connect(url).await.unwrap();
     let opts = switchyard_workers::worker::WorkerOptions {
         worker_id: id.to_owned(),
-        subjects: Subjects::new(config.subject_prefix.clone()),
+        subjects: Subjects::new(config.get().subject_prefix.clone()),
         config,
         providers: Vec::new(),
         builtin_mock_url: Some(format!("{}/v1", mock.base_url())),

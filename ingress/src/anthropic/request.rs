@@ -12,8 +12,9 @@
 //! Unknown fields are a 400 naming the field (Anthropic: "Extra inputs are not permitted");
 //! parameters Anthropic defines that the normalised request cannot carry are a 400 saying so, never
 //! a silent drop. Accepted and ignored because they change nothing about the answer:
-//! `cache_control` (a prompt-caching hint) and `citations` on input blocks, and
-//! `thinking: {"type":"disabled"}`.
+//! `cache_control` (a prompt-caching hint, top level and on blocks and tools), `citations` on input
+//! text blocks, `eager_input_streaming` on tools (a streaming-granularity hint),
+//! `caller: {"type":"direct"}` on `tool_use` blocks, and `thinking: {"type":"disabled"}`.
 
 use crate::error::ApiError;
 use crate::route::Inbound;
@@ -39,6 +40,7 @@ const KNOWN: &[&str] = &[
     "tools",
     "tool_choice",
     "thinking",
+    "cache_control",
 ];
 
 /// Fields Anthropic defines that the normalised request has no place for yet: a clear 400.
@@ -73,6 +75,8 @@ struct Body {
     tools: Option<Vec<Value>>,
     tool_choice: Option<InToolChoice>,
     thinking: Option<Value>,
+    #[serde(default, rename = "cache_control")]
+    _cache_control: Option<IgnoredAny>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -115,6 +119,8 @@ enum Block {
         id: String,
         name: String,
         input: Value,
+        #[serde(default)]
+        caller: Option<Value>,
         #[serde(default, rename = "cache_control")]
         _cache_control: Option<IgnoredAny>,
     },
@@ -148,6 +154,8 @@ struct InTool {
     strict: Option<bool>,
     #[serde(default, rename = "cache_control")]
     _cache_control: Option<IgnoredAny>,
+    #[serde(default, rename = "eager_input_streaming")]
+    _eager_input_streaming: Option<IgnoredAny>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -462,8 +470,21 @@ fn assistant_turn(content: Value, at: &str) -> Result<Message, ApiError> {
         match block {
             Block::Text { text, .. } => parts.push(ContentPart::Text { text }),
             Block::ToolUse {
-                id, name, input, ..
+                id,
+                name,
+                input,
+                caller,
+                ..
             } => {
+                let direct = caller
+                    .as_ref()
+                    .is_none_or(|c| c.is_null() || c["type"] == "direct");
+                if !direct {
+                    return Err(invalid(
+                        &format!("{at_content}[{j}].caller"),
+                        "only direct tool calls are supported by Switchyard yet",
+                    ));
+                }
                 if !input.is_object() {
                     return Err(invalid(
                         &format!("{at_content}[{j}].input"),

@@ -1,7 +1,8 @@
 //! Per-request behaviour of the mock upstream.
 //!
-//! Behaviour comes from `x-mock-<key>: value` headers and from `#mock key=value ...`
-//! directive lines inside the last user message; headers win over directives.
+//! Behaviour comes from `x-mock-<key>: value` headers, from `#mock key=value ...`
+//! directive lines inside the last user message and from the `/x/<key=value,...>/` path prefix;
+//! headers win over directives, directives over the path prefix.
 //! Keys are case-insensitive and `-` is accepted in place of `_`
 //! (`x-mock-ttft-ms` == `x-mock-ttft_ms`).
 
@@ -45,12 +46,23 @@ pub(crate) struct Behaviour {
     pub(crate) id: Option<String>,
     pub(crate) created: Option<u64>,
     pub(crate) fixture: Option<String>,
+    /// `keepalive_ms=N`: an SSE comment `: keepalive` every N ms while the stream is otherwise silent.
+    pub(crate) keepalive_ms: Option<u64>,
+    /// `fail_times=N`: `status` applies only to the first N requests with this `idempotency-key`.
+    pub(crate) fail_times: Option<usize>,
+    /// `error_message=<urlencoded>`: the message of a `status` error body.
+    pub(crate) error_message: Option<String>,
 }
 
 impl Behaviour {
-    /// Merges the directives of the last user message with the `x-mock-*` headers.
-    pub(crate) fn from_request(headers: &HeaderMap, body: &Value) -> Result<Self, String> {
-        let mut raw = BTreeMap::new();
+    /// Merges the path-prefix keys (`path_spec`, lowest precedence), the directives of the last
+    /// user message and the `x-mock-*` headers (highest).
+    pub(crate) fn from_request(
+        path_spec: Option<&str>,
+        headers: &HeaderMap,
+        body: &Value,
+    ) -> Result<Self, String> {
+        let mut raw = path_spec.map(parse_path_spec).unwrap_or_default();
         if let Some(text) = last_user_text(body) {
             raw.extend(parse_directives(&text));
         }
@@ -105,6 +117,12 @@ impl Behaviour {
                 "id" => b.id = Some(percent_decode(v)?),
                 "created" => b.created = Some(num(key, v)?),
                 "fixture" => b.fixture = Some(v.to_owned()),
+                "keepalive_ms" => {
+                    let ms: u64 = num(key, v)?;
+                    b.keepalive_ms = (ms > 0).then_some(ms);
+                }
+                "fail_times" => b.fail_times = Some(num(key, v)?),
+                "error_message" => b.error_message = Some(percent_decode(v)?),
                 other => tracing::debug!(key = other, "ignoring unknown mock key"),
             }
         }
@@ -294,6 +312,33 @@ pub(crate) fn parse_directives(text: &str) -> BTreeMap<String, String> {
         for token in rest.split_whitespace() {
             let (key, value) = token.split_once('=').unwrap_or((token, "1"));
             out.insert(normalise_key(key), value.to_string());
+        }
+    }
+    out
+}
+
+/// Parses the `k=v,k=v` segment of a `/x/<spec>/…` path. A piece without `=` continues the
+/// previous value (so `split=5,9` keeps its list); `%XX` escapes are decoded by the keys that
+/// take text (`text`, `id`, `error_message`).
+pub(crate) fn parse_path_spec(spec: &str) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut last: Option<String> = None;
+    for piece in spec.split(',').filter(|p| !p.is_empty()) {
+        match piece.split_once('=') {
+            Some((key, value)) => {
+                let key = normalise_key(key);
+                out.insert(key.clone(), value.to_string());
+                last = Some(key);
+            }
+            None => match last.as_ref().and_then(|k| out.get_mut(k)) {
+                Some(value) => {
+                    value.push(',');
+                    value.push_str(piece);
+                }
+                None => {
+                    out.insert(normalise_key(piece), "1".to_string());
+                }
+            },
         }
     }
     out

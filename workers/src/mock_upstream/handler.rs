@@ -4,8 +4,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, header};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
@@ -13,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::behaviour::{Behaviour, RequestInfo, generate};
 use super::wire::{self, Item, Plan, SseFormat};
-use super::{MockState, RecordedRequest, anthropic, gemini, openai};
+use super::{MockState, RecordedRequest, anthropic, bedrock, gemini, openai};
 
 /// Largest accepted request body.
 const BODY_LIMIT: usize = 64 * 1024 * 1024;
@@ -36,6 +37,42 @@ struct App {
     shutdown: CancellationToken,
 }
 
+/// Internal header carrying the `/x/<spec>` path prefix a request arrived with (set by
+/// [`path_prefix`], never recorded).
+const PREFIX_HEADER: &str = "switchyard-mock-prefix";
+
+/// Strips a leading `/x/<spec>` from the path (keeping the query) and remembers it in
+/// [`PREFIX_HEADER`], so `/x/status=503/v1/chat/completions` is served by the normal route with
+/// `status=503` as its lowest-precedence behaviour.
+pub(crate) async fn path_prefix(mut req: Request, next: Next) -> Response {
+    let rewritten = req.uri().path().strip_prefix("/x/").and_then(|rest| {
+        let (spec, tail) = rest.split_once('/')?;
+        let prefix = HeaderValue::from_str(&format!("/x/{spec}")).ok()?;
+        let tail = match req.uri().query() {
+            Some(q) => format!("/{tail}?{q}"),
+            None => format!("/{tail}"),
+        };
+        Some((prefix, tail.parse::<Uri>().ok()?))
+    });
+    if let Some((prefix, uri)) = rewritten {
+        *req.uri_mut() = uri;
+        req.headers_mut()
+            .insert(HeaderName::from_static(PREFIX_HEADER), prefix);
+    } else {
+        req.headers_mut().remove(PREFIX_HEADER);
+    }
+    next.run(req).await
+}
+
+/// The `k=v,…` spec of the request's `/x/<spec>` path prefix, if it had one.
+fn path_spec(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(PREFIX_HEADER)?
+        .to_str()
+        .ok()?
+        .strip_prefix("/x/")
+}
+
 /// All routes of the mock.
 pub(crate) fn router(state: MockState, shutdown: CancellationToken) -> Router {
     Router::new()
@@ -51,6 +88,8 @@ pub(crate) fn router(state: MockState, shutdown: CancellationToken) -> Router {
             "/v1/openai/deployments/{deployment}/chat/completions",
             post(azure_chat_completions),
         )
+        .route("/model/{model}/{operation}", post(converse))
+        .route("/v1/model/{model}/{operation}", post(converse))
         .route("/v1/embeddings", post(embeddings))
         .route("/v1/models", get(models))
         .route("/health", get(health))
@@ -68,6 +107,8 @@ enum Provider {
     Gemini,
     /// Azure OpenAI: the OpenAI wire format plus Azure's content-filter annotations.
     Azure,
+    /// Amazon Bedrock Converse (`/model/{modelId}/converse(-stream)`, event-stream frames).
+    Bedrock,
 }
 
 impl Provider {
@@ -77,6 +118,7 @@ impl Provider {
             Provider::Anthropic => anthropic::error_body(status, message),
             Provider::Gemini => gemini::error_body(status, message),
             Provider::Azure => openai::azure_error_body(status, message),
+            Provider::Bedrock => bedrock::error_body(status, message),
         }
     }
 
@@ -85,6 +127,7 @@ impl Provider {
             Provider::OpenAi | Provider::Azure => openai::request_info(body),
             Provider::Anthropic => anthropic::request_info(body),
             Provider::Gemini => gemini::request_info(body, uri),
+            Provider::Bedrock => bedrock::request_info(body, uri),
         }
     }
 
@@ -93,7 +136,7 @@ impl Provider {
         match self {
             Provider::OpenAi | Provider::Azure => format!("chatcmpl-mock-{uuid}"),
             Provider::Anthropic => format!("msg_mock_{uuid}"),
-            Provider::Gemini => format!("mock{uuid}"),
+            Provider::Gemini | Provider::Bedrock => format!("mock{uuid}"),
         }
     }
 
@@ -113,6 +156,10 @@ impl Provider {
             Provider::Anthropic => (
                 HeaderName::from_static("request-id"),
                 format!("req_mock_{uuid}"),
+            ),
+            Provider::Bedrock => (
+                HeaderName::from_static("x-amzn-requestid"),
+                uuid::Uuid::now_v7().to_string(),
             ),
         }
     }
@@ -141,6 +188,13 @@ impl Provider {
         let mut response = self.response(code, "application/json", Body::from(body));
         if let Some(value) = retry_after.and_then(|v| HeaderValue::from_str(v).ok()) {
             response.headers_mut().insert(header::RETRY_AFTER, value);
+        }
+        if let (Provider::Bedrock, Ok(value)) = (
+            self,
+            HeaderValue::from_str(&bedrock::error_type_header(status)),
+        ) {
+            let name = HeaderName::from_static("x-amzn-errortype");
+            response.headers_mut().insert(name, value);
         }
         response
     }
@@ -172,6 +226,15 @@ async fn generate_content(
         return Provider::Gemini.error(404, Some(&message), None);
     }
     handle(Provider::Gemini, &app, &headers, &uri, &body).await
+}
+
+/// `POST /model/{modelId}/converse-stream` and `/converse` (Amazon Bedrock; also under `/v1`).
+async fn converse(State(app): State<App>, headers: HeaderMap, uri: Uri, body: Bytes) -> Response {
+    if bedrock::parse_target(uri.path()).is_none() {
+        record(&app.state, &headers, &uri, Value::Null);
+        return Provider::Bedrock.error(404, Some("Unknown operation (mock)"), None);
+    }
+    handle(Provider::Bedrock, &app, &headers, &uri, &body).await
 }
 
 /// Azure OpenAI chat completions: the OpenAI handler behind Azure's URL, which requires the
@@ -234,9 +297,15 @@ async fn not_found(method: Method, uri: Uri) -> Response {
 }
 
 fn record(state: &MockState, headers: &HeaderMap, uri: &Uri, body: Value) {
+    let path = match headers.get(PREFIX_HEADER).and_then(|v| v.to_str().ok()) {
+        Some(prefix) => format!("{prefix}{}", uri.path()),
+        None => uri.path().to_string(),
+    };
     let headers = headers
         .iter()
-        .filter(|(name, _)| !SKIPPED_HEADERS.contains(&name.as_str()))
+        .filter(|(name, _)| {
+            !SKIPPED_HEADERS.contains(&name.as_str()) && name.as_str() != PREFIX_HEADER
+        })
         .map(|(name, value)| {
             let value = match value.to_str() {
                 Ok(v) => v.to_string(),
@@ -246,7 +315,7 @@ fn record(state: &MockState, headers: &HeaderMap, uri: &Uri, body: Value) {
         })
         .collect();
     state.record(RecordedRequest {
-        path: uri.path().to_string(),
+        path,
         query: uri.query().map(str::to_string),
         headers,
         body,
@@ -286,12 +355,26 @@ async fn handle(
         Provider::Gemini => gemini::directive_view(&body),
         _ => std::borrow::Cow::Borrowed(&body),
     };
-    let behaviour = match Behaviour::from_request(headers, &directives) {
+    let behaviour = match Behaviour::from_request(path_spec(headers), headers, &directives) {
         Ok(b) => b,
         Err(message) => return provider.error(400, Some(&message), None),
     };
     if let Some(status) = behaviour.status {
-        return provider.error(status, None, behaviour.retry_after.as_deref());
+        let failing = behaviour.fail_times.is_none_or(|n| {
+            let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok());
+            let seen = app.state.count_matching(|r| match key {
+                Some(key) => r.header("idempotency-key") == Some(key),
+                None => r.body == body,
+            });
+            seen <= n
+        });
+        if failing {
+            return provider.error(
+                status,
+                behaviour.error_message.as_deref(),
+                behaviour.retry_after.as_deref(),
+            );
+        }
     }
     if let Some(name) = &behaviour.fixture {
         let Some(bytes) = super::fixtures::get(name) else {
@@ -334,12 +417,19 @@ async fn handle(
             Provider::Gemini => {
                 gemini::stream_script(&id, &info, &generation, fmt, gemini::is_sse(uri))
             }
+            Provider::Bedrock => bedrock::stream_script(&generation, behaviour.ttft_ms),
         };
         let content_type = match provider {
             Provider::Gemini if !gemini::is_sse(uri) => "application/json; charset=UTF-8",
+            Provider::Bedrock => "application/vnd.amazon.eventstream",
             _ => "text/event-stream; charset=utf-8",
         };
-        let plan = wire::plan(script, &behaviour, fmt);
+        let mut plan = wire::plan(script, &behaviour, fmt);
+        if matches!(provider, Provider::Bedrock)
+            || matches!(provider, Provider::Gemini if !gemini::is_sse(uri))
+        {
+            plan.keepalive = None; // not SSE: a comment line would corrupt the stream
+        }
         let mut response = provider.response(
             StatusCode::OK,
             content_type,
@@ -382,6 +472,7 @@ async fn handle(
         }
         Provider::Anthropic => anthropic::message(&id, &info, &generation),
         Provider::Gemini => gemini::generate_response(&id, &info, &generation),
+        Provider::Bedrock => bedrock::converse_response(&generation, delay.as_millis() as u64),
     };
     let bytes = Bytes::from(match provider {
         Provider::Gemini => gemini::pretty(&value),

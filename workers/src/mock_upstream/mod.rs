@@ -11,11 +11,24 @@
 //! * `POST /openai/deployments/{deployment}/chat/completions?api-version=…` — Azure OpenAI (the
 //!   OpenAI handler plus Azure's `prompt_filter_results` chunk; also under `/v1/openai/…` for
 //!   `builtin:mock` targets); 404 without `api-version`.
+//! * `POST /model/{modelId}/converse-stream` and `/converse` — Amazon Bedrock Converse (also
+//!   under `/v1/model/…` for `builtin:mock` targets): AWS event-stream frames
+//!   (`application/vnd.amazon.eventstream`), errors as `{"message"}` plus `x-amzn-ErrorType`; the
+//!   in-stream error is a `modelStreamErrorException` frame. SigV4 is not verified (the
+//!   `authorization` header is recorded).
 //! * `GET /v1/models` — OpenAI list with the single model `mock`.
 //! * `GET /health` — `{"status":"ok"}`.
 //! * `GET /_mock/requests` — the recorded requests as a JSON array; `DELETE` clears them.
 //!
 //! Requests to the provider routes are recorded (path, query, headers, body).
+//!
+//! # Path prefix
+//!
+//! Every route is also served under `/x/<spec>/`, e.g. `/x/status=503/v1/chat/completions`:
+//! `<spec>` is `key=value` pairs separated by `,` (a piece without `=` continues the previous
+//! value, so `split=5,9` works; flags need `=1`), applied with the lowest precedence (below
+//! directives and headers). Targets name it as `base_url: builtin:mock/x/<spec>`, which lets two
+//! targets on one mock behave differently. Recorded paths keep the prefix.
 //!
 //! # Behaviour
 //!
@@ -45,6 +58,9 @@
 //! | `prompt_tokens=N`, `completion_tokens=N`, `cached_tokens=N` | override usage |
 //! | `id=<urlencoded>` | exact response id (for byte-identical comparisons) |
 //! | `created=N` | OpenAI `created` timestamp |
+//! | `keepalive_ms=N` | SSE streams: write the comment `: keepalive` every N ms while otherwise silent (before the first chunk, between chunks, while hanging) |
+//! | `fail_times=N` | `status` applies only to the first N requests with this request's `idempotency-key` header (or, without one, the same body); later ones succeed |
+//! | `error_message=<urlencoded>` | message of the `status` error body |
 //!
 //! Notes:
 //!
@@ -66,6 +82,7 @@
 //!   in-stream error is `{"error":{"code":503,…,"status":"UNAVAILABLE"}}`.
 
 mod anthropic;
+mod bedrock;
 mod behaviour;
 pub mod embeddings;
 pub mod fixtures;
@@ -183,6 +200,11 @@ impl MockState {
         self.inner.count.store(0, Ordering::SeqCst);
     }
 
+    /// How many kept requests satisfy `pred` (see [`MockState::with_record_limit`]).
+    pub fn count_matching(&self, pred: impl Fn(&RecordedRequest) -> bool) -> usize {
+        self.lock().iter().filter(|r| pred(r)).count()
+    }
+
     fn record(&self, request: RecordedRequest) {
         let mut requests = self.lock();
         if self.inner.limit == Some(0) {
@@ -210,7 +232,11 @@ async fn serve_until_dropped(
     state: MockState,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(listener, handler::router(state, shutdown)).await
+    use axum::ServiceExt as _;
+    use tower::Layer as _;
+    let app =
+        axum::middleware::from_fn(handler::path_prefix).layer(handler::router(state, shutdown));
+    axum::serve(listener, app.into_make_service()).await
 }
 
 /// A mock server running in the background on `127.0.0.1`; stops when dropped.

@@ -105,7 +105,12 @@ pub(crate) struct Step {
 pub(crate) struct Plan {
     pub(crate) steps: Vec<Step>,
     pub(crate) hang: bool,
+    /// Write [`KEEPALIVE`] this often while waiting for the next step (or hanging).
+    pub(crate) keepalive: Option<Duration>,
 }
+
+/// The SSE comment written by `keepalive_ms=N` while the stream is otherwise silent.
+pub(crate) const KEEPALIVE: &[u8] = b": keepalive\n\n";
 
 impl Plan {
     /// All bytes of the plan concatenated.
@@ -136,7 +141,11 @@ impl Plan {
             });
             start = end;
         }
-        Plan { steps, hang: false }
+        Plan {
+            steps,
+            hang: false,
+            keepalive: None,
+        }
     }
 }
 
@@ -157,8 +166,13 @@ pub(crate) fn plan(script: Script, b: &Behaviour, fmt: SseFormat) -> Plan {
             bytes,
         })
         .collect();
+    let keepalive = b.keepalive_ms.map(Duration::from_millis);
     if b.hang {
-        return Plan { steps, hang: true };
+        return Plan {
+            steps,
+            hang: true,
+            keepalive,
+        };
     }
     let mut contents = 0usize;
     let mut first_body = true;
@@ -208,7 +222,11 @@ pub(crate) fn plan(script: Script, b: &Behaviour, fmt: SseFormat) -> Plan {
             }));
         }
     }
-    let plan = Plan { steps, hang: false };
+    let plan = Plan {
+        steps,
+        hang: false,
+        keepalive,
+    };
     let all = plan.concat();
     match b.split_offsets(all.len()) {
         Some(offsets) => Plan::split(&all, &offsets),
@@ -219,6 +237,9 @@ pub(crate) fn plan(script: Script, b: &Behaviour, fmt: SseFormat) -> Plan {
 struct BodyState {
     steps: VecDeque<Step>,
     hang: bool,
+    keepalive: Option<Duration>,
+    /// When the front step is due (set when its wait starts).
+    due: Option<tokio::time::Instant>,
     shutdown: CancellationToken,
     finished: bool,
 }
@@ -234,6 +255,8 @@ pub(crate) fn body(plan: Plan, shutdown: CancellationToken) -> Body {
     let state = BodyState {
         steps: plan.steps.into(),
         hang: plan.hang,
+        keepalive: plan.keepalive,
+        due: None,
         shutdown,
         finished: false,
     };
@@ -241,26 +264,46 @@ pub(crate) fn body(plan: Plan, shutdown: CancellationToken) -> Body {
         if st.finished {
             return None;
         }
-        match st.steps.pop_front() {
-            Some(step) => {
-                if !step.delay.is_zero() {
-                    tokio::select! {
-                        () = tokio::time::sleep(step.delay) => {}
-                        () = st.shutdown.cancelled() => {
-                            st.finished = true;
-                            return Some((Err(shutdown_error()), st));
-                        }
+        let now = tokio::time::Instant::now();
+        let due = match st.steps.front() {
+            Some(step) => Some(*st.due.get_or_insert(now + step.delay)),
+            None if st.hang => None,
+            None => return None,
+        };
+        if due.is_some_and(|due| due <= now) {
+            st.due = None;
+            let step = st.steps.pop_front()?;
+            return Some((Ok(step.bytes), st));
+        }
+        // Silent until `due` (forever when hanging): a keep-alive comment first if one fits.
+        let wake = match (st.keepalive, due) {
+            (Some(every), Some(due)) if now + every < due => Some((now + every, true)),
+            (Some(every), None) => Some((now + every, true)),
+            (_, Some(due)) => Some((due, false)),
+            (None, None) => None,
+        };
+        let keepalive = match wake {
+            Some((at, keepalive)) => {
+                tokio::select! {
+                    () = tokio::time::sleep_until(at) => keepalive,
+                    () = st.shutdown.cancelled() => {
+                        st.finished = true;
+                        return Some((Err(shutdown_error()), st));
                     }
                 }
-                Some((Ok::<Bytes, std::io::Error>(step.bytes), st))
             }
-            None if st.hang => {
+            None => {
                 st.shutdown.cancelled().await;
                 st.finished = true;
-                Some((Err(shutdown_error()), st))
+                return Some((Err(shutdown_error()), st));
             }
-            None => None,
+        };
+        if keepalive {
+            return Some((Ok(Bytes::from_static(KEEPALIVE)), st));
         }
+        st.due = None;
+        let step = st.steps.pop_front()?;
+        Some((Ok::<Bytes, std::io::Error>(step.bytes), st))
     });
     Body::from_stream(stream)
 }

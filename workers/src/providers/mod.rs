@@ -1,5 +1,6 @@
 //! Provider adapters, one file per provider family.
 pub mod anthropic;
 pub mod azure;
+pub mod bedrock;
 pub mod gemini;
 pub mod openai;

@@ -7,10 +7,10 @@
 //! `completion_tokens` includes `reasoning_tokens` (OpenAI API reference, usage object); Anthropic's
 //! cache reads and writes are priced separately from base input (Anthropic docs, "Prompt caching").
 
+use crate::Usage;
 use rust_decimal::Decimal;
 use serde::{Deserialize, Deserializer, Serialize};
 use std::collections::HashMap;
-use switchyard_schemas::Usage;
 
 /// The catalog bundled with the binary.
 pub const BUNDLED_CATALOG: &str = include_str!("../pricing/catalog.yaml");

@@ -1,0 +1,160 @@
+//! Live config: every replica switches atomically to a new validated snapshot, without restart.
+//!
+//! The YAML text lives in the NATS KV bucket [`BUCKET`] under key [`KEY`]; its revision is the
+//! config version. Every service watches the key, re-parses the text with its own environment
+//! (so secrets stay `${ENV}` references in KV and never travel), validates it, and swaps its
+//! [`ConfigHandle`]. An invalid push is rejected by `switchyard config push` before it reaches KV,
+//! and ignored with an error log by any replica that still cannot load it. For one box,
+//! [`watch_file`] pushes the config file to KV whenever it changes.
+
+use crate::config;
+use futures::StreamExt;
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
+use switchyard_schemas::config::ConfigHandle;
+use tokio_util::sync::CancellationToken;
+
+/// The KV bucket holding the live config.
+pub const BUCKET: &str = "SY_CONFIG";
+/// The key of the gateway config in [`BUCKET`].
+pub const KEY: &str = "gateway";
+
+/// Adjusts a loaded config to this process before it is installed (e.g. `up` removes the local
+/// model's target when no local model server runs). `Arc::new(|_| {})` for none.
+pub type Fixup =
+    std::sync::Arc<dyn Fn(&mut switchyard_schemas::config::GatewayConfig) + Send + Sync>;
+
+/// Reload failures.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    /// The text does not load (YAML, field or rule error).
+    #[error(transparent)]
+    Invalid(#[from] config::ConfigLoadError),
+    /// NATS KV failed.
+    #[error("config KV: {0}")]
+    Kv(String),
+}
+
+fn kv_err(e: impl std::fmt::Display) -> ReloadError {
+    ReloadError::Kv(e.to_string())
+}
+
+/// Gets or creates the config bucket (10 revisions of history).
+pub async fn bucket(
+    nats: &async_nats::Client,
+) -> Result<async_nats::jetstream::kv::Store, ReloadError> {
+    let js = async_nats::jetstream::new(nats.clone());
+    match js.get_key_value(BUCKET).await {
+        Ok(kv) => Ok(kv),
+        Err(_) => js
+            .create_key_value(async_nats::jetstream::kv::Config {
+                bucket: BUCKET.to_owned(),
+                history: 10,
+                description: "Switchyard live gateway config (YAML)".to_owned(),
+                ..Default::default()
+            })
+            .await
+            .map_err(kv_err),
+    }
+}
+
+/// Validates `yaml` with this process's environment and stores it; returns the new version.
+pub async fn push(nats: &async_nats::Client, yaml: &str) -> Result<u64, ReloadError> {
+    let c = config::parse("<push>", yaml, |k| std::env::var(k).ok())?;
+    c.validate()
+        .map_err(|source| config::ConfigLoadError::Invalid {
+            path: "<push>".into(),
+            source,
+        })?;
+    let kv = bucket(nats).await?;
+    kv.put(KEY, yaml.to_owned().into()).await.map_err(kv_err)
+}
+
+/// Applies the stored config (if any) and then every later push to `handle`, until `shutdown`.
+pub async fn watch_kv(
+    nats: async_nats::Client,
+    handle: ConfigHandle,
+    shutdown: CancellationToken,
+    fixup: Fixup,
+) -> Result<(), ReloadError> {
+    let kv = bucket(&nats).await?;
+    let mut updates = kv.watch_with_history(KEY).await.map_err(kv_err)?;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            entry = updates.next() => {
+                let Some(entry) = entry else { return Ok(()) };
+                let entry = match entry {
+                    Ok(e) => e,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "config watch error");
+                        continue;
+                    }
+                };
+                if entry.operation != async_nats::jetstream::kv::Operation::Put {
+                    continue;
+                }
+                apply(&handle, entry.revision, &entry.value, &fixup);
+            }
+        }
+    }
+}
+
+/// Parses, validates and installs one stored revision; a bad one is logged and skipped.
+fn apply(handle: &ConfigHandle, revision: u64, value: &[u8], fixup: &Fixup) {
+    let text = String::from_utf8_lossy(value);
+    let name = format!("{BUCKET}/{KEY}@{revision}");
+    let loaded = config::parse(&name, &text, |k| std::env::var(k).ok()).and_then(|c| {
+        c.validate()
+            .map_err(|source| config::ConfigLoadError::Invalid {
+                path: name.clone(),
+                source,
+            })?;
+        Ok(c)
+    });
+    match loaded {
+        Ok(mut c) => {
+            fixup(&mut c);
+            if handle.set(revision, c) {
+                tracing::info!(version = revision, "config reloaded");
+            }
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "ignoring invalid config revision; keeping the current one")
+        }
+    }
+}
+
+/// Pushes `path` to KV whenever its modification time changes (checked every `every`), until
+/// `shutdown`. The first check records the current time without pushing.
+pub async fn watch_file(
+    nats: async_nats::Client,
+    path: PathBuf,
+    every: Duration,
+    shutdown: CancellationToken,
+) {
+    let mtime = |p: &PathBuf| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let mut last: Option<SystemTime> = mtime(&path);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+        let now = mtime(&path);
+        if now == last {
+            continue;
+        }
+        last = now;
+        match std::fs::read_to_string(&path) {
+            Ok(text) => match push(&nats, &text).await {
+                Ok(v) => {
+                    tracing::info!(file = %path.display(), version = v, "config file changed; pushed")
+                }
+                Err(e) => {
+                    tracing::error!(file = %path.display(), error = %e, "config file changed but is invalid; not applied")
+                }
+            },
+            Err(e) => tracing::warn!(file = %path.display(), error = %e, "cannot read config file"),
+        }
+    }
+}

@@ -1,0 +1,909 @@
+//! Candidate ordering: which of a model's targets to try, and in which order.
+//!
+//! [`plan`] is a pure function of the config snapshot, what the request needs ([`Needs`]), the
+//! client's preferences ([`Preferences`]) and what this ingress observes about each target
+//! ([`Observed`]). It works in four steps:
+//!
+//! 1. **Client filters**: `x-switchyard-only` keeps only the listed targets, `x-switchyard-ignore`
+//!    drops the listed ones.
+//! 2. **Eligibility**, first failing check wins: the target is `enabled`; its provider has every
+//!    capability the request uses ([`Capabilities`]: tools, vision, JSON mode, embeddings); the
+//!    estimated prompt plus `max_tokens` fits its `context_window` (with `trim_context`, the part
+//!    trimming can never drop must fit); it is not `unhealthy`.
+//! 3. **Strategy** of the model's policy orders the eligible targets (ties always go to the lower
+//!    `priority`, then to the order in the model's `targets` list). `degraded` targets then move
+//!    behind the others, and `x-switchyard-order` finally puts the listed targets first, in the
+//!    listed order.
+//! 4. The list is cut to the policy's `max_attempts`.
+//!
+//! When nothing is eligible the error says why: 400 `context_length_exceeded` when every target
+//! was too small, 400 naming `model` when no target serves embeddings, otherwise 503 `no_capacity`
+//! listing each target's reason.
+
+use rand::Rng;
+use rand::distr::Distribution;
+use rand::distr::weighted::WeightedIndex;
+use rust_decimal::Decimal;
+use rust_decimal::prelude::ToPrimitive;
+use std::collections::HashMap;
+use switchyard_schemas::config::{GatewayConfig, ModelConfig, ProviderKind, TargetConfig};
+use switchyard_schemas::health::HealthState;
+use switchyard_schemas::request::{ContentPart, Message, Role, SamplingParams, Tool};
+use switchyard_schemas::routing::{Policy, Strategy};
+use switchyard_schemas::{ErrorClass, ErrorInfo};
+
+/// What a provider family supports. Mirrors the workers' `Provider::capabilities()` (a test in
+/// `cli/tests/routing.rs` keeps the two equal).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Server-sent-event streaming.
+    pub streaming: bool,
+    /// Function/tool calling.
+    pub tools: bool,
+    /// Image inputs.
+    pub vision: bool,
+    /// `response_format` JSON mode.
+    pub json_mode: bool,
+    /// An embeddings endpoint.
+    pub embeddings: bool,
+}
+
+impl Capabilities {
+    /// The static capability table per provider family.
+    pub const fn of(kind: ProviderKind) -> Self {
+        let (json_mode, embeddings) = match kind {
+            ProviderKind::Openai | ProviderKind::OpenaiCompatible => (true, true),
+            ProviderKind::AzureOpenai | ProviderKind::Gemini => (true, false),
+            ProviderKind::Anthropic | ProviderKind::Bedrock => (false, false),
+        };
+        Self {
+            streaming: true,
+            tools: true,
+            vision: true,
+            json_mode,
+            embeddings,
+        }
+    }
+
+    /// The first capability in `needs` this provider lacks.
+    fn missing(self, needs: &Needs) -> Option<&'static str> {
+        [
+            (needs.tools && !self.tools, "tools"),
+            (needs.vision && !self.vision, "vision"),
+            (needs.json_mode && !self.json_mode, "json_mode"),
+            (needs.embeddings && !self.embeddings, "embeddings"),
+        ]
+        .into_iter()
+        .find_map(|(lacks, name)| lacks.then_some(name))
+    }
+}
+
+/// The capability table of one ingress: [`Capabilities::of`] unless overridden (for a deployment
+/// whose provider lacks a feature, and for tests).
+#[derive(Debug, Default)]
+pub struct CapabilityTable {
+    overrides: parking_lot::RwLock<HashMap<ProviderKind, Capabilities>>,
+}
+
+impl CapabilityTable {
+    /// The capabilities of `kind`.
+    pub fn get(&self, kind: ProviderKind) -> Capabilities {
+        self.overrides
+            .read()
+            .get(&kind)
+            .copied()
+            .unwrap_or(Capabilities::of(kind))
+    }
+
+    /// Replaces the capabilities of `kind` for this process.
+    pub fn set(&self, kind: ProviderKind, caps: Capabilities) {
+        self.overrides.write().insert(kind, caps);
+    }
+}
+
+/// What a request needs from a target.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Needs {
+    /// Tools are declared, or the conversation holds tool calls or results.
+    pub tools: bool,
+    /// A message holds an image.
+    pub vision: bool,
+    /// `response_format` is `json_object` or `json_schema`.
+    pub json_mode: bool,
+    /// An embeddings request.
+    pub embeddings: bool,
+    /// Estimated prompt tokens; `None` when not measured because the prompt fits every window.
+    pub prompt_tokens: Option<u64>,
+    /// With `trim_context`: the estimated tokens trimming can never drop (system prompts and the
+    /// latest turn).
+    pub min_prompt_tokens: Option<u64>,
+    /// Tokens reserved for the answer (`max_tokens`, 0 when unset).
+    pub max_tokens: u64,
+}
+
+impl Needs {
+    /// The capabilities a chat request uses (token counts are left for the caller).
+    pub fn chat(messages: &[Message], tools: &[Tool], params: &SamplingParams) -> Self {
+        let tools = !tools.is_empty()
+            || messages
+                .iter()
+                .any(|m| !m.tool_calls.is_empty() || m.role == Role::Tool);
+        let vision = messages.iter().any(|m| {
+            matches!(&m.content, Some(switchyard_schemas::request::Content::Parts(parts))
+                if parts.iter().any(|p| matches!(p, ContentPart::ImageUrl { .. })))
+        });
+        let json_mode = params
+            .response_format
+            .as_ref()
+            .and_then(|f| f.get("type"))
+            .and_then(|t| t.as_str())
+            .is_some_and(|t| t == "json_object" || t == "json_schema");
+        Self {
+            tools,
+            vision,
+            json_mode,
+            max_tokens: params.max_tokens.map(u64::from).unwrap_or(0),
+            ..Self::default()
+        }
+    }
+
+    /// An embeddings request.
+    pub fn embeddings() -> Self {
+        Self {
+            embeddings: true,
+            ..Self::default()
+        }
+    }
+}
+
+/// The client's routing preferences, from request headers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Preferences {
+    /// `x-switchyard-only`: only these target ids.
+    pub only: Option<Vec<String>>,
+    /// `x-switchyard-ignore`: never these target ids.
+    pub ignore: Vec<String>,
+    /// `x-switchyard-order`: these target ids first, in this order.
+    pub order: Vec<String>,
+    /// The user id the canary split hashes (`x-switchyard-user`, else the body's `user`).
+    pub user: Option<String>,
+}
+
+/// What this ingress knows about one target when planning.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Observed {
+    /// Latest health.
+    pub health: HealthState,
+    /// EWMA of recent time to first content, ms; `None` = never measured (counts as 0).
+    pub ttft_ms: Option<f64>,
+    /// Requests in flight to it from this ingress.
+    pub in_flight: u64,
+    /// Cost price, USD per 1M input + 1M output tokens; `None` = not in the catalog.
+    pub cost: Option<Decimal>,
+    /// Its provider's capabilities.
+    pub capabilities: Capabilities,
+}
+
+impl Observed {
+    /// A healthy, idle, never-measured, unpriced target of `kind`.
+    pub fn fresh(kind: ProviderKind) -> Self {
+        Self {
+            health: HealthState::Healthy,
+            ttft_ms: None,
+            in_flight: 0,
+            cost: None,
+            capabilities: Capabilities::of(kind),
+        }
+    }
+}
+
+/// The ordered targets to try.
+#[derive(Debug, Clone)]
+pub struct Plan<'a> {
+    /// In order; never empty.
+    pub targets: Vec<&'a TargetConfig>,
+    /// The model's policy, if it names one.
+    pub policy: Option<&'a Policy>,
+    /// Under `canary`: whether this request fell in the canary share.
+    pub canary: Option<bool>,
+}
+
+/// Why a target was left out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Exclusion {
+    Disabled,
+    Lacks(ProviderKind, &'static str),
+    Context { needed: u64, window: u64 },
+    Unhealthy,
+}
+
+impl std::fmt::Display for Exclusion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Disabled => f.write_str("disabled"),
+            Self::Lacks(kind, what) => write!(f, "provider {} lacks {what}", kind.as_str()),
+            Self::Context { needed, window } => {
+                write!(f, "needs ~{needed} tokens, context window is {window}")
+            }
+            Self::Unhealthy => f.write_str("unhealthy"),
+        }
+    }
+}
+
+/// An eligible target with what the strategy ranks it by.
+#[derive(Debug, Clone, Copy)]
+struct Cand<'a> {
+    target: &'a TargetConfig,
+    /// Position in the model's `targets` list.
+    index: usize,
+    obs: Observed,
+}
+
+impl Cand<'_> {
+    fn base_key(&self) -> (i32, usize) {
+        (self.target.priority, self.index)
+    }
+}
+
+/// FNV-1a, 64 bit: a hash every replica and every release computes alike (std's `DefaultHasher`
+/// promises neither), so a user stays on the same side of a canary split everywhere.
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// The user's stable position in 0–100 (two decimals) for canary splits.
+pub fn canary_bucket(user: &str) -> f64 {
+    (fnv1a64(user.as_bytes()) % 10_000) as f64 / 100.0
+}
+
+/// Orders `model`'s targets for one request (see the module docs).
+pub fn plan<'a, R: Rng + ?Sized>(
+    config: &'a GatewayConfig,
+    model: &'a ModelConfig,
+    needs: &Needs,
+    prefs: &Preferences,
+    observe: impl Fn(&TargetConfig) -> Observed,
+    rng: &mut R,
+) -> Result<Plan<'a>, ErrorInfo> {
+    let policy = model.policy.as_deref().and_then(|p| config.policy(p));
+    let all: Vec<(usize, &TargetConfig)> = model
+        .targets
+        .iter()
+        .filter_map(|id| config.target(id))
+        .enumerate()
+        .collect();
+    let preferred: Vec<(usize, &TargetConfig)> = all
+        .iter()
+        .copied()
+        .filter(|(_, t)| {
+            prefs.only.as_ref().is_none_or(|only| only.contains(&t.id))
+                && !prefs.ignore.contains(&t.id)
+        })
+        .collect();
+    if preferred.is_empty() && !all.is_empty() {
+        let header = if prefs.only.is_some() {
+            "x-switchyard-only"
+        } else {
+            "x-switchyard-ignore"
+        };
+        let ids: Vec<&str> = all.iter().map(|(_, t)| t.id.as_str()).collect();
+        return Err(ErrorInfo::new(
+            ErrorClass::InvalidRequest,
+            format!(
+                "Header `{header}` leaves none of the targets of model `{}` ({}).",
+                model.id,
+                ids.join(", ")
+            ),
+        )
+        .with_param(header));
+    }
+
+    let mut eligible = Vec::new();
+    let mut excluded = Vec::new();
+    for (index, target) in preferred {
+        let obs = observe(target);
+        match exclusion(target, &obs, needs) {
+            Some(why) => excluded.push((target.id.as_str(), why)),
+            None => eligible.push(Cand { target, index, obs }),
+        }
+    }
+    if eligible.is_empty() {
+        return Err(nothing_eligible(model, needs, &excluded));
+    }
+
+    let mut canary = None;
+    let strategy = policy.map(|p| p.strategy).unwrap_or_default();
+    let mut ordered = match strategy {
+        Strategy::Priority => by_priority(eligible),
+        Strategy::Weighted => weighted(eligible, rng),
+        Strategy::LowestCost => {
+            let mut v = eligible;
+            v.sort_by(|a, b| {
+                let (ca, cb) = (a.obs.cost, b.obs.cost);
+                // Unpriced targets go after every priced one.
+                (ca.is_none(), ca)
+                    .cmp(&(cb.is_none(), cb))
+                    .then(a.base_key().cmp(&b.base_key()))
+            });
+            v
+        }
+        Strategy::LowestLatency => {
+            let mut v = eligible;
+            v.sort_by(|a, b| {
+                let (la, lb) = (a.obs.ttft_ms.unwrap_or(0.0), b.obs.ttft_ms.unwrap_or(0.0));
+                la.total_cmp(&lb).then(a.base_key().cmp(&b.base_key()))
+            });
+            v
+        }
+        Strategy::LeastBusy => {
+            let mut v = eligible;
+            v.sort_by_key(|c| (c.obs.in_flight, c.base_key()));
+            v
+        }
+        Strategy::Canary => {
+            let (v, hit) = canary_order(eligible, policy, prefs, rng);
+            canary = hit;
+            v
+        }
+        Strategy::Composite => composite(eligible, policy),
+    };
+    // Degraded targets last (stable: the strategy's order holds within each group).
+    ordered.sort_by_key(|c| c.obs.health == HealthState::Degraded);
+    // The client's explicit order wins.
+    if !prefs.order.is_empty() {
+        ordered.sort_by_key(|c| {
+            prefs
+                .order
+                .iter()
+                .position(|id| *id == c.target.id)
+                .unwrap_or(usize::MAX)
+        });
+    }
+    let mut targets: Vec<&TargetConfig> = ordered.into_iter().map(|c| c.target).collect();
+    if let Some(max) = policy.and_then(|p| p.max_attempts) {
+        targets.truncate(max.max(1) as usize);
+    }
+    Ok(Plan {
+        targets,
+        policy,
+        canary,
+    })
+}
+
+/// The first eligibility check `target` fails.
+fn exclusion(target: &TargetConfig, obs: &Observed, needs: &Needs) -> Option<Exclusion> {
+    if !target.enabled {
+        return Some(Exclusion::Disabled);
+    }
+    if let Some(what) = obs.capabilities.missing(needs) {
+        return Some(Exclusion::Lacks(target.provider, what));
+    }
+    if let (Some(window), Some(prompt)) = (target.context_window, needs.prompt_tokens) {
+        let needed = needs.min_prompt_tokens.unwrap_or(prompt) + needs.max_tokens;
+        if needed > window {
+            return Some(Exclusion::Context { needed, window });
+        }
+    }
+    if obs.health == HealthState::Unhealthy {
+        return Some(Exclusion::Unhealthy);
+    }
+    None
+}
+
+/// The error when no target is eligible.
+fn nothing_eligible(model: &ModelConfig, needs: &Needs, excluded: &[(&str, Exclusion)]) -> ErrorInfo {
+    let every = |f: fn(&Exclusion) -> bool| excluded.iter().all(|(_, e)| f(e));
+    if every(|e| matches!(e, Exclusion::Context { .. })) {
+        let largest = excluded
+            .iter()
+            .filter_map(|(_, e)| match e {
+                Exclusion::Context { window, .. } => Some(*window),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
+        let prompt = needs.min_prompt_tokens.or(needs.prompt_tokens).unwrap_or(0);
+        return ErrorInfo::new(
+            ErrorClass::ContextLengthExceeded,
+            format!(
+                "This request needs about {} tokens ({prompt} in the prompt + {} max_tokens), \
+                 more than the context window of any target of model `{}` (largest {largest}).",
+                prompt + needs.max_tokens,
+                needs.max_tokens,
+                model.id
+            ),
+        )
+        .with_param("messages");
+    }
+    if needs.embeddings
+        && every(|e| matches!(e, Exclusion::Lacks(_, "embeddings") | Exclusion::Disabled))
+    {
+        return ErrorInfo::new(
+            ErrorClass::InvalidRequest,
+            format!("Model `{}` has no target that serves embeddings.", model.id),
+        )
+        .with_param("model");
+    }
+    if every(|e| matches!(e, Exclusion::Disabled)) {
+        return ErrorInfo::new(ErrorClass::NoCapacity, "no enabled target for this model");
+    }
+    let summary = if every(|e| matches!(e, Exclusion::Unhealthy | Exclusion::Disabled)) {
+        "every target is unhealthy"
+    } else if every(|e| matches!(e, Exclusion::Lacks(..) | Exclusion::Disabled)) {
+        "no target has the capabilities this request uses"
+    } else {
+        "no target can serve this request"
+    };
+    let reasons: Vec<String> = excluded
+        .iter()
+        .map(|(id, why)| format!("{id}: {why}"))
+        .collect();
+    ErrorInfo::new(
+        ErrorClass::NoCapacity,
+        format!(
+            "Model `{}`: {summary} ({}).",
+            model.id,
+            reasons.join("; ")
+        ),
+    )
+}
+
+fn by_priority(mut v: Vec<Cand<'_>>) -> Vec<Cand<'_>> {
+    v.sort_by_key(Cand::base_key);
+    v
+}
+
+/// One target drawn by `weight`, then the rest by priority.
+fn weighted<'a, R: Rng + ?Sized>(v: Vec<Cand<'a>>, rng: &mut R) -> Vec<Cand<'a>> {
+    let mut rest = by_priority(v);
+    let weights: Vec<f64> = rest.iter().map(|c| c.target.weight.max(0.0)).collect();
+    // All weights zero (or invalid): plain priority.
+    if let Ok(dist) = WeightedIndex::new(&weights) {
+        let first = rest.remove(dist.sample(rng));
+        rest.insert(0, first);
+    }
+    rest
+}
+
+/// Canary first for users in the share, last for the others.
+fn canary_order<'a, R: Rng + ?Sized>(
+    v: Vec<Cand<'a>>,
+    policy: Option<&Policy>,
+    prefs: &Preferences,
+    rng: &mut R,
+) -> (Vec<Cand<'a>>, Option<bool>) {
+    let mut v = by_priority(v);
+    let Some(canary) = policy.and_then(|p| p.canary.as_ref()) else {
+        return (v, None);
+    };
+    let Some(pos) = v.iter().position(|c| c.target.id == canary.target) else {
+        return (v, None);
+    };
+    // Without a user id the request itself is the unit: a random draw keeps the traffic share.
+    let bucket = match &prefs.user {
+        Some(user) => canary_bucket(user),
+        None => rng.random_range(0.0..100.0),
+    };
+    let hit = bucket < canary.percent;
+    let c = v.remove(pos);
+    if hit {
+        v.insert(0, c);
+    } else {
+        v.push(c);
+    }
+    (v, Some(hit))
+}
+
+/// `(max - x) / (max - min)` over `values` (1 when all are equal): lower is better.
+fn lower_is_better(x: f64, values: impl Iterator<Item = f64> + Clone) -> f64 {
+    let max = values.clone().fold(f64::NEG_INFINITY, f64::max);
+    let min = values.fold(f64::INFINITY, f64::min);
+    if !(max > min) {
+        return 1.0;
+    }
+    ((max - x) / (max - min)).clamp(0.0, 1.0)
+}
+
+/// The composite score of each candidate, highest first.
+fn composite<'a>(v: Vec<Cand<'a>>, policy: Option<&Policy>) -> Vec<Cand<'a>> {
+    let w = policy.map(|p| p.weights.clone()).unwrap_or_default();
+    let priorities = v.iter().map(|c| f64::from(c.target.priority));
+    let costs = v
+        .iter()
+        .filter_map(|c| c.obs.cost.and_then(|d| d.to_f64()));
+    let latencies = v.iter().map(|c| c.obs.ttft_ms.unwrap_or(0.0));
+    let mut scored: Vec<(f64, Cand<'a>)> = v
+        .iter()
+        .map(|c| {
+            let health = match c.obs.health {
+                HealthState::Healthy => 1.0,
+                HealthState::Degraded => 0.5,
+                HealthState::Unhealthy => 0.0,
+            };
+            let cost = match c.obs.cost.and_then(|d| d.to_f64()) {
+                Some(x) => lower_is_better(x, costs.clone()),
+                None => 0.0,
+            };
+            let headroom = match c.target.limits.max_concurrency {
+                Some(m) if m > 0 => (1.0 - c.obs.in_flight as f64 / f64::from(m)).clamp(0.0, 1.0),
+                _ => 1.0 / (1.0 + c.obs.in_flight as f64),
+            };
+            let score = w.priority
+                * lower_is_better(f64::from(c.target.priority), priorities.clone())
+                + w.health * health
+                + w.cost * cost
+                + w.latency * lower_is_better(c.obs.ttft_ms.unwrap_or(0.0), latencies.clone())
+                + w.headroom * headroom;
+            (score, *c)
+        })
+        .collect();
+    scored.sort_by(|(sa, a), (sb, b)| sb.total_cmp(sa).then(a.base_key().cmp(&b.base_key())));
+    scored.into_iter().map(|(_, c)| c).collect()
+}
+
+/// Cost price of `upstream_model` per 1M input + 1M output tokens, from `catalog`.
+pub fn cost_per_million(
+    catalog: &switchyard_schemas::pricing::Catalog,
+    upstream_model: &str,
+) -> Option<Decimal> {
+    catalog
+        .upstream
+        .get(upstream_model)
+        .map(|card| card.input + card.output)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+    use rand::SeedableRng;
+    use rand::rngs::StdRng;
+    use serde_json::json;
+
+    /// Targets a (prio 2), b (prio 0), c (prio 1), d (anthropic, prio 3); model m → [a, b, c, d].
+    fn config(policy: serde_json::Value) -> GatewayConfig {
+        let c: GatewayConfig = serde_json::from_value(json!({
+            "targets": [
+                {"id": "a", "provider": "openai", "base_url": "builtin:mock", "upstream_model": "gpt-4o", "priority": 2, "weight": 1},
+                {"id": "b", "provider": "openai", "base_url": "builtin:mock", "upstream_model": "gpt-4o-mini", "priority": 0, "weight": 3},
+                {"id": "c", "provider": "openai", "base_url": "builtin:mock", "upstream_model": "gpt-4.1", "priority": 1, "weight": 0},
+                {"id": "d", "provider": "anthropic", "base_url": "builtin:mock", "upstream_model": "claude-sonnet-4-20250514", "priority": 3, "context_window": 1000}
+            ],
+            "models": [{"id": "m", "targets": ["a", "b", "c", "d"], "policy": "p"}],
+            "policies": [policy]
+        }))
+        .unwrap();
+        c.validate().unwrap();
+        c
+    }
+
+    struct Fixture {
+        obs: HashMap<&'static str, Observed>,
+    }
+
+    impl Fixture {
+        fn new() -> Self {
+            let catalog = switchyard_schemas::pricing::Catalog::bundled().unwrap();
+            let mut obs = HashMap::new();
+            for (id, kind, model) in [
+                ("a", ProviderKind::Openai, "gpt-4o"),
+                ("b", ProviderKind::Openai, "gpt-4o-mini"),
+                ("c", ProviderKind::Openai, "gpt-4.1"),
+                ("d", ProviderKind::Anthropic, "claude-sonnet-4-20250514"),
+            ] {
+                let mut o = Observed::fresh(kind);
+                o.cost = cost_per_million(&catalog, model);
+                obs.insert(id, o);
+            }
+            Self { obs }
+        }
+
+        fn set(mut self, id: &'static str, f: impl FnOnce(&mut Observed)) -> Self {
+            f(self.obs.get_mut(id).unwrap());
+            self
+        }
+
+        fn order(&self, policy: serde_json::Value, needs: &Needs, prefs: &Preferences) -> Vec<String> {
+            self.order_seeded(policy, needs, prefs, 7)
+        }
+
+        fn order_seeded(
+            &self,
+            policy: serde_json::Value,
+            needs: &Needs,
+            prefs: &Preferences,
+            seed: u64,
+        ) -> Vec<String> {
+            let c = config(policy);
+            let model = c.model("m").unwrap();
+            let mut rng = StdRng::seed_from_u64(seed);
+            plan(&c, model, needs, prefs, |t| self.obs[t.id.as_str()], &mut rng)
+                .unwrap()
+                .targets
+                .iter()
+                .map(|t| t.id.clone())
+                .collect()
+        }
+
+        fn error(&self, policy: serde_json::Value, needs: &Needs, prefs: &Preferences) -> ErrorInfo {
+            let c = config(policy);
+            let model = c.model("m").unwrap();
+            let mut rng = StdRng::seed_from_u64(1);
+            plan(&c, model, needs, prefs, |t| self.obs[t.id.as_str()], &mut rng).unwrap_err()
+        }
+    }
+
+    fn p(strategy: &str) -> serde_json::Value {
+        json!({"id": "p", "strategy": strategy})
+    }
+
+    fn none() -> (Needs, Preferences) {
+        (Needs::default(), Preferences::default())
+    }
+
+    #[test]
+    fn priority_orders_by_priority_then_list_order() {
+        let (n, pr) = none();
+        assert_eq!(Fixture::new().order(p("priority"), &n, &pr), ["b", "c", "a", "d"]);
+    }
+
+    #[test]
+    fn weighted_draws_the_first_by_weight_and_falls_back_by_priority() {
+        let (n, pr) = none();
+        let f = Fixture::new();
+        let mut firsts = HashMap::new();
+        for seed in 0..1000 {
+            let order = f.order_seeded(p("weighted"), &n, &pr, seed);
+            // The rest keep priority order.
+            let rest: Vec<&String> = order.iter().skip(1).collect();
+            let expected: Vec<&str> = ["b", "c", "a", "d"]
+                .into_iter()
+                .filter(|id| *id != order[0])
+                .collect();
+            assert_eq!(rest, expected);
+            *firsts.entry(order[0].clone()).or_insert(0) += 1;
+        }
+        // Weights a=1, b=3, c=0, d=1 (default): b 60 %, a 20 %, d 20 %, c never.
+        assert_eq!(firsts.get("c"), None);
+        let b = firsts["b"];
+        assert!((540..=660).contains(&b), "{firsts:?}");
+        assert!((150..=250).contains(&firsts["a"]), "{firsts:?}");
+        assert!((150..=250).contains(&firsts["d"]), "{firsts:?}");
+    }
+
+    #[test]
+    fn lowest_cost_uses_the_catalog_and_puts_unpriced_last() {
+        let (n, pr) = none();
+        // gpt-4o-mini 0.75, gpt-4.1 10, gpt-4o 12.5, claude-sonnet-4 18.
+        assert_eq!(Fixture::new().order(p("lowest_cost"), &n, &pr), ["b", "c", "a", "d"]);
+        let f = Fixture::new().set("b", |o| o.cost = None);
+        assert_eq!(f.order(p("lowest_cost"), &n, &pr), ["c", "a", "d", "b"]);
+    }
+
+    #[test]
+    fn lowest_latency_tries_unknown_targets_first() {
+        let (n, pr) = none();
+        let f = Fixture::new()
+            .set("a", |o| o.ttft_ms = Some(120.0))
+            .set("b", |o| o.ttft_ms = Some(300.0))
+            .set("c", |o| o.ttft_ms = Some(80.0));
+        // d was never measured: 0 ms, first.
+        assert_eq!(f.order(p("lowest_latency"), &n, &pr), ["d", "c", "a", "b"]);
+    }
+
+    #[test]
+    fn least_busy_prefers_fewer_in_flight() {
+        let (n, pr) = none();
+        let f = Fixture::new()
+            .set("a", |o| o.in_flight = 0)
+            .set("b", |o| o.in_flight = 2)
+            .set("c", |o| o.in_flight = 1)
+            .set("d", |o| o.in_flight = 0);
+        assert_eq!(f.order(p("least_busy"), &n, &pr), ["a", "d", "c", "b"]);
+    }
+
+    #[test]
+    fn canary_is_stable_per_user_and_splits_by_percent() {
+        let policy = json!({"id": "p", "strategy": "canary", "canary": {"target": "a", "percent": 25}});
+        let f = Fixture::new();
+        let n = Needs::default();
+        let mut hits = 0;
+        for i in 0..2000 {
+            let prefs = Preferences {
+                user: Some(format!("user-{i}")),
+                ..Preferences::default()
+            };
+            let first = f.order_seeded(policy.clone(), &n, &prefs, i);
+            let again = f.order_seeded(policy.clone(), &n, &prefs, i + 99);
+            assert_eq!(first, again, "user-{i} moved");
+            if first[0] == "a" {
+                hits += 1;
+                assert_eq!(first, ["a", "b", "c", "d"]);
+            } else {
+                // Outside the share the canary is only the last resort.
+                assert_eq!(first, ["b", "c", "d", "a"]);
+            }
+        }
+        assert!((400..=600).contains(&hits), "{hits} of 2000");
+        assert_eq!(canary_bucket("user-1"), canary_bucket("user-1"));
+        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
+    }
+
+    #[test]
+    fn composite_weighs_the_normalised_terms() {
+        let (n, pr) = none();
+        // Only cost counts: cheapest first.
+        let only_cost = json!({"id": "p", "strategy": "composite",
+            "weights": {"priority": 0, "health": 0, "cost": 1, "latency": 0, "headroom": 0}});
+        assert_eq!(Fixture::new().order(only_cost, &n, &pr), ["b", "c", "a", "d"]);
+        // Priority 1, latency 2: a (prio 2 → 1/3, fastest → 1) = 2.33 beats b (1 + 0) = 1,
+        // c (2/3 + 2 × 0.5) = 1.67; d (0 + 2 × 0.75) = 1.5.
+        let f = Fixture::new()
+            .set("a", |o| o.ttft_ms = Some(100.0))
+            .set("b", |o| o.ttft_ms = Some(500.0))
+            .set("c", |o| o.ttft_ms = Some(300.0))
+            .set("d", |o| o.ttft_ms = Some(200.0));
+        let w = json!({"id": "p", "strategy": "composite",
+            "weights": {"priority": 1, "health": 0, "cost": 0, "latency": 2, "headroom": 0}});
+        assert_eq!(f.order(w, &n, &pr), ["a", "c", "d", "b"]);
+        // Defaults: health weighs 2, so a degraded target sinks (and is moved last anyway).
+        let f = Fixture::new().set("b", |o| o.health = HealthState::Degraded);
+        assert_eq!(f.order(p("composite"), &n, &pr).last().unwrap(), "b");
+    }
+
+    #[test]
+    fn health_skips_unhealthy_and_puts_degraded_last() {
+        let (n, pr) = none();
+        let f = Fixture::new()
+            .set("b", |o| o.health = HealthState::Unhealthy)
+            .set("c", |o| o.health = HealthState::Degraded);
+        assert_eq!(f.order(p("priority"), &n, &pr), ["a", "d", "c"]);
+        let f = Fixture::new()
+            .set("a", |o| o.health = HealthState::Unhealthy)
+            .set("b", |o| o.health = HealthState::Unhealthy)
+            .set("c", |o| o.health = HealthState::Unhealthy)
+            .set("d", |o| o.health = HealthState::Unhealthy);
+        let e = f.error(p("priority"), &n, &pr);
+        assert_eq!(e.class, ErrorClass::NoCapacity);
+        assert_eq!(
+            e.message,
+            "Model `m`: every target is unhealthy (a: unhealthy; b: unhealthy; c: unhealthy; d: unhealthy)."
+        );
+    }
+
+    #[test]
+    fn capabilities_filter_targets() {
+        let pr = Preferences::default();
+        let json = Needs {
+            json_mode: true,
+            ..Needs::default()
+        };
+        assert_eq!(Fixture::new().order(p("priority"), &json, &pr), ["b", "c", "a"]);
+        let only_d = Preferences {
+            only: Some(vec!["d".into()]),
+            ..Preferences::default()
+        };
+        let e = Fixture::new().error(p("priority"), &json, &only_d);
+        assert_eq!(e.class, ErrorClass::NoCapacity);
+        assert_eq!(
+            e.message,
+            "Model `m`: no target has the capabilities this request uses (d: provider anthropic lacks json_mode)."
+        );
+        let emb = Needs::embeddings();
+        assert_eq!(Fixture::new().order(p("priority"), &emb, &pr), ["b", "c", "a"]);
+        let e = Fixture::new().error(p("priority"), &emb, &only_d);
+        assert_eq!((e.class, e.param.as_deref()), (ErrorClass::InvalidRequest, Some("model")));
+        let no_tools = Fixture::new().set("b", |o| o.capabilities.tools = false);
+        let tools = Needs {
+            tools: true,
+            ..Needs::default()
+        };
+        assert_eq!(no_tools.order(p("priority"), &tools, &pr), ["c", "a", "d"]);
+    }
+
+    #[test]
+    fn context_window_filter_and_the_400_when_only_length_is_the_reason() {
+        let pr = Preferences::default();
+        let fits = Needs {
+            prompt_tokens: Some(900),
+            max_tokens: 100,
+            ..Needs::default()
+        };
+        assert_eq!(Fixture::new().order(p("priority"), &fits, &pr), ["b", "c", "a", "d"]);
+        let long = Needs {
+            prompt_tokens: Some(901),
+            max_tokens: 100,
+            ..Needs::default()
+        };
+        assert_eq!(Fixture::new().order(p("priority"), &long, &pr), ["b", "c", "a"]);
+        let only_d = Preferences {
+            only: Some(vec!["d".into()]),
+            ..Preferences::default()
+        };
+        let e = Fixture::new().error(p("priority"), &long, &only_d);
+        assert_eq!(e.class, ErrorClass::ContextLengthExceeded);
+        assert_eq!(e.param.as_deref(), Some("messages"));
+        assert!(e.message.contains("about 1001 tokens"), "{}", e.message);
+        // With trimming, only what cannot be dropped has to fit.
+        let trimmable = Needs {
+            min_prompt_tokens: Some(500),
+            ..long
+        };
+        assert_eq!(Fixture::new().order(p("priority"), &trimmable, &only_d), ["d"]);
+        // Mixed reasons: 503 listing each.
+        let f = Fixture::new().set("c", |o| o.health = HealthState::Unhealthy);
+        let only_cd = Preferences {
+            only: Some(vec!["d".into(), "c".into()]),
+            ..Preferences::default()
+        };
+        let e = f.error(p("priority"), &long, &only_cd);
+        assert_eq!(e.class, ErrorClass::NoCapacity);
+        assert_eq!(
+            e.message,
+            "Model `m`: no target can serve this request (c: unhealthy; d: needs ~1001 tokens, context window is 1000)."
+        );
+    }
+
+    #[test]
+    fn client_preferences() {
+        let n = Needs::default();
+        let f = Fixture::new();
+        let prefs = Preferences {
+            ignore: vec!["b".into()],
+            ..Preferences::default()
+        };
+        assert_eq!(f.order(p("priority"), &n, &prefs), ["c", "a", "d"]);
+        let prefs = Preferences {
+            only: Some(vec!["a".into(), "d".into()]),
+            ..Preferences::default()
+        };
+        assert_eq!(f.order(p("priority"), &n, &prefs), ["a", "d"]);
+        let prefs = Preferences {
+            order: vec!["d".into(), "a".into(), "zzz".into()],
+            ..Preferences::default()
+        };
+        assert_eq!(f.order(p("priority"), &n, &prefs), ["d", "a", "b", "c"]);
+        let prefs = Preferences {
+            only: Some(vec!["zzz".into()]),
+            ..Preferences::default()
+        };
+        let e = f.error(p("priority"), &n, &prefs);
+        assert_eq!(e.class, ErrorClass::InvalidRequest);
+        assert_eq!(e.param.as_deref(), Some("x-switchyard-only"));
+    }
+
+    #[test]
+    fn max_attempts_caps_the_list() {
+        let (n, pr) = none();
+        let policy = json!({"id": "p", "strategy": "priority", "max_attempts": 2});
+        assert_eq!(Fixture::new().order(policy, &n, &pr), ["b", "c"]);
+    }
+
+    #[test]
+    fn needs_of_a_chat_request() {
+        let messages: Vec<Message> = serde_json::from_value(json!([
+            {"role": "user", "content": [{"type": "text", "text": "what is this"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}]}
+        ]))
+        .unwrap();
+        let params = SamplingParams {
+            response_format: Some(json!({"type": "json_schema", "json_schema": {}})),
+            max_tokens: Some(50),
+            ..SamplingParams::default()
+        };
+        let n = Needs::chat(&messages, &[], &params);
+        assert!(n.vision && n.json_mode && !n.tools && !n.embeddings);
+        assert_eq!(n.max_tokens, 50);
+        let text = SamplingParams {
+            response_format: Some(json!({"type": "text"})),
+            ..SamplingParams::default()
+        };
+        assert!(!Needs::chat(&messages, &[], &text).json_mode);
+    }
+}

@@ -1,0 +1,653 @@
+//! Per-target limits: requests per minute and tokens per minute shared by every worker replica
+//! through a JetStream KV bucket, and a per-process concurrency cap.
+//!
+//! # Token buckets (RPM, TPM)
+//!
+//! Bucket [`LIMITS_BUCKET`] holds one key per target and limit, `<target>.rpm` and `<target>.tpm`
+//! (target ids are escaped to the KV key alphabet, see [`bucket_key`]), each the JSON
+//! [`BucketState`] `{"tokens": f64, "updated_ms": u64}`. A bucket's capacity is the per-minute
+//! value and it refills continuously at capacity / 60 000 ms, computed by whoever touches it next;
+//! an absent key is a full bucket. Every change is a compare-and-set on the key's revision
+//! (`Nats-Expected-Last-Subject-Sequence`), retried on conflict, so replicas never lose an update.
+//!
+//! Capacity and rate come from the live config on every operation: a changed `rpm` applies to the
+//! next request (a lowered capacity clamps the stored tokens).
+//!
+//! Each process keeps the last revision it wrote or read per key and tries that first, so an
+//! uncontended take is one round trip (an update); a conflict costs a read and another update. One
+//! operation per key is in flight per process (an async mutex), so replicas only race each other.
+//! A rejection is confirmed with a fresh read before it is returned.
+//!
+//! TPM is charged before the call with an estimate ([`estimate_tokens`]: o200k tokens of the
+//! prompt + `max_tokens`, 256 when absent) and corrected after it with the actual usage
+//! ([`Limiter::settle`]): the difference is refunded or charged extra (a bucket may go into debt,
+//! down to minus its capacity, which later requests wait out).
+//!
+//! # Concurrency
+//!
+//! `max_concurrency` counts in-flight requests per target in this worker process; beyond it a
+//! request is rejected at once (no queueing).
+//!
+//! # Rejections
+//!
+//! A request rejected by one limit consumes nothing of the others: admission takes concurrency,
+//! then RPM, then TPM, and gives back what it took when a later one says no. Rejections are
+//! retryable errors (`no_capacity` for concurrency, `rate_limited` with `retry_after_ms` for the
+//! buckets), so ingress moves on to the next target.
+//!
+//! # Failure of the shared store
+//!
+//! Without JetStream (or when the bucket cannot be opened) the buckets are process-local (logged).
+//! A KV operation that fails at run time (timeout, server gone) admits the request (fail-open,
+//! logged): a limit outage must not become a gateway outage.
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, LazyLock};
+use switchyard_schemas::config::TargetConfig;
+use switchyard_schemas::subjects::LIMITS_BUCKET;
+use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, now_ms};
+
+/// `max_tokens` assumed for the TPM estimate when the request sets none, tokens.
+pub const DEFAULT_MAX_TOKENS: u64 = 256;
+/// Chat-format overhead per message in the TPM estimate, tokens (role and separators).
+const TOKENS_PER_MESSAGE: u64 = 3;
+/// Compare-and-set attempts per operation before giving up (then fail-open).
+const MAX_CAS_ATTEMPTS: u32 = 64;
+/// Prompts longer than this many bytes are tokenised on the blocking pool.
+const BLOCKING_TOKENIZE_BYTES: usize = 32 * 1024;
+
+/// Which shared limit a bucket holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LimitKind {
+    /// Requests per minute.
+    Rpm,
+    /// Tokens per minute.
+    Tpm,
+}
+
+impl LimitKind {
+    /// The key suffix, `rpm` or `tpm`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Rpm => "rpm",
+            Self::Tpm => "tpm",
+        }
+    }
+}
+
+/// The KV key of one target's bucket: `<escaped target id>.<rpm|tpm>`. Characters outside
+/// `[A-Za-z0-9_-]` are written `=XX` (hex of each UTF-8 byte), so any target id maps to a valid,
+/// distinct key.
+pub fn bucket_key(target: &str, kind: LimitKind) -> String {
+    let mut key = String::with_capacity(target.len() + 4);
+    for b in target.bytes() {
+        if b.is_ascii_alphanumeric() || b == b'_' || b == b'-' {
+            key.push(b as char);
+        } else {
+            key.push_str(&format!("={b:02X}"));
+        }
+    }
+    key.push('.');
+    key.push_str(kind.as_str());
+    key
+}
+
+/// The stored state of one token bucket (JSON value of its KV key).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct BucketState {
+    /// Tokens left at `updated_ms` (negative = debt from under-estimated TPM charges).
+    pub tokens: f64,
+    /// When `tokens` was computed, ms since the Unix epoch.
+    pub updated_ms: u64,
+}
+
+impl BucketState {
+    /// A full bucket at `now_ms`.
+    pub fn full(capacity: f64, now_ms: u64) -> Self {
+        Self {
+            tokens: capacity,
+            updated_ms: now_ms,
+        }
+    }
+
+    /// The state at `now_ms`: refilled at `capacity` per minute, never above `capacity`. A clock
+    /// behind `updated_ms` (another replica's) refills nothing.
+    pub fn at(self, capacity: f64, now_ms: u64) -> Self {
+        let elapsed = now_ms.saturating_sub(self.updated_ms) as f64;
+        Self {
+            tokens: (self.tokens + elapsed * capacity / 60_000.0).min(capacity),
+            updated_ms: now_ms.max(self.updated_ms),
+        }
+    }
+}
+
+/// One change to a bucket.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Op {
+    /// Take this many tokens if available, else report when they will be.
+    Take(f64),
+    /// Give tokens back (refund), up to the capacity.
+    Give(f64),
+    /// Take tokens unconditionally (usage above the estimate), down to minus the capacity.
+    Charge(f64),
+}
+
+/// What an operation did.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Applied {
+    /// The new state was stored.
+    Done(BucketState),
+    /// Not enough tokens; they will be in this many ms (`None`: never, cost above capacity).
+    Short(Option<u64>),
+}
+
+/// Applies `op` to a bucket already refilled to now.
+fn apply(state: BucketState, capacity: f64, op: Op) -> Applied {
+    match op {
+        Op::Take(cost) if cost > capacity => Applied::Short(None),
+        Op::Take(cost) if state.tokens + 1e-9 >= cost => Applied::Done(BucketState {
+            tokens: state.tokens - cost,
+            ..state
+        }),
+        Op::Take(cost) => {
+            let per_ms = capacity / 60_000.0;
+            let wait = ((cost - state.tokens) / per_ms).ceil().max(1.0);
+            Applied::Short(Some(wait as u64))
+        }
+        Op::Give(n) => Applied::Done(BucketState {
+            tokens: (state.tokens + n).min(capacity),
+            ..state
+        }),
+        Op::Charge(n) => Applied::Done(BucketState {
+            tokens: (state.tokens - n).max(-capacity),
+            ..state
+        }),
+    }
+}
+
+/// A KV failure (the request is admitted: fail-open).
+#[derive(Debug, thiserror::Error)]
+#[error("limit store: {0}")]
+struct StoreError(String);
+
+/// Last known (revision, state) of a key; revision 0 = the key does not exist.
+type Snapshot = (u64, Option<BucketState>);
+
+struct Buckets {
+    kv: Option<async_nats::jetstream::kv::Store>,
+    /// Last revision and value seen per key (KV mode) or the state itself (local mode).
+    cache: Mutex<HashMap<String, Snapshot>>,
+    /// One operation per key at a time in this process.
+    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl Buckets {
+    fn key_lock(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
+        self.locks.lock().entry(key.to_owned()).or_default().clone()
+    }
+
+    async fn run(&self, key: &str, capacity: f64, op: Op) -> Result<Applied, StoreError> {
+        let Some(kv) = &self.kv else {
+            let mut cache = self.cache.lock();
+            let now = now_ms();
+            let state = cache
+                .get(key)
+                .and_then(|(_, s)| *s)
+                .map_or(BucketState::full(capacity, now), |s| s.at(capacity, now));
+            let applied = apply(state, capacity, op);
+            if let Applied::Done(new) = applied {
+                cache.insert(key.to_owned(), (0, Some(new)));
+            }
+            return Ok(applied);
+        };
+        let lock = self.key_lock(key);
+        let _serial = lock.lock().await;
+        let mut known = self.cache.lock().get(key).copied();
+        let mut fresh = false;
+        for _ in 0..MAX_CAS_ATTEMPTS {
+            let (revision, stored) = match known {
+                Some(s) => s,
+                None => {
+                    fresh = true;
+                    let s = load(kv, key).await?;
+                    self.cache.lock().insert(key.to_owned(), s);
+                    s
+                }
+            };
+            let now = now_ms();
+            let state = stored.map_or(BucketState::full(capacity, now), |s| s.at(capacity, now));
+            match apply(state, capacity, op) {
+                Applied::Short(_) if !fresh => known = None,
+                short @ Applied::Short(_) => return Ok(short),
+                Applied::Done(new) => {
+                    let bytes = serde_json::to_vec(&new).map_err(|e| StoreError(e.to_string()))?;
+                    match kv.update(key, bytes.into(), revision).await {
+                        Ok(rev) => {
+                            self.cache.lock().insert(key.to_owned(), (rev, Some(new)));
+                            return Ok(Applied::Done(new));
+                        }
+                        Err(e)
+                            if e.kind()
+                                == async_nats::jetstream::kv::UpdateErrorKind::WrongLastRevision =>
+                        {
+                            known = None;
+                        }
+                        Err(e) => {
+                            self.cache.lock().remove(key);
+                            return Err(StoreError(e.to_string()));
+                        }
+                    }
+                }
+            }
+        }
+        Err(StoreError(format!(
+            "{MAX_CAS_ATTEMPTS} compare-and-set conflicts on `{key}`"
+        )))
+    }
+
+    /// The stored state of `key` as of now (without refill), for diagnostics and tests.
+    async fn peek(&self, key: &str) -> Option<BucketState> {
+        match &self.kv {
+            Some(kv) => load(kv, key).await.ok().and_then(|(_, s)| s),
+            None => self.cache.lock().get(key).and_then(|(_, s)| *s),
+        }
+    }
+}
+
+async fn load(kv: &async_nats::jetstream::kv::Store, key: &str) -> Result<Snapshot, StoreError> {
+    use async_nats::jetstream::kv::Operation;
+    match kv.entry(key).await {
+        Ok(None) => Ok((0, None)),
+        Ok(Some(e)) if e.operation == Operation::Put => {
+            // An unreadable value is overwritten with a full bucket rather than blocking forever.
+            Ok((e.revision, serde_json::from_slice(&e.value).ok()))
+        }
+        Ok(Some(e)) => Ok((e.revision, None)),
+        Err(e) => Err(StoreError(e.to_string())),
+    }
+}
+
+/// In-flight requests of one target in this process.
+#[derive(Debug)]
+struct ConcurrencyPermit(Arc<AtomicU32>);
+
+impl Drop for ConcurrencyPermit {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// What an admitted request holds until it ends: its concurrency slot and its TPM charge.
+#[derive(Debug)]
+pub struct Admission {
+    target: String,
+    _permit: Option<ConcurrencyPermit>,
+    /// Tokens charged to the TPM bucket (0 when the target has no TPM limit).
+    tpm_estimate: u64,
+    tpm_capacity: Option<u64>,
+}
+
+impl Admission {
+    /// Tokens charged to the target's TPM bucket before the call (0 without a TPM limit).
+    pub fn tpm_estimate(&self) -> u64 {
+        self.tpm_estimate
+    }
+}
+
+/// The limits of every target served by one worker process.
+pub struct Limiter {
+    buckets: Buckets,
+    in_flight: Mutex<HashMap<String, Arc<AtomicU32>>>,
+}
+
+impl std::fmt::Debug for Limiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Limiter")
+            .field("shared", &self.is_shared())
+            .finish()
+    }
+}
+
+impl Limiter {
+    /// Limits shared through the KV bucket [`LIMITS_BUCKET`] (created in memory storage, one
+    /// value per key, if missing). Falls back to process-local buckets, with a warning, when
+    /// JetStream is not available.
+    pub async fn connect(js: &async_nats::jetstream::Context) -> Self {
+        let kv = match js.get_key_value(LIMITS_BUCKET).await {
+            Ok(kv) => Some(kv),
+            Err(_) => match js
+                .create_key_value(async_nats::jetstream::kv::Config {
+                    bucket: LIMITS_BUCKET.to_owned(),
+                    description: "Switchyard RPM/TPM token buckets, one key per target and limit"
+                        .to_owned(),
+                    history: 1,
+                    storage: async_nats::jetstream::stream::StorageType::Memory,
+                    ..Default::default()
+                })
+                .await
+            {
+                Ok(kv) => Some(kv),
+                // Another replica may have created it in between.
+                Err(e) => match js.get_key_value(LIMITS_BUCKET).await {
+                    Ok(kv) => Some(kv),
+                    Err(_) => {
+                        tracing::warn!(error = %e, "no JetStream KV for limits: RPM/TPM limits are per worker process");
+                        None
+                    }
+                },
+            },
+        };
+        Self::with_store(kv)
+    }
+
+    /// Process-local buckets (no sharing between replicas).
+    pub fn local() -> Self {
+        Self::with_store(None)
+    }
+
+    fn with_store(kv: Option<async_nats::jetstream::kv::Store>) -> Self {
+        Self {
+            buckets: Buckets {
+                kv,
+                cache: Mutex::new(HashMap::new()),
+                locks: Mutex::new(HashMap::new()),
+            },
+            in_flight: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Whether the buckets are shared through NATS KV.
+    pub fn is_shared(&self) -> bool {
+        self.buckets.kv.is_some()
+    }
+
+    /// Admits `req` to `target` under its current limits: a concurrency slot, one RPM token and
+    /// the TPM estimate, all or nothing. The error is what the worker answers with.
+    pub async fn admit(
+        &self,
+        target: &TargetConfig,
+        req: &ChatRequest,
+    ) -> Result<Admission, ErrorInfo> {
+        let limits = &target.limits;
+        let permit = match limits.max_concurrency {
+            Some(max) => Some(self.try_concurrency(&target.id, max).ok_or_else(|| {
+                ErrorInfo::new(
+                    ErrorClass::NoCapacity,
+                    format!(
+                        "target `{}`: {max} requests in flight on this worker (max_concurrency)",
+                        target.id
+                    ),
+                )
+            })?),
+            None => None,
+        };
+        let mut admission = Admission {
+            target: target.id.clone(),
+            _permit: permit,
+            tpm_estimate: 0,
+            tpm_capacity: limits.tpm,
+        };
+        self.take_request(target).await?;
+        if let Some(tpm) = limits.tpm {
+            let estimate = estimate_tokens(req).await;
+            let key = bucket_key(&target.id, LimitKind::Tpm);
+            match self.buckets.run(&key, tpm as f64, Op::Take(estimate as f64)).await {
+                Ok(Applied::Done(_)) => admission.tpm_estimate = estimate,
+                Ok(Applied::Short(wait)) => {
+                    if let Some(rpm) = limits.rpm {
+                        let key = bucket_key(&target.id, LimitKind::Rpm);
+                        self.give_back(&key, rpm as f64, 1.0).await;
+                    }
+                    let message = match wait {
+                        Some(_) => format!(
+                            "target `{}`: tokens-per-minute limit {tpm} reached (request estimated at {estimate} tokens)",
+                            target.id
+                        ),
+                        None => format!(
+                            "target `{}`: request estimated at {estimate} tokens exceeds the tokens-per-minute limit {tpm}",
+                            target.id
+                        ),
+                    };
+                    return Err(ErrorInfo::new(ErrorClass::RateLimited, message)
+                        .with_retry_after_ms(wait));
+                }
+                Err(e) => tracing::warn!(target = %target.id, error = %e, "TPM limit not checked (admitting)"),
+            }
+        }
+        Ok(admission)
+    }
+
+    /// Takes one RPM token for an upstream call of `target` (admission, and each retry).
+    pub async fn take_request(&self, target: &TargetConfig) -> Result<(), ErrorInfo> {
+        let Some(rpm) = target.limits.rpm else {
+            return Ok(());
+        };
+        let key = bucket_key(&target.id, LimitKind::Rpm);
+        match self.buckets.run(&key, rpm as f64, Op::Take(1.0)).await {
+            Ok(Applied::Done(_)) => Ok(()),
+            Ok(Applied::Short(wait)) => Err(ErrorInfo::new(
+                ErrorClass::RateLimited,
+                format!(
+                    "target `{}`: requests-per-minute limit {rpm} reached",
+                    target.id
+                ),
+            )
+            .with_retry_after_ms(wait)),
+            Err(e) => {
+                tracing::warn!(target = %target.id, error = %e, "RPM limit not checked (admitting)");
+                Ok(())
+            }
+        }
+    }
+
+    /// Corrects the TPM charge of a finished request with the tokens it actually used
+    /// (prompt + completion of every upstream call): refunds or charges the difference.
+    pub async fn settle(&self, admission: &Admission, actual_tokens: u64) {
+        let Some(tpm) = admission.tpm_capacity else {
+            return;
+        };
+        if admission.tpm_estimate == 0 {
+            return;
+        }
+        let key = bucket_key(&admission.target, LimitKind::Tpm);
+        let diff = actual_tokens as f64 - admission.tpm_estimate as f64;
+        let op = if diff < 0.0 {
+            Op::Give(-diff)
+        } else if diff > 0.0 {
+            Op::Charge(diff)
+        } else {
+            return;
+        };
+        if let Err(e) = self.buckets.run(&key, tpm as f64, op).await {
+            tracing::warn!(target = %admission.target, error = %e, "TPM correction lost");
+        }
+    }
+
+    /// The stored state of a target's bucket (not refilled to now), if it exists.
+    pub async fn bucket(&self, target: &str, kind: LimitKind) -> Option<BucketState> {
+        self.buckets.peek(&bucket_key(target, kind)).await
+    }
+
+    async fn give_back(&self, key: &str, capacity: f64, n: f64) {
+        if let Err(e) = self.buckets.run(key, capacity, Op::Give(n)).await {
+            tracing::warn!(key, error = %e, "limit refund lost");
+        }
+    }
+
+    fn try_concurrency(&self, target: &str, max: u32) -> Option<ConcurrencyPermit> {
+        let counter = self
+            .in_flight
+            .lock()
+            .entry(target.to_owned())
+            .or_default()
+            .clone();
+        counter
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| ConcurrencyPermit(counter))
+    }
+}
+
+static TOKENIZER: LazyLock<Option<tiktoken_rs::CoreBPE>> = LazyLock::new(|| {
+    tiktoken_rs::o200k_base()
+        .map_err(|e| tracing::warn!(error = %e, "o200k tokenizer unavailable; estimating 4 bytes per token"))
+        .ok()
+});
+
+/// Loads the tokenizer (≈ 0.2 s, tens of MB) on the blocking pool, so the first TPM-limited
+/// request does not pay for it.
+pub fn warm_tokenizer() {
+    tokio::task::spawn_blocking(|| LazyLock::force(&TOKENIZER));
+}
+
+/// Tokens of `text` under o200k_base (GPT-4o's encoding; 4 bytes per token if it cannot load).
+pub fn count_tokens(text: &str) -> u64 {
+    match TOKENIZER.as_ref() {
+        Some(bpe) => bpe.encode_ordinary(text).len() as u64,
+        None => text.len().div_ceil(4) as u64,
+    }
+}
+
+/// The TPM charge of a request before its call: o200k tokens of all message text and tool
+/// definitions, 3 per message and 3 for the reply primer, plus `max_tokens` (256 when absent).
+pub async fn estimate_tokens(req: &ChatRequest) -> u64 {
+    let mut text = req.prompt_text();
+    if !req.tools.is_empty() {
+        text.push('\n');
+        text.push_str(&serde_json::to_string(&req.tools).unwrap_or_default());
+    }
+    let prompt = if text.len() > BLOCKING_TOKENIZE_BYTES {
+        let len = text.len();
+        tokio::task::spawn_blocking(move || count_tokens(&text))
+            .await
+            .unwrap_or(len.div_ceil(4) as u64)
+    } else {
+        count_tokens(&text)
+    };
+    let overhead = TOKENS_PER_MESSAGE * (req.messages.len() as u64 + 1);
+    let max = req
+        .params
+        .max_tokens
+        .map_or(DEFAULT_MAX_TOKENS, u64::from);
+    prompt + overhead + max
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn keys_are_valid_and_distinct() {
+        assert_eq!(bucket_key("openai-main", LimitKind::Rpm), "openai-main.rpm");
+        assert_eq!(bucket_key("a.b c", LimitKind::Tpm), "a=2Eb=20c.tpm");
+        assert_ne!(
+            bucket_key("a.b", LimitKind::Rpm),
+            bucket_key("a=2Eb", LimitKind::Rpm)
+        );
+    }
+
+    #[test]
+    fn refill_is_continuous_and_capped() {
+        let s = BucketState {
+            tokens: 0.0,
+            updated_ms: 1_000,
+        };
+        // 60 per minute = 1 per second.
+        assert!((s.at(60.0, 1_500).tokens - 0.5).abs() < 1e-9);
+        assert_eq!(s.at(60.0, 1_000_000).tokens, 60.0);
+        // A clock behind the stored one refills nothing and keeps the later timestamp.
+        assert_eq!(s.at(60.0, 500), s);
+        // A lowered capacity clamps.
+        let full = BucketState::full(100.0, 0);
+        assert_eq!(full.at(10.0, 0).tokens, 10.0);
+    }
+
+    #[test]
+    fn take_give_charge() {
+        let s = BucketState::full(10.0, 0);
+        let Applied::Done(s) = apply(s, 10.0, Op::Take(4.0)) else {
+            unreachable!()
+        };
+        assert_eq!(s.tokens, 6.0);
+        // 10 per minute: 4 missing tokens take 24 s.
+        assert_eq!(apply(s, 10.0, Op::Take(10.0)), Applied::Short(Some(24_000)));
+        assert_eq!(apply(s, 10.0, Op::Take(11.0)), Applied::Short(None));
+        assert_eq!(apply(s, 10.0, Op::Give(100.0)), Applied::Done(BucketState::full(10.0, 0)));
+        let Applied::Done(d) = apply(s, 10.0, Op::Charge(100.0)) else {
+            unreachable!()
+        };
+        assert_eq!(d.tokens, -10.0);
+    }
+
+    fn target(limits: serde_json::Value) -> TargetConfig {
+        serde_json::from_value(serde_json::json!({"id": "t", "provider": "openai",
+            "base_url": "builtin:mock", "upstream_model": "m", "limits": limits}))
+        .unwrap()
+    }
+
+    fn request(text: &str, max_tokens: Option<u32>) -> ChatRequest {
+        let mut r: ChatRequest = serde_json::from_value(serde_json::json!({
+            "id": uuid::Uuid::now_v7(), "model": "m",
+            "target": {"id": "t", "provider": "openai", "upstream_model": "m"},
+            "messages": [{"role": "user", "content": text}],
+            "stream": false, "deadline_ms": 0}))
+        .unwrap();
+        r.params.max_tokens = max_tokens;
+        r
+    }
+
+    #[tokio::test]
+    async fn estimate_counts_prompt_overhead_and_max_tokens() {
+        let r = request("Hello world", None);
+        assert_eq!(count_tokens("Hello world"), 2);
+        assert_eq!(estimate_tokens(&r).await, 2 + 6 + DEFAULT_MAX_TOKENS);
+        let r = request("Hello world", Some(10));
+        assert_eq!(estimate_tokens(&r).await, 2 + 6 + 10);
+    }
+
+    #[tokio::test]
+    async fn rejection_gives_back_what_it_took() {
+        let l = Limiter::local();
+        let t = target(serde_json::json!({"rpm": 5, "tpm": 100, "max_concurrency": 1}));
+        // Estimate 2 + 6 + 50 = 58 tokens: the second request does not fit the TPM bucket.
+        let r = request("Hello world", Some(50));
+        let a = l.admit(&t, &r).await.unwrap();
+        assert_eq!(a.tpm_estimate(), 58);
+        // Concurrency is full while `a` lives.
+        let e = l.admit(&t, &r).await.unwrap_err();
+        assert_eq!(e.class, ErrorClass::NoCapacity);
+        assert!(e.retryable);
+        drop(a);
+        let e = l.admit(&t, &r).await.unwrap_err();
+        assert_eq!(e.class, ErrorClass::RateLimited);
+        assert!(e.retry_after_ms.unwrap() > 0);
+        // The TPM rejection gave its RPM token back: 5 - 1 (first admit) = 4 left, not 3.
+        let rpm = l.bucket("t", LimitKind::Rpm).await.unwrap();
+        assert!((rpm.tokens - 4.0).abs() < 0.01, "{rpm:?}");
+        // And the concurrency slot.
+        assert!(l.try_concurrency("t", 1).is_some());
+    }
+
+    #[tokio::test]
+    async fn settle_refunds_or_charges_the_difference() {
+        let l = Limiter::local();
+        let t = target(serde_json::json!({"tpm": 6000}));
+        let a = l.admit(&t, &request("Hello world", Some(100))).await.unwrap();
+        let est = a.tpm_estimate() as f64;
+        let before = l.bucket("t", LimitKind::Tpm).await.unwrap().tokens;
+        assert!((before - (6000.0 - est)).abs() < 1.0);
+        l.settle(&a, 30).await;
+        let after = l.bucket("t", LimitKind::Tpm).await.unwrap().tokens;
+        assert!((after - (6000.0 - 30.0)).abs() < 1.0, "{after}");
+        let a = l.admit(&t, &request("Hello world", Some(100))).await.unwrap();
+        l.settle(&a, 1_000).await;
+        let after = l.bucket("t", LimitKind::Tpm).await.unwrap().tokens;
+        assert!((after - (6000.0 - 1_030.0)).abs() < 1.0, "{after}");
+    }
+}
