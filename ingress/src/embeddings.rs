@@ -1,12 +1,15 @@
 //! The OpenAI front door for embeddings, `POST /v1/embeddings` (OpenAI API reference, "Create
-//! embeddings"): one NATS request/reply per attempt, fallback across the model's targets on
+//! embeddings"): one NATS request/reply per attempt, fallback across the model's targets — ordered
+//! like chat ([`crate::strategy`]; only providers with an embeddings API qualify) — on
 //! retryable failures, vectors as floats or base64 (little-endian f32, the encoding the OpenAI SDKs
 //! ask for by default and decode themselves).
 
 use crate::AppState;
 use crate::charge::{Caller, Charge};
 use crate::error::ApiError;
+use crate::metrics::Outcome;
 use crate::route;
+use crate::strategy::{self, Needs};
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
@@ -99,12 +102,21 @@ async fn handle(app: Arc<AppState>, body: &[u8]) -> Result<Response, ApiError> {
     route::check_size(&app, body.len())?;
     let (b, input, base64) = parse(body)?;
     let config = app.config.get();
-    let model = config
-        .model(&b.model)
-        .ok_or_else(|| ApiError::model_not_found(&b.model))?;
+    let hints = route::current_hints();
+    let model = route::routed_model(&config, &b.model, &hints)?;
     let admitted = Instant::now();
     let id = Uuid::now_v7();
+    let policy = model.policy.as_deref().and_then(|p| config.policy(p));
     let t = &config.timeouts;
+    let total = policy
+        .and_then(|p| p.timeouts.total_ms)
+        .unwrap_or(t.total_ms);
+    let deadline = admitted + Duration::from_millis(total);
+    let first_byte = Duration::from_millis(
+        policy
+            .and_then(|p| p.timeouts.first_byte_ms)
+            .unwrap_or(t.first_byte_ms),
+    );
     let prompt_bytes = match &input {
         EmbedInput::Texts(v) => v.iter().map(String::len).sum(),
         EmbedInput::Tokens(v) => v.iter().map(|x| x.len() * 4).sum(),
@@ -112,16 +124,35 @@ async fn handle(app: Arc<AppState>, body: &[u8]) -> Result<Response, ApiError> {
     let mut charge = Charge::start(
         app.clone(),
         id,
-        &b.model,
+        &model.id,
         Caller::default(),
         prompt_bytes,
         admitted,
     );
+    let mut outcome = Outcome::new(&app.metrics, &model.id, admitted);
+    let fail = |charge: Charge, outcome: &mut Outcome, e: ErrorInfo| -> ApiError {
+        charge.finish(Some(e.class));
+        let api = ApiError::from(e);
+        outcome.finish(api.status.as_u16());
+        api
+    };
+    let prefs = hints.preferences(b.user.as_deref());
+    let plan = match strategy::plan(
+        &config,
+        model,
+        &Needs::embeddings(),
+        &prefs,
+        |t| route::observe(&app, t),
+        &mut rand::rng(),
+    ) {
+        Ok(p) => p,
+        Err(e) => return Err(fail(charge, &mut outcome, e)),
+    };
     let mut req = EmbedRequest {
         id,
         tenant: None,
         key_id: None,
-        model: b.model.clone(),
+        model: model.id.clone(),
         target: TargetRef {
             id: String::new(),
             provider: String::new(),
@@ -130,16 +161,12 @@ async fn handle(app: Arc<AppState>, body: &[u8]) -> Result<Response, ApiError> {
         input,
         dimensions: b.dimensions,
         user: b.user,
-        deadline_ms: now_ms() + t.total_ms,
+        deadline_ms: now_ms() + total,
         attempt: 0,
     };
-    let limit = Duration::from_millis(t.first_byte_ms);
     let mut last_err = None;
     let mut tried = 0u32;
-    for target_id in &model.targets {
-        let Some(target) = config.target(target_id).filter(|t| t.enabled) else {
-            continue;
-        };
+    for target in plan.targets {
         req.target = TargetRef {
             id: target.id.clone(),
             provider: target.provider.as_str().to_owned(),
@@ -147,34 +174,40 @@ async fn handle(app: Arc<AppState>, body: &[u8]) -> Result<Response, ApiError> {
         };
         req.attempt = tried;
         charge.attempt(&target.id, &target.upstream_model, tried);
+        outcome.attempt(&target.id);
         tried += 1;
+        let _in_flight = app.stats.start(&target.id, &app.metrics);
+        let limit = first_byte.min(deadline.saturating_duration_since(Instant::now()));
         match call(&app, &req, limit).await {
             Ok((vectors, usage, worker)) => {
+                app.health.success(&target.id);
                 charge.usage(usage);
                 charge.finish(None);
+                outcome.finish(200);
                 let served = route::Served {
                     request_id: id,
                     target: target.id.clone(),
                     worker,
                     fallbacks: tried - 1,
+                    trimmed: None,
                 };
+                // The response echoes the body's model, also when `x-switchyard-route` routed it.
                 let mut resp = axum::Json(render(&b.model, &vectors, usage.prompt_tokens, base64))
                     .into_response();
                 served.apply(&mut resp);
                 return Ok(resp);
             }
-            Err(e) if e.retryable => last_err = Some(e),
-            Err(e) => {
-                charge.finish(Some(e.class));
-                return Err(e.into());
+            Err(e) if e.retryable => {
+                app.health.failure(&target.id);
+                last_err = Some(e);
             }
+            Err(e) => return Err(fail(charge, &mut outcome, e)),
         }
     }
     let e = last_err.unwrap_or_else(|| {
         ErrorInfo::new(ErrorClass::NoCapacity, "no enabled target for this model")
     });
-    charge.finish(Some(e.class));
-    Err(e.into())
+    Err(fail(charge, &mut outcome, e))
 }
 
 async fn call(

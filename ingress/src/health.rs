@@ -1,8 +1,12 @@
 //! What this ingress knows about each target, for ordering candidates.
 //!
-//! * [`HealthView`]: the latest [`HealthEvent`] per target from `<prefix>.health.>` (one
-//!   subscription per ingress process), forgotten after [`HealthSettings::expiry`] without news
-//!   (the target counts as healthy again), combined with a passive view: after
+//! * [`HealthView`]: the latest [`HealthEvent`] per target and worker from `<prefix>.health.>`
+//!   (one subscription per ingress process), each forgotten after [`HealthSettings::expiry`]
+//!   without news. Breakers live in each worker, so the workers' reports are combined: all
+//!   `unhealthy` → `unhealthy` (skipped), all `healthy` → `healthy`, a mix → `degraded` (tried
+//!   last: a request may still land on a worker that serves it). An `unhealthy` report counts as
+//!   `degraded` once its `retry_after_ms` has passed (the worker lets probes through again, even if
+//!   its `degraded` event was missed). This is combined with a passive view: after
 //!   [`HealthSettings::passive_failures`] consecutive retryable failures seen by this ingress a
 //!   target is `degraded` here for [`HealthSettings::passive_hold`] (or until it serves again).
 //!   The effective state is the worse of the two.
@@ -42,10 +46,33 @@ impl Default for HealthSettings {
     }
 }
 
+/// One worker's report about one target.
+#[derive(Debug, Clone, Copy)]
+struct Report {
+    state: HealthState,
+    ts_ms: u64,
+    /// When this ingress forgets the report.
+    until: Instant,
+    /// For `unhealthy`: when the worker lets probes through again.
+    probe_at: Option<Instant>,
+}
+
+impl Report {
+    fn state_at(&self, now: Instant) -> Option<HealthState> {
+        if now >= self.until {
+            return None;
+        }
+        match (self.state, self.probe_at) {
+            (HealthState::Unhealthy, Some(at)) if now >= at => Some(HealthState::Degraded),
+            (s, _) => Some(s),
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct Entry {
-    /// Reported state, its event time and when this ingress forgets it.
-    reported: Option<(HealthState, u64, Instant)>,
+    /// Latest report per worker.
+    reports: HashMap<String, Report>,
     /// Consecutive retryable failures seen here.
     failures: u32,
     /// Passive `degraded` until then.
@@ -78,9 +105,20 @@ impl HealthView {
         let Some(e) = entries.get(target) else {
             return HealthState::Healthy;
         };
-        let reported = match e.reported {
-            Some((state, _, until)) if now < until => state,
-            _ => HealthState::Healthy,
+        let mut states = e
+            .reports
+            .values()
+            .filter_map(|r| r.state_at(now))
+            .peekable();
+        let reported = match states.peek().copied() {
+            None => HealthState::Healthy,
+            Some(first) => {
+                if states.all(|s| s == first) {
+                    first
+                } else {
+                    HealthState::Degraded
+                }
+            }
         };
         let passive = match e.passive_until {
             Some(until) if now < until => HealthState::Degraded,
@@ -89,7 +127,7 @@ impl HealthView {
         worse(reported, passive)
     }
 
-    /// Applies a reported event; an event older than the one held is ignored.
+    /// Applies a reported event; an event older than the one held from the same worker is ignored.
     pub fn apply(&self, event: &HealthEvent) {
         self.apply_at(event, Instant::now());
     }
@@ -97,13 +135,27 @@ impl HealthView {
     fn apply_at(&self, event: &HealthEvent, now: Instant) {
         let mut entries = self.entries.lock();
         let e = entries.entry(event.target.clone()).or_default();
-        if let Some((_, ts, until)) = e.reported
-            && now < until
-            && event.ts_ms < ts
+        if let Some(held) = e.reports.get(&event.worker)
+            && now < held.until
+            && event.ts_ms < held.ts_ms
         {
             return;
         }
-        e.reported = Some((event.state, event.ts_ms, now + self.settings.expiry));
+        let probe_at = match event.state {
+            HealthState::Unhealthy => event
+                .retry_after_ms
+                .map(|ms| now + Duration::from_millis(ms)),
+            _ => None,
+        };
+        e.reports.insert(
+            event.worker.clone(),
+            Report {
+                state: event.state,
+                ts_ms: event.ts_ms,
+                until: now + self.settings.expiry,
+                probe_at,
+            },
+        );
     }
 
     /// Records a retryable failure of `target`; returns true when it just turned degraded here.
@@ -240,12 +292,22 @@ mod tests {
     use super::*;
 
     fn event(state: HealthState, ts_ms: u64) -> HealthEvent {
+        from("w", state, ts_ms, None)
+    }
+
+    fn from(
+        worker: &str,
+        state: HealthState,
+        ts_ms: u64,
+        retry_after_ms: Option<u64>,
+    ) -> HealthEvent {
         HealthEvent {
             target: "t".into(),
             state,
-            reason: String::new(),
+            reason: "breaker_open".into(),
             ts_ms,
-            worker: "w".into(),
+            worker: worker.into(),
+            retry_after_ms,
         }
     }
 
@@ -271,6 +333,23 @@ mod tests {
             HealthState::Healthy
         );
         assert_eq!(v.state_at("other", t0), HealthState::Healthy);
+    }
+
+    #[test]
+    fn workers_reports_combine_and_retry_after_allows_probes() {
+        let v = HealthView::new(HealthSettings::default());
+        let t0 = Instant::now();
+        v.apply_at(&from("w1", HealthState::Unhealthy, 1, Some(15_000)), t0);
+        v.apply_at(&from("w2", HealthState::Unhealthy, 2, None), t0);
+        assert_eq!(v.state_at("t", t0), HealthState::Unhealthy);
+        // w1 lets probes through after 15 s: the target is worth a last try again.
+        let t15 = t0 + Duration::from_secs(15);
+        assert_eq!(v.state_at("t", t15), HealthState::Degraded);
+        // One worker healthy, one not: degraded.
+        v.apply_at(&from("w1", HealthState::Healthy, 3, None), t0);
+        assert_eq!(v.state_at("t", t0), HealthState::Degraded);
+        v.apply_at(&from("w2", HealthState::Healthy, 4, None), t0);
+        assert_eq!(v.state_at("t", t0), HealthState::Healthy);
     }
 
     #[test]

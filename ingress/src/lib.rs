@@ -2,7 +2,11 @@
 //! requests on NATS, and turns the worker's frame stream back into the client's wire format.
 //!
 //! Routes: `POST /v1/chat/completions` (OpenAI, stream and non-stream), `POST /v1/messages`
-//! (Anthropic Messages, stream and non-stream), `GET /v1/models`, `GET /healthz`.
+//! (Anthropic Messages, stream and non-stream), `POST /v1/embeddings`, `GET /v1/models`,
+//! `GET /healthz`, `GET /metrics` (Prometheus text, see [`metrics`]).
+//!
+//! Candidate ordering is in [`strategy`], target health and load in [`health`], prompt estimates
+//! and context trimming in [`trim`]; [`route`] ties them together.
 
 pub mod anthropic;
 pub mod charge;
@@ -10,8 +14,12 @@ pub mod chat;
 pub mod dispatch;
 pub mod embeddings;
 pub mod error;
+pub mod health;
+pub mod metrics;
 pub mod openai;
 pub mod route;
+pub mod strategy;
+pub mod trim;
 
 use axum::Router;
 use axum::extract::State;
@@ -20,6 +28,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use std::sync::Arc;
 use switchyard_schemas::config::ConfigHandle;
+use switchyard_schemas::pricing::Catalog;
 use switchyard_schemas::subjects::Subjects;
 
 /// Everything a handler needs.
@@ -34,6 +43,16 @@ pub struct AppState {
     pub subjects: Subjects,
     /// The NATS connection (health).
     pub nats: async_nats::Client,
+    /// Latest target health (events on `<prefix>.health.>` plus passive failure counts).
+    pub health: Arc<health::HealthView>,
+    /// In-flight counts and TTFT averages per target.
+    pub stats: Arc<health::TargetStats>,
+    /// Provider capabilities used to filter candidates.
+    pub capabilities: strategy::CapabilityTable,
+    /// The bundled pricing catalog, for `lowest_cost` and `composite` (`None` if unreadable).
+    pub catalog: Option<Arc<Catalog>>,
+    /// Prometheus metrics.
+    pub metrics: metrics::Metrics,
 }
 
 /// Ingress start-up failures.
@@ -47,7 +66,8 @@ pub enum IngressError {
     Io(#[from] std::io::Error),
 }
 
-/// Builds the state: subscribes this process's reply inbox (`ingress_id` must be unique per process).
+/// Builds the state: subscribes this process's reply inbox (`ingress_id` must be unique per
+/// process) and the target health subjects.
 pub async fn state(
     nats: async_nats::Client,
     config: ConfigHandle,
@@ -56,12 +76,28 @@ pub async fn state(
     let subjects = Subjects::new(config.get().subject_prefix.clone());
     let dispatcher =
         dispatch::Dispatcher::start(nats.clone(), subjects.clone(), ingress_id).await?;
+    let health = Arc::new(health::HealthView::new(health::HealthSettings::default()));
+    health.subscribe(&nats, &subjects).await?;
+    let catalog = match Catalog::bundled() {
+        Ok(c) => Some(Arc::new(c)),
+        Err(e) => {
+            tracing::error!(error = %e, "pricing catalog unreadable; lowest_cost cannot rank targets");
+            None
+        }
+    };
+    // Loading the tokenizer takes a moment: do it now, off the request path.
+    tokio::task::spawn_blocking(trim::warm_up);
     Ok(Arc::new(AppState {
         config,
         dispatcher,
         js: async_nats::jetstream::new(nats.clone()),
         subjects,
         nats,
+        health,
+        stats: Arc::new(health::TargetStats::default()),
+        capabilities: strategy::CapabilityTable::default(),
+        catalog,
+        metrics: metrics::Metrics::new(),
     }))
 }
 
@@ -73,7 +109,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/v1/models", get(models))
         .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics_text))
         .fallback(not_found)
+        .layer(axum::middleware::from_fn(route::capture_hints))
         // A memory guard only: the real limit is the NATS server's max_payload (413 in chat.rs).
         .layer(axum::extract::DefaultBodyLimit::max(64 * 1024 * 1024))
         .with_state(state)
@@ -117,6 +155,15 @@ async fn healthz(State(app): State<Arc<AppState>>) -> Response {
     let body =
         serde_json::json!({"status": if connected { "ok" } else { "degraded" }, "nats": connected});
     (status, axum::Json(body)).into_response()
+}
+
+async fn metrics_text(State(app): State<Arc<AppState>>) -> Response {
+    let content_type = "text/plain; version=0.0.4; charset=utf-8";
+    (
+        [(axum::http::header::CONTENT_TYPE, content_type)],
+        app.metrics.render(),
+    )
+        .into_response()
 }
 
 async fn not_found() -> Response {

@@ -17,7 +17,9 @@
 //! Each [`Metrics`] owns its own recorder (not the process-global one), so several gateways in one
 //! process — the integration tests — keep separate counts.
 
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
+use metrics_exporter_prometheus::{
+    Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
+};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -59,27 +61,31 @@ impl Default for Metrics {
 impl Metrics {
     /// A fresh registry with the histogram buckets above.
     pub fn new() -> Self {
-        let builder = PrometheusBuilder::new();
-        let builder = match builder
-            .clone()
-            .set_buckets_for_metric(Matcher::Full(TTFT.into()), TTFT_BUCKETS)
-            .and_then(|b| {
-                b.set_buckets_for_metric(Matcher::Full(DURATION.into()), DURATION_BUCKETS)
-            }) {
-            Ok(b) => b,
+        let with_buckets = || {
+            PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Full(TTFT.into()), TTFT_BUCKETS)?
+                .set_buckets_for_metric(Matcher::Full(DURATION.into()), DURATION_BUCKETS)
+        };
+        let recorder = match with_buckets() {
+            Ok(b) => b.build_recorder(),
             Err(e) => {
                 tracing::warn!(error = %e, "histogram buckets refused; exporting summaries");
-                builder
+                PrometheusBuilder::new().build_recorder()
             }
         };
-        let recorder = builder.build_recorder();
         let handle = recorder.handle();
         let m = Self {
             inner: Arc::new(Inner { recorder, handle }),
         };
         m.with(|| {
-            metrics::describe_counter!(REQUESTS, "Requests by routed model, serving target and status.");
-            metrics::describe_counter!(FALLBACKS, "Moves to the next target after a failed attempt.");
+            metrics::describe_counter!(
+                REQUESTS,
+                "Requests by routed model, serving target and status."
+            );
+            metrics::describe_counter!(
+                FALLBACKS,
+                "Moves to the next target after a failed attempt."
+            );
             metrics::describe_histogram!(
                 TTFT,
                 metrics::Unit::Seconds,
@@ -90,7 +96,10 @@ impl Metrics {
                 metrics::Unit::Seconds,
                 "Time from admission to the end of the request."
             );
-            metrics::describe_gauge!(IN_FLIGHT, "Requests in flight per target from this ingress.");
+            metrics::describe_gauge!(
+                IN_FLIGHT,
+                "Requests in flight per target from this ingress."
+            );
         });
         m
     }
@@ -227,9 +236,16 @@ mod tests {
             "switchyard_request_duration_seconds_count{model=\"demo/mock\"} 4",
             "# TYPE switchyard_ttft_seconds histogram",
         ] {
-            assert!(text.lines().any(|l| l == line), "missing `{line}` in\n{text}");
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing `{line}` in\n{text}"
+            );
         }
         // A second registry counts on its own.
-        assert!(!Metrics::new().render().contains("switchyard_requests_total{"));
+        assert!(
+            !Metrics::new()
+                .render()
+                .contains("switchyard_requests_total{")
+        );
     }
 }

@@ -127,10 +127,7 @@ tokio::task_local! {
 
 /// Middleware: makes the request's routing headers available to [`route`] and
 /// [`current_hints`] while the handler runs.
-pub async fn capture_hints(
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
+pub async fn capture_hints(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
     let hints = RequestHints::from_headers(req.headers());
     HINTS.scope(hints, next.run(req)).await
 }
@@ -287,9 +284,16 @@ impl RequestTimeouts {
     }
 
     /// Until when to wait for the next frame, and what it means when that passes.
-    fn wait(&self, deadline: Instant, dispatched: Instant, last_content: Option<Instant>) -> (Instant, Expiry) {
+    fn wait(
+        &self,
+        deadline: Instant,
+        dispatched: Instant,
+        last_content: Option<Instant>,
+    ) -> (Instant, Expiry) {
         let content = match last_content {
-            None => self.first_content.map(|d| (dispatched + d, Expiry::FirstContent)),
+            None => self
+                .first_content
+                .map(|d| (dispatched + d, Expiry::FirstContent)),
             Some(at) => self.idle.map(|d| (at + d, Expiry::Idle)),
         };
         match content {
@@ -304,14 +308,20 @@ impl RequestTimeouts {
             Expiry::Total => {
                 let mut e = ErrorInfo::new(
                     ErrorClass::Timeout,
-                    format!("The request exceeded its time limit of {} ms.", self.total.as_millis()),
+                    format!(
+                        "The request exceeded its time limit of {} ms.",
+                        self.total.as_millis()
+                    ),
                 );
                 e.retryable = false;
                 e
             }
             Expiry::FirstContent => ErrorInfo::new(
                 ErrorClass::Timeout,
-                format!("target `{target}` sent no content within {} ms", ms(self.first_content)),
+                format!(
+                    "target `{target}` sent no content within {} ms",
+                    ms(self.first_content)
+                ),
             ),
             Expiry::Idle => ErrorInfo::new(
                 ErrorClass::Timeout,
@@ -413,7 +423,8 @@ pub async fn route_with(
         Err(e) => return Err(fail(charge, &mut outcome, e)),
     };
     // Trimming works from the original conversation for every attempt.
-    let original: Option<Vec<Message>> = (trim_on && estimate.is_some()).then(|| req.messages.clone());
+    let original: Option<Vec<Message>> =
+        (trim_on && estimate.is_some()).then(|| req.messages.clone());
 
     let mut last_err: Option<ErrorInfo> = None;
     let mut tried = 0u32;

@@ -396,7 +396,11 @@ fn exclusion(target: &TargetConfig, obs: &Observed, needs: &Needs) -> Option<Exc
 }
 
 /// The error when no target is eligible.
-fn nothing_eligible(model: &ModelConfig, needs: &Needs, excluded: &[(&str, Exclusion)]) -> ErrorInfo {
+fn nothing_eligible(
+    model: &ModelConfig,
+    needs: &Needs,
+    excluded: &[(&str, Exclusion)],
+) -> ErrorInfo {
     let every = |f: fn(&Exclusion) -> bool| excluded.iter().all(|(_, e)| f(e));
     if every(|e| matches!(e, Exclusion::Context { .. })) {
         let largest = excluded
@@ -445,11 +449,7 @@ fn nothing_eligible(model: &ModelConfig, needs: &Needs, excluded: &[(&str, Exclu
         .collect();
     ErrorInfo::new(
         ErrorClass::NoCapacity,
-        format!(
-            "Model `{}`: {summary} ({}).",
-            model.id,
-            reasons.join("; ")
-        ),
+        format!("Model `{}`: {summary} ({}).", model.id, reasons.join("; ")),
     )
 }
 
@@ -513,9 +513,7 @@ fn lower_is_better(x: f64, values: impl Iterator<Item = f64> + Clone) -> f64 {
 fn composite<'a>(v: Vec<Cand<'a>>, policy: Option<&Policy>) -> Vec<Cand<'a>> {
     let w = policy.map(|p| p.weights.clone()).unwrap_or_default();
     let priorities = v.iter().map(|c| f64::from(c.target.priority));
-    let costs = v
-        .iter()
-        .filter_map(|c| c.obs.cost.and_then(|d| d.to_f64()));
+    let costs = v.iter().filter_map(|c| c.obs.cost.and_then(|d| d.to_f64()));
     let latencies = v.iter().map(|c| c.obs.ttft_ms.unwrap_or(0.0));
     let mut scored: Vec<(f64, Cand<'a>)> = v
         .iter()
@@ -608,7 +606,12 @@ mod tests {
             self
         }
 
-        fn order(&self, policy: serde_json::Value, needs: &Needs, prefs: &Preferences) -> Vec<String> {
+        fn order(
+            &self,
+            policy: serde_json::Value,
+            needs: &Needs,
+            prefs: &Preferences,
+        ) -> Vec<String> {
             self.order_seeded(policy, needs, prefs, 7)
         }
 
@@ -622,19 +625,39 @@ mod tests {
             let c = config(policy);
             let model = c.model("m").unwrap();
             let mut rng = StdRng::seed_from_u64(seed);
-            plan(&c, model, needs, prefs, |t| self.obs[t.id.as_str()], &mut rng)
-                .unwrap()
-                .targets
-                .iter()
-                .map(|t| t.id.clone())
-                .collect()
+            plan(
+                &c,
+                model,
+                needs,
+                prefs,
+                |t| self.obs[t.id.as_str()],
+                &mut rng,
+            )
+            .unwrap()
+            .targets
+            .iter()
+            .map(|t| t.id.clone())
+            .collect()
         }
 
-        fn error(&self, policy: serde_json::Value, needs: &Needs, prefs: &Preferences) -> ErrorInfo {
+        fn error(
+            &self,
+            policy: serde_json::Value,
+            needs: &Needs,
+            prefs: &Preferences,
+        ) -> ErrorInfo {
             let c = config(policy);
             let model = c.model("m").unwrap();
             let mut rng = StdRng::seed_from_u64(1);
-            plan(&c, model, needs, prefs, |t| self.obs[t.id.as_str()], &mut rng).unwrap_err()
+            plan(
+                &c,
+                model,
+                needs,
+                prefs,
+                |t| self.obs[t.id.as_str()],
+                &mut rng,
+            )
+            .unwrap_err()
         }
     }
 
@@ -649,7 +672,10 @@ mod tests {
     #[test]
     fn priority_orders_by_priority_then_list_order() {
         let (n, pr) = none();
-        assert_eq!(Fixture::new().order(p("priority"), &n, &pr), ["b", "c", "a", "d"]);
+        assert_eq!(
+            Fixture::new().order(p("priority"), &n, &pr),
+            ["b", "c", "a", "d"]
+        );
     }
 
     #[test]
@@ -680,7 +706,10 @@ mod tests {
     fn lowest_cost_uses_the_catalog_and_puts_unpriced_last() {
         let (n, pr) = none();
         // gpt-4o-mini 0.75, gpt-4.1 10, gpt-4o 12.5, claude-sonnet-4 18.
-        assert_eq!(Fixture::new().order(p("lowest_cost"), &n, &pr), ["b", "c", "a", "d"]);
+        assert_eq!(
+            Fixture::new().order(p("lowest_cost"), &n, &pr),
+            ["b", "c", "a", "d"]
+        );
         let f = Fixture::new().set("b", |o| o.cost = None);
         assert_eq!(f.order(p("lowest_cost"), &n, &pr), ["c", "a", "d", "b"]);
     }
@@ -709,7 +738,8 @@ mod tests {
 
     #[test]
     fn canary_is_stable_per_user_and_splits_by_percent() {
-        let policy = json!({"id": "p", "strategy": "canary", "canary": {"target": "a", "percent": 25}});
+        let policy =
+            json!({"id": "p", "strategy": "canary", "canary": {"target": "a", "percent": 25}});
         let f = Fixture::new();
         let n = Needs::default();
         let mut hits = 0;
@@ -741,7 +771,10 @@ mod tests {
         // Only cost counts: cheapest first.
         let only_cost = json!({"id": "p", "strategy": "composite",
             "weights": {"priority": 0, "health": 0, "cost": 1, "latency": 0, "headroom": 0}});
-        assert_eq!(Fixture::new().order(only_cost, &n, &pr), ["b", "c", "a", "d"]);
+        assert_eq!(
+            Fixture::new().order(only_cost, &n, &pr),
+            ["b", "c", "a", "d"]
+        );
         // Priority 1, latency 2: a (prio 2 → 1/3, fastest → 1) = 2.33 beats b (1 + 0) = 1,
         // c (2/3 + 2 × 0.5) = 1.67; d (0 + 2 × 0.75) = 1.5.
         let f = Fixture::new()
@@ -784,7 +817,10 @@ mod tests {
             json_mode: true,
             ..Needs::default()
         };
-        assert_eq!(Fixture::new().order(p("priority"), &json, &pr), ["b", "c", "a"]);
+        assert_eq!(
+            Fixture::new().order(p("priority"), &json, &pr),
+            ["b", "c", "a"]
+        );
         let only_d = Preferences {
             only: Some(vec!["d".into()]),
             ..Preferences::default()
@@ -796,9 +832,15 @@ mod tests {
             "Model `m`: no target has the capabilities this request uses (d: provider anthropic lacks json_mode)."
         );
         let emb = Needs::embeddings();
-        assert_eq!(Fixture::new().order(p("priority"), &emb, &pr), ["b", "c", "a"]);
+        assert_eq!(
+            Fixture::new().order(p("priority"), &emb, &pr),
+            ["b", "c", "a"]
+        );
         let e = Fixture::new().error(p("priority"), &emb, &only_d);
-        assert_eq!((e.class, e.param.as_deref()), (ErrorClass::InvalidRequest, Some("model")));
+        assert_eq!(
+            (e.class, e.param.as_deref()),
+            (ErrorClass::InvalidRequest, Some("model"))
+        );
         let no_tools = Fixture::new().set("b", |o| o.capabilities.tools = false);
         let tools = Needs {
             tools: true,
@@ -815,13 +857,19 @@ mod tests {
             max_tokens: 100,
             ..Needs::default()
         };
-        assert_eq!(Fixture::new().order(p("priority"), &fits, &pr), ["b", "c", "a", "d"]);
+        assert_eq!(
+            Fixture::new().order(p("priority"), &fits, &pr),
+            ["b", "c", "a", "d"]
+        );
         let long = Needs {
             prompt_tokens: Some(901),
             max_tokens: 100,
             ..Needs::default()
         };
-        assert_eq!(Fixture::new().order(p("priority"), &long, &pr), ["b", "c", "a"]);
+        assert_eq!(
+            Fixture::new().order(p("priority"), &long, &pr),
+            ["b", "c", "a"]
+        );
         let only_d = Preferences {
             only: Some(vec!["d".into()]),
             ..Preferences::default()
@@ -835,7 +883,10 @@ mod tests {
             min_prompt_tokens: Some(500),
             ..long
         };
-        assert_eq!(Fixture::new().order(p("priority"), &trimmable, &only_d), ["d"]);
+        assert_eq!(
+            Fixture::new().order(p("priority"), &trimmable, &only_d),
+            ["d"]
+        );
         // Mixed reasons: 503 listing each.
         let f = Fixture::new().set("c", |o| o.health = HealthState::Unhealthy);
         let only_cd = Preferences {

@@ -94,7 +94,10 @@ pub fn upper_bound(messages: &[Message], tools: &[Tool]) -> u64 {
     let bytes = |t: &str| t.len() as u64;
     REPLY_PRIMING
         + tools_json(tools).len() as u64
-        + messages.iter().map(|m| message_cost(m, &bytes)).sum::<u64>()
+        + messages
+            .iter()
+            .map(|m| message_cost(m, &bytes))
+            .sum::<u64>()
 }
 
 /// The estimated tokens of a prompt, per message.
@@ -267,7 +270,10 @@ mod tests {
             {"type": "text", "text": "Hello world"},
             {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]))
         .unwrap();
-        assert_eq!(Estimate::of(&image, &[]).total(), REPLY_PRIMING + PER_MESSAGE + 2 + PER_IMAGE);
+        assert_eq!(
+            Estimate::of(&image, &[]).total(),
+            REPLY_PRIMING + PER_MESSAGE + 2 + PER_IMAGE
+        );
     }
 
     #[test]
@@ -288,7 +294,10 @@ mod tests {
         // 92: one unit (u1) must go; a1 then leads, so it goes too (start at a user turn).
         let t = trim(&ms, &est, 92).unwrap();
         assert_eq!(t.dropped, 2);
-        assert_eq!(texts(&t.messages), ["s", "u2", "<calls>", "r1", "d", "a2", "u3"]);
+        assert_eq!(
+            texts(&t.messages),
+            ["s", "u2", "<calls>", "r1", "d", "a2", "u3"]
+        );
         assert_eq!(t.tokens, 73);
         // 60: u1, a1, u2 and the tool-call unit (two messages) go, then a2 (not a user turn).
         let t = trim(&ms, &est, 60).unwrap();

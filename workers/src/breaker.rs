@@ -328,7 +328,12 @@ impl Breakers {
                     tb.phase = Phase::Closed;
                     tb.generation += 1;
                     tb.window.clear();
-                    self.emit(&p.target, HealthState::Healthy, "breaker_closed".into(), None);
+                    self.emit(
+                        &p.target,
+                        HealthState::Healthy,
+                        "breaker_closed".into(),
+                        None,
+                    );
                 } else {
                     tb.phase = Phase::HalfOpen { issued, succeeded };
                 }
@@ -508,8 +513,10 @@ mod tests {
 
     #[tokio::test]
     async fn opens_half_opens_and_closes() {
-        let c = config(serde_json::json!({"min_calls": 4, "failure_rate": 0.5, "open_ms": 50,
-            "window_ms": 10000, "half_open_probes": 1}));
+        let c = config(
+            serde_json::json!({"min_calls": 4, "failure_rate": 0.5, "open_ms": 50,
+            "window_ms": 10000, "half_open_probes": 1}),
+        );
         let (b, mut rx) = Breakers::new("w");
         let a = c.target("a").unwrap();
         call(&b, &c, "a", CallResult::Success);
@@ -518,7 +525,10 @@ mod tests {
         assert!(rx.try_recv().is_err());
         call(&b, &c, "a", CallResult::Failure); // 2/4 = 0.5: opens
         let e = rx.try_recv().unwrap();
-        assert_eq!((e.state, e.retry_after_ms), (HealthState::Unhealthy, Some(50)));
+        assert_eq!(
+            (e.state, e.retry_after_ms),
+            (HealthState::Unhealthy, Some(50))
+        );
         assert!(e.reason.starts_with("breaker_open"), "{}", e.reason);
         let err = b.admit(&c, a).unwrap_err();
         assert_eq!(err.class, ErrorClass::NoCapacity);
@@ -549,22 +559,28 @@ mod tests {
         let bad = ErrorInfo::new(ErrorClass::InvalidRequest, "messages.0.content: invalid");
         for _ in 0..10 {
             call(&b, &c, "a", CallResult::of(Some(&bad)));
-            call(&b, &c, "a", CallResult::of(Some(&ErrorInfo::new(ErrorClass::Cancelled, "x"))));
+            call(
+                &b,
+                &c,
+                "a",
+                CallResult::of(Some(&ErrorInfo::new(ErrorClass::Cancelled, "x"))),
+            );
         }
         assert!(rx.try_recv().is_err());
         // Calls admitted before it opened do not count afterwards.
-        let a = c.target("a").unwrap();
-        let late = b.admit(&c, a).unwrap();
-        call(&b, &c, "a", CallResult::Failure);
-        call(&b, &c, "a", CallResult::Failure);
+        let t = c.target("b").unwrap();
+        let late = b.admit(&c, t).unwrap();
+        call(&b, &c, "b", CallResult::Failure);
+        call(&b, &c, "b", CallResult::Failure);
         assert_eq!(rx.try_recv().unwrap().state, HealthState::Unhealthy);
         late.record(CallResult::Success, Duration::ZERO);
-        assert!(b.admit(&c, a).is_err());
+        assert!(b.admit(&c, t).is_err());
     }
 
     #[tokio::test]
     async fn slow_calls_open_it() {
-        let c = config(serde_json::json!({"min_calls": 2, "slow_call_ms": 100, "slow_call_rate": 1.0}));
+        let c =
+            config(serde_json::json!({"min_calls": 2, "slow_call_ms": 100, "slow_call_rate": 1.0}));
         let (b, mut rx) = Breakers::new("w");
         let a = c.target("a").unwrap();
         for _ in 0..2 {
@@ -577,8 +593,10 @@ mod tests {
 
     #[tokio::test]
     async fn repeated_429s_pause_the_provider() {
-        let c = config(serde_json::json!({"cooldown_after_429s": 3, "cooldown_ms": 60,
-            "window_ms": 10000}));
+        let c = config(
+            serde_json::json!({"cooldown_after_429s": 3, "cooldown_ms": 60,
+            "window_ms": 10000}),
+        );
         let (b, mut rx) = Breakers::new("w");
         call(&b, &c, "a", CallResult::RateLimited(None));
         call(&b, &c, "b", CallResult::RateLimited(Some(80)));
@@ -598,7 +616,10 @@ mod tests {
         // Other providers go on.
         assert!(b.admit(&c, c.target("c").unwrap()).is_ok());
         let over = rx.recv().await.unwrap();
-        assert_eq!((over.state, over.reason.as_str()), (HealthState::Healthy, "cooldown_over"));
+        assert_eq!(
+            (over.state, over.reason.as_str()),
+            (HealthState::Healthy, "cooldown_over")
+        );
         assert!(b.admit(&c, c.target("a").unwrap()).is_ok());
     }
 

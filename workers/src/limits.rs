@@ -394,7 +394,11 @@ impl Limiter {
         if let Some(tpm) = limits.tpm {
             let estimate = estimate_tokens(req).await;
             let key = bucket_key(&target.id, LimitKind::Tpm);
-            match self.buckets.run(&key, tpm as f64, Op::Take(estimate as f64)).await {
+            match self
+                .buckets
+                .run(&key, tpm as f64, Op::Take(estimate as f64))
+                .await
+            {
                 Ok(Applied::Done(_)) => admission.tpm_estimate = estimate,
                 Ok(Applied::Short(wait)) => {
                     if let Some(rpm) = limits.rpm {
@@ -411,10 +415,13 @@ impl Limiter {
                             target.id
                         ),
                     };
-                    return Err(ErrorInfo::new(ErrorClass::RateLimited, message)
-                        .with_retry_after_ms(wait));
+                    return Err(
+                        ErrorInfo::new(ErrorClass::RateLimited, message).with_retry_after_ms(wait)
+                    );
                 }
-                Err(e) => tracing::warn!(target = %target.id, error = %e, "TPM limit not checked (admitting)"),
+                Err(e) => {
+                    tracing::warn!(target = %target.id, error = %e, "TPM limit not checked (admitting)")
+                }
             }
         }
         Ok(admission)
@@ -530,10 +537,7 @@ pub async fn estimate_tokens(req: &ChatRequest) -> u64 {
         count_tokens(&text)
     };
     let overhead = TOKENS_PER_MESSAGE * (req.messages.len() as u64 + 1);
-    let max = req
-        .params
-        .max_tokens
-        .map_or(DEFAULT_MAX_TOKENS, u64::from);
+    let max = req.params.max_tokens.map_or(DEFAULT_MAX_TOKENS, u64::from);
     prompt + overhead + max
 }
 
@@ -578,7 +582,10 @@ mod tests {
         // 10 per minute: 4 missing tokens take 24 s.
         assert_eq!(apply(s, 10.0, Op::Take(10.0)), Applied::Short(Some(24_000)));
         assert_eq!(apply(s, 10.0, Op::Take(11.0)), Applied::Short(None));
-        assert_eq!(apply(s, 10.0, Op::Give(100.0)), Applied::Done(BucketState::full(10.0, 0)));
+        assert_eq!(
+            apply(s, 10.0, Op::Give(100.0)),
+            Applied::Done(BucketState::full(10.0, 0))
+        );
         let Applied::Done(d) = apply(s, 10.0, Op::Charge(100.0)) else {
             unreachable!()
         };
@@ -613,6 +620,7 @@ mod tests {
 
     #[tokio::test]
     async fn rejection_gives_back_what_it_took() {
+        count_tokens("load the tokenizer first");
         let l = Limiter::local();
         let t = target(serde_json::json!({"rpm": 5, "tpm": 100, "max_concurrency": 1}));
         // Estimate 2 + 6 + 50 = 58 tokens: the second request does not fit the TPM bucket.
@@ -629,7 +637,7 @@ mod tests {
         assert!(e.retry_after_ms.unwrap() > 0);
         // The TPM rejection gave its RPM token back: 5 - 1 (first admit) = 4 left, not 3.
         let rpm = l.bucket("t", LimitKind::Rpm).await.unwrap();
-        assert!((rpm.tokens - 4.0).abs() < 0.01, "{rpm:?}");
+        assert!(rpm.tokens > 3.99 && rpm.tokens < 4.5, "{rpm:?}");
         // And the concurrency slot.
         assert!(l.try_concurrency("t", 1).is_some());
     }
@@ -638,14 +646,20 @@ mod tests {
     async fn settle_refunds_or_charges_the_difference() {
         let l = Limiter::local();
         let t = target(serde_json::json!({"tpm": 6000}));
-        let a = l.admit(&t, &request("Hello world", Some(100))).await.unwrap();
+        let a = l
+            .admit(&t, &request("Hello world", Some(100)))
+            .await
+            .unwrap();
         let est = a.tpm_estimate() as f64;
         let before = l.bucket("t", LimitKind::Tpm).await.unwrap().tokens;
         assert!((before - (6000.0 - est)).abs() < 1.0);
         l.settle(&a, 30).await;
         let after = l.bucket("t", LimitKind::Tpm).await.unwrap().tokens;
         assert!((after - (6000.0 - 30.0)).abs() < 1.0, "{after}");
-        let a = l.admit(&t, &request("Hello world", Some(100))).await.unwrap();
+        let a = l
+            .admit(&t, &request("Hello world", Some(100)))
+            .await
+            .unwrap();
         l.settle(&a, 1_000).await;
         let after = l.bucket("t", LimitKind::Tpm).await.unwrap().tokens;
         assert!((after - (6000.0 - 1_030.0)).abs() < 1.0, "{after}");

@@ -61,8 +61,7 @@ pub fn decide(
     error: &ErrorInfo,
     content_sent: bool,
 ) -> Decision {
-    if content_sent || !error.retryable || !is_retryable(error.class) || calls >= cfg.max_attempts
-    {
+    if content_sent || !error.retryable || !is_retryable(error.class) || calls >= cfg.max_attempts {
         return Decision::GiveUp;
     }
     let budget = Duration::from_millis(cfg.budget_ms)
@@ -112,10 +111,22 @@ mod tests {
     fn only_retryable_classes_before_content_within_attempts() {
         let c = cfg(3);
         let e503 = ErrorInfo::new(ErrorClass::Overloaded, "x");
-        assert!(matches!(decide(&c, 1, Duration::ZERO, LONG, &e503, false), Decision::Retry(_)));
-        assert!(matches!(decide(&c, 2, Duration::ZERO, LONG, &e503, false), Decision::Retry(_)));
-        assert_eq!(decide(&c, 3, Duration::ZERO, LONG, &e503, false), Decision::GiveUp);
-        assert_eq!(decide(&c, 1, Duration::ZERO, LONG, &e503, true), Decision::GiveUp);
+        assert!(matches!(
+            decide(&c, 1, Duration::ZERO, LONG, &e503, false),
+            Decision::Retry(_)
+        ));
+        assert!(matches!(
+            decide(&c, 2, Duration::ZERO, LONG, &e503, false),
+            Decision::Retry(_)
+        ));
+        assert_eq!(
+            decide(&c, 3, Duration::ZERO, LONG, &e503, false),
+            Decision::GiveUp
+        );
+        assert_eq!(
+            decide(&c, 1, Duration::ZERO, LONG, &e503, true),
+            Decision::GiveUp
+        );
         for class in [
             ErrorClass::InvalidRequest,
             ErrorClass::ContextLengthExceeded,
@@ -125,7 +136,10 @@ mod tests {
             ErrorClass::Cancelled,
         ] {
             let e = ErrorInfo::new(class, "x");
-            assert_eq!(decide(&c, 1, Duration::ZERO, LONG, &e, false), Decision::GiveUp);
+            assert_eq!(
+                decide(&c, 1, Duration::ZERO, LONG, &e, false),
+                Decision::GiveUp
+            );
         }
     }
 
@@ -138,9 +152,18 @@ mod tests {
             Decision::Retry(Duration::from_millis(1_500))
         );
         // Only 1 s of budget left, or of deadline.
-        assert_eq!(decide(&c, 1, Duration::from_secs(1), LONG, &e, false), Decision::GiveUp);
-        assert_eq!(decide(&c, 1, Duration::ZERO, Duration::from_secs(1), &e, false), Decision::GiveUp);
+        assert_eq!(
+            decide(&c, 1, Duration::from_secs(1), LONG, &e, false),
+            Decision::GiveUp
+        );
+        assert_eq!(
+            decide(&c, 1, Duration::ZERO, Duration::from_secs(1), &e, false),
+            Decision::GiveUp
+        );
         let e = ErrorInfo::new(ErrorClass::RateLimited, "x").with_retry_after_ms(Some(7_000));
-        assert_eq!(decide(&c, 1, Duration::ZERO, LONG, &e, false), Decision::GiveUp);
+        assert_eq!(
+            decide(&c, 1, Duration::ZERO, LONG, &e, false),
+            Decision::GiveUp
+        );
     }
 }

@@ -4,9 +4,27 @@
 //! normalised events, one `usage`, and `end` or `error` — numbered by `seq`. While the upstream is
 //! silent it sends `heartbeat` every `timeouts.heartbeat_ms`, so ingress can tell a dead worker from
 //! a slow model. A message on `<prefix>.cancel.<worker-id>` naming the request aborts the upstream
-//! call. Every upstream call leaves exactly one `upstream` usage event on JetStream (deduplicated by
-//! `Nats-Msg-Id`), estimated from text length when the upstream was aborted before reporting.
+//! call.
+//!
+//! Before the upstream call the worker admits the request: circuit breaker and provider cooldown
+//! ([`crate::breaker`]), then concurrency, RPM and TPM ([`crate::limits`]). A rejection is answered
+//! at once with a retryable `error` frame (`no_capacity` or `rate_limited`, with `retry_after_ms`),
+//! without `start` and without an upstream call, so ingress moves to the next target. Failed calls
+//! are retried inside the worker while nothing reached the client ([`crate::retry`]); each retry
+//! asks the breaker and the RPM bucket again. Timeouts are the global `timeouts` with the target's
+//! `timeouts` overrides (connect, first byte measured from the call's start, idle gap between data
+//! events, total).
+//!
+//! Usage: every ingress attempt that called the upstream leaves exactly one `upstream` usage event
+//! on JetStream (deduplicated by `Nats-Msg-Id` `<request>:upstream:<attempt>`, `attempt` being
+//! ingress's attempt number), whose counts are the sum over all of the attempt's upstream calls,
+//! retries included (a failed call contributes zero, or what it reported). One event per call would
+//! need a retry index in the ledger's key (request id, kind, attempt); the sum keeps that key and
+//! bills exactly what the upstream billed. Counts are estimated from text length when the upstream
+//! was aborted before reporting. The TPM bucket is corrected with the same total.
 
+use crate::breaker::{Breakers, CallResult, Permit};
+use crate::limits::{Admission, Limiter};
 use crate::provider::{EventStream, Provider};
 use crate::providers::openai::OpenAiProvider;
 use futures::StreamExt;
@@ -15,7 +33,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use switchyard_schemas::config::{
-    BUILTIN_LOCAL_MODEL_URL, BUILTIN_MOCK_URL, ConfigHandle, ProviderKind, TargetConfig,
+    BUILTIN_LOCAL_MODEL_URL, BUILTIN_MOCK_URL, ConfigHandle, GatewayConfig, ProviderKind,
+    TargetConfig,
 };
 use switchyard_schemas::publish::publish_usage_event;
 use switchyard_schemas::subjects::{CAP_CHAT, CAP_EMBED, Subjects};
@@ -74,7 +93,38 @@ pub(crate) struct Shared {
     pub(crate) js: async_nats::jetstream::Context,
     pub(crate) opts: WorkerOptions,
     pub(crate) http: reqwest::Client,
+    /// HTTP clients by connect timeout (ms), for targets overriding `timeouts.connect_ms`.
+    clients: Mutex<HashMap<u64, reqwest::Client>>,
     cancels: Mutex<HashMap<Uuid, CancellationToken>>,
+    limiter: Limiter,
+    breakers: Breakers,
+}
+
+impl Shared {
+    /// The HTTP client whose connect timeout is `connect_ms` (built once per value).
+    fn http_for(&self, connect_ms: u64) -> reqwest::Client {
+        if let Some(c) = self.clients.lock().get(&connect_ms) {
+            return c.clone();
+        }
+        match http_client(connect_ms) {
+            Ok(c) => {
+                self.clients.lock().insert(connect_ms, c.clone());
+                c
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, connect_ms, "HTTP client build failed; using the default");
+                self.http.clone()
+            }
+        }
+    }
+}
+
+fn http_client(connect_ms: u64) -> Result<reqwest::Client, reqwest::Error> {
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_millis(connect_ms))
+        .pool_max_idle_per_host(256)
+        .tcp_nodelay(true)
+        .build()
 }
 
 /// A worker whose queue subscriptions are registered with the server (so a request published
@@ -105,12 +155,14 @@ impl Worker {
         opts: WorkerOptions,
     ) -> Result<Self, WorkerError> {
         let config = opts.config.get();
-        let t = &config.timeouts;
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_millis(t.connect_ms))
-            .pool_max_idle_per_host(256)
-            .tcp_nodelay(true)
-            .build()?;
+        let http = http_client(config.timeouts.connect_ms)?;
+        let js = async_nats::jetstream::new(nats.clone());
+        let limiter = Limiter::connect(&js).await;
+        if config.targets.iter().any(|t| t.limits.tpm.is_some()) {
+            crate::limits::warm_tokenizer();
+        }
+        let (breakers, health) = Breakers::new(opts.worker_id.clone());
+        crate::health::spawn_publisher(nats.clone(), opts.subjects.clone(), health);
         // Every provider by default, so targets added by a config reload are served at once.
         let mut kinds = opts.providers.clone();
         if kinds.is_empty() {
@@ -138,11 +190,14 @@ impl Worker {
         }
         tracing::info!(worker = %opts.worker_id, providers = ?kinds, "worker serving");
         let shared = Arc::new(Shared {
-            js: async_nats::jetstream::new(nats.clone()),
+            js,
             nats,
             opts,
             http,
+            clients: Mutex::new(HashMap::new()),
             cancels: Mutex::new(HashMap::new()),
+            limiter,
+            breakers,
         });
         Ok(Self {
             shared,
@@ -224,8 +279,9 @@ impl FrameSink {
     }
 }
 
-/// How one upstream call ended.
+/// How the upstream calls of one attempt ended.
 struct Outcome {
+    /// Sum of the usage every call reported (`None` when none did).
     usage: Option<Usage>,
     status: UsageStatus,
     error: Option<ErrorClass>,
@@ -289,6 +345,18 @@ async fn handle(shared: Arc<Shared>, msg: async_nats::Message) {
         sink.error(ErrorInfo::new(ErrorClass::NotFound, msg)).await;
         return;
     };
+    // Admission: breaker/cooldown (local), then concurrency, RPM, TPM. Rejected → answered now.
+    let permit = match shared.breakers.admit(&config, &target) {
+        Ok(p) => p,
+        Err(e) => return sink.error(e).await,
+    };
+    let admission = match shared.limiter.admit(&target, &req).await {
+        Ok(a) => a,
+        Err(e) => {
+            drop(permit);
+            return sink.error(e).await;
+        }
+    };
     let token = CancellationToken::new();
     shared.cancels.lock().insert(req.id, token.clone());
     sink.send(FrameBody::Start {
@@ -298,23 +366,41 @@ async fn handle(shared: Arc<Shared>, msg: async_nats::Message) {
     })
     .await;
     let started = Instant::now();
-    let outcome = call_upstream(&shared, &target, &req, &mut sink, &token).await;
+    let call = Call {
+        shared: &shared,
+        config: &config,
+        target: &target,
+        req: &req,
+    };
+    let outcome = call.run(&mut sink, &token, permit).await;
     shared.cancels.lock().remove(&req.id);
+    let (usage, estimated) = final_usage(&req, &outcome);
+    let latency_ms = started.elapsed().as_millis() as u64;
     if outcome.called_upstream {
         publish_usage(
-            &shared,
-            &req,
-            &target,
-            outcome,
-            started.elapsed().as_millis() as u64,
+            &shared, &req, &target, &outcome, usage, estimated, latency_ms,
         );
     }
+    settle(&shared, &admission, usage).await;
 }
 
-/// The target's base URL, with `builtin:` addresses resolved.
+/// Corrects the TPM charge with what the attempt used.
+async fn settle(shared: &Shared, admission: &Admission, usage: Usage) {
+    shared.limiter.settle(admission, usage.total_tokens()).await;
+}
+
+/// The target's base URL, with `builtin:` addresses resolved; `builtin:mock/x/<spec>` becomes
+/// `<mock root>/x/<spec>/v1` (the mock's path-prefix form, see [`crate::mock_upstream`]).
 pub(crate) fn base_url(shared: &Shared, target: &TargetConfig) -> String {
     if target.base_url == BUILTIN_MOCK_URL {
         shared.opts.builtin_mock_url.clone().unwrap_or_default()
+    } else if let Some(rest) = target.base_url.strip_prefix(BUILTIN_MOCK_URL)
+        && rest.starts_with("/x/")
+    {
+        let mock = shared.opts.builtin_mock_url.as_deref().unwrap_or_default();
+        let root = mock.trim_end_matches('/');
+        let root = root.strip_suffix("/v1").unwrap_or(root);
+        format!("{root}{rest}/v1")
     } else if target.base_url == BUILTIN_LOCAL_MODEL_URL {
         shared
             .opts
@@ -326,111 +412,233 @@ pub(crate) fn base_url(shared: &Shared, target: &TargetConfig) -> String {
     }
 }
 
-async fn call_upstream(
-    shared: &Shared,
-    target: &TargetConfig,
-    req: &ChatRequest,
-    sink: &mut FrameSink,
-    cancel: &CancellationToken,
-) -> Outcome {
-    let config = shared.opts.config.get();
-    let t = &config.timeouts;
-    let hb = Duration::from_millis(t.heartbeat_ms);
-    let started = Instant::now();
-    let remaining = Duration::from_millis(req.deadline_ms.saturating_sub(now_ms()));
-    let mut out = Outcome {
-        usage: None,
-        status: UsageStatus::Error,
-        error: None,
-        called_upstream: false,
-        ttft_ms: None,
-        output_chars: 0,
-    };
-    if remaining.is_zero() {
-        out.error = Some(ErrorClass::Timeout);
-        sink.error(ErrorInfo::new(
-            ErrorClass::Timeout,
-            "request deadline passed before the upstream call",
-        ))
-        .await;
-        return out;
-    }
-    let provider = adapter(target.provider);
-    out.called_upstream = true;
-    let call = provider.stream_chat(&shared.http, target, &base_url(shared, target), req);
-    let first_limit = Duration::from_millis(t.first_byte_ms).min(remaining);
-    let mut stream: EventStream = match wait_beating(call, first_limit, hb, sink, cancel).await {
-        Waited::Ready(Ok(s)) => s,
-        Waited::Ready(Err(e)) => {
-            out.error = Some(e.class);
-            sink.error(e).await;
-            return out;
-        }
-        Waited::TimedOut => return timed_out(sink, out, "upstream response headers").await,
-        Waited::Cancelled => return cancelled(out),
-    };
-    let deadline = Instant::now() + remaining.saturating_sub(started.elapsed());
-    loop {
-        let gap = if out.ttft_ms.is_none() {
-            t.first_byte_ms
-        } else {
-            t.idle_ms
-        };
-        let limit =
-            Duration::from_millis(gap).min(deadline.saturating_duration_since(Instant::now()));
-        match wait_beating(stream.next(), limit, hb, sink, cancel).await {
-            Waited::Ready(Some(Ok(FrameBody::Usage { usage }))) => out.usage = Some(usage),
-            Waited::Ready(Some(Ok(end @ FrameBody::End { .. }))) => {
-                if let Some(usage) = out.usage {
-                    sink.send(FrameBody::Usage { usage }).await;
-                }
-                sink.send(end).await;
-                out.status = UsageStatus::Ok;
-                return out;
-            }
-            Waited::Ready(Some(Ok(body))) => {
-                if body.is_content() && out.ttft_ms.is_none() {
-                    out.ttft_ms = Some(started.elapsed().as_millis() as u64);
-                }
-                if let FrameBody::Text { text } = &body {
-                    out.output_chars += text.len();
-                }
-                sink.send(body).await;
-            }
-            Waited::Ready(Some(Err(e))) => {
-                out.error = Some(e.class);
-                sink.error(e).await;
-                return out;
-            }
-            Waited::Ready(None) => {
-                let e = ErrorInfo::new(
-                    ErrorClass::Protocol,
-                    "upstream stream ended without an end event",
-                );
-                out.error = Some(e.class);
-                sink.error(e).await;
-                return out;
-            }
-            Waited::TimedOut => {
-                let what = if out.ttft_ms.is_none() {
-                    "first token"
-                } else {
-                    "next chunk (idle)"
-                };
-                return timed_out(sink, out, what).await;
-            }
-            Waited::Cancelled => return cancelled(out),
+/// Timeouts of one target: the global ones with the target's overrides, ms.
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    heartbeat: Duration,
+    connect_ms: u64,
+    first_byte: Duration,
+    idle: Duration,
+    total: Duration,
+}
+
+impl Limits {
+    fn of(config: &GatewayConfig, target: &TargetConfig) -> Self {
+        let (g, o) = (&config.timeouts, &target.timeouts);
+        Self {
+            heartbeat: Duration::from_millis(g.heartbeat_ms),
+            connect_ms: o.connect_ms.unwrap_or(g.connect_ms),
+            first_byte: Duration::from_millis(o.first_byte_ms.unwrap_or(g.first_byte_ms)),
+            idle: Duration::from_millis(o.idle_ms.unwrap_or(g.idle_ms)),
+            total: Duration::from_millis(o.total_ms.unwrap_or(g.total_ms)),
         }
     }
 }
 
-async fn timed_out(sink: &mut FrameSink, mut out: Outcome, what: &str) -> Outcome {
-    out.error = Some(ErrorClass::Timeout);
-    sink.error(ErrorInfo::new(
+/// How one upstream call ended.
+enum CallEnd {
+    /// `end` was sent.
+    Done,
+    /// Failed; nothing sent about it yet (the caller retries or sends the error).
+    Failed(ErrorInfo),
+    /// The client went away.
+    Cancelled,
+}
+
+/// One ingress attempt: the upstream call and its retries.
+struct Call<'a> {
+    shared: &'a Shared,
+    config: &'a Arc<GatewayConfig>,
+    target: &'a TargetConfig,
+    req: &'a ChatRequest,
+}
+
+impl Call<'_> {
+    /// Calls the upstream (retrying per `retry`) and forwards its frames; `permit` is the
+    /// breaker's permission for the first call.
+    async fn run(
+        &self,
+        sink: &mut FrameSink,
+        cancel: &CancellationToken,
+        permit: Permit,
+    ) -> Outcome {
+        let limits = Limits::of(self.config, self.target);
+        let started = Instant::now();
+        let left = Duration::from_millis(self.req.deadline_ms.saturating_sub(now_ms()));
+        let deadline = started + left.min(limits.total);
+        let mut out = Outcome {
+            usage: None,
+            status: UsageStatus::Error,
+            error: None,
+            called_upstream: false,
+            ttft_ms: None,
+            output_chars: 0,
+        };
+        if left.is_zero() {
+            let e = ErrorInfo::new(
+                ErrorClass::Timeout,
+                "request deadline passed before the upstream call",
+            );
+            return fail(sink, out, e).await;
+        }
+        let mut first = Some(permit);
+        let mut last_error: Option<ErrorInfo> = None;
+        let mut calls = 0u32;
+        let mut waited = Duration::ZERO;
+        loop {
+            let permit = match first.take() {
+                Some(p) => p,
+                // A retry that cannot be admitted ends with the error it was meant to cure.
+                None => match self.readmit().await {
+                    Ok(p) => p,
+                    Err(e) => return fail(sink, out, last_error.unwrap_or(e)).await,
+                },
+            };
+            calls += 1;
+            out.called_upstream = true;
+            let call_started = Instant::now();
+            let end = self
+                .once(sink, cancel, &limits, deadline, started, &mut out)
+                .await;
+            let error = match &end {
+                CallEnd::Done => None,
+                CallEnd::Failed(e) => Some(e.clone()),
+                CallEnd::Cancelled => Some(ErrorInfo::new(ErrorClass::Cancelled, "")),
+            };
+            permit.record(CallResult::of(error.as_ref()), call_started.elapsed());
+            let e = match end {
+                CallEnd::Done => {
+                    out.status = UsageStatus::Ok;
+                    return out;
+                }
+                CallEnd::Cancelled => return cancelled(out),
+                CallEnd::Failed(e) => e,
+            };
+            let left = deadline.saturating_duration_since(Instant::now());
+            let wait = match crate::retry::decide(
+                &self.target.retry,
+                calls,
+                waited,
+                left,
+                &e,
+                sink.content_sent,
+            ) {
+                crate::retry::Decision::Retry(wait) => wait,
+                crate::retry::Decision::GiveUp => return fail(sink, out, e).await,
+            };
+            tracing::debug!(request = %self.req.id, target = %self.target.id, error = %e,
+                wait_ms = wait.as_millis() as u64, "retrying the upstream call");
+            let pause = tokio::time::sleep(wait);
+            match wait_beating(pause, wait, limits.heartbeat, sink, cancel).await {
+                Waited::Cancelled => return cancelled(out),
+                Waited::Ready(()) | Waited::TimedOut => {}
+            }
+            waited += wait;
+            last_error = Some(e);
+        }
+    }
+
+    /// Admission of a retry: the breaker (it may have opened meanwhile) and one RPM token.
+    async fn readmit(&self) -> Result<Permit, ErrorInfo> {
+        let permit = self.shared.breakers.admit(self.config, self.target)?;
+        self.shared.limiter.take_request(self.target).await?;
+        Ok(permit)
+    }
+
+    /// One upstream call: forwards its frames; a failure is returned, not sent.
+    async fn once(
+        &self,
+        sink: &mut FrameSink,
+        cancel: &CancellationToken,
+        limits: &Limits,
+        deadline: Instant,
+        started: Instant,
+        out: &mut Outcome,
+    ) -> CallEnd {
+        let call_started = Instant::now();
+        // Time to the first content is bounded from the call's start (headers included).
+        let first_deadline = (call_started + limits.first_byte).min(deadline);
+        let provider = adapter(self.target.provider);
+        let http = self.shared.http_for(limits.connect_ms);
+        let base = base_url(self.shared, self.target);
+        let call = provider.stream_chat(&http, self.target, &base, self.req);
+        let limit = first_deadline.saturating_duration_since(call_started);
+        let mut stream: EventStream =
+            match wait_beating(call, limit, limits.heartbeat, sink, cancel).await {
+                Waited::Ready(Ok(s)) => s,
+                Waited::Ready(Err(e)) => return CallEnd::Failed(e),
+                Waited::TimedOut => return timed_out("upstream response headers"),
+                Waited::Cancelled => return CallEnd::Cancelled,
+            };
+        let mut usage: Option<Usage> = None;
+        let mut got_content = false;
+        let end = loop {
+            let now = Instant::now();
+            let limit = if got_content {
+                limits.idle.min(deadline.saturating_duration_since(now))
+            } else {
+                first_deadline.saturating_duration_since(now)
+            };
+            match wait_beating(stream.next(), limit, limits.heartbeat, sink, cancel).await {
+                Waited::Ready(Some(Ok(FrameBody::Usage { usage: u }))) => usage = Some(u),
+                Waited::Ready(Some(Ok(end @ FrameBody::End { .. }))) => {
+                    add_usage(out, usage.take());
+                    if let Some(usage) = out.usage {
+                        sink.send(FrameBody::Usage { usage }).await;
+                    }
+                    sink.send(end).await;
+                    break CallEnd::Done;
+                }
+                Waited::Ready(Some(Ok(body))) => {
+                    if body.is_content() {
+                        got_content = true;
+                        if out.ttft_ms.is_none() {
+                            out.ttft_ms = Some(started.elapsed().as_millis() as u64);
+                        }
+                    }
+                    if let FrameBody::Text { text } = &body {
+                        out.output_chars += text.len();
+                    }
+                    sink.send(body).await;
+                }
+                Waited::Ready(Some(Err(e))) => break CallEnd::Failed(e),
+                Waited::Ready(None) => {
+                    break CallEnd::Failed(ErrorInfo::new(
+                        ErrorClass::Protocol,
+                        "upstream stream ended without an end event",
+                    ));
+                }
+                Waited::TimedOut if got_content => break timed_out("next chunk (idle)"),
+                Waited::TimedOut => break timed_out("first token"),
+                Waited::Cancelled => break CallEnd::Cancelled,
+            }
+        };
+        add_usage(out, usage);
+        end
+    }
+}
+
+fn add_usage(out: &mut Outcome, usage: Option<Usage>) {
+    let Some(u) = usage else { return };
+    let sum = out.usage.get_or_insert_with(Usage::default);
+    sum.prompt_tokens += u.prompt_tokens;
+    sum.cached_tokens += u.cached_tokens;
+    sum.cache_write_tokens += u.cache_write_tokens;
+    sum.completion_tokens += u.completion_tokens;
+    sum.reasoning_tokens += u.reasoning_tokens;
+}
+
+fn timed_out(what: &str) -> CallEnd {
+    CallEnd::Failed(ErrorInfo::new(
         ErrorClass::Timeout,
         format!("timed out waiting for {what}"),
     ))
-    .await;
+}
+
+/// Sends the attempt's final error frame.
+async fn fail(sink: &mut FrameSink, mut out: Outcome, e: ErrorInfo) -> Outcome {
+    out.error = Some(e.class);
+    sink.error(e).await;
     out
 }
 
@@ -446,25 +654,32 @@ fn estimate_tokens(bytes: usize) -> u64 {
     bytes.div_ceil(4) as u64
 }
 
-fn publish_usage(
-    shared: &Arc<Shared>,
-    req: &ChatRequest,
-    target: &TargetConfig,
-    o: Outcome,
-    latency_ms: u64,
-) {
-    let estimated = o.usage.is_none() && o.output_chars > 0;
-    let usage = o.usage.unwrap_or_else(|| {
-        if o.output_chars > 0 {
+/// The attempt's usage as billed: the sum the upstream reported, or an estimate from the text
+/// seen when it was aborted before reporting (second value: whether estimated).
+fn final_usage(req: &ChatRequest, o: &Outcome) -> (Usage, bool) {
+    match o.usage {
+        Some(u) => (u, false),
+        None if o.output_chars > 0 => (
             Usage {
                 prompt_tokens: estimate_tokens(req.prompt_text().len()),
                 completion_tokens: estimate_tokens(o.output_chars),
                 ..Usage::default()
-            }
-        } else {
-            Usage::default()
-        }
-    });
+            },
+            true,
+        ),
+        None => (Usage::default(), false),
+    }
+}
+
+fn publish_usage(
+    shared: &Arc<Shared>,
+    req: &ChatRequest,
+    target: &TargetConfig,
+    o: &Outcome,
+    usage: Usage,
+    estimated: bool,
+    latency_ms: u64,
+) {
     let event = UsageEvent {
         request_id: req.id,
         kind: UsageKind::Upstream,

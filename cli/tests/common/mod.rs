@@ -17,6 +17,8 @@ pub struct Gateway {
     pub worker_shutdown: CancellationToken,
     /// The live config shared by ingress and the worker (reload it with `config.set`).
     pub config: ConfigHandle,
+    /// The ingress state (health view, target stats, capability table, metrics).
+    pub ingress: std::sync::Arc<switchyard_ingress::AppState>,
     _tmp: tempfile::TempDir,
 }
 
@@ -122,7 +124,7 @@ pub async fn start(opts: Options) -> Gateway {
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(switchyard_ingress::serve(
         listener,
-        state,
+        state.clone(),
         shutdown.clone().cancelled_owned(),
     ));
     Gateway {
@@ -133,6 +135,7 @@ pub async fn start(opts: Options) -> Gateway {
         shutdown,
         worker_shutdown,
         config,
+        ingress: state,
         _tmp: tmp,
     }
 }
@@ -270,4 +273,33 @@ pub async fn post_json(
     let status = resp.status().as_u16();
     let headers = resp.headers().clone();
     (status, headers, resp.json().await.unwrap())
+}
+
+/// POSTs `body` to `/v1/chat/completions` with extra headers; returns status, headers and JSON.
+pub async fn post_with(
+    base: &str,
+    headers: &[(&str, &str)],
+    body: &serde_json::Value,
+) -> (u16, reqwest::header::HeaderMap, serde_json::Value) {
+    let mut req = reqwest::Client::new()
+        .post(format!("{base}/v1/chat/completions"))
+        .bearer_auth("sk-test")
+        .json(body);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    (status, headers, resp.json().await.unwrap())
+}
+
+/// The `/metrics` text.
+pub async fn metrics_text(base: &str) -> String {
+    reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
 }

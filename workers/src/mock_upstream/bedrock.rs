@@ -75,6 +75,12 @@ pub(crate) fn request_info(body: &Value, uri: &Uri) -> Result<RequestInfo, Strin
 /// Errors).
 fn error_kind(status: u16) -> (&'static str, &'static str) {
     match status {
+        // AWS answers bad credentials with UnrecognizedClientException (HTTP 403 on the real
+        // service; the mock keeps the status asked for).
+        401 => (
+            "UnrecognizedClientException",
+            "The security token included in the request is invalid. (mock)",
+        ),
         403 => (
             "AccessDeniedException",
             "You don't have access to the model with the specified model ID. (mock)",

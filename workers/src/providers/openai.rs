@@ -297,7 +297,10 @@ impl SseTranslator for OpenAiTranslator {
                 .and_then(Value::as_str)
                 .unwrap_or("");
             let class = match code {
-                "rate_limit_exceeded" | "rate_limit_error" => ErrorClass::RateLimited,
+                // `insufficient_quota` is OpenAI's out-of-credit 429: another target may serve.
+                "rate_limit_exceeded" | "rate_limit_error" | "insufficient_quota" => {
+                    ErrorClass::RateLimited
+                }
                 "overloaded_error" | "server_overloaded" => ErrorClass::Overloaded,
                 "context_length_exceeded" => ErrorClass::ContextLengthExceeded,
                 "invalid_request_error" => ErrorClass::InvalidRequest,
@@ -312,6 +315,17 @@ impl SseTranslator for OpenAiTranslator {
         if let Some(u) = v.get("usage").and_then(parse_usage) {
             // Some servers repeat cumulative usage on every chunk: keep the last, never sum.
             self.usage = Some(u);
+            // The `choices: []` usage chunk is the last one before `[DONE]` (OpenAI "Streaming"
+            // docs). Finish here: an upstream that then only sends keep-alives and never
+            // `[DONE]` (FC-08) must not hold the client.
+            let usage_only = v
+                .get("choices")
+                .and_then(Value::as_array)
+                .is_some_and(Vec::is_empty);
+            if usage_only && self.finish.is_some() {
+                self.finish(out);
+                return true;
+            }
         }
         let Some(choice) = v
             .get("choices")
