@@ -1,52 +1,30 @@
-//! The cache service: answers lookups over NATS request/reply in queue group `cache`.
+//! The cache service: exact and semantic answer cache over NATS request/reply.
 //!
-//! This first slice only wires the service into the pipeline (it answers every lookup with a
-//! miss); the exact and semantic layers arrive with the semantic-cache issue.
+//! Every instance joins queue group [`QUEUE_GROUP`] on `<prefix>.cache.*`, so NATS spreads
+//! lookups, stores and purges across instances. Entries live in the JetStream KV bucket
+//! [`BUCKET`] (one key per entry, the exact key); every instance watches the bucket and keeps the
+//! whole index in memory, so a store taken by one instance is served by all, and a restarted or
+//! added instance rebuilds its index from KV before it answers.
+//!
+//! * [`canon`] — canonical request, exact key, scope and query text;
+//! * [`embed`] — fastembed model loading (ONNX Runtime checked first) and the [`embed::Embed`] trait;
+//! * [`verify`] — the measurable rule set that rejects close but different questions;
+//! * [`index`] — the in-memory index (exact search per scope, LRU capacity);
+//! * [`service`] — lookup, store, purge and the KV persistence;
+//! * [`eval`] — precision / recall / hit rate over labelled pairs (`switchyard cache eval`);
+//! * [`bench`] — lookup latency (`switchyard cache bench`).
 
-use futures::StreamExt;
-use serde::{Deserialize, Serialize};
-use switchyard_schemas::subjects::Subjects;
+pub mod bench;
+pub mod canon;
+pub mod embed;
+pub mod eval;
+pub mod index;
+pub mod service;
+pub mod verify;
 
-/// The queue group every cache instance joins, so NATS spreads lookups across instances.
+pub use service::{CacheError, Service, ServiceOptions, run};
+
+/// The queue group every cache instance joins, so NATS spreads requests across instances.
 pub const QUEUE_GROUP: &str = "cache";
-
-/// A lookup answer.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LookupReply {
-    /// `hit`, `semantic-hit`, `miss` or `bypass` (the `x-switchyard-cache` header values).
-    pub outcome: String,
-}
-
-/// Cache service failures.
-#[derive(Debug, thiserror::Error)]
-pub enum CacheError {
-    /// Subscribing failed.
-    #[error("NATS subscribe failed: {0}")]
-    Subscribe(#[from] async_nats::SubscribeError),
-}
-
-/// Serves lookups until `shutdown` resolves.
-pub async fn run(
-    nats: async_nats::Client,
-    subjects: Subjects,
-    shutdown: impl std::future::Future<Output = ()>,
-) -> Result<(), CacheError> {
-    let mut sub = nats
-        .queue_subscribe(subjects.cache_lookup(), QUEUE_GROUP.into())
-        .await?;
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            _ = &mut shutdown => return Ok(()),
-            msg = sub.next() => {
-                let Some(msg) = msg else { return Ok(()) };
-                if let Some(reply) = msg.reply {
-                    let body = serde_json::to_vec(&LookupReply { outcome: "miss".into() }).unwrap_or_default();
-                    if let Err(e) = nats.publish(reply, body.into()).await {
-                        tracing::warn!(error = %e, "cache reply failed");
-                    }
-                }
-            }
-        }
-    }
-}
+/// The JetStream KV bucket holding the entries.
+pub const BUCKET: &str = "SY_CACHE";

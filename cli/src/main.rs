@@ -2,6 +2,8 @@
 //! other subcommands run one service each against a shared NATS (the distributed topology).
 
 use switchyard::{config, reload};
+mod bench;
+mod cache_cmd;
 mod local_model;
 mod report_cmd;
 
@@ -50,6 +52,9 @@ enum Command {
         /// `builtin:local-model` targets; their models are then not served.
         #[arg(long)]
         no_local_model: bool,
+        /// The cache's embedding model (default: found under `.tools/venv`).
+        #[command(flatten)]
+        embedding: cache_cmd::ModelArgs,
     },
     /// The HTTP front door only.
     Ingress {
@@ -82,11 +87,9 @@ enum Command {
         #[arg(long, env = "SWITCHYARD_DATABASE_URL")]
         database_url: Option<String>,
     },
-    /// The cache service.
-    Cache {
-        #[command(flatten)]
-        common: Common,
-    },
+    /// The cache service; `cache eval PAIRS.jsonl`, `cache purge …` and `cache bench` are its
+    /// admin actions.
+    Cache(cache_cmd::CacheArgs),
     /// A wire-accurate mock of the OpenAI and Anthropic APIs for tests, demos and benchmarks.
     MockUpstream {
         /// Listen address.
@@ -96,6 +99,8 @@ enum Command {
     /// Reports from the usage ledger: `daily` (per tenant/model/target, cost, charge and margin in
     /// USD, reconciliation) and `import-usage` (a provider's usage export vs the ledger).
     Report(report_cmd::ReportArgs),
+    /// Measures the latency Switchyard adds (p50/p99, direct to the mock vs through the gateway).
+    Bench(bench::BenchArgs),
     /// Live config: `push FILE` validates a YAML config and stores it in the NATS KV bucket every
     /// running service watches (they switch atomically, no restart); `show` prints the stored one.
     Config {
@@ -216,7 +221,18 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             data_dir,
             nats_port,
             no_local_model,
-        } => up(common, listen, data_dir, nats_port, !no_local_model).await,
+            embedding,
+        } => {
+            up(
+                common,
+                listen,
+                data_dir,
+                nats_port,
+                !no_local_model,
+                embedding,
+            )
+            .await
+        }
         Command::Ingress { common, listen } => {
             let mut c = load(&common)?;
             if let Some(l) = listen {
@@ -260,18 +276,21 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             let nats = connect(&require_nats(&c)?, "switchyard-billing").await?;
             run_billing(nats, &c, database_url, shutdown_token()).await
         }
-        Command::Cache { common } => {
-            let c = load(&common)?;
-            let nats = connect(&require_nats(&c)?, "switchyard-cache").await?;
-            let token = shutdown_token();
-            switchyard_cache::run(
-                nats,
-                Subjects::new(c.subject_prefix.clone()),
-                token.cancelled_owned(),
-            )
-            .await
-            .map_err(msg)
-        }
+        Command::Cache(args) => match args.action {
+            Some(action) => cache_cmd::run_action(action).await.map_err(msg),
+            None => {
+                let c = load(&args.common)?;
+                let nats = connect(&require_nats(&c)?, "switchyard-cache").await?;
+                let embedder = args.model.load_for_service().await.map_err(msg)?;
+                let opts = args
+                    .service
+                    .options(Subjects::new(c.subject_prefix.clone()), embedder);
+                let token = shutdown_token();
+                switchyard_cache::run(nats, opts, token.cancelled_owned())
+                    .await
+                    .map_err(msg)
+            }
+        },
         Command::MockUpstream { listen } => {
             let listener = tokio::net::TcpListener::bind(listen).await.map_err(msg)?;
             eprintln!(
@@ -284,6 +303,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             }
         }
         Command::Report(args) => report_cmd::run(args).await.map_err(msg),
+        Command::Bench(args) => bench::run(args).await.map_err(msg),
         Command::Config { action, nats_url } => {
             let url = nats_url.ok_or_else(|| msg("pass --nats-url (or SWITCHYARD_NATS_URL)"))?;
             let nats = connect(&url, "switchyard-config").await?;
@@ -381,6 +401,7 @@ async fn up(
     data_dir: Option<PathBuf>,
     nats_port: Option<u16>,
     local_model: bool,
+    embedding: cache_cmd::ModelArgs,
 ) -> Result<(), CliError> {
     let mut c = load(&common)?;
     if let Some(l) = listen {
@@ -471,7 +492,12 @@ async fn up(
         let subjects = subjects.clone();
         let token = shutdown.clone();
         tasks.spawn(async move {
-            switchyard_cache::run(nats, subjects, token.cancelled_owned())
+            let embedder = embedding
+                .load_for_service()
+                .await
+                .map_err(|e| ("cache", msg(e)))?;
+            let opts = cache_cmd::ServiceArgs::default().options(subjects, embedder);
+            switchyard_cache::run(nats, opts, token.cancelled_owned())
                 .await
                 .map_err(|e| ("cache", msg(e)))
         });

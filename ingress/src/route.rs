@@ -429,6 +429,10 @@ pub async fn route_with(
     let mut last_err: Option<ErrorInfo> = None;
     let mut tried = 0u32;
     for target in plan.targets {
+        if Instant::now() >= deadline {
+            last_err = Some(timeouts.error(Expiry::Total, &target.id));
+            break;
+        }
         req.target = TargetRef {
             id: target.id.clone(),
             provider: target.provider.as_str().to_owned(),

@@ -16,9 +16,11 @@
 //!    listed order.
 //! 4. The list is cut to the policy's `max_attempts`.
 //!
-//! When nothing is eligible the error says why: 400 `context_length_exceeded` when every target
-//! was too small, 400 naming `model` when no target serves embeddings, otherwise 503 `no_capacity`
-//! listing each target's reason.
+//! When nothing is eligible the error says why. If the request itself is what no target can take,
+//! it is a 400: `context_length_exceeded` when every target was too small, `invalid_request_error`
+//! naming the parameter (`response_format`, `messages`, `tools`, or `model` for embeddings) when
+//! every enabled target lacks a capability the request uses. Otherwise (some target unhealthy)
+//! it is a 503 `no_capacity` listing each target's reason.
 
 use rand::Rng;
 use rand::distr::Distribution;
@@ -424,22 +426,42 @@ fn nothing_eligible(
         )
         .with_param("messages");
     }
-    if needs.embeddings
-        && every(|e| matches!(e, Exclusion::Lacks(_, "embeddings") | Exclusion::Disabled))
+    // Every enabled target lacks a capability the request uses: this model can never serve the
+    // request, so it is the caller's to change — a 400 naming the parameter, as the worker's own
+    // answer would be.
+    let lacking = excluded.iter().find_map(|(_, e)| match e {
+        Exclusion::Lacks(_, what) => Some(*what),
+        _ => None,
+    });
+    if let Some(what) = lacking
+        && every(|e| matches!(e, Exclusion::Lacks(..) | Exclusion::Disabled))
     {
+        let param = match what {
+            "json_mode" => "response_format",
+            "vision" => "messages",
+            "tools" => "tools",
+            _ => "model",
+        };
+        let reasons: Vec<String> = excluded
+            .iter()
+            .filter(|(_, e)| matches!(e, Exclusion::Lacks(..)))
+            .map(|(id, why)| format!("{id}: {why}"))
+            .collect();
         return ErrorInfo::new(
             ErrorClass::InvalidRequest,
-            format!("Model `{}` has no target that serves embeddings.", model.id),
+            format!(
+                "Model `{}` has no target that supports {what} ({}).",
+                model.id,
+                reasons.join("; ")
+            ),
         )
-        .with_param("model");
+        .with_param(param);
     }
     if every(|e| matches!(e, Exclusion::Disabled)) {
         return ErrorInfo::new(ErrorClass::NoCapacity, "no enabled target for this model");
     }
     let summary = if every(|e| matches!(e, Exclusion::Unhealthy | Exclusion::Disabled)) {
         "every target is unhealthy"
-    } else if every(|e| matches!(e, Exclusion::Lacks(..) | Exclusion::Disabled)) {
-        "no target has the capabilities this request uses"
     } else {
         "no target can serve this request"
     };
@@ -503,7 +525,8 @@ fn canary_order<'a, R: Rng + ?Sized>(
 fn lower_is_better(x: f64, values: impl Iterator<Item = f64> + Clone) -> f64 {
     let max = values.clone().fold(f64::NEG_INFINITY, f64::max);
     let min = values.fold(f64::INFINITY, f64::min);
-    if !(max > min) {
+    // All equal (or no values): every candidate is as good as the best.
+    if max.partial_cmp(&min) != Some(std::cmp::Ordering::Greater) {
         return 1.0;
     }
     ((max - x) / (max - min)).clamp(0.0, 1.0)
@@ -826,10 +849,23 @@ mod tests {
             ..Preferences::default()
         };
         let e = Fixture::new().error(p("priority"), &json, &only_d);
+        assert_eq!(e.class, ErrorClass::InvalidRequest);
+        assert_eq!(e.param.as_deref(), Some("response_format"));
+        assert_eq!(
+            e.message,
+            "Model `m` has no target that supports json_mode (d: provider anthropic lacks json_mode)."
+        );
+        // One target lacking, the other unhealthy: a 503 (the unhealthy one may come back).
+        let only_cd = Preferences {
+            only: Some(vec!["c".into(), "d".into()]),
+            ..Preferences::default()
+        };
+        let f = Fixture::new().set("c", |o| o.health = HealthState::Unhealthy);
+        let e = f.error(p("priority"), &json, &only_cd);
         assert_eq!(e.class, ErrorClass::NoCapacity);
         assert_eq!(
             e.message,
-            "Model `m`: no target has the capabilities this request uses (d: provider anthropic lacks json_mode)."
+            "Model `m`: no target can serve this request (c: unhealthy; d: provider anthropic lacks json_mode)."
         );
         let emb = Needs::embeddings();
         assert_eq!(

@@ -210,7 +210,8 @@ pub fn trim(messages: &[Message], est: &Estimate, budget: u64) -> Option<Trimmed
     let kept = messages
         .iter()
         .zip(keep)
-        .filter_map(|(m, k)| k.then(|| m.clone()))
+        .filter(|(_, k)| *k)
+        .map(|(m, _)| m.clone())
         .collect();
     Some(Trimmed {
         messages: kept,

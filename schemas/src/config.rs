@@ -254,6 +254,9 @@ pub struct ModelConfig {
     /// Routing policy id; `None` = `priority` over `targets` in order.
     #[serde(default)]
     pub policy: Option<String>,
+    /// Response cache settings of this route (default: on, exact + semantic, `open` profile).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<crate::cache::RouteCache>,
 }
 
 /// Timeouts, all in milliseconds.
@@ -380,6 +383,14 @@ impl GatewayConfig {
                 return Err(err(
                     format!("models[{i}].targets"),
                     "needs at least one target",
+                ));
+            }
+            if let Some(t) = m.cache.as_ref().and_then(|c| c.threshold)
+                && !(t > 0.0 && t <= 1.0)
+            {
+                return Err(err(
+                    format!("models[{i}].cache.threshold"),
+                    "must be in (0, 1]",
                 ));
             }
             for (j, t) in m.targets.iter().enumerate() {

@@ -9,6 +9,7 @@
 //!
 //! Wire encoding is JSON (serde_json) for every payload.
 
+pub mod cache;
 pub mod config;
 pub mod embed;
 pub mod error;

@@ -30,8 +30,9 @@
 //!
 //! # Rejections
 //!
-//! A request rejected by one limit consumes nothing of the others: admission takes concurrency,
-//! then RPM, then TPM, and gives back what it took when a later one says no. Rejections are
+//! A request rejected by one limit consumes nothing of the others: admission takes a concurrency
+//! slot, then RPM and TPM in parallel (one KV round trip each, at the same time), and gives back
+//! what it took when another one says no. Rejections are
 //! retryable errors (`no_capacity` for concurrency, `rate_limited` with `retry_after_ms` for the
 //! buckets), so ingress moves on to the next target.
 //!
@@ -45,7 +46,7 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, OnceLock};
 use switchyard_schemas::config::TargetConfig;
 use switchyard_schemas::subjects::LIMITS_BUCKET;
 use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, now_ms};
@@ -390,39 +391,56 @@ impl Limiter {
             tpm_estimate: 0,
             tpm_capacity: limits.tpm,
         };
-        self.take_request(target).await?;
-        if let Some(tpm) = limits.tpm {
-            let estimate = estimate_tokens(req).await;
+        // RPM and TPM in parallel (one round trip each); whichever succeeded is given back when
+        // the other says no.
+        let estimate = match limits.tpm {
+            Some(_) => estimate_tokens(req).await,
+            None => 0,
+        };
+        let tpm_take = async {
+            let tpm = limits.tpm?;
             let key = bucket_key(&target.id, LimitKind::Tpm);
-            match self
+            let r = self
                 .buckets
                 .run(&key, tpm as f64, Op::Take(estimate as f64))
-                .await
-            {
-                Ok(Applied::Done(_)) => admission.tpm_estimate = estimate,
-                Ok(Applied::Short(wait)) => {
-                    if let Some(rpm) = limits.rpm {
-                        let key = bucket_key(&target.id, LimitKind::Rpm);
-                        self.give_back(&key, rpm as f64, 1.0).await;
-                    }
-                    let message = match wait {
-                        Some(_) => format!(
-                            "target `{}`: tokens-per-minute limit {tpm} reached (request estimated at {estimate} tokens)",
-                            target.id
-                        ),
-                        None => format!(
-                            "target `{}`: request estimated at {estimate} tokens exceeds the tokens-per-minute limit {tpm}",
-                            target.id
-                        ),
-                    };
-                    return Err(
-                        ErrorInfo::new(ErrorClass::RateLimited, message).with_retry_after_ms(wait)
-                    );
-                }
-                Err(e) => {
-                    tracing::warn!(target = %target.id, error = %e, "TPM limit not checked (admitting)")
-                }
+                .await;
+            Some((tpm, r))
+        };
+        let (rpm, tpm) = tokio::join!(self.take_request(target), tpm_take);
+        let tpm_taken = match &tpm {
+            Some((_, Ok(Applied::Done(_)))) => true,
+            Some((_, Err(e))) => {
+                tracing::warn!(target = %target.id, error = %e, "TPM limit not checked (admitting)");
+                false
             }
+            _ => false,
+        };
+        if let Err(e) = rpm {
+            if tpm_taken && let Some((cap, _)) = tpm {
+                let key = bucket_key(&target.id, LimitKind::Tpm);
+                self.give_back(&key, cap as f64, estimate as f64).await;
+            }
+            return Err(e);
+        }
+        if let Some((cap, Ok(Applied::Short(wait)))) = tpm {
+            if let Some(rpm) = limits.rpm {
+                let key = bucket_key(&target.id, LimitKind::Rpm);
+                self.give_back(&key, rpm as f64, 1.0).await;
+            }
+            let message = match wait {
+                Some(_) => format!(
+                    "target `{}`: tokens-per-minute limit {cap} reached (request estimated at {estimate} tokens)",
+                    target.id
+                ),
+                None => format!(
+                    "target `{}`: request estimated at {estimate} tokens exceeds the tokens-per-minute limit {cap}",
+                    target.id
+                ),
+            };
+            return Err(ErrorInfo::new(ErrorClass::RateLimited, message).with_retry_after_ms(wait));
+        }
+        if tpm_taken {
+            admission.tpm_estimate = estimate;
         }
         Ok(admission)
     }
@@ -500,21 +518,27 @@ impl Limiter {
     }
 }
 
-static TOKENIZER: LazyLock<Option<tiktoken_rs::CoreBPE>> = LazyLock::new(|| {
-    tiktoken_rs::o200k_base()
-        .map_err(|e| tracing::warn!(error = %e, "o200k tokenizer unavailable; estimating 4 bytes per token"))
-        .ok()
-});
+static TOKENIZER: OnceLock<Option<tiktoken_rs::CoreBPE>> = OnceLock::new();
 
-/// Loads the tokenizer (≈ 0.2 s, tens of MB) on the blocking pool, so the first TPM-limited
+fn tokenizer() -> Option<&'static tiktoken_rs::CoreBPE> {
+    TOKENIZER
+        .get_or_init(|| {
+            tiktoken_rs::o200k_base()
+                .map_err(|e| tracing::warn!(error = %e, "o200k tokenizer unavailable; estimating 4 bytes per token"))
+                .ok()
+        })
+        .as_ref()
+}
+
+/// Loads the tokenizer (≈ 0.2 s in release builds, tens of MB) on the blocking pool, so the first TPM-limited
 /// request does not pay for it.
 pub fn warm_tokenizer() {
-    tokio::task::spawn_blocking(|| LazyLock::force(&TOKENIZER));
+    tokio::task::spawn_blocking(tokenizer);
 }
 
 /// Tokens of `text` under o200k_base (GPT-4o's encoding; 4 bytes per token if it cannot load).
 pub fn count_tokens(text: &str) -> u64 {
-    match TOKENIZER.as_ref() {
+    match tokenizer() {
         Some(bpe) => bpe.encode_ordinary(text).len() as u64,
         None => text.len().div_ceil(4) as u64,
     }
@@ -528,7 +552,8 @@ pub async fn estimate_tokens(req: &ChatRequest) -> u64 {
         text.push('\n');
         text.push_str(&serde_json::to_string(&req.tools).unwrap_or_default());
     }
-    let prompt = if text.len() > BLOCKING_TOKENIZE_BYTES {
+    // Large prompts, and the first one (which loads the tokenizer), off the async threads.
+    let prompt = if text.len() > BLOCKING_TOKENIZE_BYTES || TOKENIZER.get().is_none() {
         let len = text.len();
         tokio::task::spawn_blocking(move || count_tokens(&text))
             .await
@@ -640,6 +665,22 @@ mod tests {
         assert!(rpm.tokens > 3.99 && rpm.tokens < 4.5, "{rpm:?}");
         // And the concurrency slot.
         assert!(l.try_concurrency("t", 1).is_some());
+    }
+
+    #[tokio::test]
+    async fn rpm_rejection_gives_the_tpm_charge_back() {
+        let l = Limiter::local();
+        let t = target(serde_json::json!({"rpm": 1, "tpm": 1000}));
+        let r = request("Hello world", Some(50));
+        let a = l.admit(&t, &r).await.unwrap();
+        let after_first = l.bucket("t", LimitKind::Tpm).await.unwrap().tokens;
+        assert!((after_first - (1000.0 - 58.0)).abs() < 1.0);
+        let e = l.admit(&t, &r).await.unwrap_err();
+        assert_eq!(e.class, ErrorClass::RateLimited);
+        assert!(e.message.contains("requests-per-minute"), "{}", e.message);
+        let tpm = l.bucket("t", LimitKind::Tpm).await.unwrap().tokens;
+        assert!(tpm > after_first - 1.0 && tpm < after_first + 5.0, "{tpm}");
+        drop(a);
     }
 
     #[tokio::test]

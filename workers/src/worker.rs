@@ -24,7 +24,7 @@
 //! was aborted before reporting. The TPM bucket is corrected with the same total.
 
 use crate::breaker::{Breakers, CallResult, Permit};
-use crate::limits::{Admission, Limiter};
+use crate::limits::Limiter;
 use crate::provider::{EventStream, Provider};
 use crate::providers::openai::OpenAiProvider;
 use futures::StreamExt;
@@ -381,12 +381,11 @@ async fn handle(shared: Arc<Shared>, msg: async_nats::Message) {
             &shared, &req, &target, &outcome, usage, estimated, latency_ms,
         );
     }
-    settle(&shared, &admission, usage).await;
-}
-
-/// Corrects the TPM charge with what the attempt used.
-async fn settle(shared: &Shared, admission: &Admission, usage: Usage) {
-    shared.limiter.settle(admission, usage.total_tokens()).await;
+    // Corrects the TPM charge with what the attempt used; then the concurrency slot is freed.
+    shared
+        .limiter
+        .settle(&admission, usage.total_tokens())
+        .await;
 }
 
 /// The target's base URL, with `builtin:` addresses resolved; `builtin:mock/x/<spec>` becomes
@@ -414,7 +413,7 @@ pub(crate) fn base_url(shared: &Shared, target: &TargetConfig) -> String {
 
 /// Timeouts of one target: the global ones with the target's overrides, ms.
 #[derive(Debug, Clone, Copy)]
-struct Limits {
+struct TargetTimeouts {
     heartbeat: Duration,
     connect_ms: u64,
     first_byte: Duration,
@@ -422,7 +421,7 @@ struct Limits {
     total: Duration,
 }
 
-impl Limits {
+impl TargetTimeouts {
     fn of(config: &GatewayConfig, target: &TargetConfig) -> Self {
         let (g, o) = (&config.timeouts, &target.timeouts);
         Self {
@@ -462,10 +461,10 @@ impl Call<'_> {
         cancel: &CancellationToken,
         permit: Permit,
     ) -> Outcome {
-        let limits = Limits::of(self.config, self.target);
+        let timeouts = TargetTimeouts::of(self.config, self.target);
         let started = Instant::now();
         let left = Duration::from_millis(self.req.deadline_ms.saturating_sub(now_ms()));
-        let deadline = started + left.min(limits.total);
+        let deadline = started + left.min(timeouts.total);
         let mut out = Outcome {
             usage: None,
             status: UsageStatus::Error,
@@ -498,7 +497,7 @@ impl Call<'_> {
             out.called_upstream = true;
             let call_started = Instant::now();
             let end = self
-                .once(sink, cancel, &limits, deadline, started, &mut out)
+                .once(sink, cancel, &timeouts, deadline, started, &mut out)
                 .await;
             let error = match &end {
                 CallEnd::Done => None,
@@ -529,7 +528,7 @@ impl Call<'_> {
             tracing::debug!(request = %self.req.id, target = %self.target.id, error = %e,
                 wait_ms = wait.as_millis() as u64, "retrying the upstream call");
             let pause = tokio::time::sleep(wait);
-            match wait_beating(pause, wait, limits.heartbeat, sink, cancel).await {
+            match wait_beating(pause, wait, timeouts.heartbeat, sink, cancel).await {
                 Waited::Cancelled => return cancelled(out),
                 Waited::Ready(()) | Waited::TimedOut => {}
             }
@@ -550,21 +549,21 @@ impl Call<'_> {
         &self,
         sink: &mut FrameSink,
         cancel: &CancellationToken,
-        limits: &Limits,
+        timeouts: &TargetTimeouts,
         deadline: Instant,
         started: Instant,
         out: &mut Outcome,
     ) -> CallEnd {
         let call_started = Instant::now();
         // Time to the first content is bounded from the call's start (headers included).
-        let first_deadline = (call_started + limits.first_byte).min(deadline);
+        let first_deadline = (call_started + timeouts.first_byte).min(deadline);
         let provider = adapter(self.target.provider);
-        let http = self.shared.http_for(limits.connect_ms);
+        let http = self.shared.http_for(timeouts.connect_ms);
         let base = base_url(self.shared, self.target);
         let call = provider.stream_chat(&http, self.target, &base, self.req);
         let limit = first_deadline.saturating_duration_since(call_started);
         let mut stream: EventStream =
-            match wait_beating(call, limit, limits.heartbeat, sink, cancel).await {
+            match wait_beating(call, limit, timeouts.heartbeat, sink, cancel).await {
                 Waited::Ready(Ok(s)) => s,
                 Waited::Ready(Err(e)) => return CallEnd::Failed(e),
                 Waited::TimedOut => return timed_out("upstream response headers"),
@@ -575,11 +574,11 @@ impl Call<'_> {
         let end = loop {
             let now = Instant::now();
             let limit = if got_content {
-                limits.idle.min(deadline.saturating_duration_since(now))
+                timeouts.idle.min(deadline.saturating_duration_since(now))
             } else {
                 first_deadline.saturating_duration_since(now)
             };
-            match wait_beating(stream.next(), limit, limits.heartbeat, sink, cancel).await {
+            match wait_beating(stream.next(), limit, timeouts.heartbeat, sink, cancel).await {
                 Waited::Ready(Some(Ok(FrameBody::Usage { usage: u }))) => usage = Some(u),
                 Waited::Ready(Some(Ok(end @ FrameBody::End { .. }))) => {
                     add_usage(out, usage.take());

@@ -46,6 +46,8 @@ pub(crate) struct Behaviour {
     pub(crate) id: Option<String>,
     pub(crate) created: Option<u64>,
     pub(crate) fixture: Option<String>,
+    /// `hold=1`: after the last event keep the connection open (no close, keep-alives if set).
+    pub(crate) hold: bool,
     /// `keepalive_ms=N`: an SSE comment `: keepalive` every N ms while the stream is otherwise silent.
     pub(crate) keepalive_ms: Option<u64>,
     /// `fail_times=N`: `status` applies only to the first N requests with this `idempotency-key`.
@@ -117,6 +119,7 @@ impl Behaviour {
                 "id" => b.id = Some(percent_decode(v)?),
                 "created" => b.created = Some(num(key, v)?),
                 "fixture" => b.fixture = Some(v.to_owned()),
+                "hold" => b.hold = v == "1" || v == "true",
                 "keepalive_ms" => {
                     let ms: u64 = num(key, v)?;
                     b.keepalive_ms = (ms > 0).then_some(ms);
@@ -471,4 +474,39 @@ pub(crate) fn split_even(text: &str, n: usize) -> Vec<String> {
         start += len;
     }
     out
+}
+
+#[cfg(test)]
+mod path_spec_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn path_spec_pairs_lists_and_precedence() {
+        let raw = parse_path_spec("status=503,retry_after=2,split=5,9,Keepalive-MS=50");
+        assert_eq!(raw["status"], "503");
+        assert_eq!(raw["split"], "5,9");
+        assert_eq!(raw["keepalive_ms"], "50");
+        // Directives beat the path prefix, headers beat both.
+        let body =
+            serde_json::json!({"messages": [{"role": "user", "content": "#mock status=429"}]});
+        let b = Behaviour::from_request(Some("status=503,ttft_ms=7"), &HeaderMap::new(), &body)
+            .unwrap();
+        assert_eq!((b.status, b.ttft_ms), (Some(429), 7));
+        let mut h = HeaderMap::new();
+        h.insert("x-mock-status", "500".parse().unwrap());
+        let b = Behaviour::from_request(Some("status=503"), &h, &body).unwrap();
+        assert_eq!(b.status, Some(500));
+        let b = Behaviour::from_request(
+            Some("error_message=messages.0.content%3A+invalid,fail_times=1"),
+            &HeaderMap::new(),
+            &serde_json::json!({}),
+        )
+        .unwrap();
+        assert_eq!(
+            b.error_message.as_deref(),
+            Some("messages.0.content: invalid")
+        );
+        assert_eq!(b.fail_times, Some(1));
+    }
 }

@@ -16,6 +16,10 @@ const FIXTURES: &[(&str, &str)] = &[
         include_str!("fixtures/fc07_openai_error_in_200.sse"),
     ),
     (
+        "fc08_openai_tools_no_done",
+        include_str!("fixtures/fc08_openai_tools_no_done.sse"),
+    ),
+    (
         "fc10_anthropic_usage_in_delta",
         include_str!("fixtures/fc10_anthropic_usage_in_delta.sse"),
     ),
@@ -26,6 +30,14 @@ const FIXTURES: &[(&str, &str)] = &[
     (
         "fc17_anthropic_two_tools",
         include_str!("fixtures/fc17_anthropic_two_tools.sse"),
+    ),
+    (
+        "fc21_openai_empty_then_quota",
+        include_str!("fixtures/fc21_openai_empty_then_quota.sse"),
+    ),
+    (
+        "fc21_openai_hel_then_quota",
+        include_str!("fixtures/fc21_openai_hel_then_quota.sse"),
     ),
 ];
 

@@ -391,7 +391,7 @@ async fn handle(
         return provider.response(
             StatusCode::OK,
             "text/event-stream; charset=utf-8",
-            wire::body(plan, app.shutdown.clone()),
+            wire::body(plan, app.shutdown.clone(), app.state.clone()),
         );
     }
     let info = match provider.request_info(&body, uri) {
@@ -433,7 +433,7 @@ async fn handle(
         let mut response = provider.response(
             StatusCode::OK,
             content_type,
-            wire::body(plan, app.shutdown.clone()),
+            wire::body(plan, app.shutdown.clone(), app.state.clone()),
         );
         response
             .headers_mut()
@@ -479,7 +479,11 @@ async fn handle(
         _ => value.to_string(),
     });
     let body = match behaviour.split_offsets(bytes.len()) {
-        Some(offsets) => wire::body(Plan::split(&bytes, &offsets), app.shutdown.clone()),
+        Some(offsets) => wire::body(
+            Plan::split(&bytes, &offsets),
+            app.shutdown.clone(),
+            app.state.clone(),
+        ),
         None => Body::from(bytes),
     };
     provider.response(StatusCode::OK, "application/json", body)

@@ -59,7 +59,7 @@
 //! | `id=<urlencoded>` | exact response id (for byte-identical comparisons) |
 //! | `created=N` | OpenAI `created` timestamp |
 //! | `keepalive_ms=N` | SSE streams: write the comment `: keepalive` every N ms while otherwise silent (before the first chunk, between chunks, while hanging) |
-//! | `fail_times=N` | `status` applies only to the first N requests with this request's `idempotency-key` header (or, without one, the same body); later ones succeed |
+//! | `fail_times=N` | `status` applies only to the first N requests with this request's `idempotency-key` header (or, without one, the same body), counted over the recorded requests; later ones succeed |
 //! | `error_message=<urlencoded>` | message of the `status` error body |
 //!
 //! Notes:
@@ -139,6 +139,7 @@ impl RecordedRequest {
 struct Inner {
     requests: Mutex<VecDeque<RecordedRequest>>,
     count: AtomicUsize,
+    early_closes: Mutex<Vec<std::time::Instant>>,
     limit: Option<usize>,
 }
 
@@ -171,6 +172,7 @@ impl MockState {
             inner: Arc::new(Inner {
                 requests: Mutex::new(VecDeque::new()),
                 count: AtomicUsize::new(0),
+                early_closes: Mutex::new(Vec::new()),
                 limit,
             }),
         }
@@ -181,6 +183,21 @@ impl MockState {
             .requests
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// When each streamed response was closed by the client before its end, in order.
+    pub fn early_closes(&self) -> Vec<std::time::Instant> {
+        self.inner
+            .early_closes
+            .lock()
+            .map(|v| v.clone())
+            .unwrap_or_default()
+    }
+
+    pub(crate) fn record_early_close(&self) {
+        if let Ok(mut v) = self.inner.early_closes.lock() {
+            v.push(std::time::Instant::now());
+        }
     }
 
     /// The recorded requests in arrival order.

@@ -224,7 +224,7 @@ pub(crate) fn plan(script: Script, b: &Behaviour, fmt: SseFormat) -> Plan {
     }
     let plan = Plan {
         steps,
-        hang: false,
+        hang: b.hold,
         keepalive,
     };
     let all = plan.concat();
@@ -235,6 +235,8 @@ pub(crate) fn plan(script: Script, b: &Behaviour, fmt: SseFormat) -> Plan {
 }
 
 struct BodyState {
+    /// Records an early close (client went away) when dropped before the end.
+    _watch: CloseWatch,
     steps: VecDeque<Step>,
     hang: bool,
     keepalive: Option<Duration>,
@@ -251,8 +253,12 @@ fn shutdown_error() -> std::io::Error {
 /// A streaming body that writes each step as its own frame.
 ///
 /// When `shutdown` fires, the body fails so the client sees an aborted response.
-pub(crate) fn body(plan: Plan, shutdown: CancellationToken) -> Body {
+pub(crate) fn body(plan: Plan, shutdown: CancellationToken, mock: super::MockState) -> Body {
     let state = BodyState {
+        _watch: CloseWatch {
+            mock,
+            finished: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        },
         steps: plan.steps.into(),
         hang: plan.hang,
         keepalive: plan.keepalive,
@@ -268,7 +274,12 @@ pub(crate) fn body(plan: Plan, shutdown: CancellationToken) -> Body {
         let due = match st.steps.front() {
             Some(step) => Some(*st.due.get_or_insert(now + step.delay)),
             None if st.hang => None,
-            None => return None,
+            None => {
+                st._watch
+                    .finished
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+                return None;
+            }
         };
         if due.is_some_and(|due| due <= now) {
             st.due = None;
@@ -306,6 +317,21 @@ pub(crate) fn body(plan: Plan, shutdown: CancellationToken) -> Body {
         Some((Ok::<Bytes, std::io::Error>(step.bytes), st))
     });
     Body::from_stream(stream)
+}
+
+/// Notes in the mock's state when a streamed body is dropped before its end (the client closed
+/// the connection), so tests can check that cancellation reached the upstream.
+struct CloseWatch {
+    mock: super::MockState,
+    finished: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Drop for CloseWatch {
+    fn drop(&mut self) {
+        if !self.finished.load(std::sync::atomic::Ordering::SeqCst) {
+            self.mock.record_early_close();
+        }
+    }
 }
 
 /// A body that fails immediately (used to abort hanging non-stream responses on shutdown).

@@ -1,0 +1,746 @@
+//! Lookup, store and purge, and the KV persistence that keeps every instance's index in step.
+//!
+//! Ordering: stores are applied in the order they arrive (in the subscription loop), lookups are
+//! answered concurrently after everything received before them was applied — so on one instance a
+//! lookup that follows a store sees it. Across instances a store becomes visible when the KV watch
+//! delivers it (a few milliseconds).
+
+use crate::canon::{self, Canonical};
+use crate::embed::Embed;
+use crate::index::{self, Entry, Index};
+use crate::verify;
+use futures::StreamExt;
+use parking_lot::{Mutex, RwLock};
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+use switchyard_schemas::cache::{
+    CacheOutcome, LookupReply, LookupRequest, PurgeReply, PurgeRequest, StoreRequest, purge_subject,
+};
+use switchyard_schemas::now_ms;
+use switchyard_schemas::subjects::Subjects;
+
+/// Cache service failures.
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    /// Subscribing failed.
+    #[error("NATS subscribe failed: {0}")]
+    Subscribe(#[from] async_nats::SubscribeError),
+    /// The KV bucket could not be opened or read.
+    #[error("cache KV bucket: {0}")]
+    Kv(String),
+}
+
+fn kv_err(e: impl std::fmt::Display) -> CacheError {
+    CacheError::Kv(e.to_string())
+}
+
+/// Settings of one cache instance.
+#[derive(Clone)]
+pub struct ServiceOptions {
+    /// Subject names.
+    pub subjects: Subjects,
+    /// KV bucket name.
+    pub bucket: String,
+    /// Entries kept (LRU eviction beyond).
+    pub max_entries: usize,
+    /// Longest time to live, seconds (also the bucket's `max_age`).
+    pub max_ttl_s: u64,
+    /// Requests with a `temperature` above this skip the semantic layer.
+    pub semantic_max_temperature: f64,
+    /// Conversations with more user messages than this skip the semantic layer.
+    pub semantic_max_turns: usize,
+    /// The embedding model; `None` = exact layer only.
+    pub embedder: Option<Arc<dyn Embed>>,
+    /// How often expired entries are deleted.
+    pub sweep_every: Duration,
+}
+
+impl std::fmt::Debug for ServiceOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServiceOptions")
+            .field("bucket", &self.bucket)
+            .field("max_entries", &self.max_entries)
+            .field("max_ttl_s", &self.max_ttl_s)
+            .field("semantic_max_temperature", &self.semantic_max_temperature)
+            .field("semantic_max_turns", &self.semantic_max_turns)
+            .field(
+                "embedder",
+                &self.embedder.as_ref().map(|e| e.model_id().to_owned()),
+            )
+            .finish()
+    }
+}
+
+impl ServiceOptions {
+    /// Defaults: bucket [`crate::BUCKET`], 100 000 entries, 7 days maximum TTL, semantic layer up
+    /// to temperature 1.0 and 4 user turns, sweep every 30 s.
+    pub fn new(subjects: Subjects, embedder: Option<Arc<dyn Embed>>) -> Self {
+        Self {
+            subjects,
+            bucket: crate::BUCKET.to_owned(),
+            max_entries: 100_000,
+            max_ttl_s: 7 * 86_400,
+            semantic_max_temperature: 1.0,
+            semantic_max_turns: 4,
+            embedder,
+            sweep_every: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Query vectors of recent lookups by exact key, so storing the answer of a miss does not embed
+/// the same text again.
+#[derive(Default)]
+struct Recent {
+    map: HashMap<String, Vec<f32>>,
+    order: VecDeque<String>,
+}
+
+const RECENT: usize = 1024;
+
+impl Recent {
+    fn put(&mut self, key: String, v: Vec<f32>) {
+        if self.map.insert(key.clone(), v).is_none() {
+            self.order.push_back(key);
+            while self.order.len() > RECENT {
+                if let Some(old) = self.order.pop_front() {
+                    self.map.remove(&old);
+                }
+            }
+        }
+    }
+}
+
+/// One instance's state: the index, the model, and recent query vectors.
+pub struct Service {
+    opts: ServiceOptions,
+    index: RwLock<Index>,
+    recent: Mutex<Recent>,
+}
+
+impl Service {
+    /// An empty instance.
+    pub fn new(opts: ServiceOptions) -> Self {
+        Self {
+            index: RwLock::new(Index::new(opts.max_entries)),
+            recent: Mutex::new(Recent::default()),
+            opts,
+        }
+    }
+
+    /// The settings.
+    pub fn options(&self) -> &ServiceOptions {
+        &self.opts
+    }
+
+    /// Entries held.
+    pub fn len(&self) -> usize {
+        self.index.read().len()
+    }
+
+    /// Whether the index is empty.
+    pub fn is_empty(&self) -> bool {
+        self.index.read().is_empty()
+    }
+
+    /// Why the semantic layer may not answer `req`, if it may not.
+    fn semantic_block(&self, req: &LookupRequest, c: &Canonical) -> Option<String> {
+        let p = &req.key.params;
+        if !req.semantic {
+            return Some("semantic layer off for this route".into());
+        }
+        if self.opts.embedder.is_none() {
+            return Some("semantic layer unavailable (no embedding model)".into());
+        }
+        if p.n.is_some_and(|n| n > 1) {
+            return Some("n > 1".into());
+        }
+        if let Some(t) = p.temperature
+            && t > self.opts.semantic_max_temperature
+        {
+            return Some(format!(
+                "temperature {t} above {}",
+                self.opts.semantic_max_temperature
+            ));
+        }
+        if c.user_turns > self.opts.semantic_max_turns {
+            return Some(format!(
+                "{} user turns, more than {}",
+                c.user_turns, self.opts.semantic_max_turns
+            ));
+        }
+        if c.query.is_none() {
+            return Some("the conversation does not end with a user text".into());
+        }
+        None
+    }
+
+    /// Answers a lookup (CPU work: the embedding; call off the async executor).
+    pub fn lookup(&self, req: &LookupRequest) -> LookupReply {
+        let c = canon::canonical(&req.key);
+        let now = now_ms();
+        if req.key.params.n.is_some_and(|n| n > 1) {
+            return LookupReply::empty(CacheOutcome::Bypass, "n > 1");
+        }
+        if let Some(slot) = self.index.read().exact(&c.exact, now) {
+            return LookupReply {
+                outcome: CacheOutcome::Hit,
+                similarity: None,
+                answer: Some(slot.entry.answer.clone()),
+                entry: Some(slot.entry.key.clone()),
+                reason: None,
+            };
+        }
+        if let Some(why) = self.semantic_block(req, &c) {
+            return LookupReply::empty(CacheOutcome::Miss, format!("exact miss; {why}"));
+        }
+        let (Some(embedder), Some(query)) = (self.opts.embedder.as_ref(), c.query.as_deref())
+        else {
+            return LookupReply::empty(CacheOutcome::Miss, "exact miss");
+        };
+        let vector = match embedder.embed(&[query]) {
+            Ok(mut v) if !v.is_empty() => v.swap_remove(0),
+            Ok(_) => return LookupReply::empty(CacheOutcome::Miss, "embedding returned nothing"),
+            Err(e) => return LookupReply::empty(CacheOutcome::Miss, format!("embedding: {e}")),
+        };
+        let index = self.index.read();
+        let candidates =
+            index.candidates(&c.scope, embedder.model_id(), &vector, req.threshold, now);
+        self.recent.lock().put(c.exact.clone(), vector);
+        if candidates.is_empty() {
+            return LookupReply::empty(
+                CacheOutcome::Miss,
+                format!("no entry of this scope at similarity >= {}", req.threshold),
+            );
+        }
+        let qf = verify::features(query);
+        let mut first_rejection = None;
+        for cand in candidates.iter().take(8) {
+            let Some(f) = cand.slot.features.as_ref() else {
+                continue;
+            };
+            match verify::compare(&qf, f) {
+                Ok(()) => {
+                    index.touch(&cand.slot);
+                    return LookupReply {
+                        outcome: CacheOutcome::SemanticHit,
+                        similarity: Some(cand.similarity),
+                        answer: Some(cand.slot.entry.answer.clone()),
+                        entry: Some(cand.slot.entry.key.clone()),
+                        reason: None,
+                    };
+                }
+                Err(r) => {
+                    first_rejection.get_or_insert((r, cand.similarity));
+                }
+            }
+        }
+        let reason = match first_rejection {
+            Some((r, s)) => format!(
+                "semantic candidate at {s:.3} rejected: {} differs",
+                r.as_str()
+            ),
+            None => "no verifiable candidate".into(),
+        };
+        LookupReply::empty(CacheOutcome::Miss, reason)
+    }
+
+    /// Turns a store request into an entry (CPU work: the embedding when not cached).
+    pub fn prepare(&self, req: &StoreRequest) -> Option<Entry> {
+        if req.key.params.n.is_some_and(|n| n > 1) {
+            return None;
+        }
+        let c = canon::canonical(&req.key);
+        let now = now_ms();
+        let ttl_s = req.ttl_s.min(self.opts.max_ttl_s);
+        if ttl_s == 0 {
+            return None;
+        }
+        let mut vector = None;
+        let mut embed_model = None;
+        if let (Some(embedder), Some(query)) = (self.opts.embedder.as_ref(), c.query.as_deref()) {
+            let cached = self.recent.lock().map.get(&c.exact).cloned();
+            let v = match cached {
+                Some(v) => Some(v),
+                None => match embedder.embed(&[query]) {
+                    Ok(mut v) if !v.is_empty() => Some(v.swap_remove(0)),
+                    Ok(_) => None,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "embedding a stored query failed; exact layer only");
+                        None
+                    }
+                },
+            };
+            if let Some(v) = v {
+                vector = Some(index::encode_vector(&v));
+                embed_model = Some(embedder.model_id().to_owned());
+            }
+        }
+        Some(Entry {
+            key: c.exact,
+            scope: c.scope,
+            route: req.key.route.clone(),
+            target: req.target.clone(),
+            upstream_model: req.upstream_model.clone(),
+            query: c.query,
+            vector,
+            embed_model,
+            answer: req.answer.clone(),
+            stored_ms: now,
+            expires_ms: now.saturating_add(ttl_s.saturating_mul(1000)),
+        })
+    }
+
+    /// Adds `entry` to the index (unless already there); returns the evicted keys.
+    pub fn apply(&self, entry: Entry) -> Vec<String> {
+        if self.index.read().has(&entry.key, entry.stored_ms) {
+            return Vec::new();
+        }
+        self.index.write().insert(entry)
+    }
+
+    /// Removes an entry from the index.
+    pub fn remove(&self, key: &str) -> bool {
+        self.index.write().remove(key)
+    }
+
+    /// Keys matching a purge request's filters.
+    pub fn matching(&self, req: &PurgeRequest) -> Vec<String> {
+        self.index.read().select(|e| {
+            req.route.as_ref().is_none_or(|r| &e.route == r)
+                && req
+                    .model
+                    .as_ref()
+                    .is_none_or(|m| e.upstream_model.as_ref() == Some(m))
+                && req
+                    .key_prefix
+                    .as_ref()
+                    .is_none_or(|p| e.key.starts_with(p.as_str()))
+        })
+    }
+
+    /// Keys of expired entries.
+    pub fn expired(&self) -> Vec<String> {
+        self.index.read().expired(now_ms())
+    }
+
+    /// (entries, scopes, largest scope).
+    pub fn stats(&self) -> (usize, usize, usize) {
+        let ix = self.index.read();
+        let (scopes, largest) = ix.scope_stats();
+        (ix.len(), scopes, largest)
+    }
+}
+
+/// Gets or creates the entry bucket (history 1, `max_age` = the longest TTL).
+pub async fn bucket(
+    js: &async_nats::jetstream::Context,
+    name: &str,
+    max_ttl_s: u64,
+) -> Result<async_nats::jetstream::kv::Store, CacheError> {
+    match js.get_key_value(name).await {
+        Ok(kv) => Ok(kv),
+        Err(_) => js
+            .create_key_value(async_nats::jetstream::kv::Config {
+                bucket: name.to_owned(),
+                history: 1,
+                max_age: Duration::from_secs(max_ttl_s.max(1)),
+                description:
+                    "Switchyard cache entries (key = hex SHA-256 of the canonical request)"
+                        .to_owned(),
+                ..Default::default()
+            })
+            .await
+            .map_err(kv_err),
+    }
+}
+
+fn apply_kv(service: &Service, entry: &async_nats::jetstream::kv::Entry) {
+    use async_nats::jetstream::kv::Operation;
+    match entry.operation {
+        Operation::Put => match serde_json::from_slice::<Entry>(&entry.value) {
+            Ok(e) => {
+                // Eviction on another instance deletes from KV, which reaches us as a delete.
+                let _ = service.apply(e);
+            }
+            Err(e) => {
+                tracing::warn!(key = %entry.key, error = %e, "unreadable cache entry skipped")
+            }
+        },
+        Operation::Delete | Operation::Purge => {
+            service.remove(&entry.key);
+        }
+    }
+}
+
+/// Loads every entry of the bucket into `service`, then keeps applying changes in the background
+/// until `shutdown` fires.
+async fn rebuild_and_watch(
+    service: Arc<Service>,
+    kv: async_nats::jetstream::kv::Store,
+    shutdown: tokio_util_like::Shutdown,
+) -> Result<(), CacheError> {
+    let pending = {
+        let js_info = kv.status().await.map_err(kv_err)?;
+        js_info.values()
+    };
+    let mut watch = kv.watch_with_history(">").await.map_err(kv_err)?;
+    if pending > 0 {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let next = tokio::time::timeout_at(deadline, watch.next()).await;
+            let entry = match next {
+                Ok(Some(Ok(e))) => e,
+                Ok(Some(Err(e))) => return Err(kv_err(e)),
+                Ok(None) => return Err(CacheError::Kv("watch ended during rebuild".into())),
+                Err(_) => {
+                    tracing::warn!("cache rebuild still incomplete after 60 s; serving anyway");
+                    break;
+                }
+            };
+            apply_kv(&service, &entry);
+            if entry.delta == 0 {
+                break;
+            }
+        }
+    }
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = shutdown.wait() => return,
+                next = watch.next() => match next {
+                    Some(Ok(e)) => apply_kv(&service, &e),
+                    Some(Err(e)) => {
+                        tracing::warn!(error = %e, "cache KV watch error");
+                    }
+                    None => {
+                        tracing::error!("cache KV watch ended; this instance no longer sees other instances' stores");
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    Ok(())
+}
+
+/// A clonable shutdown signal built from the caller's future.
+mod tokio_util_like {
+    use tokio::sync::watch;
+
+    /// Fires once.
+    #[derive(Clone)]
+    pub struct Shutdown(pub watch::Receiver<bool>);
+
+    impl Shutdown {
+        /// Resolves when fired (or when the sender is gone).
+        pub async fn wait(&self) {
+            let mut rx = self.0.clone();
+            let _ = rx.wait_for(|v| *v).await;
+        }
+    }
+}
+
+/// Largest entry written to KV; bigger answers are served from this instance's memory only.
+const MAX_KV_ENTRY: usize = 900 * 1024;
+
+async fn delete_keys(kv: &async_nats::jetstream::kv::Store, keys: &[String]) -> u64 {
+    let mut n = 0;
+    for k in keys {
+        match kv.purge(k).await {
+            Ok(()) => n += 1,
+            Err(e) => tracing::warn!(key = %k, error = %e, "cache KV purge failed"),
+        }
+    }
+    n
+}
+
+async fn purge(
+    service: &Service,
+    kv: &async_nats::jetstream::kv::Store,
+    req: &PurgeRequest,
+) -> PurgeReply {
+    if !req.is_valid() {
+        return PurgeReply {
+            deleted: 0,
+            error: Some("name a filter (route, model, key prefix) or `all`".into()),
+        };
+    }
+    let filtered = req.route.is_some() || req.model.is_some() || req.key_prefix.is_some();
+    let mut keys = service.matching(req);
+    if !filtered {
+        // `all`: also what this instance has not indexed (yet).
+        if let Ok(mut all) = kv.keys().await {
+            while let Some(Ok(k)) = all.next().await {
+                keys.push(k);
+            }
+        }
+        keys.sort();
+        keys.dedup();
+    }
+    let deleted = delete_keys(kv, &keys).await;
+    for k in &keys {
+        service.remove(k);
+    }
+    tracing::info!(?req, deleted, "cache purge");
+    PurgeReply {
+        deleted,
+        error: None,
+    }
+}
+
+/// Runs one cache instance until `shutdown` resolves: opens (or creates) the KV bucket, rebuilds
+/// the index from it, then serves `<prefix>.cache.lookup`, `.store` and `.purge` in queue group
+/// [`crate::QUEUE_GROUP`].
+pub async fn run(
+    nats: async_nats::Client,
+    opts: ServiceOptions,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), CacheError> {
+    let js = async_nats::jetstream::new(nats.clone());
+    let kv = bucket(&js, &opts.bucket, opts.max_ttl_s).await?;
+    let subjects = opts.subjects.clone();
+    let sweep_every = opts.sweep_every;
+    let service = Arc::new(Service::new(opts));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stop = tokio_util_like::Shutdown(stop_rx);
+    let started = std::time::Instant::now();
+    rebuild_and_watch(service.clone(), kv.clone(), stop.clone()).await?;
+    let (entries, scopes, largest) = service.stats();
+    tracing::info!(
+        entries,
+        scopes,
+        largest_scope = largest,
+        ms = started.elapsed().as_millis() as u64,
+        embedder = ?service.options().embedder.as_ref().map(|e| e.model_id().to_owned()),
+        "cache index rebuilt from KV"
+    );
+    // Expired entries leave KV (and so every index).
+    {
+        let (service, kv, stop) = (service.clone(), kv.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(sweep_every);
+            loop {
+                tokio::select! {
+                    _ = stop.wait() => return,
+                    _ = tick.tick() => {
+                        let expired = service.expired();
+                        if !expired.is_empty() {
+                            let n = delete_keys(&kv, &expired).await;
+                            for k in &expired {
+                                service.remove(k);
+                            }
+                            tracing::debug!(expired = n, "cache sweep");
+                        }
+                    }
+                }
+            }
+        });
+    }
+    let lookup_subject = subjects.cache_lookup();
+    let store_subject = subjects.cache_store();
+    let purge_subject = purge_subject(&subjects);
+    let all = format!("{}.cache.*", subjects.prefix());
+    let mut sub = nats.queue_subscribe(all, crate::QUEUE_GROUP.into()).await?;
+    // Make sure the server has the subscription before anyone is told we are up.
+    if let Err(e) = nats.flush().await {
+        tracing::warn!(error = %e, "flush after subscribe failed");
+    }
+    tracing::info!("cache service ready");
+    tokio::pin!(shutdown);
+    let result = loop {
+        tokio::select! {
+            _ = &mut shutdown => break Ok(()),
+            msg = sub.next() => {
+                let Some(msg) = msg else { break Ok(()) };
+                let subject = msg.subject.as_str();
+                if subject == lookup_subject {
+                    let Some(reply) = msg.reply.clone() else { continue };
+                    let req: LookupRequest = match serde_json::from_slice(&msg.payload) {
+                        Ok(r) => r,
+                        Err(e) => {
+                            let body = serde_json::to_vec(&LookupReply::empty(CacheOutcome::Bypass, format!("bad lookup: {e}"))).unwrap_or_default();
+                            let _ = nats.publish(reply, body.into()).await;
+                            continue;
+                        }
+                    };
+                    let (service, nats) = (service.clone(), nats.clone());
+                    tokio::spawn(async move {
+                        let answer = tokio::task::spawn_blocking(move || service.lookup(&req)).await;
+                        let reply_body = match answer {
+                            Ok(r) => r,
+                            Err(e) => LookupReply::empty(CacheOutcome::Bypass, format!("lookup failed: {e}")),
+                        };
+                        let body = serde_json::to_vec(&reply_body).unwrap_or_default();
+                        if let Err(e) = nats.publish(reply, body.into()).await {
+                            tracing::warn!(error = %e, "cache reply failed");
+                        }
+                    });
+                } else if subject == store_subject {
+                    let req: StoreRequest = match serde_json::from_slice(&msg.payload) {
+                        Ok(r) => r,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "bad cache store ignored");
+                            continue;
+                        }
+                    };
+                    let svc = service.clone();
+                    let prepared = tokio::task::spawn_blocking(move || svc.prepare(&req)).await;
+                    let Ok(Some(entry)) = prepared else { continue };
+                    let body = match serde_json::to_vec(&entry) {
+                        Ok(b) => b,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "cache entry not serialisable");
+                            continue;
+                        }
+                    };
+                    let key = entry.key.clone();
+                    let evicted = service.apply(entry);
+                    let kv = kv.clone();
+                    tokio::spawn(async move {
+                        if body.len() <= MAX_KV_ENTRY {
+                            if let Err(e) = kv.put(&key, body.into()).await {
+                                tracing::warn!(error = %e, "cache KV put failed; entry kept in this instance only");
+                            }
+                        } else {
+                            tracing::info!(bytes = body.len(), "cache entry too large for KV; kept in this instance only");
+                        }
+                        delete_keys(&kv, &evicted).await;
+                    });
+                } else if subject == purge_subject {
+                    let Some(reply) = msg.reply.clone() else { continue };
+                    let out = match serde_json::from_slice::<PurgeRequest>(&msg.payload) {
+                        Ok(req) => purge(&service, &kv, &req).await,
+                        Err(e) => PurgeReply { deleted: 0, error: Some(format!("bad purge request: {e}")) },
+                    };
+                    let body = serde_json::to_vec(&out).unwrap_or_default();
+                    if let Err(e) = nats.publish(reply, body.into()).await {
+                        tracing::warn!(error = %e, "cache purge reply failed");
+                    }
+                }
+            }
+        }
+    };
+    let _ = stop_tx.send(true);
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::embed::TrigramEmbedder;
+    use serde_json::json;
+    use switchyard_schemas::FinishReason;
+    use switchyard_schemas::cache::{CacheKey, CachedAnswer};
+
+    fn key(text: &str, max_tokens: u32) -> CacheKey {
+        serde_json::from_value(
+            json!({"route": "r", "messages": [{"role": "user", "content": text}],
+            "params": {"max_tokens": max_tokens}}),
+        )
+        .unwrap()
+    }
+
+    fn store(text: &str, max_tokens: u32) -> StoreRequest {
+        StoreRequest {
+            key: key(text, max_tokens),
+            answer: CachedAnswer {
+                chunks: vec![format!("answer to {text}")],
+                tool_calls: vec![],
+                finish_reason: FinishReason::Stop,
+                usage: Default::default(),
+            },
+            target: Some("t".into()),
+            upstream_model: Some("m".into()),
+            ttl_s: 60,
+        }
+    }
+
+    fn lookup(text: &str, max_tokens: u32, threshold: f32) -> LookupRequest {
+        LookupRequest {
+            key: key(text, max_tokens),
+            semantic: true,
+            threshold,
+        }
+    }
+
+    fn service() -> Service {
+        Service::new(ServiceOptions::new(
+            Subjects::default(),
+            Some(Arc::new(TrigramEmbedder)),
+        ))
+    }
+
+    #[test]
+    fn exact_semantic_and_verified_misses() {
+        let s = service();
+        let e = s
+            .prepare(&store("How do I turn on dark mode?", 16))
+            .unwrap();
+        assert!(e.vector.is_some());
+        s.apply(e);
+        let r = s.lookup(&lookup("How do I turn on dark mode?", 16, 0.5));
+        assert_eq!(r.outcome, CacheOutcome::Hit);
+        assert_eq!(
+            r.answer.unwrap().text(),
+            "answer to How do I turn on dark mode?"
+        );
+        let r = s.lookup(&lookup("how do I turn on dark mode", 16, 0.5));
+        assert_eq!(r.outcome, CacheOutcome::SemanticHit, "{:?}", r.reason);
+        assert!(r.similarity.unwrap() >= 0.5);
+        let r = s.lookup(&lookup("How do I turn off dark mode?", 16, 0.5));
+        assert_eq!(r.outcome, CacheOutcome::Miss);
+        assert!(r.reason.unwrap().contains("polarity"));
+        // Another max_tokens is another scope.
+        let r = s.lookup(&lookup("How do I turn on dark mode?", 400, 0.1));
+        assert_eq!(r.outcome, CacheOutcome::Miss);
+    }
+
+    #[test]
+    fn semantic_bypass_rules() {
+        let s = service();
+        s.apply(s.prepare(&store("What is Rust?", 16)).unwrap());
+        let mut l = lookup("what is Rust", 16, 0.5);
+        l.semantic = false;
+        assert_eq!(s.lookup(&l).outcome, CacheOutcome::Miss);
+        let mut l = lookup("What is Rust?", 16, 0.5);
+        l.key.params.n = Some(2);
+        assert_eq!(s.lookup(&l).outcome, CacheOutcome::Bypass);
+        let mut st = store("What is Go?", 16);
+        st.key.params.temperature = Some(1.5);
+        s.apply(s.prepare(&st).unwrap());
+        let mut l = lookup("what is Go", 16, 0.1);
+        l.key.params.temperature = Some(1.5);
+        let r = s.lookup(&l);
+        assert_eq!(r.outcome, CacheOutcome::Miss);
+        assert!(r.reason.unwrap().contains("temperature"));
+    }
+
+    #[test]
+    fn purge_filters() {
+        let s = service();
+        for (t, route) in [("a", "r1"), ("b", "r1"), ("c", "r2")] {
+            let mut st = store(t, 1);
+            st.key.route = route.into();
+            s.apply(s.prepare(&st).unwrap());
+        }
+        let by_route = s.matching(&PurgeRequest {
+            route: Some("r1".into()),
+            ..Default::default()
+        });
+        assert_eq!(by_route.len(), 2);
+        let by_model = s.matching(&PurgeRequest {
+            model: Some("m".into()),
+            ..Default::default()
+        });
+        assert_eq!(by_model.len(), 3);
+        let k = &by_route[0];
+        let by_prefix = s.matching(&PurgeRequest {
+            key_prefix: Some(k[..12].to_owned()),
+            ..Default::default()
+        });
+        assert_eq!(by_prefix, vec![k.clone()]);
+    }
+}
