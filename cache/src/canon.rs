@@ -172,6 +172,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::type_complexity)]
     fn everything_that_changes_the_answer_changes_the_keys() {
         let a = canonical(&key(base()));
         let edits: Vec<Box<dyn Fn(&mut serde_json::Value)>> = vec![

@@ -1890,7 +1890,7 @@ fn chinese(run: &str, seq: &mut Vec<Tok>, f: &mut Features) {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
+    #![allow(clippy::unwrap_used, clippy::panic)]
     use super::*;
 
     fn rejects(a: &str, b: &str) -> Rejection {

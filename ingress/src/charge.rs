@@ -107,6 +107,19 @@ impl Charge {
         }
     }
 
+    /// Marks the request as answered from the cache: no target, no upstream call, `usage` is the
+    /// original upstream usage of the stored answer (kept for the savings figure; what the tenant
+    /// pays for a hit is billing's cache pricing policy on `cache_hit` rows).
+    pub fn cache_hit(&mut self, usage: Usage) {
+        if let Some(e) = self.event.as_mut() {
+            e.cache_hit = true;
+            e.usage = usage;
+            e.target = None;
+            e.upstream_model = None;
+        }
+        self.first_content();
+    }
+
     /// Records the upstream-reported usage.
     pub fn usage(&mut self, usage: Usage) {
         if let Some(e) = self.event.as_mut() {

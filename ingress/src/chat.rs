@@ -2,13 +2,14 @@
 //! answer as OpenAI SSE chunks or one aggregated `chat.completion`.
 
 use crate::AppState;
+use crate::cache_client;
 use crate::error::ApiError;
 use crate::openai::request;
 use crate::openai::response::{self, DONE, ResponseMeta};
 use crate::route::{self, FrameFeed, Inbound};
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderValue, header};
+use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use std::collections::VecDeque;
@@ -16,14 +17,22 @@ use std::sync::Arc;
 use switchyard_schemas::{FrameBody, Usage, now_ms};
 
 /// The handler.
-pub async fn chat_completions(State(app): State<Arc<AppState>>, body: Bytes) -> Response {
-    match handle(app, &body).await {
+pub async fn chat_completions(
+    State(app): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    match handle(app, &headers, &body).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }
 }
 
-async fn handle(app: Arc<AppState>, body: &[u8]) -> Result<Response, ApiError> {
+async fn handle(
+    app: Arc<AppState>,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, ApiError> {
     route::check_size(&app, body.len())?;
     let p = request::parse(body)?;
     let model = p.model.clone();
@@ -38,7 +47,13 @@ async fn handle(app: Arc<AppState>, body: &[u8]) -> Result<Response, ApiError> {
         stream: p.stream,
         include_usage: p.include_usage,
     };
+    let cache = cache_client::check(&app, headers, &inbound).await;
+    if let Some(hit) = cache_client::openai_hit(&app, &cache, model.clone(), stream, include_usage)
+    {
+        return Ok(hit);
+    }
     let feed = route::route(&app, inbound).await?;
+    let mut capture = cache.capture(&app, &feed.served);
     let meta = ResponseMeta {
         id: format!("chatcmpl-{}", feed.served.request_id.simple()),
         created: now_ms() / 1000,
@@ -47,12 +62,16 @@ async fn handle(app: Arc<AppState>, body: &[u8]) -> Result<Response, ApiError> {
     };
     let served = feed.served.clone();
     let mut resp = if stream {
-        stream_response(meta, feed)
+        stream_response(meta, feed, capture)
     } else {
         let agg = feed.collect().await.map_err(ApiError::from)?;
+        if let Some(c) = capture.take() {
+            c.aggregate(&agg);
+        }
         axum::Json(response::completion(&meta, &agg)).into_response()
     };
     served.apply(&mut resp);
+    cache.apply_headers(&mut resp);
     Ok(resp)
 }
 
@@ -62,11 +81,16 @@ struct SseState {
     feed: FrameFeed,
     out: VecDeque<Bytes>,
     usage: Option<Usage>,
+    /// Stores the answer in the cache when it completes.
+    capture: Option<cache_client::Capture>,
 }
 
 impl SseState {
     /// Encodes one frame.
     fn emit(&mut self, frame: FrameBody) {
+        if let Some(c) = self.capture.as_mut() {
+            c.frame(&frame);
+        }
         match frame {
             FrameBody::Text { text } => self.out.push_back(self.meta.text_chunk(&text)),
             FrameBody::ToolCall {
@@ -97,7 +121,11 @@ impl SseState {
     }
 }
 
-fn stream_response(meta: ResponseMeta, feed: FrameFeed) -> Response {
+fn stream_response(
+    meta: ResponseMeta,
+    feed: FrameFeed,
+    capture: Option<cache_client::Capture>,
+) -> Response {
     let mut out = VecDeque::new();
     out.push_back(meta.role_chunk());
     let state = SseState {
@@ -105,6 +133,7 @@ fn stream_response(meta: ResponseMeta, feed: FrameFeed) -> Response {
         feed,
         out,
         usage: None,
+        capture,
     };
     let body = futures::stream::unfold(state, |mut s| async move {
         loop {

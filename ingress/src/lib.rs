@@ -9,6 +9,7 @@
 //! and context trimming in [`trim`]; [`route`] ties them together.
 
 pub mod anthropic;
+pub mod cache_client;
 pub mod charge;
 pub mod chat;
 pub mod dispatch;
@@ -53,6 +54,8 @@ pub struct AppState {
     pub catalog: Option<Arc<Catalog>>,
     /// Prometheus metrics.
     pub metrics: metrics::Metrics,
+    /// The answer cache client (lookup timeout).
+    pub cache: cache_client::CacheClient,
 }
 
 /// Ingress start-up failures.
@@ -98,6 +101,7 @@ pub async fn state(
         capabilities: strategy::CapabilityTable::default(),
         catalog,
         metrics: metrics::Metrics::new(),
+        cache: cache_client::CacheClient::default(),
     }))
 }
 

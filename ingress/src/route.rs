@@ -411,7 +411,7 @@ pub async fn route_with(
         }
     }
     let prefs = hints.preferences(req.params.user.as_deref());
-    let plan = match strategy::plan(
+    let mut plan = match strategy::plan(
         &config,
         model,
         &needs,
@@ -422,6 +422,13 @@ pub async fn route_with(
         Ok(p) => p,
         Err(e) => return Err(fail(charge, &mut outcome, e)),
     };
+    if prefs.order.is_empty() {
+        strategy::probe_first(
+            &mut plan.targets,
+            |id| app.health.state(id),
+            &mut rand::rng(),
+        );
+    }
     // Trimming works from the original conversation for every attempt.
     let original: Option<Vec<Message>> =
         (trim_on && estimate.is_some()).then(|| req.messages.clone());
@@ -509,7 +516,15 @@ pub async fn route_with(
         };
         if let Some(error) = failed {
             if error.retryable {
-                if app.health.failure(&target.id) {
+                // A worker's own admission refusal (its RPM/TPM/concurrency limit, an open
+                // breaker: no upstream status) says nothing new about the target's health; the
+                // breaker already publishes that. Only upstream failures count here.
+                let upstream_failure = error.upstream_status.is_some()
+                    || !matches!(
+                        error.class,
+                        ErrorClass::NoCapacity | ErrorClass::RateLimited
+                    );
+                if upstream_failure && app.health.failure(&target.id) {
                     tracing::warn!(target = %target.id, "consecutive failures: target degraded in this ingress");
                 }
                 tracing::info!(request = %id, target = %target.id, error = %error, "attempt failed, trying next target");

@@ -171,6 +171,29 @@ pub struct Preferences {
     pub user: Option<String>,
 }
 
+/// Share of requests that try a degraded target first (see [`probe_first`]).
+pub const PROBE_SHARE: f64 = 0.05;
+
+/// With probability [`PROBE_SHARE`], moves the first degraded target to the front: the probes a
+/// half-open breaker needs to close again. A failed probe still falls back before any content,
+/// so the client only sees the extra latency.
+pub fn probe_first<R: Rng + ?Sized>(
+    targets: &mut Vec<&TargetConfig>,
+    health: impl Fn(&str) -> HealthState,
+    rng: &mut R,
+) {
+    if targets.len() < 2 || rng.random::<f64>() >= PROBE_SHARE {
+        return;
+    }
+    if let Some(i) = targets
+        .iter()
+        .position(|t| health(&t.id) == HealthState::Degraded)
+    {
+        let probe = targets.remove(i);
+        targets.insert(0, probe);
+    }
+}
+
 /// What this ingress knows about one target when planning.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Observed {

@@ -1,5 +1,6 @@
 //! In-process gateway for integration tests: a real nats-server on a random port with a temp
-//! JetStream dir, the mock upstream, a worker, ingress and (optionally) billing on SQLite.
+//! JetStream dir, the mock upstream, a worker, ingress and (optionally) billing on SQLite and the
+//! cache service with the real embedding model (`Options::cache`).
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::time::Duration;
@@ -15,6 +16,8 @@ pub struct Gateway {
     pub ledger: Option<switchyard_billing::Ledger>,
     pub shutdown: CancellationToken,
     pub worker_shutdown: CancellationToken,
+    /// Stops the cache instance started by `Options::cache` (start another with `spawn_cache`).
+    pub cache_shutdown: CancellationToken,
     /// The live config shared by ingress and the worker (reload it with `config.set`).
     pub config: ConfigHandle,
     /// The ingress state (health view, target stats, capability table, metrics).
@@ -26,6 +29,7 @@ impl Drop for Gateway {
     fn drop(&mut self) {
         self.shutdown.cancel();
         self.worker_shutdown.cancel();
+        self.cache_shutdown.cancel();
     }
 }
 
@@ -64,6 +68,9 @@ pub struct Options {
     pub config: GatewayConfig,
     pub billing: bool,
     pub worker: bool,
+    /// Start a cache instance (real embedding model, see `embedder`) and give ingress a lookup
+    /// timeout of 2 s, so a loaded test machine never turns a lookup into a bypass.
+    pub cache: bool,
 }
 
 impl Default for Options {
@@ -72,6 +79,7 @@ impl Default for Options {
             config: test_config(serde_json::json!({})),
             billing: false,
             worker: true,
+            cache: false,
         }
     }
 }
@@ -113,6 +121,10 @@ pub async fn start(opts: Options) -> Gateway {
         )
         .await;
     }
+    let cache_shutdown = CancellationToken::new();
+    if opts.cache {
+        spawn_cache(&nats.url(), &subjects, cache_shutdown.clone()).await;
+    }
     let state = switchyard_ingress::state(
         client,
         config.clone(),
@@ -120,6 +132,9 @@ pub async fn start(opts: Options) -> Gateway {
     )
     .await
     .unwrap();
+    if opts.cache {
+        state.cache.set_timeout(Duration::from_secs(2));
+    }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(switchyard_ingress::serve(
@@ -134,10 +149,58 @@ pub async fn start(opts: Options) -> Gateway {
         ledger,
         shutdown,
         worker_shutdown,
+        cache_shutdown,
         config,
         ingress: state,
         _tmp: tmp,
     }
+}
+
+/// The real embedding model (loaded once per test binary).
+pub fn embedder() -> std::sync::Arc<dyn switchyard_cache::embed::Embed> {
+    static MODEL: std::sync::OnceLock<std::sync::Arc<dyn switchyard_cache::embed::Embed>> =
+        std::sync::OnceLock::new();
+    MODEL
+        .get_or_init(|| {
+            let paths = switchyard_cache::embed::ModelPaths::locate()
+                .unwrap_or_else(|e| panic!("embedding model: {e}"));
+            let m = switchyard_cache::embed::FastEmbedder::load(&paths, 1)
+                .unwrap_or_else(|e| panic!("embedding model: {e}"));
+            std::sync::Arc::new(m)
+        })
+        .clone()
+}
+
+/// Starts a cache instance on `url` and waits until it answers lookups.
+pub async fn spawn_cache(url: &str, subjects: &Subjects, shutdown: CancellationToken) {
+    let model = tokio::task::spawn_blocking(embedder).await.unwrap();
+    let c = async_nats::connect(url).await.unwrap();
+    let opts = switchyard_cache::ServiceOptions::new(subjects.clone(), Some(model));
+    tokio::spawn(async move {
+        if let Err(e) = switchyard_cache::run(c, opts, shutdown.cancelled_owned()).await {
+            panic!("cache service: {e}");
+        }
+    });
+    // Ready when a lookup gets an answer (not "no responders").
+    let probe = async_nats::connect(url).await.unwrap();
+    let body = serde_json::to_vec(&switchyard_schemas::cache::LookupRequest {
+        key: switchyard_schemas::cache::CacheKey {
+            route: "probe".into(),
+            messages: vec![],
+            tools: vec![],
+            tool_choice: None,
+            params: Default::default(),
+        },
+        semantic: false,
+        threshold: 1.0,
+    })
+    .unwrap();
+    let subject = subjects.cache_lookup();
+    eventually(Duration::from_secs(20), || {
+        let (probe, subject, body) = (probe.clone(), subject.clone(), body.clone());
+        async move { probe.request(subject, body.into()).await.ok() }
+    })
+    .await;
 }
 
 pub async fn spawn_worker(

@@ -15,7 +15,7 @@ use crate::error::ApiError;
 use crate::route::{self, FrameFeed, Served};
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::HeaderValue;
+use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use response::{MessageMeta, StreamEncoder};
@@ -23,38 +23,59 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 /// The `POST /v1/messages` handler (Anthropic API reference, "Messages").
-pub async fn messages(State(app): State<Arc<AppState>>, body: Bytes) -> Response {
-    match handle(app, &body).await {
+pub async fn messages(
+    State(app): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    match handle(app, &headers, &body).await {
         Ok(r) => r,
         Err(e) => e.into_anthropic_response(),
     }
 }
 
-async fn handle(app: Arc<AppState>, body: &[u8]) -> Result<Response, ApiError> {
+async fn handle(
+    app: Arc<AppState>,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, ApiError> {
     route::check_size(&app, body.len())?;
     let inbound = request::parse(body)?;
     let meta_model = inbound.model.clone();
     let stream = inbound.stream;
+    let cache = crate::cache_client::check(&app, headers, &inbound).await;
+    if let Some(hit) = crate::cache_client::anthropic_hit(&app, &cache, meta_model.clone(), stream)
+    {
+        return Ok(hit);
+    }
     let feed = route::route(&app, inbound).await?;
+    let mut capture = cache.capture(&app, &feed.served);
     let served = feed.served.clone();
     let meta = MessageMeta {
         id: format!("msg_{}", served.request_id.simple()),
         model: meta_model,
     };
     let mut resp = if stream {
-        stream_response(meta, feed)
+        stream_response(meta, feed, capture)
     } else {
         let message = feed
             .collect()
             .await
             .map_err(ApiError::from)
-            .and_then(|agg| response::message(&meta, &agg));
+            .and_then(|agg| {
+                let m = response::message(&meta, &agg);
+                if let (Ok(_), Some(c)) = (&m, capture.take()) {
+                    c.aggregate(&agg);
+                }
+                m
+            });
         match message {
             Ok(m) => axum::Json(m).into_response(),
             Err(e) => e.into_anthropic_response(),
         }
     };
     apply_headers(&served, &mut resp);
+    cache.apply_headers(&mut resp);
     Ok(resp)
 }
 
@@ -71,19 +92,33 @@ struct SseState {
     encoder: StreamEncoder,
     feed: FrameFeed,
     out: VecDeque<Bytes>,
+    /// Stores the answer in the cache when it completes.
+    capture: Option<crate::cache_client::Capture>,
 }
 
-fn stream_response(meta: MessageMeta, feed: FrameFeed) -> Response {
+fn stream_response(
+    meta: MessageMeta,
+    feed: FrameFeed,
+    capture: Option<crate::cache_client::Capture>,
+) -> Response {
     let encoder = StreamEncoder::new(meta);
     let mut out = VecDeque::new();
     encoder.start(&mut out);
-    let state = SseState { encoder, feed, out };
+    let state = SseState {
+        encoder,
+        feed,
+        out,
+        capture,
+    };
     let body = futures::stream::unfold(state, |mut s| async move {
         loop {
             if let Some(b) = s.out.pop_front() {
                 return Some((Ok::<Bytes, std::convert::Infallible>(b), s));
             }
             let frame = s.feed.next().await?;
+            if let Some(c) = s.capture.as_mut() {
+                c.frame(&frame);
+            }
             s.encoder.frame(frame, &mut s.out);
         }
     });

@@ -1,0 +1,573 @@
+//! The cache hook of the front doors: ask the cache service before routing, serve a hit without
+//! an upstream call, and store a complete answer after a miss.
+//!
+//! * **Lookup** — `<prefix>.cache.lookup` request/reply with a tight timeout
+//!   ([`DEFAULT_TIMEOUT_MS`]); no answer in time, no cache instance, or any error is a `bypass`:
+//!   the cache can slow a request by at most the timeout and never fail it.
+//! * **Store** — after a successful, complete answer (finish `stop`, `length` or `tool_calls`, no
+//!   error frame) ingress publishes the answer on `<prefix>.cache.store`, fire-and-forget.
+//! * **Client control** — `Cache-Control: no-cache` skips the lookup (the fresh answer is still
+//!   stored), `no-store` skips the store, `x-switchyard-cache-ttl: <seconds>` sets the stored
+//!   answer's time to live; a route opts out with `cache: {enabled: false}` in the config.
+//! * **Response headers** — `x-switchyard-cache: hit | semantic-hit | miss | bypass` and, on
+//!   semantic hits, `x-switchyard-cache-similarity`.
+//! * **Serving a hit** — a new request id; non-streaming gets the stored completion, streaming a
+//!   replay of the stored chunks as a valid SSE stream (role chunk, the original text pieces,
+//!   finish chunk, the usage chunk when `include_usage`, `[DONE]`). No upstream call happens, so
+//!   no `upstream` usage event; the `charge` event carries `cache_hit: true` and the original
+//!   usage (see [`crate::charge::Charge::cache_hit`]).
+
+use crate::AppState;
+use crate::anthropic::response::{self as anthropic_response, MessageMeta, StreamEncoder};
+use crate::charge::{Caller, Charge};
+use crate::chat::sse_response;
+use crate::openai::response::{self, DONE, ResponseMeta};
+use crate::route::{self, Aggregate, Inbound, Served, ToolCallAcc};
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use switchyard_schemas::cache::{
+    CacheKey, CacheOutcome, CachedAnswer, CachedToolCall, DEFAULT_TTL_S, HEADER_CACHE,
+    HEADER_SIMILARITY, HEADER_TTL, LookupReply, LookupRequest, RouteCache, StoreRequest,
+};
+use switchyard_schemas::{FinishReason, FrameBody, Usage, now_ms};
+use uuid::Uuid;
+
+/// Default lookup timeout, ms (`SWITCHYARD_CACHE_TIMEOUT_MS` overrides it).
+pub const DEFAULT_TIMEOUT_MS: u64 = 50;
+
+/// The cache client of one ingress process.
+#[derive(Debug)]
+pub struct CacheClient {
+    timeout_ms: AtomicU64,
+}
+
+impl Default for CacheClient {
+    fn default() -> Self {
+        let ms = std::env::var("SWITCHYARD_CACHE_TIMEOUT_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(DEFAULT_TIMEOUT_MS);
+        Self {
+            timeout_ms: AtomicU64::new(ms),
+        }
+    }
+}
+
+impl CacheClient {
+    /// The lookup timeout.
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms.load(Ordering::Relaxed))
+    }
+
+    /// Changes the lookup timeout.
+    pub fn set_timeout(&self, timeout: Duration) {
+        self.timeout_ms
+            .store(timeout.as_millis() as u64, Ordering::Relaxed);
+    }
+}
+
+/// The client's cache directives.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Directives {
+    /// `Cache-Control: no-cache`: do not answer from the cache.
+    pub no_cache: bool,
+    /// `Cache-Control: no-store`: do not store the answer.
+    pub no_store: bool,
+    /// `x-switchyard-cache-ttl`: seconds.
+    pub ttl_s: Option<u64>,
+}
+
+impl Directives {
+    /// Reads `Cache-Control` and `x-switchyard-cache-ttl`.
+    pub fn from_headers(h: &HeaderMap) -> Self {
+        let mut d = Self::default();
+        for v in h.get_all(axum::http::header::CACHE_CONTROL) {
+            for part in v.to_str().unwrap_or("").split(',') {
+                match part.trim().to_ascii_lowercase().as_str() {
+                    "no-cache" => d.no_cache = true,
+                    "no-store" => d.no_store = true,
+                    _ => {}
+                }
+            }
+        }
+        d.ttl_s = h
+            .get(HEADER_TTL)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse().ok());
+        d
+    }
+}
+
+/// What the cache said about one request.
+pub struct Check {
+    /// The header value.
+    pub outcome: CacheOutcome,
+    /// Similarity of a semantic hit.
+    pub similarity: Option<f32>,
+    /// The stored answer, on a hit.
+    pub answer: Option<CachedAnswer>,
+    /// The routed model id.
+    route: String,
+    /// Where a fresh answer is stored, when it may be.
+    store: Option<(CacheKey, u64)>,
+    admitted: Instant,
+    prompt_bytes: usize,
+}
+
+impl Check {
+    fn bypass(admitted: Instant) -> Self {
+        Self {
+            outcome: CacheOutcome::Bypass,
+            similarity: None,
+            answer: None,
+            route: String::new(),
+            store: None,
+            admitted,
+            prompt_bytes: 0,
+        }
+    }
+
+    /// Whether the request is answered from the cache.
+    pub fn is_hit(&self) -> bool {
+        self.answer.is_some()
+    }
+
+    /// Adds `x-switchyard-cache` (and the similarity on semantic hits).
+    pub fn apply_headers(&self, resp: &mut Response) {
+        let h = resp.headers_mut();
+        h.insert(
+            HEADER_CACHE,
+            HeaderValue::from_static(self.outcome.as_str()),
+        );
+        if let Some(s) = self.similarity
+            && let Ok(v) = HeaderValue::from_str(&format!("{s:.4}"))
+        {
+            h.insert(HEADER_SIMILARITY, v);
+        }
+    }
+
+    /// A recorder that stores the answer of the routed request once it completes (`None` when
+    /// storing is off for this request).
+    pub fn capture(&self, app: &Arc<AppState>, served: &Served) -> Option<Capture> {
+        let (key, ttl_s) = self.store.clone()?;
+        let upstream_model = app
+            .config
+            .get()
+            .target(&served.target)
+            .map(|t| t.upstream_model.clone());
+        Some(Capture {
+            app: app.clone(),
+            key,
+            ttl_s,
+            target: served.target.clone(),
+            upstream_model,
+            answer: CachedAnswer {
+                chunks: Vec::new(),
+                tool_calls: Vec::new(),
+                finish_reason: FinishReason::Stop,
+                usage: Usage::default(),
+            },
+            failed: false,
+        })
+    }
+}
+
+/// Asks the cache about `inbound` (a `bypass` when the route opts out, the client said
+/// `no-cache`, `n` > 1, or the cache does not answer within the timeout).
+pub async fn check(app: &Arc<AppState>, headers: &HeaderMap, inbound: &Inbound) -> Check {
+    let admitted = Instant::now();
+    let directives = Directives::from_headers(headers);
+    let config = app.config.get();
+    let Ok(model) = route::routed_model(&config, &inbound.model, &route::current_hints()) else {
+        return Check::bypass(admitted);
+    };
+    let settings = model.cache.clone().unwrap_or_default();
+    if !settings.enabled || inbound.params.n.is_some_and(|n| n > 1) {
+        return Check::bypass(admitted);
+    }
+    let key = CacheKey {
+        route: model.id.clone(),
+        messages: inbound.messages.clone(),
+        tools: inbound.tools.clone(),
+        tool_choice: inbound.tool_choice.clone(),
+        params: inbound.params.clone(),
+    };
+    let ttl_s = directives.ttl_s.or(settings.ttl_s).unwrap_or(DEFAULT_TTL_S);
+    let prompt_bytes = key
+        .messages
+        .iter()
+        .filter_map(|m| m.content.as_ref().map(|c| c.text().len()))
+        .sum();
+    let mut check = Check {
+        outcome: CacheOutcome::Bypass,
+        similarity: None,
+        answer: None,
+        route: model.id.clone(),
+        store: (!directives.no_store && ttl_s > 0).then(|| (key.clone(), ttl_s)),
+        admitted,
+        prompt_bytes,
+    };
+    if directives.no_cache {
+        return check;
+    }
+    let reply = lookup(app, key, &settings).await;
+    check.outcome = reply.outcome;
+    if matches!(reply.outcome, CacheOutcome::Hit | CacheOutcome::SemanticHit) {
+        match reply.answer {
+            Some(a) => {
+                check.answer = Some(a);
+                check.similarity = reply.similarity;
+            }
+            None => check.outcome = CacheOutcome::Miss,
+        }
+    }
+    if let Some(r) = &reply.reason {
+        tracing::debug!(outcome = check.outcome.as_str(), reason = %r, "cache lookup");
+    }
+    check
+}
+
+async fn lookup(app: &AppState, key: CacheKey, settings: &RouteCache) -> LookupReply {
+    let req = LookupRequest {
+        key,
+        semantic: settings.semantic,
+        threshold: settings.threshold(),
+    };
+    let Ok(body) = serde_json::to_vec(&req) else {
+        return LookupReply::empty(CacheOutcome::Bypass, "unserialisable request");
+    };
+    let timeout = app.cache.timeout();
+    let asked = app.nats.request(app.subjects.cache_lookup(), body.into());
+    match tokio::time::timeout(timeout, asked).await {
+        Ok(Ok(msg)) => serde_json::from_slice(&msg.payload).unwrap_or_else(|e| {
+            LookupReply::empty(CacheOutcome::Bypass, format!("bad cache reply: {e}"))
+        }),
+        Ok(Err(e)) => LookupReply::empty(CacheOutcome::Bypass, format!("cache unavailable: {e}")),
+        Err(_) => LookupReply::empty(
+            CacheOutcome::Bypass,
+            format!("no cache answer within {} ms", timeout.as_millis()),
+        ),
+    }
+}
+
+/// Records the frames of a routed answer and stores it when it completes.
+pub struct Capture {
+    app: Arc<AppState>,
+    key: CacheKey,
+    ttl_s: u64,
+    target: String,
+    upstream_model: Option<String>,
+    answer: CachedAnswer,
+    failed: bool,
+}
+
+impl Capture {
+    /// Sees one frame (before it is encoded); `End` publishes the store.
+    pub fn frame(&mut self, frame: &FrameBody) {
+        match frame {
+            FrameBody::Text { text } => {
+                if !text.is_empty() {
+                    self.answer.chunks.push(text.clone());
+                }
+            }
+            FrameBody::ToolCall {
+                index,
+                id,
+                name,
+                arguments,
+            } => {
+                let i = *index as usize;
+                let calls = &mut self.answer.tool_calls;
+                if calls.len() <= i {
+                    calls.resize(
+                        i + 1,
+                        CachedToolCall {
+                            id: String::new(),
+                            name: String::new(),
+                            arguments: String::new(),
+                        },
+                    );
+                }
+                if let Some(id) = id {
+                    calls[i].id.clone_from(id);
+                }
+                if let Some(name) = name {
+                    calls[i].name.clone_from(name);
+                }
+                calls[i].arguments.push_str(arguments);
+            }
+            FrameBody::Usage { usage } => self.answer.usage = *usage,
+            FrameBody::End { finish_reason } => {
+                self.answer.finish_reason = *finish_reason;
+                self.publish();
+            }
+            FrameBody::Error { .. } => self.failed = true,
+            FrameBody::Start { .. } | FrameBody::Heartbeat => {}
+        }
+    }
+
+    /// Stores a complete non-streamed answer.
+    pub fn aggregate(mut self, agg: &Aggregate) {
+        if !agg.text.is_empty() {
+            self.answer.chunks.push(agg.text.clone());
+        }
+        self.answer.tool_calls = agg
+            .tool_calls
+            .iter()
+            .map(|c| CachedToolCall {
+                id: c.id.clone(),
+                name: c.name.clone(),
+                arguments: c.arguments.clone(),
+            })
+            .collect();
+        self.answer.usage = agg.usage.unwrap_or_default();
+        self.answer.finish_reason = agg.finish;
+        self.publish();
+    }
+
+    fn publish(&mut self) {
+        let complete = matches!(
+            self.answer.finish_reason,
+            FinishReason::Stop | FinishReason::Length | FinishReason::ToolCalls
+        );
+        let empty = self.answer.chunks.is_empty() && self.answer.tool_calls.is_empty();
+        if self.failed || !complete || empty {
+            return;
+        }
+        let req = StoreRequest {
+            key: self.key.clone(),
+            answer: self.answer.clone(),
+            target: Some(self.target.clone()),
+            upstream_model: self.upstream_model.clone(),
+            ttl_s: self.ttl_s,
+        };
+        let Ok(body) = serde_json::to_vec(&req) else {
+            return;
+        };
+        self.failed = true; // once
+        let app = self.app.clone();
+        tokio::spawn(async move {
+            if let Err(e) = app
+                .nats
+                .publish(app.subjects.cache_store(), body.into())
+                .await
+            {
+                tracing::debug!(error = %e, "cache store not published");
+            }
+        });
+    }
+}
+
+/// The answer as the frames a worker would have sent (text pieces, tool calls, usage, end).
+fn replay_frames(answer: &CachedAnswer) -> Vec<FrameBody> {
+    let mut frames: Vec<FrameBody> = answer
+        .chunks
+        .iter()
+        .map(|t| FrameBody::Text { text: t.clone() })
+        .collect();
+    for (i, c) in answer.tool_calls.iter().enumerate() {
+        frames.push(FrameBody::ToolCall {
+            index: i as u32,
+            id: Some(c.id.clone()),
+            name: Some(c.name.clone()),
+            arguments: c.arguments.clone(),
+        });
+    }
+    frames.push(FrameBody::Usage {
+        usage: answer.usage,
+    });
+    frames.push(FrameBody::End {
+        finish_reason: answer.finish_reason,
+    });
+    frames
+}
+
+fn aggregate(answer: &CachedAnswer) -> Aggregate {
+    Aggregate {
+        text: answer.text(),
+        tool_calls: answer
+            .tool_calls
+            .iter()
+            .map(|c| ToolCallAcc {
+                id: c.id.clone(),
+                name: c.name.clone(),
+                arguments: c.arguments.clone(),
+            })
+            .collect(),
+        finish: answer.finish_reason,
+        usage: Some(answer.usage),
+    }
+}
+
+/// Publishes the hit's `charge` event and returns its new request id.
+fn charge_hit(app: &Arc<AppState>, check: &Check, usage: Usage) -> Uuid {
+    let id = Uuid::now_v7();
+    let mut charge = Charge::start(
+        app.clone(),
+        id,
+        &check.route,
+        Caller::default(),
+        check.prompt_bytes,
+        check.admitted,
+    );
+    charge.cache_hit(usage);
+    charge.finish(None);
+    id
+}
+
+fn finish_response(mut resp: Response, id: Uuid, check: &Check) -> Response {
+    if let Ok(v) = HeaderValue::from_str(&id.to_string()) {
+        resp.headers_mut().insert("x-request-id", v);
+    }
+    check.apply_headers(&mut resp);
+    resp
+}
+
+fn body_of(out: VecDeque<Bytes>) -> Body {
+    Body::from_stream(futures::stream::iter(
+        out.into_iter().map(Ok::<Bytes, std::convert::Infallible>),
+    ))
+}
+
+/// Serves a hit on the OpenAI front door; `model` is the body's `model` (echoed).
+pub fn openai_hit(
+    app: &Arc<AppState>,
+    check: &Check,
+    model: String,
+    stream: bool,
+    include_usage: bool,
+) -> Option<Response> {
+    let answer = check.answer.as_ref()?;
+    let id = charge_hit(app, check, answer.usage);
+    let meta = ResponseMeta {
+        id: format!("chatcmpl-{}", id.simple()),
+        created: now_ms() / 1000,
+        model,
+        include_usage,
+    };
+    let resp = if stream {
+        let mut out = VecDeque::new();
+        out.push_back(meta.role_chunk());
+        for f in replay_frames(answer) {
+            match f {
+                FrameBody::Text { text } => out.push_back(meta.text_chunk(&text)),
+                FrameBody::ToolCall {
+                    index,
+                    id,
+                    name,
+                    arguments,
+                } => out.push_back(meta.tool_chunk(
+                    index,
+                    id.as_deref(),
+                    name.as_deref(),
+                    &arguments,
+                )),
+                FrameBody::End { finish_reason } => {
+                    out.push_back(meta.finish_chunk(finish_reason));
+                    if include_usage {
+                        out.push_back(meta.usage_chunk(answer.usage));
+                    }
+                    out.push_back(Bytes::from_static(DONE));
+                }
+                _ => {}
+            }
+        }
+        sse_response(body_of(out))
+    } else {
+        axum::Json(response::completion(&meta, &aggregate(answer))).into_response()
+    };
+    Some(finish_response(resp, id, check))
+}
+
+/// Serves a hit on the Anthropic front door; `model` is the body's `model` (echoed).
+pub fn anthropic_hit(
+    app: &Arc<AppState>,
+    check: &Check,
+    model: String,
+    stream: bool,
+) -> Option<Response> {
+    let answer = check.answer.as_ref()?;
+    let id = charge_hit(app, check, answer.usage);
+    let meta = MessageMeta {
+        id: format!("msg_{}", id.simple()),
+        model,
+    };
+    let resp = if stream {
+        let mut encoder = StreamEncoder::new(meta);
+        let mut out = VecDeque::new();
+        encoder.start(&mut out);
+        for f in replay_frames(answer) {
+            encoder.frame(f, &mut out);
+        }
+        sse_response(body_of(out))
+    } else {
+        match anthropic_response::message(&meta, &aggregate(answer)) {
+            Ok(m) => axum::Json(m).into_response(),
+            Err(e) => e.into_anthropic_response(),
+        }
+    };
+    let mut resp = finish_response(resp, id, check);
+    if let Ok(v) = HeaderValue::from_str(&id.to_string()) {
+        resp.headers_mut().insert("request-id", v);
+    }
+    Some(resp)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn directives_from_headers() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "cache-control",
+            HeaderValue::from_static("No-Cache, max-age=0"),
+        );
+        h.append("cache-control", HeaderValue::from_static("no-store"));
+        h.insert(HEADER_TTL, HeaderValue::from_static(" 60 "));
+        let d = Directives::from_headers(&h);
+        assert_eq!(
+            d,
+            Directives {
+                no_cache: true,
+                no_store: true,
+                ttl_s: Some(60)
+            }
+        );
+        assert_eq!(
+            Directives::from_headers(&HeaderMap::new()),
+            Directives::default()
+        );
+    }
+
+    #[test]
+    fn replay_frames_end_with_usage_and_end() {
+        let a = CachedAnswer {
+            chunks: vec!["Hel".into(), "lo".into()],
+            tool_calls: vec![],
+            finish_reason: FinishReason::Length,
+            usage: Usage {
+                prompt_tokens: 12,
+                completion_tokens: 5,
+                ..Usage::default()
+            },
+        };
+        let f = replay_frames(&a);
+        assert_eq!(f.len(), 4);
+        assert_eq!(
+            f[3],
+            FrameBody::End {
+                finish_reason: FinishReason::Length
+            }
+        );
+        assert_eq!(aggregate(&a).text, "Hello");
+    }
+}
