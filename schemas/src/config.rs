@@ -4,7 +4,7 @@
 //! [`GatewayConfig::validate`] checks cross-field rules at start-up. Parsing YAML and `${ENV}`
 //! interpolation happen in the `switchyard` binary.
 
-use crate::routing::{Breaker, Limits, Policy, Retry, TimeoutOverrides};
+use crate::routing::{Breaker, Limits, Policy, Probe, Retry, TimeoutOverrides};
 use crate::secret::Secret;
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
@@ -177,6 +177,9 @@ pub struct TargetConfig {
     /// Timeout overrides for this target.
     #[serde(default)]
     pub timeouts: TimeoutOverrides,
+    /// Active health probe; `None` = passive health only.
+    #[serde(default)]
+    pub probe: Option<Probe>,
 }
 
 /// Region and credentials for SigV4-signed AWS targets (`bedrock`). The secrets support

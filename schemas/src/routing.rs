@@ -106,6 +106,34 @@ pub struct TimeoutOverrides {
     pub total_ms: Option<u64>,
 }
 
+/// Active health probe of a target (opt-in: probes are real, billed upstream calls).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Probe {
+    /// Interval while the target is healthy, ms.
+    pub interval_ms: u64,
+    /// Interval while its breaker is open or half-open (faster, to notice recovery), ms.
+    pub unhealthy_interval_ms: u64,
+    /// A realistic prompt; the answer must be non-empty.
+    pub prompt: String,
+    /// Output cap of a probe, tokens.
+    pub max_tokens: u32,
+    /// A probe slower than this (to the end) counts as a failure, ms.
+    pub max_latency_ms: u64,
+}
+
+impl Default for Probe {
+    fn default() -> Self {
+        Self {
+            interval_ms: 30_000,
+            unhealthy_interval_ms: 5_000,
+            prompt: "Reply with the single word: ok".into(),
+            max_tokens: 8,
+            max_latency_ms: 10_000,
+        }
+    }
+}
+
 /// How a policy orders a model's candidate targets.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

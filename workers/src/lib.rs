@@ -10,6 +10,7 @@ mod embed;
 pub mod health;
 pub mod limits;
 pub mod mock_upstream;
+pub mod prober;
 pub mod provider;
 pub mod providers;
 pub mod retry;

@@ -97,7 +97,7 @@ pub(crate) struct Shared {
     clients: Mutex<HashMap<u64, reqwest::Client>>,
     cancels: Mutex<HashMap<Uuid, CancellationToken>>,
     limiter: Limiter,
-    breakers: Breakers,
+    pub(crate) breakers: Breakers,
 }
 
 impl Shared {
@@ -217,6 +217,7 @@ impl Worker {
             embed_marker,
         } = self;
         let tracker = TaskTracker::new();
+        tokio::spawn(crate::prober::run(shared.clone(), shutdown.clone()));
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
