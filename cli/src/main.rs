@@ -68,7 +68,7 @@ enum Command {
     Worker {
         #[command(flatten)]
         common: Common,
-        /// Provider queue to serve (repeatable): openai, openai_compatible, anthropic.
+        /// Provider queue to serve (repeatable): openai, openai_compatible, anthropic, gemini, azure_openai, bedrock.
         #[arg(long = "provider", value_parser = parse_provider)]
         providers: Vec<ProviderKind>,
         /// Base URL (with `/v1`) that `builtin:mock` targets resolve to.
@@ -125,7 +125,7 @@ enum ConfigAction {
 
 fn parse_provider(s: &str) -> Result<ProviderKind, String> {
     serde_json::from_value(serde_json::Value::String(s.to_owned()))
-        .map_err(|_| format!("unknown provider `{s}` (openai, openai_compatible, anthropic)"))
+        .map_err(|_| format!("unknown provider `{s}` (openai, openai_compatible, anthropic, gemini, azure_openai, bedrock)"))
 }
 
 #[derive(Debug, thiserror::Error)]
