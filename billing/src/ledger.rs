@@ -250,6 +250,9 @@ impl Ledger {
             "upstream" => self
                 .catalog
                 .upstream_cost(row.upstream_model.as_deref()?, &usage, false),
+            // Cache pricing policy: a cache hit is free to the tenant (no upstream call was made);
+            // its row keeps the original usage, which prices the savings in reports.
+            _ if row.cache_hit => Some(Cost::default()),
             _ => self.catalog.charge(&row.model, &usage, false),
         }
     }

@@ -129,7 +129,7 @@ fn events() -> (Vec<UsageEvent>, Vec<Uuid>) {
     c.usage = usage(9033, 0, 4511, 5);
     ev.push(upstream(&c, 0, "anthropic", claude, c.usage));
     ev.push(c);
-    // R4 cache hit, no upstream call: charge 0.00045.
+    // R4 cache hit, no upstream call: charged 0 (cache pricing policy), usage kept.
     let mut c = charge(
         ids[4],
         DAY + 10 * HOUR + 1,
@@ -253,8 +253,8 @@ async fn scenario(url: &str) {
     // Exact totals, beyond the cent.
     let t = &r.totals;
     assert_eq!(t.cost_usd, d("0.18896225"));
-    assert_eq!(t.charge_usd, d("0.19613275"));
-    assert_eq!(t.margin_usd, d("0.0071705"));
+    assert_eq!(t.charge_usd, d("0.19568275"));
+    assert_eq!(t.margin_usd, d("0.0067205"));
     assert_eq!(t.margin_usd, t.charge_usd - t.cost_usd);
     assert_eq!((t.requests, t.upstream_calls), (10, 10));
     assert_eq!(
@@ -293,11 +293,11 @@ async fn scenario(url: &str) {
     let sonnet = group(&r, "globex", "anthropic/claude-sonnet-4", "anthropic");
     assert_eq!((sonnet.requests, sonnet.cache_hits), (3, 1));
     assert_eq!(sonnet.cost_usd, d("0.03079725"));
-    assert_eq!(sonnet.charge_usd, d("0.03124725"));
+    assert_eq!(sonnet.charge_usd, d("0.03079725"));
     let mini = group(&r, "globex", "openai/gpt-4o-mini", "openai-mini");
     assert_eq!(mini.charge_usd, d("0.1500105"));
     assert_eq!(r.by_hour[0].cost_usd, d("0.15"));
-    assert_eq!(r.by_hour[10].charge_usd, d("0.03100725"));
+    assert_eq!(r.by_hour[10].charge_usd, d("0.03055725"));
     assert_eq!(r.by_tenant[0].name, "globex");
     assert_eq!(r.by_model[0].name, "openai/gpt-4o-mini");
 
@@ -335,13 +335,13 @@ async fn scenario(url: &str) {
 
     // JSON round trip, exact money as strings.
     let json = r.to_json().unwrap();
-    assert!(json.contains("\"charge_usd\": \"0.19613275\""), "{json}");
+    assert!(json.contains("\"charge_usd\": \"0.19568275\""), "{json}");
     assert_eq!(serde_json::from_str::<DailyReport>(&json).unwrap(), r);
 
     // HTML: three charts and the rounded totals.
     let html = r.to_html();
     assert_eq!(html.matches("<svg").count(), 3);
-    for total in ["0.196133", "0.188962", "0.007171"] {
+    for total in ["0.195683", "0.188962", "0.006721"] {
         assert!(html.contains(total), "{total}");
     }
     let table = r.to_table();
