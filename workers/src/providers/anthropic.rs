@@ -564,28 +564,25 @@ mod tests {
     }
 
     fn request(messages: Value, extra: Value) -> ChatRequest {
-        let mut v = json!({"id": "01900000-0000-7000-8000-000000000000", "model": "demo/claude",
-            "target": {"id": "a", "provider": "anthropic", "upstream_model": "claude-test"},
-            "messages": messages, "stream": true, "deadline_ms": 0});
-        if let (Some(obj), Value::Object(extra)) = (v.as_object_mut(), extra) {
-            obj.extend(extra);
-        }
-        serde_json::from_value(v).unwrap()
+        super::super::test_support::request(
+            "demo/claude",
+            ("a", "anthropic", "claude-test"),
+            messages,
+            extra,
+        )
     }
 
     /// A one-message request steering the mock with a `#mock` directive line.
     fn ask(directives: &str) -> ChatRequest {
-        let content = format!("hi\n#mock {directives}");
-        request(json!([{"role": "user", "content": content}]), json!({}))
+        request(
+            super::super::test_support::directive_messages(directives),
+            json!({}),
+        )
     }
 
     async fn run(mock: &MockUpstream, req: &ChatRequest) -> Result<Vec<Item>, ErrorInfo> {
-        let (t, http) = (target(&mock.base_url()), reqwest::Client::new());
-        Ok(AnthropicProvider
-            .stream_chat(&http, &t, &t.base_url, req)
-            .await?
-            .collect()
-            .await)
+        super::super::test_support::collect(&AnthropicProvider, &target(&mock.base_url()), req)
+            .await
     }
 
     fn find(hay: &str, needle: &str, from: usize) -> usize {

@@ -182,7 +182,6 @@ mod tests {
     use super::*;
     use crate::mock_upstream::MockUpstream;
     use crate::sse::SseParser;
-    use futures::StreamExt;
     use switchyard_schemas::{FinishReason, Usage};
 
     type Item = Result<FrameBody, ErrorInfo>;
@@ -224,27 +223,23 @@ mod tests {
     }
 
     fn request(messages: Value, extra: Value) -> ChatRequest {
-        let mut v = json!({"id": "01900000-0000-7000-8000-000000000000", "model": "demo/azure",
-            "target": {"id": "az", "provider": "azure_openai", "upstream_model": "gpt4o-dep"},
-            "messages": messages, "stream": true, "deadline_ms": 0});
-        if let (Some(obj), Value::Object(extra)) = (v.as_object_mut(), extra) {
-            obj.extend(extra);
-        }
-        serde_json::from_value(v).unwrap()
+        super::super::test_support::request(
+            "demo/azure",
+            ("az", "azure_openai", "gpt4o-dep"),
+            messages,
+            extra,
+        )
     }
 
     fn ask(directives: &str) -> ChatRequest {
-        let content = format!("hi\n#mock {directives}");
-        request(json!([{"role": "user", "content": content}]), json!({}))
+        request(
+            super::super::test_support::directive_messages(directives),
+            json!({}),
+        )
     }
 
     async fn run_with(t: &TargetConfig, req: &ChatRequest) -> Result<Vec<Item>, ErrorInfo> {
-        let http = reqwest::Client::new();
-        Ok(AzureOpenAiProvider
-            .stream_chat(&http, t, &t.base_url, req)
-            .await?
-            .collect()
-            .await)
+        super::super::test_support::collect(&AzureOpenAiProvider, t, req).await
     }
 
     async fn run(mock: &MockUpstream, req: &ChatRequest) -> Result<Vec<Item>, ErrorInfo> {

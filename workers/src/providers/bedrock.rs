@@ -1024,28 +1024,19 @@ mod tests {
     }
 
     fn request(messages: Value, extra: Value) -> ChatRequest {
-        let mut v = json!({"id": "01900000-0000-7000-8000-000000000000", "model": "demo/bedrock",
-            "target": {"id": "b", "provider": "bedrock", "upstream_model": "m"},
-            "messages": messages, "stream": true, "deadline_ms": 0});
-        if let (Some(obj), Value::Object(extra)) = (v.as_object_mut(), extra) {
-            obj.extend(extra);
-        }
-        serde_json::from_value(v).unwrap()
+        super::super::test_support::request("demo/bedrock", ("b", "bedrock", "m"), messages, extra)
     }
 
     /// A one-message request steering the mock with a `#mock` directive line.
     fn ask(directives: &str) -> ChatRequest {
-        let content = format!("hi\n#mock {directives}");
-        request(json!([{"role": "user", "content": content}]), json!({}))
+        request(
+            super::super::test_support::directive_messages(directives),
+            json!({}),
+        )
     }
 
     async fn run_with(t: &TargetConfig, req: &ChatRequest) -> Result<Vec<Item>, ErrorInfo> {
-        let http = reqwest::Client::new();
-        Ok(BedrockProvider
-            .stream_chat(&http, t, &t.base_url, req)
-            .await?
-            .collect()
-            .await)
+        super::super::test_support::collect(&BedrockProvider, t, req).await
     }
 
     async fn run(mock: &MockUpstream, req: &ChatRequest) -> Result<Vec<Item>, ErrorInfo> {

@@ -603,7 +603,6 @@ mod tests {
     use super::*;
     use crate::mock_upstream::MockUpstream;
     use crate::sse::SseParser;
-    use futures::StreamExt;
 
     /// Feeds `chunks` as separate writes through the SSE parser and the translator.
     fn translate_chunks(chunks: &[&str]) -> Vec<Item> {
@@ -661,28 +660,24 @@ mod tests {
     }
 
     fn request(messages: Value, extra: Value) -> ChatRequest {
-        let mut v = json!({"id": "01900000-0000-7000-8000-000000000000", "model": "demo/gemini",
-            "target": {"id": "g", "provider": "gemini", "upstream_model": "gemini-test"},
-            "messages": messages, "stream": true, "deadline_ms": 0});
-        if let (Some(obj), Value::Object(extra)) = (v.as_object_mut(), extra) {
-            obj.extend(extra);
-        }
-        serde_json::from_value(v).unwrap()
+        super::super::test_support::request(
+            "demo/gemini",
+            ("g", "gemini", "gemini-test"),
+            messages,
+            extra,
+        )
     }
 
     /// A one-message request steering the mock with a `#mock` directive line.
     fn ask(directives: &str) -> ChatRequest {
-        let content = format!("hi\n#mock {directives}");
-        request(json!([{"role": "user", "content": content}]), json!({}))
+        request(
+            super::super::test_support::directive_messages(directives),
+            json!({}),
+        )
     }
 
     async fn run_with(t: &TargetConfig, req: &ChatRequest) -> Result<Vec<Item>, ErrorInfo> {
-        let http = reqwest::Client::new();
-        Ok(GeminiProvider
-            .stream_chat(&http, t, &t.base_url, req)
-            .await?
-            .collect()
-            .await)
+        super::super::test_support::collect(&GeminiProvider, t, req).await
     }
 
     async fn run(mock: &MockUpstream, req: &ChatRequest) -> Result<Vec<Item>, ErrorInfo> {

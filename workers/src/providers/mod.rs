@@ -4,3 +4,5 @@ pub mod azure;
 pub mod bedrock;
 pub mod gemini;
 pub mod openai;
+#[cfg(test)]
+pub(crate) mod test_support;
