@@ -7,7 +7,8 @@
 //!
 //! * **exact** — the same request as a stored one;
 //! * **semantic, short** — a reworded question of about 12 tokens (embedding included);
-//! * **semantic, 256 tokens** — a reworded prompt of about 256 tokens (the speed target's size).
+//! * **semantic, 256 tokens** — a reworded prompt of about 256 tokens (the speed target's size);
+//! * **miss, empty scope** — a question on a route (scope) with no entries: no embedding needed.
 
 use crate::embed::Embed;
 use crate::service::{Service, ServiceOptions};
@@ -196,7 +197,61 @@ pub fn run(
     out.push(percentiles("semantic, ~256 tokens", v, &o));
     let (v, o) = time(&|i| long_prompt(TOPICS[i % TOPICS.len()], false), "route-0");
     out.push(percentiles("exact, ~256 tokens", v, &o));
+    let (v, o) = time(
+        &|i| format!("How can I {}", TOPICS[i % TOPICS.len()]),
+        "route-new",
+    );
+    out.push(percentiles("miss, empty scope", v, &o));
+    out.push(scan(per_scope.max(1), n));
     Ok(out)
+}
+
+/// The exact scan alone: one scope of `entries` 384-dimension vectors, `n` timed searches.
+fn scan(entries: usize, n: usize) -> Percentiles {
+    use crate::index::{Entry, Index, encode_vector};
+    let dims = 384;
+    // Deterministic pseudo-random unit vectors.
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed % 2000) as f32 / 1000.0 - 1.0
+    };
+    let mut unit = || {
+        let mut v: Vec<f32> = (0..dims).map(|_| next()).collect();
+        crate::embed::normalise(&mut v);
+        v
+    };
+    let mut ix = Index::new(entries + 1);
+    for i in 0..entries {
+        ix.insert(Entry {
+            key: format!("k{i}"),
+            scope: "s".into(),
+            route: "r".into(),
+            target: None,
+            upstream_model: None,
+            query: None,
+            vector: Some(encode_vector(&unit())),
+            embed_model: Some("m".into()),
+            answer: CachedAnswer {
+                chunks: vec![],
+                tool_calls: vec![],
+                finish_reason: FinishReason::Stop,
+                usage: Default::default(),
+            },
+            stored_ms: 0,
+            expires_ms: u64::MAX,
+        });
+    }
+    let q = unit();
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        std::hint::black_box(ix.candidates("s", "m", &q, 0.5, 1));
+        v.push(t.elapsed());
+    }
+    percentiles(&format!("scan only, {entries} in scope"), v, "-")
 }
 
 /// A plain-text table of the results.

@@ -172,6 +172,13 @@ impl Index {
         out
     }
 
+    /// Whether `scope` holds any entry with a vector (if not, a query need not be embedded).
+    pub fn has_vectors(&self, scope: &str) -> bool {
+        self.by_scope
+            .get(scope)
+            .is_some_and(|v| v.iter().any(|s| s.vector.is_some()))
+    }
+
     /// Marks a slot used (a semantic hit).
     pub fn touch(&self, slot: &Slot) {
         slot.last_used.store(self.tick(), Ordering::Relaxed);

@@ -199,6 +199,10 @@ impl Service {
         else {
             return LookupReply::empty(CacheOutcome::Miss, "exact miss");
         };
+        // Nothing to compare with: answer at once, without embedding.
+        if !self.index.read().has_vectors(&c.scope) {
+            return LookupReply::empty(CacheOutcome::Miss, "exact miss; no entry in this scope");
+        }
         let vector = match embedder.embed(&[query]) {
             Ok(mut v) if !v.is_empty() => v.swap_remove(0),
             Ok(_) => return LookupReply::empty(CacheOutcome::Miss, "embedding returned nothing"),
