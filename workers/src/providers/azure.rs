@@ -181,22 +181,13 @@ impl SseTranslator for AzureTranslator {
 mod tests {
     use super::*;
     use crate::mock_upstream::MockUpstream;
-    use crate::sse::SseParser;
     use switchyard_schemas::{FinishReason, Usage};
 
     type Item = Result<FrameBody, ErrorInfo>;
 
+    /// Feeds `chunks` as separate writes through the SSE parser and the translator.
     fn translate_chunks(chunks: &[&str]) -> Vec<Item> {
-        let (mut parser, mut events) = (SseParser::new(), Vec::new());
-        for chunk in chunks {
-            parser.push(chunk.as_bytes(), &mut events).unwrap();
-        }
-        events.extend(parser.finish());
-        let (mut tr, mut out) = (AzureTranslator::default(), VecDeque::new());
-        if !events.into_iter().any(|ev| tr.on_event(ev, &mut out)) {
-            tr.on_eof(&mut out);
-        }
-        out.into_iter().collect()
+        super::super::test_support::translate_chunks::<AzureTranslator>(chunks)
     }
 
     fn text(t: &str) -> Item {

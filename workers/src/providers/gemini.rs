@@ -602,20 +602,10 @@ fn stream_error(err: &Value) -> ErrorInfo {
 mod tests {
     use super::*;
     use crate::mock_upstream::MockUpstream;
-    use crate::sse::SseParser;
 
     /// Feeds `chunks` as separate writes through the SSE parser and the translator.
     fn translate_chunks(chunks: &[&str]) -> Vec<Item> {
-        let (mut parser, mut events) = (SseParser::new(), Vec::new());
-        for chunk in chunks {
-            parser.push(chunk.as_bytes(), &mut events).unwrap();
-        }
-        events.extend(parser.finish());
-        let (mut tr, mut out) = (GeminiTranslator::default(), VecDeque::new());
-        if !events.into_iter().any(|ev| tr.on_event(ev, &mut out)) {
-            tr.on_eof(&mut out);
-        }
-        out.into_iter().collect()
+        super::super::test_support::translate_chunks::<GeminiTranslator>(chunks)
     }
 
     /// One SSE `data:` event per non-empty line of JSON.

@@ -46,3 +46,20 @@ pub(crate) async fn collect(
         .collect()
         .await)
 }
+
+/// Feeds `chunks` as separate writes through the SSE parser and a fresh `T`, as `translate_sse`
+/// does with a live response.
+pub(crate) fn translate_chunks<T: crate::provider::SseTranslator + Default>(
+    chunks: &[&str],
+) -> Vec<Item> {
+    let (mut parser, mut events) = (crate::sse::SseParser::new(), Vec::new());
+    for chunk in chunks {
+        parser.push(chunk.as_bytes(), &mut events).unwrap();
+    }
+    events.extend(parser.finish());
+    let (mut tr, mut out) = (T::default(), std::collections::VecDeque::new());
+    if !events.into_iter().any(|ev| tr.on_event(ev, &mut out)) {
+        tr.on_eof(&mut out);
+    }
+    out.into_iter().collect()
+}
