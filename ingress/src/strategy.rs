@@ -35,7 +35,7 @@ use switchyard_schemas::routing::{Policy, Strategy};
 use switchyard_schemas::{ErrorClass, ErrorInfo};
 
 /// What a provider family supports. Mirrors the workers' `Provider::capabilities()` (a test in
-/// `cli/tests/routing.rs` keeps the two equal).
+/// `cli/tests/it/routing.rs` keeps the two equal).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Capabilities {
     /// Server-sent-event streaming.

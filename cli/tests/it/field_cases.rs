@@ -2,9 +2,7 @@
 //! gateway with the mock's wire fixtures, asserting the exact values a user would check.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use switchyard_schemas::usage::UsageStatus;
 use switchyard_schemas::{ErrorClass, UsageKind};
 

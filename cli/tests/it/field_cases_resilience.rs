@@ -2,9 +2,7 @@
 //! (`builtin:mock/x/<spec>` targets): FC-08, FC-15, FC-21, FC-22.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use futures::StreamExt;
 use serde_json::json;
 use std::time::{Duration, Instant};

@@ -1,10 +1,8 @@
 //! `POST /v1/embeddings` through the pipeline: ingress → NATS request/reply → worker → mock.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
-
+use crate::common::*;
 use base64::Engine;
-use common::*;
 use switchyard_workers::mock_upstream::embeddings::mock_vector;
 
 async fn embed(base: &str, body: serde_json::Value) -> (u16, serde_json::Value) {

@@ -2,9 +2,7 @@
 //! client traffic, is probed faster while unhealthy, and recovers once its probes succeed.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use futures::StreamExt;
 use serde_json::json;
 use std::time::Duration;

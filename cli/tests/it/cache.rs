@@ -3,9 +3,7 @@
 //! the mock upstream. Field cases FC-25, FC-27, FC-28; restart from KV; purge; client control.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 use switchyard_schemas::cache::{PurgeReply, PurgeRequest, purge_subject};

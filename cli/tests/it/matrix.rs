@@ -4,9 +4,7 @@
 //! states what it supports; unsupported combinations must be a clear 400 naming the parameter.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{Value, json};
 use switchyard_workers::mock_upstream::DEFAULT_TEXT;
 

@@ -1,9 +1,7 @@
 //! End-to-end pipeline tests: HTTP → ingress → NATS → worker → mock upstream → frames → SSE/JSON.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::time::Duration;
 use switchyard_workers::mock_upstream::DEFAULT_TEXT;
 

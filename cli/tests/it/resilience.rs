@@ -3,9 +3,7 @@
 //! `builtin:mock/x/<spec>` path prefix, which also tells their upstream calls apart.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use futures::StreamExt as _;
 use std::time::{Duration, Instant};
 use switchyard_schemas::health::{HealthEvent, HealthState};
@@ -624,7 +622,7 @@ async fn keepalive_comments_do_not_reset_target_timeouts() {
 
 /// Measures what the shared limits cost per request: the KV round trips of one RPM take, and the
 /// end-to-end latency with RPM + TPM limits against none. Run with
-/// `cargo test -p switchyard --test resilience -- --ignored --nocapture`.
+/// `cargo test -p switchyard --test it resilience:: -- --ignored --nocapture`.
 #[tokio::test]
 #[ignore = "measurement, prints numbers"]
 async fn kv_limit_overhead() {

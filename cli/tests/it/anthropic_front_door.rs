@@ -3,9 +3,7 @@
 //! `Message` objects and stream events (Anthropic API reference, "Messages", "Streaming Messages").
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{Value, json};
 use switchyard_workers::mock_upstream::DEFAULT_TEXT;
 

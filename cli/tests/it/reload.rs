@@ -3,9 +3,7 @@
 //! refused before they reach any replica.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use futures::StreamExt;
 use std::time::Duration;
 use switchyard_workers::mock_upstream::DEFAULT_TEXT;

@@ -3,9 +3,7 @@
 //! NATS → worker → mock upstream.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use futures::StreamExt;
 use serde_json::{Value, json};
 use std::collections::HashMap;

@@ -1,0 +1,16 @@
+//! Every gateway integration test in one binary: one link and one copy of the dependencies on
+//! disk instead of one per file (CI once ran out of disk linking a dozen test binaries).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod anthropic_front_door;
+mod cache;
+mod common;
+mod embeddings;
+mod field_cases;
+mod field_cases_resilience;
+mod matrix;
+mod pipeline;
+mod probes;
+mod reload;
+mod resilience;
+mod routing;
