@@ -56,7 +56,22 @@ pub fn load(path: Option<&Path>) -> Result<GatewayConfig, ConfigLoadError> {
     }
     config
         .validate()
-        .map_err(|source| ConfigLoadError::Invalid { path: name, source })?;
+        .map_err(|source| ConfigLoadError::Invalid {
+            path: name.clone(),
+            source,
+        })?;
+    if let Some(p) = &config.pricing_file {
+        // Fail at start-up, not on the first priced request.
+        switchyard_schemas::pricing::Catalog::load(Some(p)).map_err(|e| {
+            ConfigLoadError::Invalid {
+                path: name,
+                source: switchyard_schemas::config::ConfigError {
+                    field: "pricing_file".into(),
+                    message: e.to_string(),
+                },
+            }
+        })?;
+    }
     Ok(config)
 }
 

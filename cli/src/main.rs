@@ -382,9 +382,14 @@ async fn run_billing(
                 c.data_dir.trim_end_matches('/')
             )
         });
-    let ledger = switchyard_billing::Ledger::connect(&url)
+    let mut ledger = switchyard_billing::Ledger::connect(&url)
         .await
         .map_err(msg)?;
+    if c.pricing_file.is_some() {
+        let catalog =
+            switchyard_schemas::pricing::Catalog::load(c.pricing_file.as_deref()).map_err(msg)?;
+        ledger = ledger.with_catalog(catalog);
+    }
     switchyard_billing::run(
         nats,
         Subjects::new(c.subject_prefix.clone()),

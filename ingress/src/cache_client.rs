@@ -19,7 +19,7 @@
 
 use crate::AppState;
 use crate::anthropic::response::{self as anthropic_response, MessageMeta, StreamEncoder};
-use crate::charge::{Caller, Charge};
+use crate::charge::Charge;
 use crate::chat::sse_response;
 use crate::openai::response::{self, DONE, ResponseMeta};
 use crate::route::{self, Aggregate, Inbound, Served, ToolCallAcc};
@@ -412,7 +412,7 @@ fn charge_hit(app: &Arc<AppState>, check: &Check, usage: Usage) -> Uuid {
         app.clone(),
         id,
         &check.route,
-        Caller::default(),
+        crate::auth::current_caller(),
         check.prompt_bytes,
         check.admitted,
     );

@@ -3,6 +3,7 @@
 //! estimated from the text seen if the worker's usage had not arrived yet).
 
 use crate::AppState;
+use crate::budget::{self, Demand, Reservation};
 use std::sync::Arc;
 use std::time::Instant;
 use switchyard_schemas::publish::publish_usage_event;
@@ -10,12 +11,14 @@ use switchyard_schemas::usage::UsageStatus;
 use switchyard_schemas::{ChatRequest, ErrorClass, Usage, UsageEvent, UsageKind, now_ms};
 
 /// Who is calling (empty while authentication is off).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Caller {
     /// Tenant.
     pub tenant: Option<String>,
     /// Key id.
     pub key_id: Option<String>,
+    /// The key may read every tenant's usage.
+    pub admin: bool,
 }
 
 /// Accumulates what the tenant is charged for one request; publishes once.
@@ -26,6 +29,8 @@ pub struct Charge {
     prompt_bytes: usize,
     /// Bytes of generated text seen so far, for the estimate on abort.
     output_bytes: usize,
+    /// The budget reservation settled with this record's charge when it is published.
+    reservation: Option<Reservation>,
 }
 
 impl Charge {
@@ -34,6 +39,7 @@ impl Charge {
         let who = Caller {
             tenant: req.tenant.clone(),
             key_id: req.key_id.clone(),
+            ..Caller::default()
         };
         Self::start(
             app,
@@ -79,7 +85,14 @@ impl Charge {
             admitted,
             prompt_bytes,
             output_bytes: 0,
+            reservation: None,
         }
+    }
+
+    /// Attaches the request's budget reservation: it is settled with the final charge (or
+    /// released with $0 when the request fails before any upstream usage).
+    pub fn reserved(&mut self, reservation: Reservation) {
+        self.reservation = Some(reservation);
     }
 
     /// Records the attempt now being tried.
@@ -151,7 +164,20 @@ impl Charge {
             e.estimated = true;
         }
         let app = self.app.clone();
+        let reservation = self.reservation.take();
         tokio::spawn(async move {
+            if let Some(r) = reservation {
+                // Cache hits are free (billing charges them $0), so they settle at zero too.
+                let actual = if e.cache_hit {
+                    Demand::default()
+                } else {
+                    Demand {
+                        usd: budget::charge_of(app.catalog.as_deref(), &e.model, &e.usage),
+                        tokens: e.usage.prompt_tokens + e.usage.completion_tokens,
+                    }
+                };
+                r.settle(actual).await;
+            }
             publish_usage_event(&app.js, &app.subjects, &e).await;
         });
     }

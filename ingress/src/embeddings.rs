@@ -5,7 +5,7 @@
 //! ask for by default and decode themselves).
 
 use crate::AppState;
-use crate::charge::{Caller, Charge};
+use crate::charge::Charge;
 use crate::error::ApiError;
 use crate::metrics::Outcome;
 use crate::route;
@@ -125,7 +125,7 @@ async fn handle(app: Arc<AppState>, body: &[u8]) -> Result<Response, ApiError> {
         app.clone(),
         id,
         &model.id,
-        Caller::default(),
+        crate::auth::current_caller(),
         prompt_bytes,
         admitted,
     );
@@ -190,6 +190,7 @@ async fn handle(app: Arc<AppState>, body: &[u8]) -> Result<Response, ApiError> {
                     worker,
                     fallbacks: tried - 1,
                     trimmed: None,
+                    downgraded_from: None,
                 };
                 // The response echoes the body's model, also when `x-switchyard-route` routed it.
                 let mut resp = axum::Json(render(&b.model, &vectors, usage.prompt_tokens, base64))

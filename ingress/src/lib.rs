@@ -9,6 +9,8 @@
 //! and context trimming in [`trim`]; [`route`] ties them together.
 
 pub mod anthropic;
+pub mod auth;
+pub mod budget;
 pub mod cache_client;
 pub mod charge;
 pub mod chat;
@@ -56,6 +58,10 @@ pub struct AppState {
     pub metrics: metrics::Metrics,
     /// The answer cache client (lookup timeout).
     pub cache: cache_client::CacheClient,
+    /// API keys by hash (authentication).
+    pub keys: auth::KeyTable,
+    /// The shared budget store (reservations and settlement).
+    pub budgets: budget::Budgets,
 }
 
 /// Ingress start-up failures.
@@ -81,19 +87,21 @@ pub async fn state(
         dispatch::Dispatcher::start(nats.clone(), subjects.clone(), ingress_id).await?;
     let health = Arc::new(health::HealthView::new(health::HealthSettings::default()));
     health.subscribe(&nats, &subjects).await?;
-    let catalog = match Catalog::bundled() {
+    let catalog = match Catalog::load(config.get().pricing_file.as_deref()) {
         Ok(c) => Some(Arc::new(c)),
         Err(e) => {
-            tracing::error!(error = %e, "pricing catalog unreadable; lowest_cost cannot rank targets");
+            tracing::error!(error = %e, "pricing catalog unreadable; lowest_cost cannot rank targets and budgets reserve $0");
             None
         }
     };
+    let js = async_nats::jetstream::new(nats.clone());
+    let budgets = budget::Budgets::connect(&js).await;
     // Loading the tokenizer takes a moment: do it now, off the request path.
     tokio::task::spawn_blocking(trim::warm_up);
     Ok(Arc::new(AppState {
         config,
         dispatcher,
-        js: async_nats::jetstream::new(nats.clone()),
+        js,
         subjects,
         nats,
         health,
@@ -102,6 +110,8 @@ pub async fn state(
         catalog,
         metrics: metrics::Metrics::new(),
         cache: cache_client::CacheClient::default(),
+        keys: auth::KeyTable::default(),
+        budgets,
     }))
 }
 
@@ -115,6 +125,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics_text))
         .fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::authenticate,
+        ))
         .layer(axum::middleware::from_fn(route::capture_hints))
         // A memory guard only: the real limit is the NATS server's max_payload (413 in chat.rs).
         .layer(axum::extract::DefaultBodyLimit::max(64 * 1024 * 1024))

@@ -32,6 +32,7 @@
 //! `x-switchyard-fallbacks`, and `x-switchyard-trimmed` (messages dropped by `trim_context`).
 
 use crate::AppState;
+use crate::budget;
 use crate::charge::Charge;
 use crate::dispatch::Attempt;
 use crate::error::ApiError;
@@ -62,6 +63,8 @@ pub const HEADER_IGNORE: &str = "x-switchyard-ignore";
 pub const HEADER_ORDER: &str = "x-switchyard-order";
 /// Header: the user id for canary hashing.
 pub const HEADER_USER: &str = "x-switchyard-user";
+/// Response header: the model asked for, when a budget's `downgrade_at` served a cheaper one.
+pub const HEADER_DOWNGRADED: &str = "x-switchyard-downgraded-from";
 /// Response header: messages dropped by context trimming.
 pub const HEADER_TRIMMED: &str = "x-switchyard-trimmed";
 
@@ -221,6 +224,8 @@ pub struct Served {
     pub fallbacks: u32,
     /// Messages dropped to fit the target's context window (`trim_context`), if any.
     pub trimmed: Option<usize>,
+    /// The model the client asked for, when cost-priority routing served a cheaper one.
+    pub downgraded_from: Option<String>,
 }
 
 impl Served {
@@ -239,6 +244,9 @@ impl Served {
         put("x-switchyard-fallbacks", &self.fallbacks.to_string());
         if let Some(n) = self.trimmed {
             put(HEADER_TRIMMED, &n.to_string());
+        }
+        if let Some(m) = &self.downgraded_from {
+            put(HEADER_DOWNGRADED, m);
         }
     }
 }
@@ -369,13 +377,37 @@ pub async fn route_with(
     let model = routed_model(&config, &inbound.model, hints)?;
     let admitted = Instant::now();
     let id = Uuid::now_v7();
+    let caller = crate::auth::current_caller();
+    let scopes = budget::scopes(&config, &caller);
+    let reject = |model: &ModelConfig, e: ApiError| {
+        Outcome::new(&app.metrics, &model.id, admitted).finish(e.status.as_u16());
+        e
+    };
+    let (model, downgraded_from) = budget::choose_model(app, &config, model, &scopes)
+        .await
+        .map_err(|e| reject(model, e))?;
     let policy = model.policy.as_deref().and_then(|p| config.policy(p));
     let timeouts = RequestTimeouts::of(&config, policy);
     let deadline = admitted + timeouts.total;
+    let deadline_ms = now_ms() + timeouts.total.as_millis() as u64;
+    // Budget admission before anything is recorded: a refused request leaves no usage record.
+    let reservation = budget::reserve_for(
+        app,
+        &config,
+        model,
+        scopes,
+        &id.to_string(),
+        &inbound.messages,
+        &inbound.tools,
+        inbound.params.max_tokens,
+        deadline_ms,
+    )
+    .await
+    .map_err(|e| reject(model, e))?;
     let mut req = ChatRequest {
         id,
-        tenant: None,
-        key_id: None,
+        tenant: caller.tenant,
+        key_id: caller.key_id,
         // The configured model routed by: usage and prices key on it.
         model: model.id.clone(),
         target: TargetRef {
@@ -389,10 +421,13 @@ pub async fn route_with(
         params: inbound.params,
         stream: inbound.stream,
         include_usage: inbound.include_usage,
-        deadline_ms: now_ms() + timeouts.total.as_millis() as u64,
+        deadline_ms,
         attempt: 0,
     };
     let mut charge = Charge::new(app.clone(), &req, admitted);
+    if let Some(r) = reservation {
+        charge.reserved(r);
+    }
     let mut outcome = Outcome::new(&app.metrics, &model.id, admitted);
     let fail = |charge: Charge, outcome: &mut Outcome, e: ErrorInfo| -> ApiError {
         charge.finish(Some(e.class));
@@ -543,6 +578,7 @@ pub async fn route_with(
             worker: attempt.worker().unwrap_or("").to_owned(),
             fallbacks: tried - 1,
             trimmed,
+            downgraded_from,
         };
         return Ok(FrameFeed {
             app: app.clone(),

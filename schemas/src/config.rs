@@ -61,6 +61,19 @@ pub struct GatewayConfig {
     /// Billing ledger.
     #[serde(default)]
     pub billing: BillingConfig,
+    /// Pricing catalog file (same shape as the bundled `schemas/pricing/catalog.yaml`); `None` =
+    /// the bundled catalog. Read by ingress (budget reservations, cost routing) and billing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pricing_file: Option<String>,
+    /// API keys. Empty = no authentication (every request is anonymous and unlimited).
+    #[serde(default)]
+    pub keys: Vec<crate::tenancy::KeyConfig>,
+    /// Tenants with budgets shared by their keys.
+    #[serde(default)]
+    pub tenants: Vec<crate::tenancy::TenantConfig>,
+    /// How admission estimates the cost it reserves against budgets.
+    #[serde(default)]
+    pub budgets: crate::tenancy::BudgetSettings,
 }
 
 fn default_listen() -> String {
@@ -243,6 +256,21 @@ fn validate_aws(i: usize, t: &TargetConfig) -> Result<(), ConfigError> {
     Ok(())
 }
 
+fn validate_budget(field: &str, b: &crate::tenancy::Budget) -> Result<(), ConfigError> {
+    if let Some(s) = b.downgrade_at {
+        if s.is_zero() || s > rust_decimal::Decimal::ONE {
+            return Err(err(format!("{field}.downgrade_at"), "must be in (0, 1]"));
+        }
+        if b.daily_usd.is_none() {
+            return Err(err(
+                format!("{field}.downgrade_at"),
+                "needs `daily_usd` (it is a share of the daily budget)",
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// A model (standard id or route tag) clients name in `model`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -260,6 +288,10 @@ pub struct ModelConfig {
     /// Response cache settings of this route (default: on, exact + semantic, `open` profile).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache: Option<crate::cache::RouteCache>,
+    /// The cheaper model (another `models` id) that serves this route for a caller past its
+    /// budget's `downgrade_at` share of the daily budget (cost-priority routing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cheaper: Option<String>,
 }
 
 /// Timeouts, all in milliseconds.
@@ -457,12 +489,92 @@ impl GatewayConfig {
                 ));
             }
         }
+        for (i, m) in self.models.iter().enumerate() {
+            if let Some(c) = &m.cheaper
+                && (c == &m.id || !model_ids.contains(c.as_str()))
+            {
+                return Err(err(
+                    format!("models[{i}].cheaper"),
+                    format!("`{c}` must name another model"),
+                ));
+            }
+        }
+        self.validate_tenancy()?;
         let t = &self.timeouts;
         if t.heartbeat_ms == 0 || t.heartbeat_ms >= t.worker_silence_ms {
             return Err(err(
                 "timeouts.heartbeat_ms",
                 "must be > 0 and < timeouts.worker_silence_ms",
             ));
+        }
+        Ok(())
+    }
+
+    /// Keys: valid unique ids, exactly one of `key_sha256` / `key`, unique hashes; tenants: valid
+    /// unique ids; budget shares in (0, 1].
+    fn validate_tenancy(&self) -> Result<(), ConfigError> {
+        use crate::tenancy::valid_id;
+        let mut tenant_ids = HashSet::new();
+        for (i, t) in self.tenants.iter().enumerate() {
+            if !valid_id(&t.id) || !tenant_ids.insert(t.id.as_str()) {
+                return Err(err(
+                    format!("tenants[{i}].id"),
+                    format!("`{}` is repeated or not 1-64 of [A-Za-z0-9_-]", t.id),
+                ));
+            }
+            validate_budget(&format!("tenants[{i}].budget"), &t.budget)?;
+        }
+        let mut key_ids = HashSet::new();
+        let mut hashes = HashSet::new();
+        for (i, k) in self.keys.iter().enumerate() {
+            if !valid_id(&k.id) || !key_ids.insert(k.id.as_str()) {
+                return Err(err(
+                    format!("keys[{i}].id"),
+                    format!("`{}` is repeated or not 1-64 of [A-Za-z0-9_-]", k.id),
+                ));
+            }
+            if !valid_id(&k.tenant) {
+                return Err(err(
+                    format!("keys[{i}].tenant"),
+                    format!("`{}` is not 1-64 of [A-Za-z0-9_-]", k.tenant),
+                ));
+            }
+            match (&k.key_sha256, &k.key) {
+                (Some(h), None) => {
+                    if h.len() != 64 || !h.bytes().all(|b| b.is_ascii_hexdigit()) {
+                        return Err(err(
+                            format!("keys[{i}].key_sha256"),
+                            "must be 64 hex digits (the SHA-256 of the key)",
+                        ));
+                    }
+                }
+                (None, Some(s)) if s.expose().len() >= 8 => {}
+                (None, Some(_)) => {
+                    return Err(err(
+                        format!("keys[{i}].key"),
+                        "must be at least 8 characters",
+                    ));
+                }
+                _ => {
+                    return Err(err(
+                        format!("keys[{i}]"),
+                        "needs exactly one of `key_sha256` and `key`",
+                    ));
+                }
+            }
+            if let Some(h) = k.sha256()
+                && !hashes.insert(h)
+            {
+                return Err(err(
+                    format!("keys[{i}]"),
+                    "the same key is configured twice",
+                ));
+            }
+            validate_budget(&format!("keys[{i}].budget"), &k.budget)?;
+        }
+        let b = &self.budgets;
+        if b.safety_margin > rust_decimal::Decimal::from(10) {
+            return Err(err("budgets.safety_margin", "must be between 0 and 10"));
         }
         Ok(())
     }

@@ -22,6 +22,7 @@ pub mod request;
 pub mod routing;
 pub mod secret;
 pub mod subjects;
+pub mod tenancy;
 pub mod usage;
 
 pub use error::{ErrorClass, ErrorInfo};

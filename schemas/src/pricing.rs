@@ -258,6 +258,18 @@ impl Catalog {
         Self::parse("<bundled>", BUNDLED_CATALOG)
     }
 
+    /// The catalog in file `path` (the config's `pricing_file`), or the bundled one for `None`.
+    pub fn load(path: Option<&str>) -> Result<Self, CatalogError> {
+        let Some(p) = path else {
+            return Self::bundled();
+        };
+        let text = std::fs::read_to_string(p).map_err(|e| CatalogError {
+            source_name: p.to_owned(),
+            message: e.to_string(),
+        })?;
+        Self::parse(p, &text)
+    }
+
     /// Parses YAML; errors name the field (e.g. `upstream.gpt-4o.input`).
     pub fn parse(source_name: &str, text: &str) -> Result<Self, CatalogError> {
         let de = serde_yaml_ng::Deserializer::from_str(text);

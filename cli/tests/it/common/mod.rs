@@ -71,6 +71,8 @@ pub struct Options {
     /// Start a cache instance (real embedding model, see `embedder`) and give ingress a lookup
     /// timeout of 2 s, so a loaded test machine never turns a lookup into a bypass.
     pub cache: bool,
+    /// Ledger URL for billing (default: SQLite in the temp dir), e.g. [`PgSchema::url`].
+    pub billing_url: Option<String>,
 }
 
 impl Default for Options {
@@ -80,6 +82,7 @@ impl Default for Options {
             billing: false,
             worker: true,
             cache: false,
+            billing_url: None,
         }
     }
 }
@@ -100,8 +103,17 @@ pub async fn start(opts: Options) -> Gateway {
 
     let mut ledger = None;
     if opts.billing {
-        let url = format!("sqlite://{}/ledger.db?mode=rwc", tmp.path().display());
-        let l = switchyard_billing::Ledger::connect(&url).await.unwrap();
+        let url = opts
+            .billing_url
+            .clone()
+            .unwrap_or_else(|| format!("sqlite://{}/ledger.db?mode=rwc", tmp.path().display()));
+        let catalog =
+            switchyard_schemas::pricing::Catalog::load(config.get().pricing_file.as_deref())
+                .unwrap();
+        let l = switchyard_billing::Ledger::connect(&url)
+            .await
+            .unwrap()
+            .with_catalog(catalog);
         ledger = Some(l.clone());
         let c = async_nats::connect(nats.url()).await.unwrap();
         tokio::spawn(switchyard_billing::run(
@@ -365,4 +377,36 @@ pub async fn metrics_text(base: &str) -> String {
         .text()
         .await
         .unwrap()
+}
+
+/// The PostgreSQL server tests use: `$SWITCHYARD_TEST_POSTGRES_URL` or the local default.
+pub fn postgres_base_url() -> String {
+    std::env::var("SWITCHYARD_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// A fresh PostgreSQL schema for one test's ledger. `None` (after printing a skip notice) when
+/// PostgreSQL is unreachable, unless `SWITCHYARD_REQUIRE_POSTGRES` is set (then this panics).
+pub async fn pg_schema() -> Option<switchyard_billing::ledger::ScratchSchema> {
+    let base = postgres_base_url();
+    let created = tokio::time::timeout(
+        Duration::from_secs(10),
+        switchyard_billing::ledger::ScratchSchema::create(&base, "gw_test"),
+    )
+    .await
+    .map_err(|_| "connect timed out".to_owned())
+    .and_then(|r| r.map_err(|e| e.to_string()));
+    match created {
+        Ok(s) => Some(s),
+        Err(e) if std::env::var_os("SWITCHYARD_REQUIRE_POSTGRES").is_some() => {
+            panic!("PostgreSQL at {base} unreachable and SWITCHYARD_REQUIRE_POSTGRES is set: {e}")
+        }
+        Err(e) => {
+            eprintln!(
+                "SKIPPED: PostgreSQL at {base} unreachable ({e}); \
+                 set SWITCHYARD_REQUIRE_POSTGRES=1 to make this a failure"
+            );
+            None
+        }
+    }
 }

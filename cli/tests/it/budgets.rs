@@ -1,0 +1,346 @@
+//! API keys, budgets and quotas: authentication, atomic reservation under concurrency (FC-23),
+//! settlement with the actual charge, tenant budgets shared by keys, token quotas, and
+//! cost-priority routing. Exact values on SQLite and PostgreSQL.
+
+use crate::common::*;
+use rust_decimal::Decimal;
+use serde_json::{Value, json};
+use std::time::Duration;
+use switchyard_ingress::budget::Scope;
+use switchyard_schemas::UsageKind;
+use switchyard_schemas::tenancy::Budget;
+
+const FC23_KEY: &str = "sk-fc23-0123456789abcdef";
+const OTHER_KEY: &str = "sk-other-0123456789abcdef";
+
+fn d(s: &str) -> Decimal {
+    s.parse().unwrap()
+}
+
+/// Prices per 1M tokens: `test/fc23` $10 in / $30 out (FC-23), `test/cheap` $1 / $3.
+fn write_catalog(dir: &std::path::Path) -> String {
+    let path = dir.join("catalog.yaml");
+    std::fs::write(
+        &path,
+        "currency: USD\nas_of: 2026-11-29\n\
+         upstream:\n  fc23-upstream: {input: 10, output: 30}\n  cheap-upstream: {input: 1, output: 3}\n\
+         standard:\n  test/fc23: {input: 10, output: 30}\n  test/cheap: {input: 1, output: 3}\n",
+    )
+    .unwrap();
+    path.display().to_string()
+}
+
+/// The FC-23 gateway: the mock waits 500 ms and reports 100 + 100 tokens on every model.
+fn config(
+    dir: &std::path::Path,
+    keys: Value,
+    tenants: Value,
+) -> switchyard_schemas::config::GatewayConfig {
+    let mock = "builtin:mock/x/ttft_ms=500,prompt_tokens=100,completion_tokens=100";
+    test_config(json!({
+        "pricing_file": write_catalog(dir),
+        "targets": [
+            {"id": "fc23", "provider": "openai", "base_url": mock, "upstream_model": "fc23-upstream"},
+            {"id": "cheap", "provider": "openai", "base_url": mock, "upstream_model": "cheap-upstream"}
+        ],
+        "models": [
+            {"id": "test/fc23", "targets": ["fc23"], "cheaper": "test/cheap"},
+            {"id": "test/cheap", "targets": ["cheap"]}
+        ],
+        "keys": keys,
+        "tenants": tenants,
+        "timeouts": {"first_frame_ms": 5000, "worker_silence_ms": 5000, "heartbeat_ms": 200}
+    }))
+}
+
+async fn call(
+    base: &str,
+    key: Option<&str>,
+    model: &str,
+) -> (u16, reqwest::header::HeaderMap, Value) {
+    let mut req = reqwest::Client::new()
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&json!({
+            "model": model,
+            "max_tokens": 100,
+            "messages": [{"role": "user", "content": "What is the capital of France?"}]
+        }));
+    if let Some(k) = key {
+        req = req.bearer_auth(k);
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    (status, headers, resp.json().await.unwrap())
+}
+
+fn request_id(h: &reqwest::header::HeaderMap) -> uuid::Uuid {
+    h["x-request-id"].to_str().unwrap().parse().unwrap()
+}
+
+/// FC-23: a key with a $0.010 daily budget and nothing spent; 5 concurrent non-streaming
+/// requests with `max_tokens: 100` to a model priced $10 / $30; the mock waits 500 ms and reports
+/// 100 + 100 tokens ($0.004 each). Exactly 2 succeed, 3 get 429 `insufficient_quota`, recorded
+/// spend is $0.008.
+async fn fc23(billing_url: Option<String>) {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = json!([{"id": "fc23-key", "tenant": "acme", "key": FC23_KEY,
+                       "budget": {"daily_usd": "0.010"}}]);
+    let gw = start(Options {
+        config: config(dir.path(), keys, json!([])),
+        billing: true,
+        billing_url,
+        ..Options::default()
+    })
+    .await;
+    let calls = (0..5).map(|_| call(&gw.base, Some(FC23_KEY), "test/fc23"));
+    let results = futures::future::join_all(calls).await;
+    let ok: Vec<_> = results.iter().filter(|r| r.0 == 200).collect();
+    let refused: Vec<_> = results.iter().filter(|r| r.0 == 429).collect();
+    assert_eq!((ok.len(), refused.len()), (2, 3), "{results:?}");
+    for (_, _, body) in &refused {
+        assert_eq!(body["error"]["type"], "insufficient_quota");
+        assert_eq!(body["error"]["code"], "insufficient_quota");
+        let msg = body["error"]["message"].as_str().unwrap();
+        assert!(
+            msg.starts_with("The daily budget of key `fc23-key` is exhausted"),
+            "{msg}"
+        );
+    }
+    for (_, _, body) in &ok {
+        assert_eq!(body["usage"]["prompt_tokens"], 100);
+        assert_eq!(body["usage"]["completion_tokens"], 100);
+    }
+
+    // The ledger: one charge and one upstream row per success, none for the refusals.
+    let ledger = gw.ledger.as_ref().unwrap();
+    let mut spend = Decimal::ZERO;
+    for (_, headers, _) in &ok {
+        let id = request_id(headers);
+        let rows = ledger_rows(ledger, id, 2).await;
+        assert_eq!(
+            rows.iter().filter(|r| r.kind == UsageKind::Charge).count(),
+            1
+        );
+        assert_eq!(rows[0].key_id.as_deref(), Some("fc23-key"));
+        assert_eq!(rows[0].tenant.as_deref(), Some("acme"));
+        spend += ledger
+            .cost_of(id, UsageKind::Charge, 0)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    assert_eq!(spend, d("0.008"));
+    assert_eq!(ledger.count().await.unwrap(), 4);
+
+    // The budget store settled to the same $0.008 with nothing left reserved.
+    let scope = Scope {
+        kind: "key",
+        id: "fc23-key".into(),
+        budget: Budget::default(),
+    };
+    let spent = eventually(Duration::from_secs(10), || {
+        let (app, scope) = (gw.ingress.clone(), scope.clone());
+        async move {
+            let s = app.budgets.peek(&scope).await.unwrap();
+            s.held.is_empty().then_some(s)
+        }
+    })
+    .await;
+    assert_eq!((spent.day_usd, spent.day_tokens), (d("0.008"), 400));
+}
+
+#[tokio::test]
+async fn fc23_concurrent_requests_never_overshoot_the_daily_budget_sqlite() {
+    fc23(None).await;
+}
+
+#[tokio::test]
+async fn fc23_concurrent_requests_never_overshoot_the_daily_budget_postgres() {
+    let Some(schema) = pg_schema().await else {
+        return;
+    };
+    fc23(Some(schema.url().to_owned())).await;
+    schema.drop_schema().await.unwrap();
+}
+
+#[tokio::test]
+async fn keys_are_required_and_checked_in_each_front_doors_error_shape() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = json!([
+        {"id": "a", "tenant": "acme", "key": FC23_KEY},
+        {"id": "off", "tenant": "acme", "key": OTHER_KEY, "enabled": false}
+    ]);
+    let gw = start(Options {
+        config: config(dir.path(), keys, json!([])),
+        ..Options::default()
+    })
+    .await;
+    let (status, _, body) = call(&gw.base, None, "test/cheap").await;
+    assert_eq!(status, 401);
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("You didn't provide an API key")
+    );
+    let (status, _, body) = call(&gw.base, Some("sk-wrong-0123456789"), "test/cheap").await;
+    assert_eq!(status, 401);
+    assert_eq!(body["error"]["code"], "invalid_api_key");
+    assert_eq!(
+        body["error"]["message"],
+        "Incorrect API key provided: sk-w…6789."
+    );
+    let (status, _, body) = call(&gw.base, Some(OTHER_KEY), "test/cheap").await;
+    assert_eq!(status, 401);
+    assert_eq!(
+        body["error"]["message"],
+        "The API key sk-o…cdef is disabled."
+    );
+    let (status, _, _) = call(&gw.base, Some(FC23_KEY), "test/cheap").await;
+    assert_eq!(status, 200);
+
+    // Anthropic front door: `x-api-key`, and Anthropic's error shape.
+    let messages = |key: &str| {
+        reqwest::Client::new()
+            .post(format!("{}/v1/messages", gw.base))
+            .header("x-api-key", key)
+            .header("anthropic-version", "2023-06-01")
+            .json(&json!({"model": "test/cheap", "max_tokens": 10,
+                          "messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+    };
+    let resp = messages("sk-wrong-0123456789").await.unwrap();
+    assert_eq!(resp.status().as_u16(), 401);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["type"], "error");
+    assert_eq!(body["error"]["type"], "authentication_error");
+    assert_eq!(messages(FC23_KEY).await.unwrap().status().as_u16(), 200);
+
+    // Health and metrics stay open.
+    let h = reqwest::get(format!("{}/healthz", gw.base)).await.unwrap();
+    assert_eq!(h.status().as_u16(), 200);
+}
+
+/// A tenant budget is shared by its keys; the reservation is charged to both scopes.
+#[tokio::test]
+async fn tenant_budget_is_shared_by_its_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = json!([
+        {"id": "k1", "tenant": "acme", "key": FC23_KEY},
+        {"id": "k2", "tenant": "acme", "key": OTHER_KEY}
+    ]);
+    // $0.005: room for one $0.004 request (reserved at ~$0.0034), not two.
+    let tenants = json!([{"id": "acme", "budget": {"daily_usd": 0.005}}]);
+    let gw = start(Options {
+        config: config(dir.path(), keys, tenants),
+        ..Options::default()
+    })
+    .await;
+    let (s1, _, _) = call(&gw.base, Some(FC23_KEY), "test/fc23").await;
+    assert_eq!(s1, 200);
+    let scope = Scope {
+        kind: "tenant",
+        id: "acme".into(),
+        budget: Budget::default(),
+    };
+    eventually(Duration::from_secs(10), || {
+        let (app, scope) = (gw.ingress.clone(), scope.clone());
+        async move {
+            let s = app.budgets.peek(&scope).await.unwrap();
+            (s.held.is_empty() && s.day_usd == d("0.004")).then_some(())
+        }
+    })
+    .await;
+    let (s2, _, body) = call(&gw.base, Some(OTHER_KEY), "test/fc23").await;
+    assert_eq!(s2, 429, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("The daily budget of tenant `acme` is exhausted: $0.004 of $0.005"),
+        "{body}"
+    );
+}
+
+/// Token quotas: 200 tokens per request, 300 per minute → the second request is refused with
+/// `Retry-After`.
+#[tokio::test]
+async fn token_quota_per_minute() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = json!([{"id": "k1", "tenant": "acme", "key": FC23_KEY,
+                       "budget": {"tokens_per_minute": 300}}]);
+    let gw = start(Options {
+        config: config(dir.path(), keys, json!([])),
+        ..Options::default()
+    })
+    .await;
+    let (s1, _, _) = call(&gw.base, Some(FC23_KEY), "test/cheap").await;
+    assert_eq!(s1, 200);
+    let scope = Scope {
+        kind: "key",
+        id: "k1".into(),
+        budget: Budget::default(),
+    };
+    let spend = eventually(Duration::from_secs(10), || {
+        let (app, scope) = (gw.ingress.clone(), scope.clone());
+        async move {
+            let s = app.budgets.peek(&scope).await.unwrap();
+            s.held.is_empty().then_some(s)
+        }
+    })
+    .await;
+    // Unless the clock minute turned in between, the 200 settled tokens count.
+    if spend.minute_tokens == 200 {
+        let (s2, h, body) = call(&gw.base, Some(FC23_KEY), "test/cheap").await;
+        if s2 == 429 {
+            assert_eq!(body["error"]["type"], "insufficient_quota");
+            assert!(body["error"]["message"].as_str().unwrap().starts_with(
+                "The per-minute token quota of key `k1` is exhausted: 200 of 300 tokens"
+            ));
+            let retry: u64 = h["retry-after"].to_str().unwrap().parse().unwrap();
+            assert!((1..=60).contains(&retry));
+        } else {
+            // The minute turned between the two calls.
+            assert_eq!(s2, 200);
+        }
+    }
+}
+
+/// Cost-priority routing: past `downgrade_at` of the daily budget, `test/fc23` is served by its
+/// `cheaper` model, and the response says so.
+#[tokio::test]
+async fn past_downgrade_share_the_cheaper_model_serves() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = json!([{"id": "k1", "tenant": "acme", "key": FC23_KEY,
+                       "budget": {"daily_usd": 1, "downgrade_at": 0.003}}]);
+    let gw = start(Options {
+        config: config(dir.path(), keys, json!([])),
+        ..Options::default()
+    })
+    .await;
+    let (s1, h1, _) = call(&gw.base, Some(FC23_KEY), "test/fc23").await;
+    assert_eq!(s1, 200);
+    assert_eq!(h1["x-switchyard-target"], "fc23");
+    assert!(h1.get("x-switchyard-downgraded-from").is_none());
+    let scope = Scope {
+        kind: "key",
+        id: "k1".into(),
+        budget: Budget::default(),
+    };
+    eventually(Duration::from_secs(10), || {
+        let (app, scope) = (gw.ingress.clone(), scope.clone());
+        async move {
+            let s = app.budgets.peek(&scope).await.unwrap();
+            (s.held.is_empty() && s.day_usd == d("0.004")).then_some(())
+        }
+    })
+    .await;
+    // $0.004 of $1 = 0.4 % ≥ 0.3 %.
+    let (s2, h2, body) = call(&gw.base, Some(FC23_KEY), "test/fc23").await;
+    assert_eq!(s2, 200, "{body}");
+    assert_eq!(h2["x-switchyard-target"], "cheap");
+    assert_eq!(h2["x-switchyard-downgraded-from"], "test/fc23");
+    assert_eq!(body["model"], "test/fc23");
+}

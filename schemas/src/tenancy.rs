@@ -1,0 +1,194 @@
+//! API keys, tenants and their budgets (the `keys:`, `tenants:` and `budgets:` config sections).
+//!
+//! With no keys configured the gateway is open (single-box default). With keys, every `/v1/*`
+//! request must present one as `Authorization: Bearer <key>` (OpenAI SDKs) or `x-api-key: <key>`
+//! (Anthropic SDKs). Keys are stored as the SHA-256 of the key (`key_sha256`), or given
+//! literally (`key`, usually `${ENV}`) and hashed at load; the key itself never prints.
+
+use crate::secret::Secret;
+use rust_decimal::Decimal;
+use serde::{Deserialize, Deserializer, Serialize};
+
+/// One API key.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyConfig {
+    /// Key id (`[A-Za-z0-9_-]`, ≤ 64 chars): recorded on every usage event, names budgets.
+    pub id: String,
+    /// Tenant the key belongs to (its tenant budget applies too, if `tenants` lists it).
+    pub tenant: String,
+    /// Lower-case hex SHA-256 of the key (64 chars). Exactly one of `key_sha256` / `key`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_sha256: Option<String>,
+    /// The key itself (e.g. `${TEAM_A_KEY}`); hashed at load, never printed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<Secret>,
+    /// May read every tenant's usage (`GET /v1/usage?tenant=…`).
+    #[serde(default)]
+    pub admin: bool,
+    /// `false` rejects the key with 401 (revocation without deleting the entry).
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// Spend limits and token quotas of this key.
+    #[serde(default)]
+    pub budget: Budget,
+}
+
+impl KeyConfig {
+    /// The lower-case hex SHA-256 this key is matched by.
+    pub fn sha256(&self) -> Option<String> {
+        match (&self.key_sha256, &self.key) {
+            (Some(h), _) => Some(h.to_ascii_lowercase()),
+            (None, Some(k)) => Some(sha256_hex(k.expose())),
+            (None, None) => None,
+        }
+    }
+}
+
+/// One tenant (a team or customer owning keys).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    /// Tenant id (`[A-Za-z0-9_-]`, ≤ 64 chars).
+    pub id: String,
+    /// Spend limits and token quotas shared by all the tenant's keys.
+    #[serde(default)]
+    pub budget: Budget,
+}
+
+/// Limits of a key or tenant; each is off when absent. Windows are calendar UTC: the day
+/// (00:00–24:00), the month, and the clock minute.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Budget {
+    /// Spend limit per UTC day, USD (sale price, i.e. what the tenant is charged).
+    #[serde(deserialize_with = "opt_usd", skip_serializing_if = "Option::is_none")]
+    pub daily_usd: Option<Decimal>,
+    /// Spend limit per UTC month, USD.
+    #[serde(deserialize_with = "opt_usd", skip_serializing_if = "Option::is_none")]
+    pub monthly_usd: Option<Decimal>,
+    /// Tokens (input + output) per clock minute.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens_per_minute: Option<u64>,
+    /// Tokens (input + output) per UTC day.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens_per_day: Option<u64>,
+    /// Cost-priority routing: once this share (0–1) of `daily_usd` is spent or reserved,
+    /// models that name a `cheaper` alternative are served by it.
+    #[serde(deserialize_with = "opt_usd", skip_serializing_if = "Option::is_none")]
+    pub downgrade_at: Option<Decimal>,
+}
+
+impl Budget {
+    /// Whether any limit is set.
+    pub fn is_limited(&self) -> bool {
+        self.daily_usd.is_some()
+            || self.monthly_usd.is_some()
+            || self.tokens_per_minute.is_some()
+            || self.tokens_per_day.is_some()
+    }
+}
+
+/// How admission estimates the cost it reserves.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BudgetSettings {
+    /// Output tokens reserved when the request sets no `max_tokens` (default 4096).
+    pub default_max_tokens: u64,
+    /// Added to every reservation, as a share of the estimate (default 0.10 = 10 %), covering
+    /// tokenizer differences between our estimate and the provider's count.
+    #[serde(deserialize_with = "usd")]
+    pub safety_margin: Decimal,
+    /// A reservation not settled within this many ms after the request's deadline is released
+    /// (covers an ingress that died mid-request; default 60 000).
+    pub hold_grace_ms: u64,
+}
+
+impl Default for BudgetSettings {
+    fn default() -> Self {
+        Self {
+            default_max_tokens: 4096,
+            safety_margin: Decimal::new(10, 2),
+            hold_grace_ms: 60_000,
+        }
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// Reads a non-negative decimal written as a number or string, exactly as written.
+fn usd<'de, D: Deserializer<'de>>(d: D) -> Result<Decimal, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        S(String),
+        F(f64),
+        I(i64),
+    }
+    let text = match Raw::deserialize(d)? {
+        Raw::S(s) => s,
+        // Rust prints the shortest decimal that round-trips, i.e. what the author typed.
+        Raw::F(f) => format!("{f}"),
+        Raw::I(i) => i.to_string(),
+    };
+    let v: Decimal = text
+        .trim()
+        .parse()
+        .map_err(|e| serde::de::Error::custom(format!("`{text}`: {e}")))?;
+    if v.is_sign_negative() {
+        return Err(serde::de::Error::custom(format!("`{text}` is negative")));
+    }
+    Ok(v)
+}
+
+fn opt_usd<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Decimal>, D::Error> {
+    usd(d).map(Some)
+}
+
+/// Lower-case hex SHA-256 of `key` (how keys are stored and matched).
+pub fn sha256_hex(key: &str) -> String {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(key.as_bytes());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Whether `id` is usable as a key or tenant id (it becomes part of KV keys and subjects).
+pub fn valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn budget_reads_decimals_exactly() {
+        let b: Budget =
+            serde_yaml_ng::from_str("{daily_usd: 0.010, monthly_usd: '5', downgrade_at: 0.7}")
+                .unwrap();
+        assert_eq!(b.daily_usd, Some(Decimal::new(10, 3)));
+        assert_eq!(b.monthly_usd, Some(Decimal::new(5, 0)));
+        assert_eq!(b.downgrade_at, Some(Decimal::new(7, 1)));
+        assert!(b.is_limited());
+        assert!(serde_yaml_ng::from_str::<Budget>("{daily_usd: -1}").is_err());
+        assert!(serde_yaml_ng::from_str::<Budget>("{daily: 1}").is_err());
+    }
+
+    #[test]
+    fn keys_hash_the_same_either_way() {
+        // SHA-256("abc"), FIPS 180-2 appendix B.1.
+        let h = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+        assert_eq!(sha256_hex("abc"), h);
+        let k: KeyConfig = serde_yaml_ng::from_str("{id: a, tenant: t, key: abc}").unwrap();
+        assert_eq!(k.sha256().as_deref(), Some(h));
+        assert!(format!("{k:?}").contains("[redacted]"));
+        assert!(!format!("{k:?}").contains("abc"));
+    }
+}
