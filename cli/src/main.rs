@@ -240,6 +240,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             }
             let nats = connect(&require_nats(&c)?, "switchyard-ingress").await?;
             let shutdown = shutdown_token();
+            start_spool(&nats, &c, &new_id("ingress"), &shutdown);
             let handle = ConfigHandle::new(c);
             spawn_reload(&nats, &handle, &shutdown, Arc::new(|_| {}));
             run_ingress(nats, handle, shutdown).await
@@ -253,8 +254,9 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             let c = load(&common)?;
             let nats = connect(&require_nats(&c)?, "switchyard-worker").await?;
             let subjects = Subjects::new(c.subject_prefix.clone());
-            let handle = ConfigHandle::new(c);
             let shutdown = shutdown_token();
+            start_spool(&nats, &c, &new_id("worker"), &shutdown);
+            let handle = ConfigHandle::new(c);
             spawn_reload(&nats, &handle, &shutdown, Arc::new(|_| {}));
             let opts = switchyard_workers::worker::WorkerOptions {
                 worker_id: new_id("worker"),
@@ -329,6 +331,30 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             Ok(())
         }
     }
+}
+
+/// Makes `<data_dir>/spool/<id>` this process's usage spool (usage events JetStream does not
+/// acknowledge are kept there) and drains it, and spools left by earlier runs, until `shutdown`.
+fn start_spool(
+    nats: &async_nats::Client,
+    c: &GatewayConfig,
+    id: &str,
+    shutdown: &CancellationToken,
+) {
+    use switchyard_schemas::publish::{drain_spool, set_spool_dir};
+    let dir = PathBuf::from(&c.data_dir).join("spool").join(id);
+    if let Err(e) = set_spool_dir(&dir) {
+        tracing::warn!(spool = %dir.display(), error = %e,
+            "no usage spool: usage events are dropped when NATS stays unreachable");
+        return;
+    }
+    let js = async_nats::jetstream::new(nats.clone());
+    let subjects = Subjects::new(c.subject_prefix.clone());
+    tokio::spawn(drain_spool(
+        js,
+        subjects,
+        shutdown.clone().cancelled_owned(),
+    ));
 }
 
 /// Applies live config pushes (NATS KV) to `handle` until `shutdown`.
@@ -432,6 +458,12 @@ async fn up(
     };
     c.nats_url = Some(url.clone());
     let shutdown = shutdown_token();
+    start_spool(
+        &connect(&url, "switchyard-spool").await?,
+        &c,
+        &new_id("up"),
+        &shutdown,
+    );
     // The local model server for `builtin:local-model` targets (removed from `c` when unavailable).
     let local_model = local_model::start(&mut c, local_model, shutdown.clone()).await;
     let handle = ConfigHandle::new(c);

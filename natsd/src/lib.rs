@@ -36,6 +36,7 @@ pub enum NatsdError {
 pub struct NatsServer {
     child: Child,
     port: u16,
+    store_dir: PathBuf,
     _tmp: Option<tempfile::TempDir>,
 }
 
@@ -87,33 +88,68 @@ impl NatsServer {
     /// reports it through its ports file (no bind-then-release race between parallel tests).
     /// `max_payload` is raised to 8 MiB so large prompts fit.
     pub fn start(store_dir: &Path, port: Option<u16>) -> Result<Self, NatsdError> {
-        let bin = find_binary()?;
-        std::fs::create_dir_all(store_dir)?;
-        let conf = store_dir.join("switchyard-nats.conf");
-        std::fs::write(&conf, "max_payload: 8MB\n")?;
-        let ports_dir = store_dir.join("ports");
-        std::fs::create_dir_all(&ports_dir)?;
-        let port_arg = port.map_or_else(|| "-1".to_owned(), |p| p.to_string());
-        let child = Command::new(&bin)
-            .arg("-c")
-            .arg(&conf)
-            .args(["-a", "127.0.0.1", "-p", &port_arg, "-js", "-sd"])
-            .arg(store_dir)
-            .arg("--ports_file_dir")
-            .arg(&ports_dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()?;
+        let (child, ports_dir) = spawn(store_dir, port)?;
         let mut s = Self {
             child,
             port: port.unwrap_or(0),
+            store_dir: store_dir.to_path_buf(),
             _tmp: None,
         };
         s.wait_ready(&ports_dir, Duration::from_secs(10))?;
         Ok(s)
     }
 
+    /// Kills the server (SIGKILL: a crash, nothing is flushed or handed over) and waits for it to
+    /// exit. Clients see the connection drop and keep reconnecting. No-op when already stopped.
+    pub fn stop(&mut self) -> Result<(), NatsdError> {
+        if self.is_running() {
+            self.child.kill()?;
+        }
+        self.child.wait()?;
+        Ok(())
+    }
+
+    /// Starts the server again on the same port with the same JetStream store (streams, consumers
+    /// and their state survive), stopping it first if it runs; waits up to 10 s for it to accept
+    /// connections. Clients reconnect by themselves.
+    pub fn restart(&mut self) -> Result<(), NatsdError> {
+        self.stop()?;
+        let (child, ports_dir) = spawn(&self.store_dir, Some(self.port))?;
+        self.child = child;
+        self.wait_ready(&ports_dir, Duration::from_secs(10))
+    }
+
+    /// The JetStream store directory.
+    pub fn store_dir(&self) -> &Path {
+        &self.store_dir
+    }
+}
+
+/// Spawns nats-server on `port` (`None`: it picks one) with JetStream data under `store_dir`;
+/// returns the child and the directory its ports file appears in.
+fn spawn(store_dir: &Path, port: Option<u16>) -> Result<(Child, PathBuf), NatsdError> {
+    let bin = find_binary()?;
+    std::fs::create_dir_all(store_dir)?;
+    let conf = store_dir.join("switchyard-nats.conf");
+    std::fs::write(&conf, "max_payload: 8MB\n")?;
+    let ports_dir = store_dir.join("ports");
+    std::fs::create_dir_all(&ports_dir)?;
+    let port_arg = port.map_or_else(|| "-1".to_owned(), |p| p.to_string());
+    let child = Command::new(&bin)
+        .arg("-c")
+        .arg(&conf)
+        .args(["-a", "127.0.0.1", "-p", &port_arg, "-js", "-sd"])
+        .arg(store_dir)
+        .arg("--ports_file_dir")
+        .arg(&ports_dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    Ok((child, ports_dir))
+}
+
+impl NatsServer {
     /// Waits for the ports file of our child (written once it listens), then for a TCP connect.
     fn wait_ready(&mut self, ports_dir: &Path, limit: Duration) -> Result<(), NatsdError> {
         let start = Instant::now();
@@ -197,5 +233,18 @@ mod tests {
         drop(s);
         // The port is free again once the child is gone.
         assert!(TcpListener::bind(("127.0.0.1", port)).is_ok());
+    }
+
+    #[test]
+    fn restarts_on_the_same_port_and_store() {
+        let mut s = NatsServer::start_temp().unwrap();
+        let (port, store) = (s.port(), s.store_dir().to_path_buf());
+        s.stop().unwrap();
+        assert!(!s.is_running());
+        s.stop().unwrap(); // already stopped: no-op
+        s.restart().unwrap();
+        assert!(s.is_running());
+        assert_eq!((s.port(), s.store_dir()), (port, store.as_path()));
+        assert!(TcpStream::connect(("127.0.0.1", port)).is_ok());
     }
 }

@@ -1,14 +1,62 @@
-//! Acknowledged, deduplicated JetStream publish of usage events (feature `nats`), shared by the two
-//! producers (ingress and workers) so both retry and deduplicate the same way.
+//! Acknowledged, deduplicated JetStream publish of usage events (feature `nats`), shared by the
+//! producers (ingress and workers) so they retry, deduplicate and spool the same way.
+//!
+//! # The local spool
+//!
+//! When JetStream does not acknowledge an event after [`PUBLISH_ATTEMPTS`] attempts (NATS down or
+//! unreachable for longer than the retries last), [`publish_usage_event`] appends it as one JSON
+//! line to a durable local spool file (written and fsync'd before it returns) instead of dropping
+//! it. [`drain_spool`], spawned once per process, re-publishes spooled events with the same subject
+//! and `Nats-Msg-Id` once NATS answers again, and removes an event from the spool only after the
+//! stream acknowledged it. A crash between the acknowledgement and the removal re-publishes the
+//! event later: inside the stream's duplicate window JetStream drops it, after it the ledger's
+//! primary key (request id, kind, attempt) does, so an event is never counted twice.
+//!
+//! The spool is configured process-wide with [`set_spool_dir`] (the CLI uses
+//! `<data_dir>/spool/<service>-<id>`). The directory holds an exclusive lock file
+//! ([`LOCK_FILE`]) for the lifetime of the process, `pending.jsonl` (appended to) and
+//! `draining-<uuid>.jsonl` (taken over by the drainer). Sibling directories whose lock is free
+//! (left by a process that has exited) are adopted by the drainer: their files move into this
+//! process's spool and are drained with it, so a restart never strands spooled events.
 
 use crate::subjects::Subjects;
 use crate::usage::UsageEvent;
+use serde::{Deserialize, Serialize};
+use std::fs::{File, OpenOptions};
+use std::future::Future;
+use std::io::{self, Write as _};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
+
+/// Acknowledged publish attempts before an event goes to the spool.
+pub const PUBLISH_ATTEMPTS: u32 = 5;
+/// Name of the lock file every spool directory holds while its process runs.
+pub const LOCK_FILE: &str = ".switchyard-spool.lock";
+/// The file new spooled events are appended to.
+const PENDING_FILE: &str = "pending.jsonl";
+/// Prefix of the files the drainer has taken over from `pending.jsonl` or adopted.
+const DRAINING_PREFIX: &str = "draining-";
+/// Lines of the spool that are not readable events (a torn write at a crash), kept for inspection.
+const REJECTED_FILE: &str = "rejected.jsonl";
+/// Events published before their acknowledgements are awaited, per drain step.
+const DRAIN_CHUNK: usize = 256;
+/// Shortest and longest wait between drain passes while events remain spooled.
+const RETRY_MIN: Duration = Duration::from_millis(250);
+const RETRY_MAX: Duration = Duration::from_secs(5);
+/// Wait between passes while the spool is empty (looks for directories left by other processes).
+const SWEEP_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Publishes `event` on `<prefix>.usage.<kind>.<request-id>` with `Nats-Msg-Id`
 /// `<request-id>:<kind>:<attempt>` (JetStream drops duplicates inside the stream's duplicate window),
-/// waiting for the stream's acknowledgement and retrying 5 times with exponential backoff from 50 ms.
-/// Returns whether the event was stored. (A durable local spool for long NATS outages comes later.)
+/// waiting for the stream's acknowledgement and retrying [`PUBLISH_ATTEMPTS`] times with exponential
+/// backoff from 50 ms (an attempt while the client is disconnected fails at once, so an outage sends
+/// events to the spool within about 0.75 s instead of after five acknowledgement timeouts). When
+/// every attempt fails, the event is appended to the local spool (see the module docs), from which
+/// [`drain_spool`] publishes it later. Returns whether the event is stored:
+/// acknowledged by JetStream or durably spooled; false only when neither worked (no spool
+/// configured, or writing it failed), which is logged as an error.
 pub async fn publish_usage_event(
     js: &async_nats::jetstream::Context,
     subjects: &Subjects,
@@ -17,28 +65,590 @@ pub async fn publish_usage_event(
     let Ok(payload) = serde_json::to_vec(event) else {
         return false;
     };
-    let id = event.request_id.to_string();
-    let subject = subjects.usage(event.kind.as_str(), &id);
-    let msg_id = format!("{id}:{}:{}", event.kind.as_str(), event.attempt);
+    let subject = subject_of(subjects, event);
+    let msg_id = msg_id_of(event);
     let mut delay = Duration::from_millis(50);
-    for attempt in 0..5 {
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert("Nats-Msg-Id", msg_id.as_str());
-        match js
-            .publish_with_headers(subject.clone(), headers, payload.clone().into())
-            .await
-        {
-            Ok(ack) => match ack.await {
-                Ok(_) => return true,
-                Err(e) => tracing::debug!(attempt, error = %e, "usage publish not acknowledged"),
-            },
+    for attempt in 0..PUBLISH_ATTEMPTS {
+        // While disconnected a publish would only wait for the acknowledgement timeout (5 s by
+        // default); failing the attempt at once gets the event onto disk within ~0.75 s.
+        let result = if connected(js) {
+            publish_once(js, &subject, &msg_id, &payload).await
+        } else {
+            Err("NATS is not connected".to_owned())
+        };
+        match result {
+            Ok(()) => return true,
             Err(e) => tracing::debug!(attempt, error = %e, "usage publish failed"),
         }
-        tokio::time::sleep(delay).await;
-        delay *= 2;
+        if attempt + 1 < PUBLISH_ATTEMPTS {
+            tokio::time::sleep(delay).await;
+            delay *= 2;
+        }
     }
-    tracing::warn!(%subject, "usage event could not be stored in JetStream after 5 attempts");
-    false
+    let Some(spool) = current_spool() else {
+        tracing::error!(%subject, "usage event could not be stored in JetStream and no spool is configured; dropped");
+        return false;
+    };
+    let entry = Entry {
+        subject: subject.clone(),
+        msg_id,
+        event: event.clone(),
+    };
+    let appended = {
+        let spool = spool.clone();
+        tokio::task::spawn_blocking(move || spool.append(&entry)).await
+    };
+    match appended {
+        Ok(Ok(())) => {
+            tracing::warn!(%subject, spool = %spool.dir().display(),
+                "usage event not acknowledged by JetStream; spooled locally for later delivery");
+            true
+        }
+        Ok(Err(e)) => {
+            tracing::error!(%subject, error = %e, "usage event could not be spooled; dropped");
+            false
+        }
+        Err(e) => {
+            tracing::error!(%subject, error = %e, "usage event spool task failed; dropped");
+            false
+        }
+    }
+}
+
+/// Whether the context's client is connected to a server right now.
+fn connected(js: &async_nats::jetstream::Context) -> bool {
+    js.client().connection_state() == async_nats::connection::State::Connected
+}
+
+/// The subject an event is published on.
+fn subject_of(subjects: &Subjects, event: &UsageEvent) -> String {
+    subjects.usage(event.kind.as_str(), &event.request_id.to_string())
+}
+
+/// The `Nats-Msg-Id` of an event: `<request-id>:<kind>:<attempt>`.
+fn msg_id_of(event: &UsageEvent) -> String {
+    format!(
+        "{}:{}:{}",
+        event.request_id,
+        event.kind.as_str(),
+        event.attempt
+    )
+}
+
+/// One acknowledged publish; the error says what failed.
+async fn publish_once(
+    js: &async_nats::jetstream::Context,
+    subject: &str,
+    msg_id: &str,
+    payload: &[u8],
+) -> Result<(), String> {
+    let ack = send(js, subject, msg_id, payload).await?;
+    ack.await
+        .map(|_| ())
+        .map_err(|e| format!("not acknowledged: {e}"))
+}
+
+/// Sends one publish and returns the future of its acknowledgement.
+async fn send(
+    js: &async_nats::jetstream::Context,
+    subject: &str,
+    msg_id: &str,
+    payload: &[u8],
+) -> Result<async_nats::jetstream::context::PublishAckFuture, String> {
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Nats-Msg-Id", msg_id);
+    js.publish_with_headers(subject.to_owned(), headers, payload.to_vec().into())
+        .await
+        .map_err(|e| format!("publish failed: {e}"))
+}
+
+/// One spooled event: where and with which `Nats-Msg-Id` it is to be published.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Entry {
+    subject: String,
+    msg_id: String,
+    event: UsageEvent,
+}
+
+/// Counters of one [`Spool`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SpoolStats {
+    /// Events appended to the spool, events.
+    pub spooled: u64,
+    /// Spooled events published and acknowledged by JetStream, events.
+    pub drained: u64,
+}
+
+/// What one [`Spool::drain`] pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DrainOutcome {
+    /// Events published and acknowledged (and removed from the spool), events.
+    pub published: u64,
+    /// Events still spooled for this drainer's subjects (NATS still unreachable), events.
+    pub remaining: u64,
+    /// Events left alone because they belong to another subject prefix, events.
+    pub foreign: u64,
+}
+
+/// A durable local spool directory of usage events (see the module docs). Usually used through
+/// [`set_spool_dir`], [`publish_usage_event`] and [`drain_spool`].
+#[derive(Debug)]
+pub struct Spool {
+    dir: PathBuf,
+    /// Held (exclusively locked) while the spool is open; tells other processes it is in use.
+    _lock: File,
+    /// Serialises appends with the drainer taking over `pending.jsonl`.
+    write: Mutex<()>,
+    /// Serialises drain passes.
+    draining: tokio::sync::Mutex<()>,
+    /// Woken on every append.
+    wake: tokio::sync::Notify,
+    spooled: AtomicU64,
+    drained: AtomicU64,
+}
+
+impl Spool {
+    /// Opens (creating it if needed) the spool directory `dir` and locks it for this process.
+    /// Fails when another live process holds it.
+    pub fn open(dir: &Path) -> io::Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let in_use = |e: std::fs::TryLockError| {
+            io::Error::other(format!(
+                "spool {} is in use by another process: {e}",
+                dir.display()
+            ))
+        };
+        let path = dir.join(LOCK_FILE);
+        let lock = match OpenOptions::new().read(true).write(true).open(&path) {
+            Ok(lock) => {
+                lock.try_lock().map_err(in_use)?;
+                lock
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                // Lock first, then rename into place: an adopter never sees an unlocked lock file
+                // of a directory that is being set up.
+                let tmp = dir.join(format!("{LOCK_FILE}.{}.tmp", uuid::Uuid::now_v7()));
+                let lock = File::create(&tmp)?;
+                lock.try_lock().map_err(in_use)?;
+                std::fs::rename(&tmp, &path)?;
+                sync_dir(dir)?;
+                lock
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            _lock: lock,
+            write: Mutex::new(()),
+            draining: tokio::sync::Mutex::new(()),
+            wake: tokio::sync::Notify::new(),
+            spooled: AtomicU64::new(0),
+            drained: AtomicU64::new(0),
+        })
+    }
+
+    /// The spool directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Counters since the spool was opened.
+    pub fn stats(&self) -> SpoolStats {
+        SpoolStats {
+            spooled: self.spooled.load(Ordering::Relaxed),
+            drained: self.drained.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Appends one entry to `pending.jsonl` and fsyncs it (and the directory when the file is
+    /// new) before returning. Blocking.
+    fn append(&self, entry: &Entry) -> io::Result<()> {
+        let mut line = serde_json::to_vec(entry).map_err(io::Error::other)?;
+        line.push(b'\n');
+        let _guard = self.write.lock().unwrap_or_else(|p| p.into_inner());
+        let path = self.dir.join(PENDING_FILE);
+        let existed = path.exists();
+        let mut file = OpenOptions::new().create(true).append(true).open(&path)?;
+        let before = file.metadata()?.len();
+        if let Err(e) = file.write_all(&line).and_then(|()| file.sync_data()) {
+            // Never leave a torn line the next append would glue itself to.
+            let _ = file.set_len(before);
+            return Err(e);
+        }
+        if !existed {
+            sync_dir(&self.dir)?;
+        }
+        self.spooled.fetch_add(1, Ordering::Relaxed);
+        self.wake.notify_one();
+        Ok(())
+    }
+
+    /// Events currently spooled in this directory (all subject prefixes), events. Blocking.
+    pub fn len(&self) -> io::Result<u64> {
+        let _guard = self.write.lock().unwrap_or_else(|p| p.into_inner());
+        let mut n = 0;
+        for path in self.spool_files()? {
+            n += read_lines(&path)?.len() as u64;
+        }
+        Ok(n)
+    }
+
+    /// Whether no event is spooled. Blocking.
+    pub fn is_empty(&self) -> io::Result<bool> {
+        self.len().map(|n| n == 0)
+    }
+
+    /// `pending.jsonl` and the `draining-*.jsonl` files, draining files first in name order.
+    fn spool_files(&self) -> io::Result<Vec<PathBuf>> {
+        let mut draining = Vec::new();
+        for entry in std::fs::read_dir(&self.dir)? {
+            let entry = entry?;
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with(DRAINING_PREFIX) && name.ends_with(".jsonl") {
+                draining.push(entry.path());
+            }
+        }
+        draining.sort();
+        let pending = self.dir.join(PENDING_FILE);
+        if pending.exists() {
+            draining.push(pending);
+        }
+        Ok(draining)
+    }
+
+    /// Moves `pending.jsonl` aside as a new draining file, so appends continue in a fresh file
+    /// while the drainer works. Blocking.
+    fn rotate(&self) -> io::Result<()> {
+        let _guard = self.write.lock().unwrap_or_else(|p| p.into_inner());
+        let pending = self.dir.join(PENDING_FILE);
+        match std::fs::metadata(&pending) {
+            Ok(m) if m.len() == 0 => std::fs::remove_file(&pending)?,
+            Ok(_) => {
+                std::fs::rename(&pending, self.dir.join(draining_name()))?;
+                sync_dir(&self.dir)?;
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        Ok(())
+    }
+
+    /// Takes over the files of sibling spool directories whose lock is free (their process has
+    /// exited) and removes those directories. Returns how many files were adopted. Blocking.
+    fn adopt_orphans(&self) -> io::Result<usize> {
+        let Some(parent) = self.dir.parent() else {
+            return Ok(0);
+        };
+        let mut adopted = 0;
+        for entry in std::fs::read_dir(parent)? {
+            let path = entry?.path();
+            if path == self.dir || !path.is_dir() {
+                continue;
+            }
+            let Ok(lock) = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(path.join(LOCK_FILE))
+            else {
+                continue; // not a spool directory, or being removed
+            };
+            if lock.try_lock().is_err() {
+                continue; // its process is alive
+            }
+            let Ok(files) = std::fs::read_dir(&path) else {
+                continue; // adopted by another process meanwhile
+            };
+            for file in files {
+                let file = file?;
+                let name = file.file_name();
+                let name = name.to_string_lossy().into_owned();
+                if name == LOCK_FILE {
+                    continue;
+                }
+                let target = if name == PENDING_FILE
+                    || (name.starts_with(DRAINING_PREFIX) && name.ends_with(".jsonl"))
+                {
+                    adopted += 1;
+                    self.dir.join(draining_name())
+                } else if name == REJECTED_FILE {
+                    self.dir
+                        .join(format!("rejected-{}.jsonl", uuid::Uuid::now_v7()))
+                } else {
+                    // An unfinished rewrite (`*.tmp`): the file it was to replace still exists.
+                    std::fs::remove_file(file.path())?;
+                    continue;
+                };
+                std::fs::rename(file.path(), target)?;
+            }
+            sync_dir(&self.dir)?;
+            std::fs::remove_file(path.join(LOCK_FILE))?;
+            std::fs::remove_dir(&path)?;
+            sync_dir(parent)?;
+            tracing::info!(from = %path.display(), files = adopted, "adopted a spool left by an exited process");
+        }
+        Ok(adopted)
+    }
+
+    /// One pass: adopts orphaned sibling spools, takes over `pending.jsonl`, and publishes every
+    /// spooled event whose subject is under `subjects`' prefix, removing each from the spool only
+    /// after its acknowledgement. Stops at the first failure (the rest stays spooled). Events of
+    /// other prefixes are kept untouched.
+    pub async fn drain(
+        self: &Arc<Self>,
+        js: &async_nats::jetstream::Context,
+        subjects: &Subjects,
+    ) -> io::Result<DrainOutcome> {
+        let _pass = self.draining.lock().await;
+        if !connected(js) {
+            return Err(io::Error::new(
+                io::ErrorKind::NotConnected,
+                "NATS is not connected",
+            ));
+        }
+        let files = {
+            let me = self.clone();
+            tokio::task::spawn_blocking(move || -> io::Result<Vec<PathBuf>> {
+                if let Err(e) = me.adopt_orphans() {
+                    tracing::warn!(error = %e, "adopting spools of exited processes failed");
+                }
+                me.rotate()?;
+                let mut files = me.spool_files()?;
+                // `pending.jsonl` was just rotated; anything in it now is newer than this pass.
+                files.retain(|p| !p.ends_with(PENDING_FILE));
+                Ok(files)
+            })
+            .await
+            .map_err(io::Error::other)??
+        };
+        let mut out = DrainOutcome::default();
+        let mut failed = false;
+        for path in files {
+            let lines = read_lines(&path)?;
+            let mut keep: Vec<String> = Vec::new();
+            let mut todo: Vec<(String, Entry)> = Vec::new();
+            let mut rejected: Vec<String> = Vec::new();
+            for line in lines {
+                match serde_json::from_str::<Entry>(&line) {
+                    Ok(entry) if entry.subject == subject_of(subjects, &entry.event) => {
+                        todo.push((line, entry));
+                    }
+                    Ok(_) => {
+                        out.foreign += 1;
+                        keep.push(line);
+                    }
+                    Err(e) => {
+                        tracing::error!(file = %path.display(), error = %e, %line,
+                            "unreadable spool line moved to rejected.jsonl");
+                        rejected.push(line);
+                    }
+                }
+            }
+            let mut changed = !rejected.is_empty();
+            for chunk in todo.chunks(DRAIN_CHUNK) {
+                if failed {
+                    keep.extend(chunk.iter().map(|(line, _)| line.clone()));
+                    out.remaining += chunk.len() as u64;
+                    continue;
+                }
+                let (acked, rest) = publish_chunk(js, chunk).await;
+                out.published += acked as u64;
+                self.drained.fetch_add(acked as u64, Ordering::Relaxed);
+                changed |= acked > 0;
+                if !rest.is_empty() {
+                    failed = true;
+                    out.remaining += rest.len() as u64;
+                    keep.extend(rest);
+                }
+            }
+            if !changed && !keep.is_empty() {
+                continue; // nothing delivered from this file: leave it as it is
+            }
+            let dir = self.dir.clone();
+            tokio::task::spawn_blocking(move || finish_file(&dir, &path, &keep, &rejected))
+                .await
+                .map_err(io::Error::other)??;
+        }
+        Ok(out)
+    }
+}
+
+/// Publishes a chunk of entries, then awaits the acknowledgements. Returns how many were
+/// acknowledged and the lines of the rest (everything from the first failure on is kept).
+async fn publish_chunk(
+    js: &async_nats::jetstream::Context,
+    chunk: &[(String, Entry)],
+) -> (usize, Vec<String>) {
+    let mut acks = Vec::with_capacity(chunk.len());
+    for (_, entry) in chunk {
+        let Ok(payload) = serde_json::to_vec(&entry.event) else {
+            acks.push(None);
+            continue;
+        };
+        match send(js, &entry.subject, &entry.msg_id, &payload).await {
+            Ok(ack) => acks.push(Some(ack)),
+            Err(e) => {
+                tracing::debug!(error = %e, "re-publishing a spooled usage event failed");
+                break;
+            }
+        }
+    }
+    let mut acked = 0;
+    let mut rest = Vec::new();
+    let mut iter = chunk.iter();
+    for ack in acks {
+        let Some((line, _)) = iter.next() else { break };
+        let ok = match ack {
+            Some(ack) => match ack.await {
+                Ok(_) => true,
+                Err(e) => {
+                    tracing::debug!(error = %e, "spooled usage event not acknowledged");
+                    false
+                }
+            },
+            None => false,
+        };
+        if ok {
+            acked += 1;
+        } else {
+            rest.push(line.clone());
+        }
+    }
+    rest.extend(iter.map(|(line, _)| line.clone()));
+    (acked, rest)
+}
+
+/// Removes a drained file, or replaces it atomically with the lines still to deliver; appends
+/// unreadable lines to `rejected.jsonl`.
+fn finish_file(dir: &Path, path: &Path, keep: &[String], rejected: &[String]) -> io::Result<()> {
+    if !rejected.is_empty() {
+        let mut f = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join(REJECTED_FILE))?;
+        for line in rejected {
+            f.write_all(line.as_bytes())?;
+            f.write_all(b"\n")?;
+        }
+        f.sync_data()?;
+    }
+    if keep.is_empty() {
+        std::fs::remove_file(path)?;
+    } else {
+        let tmp = path.with_extension("tmp");
+        let mut f = File::create(&tmp)?;
+        for line in keep {
+            f.write_all(line.as_bytes())?;
+            f.write_all(b"\n")?;
+        }
+        f.sync_data()?;
+        std::fs::rename(&tmp, path)?;
+    }
+    sync_dir(dir)
+}
+
+/// The non-empty lines of a spool file (a torn last line is returned too and rejected later).
+fn read_lines(path: &Path) -> io::Result<Vec<String>> {
+    let text = match std::fs::read(path) {
+        Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    Ok(text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(str::to_owned)
+        .collect())
+}
+
+/// A fresh, time-ordered draining file name.
+fn draining_name() -> String {
+    format!("{DRAINING_PREFIX}{}.jsonl", uuid::Uuid::now_v7())
+}
+
+/// fsyncs a directory, so renames and new files in it survive a crash.
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// The process-wide spool.
+static SPOOL: RwLock<Option<Arc<Spool>>> = RwLock::new(None);
+
+/// Makes `dir` this process's usage spool (created if missing, locked while the process runs).
+/// Called once at start-up, before the services publish; a later call replaces the spool.
+pub fn set_spool_dir(dir: impl AsRef<Path>) -> io::Result<()> {
+    let spool = Arc::new(Spool::open(dir.as_ref())?);
+    *SPOOL.write().unwrap_or_else(|p| p.into_inner()) = Some(spool);
+    Ok(())
+}
+
+/// Turns the process-wide spool off again (failed publishes are then dropped, as logged).
+pub fn clear_spool() {
+    *SPOOL.write().unwrap_or_else(|p| p.into_inner()) = None;
+}
+
+/// The process-wide spool, if [`set_spool_dir`] configured one.
+pub fn current_spool() -> Option<Arc<Spool>> {
+    SPOOL.read().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
+/// Drains the process-wide spool into JetStream until `shutdown` completes: a pass at start
+/// (which also adopts spools left by exited processes), a pass right after each newly spooled
+/// event, retries every 250 ms to 5 s while events remain, and a sweep every minute otherwise.
+/// Only events under `subjects`' prefix are published. Returns at once when no spool is set.
+pub async fn drain_spool(
+    js: async_nats::jetstream::Context,
+    subjects: Subjects,
+    shutdown: impl Future<Output = ()>,
+) {
+    let Some(spool) = current_spool() else {
+        return;
+    };
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut delay = RETRY_MIN;
+    loop {
+        let wait = match spool.drain(&js, &subjects).await {
+            Ok(out) => {
+                if out.published > 0 {
+                    tracing::info!(
+                        published = out.published,
+                        remaining = out.remaining,
+                        "spooled usage events delivered to JetStream"
+                    );
+                }
+                if out.remaining == 0 {
+                    delay = RETRY_MIN;
+                    SWEEP_INTERVAL
+                } else {
+                    tracing::warn!(
+                        remaining = out.remaining,
+                        retry_ms = delay.as_millis() as u64,
+                        "spooled usage events not yet accepted by JetStream; retrying"
+                    );
+                    let d = delay;
+                    delay = (delay * 2).min(RETRY_MAX);
+                    d
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotConnected => {
+                let d = delay;
+                delay = (delay * 2).min(RETRY_MAX);
+                d
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, spool = %spool.dir().display(), "draining the usage spool failed");
+                let d = delay;
+                delay = (delay * 2).min(RETRY_MAX);
+                d
+            }
+        };
+        tokio::select! {
+            biased;
+            _ = shutdown.as_mut() => return,
+            _ = spool.wake.notified() => {}
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
 }
 
 /// Waits until the server has processed everything `client` sent before (e.g. subscriptions):
@@ -58,4 +668,210 @@ pub async fn sync_with_server(client: &async_nats::Client) -> bool {
         tokio::time::timeout(Duration::from_secs(5), sub.next()).await,
         Ok(Some(_))
     )
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+    use crate::usage::{Usage, UsageKind, UsageStatus};
+    use async_nats::jetstream;
+
+    fn event(kind: UsageKind) -> UsageEvent {
+        UsageEvent {
+            request_id: uuid::Uuid::now_v7(),
+            kind,
+            attempt: 0,
+            ts_ms: 1,
+            tenant: None,
+            key_id: None,
+            model: "demo/mock".into(),
+            target: Some("mock".into()),
+            upstream_model: Some("mock".into()),
+            usage: Usage {
+                prompt_tokens: 7,
+                completion_tokens: 3,
+                ..Usage::default()
+            },
+            estimated: false,
+            status: UsageStatus::Ok,
+            error_class: None,
+            ttft_ms: None,
+            latency_ms: 1,
+            fallbacks: 0,
+            cache_hit: false,
+        }
+    }
+
+    fn entry(subjects: &Subjects, e: &UsageEvent) -> Entry {
+        Entry {
+            subject: subject_of(subjects, e),
+            msg_id: msg_id_of(e),
+            event: e.clone(),
+        }
+    }
+
+    /// A server with the usage stream (2 min duplicate window) and a client whose JetStream
+    /// requests time out after 200 ms, so a publish gives up quickly while the server is down.
+    async fn server() -> (
+        switchyard_natsd::NatsServer,
+        jetstream::Context,
+        jetstream::stream::Stream,
+    ) {
+        let server = switchyard_natsd::NatsServer::start_temp().unwrap();
+        let client = async_nats::connect(server.url()).await.unwrap();
+        let mut js = jetstream::new(client);
+        let stream = js
+            .create_stream(jetstream::stream::Config {
+                name: crate::subjects::USAGE_STREAM.into(),
+                subjects: vec![Subjects::default().usage_all()],
+                duplicate_window: Duration::from_secs(120),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        js.set_timeout(Duration::from_millis(200));
+        (server, js, stream)
+    }
+
+    async fn messages(stream: &mut jetstream::stream::Stream) -> u64 {
+        stream.info().await.unwrap().state.messages
+    }
+
+    /// Polls `f` every 20 ms until it is true; fails after `limit`.
+    async fn until<F: FnMut() -> Fut, Fut: Future<Output = bool>>(limit: Duration, mut f: F) {
+        let deadline = tokio::time::Instant::now() + limit;
+        while !f().await {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "not within {limit:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The only test using the process-wide spool: events published while the server is down are
+    /// spooled (fsync'd lines) and drained exactly once when it is back; a spooled event the stream
+    /// already holds (its acknowledgement was lost) is dropped by the `Nats-Msg-Id` dedupe.
+    #[tokio::test]
+    async fn spooled_while_down_then_drained_exactly_once() {
+        let tmp = tempfile::tempdir().unwrap();
+        set_spool_dir(tmp.path().join("spool").join("test-1")).unwrap();
+        let spool = current_spool().unwrap();
+        let (mut server, js, mut stream) = server().await;
+        let subjects = Subjects::default();
+
+        let stored = event(UsageKind::Charge);
+        assert!(publish_usage_event(&js, &subjects, &stored).await);
+        assert_eq!(spool.stats().spooled, 0);
+
+        server.stop().unwrap();
+        let a = event(UsageKind::Upstream);
+        let b = event(UsageKind::Charge);
+        let (ra, rb) = tokio::join!(
+            publish_usage_event(&js, &subjects, &a),
+            publish_usage_event(&js, &subjects, &b)
+        );
+        assert!(ra && rb, "spooled counts as stored");
+        assert_eq!(spool.stats().spooled, 2);
+        assert_eq!(spool.len().unwrap(), 2);
+        let text = std::fs::read_to_string(spool.dir().join(PENDING_FILE)).unwrap();
+        let mut spooled: Vec<(String, String, UsageEvent)> = text
+            .lines()
+            .map(|l| serde_json::from_str::<Entry>(l).unwrap())
+            .map(|e| (e.msg_id, e.subject, e.event))
+            .collect();
+        spooled.sort_by_key(|(id, _, _)| id.clone());
+        let mut want: Vec<_> = [&a, &b]
+            .map(|e| (msg_id_of(e), subject_of(&subjects, e), e.clone()))
+            .into();
+        want.sort_by_key(|(id, _, _)| id.clone());
+        assert_eq!(spooled, want);
+        spool.append(&entry(&subjects, &stored)).unwrap();
+
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let drainer = tokio::spawn(drain_spool(js.clone(), subjects.clone(), async {
+            let _ = stopped.await;
+        }));
+        server.restart().unwrap();
+        until(Duration::from_secs(20), || {
+            let spool = spool.clone();
+            async move { spool.stats().drained == 3 && spool.is_empty().unwrap() }
+        })
+        .await;
+        assert_eq!(messages(&mut stream).await, 3);
+        for e in [&stored, &a, &b] {
+            let m = stream
+                .get_last_raw_message_by_subject(&subject_of(&subjects, e))
+                .await
+                .unwrap();
+            assert_eq!(
+                serde_json::from_slice::<UsageEvent>(&m.payload).unwrap(),
+                *e
+            );
+        }
+        // Another pass finds nothing to do.
+        let again = spool.drain(&js, &subjects).await.unwrap();
+        assert_eq!(again, DrainOutcome::default());
+        assert_eq!(messages(&mut stream).await, 3);
+        stop.send(()).unwrap();
+        drainer.await.unwrap();
+        clear_spool();
+    }
+
+    #[tokio::test]
+    async fn adopts_spools_of_exited_processes_only() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("spool");
+        let (_server, js, mut stream) = server().await;
+        let subjects = Subjects::default();
+        let other = Subjects::new("other");
+
+        // A process that exited: two events of ours, one of another prefix, one torn line.
+        let (e1, e2, foreign) = (
+            event(UsageKind::Upstream),
+            event(UsageKind::Charge),
+            event(UsageKind::Charge),
+        );
+        {
+            let dead = Spool::open(&root.join("worker-dead")).unwrap();
+            dead.append(&entry(&subjects, &e1)).unwrap();
+            dead.append(&entry(&other, &foreign)).unwrap();
+            dead.append(&entry(&subjects, &e2)).unwrap();
+            let mut f = OpenOptions::new()
+                .append(true)
+                .open(dead.dir().join(PENDING_FILE))
+                .unwrap();
+            f.write_all(b"{\"subject\":\"sy.usage.char").unwrap();
+            assert!(Spool::open(&root.join("worker-dead")).is_err(), "locked");
+        }
+        // A live process: its spool is not touched.
+        let live = Spool::open(&root.join("ingress-live")).unwrap();
+        let e3 = event(UsageKind::Charge);
+        live.append(&entry(&subjects, &e3)).unwrap();
+
+        let me = Arc::new(Spool::open(&root.join("worker-new")).unwrap());
+        let out = me.drain(&js, &subjects).await.unwrap();
+        assert_eq!(
+            out,
+            DrainOutcome {
+                published: 2,
+                remaining: 0,
+                foreign: 1
+            }
+        );
+        assert!(!root.join("worker-dead").exists());
+        assert_eq!(me.len().unwrap(), 1, "the foreign event stays spooled");
+        let rejected = std::fs::read_to_string(me.dir().join(REJECTED_FILE)).unwrap();
+        assert!(rejected.starts_with("{\"subject\":\"sy.usage.char"));
+        assert_eq!(live.len().unwrap(), 1);
+        assert_eq!(messages(&mut stream).await, 2);
+
+        // Once the live one exits, its event is adopted and delivered too.
+        drop(live);
+        let out = me.drain(&js, &subjects).await.unwrap();
+        assert_eq!((out.published, out.foreign), (1, 1));
+        assert_eq!(messages(&mut stream).await, 3);
+        assert_eq!(me.len().unwrap(), 1);
+    }
 }
