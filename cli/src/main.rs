@@ -4,6 +4,7 @@
 use switchyard::{config, reload};
 mod bench;
 mod cache_cmd;
+mod key_cmd;
 mod local_model;
 mod report_cmd;
 
@@ -101,6 +102,12 @@ enum Command {
     Report(report_cmd::ReportArgs),
     /// Measures the latency Switchyard adds (p50/p99, direct to the mock vs through the gateway).
     Bench(bench::BenchArgs),
+    /// API keys: `new --id ID --tenant T` mints one and prints its config entry; `hash` prints
+    /// the SHA-256 of a key read from stdin.
+    Key {
+        #[command(subcommand)]
+        action: key_cmd::KeyAction,
+    },
     /// Live config: `push FILE` validates a YAML config and stores it in the NATS KV bucket every
     /// running service watches (they switch atomically, no restart); `show` prints the stored one.
     Config {
@@ -305,6 +312,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             }
         }
         Command::Report(args) => report_cmd::run(args).await.map_err(msg),
+        Command::Key { action } => key_cmd::run(action).map_err(msg),
         Command::Bench(args) => bench::run(args).await.map_err(msg),
         Command::Config { action, nats_url } => {
             let url = nats_url.ok_or_else(|| msg("pass --nats-url (or SWITCHYARD_NATS_URL)"))?;

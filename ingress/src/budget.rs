@@ -542,14 +542,43 @@ pub async fn reserve_for(
     if scopes.is_empty() {
         return Ok(None);
     }
-    let settings = &config.budgets;
     let prompt = crate::trim::Estimate::of(messages, tools).total();
-    let output = max_tokens.map_or(settings.default_max_tokens, u64::from);
+    let output = max_tokens.map_or(config.budgets.default_max_tokens, u64::from);
+    reserve_tokens(
+        app,
+        config,
+        model,
+        scopes,
+        request_id,
+        prompt,
+        output,
+        deadline_ms,
+    )
+    .await
+}
+
+/// Reserves `prompt_tokens` input and `output_tokens` output on `model` for `scopes` (none:
+/// `Ok(None)`); used directly where the input size is known without a tokenizer (embeddings).
+#[allow(clippy::too_many_arguments)]
+pub async fn reserve_tokens(
+    app: &AppState,
+    config: &GatewayConfig,
+    model: &ModelConfig,
+    scopes: Vec<Scope>,
+    request_id: &str,
+    prompt_tokens: u64,
+    output_tokens: u64,
+    deadline_ms: u64,
+) -> Result<Option<Reservation>, ApiError> {
+    if scopes.is_empty() {
+        return Ok(None);
+    }
+    let settings = &config.budgets;
     let demand = estimate(
         app.catalog.as_deref(),
         &model.id,
-        prompt,
-        output,
+        prompt_tokens,
+        output_tokens,
         settings.safety_margin,
     );
     let until = deadline_ms + settings.hold_grace_ms;

@@ -117,18 +117,27 @@ async fn handle(app: Arc<AppState>, body: &[u8]) -> Result<Response, ApiError> {
             .and_then(|p| p.timeouts.first_byte_ms)
             .unwrap_or(t.first_byte_ms),
     );
-    let prompt_bytes = match &input {
+    let prompt_bytes: usize = match &input {
         EmbedInput::Texts(v) => v.iter().map(String::len).sum(),
         EmbedInput::Tokens(v) => v.iter().map(|x| x.len() * 4).sum(),
     };
-    let mut charge = Charge::start(
-        app.clone(),
-        id,
-        &model.id,
-        crate::auth::current_caller(),
-        prompt_bytes,
-        admitted,
-    );
+    let caller = crate::auth::current_caller();
+    // Budgets: input only, estimated at 4 bytes per token (no tokenizer on this path).
+    let reservation = crate::budget::reserve_tokens(
+        &app,
+        &config,
+        model,
+        crate::budget::scopes(&config, &caller),
+        &id.to_string(),
+        prompt_bytes.div_ceil(4) as u64,
+        0,
+        switchyard_schemas::now_ms() + total,
+    )
+    .await?;
+    let mut charge = Charge::start(app.clone(), id, &model.id, caller, prompt_bytes, admitted);
+    if let Some(r) = reservation {
+        charge.reserved(r);
+    }
     let mut outcome = Outcome::new(&app.metrics, &model.id, admitted);
     let fail = |charge: Charge, outcome: &mut Outcome, e: ErrorInfo| -> ApiError {
         charge.finish(Some(e.class));

@@ -344,3 +344,47 @@ async fn past_downgrade_share_the_cheaper_model_serves() {
     assert_eq!(h2["x-switchyard-downgraded-from"], "test/fc23");
     assert_eq!(body["model"], "test/fc23");
 }
+
+/// Embeddings are admitted against the same quotas (input estimated at 4 bytes per token).
+#[tokio::test]
+async fn embeddings_respect_token_quotas() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = json!([{"id": "k1", "tenant": "acme", "key": FC23_KEY,
+                       "budget": {"tokens_per_day": 10}}]);
+    let mut config = config(dir.path(), keys, json!([]));
+    config.targets.push(
+        serde_json::from_value(json!({"id": "emb", "provider": "openai",
+            "base_url": "builtin:mock", "upstream_model": "text-embedding-3-small"}))
+        .unwrap(),
+    );
+    config.models.push(
+        serde_json::from_value(json!({"id": "openai/text-embedding-3-small", "targets": ["emb"]}))
+            .unwrap(),
+    );
+    let gw = start(Options {
+        config,
+        ..Options::default()
+    })
+    .await;
+    let embed = |input: &str| {
+        reqwest::Client::new()
+            .post(format!("{}/v1/embeddings", gw.base))
+            .bearer_auth(FC23_KEY)
+            .json(&json!({"model": "openai/text-embedding-3-small", "input": input}))
+            .send()
+    };
+    // 8 bytes → 2 tokens: admitted.
+    assert_eq!(embed("two word").await.unwrap().status().as_u16(), 200);
+    // 80 bytes → 20 tokens > 10 per day.
+    let resp = embed(&"x".repeat(80)).await.unwrap();
+    assert_eq!(resp.status().as_u16(), 429);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "insufficient_quota");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("The daily token quota of key `k1` is exhausted"),
+        "{body}"
+    );
+}
