@@ -43,4 +43,7 @@ pub enum BillingError {
     /// Starting the pull message stream of the billing consumer failed.
     #[error("billing consumer messages: {0}")]
     Messages(#[from] StreamError),
+    /// Subscribing the usage query subject failed.
+    #[error("usage query subscription: {0}")]
+    Subscribe(#[from] async_nats::SubscribeError),
 }

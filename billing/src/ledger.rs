@@ -14,6 +14,7 @@ use serde::de::DeserializeOwned;
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::migrate::Migrator;
 use sqlx::{AnyPool, Row};
+use std::collections::HashSet;
 use std::time::Duration;
 use switchyard_schemas::usage::{Usage, UsageEvent, UsageStatus};
 use switchyard_schemas::{ErrorClass, UsageKind};
@@ -141,6 +142,16 @@ impl UsageRow {
 }
 
 impl UsageRow {
+    /// Which of `lanes` (≥ 1) concurrent writers stores this row: a function of the request id
+    /// only, so every copy of one event goes to the same writer and two concurrent transactions
+    /// never insert the same key (which could deadlock them on PostgreSQL).
+    pub(crate) fn lane(&self, lanes: usize) -> usize {
+        let hash = self.request_id.bytes().fold(0usize, |h, b| {
+            h.wrapping_mul(31).wrapping_add(usize::from(b))
+        });
+        hash % lanes.max(1)
+    }
+
     /// The token counts (validated non-negative at construction).
     fn usage(&self) -> Usage {
         let u = |v: i64| u64::try_from(v).unwrap_or(0);
@@ -162,15 +173,150 @@ fn status_str(status: UsageStatus) -> &'static str {
     }
 }
 
-const INSERT_SQL: &str = "INSERT INTO usage_events (request_id, kind, attempt, ts_ms, tenant, \
+/// Head of the multi-row event insert; [`EVENT_COLUMNS`] values per row follow.
+const INSERT_HEAD: &str = "INSERT INTO usage_events (request_id, kind, attempt, ts_ms, tenant, \
      key_id, model, target, upstream_model, prompt_tokens, cached_tokens, cache_write_tokens, \
      completion_tokens, reasoning_tokens, estimated, status, error_class, ttft_ms, latency_ms, \
-     fallbacks, cache_hit, raw, ingested_at_ms, cost_usd) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, \
-     $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24) \
-     ON CONFLICT DO NOTHING";
+     fallbacks, cache_hit, raw, ingested_at_ms, cost_usd) VALUES ";
+/// Values bound per `usage_events` row.
+const EVENT_COLUMNS: usize = 24;
+/// The keys of the rows an event insert stored (a conflicting row returns nothing).
+const INSERT_TAIL: &str = " ON CONFLICT DO NOTHING RETURNING request_id, kind, attempt";
 
-const LINE_SQL: &str = "INSERT INTO ledger_lines (request_id, kind, attempt, billing_type, tokens, \
-     unit_price_usd, amount_usd) VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING";
+/// Head of the multi-row ledger line insert; [`LINE_COLUMNS`] values per row follow.
+const LINE_HEAD: &str = "INSERT INTO ledger_lines (request_id, kind, attempt, billing_type, \
+     tokens, unit_price_usd, amount_usd) VALUES ";
+/// Values bound per `ledger_lines` row.
+const LINE_COLUMNS: usize = 7;
+/// Tail of the line insert when a line may already exist (see [`Ledger::insert_rows`]).
+const LINE_TAIL_TOLERANT: &str = " ON CONFLICT DO NOTHING";
+
+/// Most events in one INSERT statement, rows (a power of two; 512 × 24 = 12,288 bind values,
+/// below SQLite's 32,766 and PostgreSQL's 65,535).
+const EVENTS_PER_STATEMENT: usize = 512;
+/// Most ledger lines in one INSERT statement, rows (a power of two; 2,048 × 7 = 14,336 values).
+const LINES_PER_STATEMENT: usize = 2048;
+
+/// The statement sizes a run of `n` rows is split into: `max` (a power of two) while at least
+/// that many are left, then the binary digits of the rest, largest first (e.g. 500 with max 256:
+/// 256, 128, 64, 32, 16, 4). Only power-of-two sizes occur, so each connection prepares and
+/// caches at most log2(`max`) + 1 statement texts per table instead of one per batch size.
+fn statement_sizes(mut n: usize, max: usize) -> impl Iterator<Item = usize> {
+    std::iter::from_fn(move || {
+        if n == 0 {
+            return None;
+        }
+        let size = if n >= max {
+            max
+        } else {
+            1 << (usize::BITS - 1 - n.leading_zeros())
+        };
+        n -= size;
+        Some(size)
+    })
+}
+
+/// `head` + `rows` groups of `columns` placeholders + `tail`. PostgreSQL gets numbered
+/// placeholders (`$1, $2, …`); SQLite gets anonymous ones (`?`, bound in order), because naming a
+/// SQLite parameter by number costs a scan of the statement's parameter list (sqlx looks each one
+/// up), which made a 12,288-parameter statement take a second to bind.
+fn multi_row_sql(backend: Backend, head: &str, columns: usize, rows: usize, tail: &str) -> String {
+    use std::fmt::Write as _;
+    let mut sql = String::with_capacity(head.len() + tail.len() + rows * columns * 8);
+    sql.push_str(head);
+    for r in 0..rows {
+        sql.push_str(if r == 0 { "(" } else { ", (" });
+        for c in 0..columns {
+            if c > 0 {
+                sql.push_str(", ");
+            }
+            match backend {
+                Backend::Postgres => {
+                    let _ = write!(sql, "${}", r * columns + c + 1);
+                }
+                Backend::Sqlite => sql.push('?'),
+            }
+        }
+        sql.push(')');
+    }
+    sql.push_str(tail);
+    sql
+}
+
+/// The statement texts of one multi-row insert, built once (the largest is ~100 KB): `texts[i]`
+/// is the statement for `2^i` rows, up to `max` rows (a power of two).
+struct StatementTexts {
+    backend: Backend,
+    head: &'static str,
+    columns: usize,
+    tail: &'static str,
+    texts: Vec<String>,
+}
+
+impl StatementTexts {
+    fn build(
+        backend: Backend,
+        head: &'static str,
+        columns: usize,
+        max: usize,
+        tail: &'static str,
+    ) -> Self {
+        let texts = (0..=max.trailing_zeros())
+            .map(|i| multi_row_sql(backend, head, columns, 1 << i, tail))
+            .collect();
+        Self {
+            backend,
+            head,
+            columns,
+            tail,
+            texts,
+        }
+    }
+
+    /// The statement for `rows` rows: prebuilt for the sizes [`statement_sizes`] yields, built
+    /// on the spot for any other.
+    fn get(&self, rows: usize) -> std::borrow::Cow<'_, str> {
+        match self.texts.get(rows.trailing_zeros() as usize) {
+            Some(sql) if rows.is_power_of_two() => std::borrow::Cow::Borrowed(sql),
+            _ => multi_row_sql(self.backend, self.head, self.columns, rows, self.tail).into(),
+        }
+    }
+}
+
+/// The event inserts, and the line inserts without and with `ON CONFLICT DO NOTHING`, of
+/// `backend`.
+fn statement_texts(backend: Backend) -> &'static [StatementTexts; 3] {
+    type Texts = std::sync::OnceLock<[StatementTexts; 3]>;
+    static POSTGRES: Texts = std::sync::OnceLock::new();
+    static SQLITE: Texts = std::sync::OnceLock::new();
+    let cell = match backend {
+        Backend::Postgres => &POSTGRES,
+        Backend::Sqlite => &SQLITE,
+    };
+    cell.get_or_init(|| {
+        let (head, tail) = (INSERT_HEAD, INSERT_TAIL);
+        [
+            StatementTexts::build(backend, head, EVENT_COLUMNS, EVENTS_PER_STATEMENT, tail),
+            StatementTexts::build(backend, LINE_HEAD, LINE_COLUMNS, LINES_PER_STATEMENT, ""),
+            StatementTexts::build(
+                backend,
+                LINE_HEAD,
+                LINE_COLUMNS,
+                LINES_PER_STATEMENT,
+                LINE_TAIL_TOLERANT,
+            ),
+        ]
+    })
+}
+
+/// One `ledger_lines` row ready to bind.
+struct LineValues<'a> {
+    row: &'a UsageRow,
+    billing_type: &'static str,
+    tokens: i64,
+    unit_price: String,
+    amount: String,
+}
 
 const SELECT_COLUMNS: &str = "request_id, kind, attempt, ts_ms, tenant, key_id, model, target, \
      upstream_model, prompt_tokens, cached_tokens, cache_write_tokens, completion_tokens, \
@@ -200,7 +346,7 @@ impl Ledger {
                             sqlx::query(&pragma).execute(conn).await.map(|_| ())
                         })
                     })
-                    .connect(&url)
+                    .connect_with(connect_options(&url)?)
                     .await?;
                 if !in_memory {
                     // Persistent in the file: once set, every later connection uses WAL.
@@ -215,7 +361,7 @@ impl Ledger {
                 let pool = AnyPoolOptions::new()
                     .max_connections(8)
                     .acquire_timeout(Duration::from_secs(10))
-                    .connect(url)
+                    .connect_with(connect_options(url)?)
                     .await?;
                 POSTGRES_MIGRATIONS.run(&pool).await?;
                 pool
@@ -281,60 +427,121 @@ impl Ledger {
     }
 
     /// [`Ledger::insert_batch`] for rows already checked by [`UsageRow::from_event`].
+    ///
+    /// One transaction of multi-row statements: the events first (`ON CONFLICT DO NOTHING
+    /// RETURNING` the keys actually stored), then the ledger lines of exactly those events, so a
+    /// replayed event adds neither a row nor a line. When a batch holds one key twice, the first
+    /// occurrence is stored, as row-by-row inserts would.
+    ///
+    /// The lines of a newly stored event cannot exist yet, so they are inserted without
+    /// `ON CONFLICT` (which costs PostgreSQL a speculative insertion per row). Should one exist
+    /// anyway (lines left behind by a manual delete of their event), the transaction fails with a
+    /// unique violation and is retried once keeping existing lines, so such a batch is never
+    /// stuck.
     pub(crate) async fn insert_rows(&self, rows: &[UsageRow]) -> Result<u64, BillingError> {
         if rows.is_empty() {
             return Ok(0);
         }
-        let ingested_at_ms = i64::try_from(switchyard_schemas::now_ms()).unwrap_or(i64::MAX);
-        let mut tx = self.pool.begin().await?;
-        let mut inserted = 0;
-        for row in rows {
-            let cost = self.price(row);
-            let result = sqlx::query(INSERT_SQL)
-                .bind(row.request_id.as_str())
-                .bind(row.kind)
-                .bind(row.attempt)
-                .bind(row.ts_ms)
-                .bind(row.tenant.as_deref())
-                .bind(row.key_id.as_deref())
-                .bind(row.model.as_str())
-                .bind(row.target.as_deref())
-                .bind(row.upstream_model.as_deref())
-                .bind(row.prompt_tokens)
-                .bind(row.cached_tokens)
-                .bind(row.cache_write_tokens)
-                .bind(row.completion_tokens)
-                .bind(row.reasoning_tokens)
-                .bind(row.estimated)
-                .bind(row.status)
-                .bind(row.error_class)
-                .bind(row.ttft_ms)
-                .bind(row.latency_ms)
-                .bind(row.fallbacks)
-                .bind(row.cache_hit)
-                .bind(row.raw.as_str())
-                .bind(ingested_at_ms)
-                .bind(cost.as_ref().map(|c| c.total.to_string()))
-                .execute(&mut *tx)
-                .await?;
-            // Lines only with a newly stored event, so a replay adds nothing.
-            if result.rows_affected() == 1
-                && let Some(cost) = &cost
+        match self.insert_rows_once(rows, false).await {
+            Err(BillingError::Db(e))
+                if e.as_database_error()
+                    .is_some_and(|d| d.is_unique_violation()) =>
             {
-                for line in &cost.lines {
-                    sqlx::query(LINE_SQL)
-                        .bind(row.request_id.as_str())
-                        .bind(row.kind)
-                        .bind(row.attempt)
-                        .bind(line.billing_type.as_str())
-                        .bind(i64::try_from(line.tokens).unwrap_or(i64::MAX))
-                        .bind(line.unit_price.normalize().to_string())
-                        .bind(line.amount.normalize().to_string())
-                        .execute(&mut *tx)
-                        .await?;
-                }
+                tracing::warn!(error = %e, "ledger lines already present; retrying keeping them");
+                self.insert_rows_once(rows, true).await
             }
-            inserted += result.rows_affected();
+            result => result,
+        }
+    }
+
+    /// One attempt of [`Ledger::insert_rows`]; `tolerant` adds `ON CONFLICT DO NOTHING` to the
+    /// line inserts.
+    async fn insert_rows_once(
+        &self,
+        rows: &[UsageRow],
+        tolerant: bool,
+    ) -> Result<u64, BillingError> {
+        let [events_sql, lines_sql, tolerant_lines_sql] = statement_texts(self.backend);
+        let lines_sql = if tolerant {
+            tolerant_lines_sql
+        } else {
+            lines_sql
+        };
+        let ingested_at_ms = i64::try_from(switchyard_schemas::now_ms()).unwrap_or(i64::MAX);
+        let costs: Vec<Option<Cost>> = rows.iter().map(|row| self.price(row)).collect();
+        let mut tx = self.pool.begin().await?;
+        let mut stored: HashSet<(String, String, i64)> = HashSet::with_capacity(rows.len());
+        let mut offset = 0;
+        for size in statement_sizes(rows.len(), EVENTS_PER_STATEMENT) {
+            let sql = events_sql.get(size);
+            let mut query = sqlx::query(&sql);
+            for (row, cost) in rows[offset..offset + size]
+                .iter()
+                .zip(&costs[offset..offset + size])
+            {
+                query = query
+                    .bind(row.request_id.as_str())
+                    .bind(row.kind)
+                    .bind(row.attempt)
+                    .bind(row.ts_ms)
+                    .bind(row.tenant.as_deref())
+                    .bind(row.key_id.as_deref())
+                    .bind(row.model.as_str())
+                    .bind(row.target.as_deref())
+                    .bind(row.upstream_model.as_deref())
+                    .bind(row.prompt_tokens)
+                    .bind(row.cached_tokens)
+                    .bind(row.cache_write_tokens)
+                    .bind(row.completion_tokens)
+                    .bind(row.reasoning_tokens)
+                    .bind(row.estimated)
+                    .bind(row.status)
+                    .bind(row.error_class)
+                    .bind(row.ttft_ms)
+                    .bind(row.latency_ms)
+                    .bind(row.fallbacks)
+                    .bind(row.cache_hit)
+                    .bind(row.raw.as_str())
+                    .bind(ingested_at_ms)
+                    .bind(cost.as_ref().map(|c| c.total.to_string()));
+            }
+            for key in query.fetch_all(&mut *tx).await? {
+                stored.insert((key.try_get(0)?, key.try_get(1)?, key.try_get(2)?));
+            }
+            offset += size;
+        }
+        let inserted = stored.len() as u64;
+        // Lines only with a newly stored event (its first occurrence in the batch).
+        let mut lines = Vec::new();
+        for (row, cost) in rows.iter().zip(&costs) {
+            let Some(cost) = cost else { continue };
+            if !stored.remove(&(row.request_id.clone(), row.kind.to_owned(), row.attempt)) {
+                continue;
+            }
+            lines.extend(cost.lines.iter().map(|line| LineValues {
+                row,
+                billing_type: line.billing_type.as_str(),
+                tokens: i64::try_from(line.tokens).unwrap_or(i64::MAX),
+                unit_price: line.unit_price.normalize().to_string(),
+                amount: line.amount.normalize().to_string(),
+            }));
+        }
+        let mut offset = 0;
+        for size in statement_sizes(lines.len(), LINES_PER_STATEMENT) {
+            let sql = lines_sql.get(size);
+            let mut query = sqlx::query(&sql);
+            for line in &lines[offset..offset + size] {
+                query = query
+                    .bind(line.row.request_id.as_str())
+                    .bind(line.row.kind)
+                    .bind(line.row.attempt)
+                    .bind(line.billing_type)
+                    .bind(line.tokens)
+                    .bind(line.unit_price.as_str())
+                    .bind(line.amount.as_str());
+            }
+            query.execute(&mut *tx).await?;
+            offset += size;
         }
         tx.commit().await?;
         Ok(inserted)
@@ -429,6 +636,76 @@ impl Ledger {
     pub async fn close(&self) {
         self.pool.close().await;
     }
+}
+
+/// A throwaway PostgreSQL schema `<prefix>_<uuid>` for benchmarks: created empty by
+/// [`ScratchSchema::create`]; [`ScratchSchema::url`] points a [`Ledger`] at it (through
+/// `search_path`), and [`ScratchSchema::drop_schema`] removes it with everything in it, so a
+/// benchmark never writes into the database's real ledger tables.
+#[derive(Debug)]
+pub struct ScratchSchema {
+    url: String,
+    base: String,
+    name: String,
+}
+
+impl ScratchSchema {
+    /// Creates the schema on the database of `base_url` (`postgres://…`, without a
+    /// `search_path` option). `prefix` must be a plain SQL identifier (letters, digits, `_`).
+    pub async fn create(base_url: &str, prefix: &str) -> Result<Self, BillingError> {
+        use sqlx::Connection;
+        sqlx::any::install_default_drivers();
+        if Backend::from_url(base_url) != Some(Backend::Postgres)
+            || !prefix
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        {
+            return Err(BillingError::UnsupportedUrl(base_url.to_owned()));
+        }
+        let name = format!("{prefix}_{}", Uuid::now_v7().simple());
+        let mut conn = sqlx::AnyConnection::connect(base_url).await?;
+        sqlx::query(&format!("CREATE SCHEMA {name}"))
+            .execute(&mut conn)
+            .await?;
+        conn.close().await?;
+        let sep = if base_url.contains('?') { '&' } else { '?' };
+        let url = format!("{base_url}{sep}options=-c%20search_path%3D{name}");
+        Ok(Self {
+            url,
+            base: base_url.to_owned(),
+            name,
+        })
+    }
+
+    /// The URL to [`Ledger::connect`] with: the base URL plus `options=-c search_path=<schema>`.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The schema's name, `<prefix>_<uuid>`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Drops the schema and everything in it (`DROP SCHEMA … CASCADE`).
+    pub async fn drop_schema(self) -> Result<(), BillingError> {
+        use sqlx::Connection;
+        let mut conn = sqlx::AnyConnection::connect(&self.base).await?;
+        sqlx::query(&format!("DROP SCHEMA IF EXISTS {} CASCADE", self.name))
+            .execute(&mut conn)
+            .await?;
+        conn.close().await?;
+        Ok(())
+    }
+}
+
+/// The options of `url` with sqlx's statement logging off: the batched inserts are statements of
+/// up to ~100 KB of SQL text, which sqlx would log whole at DEBUG for every batch and at WARN
+/// whenever one takes over a second. Failures are still logged by the callers.
+fn connect_options(url: &str) -> Result<sqlx::any::AnyConnectOptions, BillingError> {
+    use sqlx::ConnectOptions as _;
+    use std::str::FromStr as _;
+    Ok(sqlx::any::AnyConnectOptions::from_str(url)?.disable_statement_logging())
 }
 
 /// Splits off the SQLite path of `url`, creates its parent directory and adds `mode=rwc` unless
@@ -613,6 +890,79 @@ mod tests {
             assert!(matches!(err, BillingError::InvalidEvent { .. }), "{err}");
         }
         assert_eq!(ledger.count().await.unwrap(), 0);
+    }
+
+    #[test]
+    fn statement_sizes_are_powers_of_two() {
+        let sizes = |n, max| statement_sizes(n, max).collect::<Vec<_>>();
+        assert_eq!(sizes(500, 256), vec![256, 128, 64, 32, 16, 4]);
+        assert_eq!(sizes(1000, 512), vec![512, 256, 128, 64, 32, 8]);
+        assert_eq!(sizes(600, 256), vec![256, 256, 64, 16, 8]);
+        assert_eq!(sizes(1, 256), vec![1]);
+        assert!(sizes(0, 256).is_empty());
+        let pg = Backend::Postgres;
+        assert_eq!(
+            multi_row_sql(pg, "I ", 2, 2, " T"),
+            "I ($1, $2), ($3, $4) T"
+        );
+        assert_eq!(
+            multi_row_sql(Backend::Sqlite, "I ", 2, 2, " T"),
+            "I (?, ?), (?, ?) T"
+        );
+        let texts = StatementTexts::build(pg, "I ", 1, 4, "");
+        assert_eq!(texts.texts.len(), 3);
+        assert_eq!(texts.get(4), "I ($1), ($2), ($3), ($4)");
+        assert_eq!(texts.get(3), "I ($1), ($2), ($3)");
+        assert_eq!(texts.get(8), multi_row_sql(pg, "I ", 1, 8, ""));
+    }
+
+    /// A batch spanning several statements, with a key repeated (different counts) inside it and
+    /// one already stored: each key is stored once, the first occurrence wins, and only newly
+    /// stored events get lines.
+    #[tokio::test]
+    async fn large_batch_with_duplicates_stores_each_key_once() {
+        let ledger = Ledger::connect("sqlite::memory:").await.unwrap();
+        let priced = |prompt| {
+            let mut e = event(UsageKind::Upstream, 0);
+            e.upstream_model = Some("gpt-4o".into());
+            e.usage = Usage {
+                prompt_tokens: prompt,
+                completion_tokens: 10,
+                ..Usage::default()
+            };
+            e
+        };
+        let old = priced(5);
+        assert_eq!(
+            ledger
+                .insert_batch(std::slice::from_ref(&old))
+                .await
+                .unwrap(),
+            1
+        );
+        let mut batch: Vec<UsageEvent> = (0..300).map(|i| priced(100 + i)).collect();
+        let mut twin = batch[7].clone();
+        twin.usage.prompt_tokens = 999_999;
+        batch.insert(290, twin);
+        let mut replay = old.clone();
+        replay.usage.prompt_tokens = 777;
+        batch.push(replay);
+        assert_eq!(ledger.insert_batch(&batch).await.unwrap(), 300);
+        assert_eq!(ledger.count().await.unwrap(), 301);
+        let first = &ledger.usage_for(batch[7].request_id).await.unwrap()[0];
+        assert_eq!(first.usage.prompt_tokens, 107);
+        assert_eq!(ledger.usage_for(old.request_id).await.unwrap()[0], old);
+        let lines: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM ledger_lines")
+            .fetch_one(ledger.pool())
+            .await
+            .unwrap();
+        // new_input and output per event.
+        assert_eq!(lines, 2 * 301);
+        let amount = ledger
+            .lines_of(batch[7].request_id, UsageKind::Upstream, 0)
+            .await
+            .unwrap();
+        assert_eq!(amount[0].1, 107);
     }
 
     #[tokio::test]

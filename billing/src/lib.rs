@@ -3,18 +3,21 @@
 //! Ingress and workers publish JSON [`UsageEvent`](switchyard_schemas::UsageEvent)s on
 //! `<prefix>.usage.<kind>.<request_id>`; the JetStream stream `SY_USAGE` keeps them
 //! ([`ensure_usage_stream`]). [`BillingService`] reads them through the durable pull consumer
-//! `billing` in batches and writes each batch to the [`Ledger`] (SQLite or PostgreSQL) in one
-//! transaction, keyed by (`request_id`, `kind`, `attempt`), acking only after the commit: replay
-//! and redelivery never double count.
+//! `billing` in batches and writes each batch to the [`Ledger`] (SQLite or PostgreSQL) with
+//! multi-row inserts in one transaction (on PostgreSQL, one per [`ServiceConfig::writers`] part),
+//! keyed by (`request_id`, `kind`, `attempt`), acking only after the commit: replay and
+//! redelivery never double count.
 //!
 //! Pricing, budgets and reports build on the ledger's `usage_events` table: [`reconcile`](mod@reconcile) matches
 //! each request's `charge` row against its `upstream` rows, [`report`] builds the daily report
-//! (table, CSV, JSON, HTML) and [`report_import`] compares a provider's usage export with the
-//! ledger.
+//! (table, CSV, JSON, HTML), [`report_import`] compares a provider's usage export with the
+//! ledger, and [`query`] answers usage queries over NATS (the billing side of `GET /v1/usage`,
+//! served beside the consumer by [`run`]).
 
 mod error;
 pub mod ledger;
 pub use switchyard_schemas::pricing;
+pub mod query;
 pub mod reconcile;
 pub mod report;
 mod report_html;
@@ -24,6 +27,7 @@ pub mod stream;
 
 pub use error::BillingError;
 pub use ledger::{Backend, Ledger};
+pub use query::serve_queries;
 pub use reconcile::{DiscrepancyClass, Reconciliation, reconcile};
 pub use report::{DailyReport, ReportError, daily_report};
 pub use report_import::{ImportDiff, import_usage_diff, parse_usage_export};

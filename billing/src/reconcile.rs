@@ -35,6 +35,8 @@ pub struct LedgerRow {
     pub ts_ms: u64,
     /// Tenant, when auth is on.
     pub tenant: Option<String>,
+    /// Calling key id, when auth is on.
+    pub key_id: Option<String>,
     /// Standard model id or route tag the client asked for.
     pub model: String,
     /// Target called (`upstream`) or that served / was tried last (`charge`).
@@ -64,6 +66,7 @@ impl LedgerRow {
             attempt: event.attempt,
             ts_ms: event.ts_ms,
             tenant: event.tenant.clone(),
+            key_id: event.key_id.clone(),
             model: event.model.clone(),
             target: event.target.clone(),
             upstream_model: event.upstream_model.clone(),
@@ -411,12 +414,27 @@ pub async fn load_requests(
     from_ms: u64,
     to_ms: u64,
 ) -> Result<Vec<RequestRows>, BillingError> {
+    load_requests_of(ledger, from_ms, to_ms, None).await
+}
+
+/// [`load_requests`], restricted to the requests with a row of `tenant` in the range when given
+/// (served by the `(tenant, ts_ms)` index). The caller still filters rows by tenant: this only
+/// narrows what is read.
+pub async fn load_requests_of(
+    ledger: &Ledger,
+    from_ms: u64,
+    to_ms: u64,
+    tenant: Option<&str>,
+) -> Result<Vec<RequestRows>, BillingError> {
     let (from, to) = (ms_param(from_ms), ms_param(to_ms));
-    let rows = sqlx::query(LOAD_SQL)
-        .bind(from)
-        .bind(to)
-        .fetch_all(ledger.pool())
-        .await?;
+    let query = match tenant {
+        None => sqlx::query(LOAD_SQL).bind(from).bind(to),
+        Some(tenant) => sqlx::query(LOAD_TENANT_SQL)
+            .bind(from)
+            .bind(to)
+            .bind(tenant.to_owned()),
+    };
+    let rows = query.fetch_all(ledger.pool()).await?;
     let rows = rows
         .iter()
         .map(row_from_sql)
@@ -437,12 +455,29 @@ pub async fn reconcile(
     Ok(reconcile_requests(&requests, from_ms, to_ms, row_limit))
 }
 
+/// The columns [`row_from_sql`] reads.
+macro_rules! load_columns {
+    () => {
+        "SELECT request_id, kind, attempt, ts_ms, tenant, key_id, model, target, \
+         upstream_model, prompt_tokens, cached_tokens, cache_write_tokens, completion_tokens, \
+         reasoning_tokens, CASE WHEN estimated THEN 1 ELSE 0 END AS estimated, status, \
+         fallbacks, CASE WHEN cache_hit THEN 1 ELSE 0 END AS cache_hit, cost_usd \
+         FROM usage_events "
+    };
+}
+
 /// Every row of every request with at least one row in `[$1, $2)`; anchoring is done in Rust.
-const LOAD_SQL: &str = "SELECT request_id, kind, attempt, ts_ms, tenant, model, target, \
-     upstream_model, prompt_tokens, cached_tokens, cache_write_tokens, completion_tokens, \
-     reasoning_tokens, CASE WHEN estimated THEN 1 ELSE 0 END AS estimated, status, fallbacks, \
-     CASE WHEN cache_hit THEN 1 ELSE 0 END AS cache_hit, cost_usd FROM usage_events \
-     WHERE request_id IN (SELECT request_id FROM usage_events WHERE ts_ms >= $1 AND ts_ms < $2)";
+const LOAD_SQL: &str = concat!(
+    load_columns!(),
+    "WHERE request_id IN (SELECT request_id FROM usage_events WHERE ts_ms >= $1 AND ts_ms < $2)"
+);
+
+/// [`LOAD_SQL`] for the requests with a row of tenant `$3` in `[$1, $2)`.
+const LOAD_TENANT_SQL: &str = concat!(
+    load_columns!(),
+    "WHERE request_id IN (SELECT request_id FROM usage_events \
+     WHERE tenant = $3 AND ts_ms >= $1 AND ts_ms < $2)"
+);
 
 /// A ms timestamp as the `BIGINT` it is compared with (saturating).
 pub(crate) fn ms_param(ms: u64) -> i64 {
@@ -458,6 +493,7 @@ fn row_from_sql(row: &AnyRow) -> Result<LedgerRow, BillingError> {
         attempt: uint(row, "attempt")?,
         ts_ms: uint(row, "ts_ms")?,
         tenant: row.try_get("tenant")?,
+        key_id: row.try_get("key_id")?,
         model: row.try_get("model")?,
         target: row.try_get("target")?,
         upstream_model: row.try_get("upstream_model")?,
@@ -540,6 +576,7 @@ mod tests {
             attempt,
             ts_ms: 1_000 + u64::from(attempt),
             tenant: Some("acme".into()),
+            key_id: None,
             model: "openai/gpt-4o".into(),
             target: Some(target.into()),
             upstream_model: Some("gpt-4o".into()),

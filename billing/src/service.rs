@@ -7,10 +7,15 @@
 //! subject and acked with [`AckKind::Term`], so JetStream stops redelivering it instead of
 //! looping forever; it stays in the stream (until `max_age`) for inspection. When the database
 //! fails, the batch is nak'ed with a delay and redelivered later; nothing is dropped.
+//!
+//! On PostgreSQL a batch is split by request id into [`ServiceConfig::writers`] parts stored in
+//! concurrent transactions (each acked after its own commit): the database then works on more than
+//! one core, and since every copy of an event lands in the same part, two transactions never
+//! insert the same key.
 
 use crate::ledger::UsageRow;
 use crate::stream::{ensure_billing_consumer, ensure_usage_stream};
-use crate::{BillingError, Ledger};
+use crate::{Backend, BillingError, Ledger};
 use async_nats::jetstream::consumer::pull::{self, MessagesErrorKind};
 use async_nats::jetstream::{self, AckKind};
 use futures::StreamExt;
@@ -24,7 +29,7 @@ use tokio::time::Instant;
 /// Tuning of the consumer loop.
 #[derive(Debug, Clone)]
 pub struct ServiceConfig {
-    /// Most messages stored in one transaction (default 500).
+    /// Most messages stored in one batch (default 1,000; split among [`Self::writers`]).
     pub batch_max: usize,
     /// Longest wait for more messages once a batch has its first one (default 50 ms).
     pub batch_wait: Duration,
@@ -35,16 +40,21 @@ pub struct ServiceConfig {
     pub ack_wait: Duration,
     /// Nak delay after a failed insert, and pause before re-subscribing after an error (default 1 s).
     pub retry_delay: Duration,
+    /// Transactions a batch is split into and stored concurrently on PostgreSQL, by request id
+    /// (default 2; SQLite, which has one writer at a time, always uses 1). Each part commits on
+    /// its own and its messages are acked after its commit.
+    pub writers: usize,
 }
 
 impl Default for ServiceConfig {
     fn default() -> Self {
         Self {
-            batch_max: 500,
+            batch_max: 1000,
             batch_wait: Duration::from_millis(50),
             max_ack_pending: 10_000,
             ack_wait: Duration::from_secs(30),
             retry_delay: Duration::from_secs(1),
+            writers: 2,
         }
     }
 }
@@ -52,7 +62,7 @@ impl Default for ServiceConfig {
 /// Counters of one [`BillingService::run`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BillingStats {
-    /// Batches committed.
+    /// Transactions committed (a batch is one per writer part, see [`ServiceConfig::writers`]).
     pub batches: u64,
     /// Rows newly inserted.
     pub inserted: u64,
@@ -60,7 +70,7 @@ pub struct BillingStats {
     pub duplicates: u64,
     /// Messages terminated as undecodable or unstorable.
     pub terminated: u64,
-    /// Batches whose insert failed (nak'ed for redelivery).
+    /// Transactions whose insert failed (their messages nak'ed for redelivery).
     pub failed_batches: u64,
 }
 
@@ -77,17 +87,33 @@ pub struct BillingService {
 /// Consecutive transient pull errors after which the message stream is re-created.
 const MAX_TRANSIENT_ERRORS: u32 = 3;
 
-/// Runs a [`BillingService`] with the default [`ServiceConfig`] until `shutdown` completes.
+/// Runs a [`BillingService`] with the default [`ServiceConfig`], and answers usage queries
+/// ([`crate::query::serve_queries`]) beside it, until `shutdown` completes.
 pub async fn run(
     nats: async_nats::Client,
     subjects: Subjects,
     ledger: Ledger,
     shutdown: impl Future,
 ) -> Result<(), BillingError> {
-    BillingService::new(nats, subjects, ledger)
+    let (stop_queries, queries_stopped) = tokio::sync::oneshot::channel::<()>();
+    let served =
+        crate::query::serve_queries(nats.clone(), subjects.clone(), ledger.clone(), async move {
+            let _ = queries_stopped.await;
+        });
+    let queries = tokio::spawn(async move {
+        if let Err(e) = served.await {
+            tracing::error!(error = %e, "usage queries are not served");
+        }
+    });
+    let result = BillingService::new(nats, subjects, ledger)
         .run(shutdown)
         .await
-        .map(|_| ())
+        .map(|_| ());
+    let _ = stop_queries.send(());
+    if let Err(e) = queries.await {
+        tracing::error!(error = %e, "usage query task failed");
+    }
+    result
 }
 
 /// What waiting for a batch produced.
@@ -261,13 +287,45 @@ impl BillingService {
         if rows.is_empty() {
             return true;
         }
-        match self.ledger.insert_rows(&rows).await {
+        let writers = match self.ledger.backend() {
+            Backend::Sqlite => 1,
+            Backend::Postgres => self.config.writers.max(1),
+        };
+        // Parts by request id: concurrent transactions never share a key.
+        let mut parts: Vec<(Vec<UsageRow>, Vec<jetstream::Message>)> =
+            (0..writers).map(|_| (Vec::new(), Vec::new())).collect();
+        for (row, message) in rows.into_iter().zip(good) {
+            if let Some(part) = parts.get_mut(row.lane(writers)) {
+                part.0.push(row);
+                part.1.push(message);
+            }
+        }
+        parts.retain(|(rows, _)| !rows.is_empty());
+        let results =
+            futures::future::join_all(parts.iter().map(|(rows, _)| self.ledger.insert_rows(rows)))
+                .await;
+        let mut all_ok = true;
+        for ((rows, messages), result) in parts.iter().zip(results) {
+            all_ok &= self.settle(rows.len(), messages, result).await;
+        }
+        all_ok
+    }
+
+    /// Acks `messages` after their rows committed, or naks them for redelivery when the insert
+    /// failed. Returns whether it committed.
+    async fn settle(
+        &mut self,
+        rows: usize,
+        messages: &[jetstream::Message],
+        result: Result<u64, BillingError>,
+    ) -> bool {
+        match result {
             Ok(inserted) => {
                 self.stats.batches += 1;
                 self.stats.inserted += inserted;
-                self.stats.duplicates += (rows.len() as u64).saturating_sub(inserted);
-                tracing::debug!(events = rows.len(), inserted, "usage batch stored");
-                for message in &good {
+                self.stats.duplicates += (rows as u64).saturating_sub(inserted);
+                tracing::debug!(events = rows, inserted, "usage batch stored");
+                for message in messages {
                     // A lost ack means a redelivery, which the primary key absorbs.
                     if let Err(e) = message.ack().await {
                         tracing::warn!(subject = %message.subject, error = %e, "ack failed");
@@ -277,9 +335,9 @@ impl BillingService {
             }
             Err(e) => {
                 self.stats.failed_batches += 1;
-                tracing::error!(error = %e, events = rows.len(), "storing usage batch failed; nak");
+                tracing::error!(error = %e, events = rows, "storing usage batch failed; nak");
                 let nak = AckKind::Nak(Some(self.config.retry_delay));
-                for message in &good {
+                for message in messages {
                     if let Err(e) = message.ack_with(nak).await {
                         tracing::warn!(subject = %message.subject, error = %e, "nak failed");
                     }

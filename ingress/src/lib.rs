@@ -23,6 +23,7 @@ pub mod openai;
 pub mod route;
 pub mod strategy;
 pub mod trim;
+pub mod usage_api;
 
 use axum::Router;
 use axum::extract::State;

@@ -24,6 +24,7 @@ pub mod secret;
 pub mod subjects;
 pub mod tenancy;
 pub mod usage;
+pub mod usage_query;
 
 pub use error::{ErrorClass, ErrorInfo};
 pub use frame::{FinishReason, Frame, FrameBody};

@@ -79,6 +79,12 @@ impl Subjects {
         format!("{}.cache.store", self.prefix)
     }
 
+    /// `<prefix>.billing.usage`: usage queries, request/reply (queue group `billing`); JSON
+    /// [`crate::usage_query::UsageQuery`] in, [`crate::usage_query::UsageAnswer`] back.
+    pub fn usage_query(&self) -> String {
+        format!("{}.billing.usage", self.prefix)
+    }
+
     /// `<prefix>.health.<target>`: circuit breaker / cooldown state changes, JSON
     /// [`crate::health::HealthEvent`].
     pub fn health(&self, target: &str) -> String {
@@ -97,5 +103,6 @@ mod tests {
         assert_eq!(Subjects::worker_queue_group("openai"), "workers.openai");
         assert_eq!(s.inbox("abc"), "sy.inbox.abc");
         assert_eq!(s.usage("upstream", "r1"), "sy.usage.upstream.r1");
+        assert_eq!(s.usage_query(), "sy.billing.usage");
     }
 }

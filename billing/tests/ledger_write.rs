@@ -1,0 +1,113 @@
+//! The batched write path (`Ledger::insert_batch`) on SQLite and PostgreSQL: batches spanning
+//! several multi-row statements, duplicates inside a batch and across batches, and lines left
+//! behind without their event.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::PgSchema;
+use futures::FutureExt;
+use std::panic::AssertUnwindSafe;
+use switchyard_billing::Ledger;
+use switchyard_schemas::usage::{Usage, UsageEvent, UsageKind, UsageStatus};
+use uuid::Uuid;
+
+/// A priced upstream event (gpt-4o: one `new_input`, one `cached_input` and one `output` line).
+fn event(prompt: u64) -> UsageEvent {
+    UsageEvent {
+        request_id: Uuid::now_v7(),
+        kind: UsageKind::Upstream,
+        attempt: 0,
+        ts_ms: 1_762_300_800_000 + prompt,
+        tenant: Some("acme".into()),
+        key_id: Some("k1".into()),
+        model: "openai/gpt-4o".into(),
+        target: Some("openai-east".into()),
+        upstream_model: Some("gpt-4o".into()),
+        usage: Usage {
+            prompt_tokens: prompt,
+            cached_tokens: 10,
+            cache_write_tokens: 0,
+            completion_tokens: 20,
+            reasoning_tokens: 0,
+        },
+        estimated: false,
+        status: UsageStatus::Ok,
+        error_class: None,
+        ttft_ms: Some(100),
+        latency_ms: 500,
+        fallbacks: 0,
+        cache_hit: false,
+    }
+}
+
+async fn lines(ledger: &Ledger) -> i64 {
+    sqlx::query_scalar("SELECT COUNT(*) FROM ledger_lines")
+        .fetch_one(ledger.pool())
+        .await
+        .unwrap()
+}
+
+async fn scenario(url: &str) {
+    let ledger = Ledger::connect(url).await.unwrap();
+    // 1,300 events: statements of 512, 512, 256 and 16 + 4 events, lines in 2,048-row statements.
+    let mut batch: Vec<UsageEvent> = (0..1300).map(|i| event(100 + i)).collect();
+    // The same key twice in one batch with different counts: the first occurrence is stored.
+    let mut twin = batch[3].clone();
+    twin.usage.prompt_tokens = 5;
+    batch.push(twin);
+    assert_eq!(ledger.insert_batch(&batch).await.unwrap(), 1300);
+    assert_eq!(ledger.count().await.unwrap(), 1300);
+    assert_eq!(lines(&ledger).await, 3 * 1300);
+    let stored = ledger.usage_for(batch[3].request_id).await.unwrap();
+    assert_eq!(stored, vec![batch[3].clone()]);
+    // A replay of the whole batch stores nothing and adds no line.
+    assert_eq!(ledger.insert_batch(&batch).await.unwrap(), 0);
+    assert_eq!(lines(&ledger).await, 3 * 1300);
+
+    // Lines whose event was deleted by hand: the event's replay stores the event again and keeps
+    // the lines (retried with ON CONFLICT DO NOTHING), together with a new event in the batch.
+    let orphan = &batch[10];
+    sqlx::query("DELETE FROM usage_events WHERE request_id = $1")
+        .bind(orphan.request_id.to_string())
+        .execute(ledger.pool())
+        .await
+        .unwrap();
+    let fresh = event(70);
+    assert_eq!(
+        ledger
+            .insert_batch(&[orphan.clone(), fresh.clone()])
+            .await
+            .unwrap(),
+        2
+    );
+    assert_eq!(ledger.count().await.unwrap(), 1301);
+    assert_eq!(lines(&ledger).await, 3 * 1301);
+    assert_eq!(
+        ledger
+            .lines_of(fresh.request_id, UsageKind::Upstream, 0)
+            .await
+            .unwrap()
+            .len(),
+        3
+    );
+    ledger.close().await;
+}
+
+#[tokio::test]
+async fn sqlite_batched_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    scenario(&format!("sqlite://{}/ledger.db", dir.path().display())).await;
+}
+
+#[tokio::test]
+async fn postgres_batched_writes() {
+    let Some(schema) = PgSchema::create().await else {
+        return;
+    };
+    let outcome = AssertUnwindSafe(scenario(&schema.url)).catch_unwind().await;
+    schema.drop_schema().await;
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
