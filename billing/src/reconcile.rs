@@ -141,13 +141,15 @@ pub enum DiscrepancyClass {
     /// charged (the charge event is lost or still in flight).
     UpstreamWithoutCharge,
     /// A charge row whose status is not `ok` (`error` / `cancelled`) while at least one upstream
-    /// row is `ok`: an upstream call completed but the request was not settled as served.
+    /// row is `ok`: an upstream call completed but the request was not settled as served (its
+    /// usage differences are part of this finding, not a separate [`Self::UsageMismatch`]).
     AdmittedNotSettled,
     /// A charge row with status `ok`, not a cache hit, and no serving attempt (no `ok` upstream row
     /// on the charge's target; usually no upstream row at all): a charge with no upstream call
     /// behind it.
     ChargeWithoutUpstream,
-    /// The charge row's usage differs, in any token count, from the serving attempt's usage.
+    /// A charge row with status `ok` whose usage differs, in any token count, from the serving
+    /// attempt's usage.
     UsageMismatch,
     /// The charge row or any upstream row of the request has `estimated = true`.
     Estimated,
@@ -182,7 +184,9 @@ impl DiscrepancyClass {
             Self::ChargeWithoutUpstream => {
                 "charge ok, not a cache hit, and no ok upstream row on the charge's target"
             }
-            Self::UsageMismatch => "charge usage differs from the serving upstream attempt's usage",
+            Self::UsageMismatch => {
+                "charge ok, its usage differs from the serving upstream attempt's usage"
+            }
             Self::Estimated => "charge or upstream row has estimated = true",
         }
     }
@@ -308,7 +312,9 @@ pub fn classify(req: &RequestRows) -> Vec<Discrepancy> {
                     ),
                 ));
             }
-            if let Some(s) = serving
+            // Only for a charge settled as served: an unsettled one is `AdmittedNotSettled`.
+            if charge.status == UsageStatus::Ok
+                && let Some(s) = serving
                 && s.usage != charge.usage
             {
                 found.push((
@@ -642,6 +648,14 @@ mod tests {
         for status in [Cancelled, Error] {
             assert_eq!(
                 classes(Some(charge("a", status)), vec![up(0, "a", Ok)]),
+                [C::AdmittedNotSettled]
+            );
+            // The failed charge carries none of the upstream's tokens: still one finding, not
+            // also a usage mismatch.
+            let mut c = charge("a", status);
+            c.usage = Usage::default();
+            assert_eq!(
+                classes(Some(c), vec![up(0, "a", Ok)]),
                 [C::AdmittedNotSettled]
             );
         }

@@ -3,7 +3,8 @@
 //!
 //! Routes: `POST /v1/chat/completions` (OpenAI, stream and non-stream), `POST /v1/messages`
 //! (Anthropic Messages, stream and non-stream), `POST /v1/embeddings`, `GET /v1/models`,
-//! `GET /healthz`, `GET /metrics` (Prometheus text, see [`metrics`]).
+//! `GET /v1/usage` (ledger queries, see [`usage_api`]), `GET /healthz`, `GET /metrics`
+//! (Prometheus text, see [`metrics`]). API keys and budgets: [`auth`], [`budget`].
 //!
 //! Candidate ordering is in [`strategy`], target health and load in [`health`], prompt estimates
 //! and context trimming in [`trim`]; [`route`] ties them together.
@@ -123,6 +124,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/v1/models", get(models))
+        .route("/v1/usage", get(usage))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics_text))
         .fallback(not_found)
@@ -162,6 +164,13 @@ async fn models(State(app): State<Arc<AppState>>) -> Response {
         })
         .collect();
     axum::Json(serde_json::json!({"object": "list", "data": data})).into_response()
+}
+
+/// `GET /v1/usage?from&to&group_by&tenant&key`: the caller's usage from the ledger (see
+/// [`usage_api`]).
+async fn usage(State(app): State<Arc<AppState>>, uri: axum::http::Uri) -> Response {
+    let caller = auth::current_caller();
+    usage_api::handle(&app, &caller, uri.query().unwrap_or("")).await
 }
 
 async fn healthz(State(app): State<Arc<AppState>>) -> Response {

@@ -181,6 +181,9 @@ def pytest_runtest_makereport(item, call):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "workers(n): number of worker processes the gateway fixture starts")
+    config.addinivalue_line("markers", "config_extra(yaml, ready_key=None, files={}): top-level YAML appended "
+                            "to the gateway fixture's config (@TMP@ = the test's tmp dir, where `files` "
+                            "are written first), and the API key its readiness probe sends")
 
 
 # --------------------------------------------------------------------------------------------
@@ -212,11 +215,11 @@ def http_ok(url: str) -> bool:
     return httpx.get(url, timeout=2.0).status_code == 200
 
 
-def chat_ok(base_url: str, model: str = MODEL, **params) -> bool:
+def chat_ok(base_url: str, model: str = MODEL, api_key: str = "sk-ready", **params) -> bool:
     r = httpx.post(
         f"{base_url}/v1/chat/completions",
         json={"model": model, "messages": [{"role": "user", "content": "ping"}], **params},
-        headers={"authorization": "Bearer sk-ready"},
+        headers={"authorization": f"Bearer {api_key}"},
         timeout=30.0,
     )
     return r.status_code == 200
@@ -288,7 +291,7 @@ def mock_upstream(procs) -> Mock:
     return Mock(base_url=base, proc=proc)
 
 
-def write_config(tmp: Path, listen: str) -> Path:
+def write_config(tmp: Path, listen: str, extra: str = "") -> Path:
     data_dir = tmp / "data"
     data_dir.mkdir(exist_ok=True)
     path = tmp / "switchyard.yaml"
@@ -314,6 +317,7 @@ models:
     targets: [claude]
     owned_by: switchyard
 """
+        + extra
     )
     return path
 
@@ -361,7 +365,12 @@ def gateway(request, procs, tmp_path, nats, mock_upstream) -> Gateway:
     n_workers = marker.args[0] if marker else 1
     port = pick_free_port()
     listen = f"127.0.0.1:{port}"
-    config = write_config(tmp_path, listen)
+    extra = request.node.get_closest_marker("config_extra")
+    for name, text in (extra.kwargs.get("files", {}) if extra else {}).items():
+        (tmp_path / name).write_text(text)
+    extra_yaml = extra.args[0].replace("@TMP@", str(tmp_path)) if extra else ""
+    config = write_config(tmp_path, listen, extra_yaml)
+    ready_key = (extra.kwargs.get("ready_key") if extra else None) or "sk-ready"
     exe = switchyard_bin()
 
     # Billing first: it creates the usage stream and its durable consumer.
@@ -395,7 +404,7 @@ def gateway(request, procs, tmp_path, nats, mock_upstream) -> Gateway:
         lambda: nats.connections_named("switchyard-worker") == n_workers,
         START_DEADLINE_S, workers,
     )
-    wait_until("a chat request to succeed through the gateway", lambda: chat_ok(base),
+    wait_until("a chat request to succeed through the gateway", lambda: chat_ok(base, api_key=ready_key),
                READY_DEADLINE_S, [ingress, billing, *workers])
     return Gateway(base_url=base, nats=nats, mock=mock_upstream, ingress=ingress, billing=billing,
                    workers=workers, config_path=config, procs=procs)

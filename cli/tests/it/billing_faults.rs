@@ -299,8 +299,7 @@ async fn check_ledger(ledger: &Ledger, sent: &[Sent], calls: &[u64]) -> Vec<Requ
 /// Reconciliation over everything must find nothing it cannot explain. The one explanation
 /// accepted: the request failed and its client got an error (its charge row is not `ok`; the
 /// ledger checks tie those to the failed HTTP answers) while the upstream call behind it completed,
-/// its answer lost with the fault: `admitted_not_settled`, plus `usage_mismatch` when the failure
-/// came before the usage frame (the error charge carries no tokens). Returns the number of
+/// its answer lost with the fault: `admitted_not_settled` (one finding per such request). Returns the number of
 /// explained findings; `failed` bounds how many requests may have them.
 async fn check_reconciliation(ledger: &Ledger, requests: &[RequestRows], failed: u64) -> u64 {
     let r = switchyard_billing::reconcile(ledger, 0, u64::MAX, 100_000)
@@ -318,11 +317,7 @@ async fn check_reconciliation(ledger: &Ledger, requests: &[RequestRows], failed:
         .map(|q| q.request_id.as_str())
         .collect();
     let (explained, unexplained): (Vec<_>, Vec<_>) = r.rows.iter().partition(|d| {
-        unsettled.contains(d.request_id.as_str())
-            && matches!(
-                d.class,
-                DiscrepancyClass::AdmittedNotSettled | DiscrepancyClass::UsageMismatch
-            )
+        unsettled.contains(d.request_id.as_str()) && d.class == DiscrepancyClass::AdmittedNotSettled
     });
     assert!(
         unexplained.is_empty(),
