@@ -248,136 +248,48 @@ pub fn parse_query(query: &str, now_ms: u64) -> Result<UsageParams, ApiError> {
     })
 }
 
-/// A time parameter as ms since the Unix epoch: an RFC 3339 timestamp, or a `YYYY-MM-DD` date
-/// meaning its midnight UTC, or with `end_of_day` the next midnight. The message says what is
-/// wrong.
+/// A time parameter as ms since the Unix epoch: an RFC 3339 timestamp (parsed by the `time`
+/// crate; finer than ms is truncated), or a `YYYY-MM-DD` date meaning its midnight UTC, or with
+/// `end_of_day` the next midnight. The message says what is wrong.
 fn parse_time(s: &str, end_of_day: bool) -> Result<u64, String> {
-    let expected =
-        "expected an RFC 3339 timestamp (e.g. 2025-11-05T10:00:00Z) or a date YYYY-MM-DD";
-    let bad = || format!("`{s}` is not a valid time: {expected}.");
-    let b = s.as_bytes();
-    let num = |r: std::ops::Range<usize>| -> Result<u64, String> {
-        let part = s.get(r).ok_or_else(bad)?;
-        if part.is_empty() || !part.bytes().all(|c| c.is_ascii_digit()) {
-            return Err(bad());
-        }
-        part.parse().map_err(|_| bad())
+    use time::format_description::well_known::Rfc3339;
+    let bad = || {
+        format!(
+            "`{s}` is not a valid time: expected an RFC 3339 timestamp \
+             (e.g. 2025-11-05T10:00:00Z) or a date YYYY-MM-DD."
+        )
     };
-    if b.len() < 10 || b[4] != b'-' || b[7] != b'-' {
-        return Err(bad());
-    }
-    let (y, m, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
-    let days = days_from_civil(y, m, d).ok_or_else(bad)?;
-    let midnight = days * DAY_MS;
-    if b.len() == 10 {
-        return Ok(if end_of_day {
-            midnight + DAY_MS
+    let t = if s.len() == 10 {
+        let date = time::Date::parse(s, time::macros::format_description!("[year]-[month]-[day]"))
+            .map_err(|_| bad())?;
+        let midnight = date.midnight().assume_utc();
+        if end_of_day {
+            midnight + time::Duration::DAY
         } else {
             midnight
-        });
-    }
-    if !matches!(b[10], b'T' | b't' | b' ') || b.len() < 19 || b[13] != b':' || b[16] != b':' {
-        return Err(bad());
-    }
-    let (h, min, sec) = (num(11..13)?, num(14..16)?, num(17..19)?);
-    if h > 23 || min > 59 || sec > 59 {
-        return Err(bad());
-    }
-    let mut rest = &s[19..];
-    let mut frac_ms = 0;
-    if let Some(frac) = rest.strip_prefix('.') {
-        let digits = frac.bytes().take_while(u8::is_ascii_digit).count();
-        if digits == 0 {
-            return Err(bad());
         }
-        // Milliseconds, truncating finer digits.
-        for (i, c) in frac.bytes().take(3).take(digits).enumerate() {
-            frac_ms += u64::from(c - b'0') * [100, 10, 1][i];
+    } else {
+        // An unencoded `+` in a query string decodes to a space: `…T10:00:00 01:00`.
+        let mut fixed = s.to_owned();
+        if fixed.len() > 6 && fixed.as_bytes()[fixed.len() - 6] == b' ' {
+            fixed.replace_range(fixed.len() - 6..fixed.len() - 5, "+");
         }
-        rest = &frac[digits..];
-    }
-    let local = midnight + h * 3_600_000 + min * 60_000 + sec * 1000 + frac_ms;
-    match rest.as_bytes() {
-        b"Z" | b"z" => Ok(local),
-        // `+` arrives as a space when the client did not percent-encode it.
-        [sign @ (b'+' | b'-' | b' '), _, _, b':', _, _] => {
-            let two = |part: Option<&str>| -> Result<u64, String> {
-                let part = part.ok_or_else(bad)?;
-                if part.bytes().all(|c| c.is_ascii_digit()) {
-                    part.parse().map_err(|_| bad())
-                } else {
-                    Err(bad())
-                }
-            };
-            let (oh, om) = (two(rest.get(1..3))?, two(rest.get(4..6))?);
-            if oh > 23 || om > 59 {
-                return Err(bad());
-            }
-            let offset = oh * 3_600_000 + om * 60_000;
-            if *sign == b'-' {
-                Ok(local + offset)
-            } else {
-                local
-                    .checked_sub(offset)
-                    .ok_or_else(|| format!("`{s}` is before 1970-01-01T00:00:00Z."))
-            }
-        }
-        _ => Err(bad()),
-    }
-}
-
-/// Days since 1970-01-01 of a valid proleptic Gregorian date from 1970 to 9999 (H. Hinnant's
-/// `days_from_civil`); `None` for an invalid date such as 2025-02-30.
-fn days_from_civil(y: u64, m: u64, d: u64) -> Option<u64> {
-    if !(1970..=9999).contains(&y) || !(1..=12).contains(&m) || d == 0 {
-        return None;
-    }
-    let leap = (y.is_multiple_of(4) && !y.is_multiple_of(100)) || y.is_multiple_of(400);
-    let month_days = [
-        31,
-        if leap { 29 } else { 28 },
-        31,
-        30,
-        31,
-        30,
-        31,
-        31,
-        30,
-        31,
-        30,
-        31,
-    ];
-    if d > month_days[usize::try_from(m - 1).ok()?] {
-        return None;
-    }
-    let (y, m, d) = (y as i64, m as i64, d as i64);
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    u64::try_from(era * 146_097 + doe - 719_468).ok()
+        time::OffsetDateTime::parse(&fixed, &Rfc3339).map_err(|_| bad())?
+    };
+    u64::try_from(t.unix_timestamp_nanos() / 1_000_000)
+        .map_err(|_| format!("`{s}` is before 1970-01-01T00:00:00Z."))
 }
 
 /// `ms` as RFC 3339 UTC, `YYYY-MM-DDTHH:MM:SS[.mmm]Z` (milliseconds only when not zero).
 pub fn rfc3339(ms: u64) -> String {
-    let days = (ms / DAY_MS) as i64;
-    // H. Hinnant's `civil_from_days`.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    let t = ms % DAY_MS;
-    let (h, min, s, frac) = (t / 3_600_000, t / 60_000 % 60, t / 1000 % 60, t % 1000);
+    let t = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+    let (y, mo, d) = (t.year(), u8::from(t.month()), t.day());
+    let (h, mi, sec, frac) = (t.hour(), t.minute(), t.second(), ms % 1000);
     if frac == 0 {
-        format!("{y:04}-{m:02}-{d:02}T{h:02}:{min:02}:{s:02}Z")
+        format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{sec:02}Z")
     } else {
-        format!("{y:04}-{m:02}-{d:02}T{h:02}:{min:02}:{s:02}.{frac:03}Z")
+        format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{sec:02}.{frac:03}Z")
     }
 }
 
