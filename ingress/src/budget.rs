@@ -601,10 +601,10 @@ mod tests {
     fn windows_are_utc_calendar() {
         // 2026-11-29T23:59:59Z and one second later.
         assert_eq!(
-            windows(1_796_083_199_000),
-            ("2026-11-29".into(), "2026-11".into(), 29_934_719)
+            windows(1_795_996_799_000),
+            ("2026-11-29".into(), "2026-11".into(), 29_933_279)
         );
-        assert_eq!(windows(1_796_083_200_000).0, "2026-11-30");
+        assert_eq!(windows(1_795_996_800_000).0, "2026-11-30");
     }
 
     #[test]
@@ -647,11 +647,11 @@ mod tests {
 
     #[test]
     fn a_new_day_resets_the_day_but_not_the_month() {
-        let mut s = Spend::default().at(1_796_083_199_000);
+        let mut s = Spend::default().at(1_795_996_799_000);
         s.day_usd = d("1.5");
         s.month_usd = d("2.5");
         s.day_tokens = 7;
-        let next = s.at(1_796_083_200_000);
+        let next = s.at(1_795_996_800_000);
         assert_eq!(next.day_usd, Decimal::ZERO);
         assert_eq!(next.day_tokens, 0);
         assert_eq!(next.month_usd, d("2.5"));
