@@ -63,6 +63,7 @@ fn key(route: &str, text: &str) -> CacheKey {
             tool_call_id: None,
         }],
         tools: vec![],
+        tenant: None,
         tool_choice: None,
         params: Default::default(),
     }

@@ -123,14 +123,19 @@ pub fn canonical(key: &CacheKey) -> Canonical {
             .collect()
     };
     let doc = |msgs: Vec<Value>| {
-        json!({
+        let mut d = json!({
             "v": 1,
             "route": key.route,
             "messages": msgs,
             "tools": key.tools,
             "tool_choice": key.tool_choice,
             "params": params,
-        })
+        });
+        // Only when set, so anonymous (auth off) keys hash as before.
+        if let (Some(t), Some(o)) = (&key.tenant, d.as_object_mut()) {
+            o.insert("tenant".into(), json!(t));
+        }
+        d
     };
     let exact = hash(&doc(messages(false)));
     let scope = hash(&doc(messages(query.is_some())));
@@ -185,6 +190,7 @@ mod tests {
             Box::new(|v| v["messages"][0]["content"] = json!("Be verbose.")),
             Box::new(|v| v["tools"] = json!([{"type": "function", "function": {"name": "f"}}])),
             Box::new(|v| v["tool_choice"] = json!("none")),
+            Box::new(|v| v["tenant"] = json!("acme")),
         ];
         for (i, edit) in edits.iter().enumerate() {
             let mut v = base();

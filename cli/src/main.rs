@@ -91,7 +91,8 @@ enum Command {
     /// The cache service; `cache eval PAIRS.jsonl`, `cache purge …` and `cache bench` are its
     /// admin actions.
     Cache(cache_cmd::CacheArgs),
-    /// A wire-accurate mock of the OpenAI and Anthropic APIs for tests, demos and benchmarks.
+    /// A wire-accurate mock of the OpenAI, Anthropic, Gemini, Azure OpenAI and Bedrock APIs for
+    /// tests, demos and benchmarks.
     MockUpstream {
         /// Listen address.
         #[arg(long, default_value = "127.0.0.1:9090")]
@@ -393,9 +394,17 @@ async fn run_ingress(
     let state = switchyard_ingress::state(nats, handle, &new_id("ingress"))
         .await
         .map_err(msg)?;
-    tracing::warn!(
-        "authentication is OFF: any bearer token is accepted (API keys arrive in a later release)"
-    );
+    if c.keys.is_empty() {
+        tracing::warn!(
+            "authentication is off: no `keys` configured, any bearer token is accepted (docs/budgets.md)"
+        );
+    } else {
+        tracing::info!(
+            keys = c.keys.len(),
+            tenants = c.tenants.len(),
+            "API keys required"
+        );
+    }
     tracing::info!("ingress listening on http://{addr}");
     switchyard_ingress::serve(listener, state, shutdown.cancelled_owned())
         .await

@@ -1,7 +1,7 @@
 //! `switchyard report`: reports read from the usage ledger (nothing is written to it besides
 //! pending migrations, which opening a ledger applies).
 //!
-//! - `report daily --date YYYY-MM-DD [--format table|csv|json|html]`: one UTC day grouped by
+//! - `report daily [--date YYYY-MM-DD] [--format table|csv|json|html]`: one UTC day grouped by
 //!   tenant, model and target, with the reconciliation of charge and upstream rows.
 //! - `report import-usage --file export.csv [--date-from D] [--date-to D] [--format table|json]`:
 //!   a provider's usage export compared with the ledger's upstream rows per day and model.
@@ -66,9 +66,9 @@ enum ImportFormat {
 
 #[derive(Args)]
 struct DailyArgs {
-    /// The UTC day, YYYY-MM-DD.
+    /// The UTC day, YYYY-MM-DD (default: today, UTC).
     #[arg(long)]
-    date: String,
+    date: Option<String>,
     /// Output format.
     #[arg(long, value_enum, default_value_t = DailyFormat::Table)]
     format: DailyFormat,
@@ -104,10 +104,11 @@ struct ImportArgs {
 pub async fn run(args: ReportArgs) -> Result<(), String> {
     match args.command {
         ReportCommand::Daily(a) => {
+            let date = a.date.clone().unwrap_or_else(today_utc);
             // Reject a bad date before touching the database.
-            utc_day_bounds(&a.date).map_err(|e| e.to_string())?;
+            utc_day_bounds(&date).map_err(|e| e.to_string())?;
             let ledger = open_ledger(&a.ledger).await?;
-            let report = daily_report(&ledger, &a.date).await;
+            let report = daily_report(&ledger, &date).await;
             ledger.close().await;
             let report = report.map_err(|e| e.to_string())?;
             let text = match a.format {
@@ -198,6 +199,12 @@ fn emit(output: Option<&Path>, text: &str) -> Result<(), String> {
             }
         }
     }
+}
+
+/// Today's UTC date, `YYYY-MM-DD`.
+fn today_utc() -> String {
+    let t = time::OffsetDateTime::now_utc();
+    format!("{:04}-{:02}-{:02}", t.year(), u8::from(t.month()), t.day())
 }
 
 #[cfg(test)]

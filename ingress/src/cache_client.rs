@@ -197,6 +197,7 @@ pub async fn check(app: &Arc<AppState>, headers: &HeaderMap, inbound: &Inbound) 
         tools: inbound.tools.clone(),
         tool_choice: inbound.tool_choice.clone(),
         params: inbound.params.clone(),
+        tenant: crate::auth::current_caller().tenant,
     };
     let ttl_s = directives.ttl_s.or(settings.ttl_s).unwrap_or(DEFAULT_TTL_S);
     let prompt_bytes = key

@@ -97,6 +97,9 @@ pub struct CacheKey {
     /// Sampling and output-shaping parameters.
     #[serde(default)]
     pub params: SamplingParams,
+    /// The caller's tenant when API keys are on: answers are never shared across tenants.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 /// `<prefix>.cache.lookup` request.

@@ -428,3 +428,36 @@ async fn a_silent_cache_is_a_bypass_within_the_timeout() {
         Duration::from_millis(switchyard_ingress::cache_client::DEFAULT_TIMEOUT_MS)
     );
 }
+
+/// With API keys on, the cache is scoped by tenant: tenant B never gets tenant A's answer.
+#[tokio::test]
+async fn answers_are_never_shared_across_tenants() {
+    let gw = start(Options {
+        config: test_config(json!({"keys": [
+            {"id": "a", "tenant": "tenant-a", "key": "sk-tenant-a-0123456789"},
+            {"id": "b", "tenant": "tenant-b", "key": "sk-tenant-b-0123456789"}
+        ]})),
+        cache: true,
+        ..Options::default()
+    })
+    .await;
+    let body = user("demo/mock", "What is the refund policy for annual plans?");
+    let ask_as = |key: &'static str| {
+        let (base, body) = (gw.base.clone(), body.clone());
+        async move {
+            let resp = reqwest::Client::new()
+                .post(format!("{base}/v1/chat/completions"))
+                .bearer_auth(key)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 200);
+            header(resp.headers(), "x-switchyard-cache")
+        }
+    };
+    assert_eq!(ask_as("sk-tenant-a-0123456789").await, "miss");
+    assert_eq!(ask_as("sk-tenant-a-0123456789").await, "hit");
+    assert_eq!(ask_as("sk-tenant-b-0123456789").await, "miss");
+    assert_eq!(ask_as("sk-tenant-b-0123456789").await, "hit");
+}

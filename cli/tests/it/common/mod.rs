@@ -202,6 +202,7 @@ pub async fn spawn_cache(url: &str, subjects: &Subjects, shutdown: CancellationT
             tools: vec![],
             tool_choice: None,
             params: Default::default(),
+            tenant: None,
         },
         semantic: false,
         threshold: 1.0,
