@@ -209,7 +209,7 @@ impl Scope {
                 need,
             } => (
                 format!(
-                    "The {period} budget of {} `{}` is exhausted: ${} of ${} spent or reserved, \
+                    "The {period} budget of {} `{}` would be exceeded: ${} of ${} spent or reserved, \
                      this request needs up to ${}.",
                     self.kind,
                     self.id,
@@ -226,7 +226,7 @@ impl Scope {
                 need,
             } => (
                 format!(
-                    "The {period} token quota of {} `{}` is exhausted: {used} of {limit} tokens \
+                    "The {period} token quota of {} `{}` would be exceeded: {used} of {limit} tokens \
                      used or reserved, this request needs up to {need}.",
                     self.kind, self.id
                 ),
@@ -675,7 +675,7 @@ mod tests {
         assert_eq!(e.body()["error"]["code"], "insufficient_quota");
         assert_eq!(
             e.message,
-            "The daily budget of key `team-a` is exhausted: $0.0088 of $0.01 spent or reserved, \
+            "The daily budget of key `team-a` would be exceeded: $0.0088 of $0.01 spent or reserved, \
              this request needs up to $0.0044."
         );
     }

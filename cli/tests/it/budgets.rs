@@ -103,7 +103,7 @@ async fn fc23(billing_url: Option<String>) {
         assert_eq!(body["error"]["code"], "insufficient_quota");
         let msg = body["error"]["message"].as_str().unwrap();
         assert!(
-            msg.starts_with("The daily budget of key `fc23-key` is exhausted"),
+            msg.starts_with("The daily budget of key `fc23-key` would be exceeded"),
             "{msg}"
         );
     }
@@ -259,7 +259,7 @@ async fn tenant_budget_is_shared_by_its_keys() {
         body["error"]["message"]
             .as_str()
             .unwrap()
-            .starts_with("The daily budget of tenant `acme` is exhausted: $0.004 of $0.005"),
+            .starts_with("The daily budget of tenant `acme` would be exceeded: $0.004 of $0.005"),
         "{body}"
     );
 }
@@ -297,7 +297,7 @@ async fn token_quota_per_minute() {
         if s2 == 429 {
             assert_eq!(body["error"]["type"], "insufficient_quota");
             assert!(body["error"]["message"].as_str().unwrap().starts_with(
-                "The per-minute token quota of key `k1` is exhausted: 200 of 300 tokens"
+                "The per-minute token quota of key `k1` would be exceeded: 200 of 300 tokens"
             ));
             let retry: u64 = h["retry-after"].to_str().unwrap().parse().unwrap();
             assert!((1..=60).contains(&retry));
@@ -384,7 +384,7 @@ async fn embeddings_respect_token_quotas() {
         body["error"]["message"]
             .as_str()
             .unwrap()
-            .starts_with("The daily token quota of key `k1` is exhausted"),
+            .starts_with("The daily token quota of key `k1` would be exceeded"),
         "{body}"
     );
 }
