@@ -64,6 +64,19 @@ pub struct AppState {
     pub keys: auth::KeyTable,
     /// The shared budget store (reservations and settlement).
     pub budgets: budget::Budgets,
+    /// Share of requests that probe a degraded target first, in per mille (default 50 = 5 %,
+    /// [`strategy::PROBE_SHARE`]); tests set 0 to make routing order deterministic.
+    pub probe_per_mille: std::sync::atomic::AtomicU32,
+}
+
+impl AppState {
+    /// [`Self::probe_per_mille`] as a share in [0, 1].
+    pub fn probe_share(&self) -> f64 {
+        f64::from(
+            self.probe_per_mille
+                .load(std::sync::atomic::Ordering::Relaxed),
+        ) / 1000.0
+    }
 }
 
 /// Ingress start-up failures.
@@ -114,6 +127,7 @@ pub async fn state(
         cache: cache_client::CacheClient::default(),
         keys: auth::KeyTable::default(),
         budgets,
+        probe_per_mille: std::sync::atomic::AtomicU32::new((strategy::PROBE_SHARE * 1000.0) as u32),
     }))
 }
 

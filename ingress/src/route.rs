@@ -461,6 +461,7 @@ pub async fn route_with(
         strategy::probe_first(
             &mut plan.targets,
             |id| app.health.state(id),
+            app.probe_share(),
             &mut rand::rng(),
         );
     }

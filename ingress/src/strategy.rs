@@ -171,18 +171,19 @@ pub struct Preferences {
     pub user: Option<String>,
 }
 
-/// Share of requests that try a degraded target first (see [`probe_first`]).
+/// Default share of requests that try a degraded target first (see [`probe_first`]).
 pub const PROBE_SHARE: f64 = 0.05;
 
-/// With probability [`PROBE_SHARE`], moves the first degraded target to the front: the probes a
-/// half-open breaker needs to close again. A failed probe still falls back before any content,
-/// so the client only sees the extra latency.
+/// With probability `share` (normally [`PROBE_SHARE`]), moves the first degraded target to the
+/// front: the probes a half-open breaker needs to close again. A failed probe still falls back
+/// before any content, so the client only sees the extra latency.
 pub fn probe_first<R: Rng + ?Sized>(
     targets: &mut Vec<&TargetConfig>,
     health: impl Fn(&str) -> HealthState,
+    share: f64,
     rng: &mut R,
 ) {
-    if targets.len() < 2 || rng.random::<f64>() >= PROBE_SHARE {
+    if targets.len() < 2 || rng.random::<f64>() >= share {
         return;
     }
     if let Some(i) = targets
