@@ -5,9 +5,6 @@
 
 mod common;
 
-use common::PgSchema;
-use futures::FutureExt;
-use std::panic::AssertUnwindSafe;
 use switchyard_billing::Ledger;
 use switchyard_schemas::usage::{Usage, UsageEvent, UsageKind, UsageStatus};
 use uuid::Uuid;
@@ -102,12 +99,5 @@ async fn sqlite_batched_writes() {
 
 #[tokio::test]
 async fn postgres_batched_writes() {
-    let Some(schema) = PgSchema::create().await else {
-        return;
-    };
-    let outcome = AssertUnwindSafe(scenario(&schema.url)).catch_unwind().await;
-    schema.drop_schema().await;
-    if let Err(panic) = outcome {
-        std::panic::resume_unwind(panic);
-    }
+    common::on_postgres(|url| async move { scenario(&url).await }).await;
 }

@@ -4,11 +4,9 @@
 
 mod common;
 
-use common::{NatsServer, PgSchema};
-use futures::FutureExt;
+use common::NatsServer;
 use rust_decimal::Decimal;
 use std::collections::BTreeMap;
-use std::panic::AssertUnwindSafe;
 use std::str::FromStr;
 use std::time::Duration;
 use switchyard_billing::Ledger;
@@ -356,14 +354,7 @@ async fn sqlite_usage_queries() {
 
 #[tokio::test]
 async fn postgres_usage_queries() {
-    let Some(schema) = PgSchema::create().await else {
-        return;
-    };
-    let outcome = AssertUnwindSafe(scenario(&schema.url)).catch_unwind().await;
-    schema.drop_schema().await;
-    if let Err(panic) = outcome {
-        std::panic::resume_unwind(panic);
-    }
+    common::on_postgres(|url| async move { scenario(&url).await }).await;
 }
 
 /// `run` answers `<prefix>.billing.usage` over NATS, errors included.

@@ -4,10 +4,7 @@
 
 mod common;
 
-use common::PgSchema;
-use futures::FutureExt;
 use rust_decimal::Decimal;
-use std::panic::AssertUnwindSafe;
 use std::str::FromStr;
 use switchyard_billing::reconcile::DiscrepancyClass;
 use switchyard_billing::report::{CSV_HEADER, GroupRow, GroupStats, utc_day_bounds};
@@ -388,12 +385,5 @@ async fn sqlite_daily_report_reconciliation_and_import() {
 
 #[tokio::test]
 async fn postgres_daily_report_reconciliation_and_import() {
-    let Some(schema) = PgSchema::create().await else {
-        return;
-    };
-    let outcome = AssertUnwindSafe(scenario(&schema.url)).catch_unwind().await;
-    schema.drop_schema().await;
-    if let Err(panic) = outcome {
-        std::panic::resume_unwind(panic);
-    }
+    common::on_postgres(|url| async move { scenario(&url).await }).await;
 }

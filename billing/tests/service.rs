@@ -4,9 +4,7 @@
 mod common;
 
 use async_nats::jetstream::{self, stream::Stream};
-use common::{NatsServer, PgSchema, wait_until};
-use futures::FutureExt;
-use std::panic::AssertUnwindSafe;
+use common::{NatsServer, wait_until};
 use std::time::Duration;
 use switchyard_billing::stream::{USAGE_DUPLICATE_WINDOW, USAGE_MAX_AGE};
 use switchyard_billing::{BillingError, BillingService, BillingStats, Ledger, ensure_usage_stream};
@@ -195,16 +193,7 @@ async fn sqlite_ledger_counts_each_event_once_across_redelivery_and_replay() {
 
 #[tokio::test]
 async fn postgres_ledger_counts_each_event_once_across_redelivery_and_replay() {
-    let Some(schema) = PgSchema::create().await else {
-        return;
-    };
-    let outcome = AssertUnwindSafe(replay_scenario(&schema.url))
-        .catch_unwind()
-        .await;
-    schema.drop_schema().await;
-    if let Err(panic) = outcome {
-        std::panic::resume_unwind(panic);
-    }
+    common::on_postgres(|url| async move { replay_scenario(&url).await }).await;
 }
 
 #[tokio::test]

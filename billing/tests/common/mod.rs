@@ -97,3 +97,23 @@ impl PgSchema {
         conn.close().await.unwrap();
     }
 }
+
+/// Runs `scenario` on a fresh schema's URL (skipped like [`PgSchema::create`]) and drops the
+/// schema afterwards, also when the scenario panics (the panic is then re-raised).
+pub async fn on_postgres<F, Fut>(scenario: F)
+where
+    F: FnOnce(String) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    use futures::FutureExt as _;
+    let Some(schema) = PgSchema::create().await else {
+        return;
+    };
+    let outcome = std::panic::AssertUnwindSafe(scenario(schema.url.clone()))
+        .catch_unwind()
+        .await;
+    schema.drop_schema().await;
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
