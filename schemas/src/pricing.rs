@@ -20,6 +20,16 @@ const PER: Decimal = Decimal::from_parts(1_000_000, 0, 0, false, 0);
 
 /// Reads a price written as a YAML/JSON number or string, exactly as written (`0.15` stays 0.15).
 fn price<'de, D: Deserializer<'de>>(d: D) -> Result<Decimal, D::Error> {
+    decimal_as_written(d, "price ")
+}
+
+/// Reads a non-negative decimal written as a YAML/JSON number or string, exactly as written;
+/// errors start with `label` (e.g. "price "). Shared with the budget amounts of
+/// [`crate::tenancy`].
+pub(crate) fn decimal_as_written<'de, D: Deserializer<'de>>(
+    d: D,
+    label: &str,
+) -> Result<Decimal, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum Raw {
@@ -36,10 +46,10 @@ fn price<'de, D: Deserializer<'de>>(d: D) -> Result<Decimal, D::Error> {
     let v: Decimal = text
         .trim()
         .parse()
-        .map_err(|e| serde::de::Error::custom(format!("price `{text}`: {e}")))?;
+        .map_err(|e| serde::de::Error::custom(format!("{label}`{text}`: {e}")))?;
     if v.is_sign_negative() {
         return Err(serde::de::Error::custom(format!(
-            "price `{text}` is negative"
+            "{label}`{text}` is negative"
         )));
     }
     Ok(v)

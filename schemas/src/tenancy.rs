@@ -120,27 +120,7 @@ fn yes() -> bool {
 
 /// Reads a non-negative decimal written as a number or string, exactly as written.
 fn usd<'de, D: Deserializer<'de>>(d: D) -> Result<Decimal, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Raw {
-        S(String),
-        F(f64),
-        I(i64),
-    }
-    let text = match Raw::deserialize(d)? {
-        Raw::S(s) => s,
-        // Rust prints the shortest decimal that round-trips, i.e. what the author typed.
-        Raw::F(f) => format!("{f}"),
-        Raw::I(i) => i.to_string(),
-    };
-    let v: Decimal = text
-        .trim()
-        .parse()
-        .map_err(|e| serde::de::Error::custom(format!("`{text}`: {e}")))?;
-    if v.is_sign_negative() {
-        return Err(serde::de::Error::custom(format!("`{text}` is negative")));
-    }
-    Ok(v)
+    crate::pricing::decimal_as_written(d, "")
 }
 
 fn opt_usd<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Decimal>, D::Error> {
