@@ -6,7 +6,7 @@ use crate::common::*;
 use rust_decimal::Decimal;
 use serde_json::{Value, json};
 use std::time::Duration;
-use switchyard_ingress::budget::Scope;
+use switchyard_ingress::budget::{Scope, Spend};
 use switchyard_schemas::UsageKind;
 use switchyard_schemas::tenancy::Budget;
 
@@ -74,6 +74,23 @@ async fn call(
     (status, headers, resp.json().await.unwrap())
 }
 
+/// The budget state of a key or tenant once no reservation is open (every request settled).
+async fn settled(gw: &Gateway, kind: &'static str, id: &str) -> Spend {
+    let scope = Scope {
+        kind,
+        id: id.into(),
+        budget: Budget::default(),
+    };
+    eventually(Duration::from_secs(10), || {
+        let (app, scope) = (gw.ingress.clone(), scope.clone());
+        async move {
+            let s = app.budgets.peek(&scope).await.unwrap();
+            s.held.is_empty().then_some(s)
+        }
+    })
+    .await
+}
+
 fn request_id(h: &reqwest::header::HeaderMap) -> uuid::Uuid {
     h["x-request-id"].to_str().unwrap().parse().unwrap()
 }
@@ -134,19 +151,7 @@ async fn fc23(billing_url: Option<String>) {
     assert_eq!(ledger.count().await.unwrap(), 4);
 
     // The budget store settled to the same $0.008 with nothing left reserved.
-    let scope = Scope {
-        kind: "key",
-        id: "fc23-key".into(),
-        budget: Budget::default(),
-    };
-    let spent = eventually(Duration::from_secs(10), || {
-        let (app, scope) = (gw.ingress.clone(), scope.clone());
-        async move {
-            let s = app.budgets.peek(&scope).await.unwrap();
-            s.held.is_empty().then_some(s)
-        }
-    })
-    .await;
+    let spent = settled(&gw, "key", "fc23-key").await;
     assert_eq!((spent.day_usd, spent.day_tokens), (d("0.008"), 400));
 }
 
@@ -240,19 +245,7 @@ async fn tenant_budget_is_shared_by_its_keys() {
     .await;
     let (s1, _, _) = call(&gw.base, Some(FC23_KEY), "test/fc23").await;
     assert_eq!(s1, 200);
-    let scope = Scope {
-        kind: "tenant",
-        id: "acme".into(),
-        budget: Budget::default(),
-    };
-    eventually(Duration::from_secs(10), || {
-        let (app, scope) = (gw.ingress.clone(), scope.clone());
-        async move {
-            let s = app.budgets.peek(&scope).await.unwrap();
-            (s.held.is_empty() && s.day_usd == d("0.004")).then_some(())
-        }
-    })
-    .await;
+    assert_eq!(settled(&gw, "tenant", "acme").await.day_usd, d("0.004"));
     let (s2, _, body) = call(&gw.base, Some(OTHER_KEY), "test/fc23").await;
     assert_eq!(s2, 429, "{body}");
     assert!(
@@ -278,19 +271,7 @@ async fn token_quota_per_minute() {
     .await;
     let (s1, _, _) = call(&gw.base, Some(FC23_KEY), "test/cheap").await;
     assert_eq!(s1, 200);
-    let scope = Scope {
-        kind: "key",
-        id: "k1".into(),
-        budget: Budget::default(),
-    };
-    let spend = eventually(Duration::from_secs(10), || {
-        let (app, scope) = (gw.ingress.clone(), scope.clone());
-        async move {
-            let s = app.budgets.peek(&scope).await.unwrap();
-            s.held.is_empty().then_some(s)
-        }
-    })
-    .await;
+    let spend = settled(&gw, "key", "k1").await;
     // Unless the clock minute turned in between, the 200 settled tokens count.
     if spend.minute_tokens == 200 {
         let (s2, h, body) = call(&gw.base, Some(FC23_KEY), "test/cheap").await;
@@ -324,19 +305,7 @@ async fn past_downgrade_share_the_cheaper_model_serves() {
     assert_eq!(s1, 200);
     assert_eq!(h1["x-switchyard-target"], "fc23");
     assert!(h1.get("x-switchyard-downgraded-from").is_none());
-    let scope = Scope {
-        kind: "key",
-        id: "k1".into(),
-        budget: Budget::default(),
-    };
-    eventually(Duration::from_secs(10), || {
-        let (app, scope) = (gw.ingress.clone(), scope.clone());
-        async move {
-            let s = app.budgets.peek(&scope).await.unwrap();
-            (s.held.is_empty() && s.day_usd == d("0.004")).then_some(())
-        }
-    })
-    .await;
+    assert_eq!(settled(&gw, "key", "k1").await.day_usd, d("0.004"));
     // $0.004 of $1 = 0.4 % ≥ 0.3 %.
     let (s2, h2, body) = call(&gw.base, Some(FC23_KEY), "test/fc23").await;
     assert_eq!(s2, 200, "{body}");
