@@ -165,7 +165,8 @@ impl Charge {
         }
         let app = self.app.clone();
         let reservation = self.reservation.take();
-        tokio::spawn(async move {
+        // Tracked: shutdown waits for the settlement and the acknowledged publish.
+        self.app.tasks.spawn(async move {
             if let Some(r) = reservation {
                 // Cache hits are free (billing charges them $0), so they settle at zero too.
                 let actual = if e.cache_hit {
@@ -176,7 +177,10 @@ impl Charge {
                         tokens: e.usage.prompt_tokens + e.usage.completion_tokens,
                     }
                 };
-                r.settle(actual).await;
+                if let Some(owed) = r.settle(actual).await {
+                    tracing::error!(request = %e.request_id, scopes = ?owed.scopes,
+                        usd = %owed.actual.usd, "budget settlement could not be written");
+                }
             }
             publish_usage_event(&app.js, &app.subjects, &e).await;
         });

@@ -128,7 +128,6 @@ async fn handle(app: Arc<AppState>, body: &[u8]) -> Result<Response, ApiError> {
         &config,
         model,
         crate::budget::scopes(&config, &caller),
-        &id.to_string(),
         prompt_bytes.div_ceil(4) as u64,
         0,
         switchyard_schemas::now_ms() + total,

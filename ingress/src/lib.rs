@@ -67,6 +67,8 @@ pub struct AppState {
     /// Share of requests that probe a degraded target first, in per mille (default 50 = 5 %,
     /// [`strategy::PROBE_SHARE`]); tests set 0 to make routing order deterministic.
     pub probe_per_mille: std::sync::atomic::AtomicU32,
+    /// Background work shutdown waits for (budget settlements, usage publications).
+    pub tasks: tokio_util::task::TaskTracker,
 }
 
 impl AppState {
@@ -110,7 +112,7 @@ pub async fn state(
         }
     };
     let js = async_nats::jetstream::new(nats.clone());
-    let budgets = budget::Budgets::connect(&js).await;
+    let budgets = budget::Budgets::connect(&js, ingress_id).await;
     // Loading the tokenizer takes a moment: do it now, off the request path.
     tokio::task::spawn_blocking(trim::warm_up);
     Ok(Arc::new(AppState {
@@ -128,6 +130,7 @@ pub async fn state(
         keys: auth::KeyTable::default(),
         budgets,
         probe_per_mille: std::sync::atomic::AtomicU32::new((strategy::PROBE_SHARE * 1000.0) as u32),
+        tasks: tokio_util::task::TaskTracker::new(),
     }))
 }
 

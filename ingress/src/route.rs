@@ -396,7 +396,6 @@ pub async fn route_with(
         &config,
         model,
         scopes,
-        &id.to_string(),
         &inbound.messages,
         &inbound.tools,
         inbound.params.max_tokens,

@@ -5,6 +5,7 @@
 mod anthropic_front_door;
 mod billing_faults;
 mod budgets;
+mod budgets_load;
 mod cache;
 mod common;
 mod embeddings;

@@ -168,6 +168,27 @@ pub async fn start(opts: Options) -> Gateway {
     }
 }
 
+/// Starts another ingress process's worth of state (own NATS connection, own id, own budget
+/// holder) on the gateway's NATS and config; returns its base URL and state.
+pub async fn spawn_ingress(gw: &Gateway) -> (String, std::sync::Arc<switchyard_ingress::AppState>) {
+    let client = async_nats::connect(gw.nats.url()).await.unwrap();
+    let state = switchyard_ingress::state(
+        client,
+        gw.config.clone(),
+        &format!("ingress-{}", uuid::Uuid::now_v7().simple()),
+    )
+    .await
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(switchyard_ingress::serve(
+        listener,
+        state.clone(),
+        gw.shutdown.clone().cancelled_owned(),
+    ));
+    (base, state)
+}
+
 /// The real embedding model (loaded once per test binary).
 pub fn embedder() -> std::sync::Arc<dyn switchyard_cache::embed::Embed> {
     static MODEL: std::sync::OnceLock<std::sync::Arc<dyn switchyard_cache::embed::Embed>> =

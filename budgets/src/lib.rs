@@ -1,0 +1,11 @@
+//! Budgets and token quotas shared by every ingress replica: admission *reserves* a request's
+//! estimated charge, completion *settles* it with the actual charge. State lives in one
+//! JetStream KV entry per scope (`key.<id>`, `tenant.<id>` in [`BUDGETS_BUCKET`]); see
+//! [`store`] for the group-commit protocol and its exactness argument, docs/budgets.md for the
+//! user-facing rules.
+
+pub mod spend;
+pub mod store;
+
+pub use spend::{Demand, Exceeded, Held, Spend};
+pub use store::{BUDGETS_BUCKET, BudgetStore, ReserveError, Unavailable};
