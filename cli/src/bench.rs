@@ -1,18 +1,35 @@
-//! `switchyard bench`: the latency Switchyard adds, measured in one run on this machine.
+//! `switchyard bench`: open-loop load through a full `switchyard up` and, in the same run,
+//! straight to the same mock upstream, so the difference is what Switchyard adds.
 //!
-//! Starts a private nats-server, the mock upstream, one worker and ingress in this process, then
-//! sends the same small chat request `--requests` times directly to the mock and through the
-//! gateway (alternating, so machine noise hits both alike), at `--concurrency`. Reports p50/p90/p99
-//! of each path (HdrHistogram, µs precision) and the difference: the added latency of ingress +
-//! two NATS hops + worker. Streaming mode measures time to first content byte (TTFT) instead of the
-//! whole response.
+//! Set-up: the mock upstream runs as its own process (`switchyard mock-upstream`), and
+//! `switchyard up` as another, with billing, the cache service (exact lookups on every request:
+//! each prompt is unique, so every lookup is a miss), a key whose tenant has a USD budget (every
+//! request reserves and settles) and RPM/TPM/concurrency limits on the target (all far above the
+//! load, but evaluated). The load generator is this process.
+//!
+//! Open loop: request *i* of a phase is scheduled at `start + i / rate` and sent then whether or
+//! not earlier ones have finished; its latency is measured from the *scheduled* time, so a stall
+//! of the system under test shows up in the latency of every request it delayed (no coordinated
+//! omission). Each phase alternates slices on the direct and the gateway path at the same rate,
+//! so machine noise hits both alike. **Added latency** at a percentile is the gateway path's
+//! value minus the direct path's value at the same percentile, from the same run.
+//!
+//! Streams: each stream is 20 chunks spread over `--stream-ms`; the arrival rate is chosen so
+//! that `N` streams are open at once. TTFT is measured to the first content chunk; every gap
+//! between two content chunks goes into the inter-chunk histogram.
 
 use hdrhistogram::Histogram;
+use parking_lot::Mutex;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-use switchyard_schemas::config::{ConfigHandle, GatewayConfig};
-use switchyard_schemas::subjects::Subjects;
-use tokio_util::sync::CancellationToken;
+
+/// The API key the bench's gateway is configured with.
+const KEY: &str = "sk-bench-0123456789abcdef";
+/// Chunks per streamed answer (the mock's `chunks`).
+const CHUNKS: u64 = 20;
 
 /// Options of one run.
 #[derive(Debug, Clone, clap::Args)]
@@ -20,29 +37,24 @@ pub struct BenchArgs {
     /// Another benchmark instead of the added latency (`billing`: usage rows/s into the ledger).
     #[command(subcommand)]
     pub what: Option<BenchWhat>,
-    /// Requests per path.
-    #[arg(long, default_value_t = 2000)]
-    pub requests: u64,
-    /// Requests in flight at once per path.
-    #[arg(long, default_value_t = 1)]
-    pub concurrency: u64,
-    /// Measure time to first content byte of a streamed answer instead of the full response.
+    /// Arrival rates of the non-streaming phases, requests/s (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values_t = [1000, 2000, 5000])]
+    pub rates: Vec<u64>,
+    /// Concurrent streams of the streaming phases (comma-separated; empty: none).
+    #[arg(long, value_delimiter = ',', default_values_t = [500, 2000])]
+    pub streams: Vec<u64>,
+    /// Seconds of load per path and phase.
+    #[arg(long, default_value_t = 10)]
+    pub seconds: u64,
+    /// Each phase alternates direct and gateway in this many slices per path.
+    #[arg(long, default_value_t = 2)]
+    pub slices: u32,
+    /// Length of one streamed answer, ms (20 chunks spread over it).
+    #[arg(long, default_value_t = 1000)]
+    pub stream_ms: u64,
+    /// Where the run's config, data and logs go (default: a temporary directory, removed).
     #[arg(long)]
-    pub stream: bool,
-    /// Warm-up requests per path, not measured.
-    #[arg(long, default_value_t = 200)]
-    pub warmup: u64,
-}
-
-fn bench_config() -> Result<GatewayConfig, String> {
-    let c: GatewayConfig = serde_json::from_value(serde_json::json!({
-        "targets": [{"id": "mock", "provider": "openai", "base_url": "builtin:mock", "upstream_model": "mock",
-                      "breaker": {"enabled": false}, "retry": {"max_attempts": 1}}],
-        "models": [{"id": "demo/mock", "targets": ["mock"]}]
-    }))
-    .map_err(|e| e.to_string())?;
-    c.validate().map_err(|e| e.to_string())?;
-    Ok(c)
+    pub dir: Option<PathBuf>,
 }
 
 /// The other benchmarks of `switchyard bench`.
@@ -50,566 +62,448 @@ fn bench_config() -> Result<GatewayConfig, String> {
 pub enum BenchWhat {
     /// Usage rows/s into the billing ledger: raw `Ledger::insert_batch`, then end to end (JetStream
     /// publish → billing consumer → ledger commit). PostgreSQL runs in a throwaway schema.
-    Billing(billing_bench::BillingBenchArgs),
+    Billing(crate::bench_billing::BillingBenchArgs),
+}
+
+/// A child process killed when dropped.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> Result<u16, String> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    Ok(l.local_addr().map_err(|e| e.to_string())?.port())
+}
+
+fn spawn(args: &[&str], log: &Path) -> Result<Proc, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let out = std::fs::File::create(log).map_err(|e| e.to_string())?;
+    let err = out.try_clone().map_err(|e| e.to_string())?;
+    let child = Command::new(exe)
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    Ok(Proc(child))
+}
+
+/// The gateway's config: one JSON and one streaming model on the mock, a budgeted key, limits.
+fn config_yaml(dir: &Path, listen: u16, mock: u16, stream_ms: u64) -> String {
+    let delay = stream_ms / CHUNKS;
+    let limits = "{rpm: 100000000, tpm: 100000000000, max_concurrency: 100000}";
+    format!(
+        "listen: 127.0.0.1:{listen}\n\
+         data_dir: {data}\n\
+         pricing_file: {prices}\n\
+         targets:\n\
+         \x20 - {{id: json, provider: openai, base_url: \"http://127.0.0.1:{mock}/v1\", upstream_model: mock, limits: {limits}}}\n\
+         \x20 - {{id: stream, provider: openai, base_url: \"http://127.0.0.1:{mock}/x/chunks={CHUNKS},chunk_delay_ms={delay}/v1\", upstream_model: mock, limits: {limits}}}\n\
+         models:\n\
+         \x20 - {{id: bench/json, targets: [json], cache: {{enabled: true, semantic: false}}}}\n\
+         \x20 - {{id: bench/stream, targets: [stream], cache: {{enabled: true, semantic: false}}}}\n\
+         keys:\n\
+         \x20 - {{id: bench, tenant: bench, key: {KEY}}}\n\
+         tenants:\n\
+         \x20 - {{id: bench, budget: {{daily_usd: 1000000}}}}\n\
+         timeouts: {{first_frame_ms: 10000, worker_silence_ms: 10000}}\n",
+        data = dir.join("data").display(),
+        prices = dir.join("prices.yaml").display(),
+    )
+}
+
+const PRICES: &str = "currency: USD\nas_of: 2026-12-01\n\
+    upstream:\n  mock: {input: 0.15, output: 0.6}\n\
+    standard:\n  bench/json: {input: 0.15, output: 0.6}\n  bench/stream: {input: 0.15, output: 0.6}\n";
+
+/// Resident set size (KiB) and CPU time (clock ticks) of `pid` and its descendants.
+fn tree_usage(pid: u32) -> (u64, u64) {
+    let mut parents: Vec<(u32, u32)> = Vec::new();
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            let Some(p) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            if let Some(ppid) = stat_field(p, 1) {
+                parents.push((p, ppid as u32));
+            }
+        }
+    }
+    let mut tree = vec![pid];
+    let mut i = 0;
+    while i < tree.len() {
+        let p = tree[i];
+        tree.extend(parents.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
+        i += 1;
+    }
+    let mut rss = 0;
+    let mut cpu = 0;
+    for p in tree {
+        rss += std::fs::read_to_string(format!("/proc/{p}/status"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("VmRSS:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            })
+            .unwrap_or(0);
+        cpu += stat_field(p, 11).unwrap_or(0) + stat_field(p, 12).unwrap_or(0);
+    }
+    (rss, cpu)
+}
+
+/// Field `n` (0 = state) after the command name of /proc/PID/stat: 1 = ppid, 11 = utime,
+/// 12 = stime (proc(5)).
+fn stat_field(pid: u32, n: usize) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &s[s.rfind(')')? + 2..];
+    rest.split(' ').nth(n)?.parse().ok()
+}
+
+/// Clock ticks per second for `/proc` CPU times (USER_HZ, 100 on Linux).
+const TICKS_PER_S: f64 = 100.0;
+
+/// What one path recorded in one phase.
+struct PathStats {
+    latency: Histogram<u64>,
+    gap: Histogram<u64>,
+    ok: u64,
+    errors: u64,
+    first_error: Option<String>,
+    busy: Duration,
+}
+
+impl PathStats {
+    fn new() -> Result<Self, String> {
+        let h = || Histogram::<u64>::new_with_bounds(1, 120_000_000, 3).map_err(|e| e.to_string());
+        Ok(Self {
+            latency: h()?,
+            gap: h()?,
+            ok: 0,
+            errors: 0,
+            first_error: None,
+            busy: Duration::ZERO,
+        })
+    }
+}
+
+#[derive(Clone)]
+struct Path2 {
+    url: String,
+    model: &'static str,
+    key: bool,
+}
+
+/// One request scheduled at `at`; latency (µs, from `at`) to the full body or, when `stream`,
+/// to the first content chunk, plus the gaps between content chunks (µs).
+async fn one(
+    http: &reqwest::Client,
+    path: &Path2,
+    n: u64,
+    stream: bool,
+    at: Instant,
+) -> Result<(u64, Vec<u64>), String> {
+    let body = serde_json::json!({"model": path.model, "stream": stream, "max_tokens": 64,
+        "messages": [{"role": "user", "content": format!("bench request {n}")}]});
+    let mut req = http.post(&path.url).json(&body);
+    if path.key {
+        req = req.bearer_auth(KEY);
+    }
+    let mut resp = req.send().await.map_err(|e| e.to_string())?;
+    if !resp.status().is_success() {
+        let status = resp.status();
+        let text = resp.text().await.unwrap_or_default();
+        return Err(format!(
+            "{status}: {}",
+            text.chars().take(200).collect::<String>()
+        ));
+    }
+    if !stream {
+        resp.bytes().await.map_err(|e| e.to_string())?;
+        return Ok((at.elapsed().as_micros() as u64, Vec::new()));
+    }
+    let mut first = None;
+    let mut last = None;
+    let mut gaps = Vec::new();
+    let mut pending = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(|e| e.to_string())? {
+        pending.extend_from_slice(&chunk);
+        let now = Instant::now();
+        while let Some(end) = pending.windows(2).position(|w| w == b"\n\n") {
+            let event: Vec<u8> = pending.drain(..end + 2).collect();
+            if !has_content(&event) {
+                continue;
+            }
+            if first.is_none() {
+                first = Some(now.duration_since(at).as_micros() as u64);
+            }
+            if let Some(prev) = last {
+                gaps.push(now.duration_since(prev).as_micros() as u64);
+            }
+            last = Some(now);
+        }
+    }
+    first
+        .map(|f| (f, gaps))
+        .ok_or_else(|| "stream without content".to_owned())
+}
+
+/// Whether an SSE event carries a non-empty `"content":"…"` delta (OpenAI chunk shape).
+fn has_content(event: &[u8]) -> bool {
+    const PAT: &[u8] = b"\"content\":\"";
+    event
+        .windows(PAT.len() + 1)
+        .any(|w| w.starts_with(PAT) && w[PAT.len()] != b'"')
+}
+
+/// Sends at `rate` per second for `length` on `path`, open loop, into `stats`.
+async fn slice(
+    http: &reqwest::Client,
+    path: &Path2,
+    rate: u64,
+    length: Duration,
+    stream: bool,
+    counter: &Arc<AtomicU64>,
+    stats: &Arc<Mutex<PathStats>>,
+) {
+    let start = Instant::now() + Duration::from_millis(5);
+    let total = (rate as f64 * length.as_secs_f64()) as u64;
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..total {
+        let at = start + Duration::from_secs_f64(i as f64 / rate as f64);
+        tokio::time::sleep_until(at.into()).await;
+        let (http, path, stats) = (http.clone(), path.clone(), stats.clone());
+        let n = counter.fetch_add(1, Ordering::Relaxed);
+        tasks.spawn(async move {
+            let r = tokio::time::timeout(Duration::from_secs(30), one(&http, &path, n, stream, at))
+                .await
+                .unwrap_or_else(|_| Err("timed out after 30 s".into()));
+            let mut s = stats.lock();
+            match r {
+                Ok((latency, gaps)) => {
+                    s.ok += 1;
+                    let _ = s.latency.record(latency.max(1));
+                    for g in gaps {
+                        let _ = s.gap.record(g.max(1));
+                    }
+                }
+                Err(e) => {
+                    s.errors += 1;
+                    s.first_error.get_or_insert(e);
+                }
+            }
+        });
+        // Reap finished tasks as we go so the set does not grow with the run.
+        while tasks.try_join_next().is_some() {}
+    }
+    while tasks.join_next().await.is_some() {}
+    stats.lock().busy += start.elapsed();
 }
 
 /// Runs the benchmark and prints the report.
 pub async fn run(args: BenchArgs) -> Result<(), String> {
     if let Some(BenchWhat::Billing(billing)) = args.what {
-        return billing_bench::run(billing).await;
+        return crate::bench_billing::run(billing).await;
     }
-    let nats_server = switchyard_natsd::NatsServer::start_temp().map_err(|e| e.to_string())?;
-    let mock = switchyard_workers::mock_upstream::MockUpstream::start_with_state(
-        switchyard_workers::mock_upstream::MockState::with_record_limit(1),
-    )
-    .await
-    .map_err(|e| e.to_string())?;
-    let handle = ConfigHandle::new(bench_config()?);
-    let subjects = Subjects::new("sy");
-    let stop = CancellationToken::new();
-    let nats = async_nats::connect(nats_server.url())
-        .await
+    let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let dir = args.dir.clone().unwrap_or_else(|| tmp.path().to_owned());
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let (mock_port, port) = (free_port()?, free_port()?);
+    let mock_listen = format!("127.0.0.1:{mock_port}");
+    let _mock = spawn(
+        &["mock-upstream", "--listen", &mock_listen],
+        &dir.join("mock.log"),
+    )?;
+    std::fs::write(dir.join("prices.yaml"), PRICES).map_err(|e| e.to_string())?;
+    let config = dir.join("bench.yaml");
+    std::fs::write(&config, config_yaml(&dir, port, mock_port, args.stream_ms))
         .map_err(|e| e.to_string())?;
-    let js = async_nats::jetstream::new(nats.clone());
-    switchyard_billing::ensure_usage_stream(&js, &subjects)
-        .await
-        .map_err(|e| e.to_string())?;
-    let wnats = async_nats::connect(nats_server.url())
-        .await
-        .map_err(|e| e.to_string())?;
-    let worker = switchyard_workers::worker::Worker::subscribe(
-        wnats,
-        switchyard_workers::worker::WorkerOptions {
-            worker_id: "bench-worker".into(),
-            subjects: subjects.clone(),
-            config: handle.clone(),
-            providers: Vec::new(),
-            builtin_mock_url: Some(format!("{}/v1", mock.base_url())),
-            builtin_local_model_url: None,
-        },
-    )
-    .await
-    .map_err(|e| e.to_string())?;
-    tokio::spawn(worker.serve(stop.clone()));
-    let state = switchyard_ingress::state(nats, handle, "bench-ingress")
-        .await
-        .map_err(|e| e.to_string())?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .map_err(|e| e.to_string())?;
-    let gateway = format!(
-        "http://{}",
-        listener.local_addr().map_err(|e| e.to_string())?
-    );
-    tokio::spawn(switchyard_ingress::serve(
-        listener,
-        state,
-        stop.clone().cancelled_owned(),
-    ));
+    let config_arg = config.display().to_string();
+    let up = spawn(
+        &["up", "--config", &config_arg, "--no-local-model"],
+        &dir.join("up.log"),
+    )?;
+    let up_pid = up.0.id();
 
     let http = reqwest::Client::builder()
-        .pool_max_idle_per_host(256)
+        .pool_max_idle_per_host(20_000)
         .tcp_nodelay(true)
         .build()
         .map_err(|e| e.to_string())?;
-    let direct = Target {
-        url: format!("{}/v1/chat/completions", mock.base_url()),
+    let gateway = format!("http://127.0.0.1:{port}");
+    let direct_json = Path2 {
+        url: format!("http://{mock_listen}/v1/chat/completions"),
         model: "mock",
+        key: false,
     };
-    let via = Target {
+    let via_json = Path2 {
         url: format!("{gateway}/v1/chat/completions"),
-        model: "demo/mock",
+        model: "bench/json",
+        key: true,
     };
-    let text = "#mock text=pong";
+    let delay = args.stream_ms / CHUNKS;
+    let direct_stream = Path2 {
+        url: format!(
+            "http://{mock_listen}/x/chunks={CHUNKS},chunk_delay_ms={delay}/v1/chat/completions"
+        ),
+        model: "mock",
+        key: false,
+    };
+    let via_stream = Path2 {
+        url: via_json.url.clone(),
+        model: "bench/stream",
+        key: true,
+    };
     eprintln!(
-        "switchyard bench: {} requests per path, concurrency {}, {} ...",
-        args.requests,
-        args.concurrency,
-        if args.stream {
-            "TTFT of streamed answers"
-        } else {
-            "full non-streamed responses"
-        }
+        "switchyard bench: waiting for `switchyard up` (log: {})",
+        dir.join("up.log").display()
     );
-    for _ in 0..args.warmup {
-        one(&http, &direct, text, args.stream).await?;
-        one(&http, &via, text, args.stream).await?;
+    let counter = Arc::new(AtomicU64::new(0));
+    let ready = Instant::now();
+    loop {
+        let n = counter.fetch_add(1, Ordering::Relaxed);
+        if one(&http, &via_json, n, false, Instant::now())
+            .await
+            .is_ok()
+        {
+            break;
+        }
+        if ready.elapsed() > Duration::from_secs(120) {
+            return Err("`switchyard up` did not answer within 120 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let direct_h = Arc::new(parking(
-        Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).map_err(|e| e.to_string())?,
-    ));
-    let via_h = Arc::new(parking(
-        Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).map_err(|e| e.to_string())?,
-    ));
-    let per_task = args.requests.div_ceil(args.concurrency.max(1));
-    let mut tasks = Vec::new();
-    for _ in 0..args.concurrency.max(1) {
-        let (http, direct, via) = (http.clone(), direct.clone(), via.clone());
-        let (dh, vh) = (direct_h.clone(), via_h.clone());
-        tasks.push(tokio::spawn(async move {
-            for _ in 0..per_task {
-                let d = one(&http, &direct, text, args.stream).await?;
-                let v = one(&http, &via, text, args.stream).await?;
-                dh.lock()
-                    .record(d.as_micros().max(1) as u64)
-                    .map_err(|e| e.to_string())?;
-                vh.lock()
-                    .record(v.as_micros().max(1) as u64)
-                    .map_err(|e| e.to_string())?;
-            }
-            Ok::<(), String>(())
-        }));
-    }
-    for t in tasks {
-        t.await.map_err(|e| e.to_string())??;
-    }
-    stop.cancel();
-    let (d, v) = (direct_h.lock().clone(), via_h.lock().clone());
-    let ms = |us: u64| us as f64 / 1000.0;
-    println!("path              p50 ms   p90 ms   p99 ms   max ms   n");
-    for (name, h) in [("direct to mock", &d), ("via switchyard", &v)] {
-        println!(
-            "{name:<16} {:>7.3}  {:>7.3}  {:>7.3}  {:>7.3}   {}",
-            ms(h.value_at_quantile(0.5)),
-            ms(h.value_at_quantile(0.9)),
-            ms(h.value_at_quantile(0.99)),
-            ms(h.max()),
-            h.len()
-        );
-    }
+    let (idle_rss, _) = tree_usage(up_pid);
     println!(
-        "added latency: p50 {:.3} ms, p99 {:.3} ms",
-        ms(v.value_at_quantile(0.5)).max(0.0) - ms(d.value_at_quantile(0.5)),
-        ms(v.value_at_quantile(0.99)) - ms(d.value_at_quantile(0.99))
+        "`switchyard up` process tree RSS idle: {} MB\n",
+        idle_rss / 1024
+    );
+    // Warm-up: connections, the cache's index, JIT-free but page-cache-warm.
+    let warm = Arc::new(Mutex::new(PathStats::new()?));
+    for p in [&direct_json, &via_json] {
+        slice(
+            &http,
+            p,
+            200,
+            Duration::from_secs(2),
+            false,
+            &counter,
+            &warm,
+        )
+        .await;
+    }
+
+    println!(
+        "| phase | path | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | achieved /s | errors |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    let mut summary = Vec::new();
+    let phases: Vec<(String, u64, bool)> = args
+        .rates
+        .iter()
+        .map(|r| (format!("{r} rps JSON"), *r, false))
+        .chain(args.streams.iter().map(|n| {
+            (
+                format!("{n} streams"),
+                (n * 1000).div_ceil(args.stream_ms.max(1)),
+                true,
+            )
+        }))
+        .collect();
+    for (name, rate, stream) in phases {
+        let direct = Arc::new(Mutex::new(PathStats::new()?));
+        let via = Arc::new(Mutex::new(PathStats::new()?));
+        let length = Duration::from_secs_f64(args.seconds as f64 / f64::from(args.slices.max(1)));
+        let mut peak_rss = 0;
+        let mut cpu_ticks = 0;
+        let (dp, vp) = if stream {
+            (&direct_stream, &via_stream)
+        } else {
+            (&direct_json, &via_json)
+        };
+        for _ in 0..args.slices.max(1) {
+            slice(&http, dp, rate, length, stream, &counter, &direct).await;
+            let (_, cpu0) = tree_usage(up_pid);
+            let sampling = Arc::new(AtomicU64::new(0));
+            let sampler = {
+                let sampling = sampling.clone();
+                tokio::spawn(async move {
+                    let mut peak = 0;
+                    while sampling.load(Ordering::Relaxed) == 0 {
+                        peak = peak.max(tree_usage(up_pid).0);
+                        tokio::time::sleep(Duration::from_millis(250)).await;
+                    }
+                    peak
+                })
+            };
+            slice(&http, vp, rate, length, stream, &counter, &via).await;
+            sampling.store(1, Ordering::Relaxed);
+            peak_rss = peak_rss.max(sampler.await.unwrap_or(0));
+            cpu_ticks += tree_usage(up_pid).1.saturating_sub(cpu0);
+        }
+        let (d, v) = (direct.lock(), via.lock());
+        let ms = |us: u64| us as f64 / 1000.0;
+        let row = |path: &str, s: &PathStats, h: &Histogram<u64>| {
+            println!(
+                "| {name} | {path} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.0} | {} |",
+                ms(h.value_at_quantile(0.5)),
+                ms(h.value_at_quantile(0.9)),
+                ms(h.value_at_quantile(0.99)),
+                ms(h.value_at_quantile(0.999)),
+                ms(h.max()),
+                s.ok as f64 / s.busy.as_secs_f64().max(1e-9),
+                s.errors
+            );
+        };
+        let what = if stream { "TTFT" } else { "latency" };
+        row(&format!("direct {what}"), &d, &d.latency);
+        row(&format!("switchyard {what}"), &v, &v.latency);
+        if stream {
+            row("direct inter-chunk gap", &d, &d.gap);
+            row("switchyard inter-chunk gap", &v, &v.gap);
+        }
+        let added = |q: f64, a: &Histogram<u64>, b: &Histogram<u64>| {
+            (b.value_at_quantile(q) as f64 - a.value_at_quantile(q) as f64) / 1000.0
+        };
+        let cpu_ms = cpu_ticks as f64 / TICKS_PER_S * 1000.0 / (v.ok + v.errors).max(1) as f64;
+        summary.push(format!(
+            "{name}: added {what} p50 {:+.3} ms, p99 {:+.3} ms{}; CPU of the up tree {:.3} ms/request; \
+             peak RSS {} MB; errors direct {} / switchyard {}{}",
+            added(0.5, &d.latency, &v.latency),
+            added(0.99, &d.latency, &v.latency),
+            if stream {
+                format!(
+                    ", inter-chunk gap p99 {:+.3} ms",
+                    added(0.99, &d.gap, &v.gap)
+                )
+            } else {
+                String::new()
+            },
+            cpu_ms,
+            peak_rss / 1024,
+            d.errors,
+            v.errors,
+            v.first_error
+                .as_ref()
+                .map(|e| format!(" (first: {e})"))
+                .unwrap_or_default()
+        ));
+    }
+    println!();
+    for s in summary {
+        println!("- {s}");
+    }
+    let (end_rss, _) = tree_usage(up_pid);
+    println!(
+        "- `switchyard up` process tree RSS after the run: {} MB",
+        end_rss / 1024
     );
     Ok(())
-}
-
-fn parking<T>(v: T) -> parking_lot::Mutex<T> {
-    parking_lot::Mutex::new(v)
-}
-
-#[derive(Clone)]
-struct Target {
-    url: String,
-    model: &'static str,
-}
-
-/// One request; returns the time to the full body (or to the first content byte when streaming).
-async fn one(
-    http: &reqwest::Client,
-    t: &Target,
-    text: &str,
-    stream: bool,
-) -> Result<Duration, String> {
-    let body = serde_json::json!({"model": t.model, "stream": stream, "messages": [{"role": "user", "content": text}]});
-    let start = Instant::now();
-    let mut resp = http
-        .post(&t.url)
-        .json(&body)
-        .send()
-        .await
-        .map_err(|e| e.to_string())?;
-    if !resp.status().is_success() {
-        return Err(format!("{} answered {}", t.url, resp.status()));
-    }
-    if stream {
-        // The first chunk carrying content ("pong").
-        let mut seen = Vec::new();
-        while let Some(chunk) = resp.chunk().await.map_err(|e| e.to_string())? {
-            seen.extend_from_slice(&chunk);
-            if seen.windows(4).any(|w| w == b"pong") {
-                let at = start.elapsed();
-                while resp.chunk().await.map_err(|e| e.to_string())?.is_some() {}
-                return Ok(at);
-            }
-        }
-        return Err("stream ended without content".into());
-    }
-    resp.bytes().await.map_err(|e| e.to_string())?;
-    Ok(start.elapsed())
-}
-
-/// `switchyard bench billing`: how many usage rows per second the billing write path stores.
-pub mod billing_bench {
-    use futures::StreamExt;
-    use futures::stream::FuturesUnordered;
-    use std::time::{Duration, Instant};
-    use switchyard_billing::ledger::ScratchSchema;
-    use switchyard_billing::{BillingService, Ledger, ServiceConfig};
-    use switchyard_schemas::subjects::{BILLING_CONSUMER, Subjects};
-    use switchyard_schemas::usage::{Usage, UsageEvent, UsageKind, UsageStatus};
-
-    /// Publish acknowledgements awaited at once by the end-to-end publisher, acks.
-    const PUBLISH_WINDOW: usize = 4096;
-    /// How often the end-to-end run asks JetStream how far the billing consumer has acked.
-    const POLL: Duration = Duration::from_millis(20);
-
-    /// Options of `switchyard bench billing`.
-    #[derive(Debug, Clone, clap::Args)]
-    pub struct BillingBenchArgs {
-        /// Usage events (ledger rows) per measurement, rows.
-        #[arg(long, default_value_t = 100_000)]
-        pub rows: u64,
-        /// The ledger: `postgres://…` (each measurement creates and drops a schema of its own
-        /// there) or `sqlite:` (each measurement uses a fresh file in the temporary directory).
-        #[arg(
-            long,
-            env = "SWITCHYARD_BENCH_DATABASE_URL",
-            default_value = "postgres://postgres@127.0.0.1:5432/test"
-        )]
-        pub database_url: String,
-        /// Events per `insert_batch` call, and the billing consumer's `batch_max`, rows.
-        #[arg(long, default_value_t = ServiceConfig::default().batch_max)]
-        pub batch: usize,
-        /// Concurrent writers: `insert_batch` callers in the second raw measurement, and the
-        /// billing consumer's `writers` (PostgreSQL).
-        #[arg(long, default_value_t = ServiceConfig::default().writers)]
-        pub writers: usize,
-        /// Skip the end-to-end measurement (raw `insert_batch` only).
-        #[arg(long)]
-        pub raw_only: bool,
-    }
-
-    /// An empty ledger for one measurement and what to clean up after it.
-    struct BenchLedger {
-        ledger: Ledger,
-        scratch: Scratch,
-    }
-
-    enum Scratch {
-        Postgres(ScratchSchema),
-        /// The SQLite file; its `-wal` and `-shm` companions go with it.
-        Sqlite(std::path::PathBuf),
-    }
-
-    impl BenchLedger {
-        async fn open(url: &str) -> Result<Self, String> {
-            let (scratch, ledger_url) = if url.starts_with("sqlite:") {
-                let path = std::env::temp_dir().join(format!(
-                    "switchyard-bench-{}.db",
-                    uuid::Uuid::now_v7().simple()
-                ));
-                let ledger_url = format!("sqlite://{}", path.display());
-                (Scratch::Sqlite(path), ledger_url)
-            } else {
-                let schema = ScratchSchema::create(url, "switchyard_bench")
-                    .await
-                    .map_err(|e| format!("{url}: {e}"))?;
-                let ledger_url = schema.url().to_owned();
-                (Scratch::Postgres(schema), ledger_url)
-            };
-            let ledger = Ledger::connect(&ledger_url)
-                .await
-                .map_err(|e| e.to_string())?;
-            Ok(Self { ledger, scratch })
-        }
-
-        async fn close(self) {
-            self.ledger.close().await;
-            match self.scratch {
-                Scratch::Postgres(schema) => {
-                    if let Err(e) = schema.drop_schema().await {
-                        eprintln!("dropping the benchmark schema failed: {e}");
-                    }
-                }
-                Scratch::Sqlite(path) => {
-                    for suffix in ["", "-wal", "-shm"] {
-                        let mut file = path.clone().into_os_string();
-                        file.push(suffix);
-                        let _ = std::fs::remove_file(file);
-                    }
-                }
-            }
-        }
-    }
-
-    /// `n` priced events as ingress and the workers write them: per request one `upstream` event
-    /// (gpt-4o-mini, cached and reasoning tokens, so three to four ledger lines) and one `charge`.
-    fn events(n: u64) -> Vec<UsageEvent> {
-        let now = switchyard_schemas::now_ms();
-        let mut out = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
-        let mut request_id = uuid::Uuid::now_v7();
-        for i in 0..n {
-            let upstream = i % 2 == 0;
-            if upstream {
-                request_id = uuid::Uuid::now_v7();
-            }
-            out.push(UsageEvent {
-                request_id,
-                kind: if upstream {
-                    UsageKind::Upstream
-                } else {
-                    UsageKind::Charge
-                },
-                attempt: u32::from(upstream),
-                ts_ms: now + i,
-                tenant: Some(format!("tenant-{}", i % 7)),
-                key_id: Some(format!("key-{}", i % 31)),
-                model: "openai/gpt-4o-mini".into(),
-                target: Some("openai-primary".into()),
-                upstream_model: Some("gpt-4o-mini".into()),
-                usage: Usage {
-                    prompt_tokens: 1200 + i % 500,
-                    cached_tokens: 512,
-                    cache_write_tokens: 0,
-                    completion_tokens: 300 + i % 100,
-                    reasoning_tokens: i % 3 * 10,
-                },
-                estimated: false,
-                status: UsageStatus::Ok,
-                error_class: None,
-                ttft_ms: Some(180),
-                latency_ms: 950,
-                fallbacks: 0,
-                cache_hit: false,
-            });
-        }
-        out
-    }
-
-    /// Stores `events` in batches of `batch` through `writers` concurrent `insert_batch` callers
-    /// (each takes the next batch when its last one committed); returns the time taken.
-    async fn raw_inserts(
-        ledger: &Ledger,
-        events: &[UsageEvent],
-        batch: usize,
-        writers: usize,
-    ) -> Result<Duration, String> {
-        let batches: Vec<Vec<UsageEvent>> = events.chunks(batch).map(<[_]>::to_vec).collect();
-        let queue = std::sync::Arc::new(parking_lot::Mutex::new(batches.into_iter()));
-        let start = Instant::now();
-        let tasks: Vec<_> = (0..writers)
-            .map(|_| {
-                let (queue, ledger) = (queue.clone(), ledger.clone());
-                tokio::spawn(async move {
-                    loop {
-                        let next = queue.lock().next();
-                        let Some(chunk) = next else { break };
-                        ledger
-                            .insert_batch(&chunk)
-                            .await
-                            .map_err(|e| e.to_string())?;
-                    }
-                    Ok::<(), String>(())
-                })
-            })
-            .collect();
-        for task in tasks {
-            task.await.map_err(|e| e.to_string())??;
-        }
-        Ok(start.elapsed())
-    }
-
-    fn rate(rows: u64, elapsed: Duration) -> f64 {
-        rows as f64 / elapsed.as_secs_f64().max(1e-9)
-    }
-
-    /// Runs both measurements and prints them.
-    pub async fn run(args: BillingBenchArgs) -> Result<(), String> {
-        let batch = args.batch.max(1);
-        eprintln!(
-            "switchyard bench billing: {} rows, batches of {batch}, ledger {}",
-            args.rows,
-            args.database_url.split('@').next_back().unwrap_or_default()
-        );
-        let events = events(args.rows);
-
-        // (a) Raw insert_batch: one batch after the other, then `writers` callers at once (the
-        // consumer stores each batch as that many concurrent parts on PostgreSQL; SQLite has one
-        // writer at a time, so the consumer never splits batches there).
-        let sqlite = args.database_url.starts_with("sqlite:");
-        let writers = if sqlite { 1 } else { args.writers.max(1) };
-        let mut runs = vec![1];
-        if writers > 1 {
-            runs.push(writers);
-        }
-        for writers in runs {
-            let target = BenchLedger::open(&args.database_url).await?;
-            let raw = raw_inserts(&target.ledger, &events, batch, writers).await?;
-            let stored = target.ledger.count().await.map_err(|e| e.to_string())?;
-            target.close().await;
-            if stored != args.rows {
-                return Err(format!("raw insert stored {stored} of {} rows", args.rows));
-            }
-            println!(
-                "insert_batch, {writers} writer(s): {:>7.0} rows/s  ({} rows in {:.3} s)",
-                rate(args.rows, raw),
-                args.rows,
-                raw.as_secs_f64()
-            );
-        }
-        if args.raw_only {
-            return Ok(());
-        }
-
-        // (b) End to end: publishing while the consumer stores; then a backlog drained.
-        end_to_end(&args, &events, batch, writers, false).await?;
-        end_to_end(&args, &events, batch, writers, true).await?;
-        Ok(())
-    }
-
-    /// Publishes `events` to a private JetStream (with `Nats-Msg-Id`, as ingress and the workers
-    /// do) and times the billing consumer storing them, until every message is acked (the consumer
-    /// acks only after the commit). `backlog = false`: the consumer runs while the events are
-    /// published, timed from the first publish. `backlog = true`: the events are all in the stream
-    /// first (as after a billing outage), timed from the consumer's start.
-    async fn end_to_end(
-        args: &BillingBenchArgs,
-        events: &[UsageEvent],
-        batch: usize,
-        writers: usize,
-        backlog: bool,
-    ) -> Result<(), String> {
-        let nats_server = switchyard_natsd::NatsServer::start_temp().map_err(|e| e.to_string())?;
-        let client = async_nats::connect(nats_server.url())
-            .await
-            .map_err(|e| e.to_string())?;
-        let js = async_nats::jetstream::new(client.clone());
-        let subjects = Subjects::new("sy");
-        let stream = switchyard_billing::ensure_usage_stream(&js, &subjects)
-            .await
-            .map_err(|e| e.to_string())?;
-        let target = BenchLedger::open(&args.database_url).await?;
-        // Serialised up front: the producers' JSON encoding is ingress's work, not billing's.
-        let mut messages: Vec<(String, String, Vec<u8>)> = events
-            .iter()
-            .map(|e| {
-                let id = e.request_id.to_string();
-                let payload = serde_json::to_vec(e).map_err(|e| e.to_string())?;
-                Ok((
-                    subjects.usage(e.kind.as_str(), &id),
-                    format!("{id}:{}:{}", e.kind.as_str(), e.attempt),
-                    payload,
-                ))
-            })
-            .collect::<Result<_, String>>()?;
-        let published = if backlog {
-            Some(
-                spawn_publisher(js.clone(), std::mem::take(&mut messages), Instant::now())
-                    .await
-                    .map_err(|e| e.to_string())??,
-            )
-        } else {
-            None
-        };
-
-        let config = ServiceConfig {
-            batch_max: batch,
-            writers,
-            max_ack_pending: i64::try_from(batch.saturating_mul(20))
-                .unwrap_or(i64::MAX)
-                .max(ServiceConfig::default().max_ack_pending),
-            ..ServiceConfig::default()
-        };
-        let consumer_nats = async_nats::connect(nats_server.url())
-            .await
-            .map_err(|e| e.to_string())?;
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let service = BillingService::new(consumer_nats, subjects.clone(), target.ledger.clone())
-            .with_config(config);
-        let consumer_start = Instant::now();
-        let service = tokio::spawn(service.run(async move {
-            let _ = stopped.await;
-        }));
-        let (start, publisher) = if backlog {
-            (consumer_start, None)
-        } else {
-            while stream.consumer_info(BILLING_CONSUMER).await.is_err() {
-                if consumer_start.elapsed() > Duration::from_secs(10) {
-                    return Err("the billing consumer did not start within 10 s".into());
-                }
-                tokio::time::sleep(POLL).await;
-            }
-            let start = Instant::now();
-            (start, Some(spawn_publisher(js, messages, start)))
-        };
-        // The consumer acks a message only after the transaction holding its row committed, so
-        // "everything acked" is "every row committed". (Polling COUNT(*) instead would scan the
-        // growing table and slow the database down.)
-        let deadline = Duration::from_secs(60 + args.rows / 1_000);
-        loop {
-            tokio::time::sleep(POLL).await;
-            let acked = match stream.consumer_info(BILLING_CONSUMER).await {
-                Ok(info) => {
-                    info.ack_floor.stream_sequence >= args.rows
-                        && info.num_ack_pending == 0
-                        && info.num_pending == 0
-                }
-                Err(_) => false,
-            };
-            if acked || start.elapsed() > deadline {
-                break;
-            }
-        }
-        let elapsed = start.elapsed();
-        let published = match publisher {
-            Some(p) => p.await.map_err(|e| e.to_string())??,
-            None => published.unwrap_or_default(),
-        };
-        let _ = stop.send(());
-        let stats = service
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?;
-        let stored = target.ledger.count().await.map_err(|e| e.to_string())?;
-        target.close().await;
-        if stored != args.rows {
-            return Err(format!(
-                "end to end stored {stored} of {} rows within {deadline:?}",
-                args.rows
-            ));
-        }
-        let what = if backlog {
-            "backlog drain"
-        } else {
-            "end to end"
-        };
-        println!(
-            "{what}, {writers} writer(s): {:>9.0} rows/s  ({} rows in {:.3} s; published in {:.3} s \
-             = {:.0}/s{}; {} transactions)",
-            rate(args.rows, elapsed),
-            args.rows,
-            elapsed.as_secs_f64(),
-            published.as_secs_f64(),
-            rate(args.rows, published),
-            if backlog {
-                ", before the consumer started"
-            } else {
-                ""
-            },
-            stats.batches
-        );
-        Ok(())
-    }
-
-    /// Publishes (subject, `Nats-Msg-Id`, payload) messages with up to [`PUBLISH_WINDOW`]
-    /// acknowledgements outstanding; returns the time from `start` to the last acknowledgement.
-    fn spawn_publisher(
-        js: async_nats::jetstream::Context,
-        messages: Vec<(String, String, Vec<u8>)>,
-        start: Instant,
-    ) -> tokio::task::JoinHandle<Result<Duration, String>> {
-        tokio::spawn(async move {
-            let mut acks = FuturesUnordered::new();
-            for (subject, msg_id, payload) in messages {
-                let mut headers = async_nats::HeaderMap::new();
-                headers.insert("Nats-Msg-Id", msg_id.as_str());
-                let ack = js
-                    .publish_with_headers(subject, headers, payload.into())
-                    .await
-                    .map_err(|e| e.to_string())?;
-                acks.push(ack.into_future());
-                if acks.len() >= PUBLISH_WINDOW
-                    && let Some(r) = acks.next().await
-                {
-                    r.map_err(|e| e.to_string())?;
-                }
-            }
-            while let Some(r) = acks.next().await {
-                r.map_err(|e| e.to_string())?;
-            }
-            Ok(start.elapsed())
-        })
-    }
 }

@@ -3,6 +3,7 @@
 
 use switchyard::{config, reload};
 mod bench;
+mod bench_billing;
 mod cache_cmd;
 mod key_cmd;
 mod local_model;
