@@ -96,64 +96,11 @@ pub fn retry_after_ms(headers: &HeaderMap) -> Option<u64> {
         .map(|s| (s.max(0.0) * 1000.0) as u64)
 }
 
-/// Classifies a non-success upstream HTTP answer. `body` is the (possibly truncated) error body;
-/// its message is extracted from the OpenAI, Anthropic or Google (`error.message`) shape,
-/// and context-length failures are recognised from the provider's code or wording.
-///
-/// Google APIs (Gemini API reference, "API errors": `{"error":{"code","message","status",
-/// "details"}}`) answer a bad API key with 400 `INVALID_ARGUMENT` and reason `API_KEY_INVALID`
-/// (classified `auth` here), and put the wait of a 429 in a `google.rpc.RetryInfo` detail
-/// (`retryDelay: "37s"`), used when no `Retry-After` header came.
+/// Classifies a non-success upstream HTTP answer from its status and (possibly truncated) error
+/// body — OpenAI, Anthropic, Google and OpenAI-compatible shapes alike; see
+/// [`crate::providers::classify`], the one classifier of provider error objects.
 pub fn classify_http_error(status: u16, headers: &HeaderMap, body: &[u8]) -> ErrorInfo {
-    let parsed: Option<serde_json::Value> = serde_json::from_slice(body).ok();
-    let err_obj = parsed.as_ref().and_then(|v| v.get("error"));
-    let message = err_obj
-        .and_then(|e| e.get("message"))
-        .and_then(|m| m.as_str())
-        .map(str::to_owned)
-        .unwrap_or_else(|| String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned());
-    let code = err_obj
-        .and_then(|e| e.get("code").or_else(|| e.get("type")))
-        .and_then(|c| c.as_str())
-        .unwrap_or("");
-    let lower = message.to_ascii_lowercase();
-    let context = code == "context_length_exceeded"
-        || lower.contains("context length")
-        || lower.contains("context window")
-        || lower.contains("prompt is too long")
-        || lower.contains("exceeds the maximum number of tokens");
-    let details = err_obj
-        .and_then(|e| e.get("details"))
-        .and_then(serde_json::Value::as_array);
-    let detail_str = |key: &str| {
-        details
-            .into_iter()
-            .flatten()
-            .find_map(|d| d.get(key).and_then(serde_json::Value::as_str))
-    };
-    let class = match status {
-        400 if detail_str("reason") == Some("API_KEY_INVALID") => ErrorClass::Auth,
-        400 | 413 | 422 if context => ErrorClass::ContextLengthExceeded,
-        400 | 413 | 422 => ErrorClass::InvalidRequest,
-        401 => ErrorClass::Auth,
-        403 => ErrorClass::Permission,
-        404 => ErrorClass::NotFound,
-        408 => ErrorClass::Timeout,
-        429 => ErrorClass::RateLimited,
-        503 | 529 => ErrorClass::Overloaded,
-        500..=599 => ErrorClass::Upstream5xx,
-        _ => ErrorClass::InvalidRequest,
-    };
-    let google_delay = || {
-        let secs = detail_str("retryDelay")?
-            .strip_suffix('s')?
-            .parse::<f64>()
-            .ok()?;
-        Some((secs.max(0.0) * 1000.0) as u64)
-    };
-    ErrorInfo::new(class, format!("upstream returned HTTP {status}: {message}"))
-        .with_status(status)
-        .with_retry_after_ms(retry_after_ms(headers).or_else(google_delay))
+    crate::providers::classify::http_error(status, headers, body, None)
 }
 
 /// Classifies a transport failure from reqwest.

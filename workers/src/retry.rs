@@ -14,8 +14,8 @@
 
 use rand::Rng;
 use std::time::Duration;
-use switchyard_schemas::routing::Retry;
 use switchyard_schemas::ErrorInfo;
+use switchyard_schemas::routing::Retry;
 
 /// What to do after a failed upstream call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

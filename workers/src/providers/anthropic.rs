@@ -492,17 +492,10 @@ fn finish_reason(reason: &str) -> FinishReason {
     }
 }
 
-/// An in-stream `{"type":"error","error":{"type","message"}}` event → a classified error.
+/// An in-stream `{"type":"error","error":{"type","message"}}` event → a classified error (the
+/// shared classifier, [`crate::providers::classify`]).
 fn stream_error(data: &Value) -> ErrorInfo {
-    let kind = str_at(data, "/error/type").unwrap_or("unknown");
-    let message = str_at(data, "/error/message").unwrap_or("");
-    let class = match kind {
-        "overloaded_error" => ErrorClass::Overloaded,
-        "rate_limit_error" => ErrorClass::RateLimited,
-        "invalid_request_error" => ErrorClass::InvalidRequest,
-        _ => ErrorClass::Upstream5xx,
-    };
-    ErrorInfo::new(class, format!("upstream stream error {kind}: {message}"))
+    crate::providers::classify::stream_error(data)
 }
 
 #[cfg(test)]

@@ -47,7 +47,7 @@ use switchyard_schemas::request::{Content, ContentPart, Message, Role, ToolCall}
 use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, FinishReason, FrameBody, Usage};
 
 use crate::provider::{
-    Capabilities, EventStream, MAX_ERROR_BODY, Provider, classify_transport_error, retry_after_ms,
+    Capabilities, EventStream, MAX_ERROR_BODY, Provider, classify_transport_error,
 };
 
 /// SigV4 signing name of the Bedrock runtime, the service part of the credential scope
@@ -285,67 +285,33 @@ async fn send(builder: reqwest::RequestBuilder) -> Result<reqwest::Response, Err
     Err(classify_http_error(status.as_u16(), &headers, &body))
 }
 
-/// The bare error shape name of an AWS error code: a trailing `:<url>` and a leading
-/// `<namespace>#` are dropped (Smithy restJson1 protocol, "Operation error serialization"),
-/// e.g. `ThrottlingException:http://internal.amazon.com/coral/com.amazon.bedrock/` →
-/// `ThrottlingException`.
+/// The bare error shape name of an AWS error code (see
+/// [`crate::providers::classify::sanitize_shape`]), e.g.
+/// `ThrottlingException:http://internal.amazon.com/coral/com.amazon.bedrock/` → `ThrottlingException`.
 pub fn sanitize_error_code(code: &str) -> &str {
-    let code = code.split(':').next().unwrap_or(code);
-    code.rsplit('#').next().unwrap_or(code).trim()
+    crate::providers::classify::sanitize_shape(code)
 }
 
 /// Classifies a Bedrock HTTP error answer. The shape name comes from `x-amzn-ErrorType`, else
 /// the body's `__type` / `code`; the message from the body's `message` / `Message`. Shapes
 /// (Amazon Bedrock API Reference, "ConverseStream" → Errors, and "Common Errors") are mapped by
-/// [`exception_class`]; an unknown or missing shape falls back to the status-based
-/// [`crate::provider::classify_http_error`]. `Retry-After` is honoured when present (Bedrock
+/// [`exception_class`]; an unknown or missing shape falls back to the status (the shared
+/// [`crate::providers::classify::http_error`]). `Retry-After` is honoured when present (Bedrock
 /// normally sends none).
 pub fn classify_http_error(status: u16, headers: &HeaderMap, body: &[u8]) -> ErrorInfo {
     let parsed: Option<Value> = serde_json::from_slice(body).ok();
-    let field = |keys: &[&str]| {
-        keys.iter().find_map(|k| {
-            parsed
-                .as_ref()
-                .and_then(|v| v.get(*k))
-                .and_then(Value::as_str)
-                .map(str::to_owned)
-        })
-    };
     let shape = headers
         .get("x-amzn-errortype")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned)
-        .or_else(|| field(&["__type", "code"]))
-        .map(|c| sanitize_error_code(&c).to_owned())
-        .filter(|c| !c.is_empty());
-    let message = field(&["message", "Message"])
-        .unwrap_or_else(|| String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned());
-    let class = shape
-        .as_deref()
-        .and_then(|s| exception_class(s, &message))
-        .unwrap_or_else(|| crate::provider::classify_http_error(status, headers, body).class);
-    let what = shape.map(|s| format!(" {s}")).unwrap_or_default();
-    ErrorInfo::new(
-        class,
-        format!("upstream returned HTTP {status}{what}: {message}"),
-    )
-    .with_status(status)
-    .with_retry_after_ms(retry_after_ms(headers))
-}
-
-/// Whether a validation message says the prompt does not fit the model (Bedrock answers
-/// `ValidationException` "Input is too long for requested model." or the model's own wording).
-fn is_context_overflow(message: &str) -> bool {
-    let lower = message.to_ascii_lowercase();
-    [
-        "input is too long",
-        "prompt is too long",
-        "too many input tokens",
-        "context window",
-        "context length",
-    ]
-    .iter()
-    .any(|p| lower.contains(p))
+        .or_else(|| {
+            let v = parsed.as_ref()?;
+            ["__type", "code"]
+                .iter()
+                .find_map(|k| v.get(*k).and_then(Value::as_str))
+                .map(str::to_owned)
+        });
+    crate::providers::classify::http_error(status, headers, body, shape.as_deref())
 }
 
 /// The error class of a Bedrock error shape or stream exception, matched case-insensitively (HTTP
@@ -361,30 +327,9 @@ fn is_context_overflow(message: &str) -> bool {
 /// the SigV4 / credential errors of the AWS common errors (`UnrecognizedClientException`,
 /// `InvalidSignatureException`, `IncompleteSignature`, `ExpiredTokenException`,
 /// `MissingAuthenticationToken`, `InvalidClientTokenId`) → `auth`; `ResourceNotFoundException`
-/// (404) → `not_found`.
+/// (404) → `not_found`. The table lives in the shared [`crate::providers::classify`].
 pub fn exception_class(shape: &str, message: &str) -> Option<ErrorClass> {
-    let s = shape.to_ascii_lowercase();
-    let s = s.strip_suffix("exception").unwrap_or(&s);
-    Some(match s {
-        "throttling" | "servicequotaexceeded" => ErrorClass::RateLimited,
-        "serviceunavailable" | "modelnotready" => ErrorClass::Overloaded,
-        "modeltimeout" => ErrorClass::Timeout,
-        "internalserver" | "internalfailure" | "modelerror" | "modelstreamerror" => {
-            ErrorClass::Upstream5xx
-        }
-        "validation" if is_context_overflow(message) => ErrorClass::ContextLengthExceeded,
-        "validation" | "conflict" => ErrorClass::InvalidRequest,
-        "accessdenied" => ErrorClass::Permission,
-        "unrecognizedclient"
-        | "invalidsignature"
-        | "incompletesignature"
-        | "expiredtoken"
-        | "missingauthenticationtoken"
-        | "invalidclienttokenid"
-        | "signaturedoesnotmatch" => ErrorClass::Auth,
-        "resourcenotfound" => ErrorClass::NotFound,
-        _ => return None,
-    })
+    crate::providers::classify::named_class(shape, message)
 }
 
 fn invalid(param: &str, message: impl Into<String>) -> ErrorInfo {
@@ -698,8 +643,7 @@ fn header_str<'a>(frame: &'a Frame, name: &str) -> Option<&'a str> {
 /// stream encoding") → a classified error (see [`exception_class`]; unknown names are
 /// `upstream_5xx`).
 pub fn stream_exception(name: &str, message: &str) -> ErrorInfo {
-    let class = exception_class(name, message).unwrap_or(ErrorClass::Upstream5xx);
-    ErrorInfo::new(class, format!("upstream stream error {name}: {message}"))
+    crate::providers::classify::named_stream_error(name, message)
 }
 
 /// Bedrock `stopReason` → OpenAI `finish_reason` (Amazon Bedrock API Reference,

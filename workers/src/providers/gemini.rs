@@ -472,8 +472,8 @@ impl SseTranslator for GeminiTranslator {
 impl GeminiTranslator {
     /// Handles one `GenerateContentResponse` (or an in-stream `{"error":…}`).
     fn chunk(&mut self, v: &Value, out: &mut VecDeque<Item>) -> Result<(), ErrorInfo> {
-        if let Some(err) = v.get("error") {
-            return Err(stream_error(err));
+        if v.get("error").is_some() {
+            return Err(crate::providers::classify::stream_error(v));
         }
         if let Some(reason) = v
             .pointer("/promptFeedback/blockReason")
@@ -577,24 +577,6 @@ fn finish_reason(reason: &str) -> Option<FinishReason> {
         r if r.starts_with("IMAGE_") => FinishReason::ContentFilter,
         _ => FinishReason::Stop,
     })
-}
-
-/// An in-stream `{"error":{"code","message","status"}}` → a classified error, by the canonical
-/// status name (Gemini API reference, "API errors").
-fn stream_error(err: &Value) -> ErrorInfo {
-    let status = err.get("status").and_then(Value::as_str).unwrap_or("");
-    let message = err.get("message").and_then(Value::as_str).unwrap_or("");
-    let class = match status {
-        "RESOURCE_EXHAUSTED" => ErrorClass::RateLimited,
-        "UNAVAILABLE" => ErrorClass::Overloaded,
-        "INVALID_ARGUMENT" | "FAILED_PRECONDITION" | "OUT_OF_RANGE" => ErrorClass::InvalidRequest,
-        "UNAUTHENTICATED" => ErrorClass::Auth,
-        "PERMISSION_DENIED" => ErrorClass::Permission,
-        "NOT_FOUND" => ErrorClass::NotFound,
-        "DEADLINE_EXCEEDED" => ErrorClass::Timeout,
-        _ => ErrorClass::Upstream5xx,
-    };
-    ErrorInfo::new(class, format!("upstream stream error {status}: {message}"))
 }
 
 #[cfg(test)]

@@ -285,31 +285,9 @@ impl SseTranslator for OpenAiTranslator {
                 return true;
             }
         };
-        // Errors can arrive inside an HTTP 200 stream.
-        if let Some(err) = v.get("error") {
-            let msg = err
-                .get("message")
-                .and_then(Value::as_str)
-                .unwrap_or("unknown error");
-            let code = err
-                .get("code")
-                .or_else(|| err.get("type"))
-                .and_then(Value::as_str)
-                .unwrap_or("");
-            let class = match code {
-                // `insufficient_quota` is OpenAI's out-of-credit 429: another target may serve.
-                "rate_limit_exceeded" | "rate_limit_error" | "insufficient_quota" => {
-                    ErrorClass::RateLimited
-                }
-                "overloaded_error" | "server_overloaded" => ErrorClass::Overloaded,
-                "context_length_exceeded" => ErrorClass::ContextLengthExceeded,
-                "invalid_request_error" => ErrorClass::InvalidRequest,
-                _ => ErrorClass::Upstream5xx,
-            };
-            out.push_back(Err(ErrorInfo::new(
-                class,
-                format!("upstream stream error: {msg}"),
-            )));
+        // Errors can arrive inside an HTTP 200 stream, also in vLLM's top-level shape.
+        if v.get("error").is_some() || v.get("object").and_then(Value::as_str) == Some("error") {
+            out.push_back(Err(crate::providers::classify::stream_error(&v)));
             return true;
         }
         if let Some(u) = v.get("usage").and_then(parse_usage) {
