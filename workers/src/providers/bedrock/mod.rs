@@ -1,5 +1,7 @@
-//! Amazon Bedrock adapter: the Converse API, always streaming through `ConverseStream`
-//! (`POST {base_url}/model/{modelId}/converse-stream`), signed with AWS Signature Version 4.
+//! Amazon Bedrock adapter: the Converse API, streaming through `ConverseStream`
+//! (`POST {base_url}/model/{modelId}/converse-stream`) for streaming clients and `Converse`
+//! (`…/converse`, one JSON answer, [`parse_converse`]) for the others, signed with AWS Signature
+//! Version 4.
 //!
 //! * Endpoint (Amazon Bedrock API Reference, "ConverseStream"; AWS General Reference, "Amazon
 //!   Bedrock endpoints and quotas"): `base_url` defaults to
@@ -47,7 +49,8 @@ use switchyard_schemas::request::{Content, ContentPart, Message, Role, ToolCall}
 use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, FinishReason, FrameBody, Usage};
 
 use crate::provider::{
-    Capabilities, EventStream, MAX_ERROR_BODY, Provider, classify_transport_error,
+    Answer, Capabilities, EventStream, MAX_ERROR_BODY, Provider, classify_transport_error,
+    is_json_answer, translate_json,
 };
 
 /// SigV4 signing name of the Bedrock runtime, the service part of the credential scope
@@ -100,14 +103,22 @@ impl Provider for BedrockProvider {
         let http = http.clone();
         Box::pin(async move {
             let signed = prepared?;
+            let accept = if signed.url.ends_with("/converse") {
+                "application/json"
+            } else {
+                EVENT_STREAM_CONTENT_TYPE
+            };
             let mut builder = http
                 .post(signed.url)
                 .header(CONTENT_TYPE, "application/json")
-                .header(ACCEPT, EVENT_STREAM_CONTENT_TYPE);
+                .header(ACCEPT, accept);
             for (name, value) in signed.headers {
                 builder = builder.header(name, value);
             }
             let resp = send(builder.body(signed.body)).await?;
+            if is_json_answer(&resp) {
+                return Ok(translate_json(resp, parse_converse));
+            }
             Ok(translate_event_stream(resp.bytes_stream()))
         })
     }
@@ -116,7 +127,8 @@ impl Provider for BedrockProvider {
 /// A Converse request ready to send: URL, JSON body and the SigV4 headers for exactly these.
 #[derive(Debug, Clone)]
 pub struct SignedRequest {
-    /// `{base}/model/{modelId}/converse-stream`, `modelId` URI-encoded.
+    /// `{base}/model/{modelId}/converse-stream` (`…/converse` for a non-streaming client),
+    /// `modelId` URI-encoded.
     pub url: String,
     /// The Converse JSON body.
     pub body: Vec<u8>,
@@ -146,7 +158,11 @@ pub fn prepare(
     } else {
         base_url.to_owned()
     };
-    let url = converse_stream_url(&base, &target.upstream_model);
+    let mut url = converse_stream_url(&base, &target.upstream_model);
+    if !req.stream {
+        // `Converse` (Amazon Bedrock API Reference, "Converse"): same body, one JSON answer.
+        url.truncate(url.len() - "-stream".len());
+    }
     let body = build_request(req)?.to_string().into_bytes();
     let headers = sigv4_headers(
         SIGNING_SERVICE,
@@ -644,6 +660,34 @@ fn header_str<'a>(frame: &'a Frame, name: &str) -> Option<&'a str> {
 /// `upstream_5xx`).
 pub fn stream_exception(name: &str, message: &str) -> ErrorInfo {
     crate::providers::classify::named_stream_error(name, message)
+}
+
+/// Reads a `Converse` answer (Amazon Bedrock API Reference, "Converse" → Response Syntax):
+/// `output.message.content[]` `text` blocks coalesced and `toolUse` blocks (`toolUseId`, `name`,
+/// `input` serialised) as tool calls, `stopReason` ([`finish_reason`]), `usage` ([`parse_usage`]).
+pub fn parse_converse(v: &Value) -> Result<Answer, ErrorInfo> {
+    let blocks = v
+        .pointer("/output/message/content")
+        .and_then(Value::as_array)
+        .ok_or_else(|| protocol("Converse answer has no `output.message.content`"))?;
+    let mut answer = Answer::default();
+    for b in blocks {
+        if let Some(t) = b.get("text").and_then(Value::as_str) {
+            answer.text.push_str(t);
+        } else if let Some(tu) = b.get("toolUse") {
+            let s = |k: &str| tu.get(k).and_then(Value::as_str).map(str::to_owned);
+            let input = tu
+                .get("input")
+                .map_or_else(|| "{}".to_owned(), Value::to_string);
+            answer.tool_calls.push((s("toolUseId"), s("name"), input));
+        }
+    }
+    answer.usage = v.get("usage").map(parse_usage);
+    answer.finish_reason = v
+        .get("stopReason")
+        .and_then(Value::as_str)
+        .map_or(FinishReason::Stop, finish_reason);
+    Ok(answer)
 }
 
 /// Bedrock `stopReason` → OpenAI `finish_reason` (Amazon Bedrock API Reference,

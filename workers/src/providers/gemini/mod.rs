@@ -1,4 +1,5 @@
-//! Google Gemini API adapter: `POST {base_url}/models/{model}:streamGenerateContent?alt=sse` with
+//! Google Gemini API adapter: `POST {base_url}/models/{model}:streamGenerateContent?alt=sse`
+//! (`:generateContent` for non-streaming clients; any `application/json` answer is read whole) with
 //! the key in `x-goog-api-key` (Gemini API reference, "API reference" → authentication), e.g.
 //! `base_url: https://generativelanguage.googleapis.com/v1beta`.
 //!
@@ -20,7 +21,8 @@ use switchyard_schemas::request::{Content, ContentPart, Message, Role, ToolCall}
 use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, FinishReason, FrameBody, Usage};
 
 use crate::provider::{
-    Capabilities, EventStream, Provider, SseTranslator, send_checked, translate_sse,
+    Answer, Capabilities, EventStream, Provider, SseTranslator, is_json_answer, send_checked,
+    translate_json, translate_sse,
 };
 use crate::sse::SseEvent;
 
@@ -62,11 +64,21 @@ impl Provider for GeminiProvider {
         req: &ChatRequest,
     ) -> BoxFuture<'static, Result<EventStream, ErrorInfo>> {
         let body = build_request(req).map(|body| body.to_string());
-        let url = stream_url(base_url, &target.upstream_model);
+        let (url, accept) = if req.stream {
+            (
+                stream_url(base_url, &target.upstream_model),
+                "text/event-stream",
+            )
+        } else {
+            (
+                generate_url(base_url, &target.upstream_model),
+                "application/json",
+            )
+        };
         let mut builder = http
             .post(url)
             .header(CONTENT_TYPE, "application/json")
-            .header(ACCEPT, "text/event-stream");
+            .header(ACCEPT, accept);
         let key =
             (!target.api_key.is_empty()).then(|| HeaderValue::from_str(target.api_key.expose()));
         Box::pin(async move {
@@ -79,6 +91,9 @@ impl Provider for GeminiProvider {
                 builder = builder.header("x-goog-api-key", key);
             }
             let resp = send_checked(builder.body(body)).await?;
+            if is_json_answer(&resp) {
+                return Ok(translate_json(resp, parse_response));
+            }
             Ok(translate_sse(resp, GeminiTranslator::default()))
         })
     }
@@ -91,6 +106,34 @@ pub fn stream_url(base_url: &str, upstream_model: &str) -> String {
     let model = upstream_model.trim_start_matches("models/");
     let base = base_url.trim_end_matches('/');
     format!("{base}/models/{model}:streamGenerateContent?alt=sse")
+}
+
+/// `{base_url}/models/{model}:generateContent` (Gemini API reference, `models.generateContent`),
+/// for non-streaming clients.
+pub fn generate_url(base_url: &str, upstream_model: &str) -> String {
+    let model = upstream_model.trim_start_matches("models/");
+    format!(
+        "{}/models/{model}:generateContent",
+        base_url.trim_end_matches('/')
+    )
+}
+
+/// Reads a whole `GenerateContentResponse` — the shape of one stream chunk — with the stream
+/// translator, then collects it ([`Answer::from_frames`]). A JSON array of chunks (the stream
+/// without `alt=sse`) is read the same way.
+fn parse_response(v: &Value) -> Result<Answer, ErrorInfo> {
+    let mut t = GeminiTranslator::default();
+    let mut out = VecDeque::new();
+    match v.as_array() {
+        Some(chunks) => {
+            for c in chunks {
+                t.chunk(c, &mut out)?;
+            }
+        }
+        None => t.chunk(v, &mut out)?,
+    }
+    t.on_eof(&mut out);
+    Answer::from_frames(out)
 }
 
 fn invalid(param: &str, message: impl Into<String>) -> ErrorInfo {
