@@ -28,8 +28,9 @@ use crate::sse::SseEvent;
 /// (Azure OpenAI REST API reference, "API specs": latest GA `2024-10-21`).
 pub const DEFAULT_API_VERSION: &str = "2024-10-21";
 
-/// Adapter for Azure OpenAI deployments (`api-key` auth, `api-version` query). Stateless; always
-/// streams upstream with `stream_options.include_usage`.
+/// Adapter for Azure OpenAI deployments (`api-key` auth, `api-version` query). Streams upstream
+/// with `stream_options.include_usage` for streaming clients (dropped for a deployment that
+/// rejects it, see [`send_chat`]); non-streaming clients get a non-streaming call.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct AzureOpenAiProvider;
 

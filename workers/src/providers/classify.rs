@@ -309,7 +309,6 @@ pub fn http_error(status: u16, headers: &HeaderMap, body: &[u8], shape: Option<&
     facts.message = Some(message.clone());
     let shape = shape.map(sanitize_shape).filter(|s| !s.is_empty());
     let class = shape
-        .as_deref()
         .and_then(|s| named_class(s, &message))
         .unwrap_or_else(|| facts.class(Some(status)));
     let what = shape.map(|s| format!(" {s}")).unwrap_or_default();
