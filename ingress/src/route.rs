@@ -550,16 +550,11 @@ pub async fn route_with(
             }
         };
         if let Some(error) = failed {
-            if error.retryable {
-                // A worker's own admission refusal (its RPM/TPM/concurrency limit, an open
-                // breaker: no upstream status) says nothing new about the target's health; the
-                // breaker already publishes that. Only upstream failures count here.
-                let upstream_failure = error.upstream_status.is_some()
-                    || !matches!(
-                        error.class,
-                        ErrorClass::NoCapacity | ErrorClass::RateLimited
-                    );
-                if upstream_failure && app.health.failure(&target.id) {
+            // Fallback and health are decided in one place (`ErrorInfo::disposition`): a
+            // worker's own admission refusal (no upstream status) does not degrade the target.
+            let disposition = error.disposition();
+            if disposition.fallback {
+                if disposition.degrades && app.health.failure(&target.id) {
                     tracing::warn!(target = %target.id, "consecutive failures: target degraded in this ingress");
                 }
                 tracing::info!(request = %id, target = %target.id, error = %error, "attempt failed, trying next target");

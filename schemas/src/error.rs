@@ -37,19 +37,73 @@ pub enum ErrorClass {
     Internal,
 }
 
+/// What a failed upstream call says about its target, for the worker's circuit breaker and
+/// provider cooldown (`workers/src/breaker.rs`) and ingress's passive health.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TargetHealth {
+    /// The target failed (5xx, overloaded, timeout, network, protocol): a breaker failure.
+    Failed,
+    /// The target rate-limited us (HTTP 429): feeds the provider cooldown, never a breaker failure.
+    Throttled,
+    /// The target is alive and answered: a request error it rightly rejected (400, 401, 403, 404)
+    /// counts as a breaker success.
+    Answered,
+    /// Says nothing about the target: cancelled by the client, Switchyard's own error, or its own
+    /// admission refusal (`no_capacity`).
+    Neutral,
+}
+
+/// What to do after a failure — the one place retryability is decided. The worker's retry
+/// (`workers/src/retry.rs`), the breaker (`workers/src/breaker.rs`) and ingress's fallback
+/// (`ingress/src/route.rs`) all read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Disposition {
+    /// The worker may call the same target again (before any content reached the client):
+    /// `rate_limited`, `overloaded`, `upstream_5xx`, `timeout`, `network`. Not `protocol` (the same
+    /// server sends the same bytes again) nor `no_capacity` (Switchyard's own refusal).
+    pub retry: bool,
+    /// Ingress may move to the next target: every class `retry` allows, plus `protocol` and
+    /// `no_capacity`.
+    pub fallback: bool,
+    /// What the failure says about the target.
+    pub health: TargetHealth,
+    /// Whether it counts against the target in ingress's passive health: `Failed`, and
+    /// `Throttled` when the upstream itself answered 429 (`upstream_status` set) — a worker's own
+    /// RPM/TPM refusal carries no status and says nothing new.
+    pub degrades: bool,
+}
+
 impl ErrorClass {
-    /// Whether another attempt (retry or fallback to the next target) may succeed.
+    /// The disposition of a failure of this class (see [`Disposition`]); [`ErrorInfo::disposition`]
+    /// refines it with the error's own fields.
+    pub fn disposition(self) -> Disposition {
+        use TargetHealth::*;
+        let (retry, fallback, health) = match self {
+            Self::RateLimited => (true, true, Throttled),
+            Self::Overloaded | Self::Upstream5xx | Self::Timeout | Self::Network => {
+                (true, true, Failed)
+            }
+            Self::Protocol => (false, true, Failed),
+            Self::NoCapacity => (false, true, Neutral),
+            Self::InvalidRequest
+            | Self::ContextLengthExceeded
+            | Self::Auth
+            | Self::Permission
+            | Self::NotFound => (false, false, Answered),
+            Self::Cancelled | Self::Internal => (false, false, Neutral),
+        };
+        Disposition {
+            retry,
+            fallback,
+            health,
+            degrades: health == Failed,
+        }
+    }
+
+    /// Whether another attempt (retry or fallback to the next target) may succeed: the class's
+    /// [`Disposition::fallback`].
     pub fn retryable(self) -> bool {
-        matches!(
-            self,
-            Self::RateLimited
-                | Self::Overloaded
-                | Self::Upstream5xx
-                | Self::Timeout
-                | Self::Network
-                | Self::Protocol
-                | Self::NoCapacity
-        )
+        self.disposition().fallback
     }
 
     /// The snake_case wire name, e.g. `rate_limited`.
@@ -80,7 +134,8 @@ pub struct ErrorInfo {
     pub class: ErrorClass,
     /// Human-readable detail; never contains credentials.
     pub message: String,
-    /// Whether a retry or fallback may succeed (normally `class.retryable()`).
+    /// Whether a retry or fallback may succeed (normally `class.retryable()`; `false` turns both
+    /// off, see [`ErrorInfo::disposition`]).
     pub retryable: bool,
     /// The upstream HTTP status, when there was one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -94,6 +149,21 @@ pub struct ErrorInfo {
 }
 
 impl ErrorInfo {
+    /// What to do after this failure: the class's [`Disposition`], with `retry` and `fallback`
+    /// off when the sender marked it not `retryable` (e.g. ingress's total-deadline timeout), and
+    /// an upstream 429 (`upstream_status` set) degrading the target.
+    pub fn disposition(&self) -> Disposition {
+        let mut d = self.class.disposition();
+        if !self.retryable {
+            d.retry = false;
+            d.fallback = false;
+        }
+        if d.health == TargetHealth::Throttled && self.upstream_status.is_some() {
+            d.degrades = true;
+        }
+        d
+    }
+
     /// A failure of `class` with `retryable` taken from the class.
     pub fn new(class: ErrorClass, message: impl Into<String>) -> Self {
         Self {
@@ -132,3 +202,49 @@ impl std::fmt::Display for ErrorInfo {
 }
 
 impl std::error::Error for ErrorInfo {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The table of docs/errors.md ("retried / fallback") and the breaker's counting rules.
+    #[test]
+    fn dispositions() {
+        use TargetHealth::*;
+        let d = |c: ErrorClass| {
+            let d = c.disposition();
+            (d.retry, d.fallback, d.health, d.degrades)
+        };
+        assert_eq!(d(ErrorClass::RateLimited), (true, true, Throttled, false));
+        for c in [
+            ErrorClass::Overloaded,
+            ErrorClass::Upstream5xx,
+            ErrorClass::Timeout,
+            ErrorClass::Network,
+        ] {
+            assert_eq!(d(c), (true, true, Failed, true), "{c:?}");
+        }
+        assert_eq!(d(ErrorClass::Protocol), (false, true, Failed, true));
+        assert_eq!(d(ErrorClass::NoCapacity), (false, true, Neutral, false));
+        for c in [
+            ErrorClass::InvalidRequest,
+            ErrorClass::ContextLengthExceeded,
+            ErrorClass::Auth,
+            ErrorClass::Permission,
+            ErrorClass::NotFound,
+        ] {
+            assert_eq!(d(c), (false, false, Answered, false), "{c:?}");
+        }
+        assert_eq!(d(ErrorClass::Cancelled), (false, false, Neutral, false));
+        assert_eq!(d(ErrorClass::Internal), (false, false, Neutral, false));
+        // An upstream 429 degrades the target; a worker's own RPM refusal does not.
+        let local = ErrorInfo::new(ErrorClass::RateLimited, "rpm");
+        assert!(!local.disposition().degrades);
+        assert!(local.clone().with_status(429).disposition().degrades);
+        // `retryable: false` (ingress's total deadline) turns retry and fallback off.
+        let mut e = ErrorInfo::new(ErrorClass::Timeout, "total");
+        e.retryable = false;
+        let d = e.disposition();
+        assert_eq!((d.retry, d.fallback, d.health), (false, false, Failed));
+    }
+}

@@ -26,7 +26,7 @@ pub mod tenancy;
 pub mod usage;
 pub mod usage_query;
 
-pub use error::{ErrorClass, ErrorInfo};
+pub use error::{Disposition, ErrorClass, ErrorInfo, TargetHealth};
 pub use frame::{FinishReason, Frame, FrameBody};
 pub use request::ChatRequest;
 pub use secret::Secret;

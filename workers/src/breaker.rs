@@ -14,8 +14,9 @@
 //!   failed probe opens it again for `open_ms`; when every probe succeeded it closes, with an
 //!   empty window.
 //!
-//! What counts: retryable upstream failures (`upstream_5xx`, `overloaded`, `timeout`, `network`,
-//! `protocol`) are failures. A 429 is not a failure of the target (it feeds the cooldown below).
+//! What counts is the error's `TargetHealth` (`ErrorInfo::disposition`, `schemas/src/error.rs`):
+//! retryable upstream failures (`upstream_5xx`, `overloaded`, `timeout`, `network`, `protocol`)
+//! are failures. A 429 is not a failure of the target (it feeds the cooldown below).
 //! Request errors the upstream answered (`invalid_request`, `context_length_exceeded`, `auth`,
 //! `permission`, `not_found`) count as successes — the upstream is alive and answering — so they
 //! never trip anything. Cancelled calls and Switchyard's own errors are not counted. A call that
@@ -40,7 +41,7 @@ use std::time::Duration;
 use switchyard_schemas::config::{GatewayConfig, ProviderKind, TargetConfig};
 use switchyard_schemas::health::{HealthEvent, HealthState};
 use switchyard_schemas::routing::Breaker as BreakerConfig;
-use switchyard_schemas::{ErrorClass, ErrorInfo, now_ms};
+use switchyard_schemas::{ErrorClass, ErrorInfo, TargetHealth, now_ms};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -58,24 +59,17 @@ pub enum CallResult {
 }
 
 impl CallResult {
-    /// Classifies the end of one upstream call (`None` = success).
+    /// Classifies the end of one upstream call (`None` = success) by the error's
+    /// [`TargetHealth`] (decided in `schemas/src/error.rs`).
     pub fn of(error: Option<&ErrorInfo>) -> Self {
         let Some(e) = error else {
             return Self::Success;
         };
-        match e.class {
-            ErrorClass::RateLimited => Self::RateLimited(e.retry_after_ms),
-            ErrorClass::Upstream5xx
-            | ErrorClass::Overloaded
-            | ErrorClass::Timeout
-            | ErrorClass::Network
-            | ErrorClass::Protocol => Self::Failure,
-            ErrorClass::InvalidRequest
-            | ErrorClass::ContextLengthExceeded
-            | ErrorClass::Auth
-            | ErrorClass::Permission
-            | ErrorClass::NotFound => Self::Success,
-            ErrorClass::NoCapacity | ErrorClass::Cancelled | ErrorClass::Internal => Self::Neutral,
+        match e.disposition().health {
+            TargetHealth::Throttled => Self::RateLimited(e.retry_after_ms),
+            TargetHealth::Failed => Self::Failure,
+            TargetHealth::Answered => Self::Success,
+            TargetHealth::Neutral => Self::Neutral,
         }
     }
 }

@@ -96,64 +96,11 @@ pub fn retry_after_ms(headers: &HeaderMap) -> Option<u64> {
         .map(|s| (s.max(0.0) * 1000.0) as u64)
 }
 
-/// Classifies a non-success upstream HTTP answer. `body` is the (possibly truncated) error body;
-/// its message is extracted from the OpenAI, Anthropic or Google (`error.message`) shape,
-/// and context-length failures are recognised from the provider's code or wording.
-///
-/// Google APIs (Gemini API reference, "API errors": `{"error":{"code","message","status",
-/// "details"}}`) answer a bad API key with 400 `INVALID_ARGUMENT` and reason `API_KEY_INVALID`
-/// (classified `auth` here), and put the wait of a 429 in a `google.rpc.RetryInfo` detail
-/// (`retryDelay: "37s"`), used when no `Retry-After` header came.
+/// Classifies a non-success upstream HTTP answer from its status and (possibly truncated) error
+/// body — OpenAI, Anthropic, Google and OpenAI-compatible shapes alike; see
+/// [`crate::providers::classify`], the one classifier of provider error objects.
 pub fn classify_http_error(status: u16, headers: &HeaderMap, body: &[u8]) -> ErrorInfo {
-    let parsed: Option<serde_json::Value> = serde_json::from_slice(body).ok();
-    let err_obj = parsed.as_ref().and_then(|v| v.get("error"));
-    let message = err_obj
-        .and_then(|e| e.get("message"))
-        .and_then(|m| m.as_str())
-        .map(str::to_owned)
-        .unwrap_or_else(|| String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned());
-    let code = err_obj
-        .and_then(|e| e.get("code").or_else(|| e.get("type")))
-        .and_then(|c| c.as_str())
-        .unwrap_or("");
-    let lower = message.to_ascii_lowercase();
-    let context = code == "context_length_exceeded"
-        || lower.contains("context length")
-        || lower.contains("context window")
-        || lower.contains("prompt is too long")
-        || lower.contains("exceeds the maximum number of tokens");
-    let details = err_obj
-        .and_then(|e| e.get("details"))
-        .and_then(serde_json::Value::as_array);
-    let detail_str = |key: &str| {
-        details
-            .into_iter()
-            .flatten()
-            .find_map(|d| d.get(key).and_then(serde_json::Value::as_str))
-    };
-    let class = match status {
-        400 if detail_str("reason") == Some("API_KEY_INVALID") => ErrorClass::Auth,
-        400 | 413 | 422 if context => ErrorClass::ContextLengthExceeded,
-        400 | 413 | 422 => ErrorClass::InvalidRequest,
-        401 => ErrorClass::Auth,
-        403 => ErrorClass::Permission,
-        404 => ErrorClass::NotFound,
-        408 => ErrorClass::Timeout,
-        429 => ErrorClass::RateLimited,
-        503 | 529 => ErrorClass::Overloaded,
-        500..=599 => ErrorClass::Upstream5xx,
-        _ => ErrorClass::InvalidRequest,
-    };
-    let google_delay = || {
-        let secs = detail_str("retryDelay")?
-            .strip_suffix('s')?
-            .parse::<f64>()
-            .ok()?;
-        Some((secs.max(0.0) * 1000.0) as u64)
-    };
-    ErrorInfo::new(class, format!("upstream returned HTTP {status}: {message}"))
-        .with_status(status)
-        .with_retry_after_ms(retry_after_ms(headers).or_else(google_delay))
+    crate::providers::classify::http_error(status, headers, body, None)
 }
 
 /// Classifies a transport failure from reqwest.
@@ -251,6 +198,155 @@ pub fn translate_sse<T: SseTranslator>(resp: reqwest::Response, translator: T) -
         },
     )
     .boxed()
+}
+
+/// A complete (non-streamed) answer, read from a provider's JSON body. [`Answer::frames`] turns
+/// it into the same normalised events a stream gives: one coalesced `Text`, one `ToolCall` per
+/// call (arguments whole), one `Usage`, `End`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Answer {
+    /// The text parts, concatenated.
+    pub text: String,
+    /// Tool calls in order: (id, function name, arguments as a JSON string).
+    pub tool_calls: Vec<(Option<String>, Option<String>, String)>,
+    /// The usage the body reported.
+    pub usage: Option<Usage>,
+    /// Why generation stopped.
+    pub finish_reason: switchyard_schemas::FinishReason,
+}
+
+impl Answer {
+    /// Collects the events of a translator that read a whole answer at once (Gemini's
+    /// `GenerateContentResponse` is one stream chunk): texts coalesced, tool-call pieces joined by
+    /// index, the last usage, the end's finish reason; the first error is returned.
+    pub fn from_frames(
+        frames: impl IntoIterator<Item = Result<FrameBody, ErrorInfo>>,
+    ) -> Result<Self, ErrorInfo> {
+        let mut a = Answer::default();
+        for f in frames {
+            match f? {
+                FrameBody::Text { text } => a.text.push_str(&text),
+                FrameBody::ToolCall {
+                    index,
+                    id,
+                    name,
+                    arguments,
+                } => {
+                    let i = index as usize;
+                    if a.tool_calls.len() <= i {
+                        a.tool_calls.resize(i + 1, (None, None, String::new()));
+                    }
+                    let call = &mut a.tool_calls[i];
+                    call.0 = call.0.take().or(id);
+                    call.1 = call.1.take().or(name);
+                    call.2.push_str(&arguments);
+                }
+                FrameBody::Usage { usage } => a.usage = Some(usage),
+                FrameBody::End { finish_reason } => a.finish_reason = finish_reason,
+                _ => {}
+            }
+        }
+        Ok(a)
+    }
+
+    /// The normalised events of the answer, in stream order.
+    pub fn frames(self) -> Vec<FrameBody> {
+        let mut out = Vec::with_capacity(3 + self.tool_calls.len());
+        if !self.text.is_empty() {
+            out.push(FrameBody::Text { text: self.text });
+        }
+        for (index, (id, name, arguments)) in self.tool_calls.into_iter().enumerate() {
+            out.push(FrameBody::ToolCall {
+                index: index as u32,
+                id,
+                name,
+                arguments,
+            });
+        }
+        if let Some(usage) = self.usage {
+            out.push(FrameBody::Usage { usage });
+        }
+        out.push(FrameBody::End {
+            finish_reason: self.finish_reason,
+        });
+        out
+    }
+}
+
+/// Upper bound on a complete JSON answer we read, bytes (64 MiB).
+pub const MAX_JSON_ANSWER: usize = 64 * 1024 * 1024;
+
+/// Whether a successful upstream response is one JSON document (`Content-Type: application/json`,
+/// RFC 8259 §11) rather than a stream (`text/event-stream`, or Bedrock's
+/// `application/vnd.amazon.eventstream`).
+pub fn is_json_answer(resp: &reqwest::Response) -> bool {
+    resp.headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
+}
+
+/// Reads a complete JSON answer (at most [`MAX_JSON_ANSWER`] bytes) and translates it with
+/// `parse`. Lazy: the body is read when the stream is first polled, so the worker keeps sending
+/// heartbeats while it waits. A body holding an error object (`{"error":…}`, vLLM's
+/// `{"object":"error"}`, Anthropic's `{"type":"error"}`) is classified by
+/// [`crate::providers::classify::stream_error`]; an unreadable body is a `protocol` error.
+pub fn translate_json(
+    resp: reqwest::Response,
+    parse: fn(&serde_json::Value) -> Result<Answer, ErrorInfo>,
+) -> EventStream {
+    use futures::StreamExt;
+    let read = async move {
+        let mut resp = resp;
+        let mut body = Vec::new();
+        loop {
+            match resp.chunk().await {
+                Ok(Some(chunk)) => {
+                    body.extend_from_slice(&chunk);
+                    if body.len() > MAX_JSON_ANSWER {
+                        return vec![Err(ErrorInfo::new(
+                            ErrorClass::Protocol,
+                            format!("upstream JSON answer larger than {MAX_JSON_ANSWER} bytes"),
+                        ))];
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    return vec![Err(ErrorInfo::new(
+                        ErrorClass::Network,
+                        format!("upstream body broke: {e}"),
+                    ))];
+                }
+            }
+        }
+        let v: serde_json::Value = match serde_json::from_slice(&body) {
+            Ok(v) => v,
+            Err(e) => {
+                return vec![Err(ErrorInfo::new(
+                    ErrorClass::Protocol,
+                    format!("upstream sent an unparsable JSON answer: {e}"),
+                ))];
+            }
+        };
+        let is_error = v.get("error").is_some_and(|e| !e.is_null())
+            || matches!(
+                v.get("object")
+                    .or_else(|| v.get("type"))
+                    .and_then(|t| t.as_str()),
+                Some("error")
+            );
+        if is_error {
+            return vec![Err(crate::providers::classify::stream_error(&v))];
+        }
+        match parse(&v) {
+            Ok(answer) => answer.frames().into_iter().map(Ok).collect(),
+            Err(e) => vec![Err(e)],
+        }
+    };
+    futures::stream::once(read)
+        .flat_map(futures::stream::iter)
+        .boxed()
 }
 
 #[cfg(test)]

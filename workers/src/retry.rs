@@ -1,8 +1,8 @@
 //! When the worker calls the upstream again after a failed call, and after how long.
 //!
-//! Only while nothing has reached the client (no content frame sent), only for the classes a new
-//! call can cure — `rate_limited` (429), `upstream_5xx`, `overloaded`, `timeout`, `network` —
-//! and at most `retry.max_attempts` calls in all. The wait before retry *n* (0-based) is
+//! Only while nothing has reached the client (no content frame sent), only for the failures a new
+//! call can cure — [`ErrorInfo::disposition`]'s `retry` (`rate_limited`, `upstream_5xx`,
+//! `overloaded`, `timeout`, `network`; decided in `schemas/src/error.rs`) — and at most `retry.max_attempts` calls in all. The wait before retry *n* (0-based) is
 //! exponential backoff with full jitter: uniform in `[0, min(max_ms, base_ms · 2ⁿ)]`, raised to
 //! the upstream's `Retry-After` when it sent one (never sooner than asked). All waits of a
 //! request together stay within `retry.budget_ms` and the request's deadline: a `Retry-After`
@@ -14,8 +14,8 @@
 
 use rand::Rng;
 use std::time::Duration;
+use switchyard_schemas::ErrorInfo;
 use switchyard_schemas::routing::Retry;
-use switchyard_schemas::{ErrorClass, ErrorInfo};
 
 /// What to do after a failed upstream call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,18 +24,6 @@ pub enum Decision {
     Retry(Duration),
     /// Return the error now.
     GiveUp,
-}
-
-/// Whether a new upstream call may cure `class`.
-pub fn is_retryable(class: ErrorClass) -> bool {
-    matches!(
-        class,
-        ErrorClass::RateLimited
-            | ErrorClass::Upstream5xx
-            | ErrorClass::Overloaded
-            | ErrorClass::Timeout
-            | ErrorClass::Network
-    )
 }
 
 /// The full-jitter backoff before retry `index` (0 = the first retry): uniform in
@@ -61,7 +49,7 @@ pub fn decide(
     error: &ErrorInfo,
     content_sent: bool,
 ) -> Decision {
-    if content_sent || !error.retryable || !is_retryable(error.class) || calls >= cfg.max_attempts {
+    if content_sent || !error.disposition().retry || calls >= cfg.max_attempts {
         return Decision::GiveUp;
     }
     let budget = Duration::from_millis(cfg.budget_ms)
@@ -81,6 +69,7 @@ pub fn decide(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use switchyard_schemas::ErrorClass;
 
     fn cfg(max_attempts: u32) -> Retry {
         Retry {

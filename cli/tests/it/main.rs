@@ -11,6 +11,7 @@ mod common;
 mod embeddings;
 mod field_cases;
 mod field_cases_resilience;
+mod field_cases_upstream;
 mod matrix;
 mod pipeline;
 mod probes;

@@ -338,3 +338,53 @@ async fn error_mid_stream() {
         );
     }
 }
+
+/// Deliver 8: a non-streaming client is served by a non-streaming upstream call (OpenAI-style
+/// bodies without `stream`, Anthropic without `stream`, Gemini `:generateContent`, Bedrock
+/// `/converse`), and a stream request answered with `application/json` (`json_for_stream=1`) is
+/// read as the complete answer: one content chunk, usage, `[DONE]`.
+#[tokio::test]
+async fn upstream_call_fits_the_client() {
+    let gw = gateway().await;
+    for row in ROWS {
+        gw.mock.state().clear();
+        let (status, _, body) = post_json(&gw.base, &chat(row.model, "one two three", false)).await;
+        assert_eq!(status, 200, "{}: {body}", row.model);
+        assert_eq!(body["choices"][0]["message"]["content"], DEFAULT_TEXT);
+        let sent = &gw.mock.requests()[0];
+        assert_eq!(gw.mock.request_count(), 1, "{}", row.model);
+        assert_eq!(sent.body.get("stream"), None, "{}", row.model);
+        assert_eq!(sent.body.get("stream_options"), None, "{}", row.model);
+        assert!(
+            !sent.path.contains("stream") && !sent.path.contains("Stream"),
+            "{}: {}",
+            row.model,
+            sent.path
+        );
+
+        let mut body = chat(
+            row.model,
+            "one two three\n#mock json_for_stream=1 prompt_tokens=3",
+            true,
+        );
+        body["stream_options"] = json!({"include_usage": true});
+        let r = post_sse(&gw.base, &body).await;
+        assert_eq!(r.status, 200, "{}", row.model);
+        assert_eq!(r.content(), DEFAULT_TEXT, "{}", row.model);
+        let pieces = r
+            .json_events()
+            .iter()
+            .filter(|e| {
+                e.pointer("/choices/0/delta/content")
+                    .and_then(Value::as_str)
+                    .is_some_and(|c| !c.is_empty())
+            })
+            .count();
+        assert_eq!(pieces, 1, "{}: text coalesced", row.model);
+        assert_eq!(r.finish_reason().as_deref(), Some("stop"), "{}", row.model);
+        assert_eq!(r.done_count(), 1, "{}", row.model);
+        let last = r.json_events().last().cloned().unwrap();
+        assert_eq!(last["usage"]["prompt_tokens"], 3, "{}", row.model);
+        assert_eq!(last["usage"]["completion_tokens"], 13, "{}", row.model);
+    }
+}

@@ -20,10 +20,11 @@ async fn non_streamed_completion_with_exact_usage() {
     assert_eq!(body["usage"]["total_tokens"], 16);
     assert_eq!(headers["x-switchyard-target"], "mock");
     assert_eq!(headers["x-switchyard-fallbacks"], "0");
-    // The upstream was asked for usage in its stream, whatever the client asked.
+    // A non-streaming client gets a non-streaming upstream call (usage comes in the body).
     let upstream = gw.mock.requests();
     assert_eq!(upstream.len(), 1);
-    assert_eq!(upstream[0].body["stream_options"]["include_usage"], true);
+    assert_eq!(upstream[0].body.get("stream"), None);
+    assert_eq!(upstream[0].body.get("stream_options"), None);
     assert_eq!(upstream[0].body["model"], "mock");
 }
 

@@ -54,6 +54,12 @@ pub(crate) struct Behaviour {
     pub(crate) fail_times: Option<usize>,
     /// `error_message=<urlencoded>`: the message of a `status` error body.
     pub(crate) error_message: Option<String>,
+    /// `json_for_stream=1`: answer a stream request with the complete JSON answer
+    /// (`application/json`), as some OpenAI-compatible servers do.
+    pub(crate) json_for_stream: bool,
+    /// `reject_stream_options=1`: a request carrying `stream_options` gets 400 "Unrecognized
+    /// request argument supplied: stream_options" (older Azure api-versions; FC-12 variant).
+    pub(crate) reject_stream_options: bool,
 }
 
 impl Behaviour {
@@ -126,6 +132,8 @@ impl Behaviour {
                 }
                 "fail_times" => b.fail_times = Some(num(key, v)?),
                 "error_message" => b.error_message = Some(percent_decode(v)?),
+                "json_for_stream" => b.json_for_stream = flag(key, v)?,
+                "reject_stream_options" => b.reject_stream_options = flag(key, v)?,
                 other => tracing::debug!(key = other, "ignoring unknown mock key"),
             }
         }

@@ -16,6 +16,22 @@ const FIXTURES: &[(&str, &str)] = &[
         include_str!("fixtures/fc07_openai_error_in_200.sse"),
     ),
     (
+        "fc07_openai_error_numeric_code",
+        include_str!("fixtures/fc07_openai_error_numeric_code.sse"),
+    ),
+    (
+        "fc07_openai_error_string_code",
+        include_str!("fixtures/fc07_openai_error_string_code.sse"),
+    ),
+    (
+        "fc07_openai_error_type_only",
+        include_str!("fixtures/fc07_openai_error_type_only.sse"),
+    ),
+    (
+        "fc07_openai_error_status_only",
+        include_str!("fixtures/fc07_openai_error_status_only.sse"),
+    ),
+    (
         "fc08_openai_tools_no_done",
         include_str!("fixtures/fc08_openai_tools_no_done.sse"),
     ),

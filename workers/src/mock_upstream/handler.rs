@@ -376,6 +376,10 @@ async fn handle(
             );
         }
     }
+    if behaviour.reject_stream_options && body.get("stream_options").is_some() {
+        let message = "Unrecognized request argument supplied: stream_options";
+        return provider.error(400, Some(message), None);
+    }
     if let Some(name) = &behaviour.fixture {
         let Some(bytes) = super::fixtures::get(name) else {
             return provider.error(400, Some(&format!("unknown mock fixture `{name}`")), None);
@@ -403,7 +407,7 @@ async fn handle(
     let id = behaviour.id.clone().unwrap_or_else(|| provider.new_id());
     let created = behaviour.created.unwrap_or_else(now_secs);
 
-    if info.stream {
+    if info.stream && !behaviour.json_for_stream {
         let script = match provider {
             Provider::OpenAi => openai::stream_script(&id, created, &info, &generation, fmt),
             Provider::Azure => {
@@ -453,12 +457,16 @@ async fn handle(
             .saturating_add(behaviour.chunk_delay_ms.saturating_mul(pieces)),
     );
     if !delay.is_zero() {
+        // A client that leaves while the answer is "generated" drops this future: recorded as an
+        // early close, as for streams.
+        let guard = EarlyClose(Some(app.state.clone()));
         tokio::select! {
             () = tokio::time::sleep(delay) => {}
             () = app.shutdown.cancelled() => {
                 return provider.response(StatusCode::OK, "application/json", wire::aborted_body());
             }
         }
+        guard.finish();
     }
     if behaviour.error_after.is_some() {
         return provider.error(500, None, behaviour.retry_after.as_deref());
@@ -487,4 +495,21 @@ async fn handle(
         None => Body::from(bytes),
     };
     provider.response(StatusCode::OK, "application/json", body)
+}
+
+/// Records an early close when dropped before [`EarlyClose::finish`].
+struct EarlyClose(Option<MockState>);
+
+impl EarlyClose {
+    fn finish(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for EarlyClose {
+    fn drop(&mut self) {
+        if let Some(state) = self.0.take() {
+            state.record_early_close();
+        }
+    }
 }

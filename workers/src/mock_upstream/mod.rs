@@ -61,6 +61,8 @@
 //! | `keepalive_ms=N` | SSE streams: write the comment `: keepalive` every N ms while otherwise silent (before the first chunk, between chunks, while hanging) |
 //! | `fail_times=N` | `status` applies only to the first N requests with this request's `idempotency-key` header (or, without one, the same body), counted over the recorded requests; later ones succeed |
 //! | `error_message=<urlencoded>` | message of the `status` error body |
+//! | `json_for_stream=1` | a stream request gets the complete non-stream JSON answer (`application/json`), as some OpenAI-compatible servers send |
+//! | `reject_stream_options=1` | a request with `stream_options` gets 400 `Unrecognized request argument supplied: stream_options` (older Azure api-versions) |
 //!
 //! Notes:
 //!

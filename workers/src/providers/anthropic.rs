@@ -1,4 +1,6 @@
-//! Anthropic Messages API adapter: `POST {base_url}/messages`, always with `"stream": true`.
+//! Anthropic Messages API adapter: `POST {base_url}/messages`, with `"stream": true` for streaming
+//! clients; a non-streaming client's call is not streamed and its `message` object is read whole
+//! (any `application/json` answer is, see [`parse_message`]).
 //!
 //! Request translation follows the Anthropic API reference, "Messages": instructions go in the
 //! top-level `system` field, turns strictly alternate `user`/`assistant`, tool calls and results are
@@ -18,7 +20,8 @@ use switchyard_schemas::request::{Content, ContentPart, Message, Role, ToolCall}
 use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, FinishReason, FrameBody, Usage};
 
 use crate::provider::{
-    Capabilities, EventStream, Provider, SseTranslator, send_checked, translate_sse,
+    Answer, Capabilities, EventStream, Provider, SseTranslator, is_json_answer, send_checked,
+    translate_json, translate_sse,
 };
 use crate::sse::SseEvent;
 
@@ -29,7 +32,7 @@ pub const ANTHROPIC_VERSION: &str = "2023-06-01";
 pub const DEFAULT_MAX_TOKENS: u32 = 4096;
 
 /// Adapter for the Anthropic Messages API (`{base_url}/messages`, `x-api-key` auth,
-/// `anthropic-version: 2023-06-01`). Stateless; always streams upstream.
+/// `anthropic-version: 2023-06-01`). Stateless; streams upstream for streaming clients only.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct AnthropicProvider;
 
@@ -73,6 +76,9 @@ impl Provider for AnthropicProvider {
                 builder = builder.header("x-api-key", key);
             }
             let resp = send_checked(builder.body(body)).await?;
+            if is_json_answer(&resp) {
+                return Ok(translate_json(resp, parse_message));
+            }
             Ok(translate_sse(resp, AnthropicTranslator::default()))
         })
     }
@@ -93,7 +99,7 @@ fn bad_message(i: usize, what: impl std::fmt::Display) -> ErrorInfo {
 /// joined with `"\n\n"`; `tool` messages → `tool_result` blocks in a `user` turn; consecutive turns of
 /// one role merged (Anthropic requires alternation); assistant `tool_calls` → `tool_use` blocks;
 /// `max_tokens` defaults to [`DEFAULT_MAX_TOKENS`]; `stop` → `stop_sequences`; `user` →
-/// `metadata.user_id`; always `"stream": true`. Errors (class `invalid_request`, with `param`):
+/// `metadata.user_id`; `"stream": true` when the client streams. Errors (class `invalid_request`, with `param`):
 /// `n` > 1, a non-`text` `response_format`, unparsable tool-call arguments, unsupported image URLs.
 /// `seed`, `presence_penalty` and `frequency_penalty` have no Anthropic equivalent and are not sent;
 /// `tool_choice` is only sent together with `tools`.
@@ -144,7 +150,7 @@ pub fn build_request(target: &TargetConfig, req: &ChatRequest) -> Result<Value, 
         "max_tokens": p.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
         "system": (!system.is_empty()).then(|| system.join("\n\n")),
         "messages": messages,
-        "stream": true,
+        "stream": req.stream.then_some(true),
         "temperature": p.temperature,
         "top_p": p.top_p,
         "stop_sequences": (!p.stop.is_empty()).then_some(&p.stop),
@@ -492,17 +498,39 @@ fn finish_reason(reason: &str) -> FinishReason {
     }
 }
 
-/// An in-stream `{"type":"error","error":{"type","message"}}` event → a classified error.
+/// Reads a non-streamed `message` object (Anthropic API reference, "Messages" → response):
+/// `text` blocks coalesced, `tool_use` blocks as tool calls (`input` serialised), `stop_reason`,
+/// `usage` normalised as in the stream (cache reads and writes added into `prompt_tokens`).
+pub fn parse_message(v: &Value) -> Result<Answer, ErrorInfo> {
+    let blocks = v
+        .get("content")
+        .and_then(Value::as_array)
+        .ok_or_else(|| protocol("upstream JSON answer has no `content` array"))?;
+    let mut answer = Answer::default();
+    for b in blocks {
+        match b.get("type").and_then(Value::as_str) {
+            Some("text") => answer.text.push_str(str_at(b, "/text").unwrap_or("")),
+            Some("tool_use") => answer.tool_calls.push((
+                str_at(b, "/id").map(str::to_owned),
+                str_at(b, "/name").map(str::to_owned),
+                b.get("input")
+                    .map_or_else(|| "{}".to_owned(), Value::to_string),
+            )),
+            // thinking, redacted_thinking, server tool blocks: not part of the OpenAI answer.
+            _ => {}
+        }
+    }
+    let mut t = AnthropicTranslator::default();
+    t.merge_usage(v.get("usage"));
+    answer.usage = Some(t.usage());
+    answer.finish_reason = str_at(v, "/stop_reason").map_or(FinishReason::Stop, finish_reason);
+    Ok(answer)
+}
+
+/// An in-stream `{"type":"error","error":{"type","message"}}` event → a classified error (the
+/// shared classifier, [`crate::providers::classify`]).
 fn stream_error(data: &Value) -> ErrorInfo {
-    let kind = str_at(data, "/error/type").unwrap_or("unknown");
-    let message = str_at(data, "/error/message").unwrap_or("");
-    let class = match kind {
-        "overloaded_error" => ErrorClass::Overloaded,
-        "rate_limit_error" => ErrorClass::RateLimited,
-        "invalid_request_error" => ErrorClass::InvalidRequest,
-        _ => ErrorClass::Upstream5xx,
-    };
-    ErrorInfo::new(class, format!("upstream stream error {kind}: {message}"))
+    crate::providers::classify::stream_error(data)
 }
 
 #[cfg(test)]

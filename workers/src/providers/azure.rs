@@ -16,22 +16,21 @@ use std::collections::VecDeque;
 
 use futures::future::BoxFuture;
 use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderValue};
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 use switchyard_schemas::config::{ProviderKind, TargetConfig};
 use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, FrameBody};
 
-use super::openai::{OpenAiTranslator, build_object};
-use crate::provider::{
-    Capabilities, EventStream, Provider, SseTranslator, send_checked, translate_sse,
-};
+use super::openai::{OpenAiTranslator, accept, build_object, read_answer, send_chat};
+use crate::provider::{Capabilities, EventStream, Provider, SseTranslator};
 use crate::sse::SseEvent;
 
 /// `api-version` used when the target sets none: the GA data-plane inference version
 /// (Azure OpenAI REST API reference, "API specs": latest GA `2024-10-21`).
 pub const DEFAULT_API_VERSION: &str = "2024-10-21";
 
-/// Adapter for Azure OpenAI deployments (`api-key` auth, `api-version` query). Stateless; always
-/// streams upstream with `stream_options.include_usage`.
+/// Adapter for Azure OpenAI deployments (`api-key` auth, `api-version` query). Streams upstream
+/// with `stream_options.include_usage` for streaming clients (dropped for a deployment that
+/// rejects it, see [`send_chat`]); non-streaming clients get a non-streaming call.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct AzureOpenAiProvider;
 
@@ -59,24 +58,36 @@ impl Provider for AzureOpenAiProvider {
         req: &ChatRequest,
     ) -> BoxFuture<'static, Result<EventStream, ErrorInfo>> {
         let version = target.api_version.as_deref().unwrap_or(DEFAULT_API_VERSION);
-        let body = build_body(&target.upstream_model, version, req);
+        let body = build_map(&target.upstream_model, version, req);
         let url = chat_url(base_url, &target.upstream_model, version);
-        let mut builder = http
-            .post(url)
-            .header(CONTENT_TYPE, "application/json")
-            .header(ACCEPT, "text/event-stream");
+        let http = http.clone();
         let key =
             (!target.api_key.is_empty()).then(|| HeaderValue::from_str(target.api_key.expose()));
+        let memo = format!("{}|{base_url}", target.id);
         Box::pin(async move {
-            if let Some(key) = key {
-                let bad_key =
-                    |_| ErrorInfo::new(ErrorClass::Auth, "api_key is not a valid header value");
-                let mut key = key.map_err(bad_key)?;
-                key.set_sensitive(true);
-                builder = builder.header("api-key", key);
-            }
-            let resp = send_checked(builder.body(body)).await?;
-            Ok(translate_sse(resp, AzureTranslator::default()))
+            let key = match key {
+                Some(key) => {
+                    let bad_key =
+                        |_| ErrorInfo::new(ErrorClass::Auth, "api_key is not a valid header value");
+                    let mut key = key.map_err(bad_key)?;
+                    key.set_sensitive(true);
+                    Some(key)
+                }
+                None => None,
+            };
+            let make = |body: &Map<String, Value>| {
+                let mut builder = http
+                    .post(&url)
+                    .header(CONTENT_TYPE, "application/json")
+                    .header(ACCEPT, accept(body))
+                    .body(serde_json::to_vec(body).unwrap_or_default());
+                if let Some(key) = &key {
+                    builder = builder.header("api-key", key.clone());
+                }
+                builder
+            };
+            let resp = send_chat(body, &memo, make).await?;
+            Ok(read_answer(resp, AzureTranslator::default()))
         })
     }
 }
@@ -124,6 +135,11 @@ pub fn supports_developer_role(api_version: &str) -> bool {
 /// The upstream JSON body: OpenAI's ([`build_object`]) with `max_completion_tokens` renamed to
 /// `max_tokens` and `developer` messages sent as `system` where `api_version` predates them.
 pub fn build_body(deployment: &str, api_version: &str, req: &ChatRequest) -> Vec<u8> {
+    serde_json::to_vec(&Value::Object(build_map(deployment, api_version, req))).unwrap_or_default()
+}
+
+/// [`build_body`] as an object.
+pub fn build_map(deployment: &str, api_version: &str, req: &ChatRequest) -> Map<String, Value> {
     let mut o = build_object(ProviderKind::Openai, deployment, req);
     if !supports_max_completion_tokens(api_version)
         && let Some(v) = o.remove("max_completion_tokens")
@@ -137,7 +153,7 @@ pub fn build_body(deployment: &str, api_version: &str, req: &ChatRequest) -> Vec
             m["role"] = json!("system");
         }
     }
-    serde_json::to_vec(&Value::Object(o)).unwrap_or_default()
+    o
 }
 
 /// The OpenAI translator (it already skips chunks with `choices: []`, such as Azure's

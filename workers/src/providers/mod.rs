@@ -2,6 +2,7 @@
 pub mod anthropic;
 pub mod azure;
 pub mod bedrock;
+pub mod classify;
 pub mod gemini;
 pub mod openai;
 #[cfg(test)]

@@ -1,17 +1,29 @@
 //! OpenAI Chat Completions, and every OpenAI-compatible server (vLLM, Ollama, llama.cpp, Groq, …).
 //!
-//! Wire reference: OpenAI API reference, "Create chat completion" and "The chat completion chunk
-//! object". The upstream is always called with `stream: true` and
-//! `stream_options.include_usage: true`, so usage arrives in a final chunk with `choices: []`.
+//! Wire reference: OpenAI API reference, "Create chat completion", "The chat completion object"
+//! and "The chat completion chunk object". A streaming client's request is sent with
+//! `stream: true` and `stream_options.include_usage: true`, so usage arrives in a final chunk with
+//! `choices: []`; a non-streaming client's without `stream` (default false), answered by one
+//! `chat.completion` object. Either answer is read by its `Content-Type`: a server that answers
+//! `application/json` to a stream request is read as a complete answer.
+//!
+//! FC-12 variant: servers that do not know `stream_options` (older Azure api-versions:
+//! "Unrecognized request argument supplied: stream_options"; some compatible servers) answer 400
+//! naming it. The call is then repeated once without it (usage is then estimated by the worker
+//! and marked `estimated`), and the target is remembered in this process so later requests skip
+//! the failing first call.
 
 use crate::provider::{
-    Capabilities, Embeddings, EventStream, Provider, SseTranslator, send_checked, translate_sse,
+    Answer, Capabilities, Embeddings, EventStream, Provider, SseTranslator, is_json_answer,
+    send_checked, translate_json, translate_sse,
 };
 use crate::sse::SseEvent;
 use futures::FutureExt;
 use futures::future::BoxFuture;
+use parking_lot::Mutex;
 use serde_json::{Map, Value, json};
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
+use std::sync::LazyLock;
 use switchyard_schemas::config::{ProviderKind, TargetConfig};
 use switchyard_schemas::embed::EmbedRequest;
 use switchyard_schemas::request::Role;
@@ -60,21 +72,26 @@ impl Provider for OpenAiProvider {
         base_url: &str,
         req: &ChatRequest,
     ) -> BoxFuture<'static, Result<EventStream, ErrorInfo>> {
-        let body = build_body(self.kind, &target.upstream_model, req);
+        let body = build_object(self.kind, &target.upstream_model, req);
         let url = format!("{}/chat/completions", base_url.trim_end_matches('/'));
-        let mut rb = http
-            .post(url)
-            .header("content-type", "application/json")
-            .header("accept", "text/event-stream")
-            // Lets providers that support it deduplicate our retries of the same request.
-            .header("idempotency-key", req.id.to_string())
-            .body(body);
-        if !target.api_key.is_empty() {
-            rb = rb.bearer_auth(target.api_key.expose());
-        }
+        let (http, key, id) = (http.clone(), target.api_key.clone(), req.id);
+        let make = move |body: &Map<String, Value>| {
+            let mut rb = http
+                .post(&url)
+                .header("content-type", "application/json")
+                .header("accept", accept(body))
+                // Lets providers that support it deduplicate our retries of the same request.
+                .header("idempotency-key", id.to_string())
+                .body(serde_json::to_vec(body).unwrap_or_default());
+            if !key.is_empty() {
+                rb = rb.bearer_auth(key.expose());
+            }
+            rb
+        };
+        let memo = format!("{}|{base_url}", target.id);
         async move {
-            let resp = send_checked(rb).await?;
-            Ok(translate_sse(resp, OpenAiTranslator::default()))
+            let resp = send_chat(body, &memo, make).await?;
+            Ok(read_answer(resp, OpenAiTranslator::default()))
         }
         .boxed()
     }
@@ -219,9 +236,113 @@ pub fn build_object(
         p.parallel_tool_calls.map(Value::from),
     );
     put("user", p.user.clone().map(Value::from));
-    o.insert("stream".into(), Value::Bool(true));
-    o.insert("stream_options".into(), json!({"include_usage": true}));
+    if req.stream {
+        o.insert("stream".into(), Value::Bool(true));
+        o.insert("stream_options".into(), json!({"include_usage": true}));
+    }
     o
+}
+
+/// The `Accept` header for `body`: SSE for a stream request, JSON otherwise.
+pub fn accept(body: &Map<String, Value>) -> &'static str {
+    if body.contains_key("stream") {
+        "text/event-stream"
+    } else {
+        "application/json"
+    }
+}
+
+/// Targets (`<target id>|<base URL>`) that rejected `stream_options` in this process. Bounded by
+/// the number of configured targets.
+static REJECTS_STREAM_OPTIONS: LazyLock<Mutex<HashSet<String>>> =
+    LazyLock::new(|| Mutex::new(HashSet::new()));
+
+/// Whether an upstream failure is a 400/422 naming `stream_options` (FC-12 variant).
+pub fn rejects_stream_options(e: &ErrorInfo) -> bool {
+    matches!(e.upstream_status, Some(400 | 422)) && e.message.contains("stream_options")
+}
+
+/// Sends a chat body built by [`build_object`] with `make`; a 400 that names `stream_options`
+/// is answered by one more call without it, and `memo` (the target) is remembered so later calls
+/// leave it out from the start. Shared by the OpenAI, compatible and Azure adapters.
+pub async fn send_chat(
+    mut body: Map<String, Value>,
+    memo: &str,
+    make: impl Fn(&Map<String, Value>) -> reqwest::RequestBuilder,
+) -> Result<reqwest::Response, ErrorInfo> {
+    let known = REJECTS_STREAM_OPTIONS.lock().contains(memo);
+    if known {
+        body.remove("stream_options");
+    }
+    match send_checked(make(&body)).await {
+        Err(e) if !known && body.contains_key("stream_options") && rejects_stream_options(&e) => {
+            tracing::info!(target = memo, error = %e, "upstream rejects stream_options: calling again without");
+            REJECTS_STREAM_OPTIONS.lock().insert(memo.to_owned());
+            body.remove("stream_options");
+            send_checked(make(&body)).await
+        }
+        r => r,
+    }
+}
+
+/// Reads a successful chat answer by its `Content-Type`: one `chat.completion` JSON object
+/// ([`parse_completion`]) or a chunk stream through `translator`.
+pub fn read_answer<T: SseTranslator>(resp: reqwest::Response, translator: T) -> EventStream {
+    if is_json_answer(&resp) {
+        translate_json(resp, parse_completion)
+    } else {
+        translate_sse(resp, translator)
+    }
+}
+
+/// Reads a `chat.completion` object (OpenAI API reference, "The chat completion object"): the
+/// first choice's `message.content` (a string, or text parts), `message.tool_calls`,
+/// `finish_reason`, and `usage`.
+pub fn parse_completion(v: &Value) -> Result<Answer, ErrorInfo> {
+    let choice = v
+        .get("choices")
+        .and_then(Value::as_array)
+        .and_then(|c| c.first())
+        .ok_or_else(|| {
+            ErrorInfo::new(
+                ErrorClass::Protocol,
+                "upstream JSON answer has no `choices`",
+            )
+        })?;
+    let message = choice.get("message").unwrap_or(&Value::Null);
+    let text = match message.get("content") {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect(),
+        _ => String::new(),
+    };
+    let str_of = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).map(str::to_owned);
+    let tool_calls = message
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            let f = c.get("function").unwrap_or(&Value::Null);
+            let arguments = match f.get("arguments") {
+                Some(Value::String(s)) => s.clone(),
+                Some(other) if !other.is_null() => other.to_string(),
+                _ => String::new(),
+            };
+            (str_of(c, "id"), str_of(f, "name"), arguments)
+        })
+        .collect();
+    Ok(Answer {
+        text,
+        tool_calls,
+        usage: v.get("usage").and_then(parse_usage),
+        finish_reason: choice
+            .get("finish_reason")
+            .and_then(Value::as_str)
+            .map_or(FinishReason::Stop, map_finish),
+    })
 }
 
 /// Translates `chat.completion.chunk` events.
@@ -285,31 +406,9 @@ impl SseTranslator for OpenAiTranslator {
                 return true;
             }
         };
-        // Errors can arrive inside an HTTP 200 stream.
-        if let Some(err) = v.get("error") {
-            let msg = err
-                .get("message")
-                .and_then(Value::as_str)
-                .unwrap_or("unknown error");
-            let code = err
-                .get("code")
-                .or_else(|| err.get("type"))
-                .and_then(Value::as_str)
-                .unwrap_or("");
-            let class = match code {
-                // `insufficient_quota` is OpenAI's out-of-credit 429: another target may serve.
-                "rate_limit_exceeded" | "rate_limit_error" | "insufficient_quota" => {
-                    ErrorClass::RateLimited
-                }
-                "overloaded_error" | "server_overloaded" => ErrorClass::Overloaded,
-                "context_length_exceeded" => ErrorClass::ContextLengthExceeded,
-                "invalid_request_error" => ErrorClass::InvalidRequest,
-                _ => ErrorClass::Upstream5xx,
-            };
-            out.push_back(Err(ErrorInfo::new(
-                class,
-                format!("upstream stream error: {msg}"),
-            )));
+        // Errors can arrive inside an HTTP 200 stream, also in vLLM's top-level shape.
+        if v.get("error").is_some() || v.get("object").and_then(Value::as_str) == Some("error") {
+            out.push_back(Err(crate::providers::classify::stream_error(&v)));
             return true;
         }
         if let Some(u) = v.get("usage").and_then(parse_usage) {

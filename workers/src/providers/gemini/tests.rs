@@ -1,0 +1,448 @@
+//! Unit tests of the gemini adapter.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+use super::*;
+use crate::mock_upstream::MockUpstream;
+
+/// Feeds `chunks` as separate writes through the SSE parser and the translator.
+fn translate_chunks(chunks: &[&str]) -> Vec<Item> {
+    super::super::test_support::translate_chunks::<GeminiTranslator>(chunks)
+}
+
+/// One SSE `data:` event per non-empty line of JSON.
+fn sse(lines: &str) -> String {
+    lines
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(|l| format!("data: {l}\r\n\r\n"))
+        .collect()
+}
+
+fn text(t: &str) -> Item {
+    Ok(FrameBody::Text { text: t.into() })
+}
+fn end(finish_reason: FinishReason) -> Item {
+    Ok(FrameBody::End { finish_reason })
+}
+fn usage(prompt: u64, cached: u64, completion: u64, reasoning: u64) -> Item {
+    let usage = Usage {
+        prompt_tokens: prompt,
+        cached_tokens: cached,
+        cache_write_tokens: 0,
+        completion_tokens: completion,
+        reasoning_tokens: reasoning,
+    };
+    Ok(FrameBody::Usage { usage })
+}
+fn call(index: u32, id: &str, name: &str, arguments: &str) -> Item {
+    Ok(FrameBody::ToolCall {
+        index,
+        id: Some(id.into()),
+        name: Some(name.into()),
+        arguments: arguments.into(),
+    })
+}
+
+fn target(base: &str) -> TargetConfig {
+    serde_json::from_value(json!({"id": "g", "provider": "gemini",
+        "base_url": format!("{base}/v1beta"), "upstream_model": "gemini-test"}))
+    .unwrap()
+}
+
+fn request(messages: Value, extra: Value) -> ChatRequest {
+    super::super::test_support::request(
+        "demo/gemini",
+        ("g", "gemini", "gemini-test"),
+        messages,
+        extra,
+    )
+}
+
+/// A one-message request steering the mock with a `#mock` directive line.
+fn ask(directives: &str) -> ChatRequest {
+    request(
+        super::super::test_support::directive_messages(directives),
+        json!({}),
+    )
+}
+
+async fn run_with(t: &TargetConfig, req: &ChatRequest) -> Result<Vec<Item>, ErrorInfo> {
+    super::super::test_support::collect(&GeminiProvider, t, req).await
+}
+
+async fn run(mock: &MockUpstream, req: &ChatRequest) -> Result<Vec<Item>, ErrorInfo> {
+    run_with(&target(&mock.base_url()), req).await
+}
+
+#[tokio::test]
+async fn plain_text_stream_and_wire_request() {
+    let mock = MockUpstream::start().await.unwrap();
+    let mut t = target(&mock.base_url());
+    t.api_key = switchyard_schemas::Secret::new("AIza-test");
+    let req = request(
+        json!([{"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "hi\n#mock text=Hello,+world chunks=2 prompt_tokens=5 completion_tokens=2"}]),
+        json!({"params": {"temperature": 0.2, "max_tokens": 64}}),
+    );
+    let events = run_with(&t, &req).await.unwrap();
+    let expected = vec![
+        text("Hello,"),
+        text(" world"),
+        usage(5, 0, 2, 0),
+        end(FinishReason::Stop),
+    ];
+    assert_eq!(events, expected);
+    let sent = &mock.requests()[0];
+    assert_eq!(
+        sent.path,
+        "/v1beta/models/gemini-test:streamGenerateContent"
+    );
+    assert_eq!(sent.query.as_deref(), Some("alt=sse"));
+    assert_eq!(sent.header("x-goog-api-key"), Some("AIza-test"));
+    assert_eq!(sent.header("authorization"), None);
+    assert_eq!(
+        sent.body["systemInstruction"],
+        json!({"parts": [{"text": "Be brief."}]})
+    );
+    assert_eq!(sent.body["contents"][0]["role"], "user");
+    assert_eq!(
+        sent.body["generationConfig"],
+        json!({"temperature": 0.2, "maxOutputTokens": 64})
+    );
+    assert!(sent.body.get("model").is_none());
+}
+
+#[tokio::test]
+async fn usage_values_are_exact() {
+    let mock = MockUpstream::start().await.unwrap();
+    let events = run(
+        &mock,
+        &ask("cached_tokens=3 prompt_tokens=10 completion_tokens=4"),
+    )
+    .await
+    .unwrap();
+    assert!(events.iter().all(Result::is_ok), "{events:?}");
+    let tail = [usage(10, 3, 4, 0), end(FinishReason::Stop)];
+    assert_eq!(events[events.len() - 2..], tail);
+}
+
+#[tokio::test]
+async fn two_parallel_tool_calls() {
+    let mock = MockUpstream::start().await.unwrap();
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+    let req = request(
+        json!([{"role": "user", "content": "Weather?\n#mock tool_calls=2 prompt_tokens=9"}]),
+        json!({"tools": tools, "tool_choice": "required"}),
+    );
+    let events = run(&mock, &req).await.unwrap();
+    let expected = vec![
+        call(0, "call_0", "get_weather", r#"{"city":"Paris"}"#),
+        call(1, "call_1", "get_weather", r#"{"city":"London"}"#),
+        usage(9, 0, 20, 0),
+        end(FinishReason::ToolCalls),
+    ];
+    assert_eq!(events, expected);
+    let sent = &mock.requests()[0].body;
+    assert_eq!(
+        sent["tools"][0]["functionDeclarations"][0]["name"],
+        "get_weather"
+    );
+    assert_eq!(
+        sent["toolConfig"],
+        json!({"functionCallingConfig": {"mode": "ANY"}})
+    );
+}
+
+#[tokio::test]
+async fn max_tokens_finishes_with_length() {
+    let mock = MockUpstream::start().await.unwrap();
+    let mut req = ask("text=one+two+three+four");
+    req.params.max_tokens = Some(2);
+    let events = run(&mock, &req).await.unwrap();
+    assert_eq!(events.last(), Some(&end(FinishReason::Length)));
+    assert_eq!(events[..2], [text("one "), text("two")]);
+}
+
+#[test]
+fn finish_reasons() {
+    for (reason, expected) in [
+        ("STOP", FinishReason::Stop),
+        ("MAX_TOKENS", FinishReason::Length),
+        ("SAFETY", FinishReason::ContentFilter),
+        ("RECITATION", FinishReason::ContentFilter),
+        ("BLOCKLIST", FinishReason::ContentFilter),
+        ("PROHIBITED_CONTENT", FinishReason::ContentFilter),
+        ("SPII", FinishReason::ContentFilter),
+        ("IMAGE_SAFETY", FinishReason::ContentFilter),
+        ("OTHER", FinishReason::Stop),
+        ("MALFORMED_FUNCTION_CALL", FinishReason::Stop),
+    ] {
+        let body = sse(&format!(
+            r#"{{"candidates": [{{"content": {{"parts": [{{"text": ""}}],"role": "model"}},"finishReason": "{reason}"}}]}}"#
+        ));
+        assert_eq!(translate_chunks(&[&body]), vec![end(expected)], "{reason}");
+    }
+    assert_eq!(finish_reason("FINISH_REASON_UNSPECIFIED"), None);
+}
+
+/// Usage with thinking and caching; a `thought` part, an id-carrying call, split writes.
+#[test]
+fn thoughts_cache_and_split_writes() {
+    let body = sse(r#"
+        {"candidates": [{"content": {"parts": [{"text": "plan…", "thought": true}],"role": "model"}}],"usageMetadata": {"promptTokenCount": 11,"totalTokenCount": 11}}
+        {"candidates": [{"content": {"parts": [{"text": "Hi"}],"role": "model"}}],"usageMetadata": {"promptTokenCount": 11,"totalTokenCount": 11}}
+        {"candidates": [{"content": {"parts": [{"functionCall": {"id": "fc-9", "name": "now", "args": {}}}, {"functionCall": {"name": "w"}}],"role": "model"},"finishReason": "STOP"}],"usageMetadata": {"promptTokenCount": 100,"cachedContentTokenCount": 64,"candidatesTokenCount": 5,"thoughtsTokenCount": 30,"totalTokenCount": 135}}
+    "#);
+    let (a, b) = body.split_at(body.find("\"Hi\"").unwrap() + 2);
+    let expected = vec![
+        text("Hi"),
+        call(0, "fc-9", "now", "{}"),
+        call(1, "call_1", "w", "{}"),
+        usage(100, 64, 35, 30),
+        end(FinishReason::ToolCalls),
+    ];
+    assert_eq!(translate_chunks(&[a, b]), expected);
+}
+
+#[test]
+fn blocked_prompt_bad_json_and_missing_finish() {
+    let blocked = sse(
+        r#"{"promptFeedback": {"blockReason": "SAFETY"},"usageMetadata": {"promptTokenCount": 7,"totalTokenCount": 7}}"#,
+    );
+    let events = translate_chunks(&[&blocked]);
+    let err = events[0].clone().unwrap_err();
+    assert_eq!((events.len(), err.class), (1, ErrorClass::InvalidRequest));
+    assert!(err.message.contains("SAFETY"), "{}", err.message);
+    for body in [
+        "data: {not json\n\n".to_owned(),
+        sse(r#"{"candidates": [{"content": {"parts": [{"text": "cut"}],"role": "model"}}]}"#),
+    ] {
+        let events = translate_chunks(&[&body]);
+        let last = events.last().unwrap().clone().unwrap_err();
+        assert_eq!(last.class, ErrorClass::Protocol, "{body}");
+    }
+}
+
+#[test]
+fn in_stream_errors_are_classified() {
+    for (status, class) in [
+        ("UNAVAILABLE", ErrorClass::Overloaded),
+        ("RESOURCE_EXHAUSTED", ErrorClass::RateLimited),
+        ("INVALID_ARGUMENT", ErrorClass::InvalidRequest),
+        ("DEADLINE_EXCEEDED", ErrorClass::Timeout),
+        ("INTERNAL", ErrorClass::Upstream5xx),
+    ] {
+        let data = json!({"error": {"code": 500, "message": "m", "status": status}});
+        let events = translate_chunks(&[&format!("data: {data}\n\n")]);
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].clone().unwrap_err().class, class, "{status}");
+    }
+}
+
+#[tokio::test]
+async fn in_stream_error_after_two_chunks() {
+    let mock = MockUpstream::start().await.unwrap();
+    let events = run(&mock, &ask("error_after=2")).await.unwrap();
+    assert_eq!(events.len(), 3, "{events:?}");
+    assert!(matches!(
+        events[..2],
+        [Ok(FrameBody::Text { .. }), Ok(FrameBody::Text { .. })]
+    ));
+    let err = events[2].clone().unwrap_err();
+    assert_eq!((err.class, err.retryable), (ErrorClass::Overloaded, true));
+}
+
+#[tokio::test]
+async fn error_statuses() {
+    let mock = MockUpstream::start().await.unwrap();
+    let err = run(&mock, &ask("status=429 retry_after=7"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (err.class, err.upstream_status, err.retry_after_ms),
+        (ErrorClass::RateLimited, Some(429), Some(7000))
+    );
+    assert!(
+        err.message.contains("Resource has been exhausted"),
+        "{}",
+        err.message
+    );
+    let err = run(&mock, &ask("status=503")).await.unwrap_err();
+    assert_eq!((err.class, err.retryable), (ErrorClass::Overloaded, true));
+    let err = run(&mock, &ask("status=400")).await.unwrap_err();
+    assert_eq!(
+        (err.class, err.retryable),
+        (ErrorClass::InvalidRequest, false)
+    );
+    assert_eq!(err.upstream_status, Some(400));
+}
+
+fn build(messages: Value, extra: Value) -> Result<Value, ErrorInfo> {
+    build_request(&request(messages, extra))
+}
+
+#[test]
+fn system_roles_and_images() {
+    let messages = json!([
+        {"role": "system", "content": "Be brief."},
+        {"role": "developer", "content": [{"type": "text", "text": "Use French."}]},
+        {"role": "user", "content": [
+            {"type": "text", "text": "What are these?"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+            {"type": "image_url", "image_url": {"url": "https://e.com/a.WEBP?x=1"}},
+            {"type": "image_url", "image_url": {"url": "https://e.com/img"}}]},
+        {"role": "user", "content": "Please."},
+        {"role": "assistant", "content": "Deux chats."},
+        {"role": "user", "content": ""}
+    ]);
+    let body = build(
+        messages,
+        json!({"params": {"stop": ["END"], "seed": 7, "top_p": 0.9,
+        "presence_penalty": 0.5, "frequency_penalty": -0.5, "n": 1, "user": "u-1"}}),
+    )
+    .unwrap();
+    assert_eq!(
+        body["systemInstruction"],
+        json!({"parts": [{"text": "Be brief."}, {"text": "Use French."}]})
+    );
+    assert_eq!(
+        body["contents"],
+        json!([
+            {"role": "user", "parts": [
+                {"text": "What are these?"},
+                {"inlineData": {"mimeType": "image/png", "data": "AAAA"}},
+                {"fileData": {"mimeType": "image/webp", "fileUri": "https://e.com/a.WEBP?x=1"}},
+                {"fileData": {"mimeType": "image/jpeg", "fileUri": "https://e.com/img"}},
+                {"text": "Please."}]},
+            {"role": "model", "parts": [{"text": "Deux chats."}]}
+        ])
+    );
+    assert_eq!(
+        body["generationConfig"],
+        json!({"topP": 0.9, "stopSequences": ["END"], "candidateCount": 1, "seed": 7,
+            "presencePenalty": 0.5, "frequencyPenalty": -0.5})
+    );
+    assert!(body.get("tools").is_none() && body.get("toolConfig").is_none());
+}
+
+#[test]
+fn tool_calls_and_results_with_name_lookup() {
+    let messages = json!([
+        {"role": "user", "content": "Weather in Paris, and the time?"},
+        {"role": "assistant", "content": null, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{\"city\":\"Paris\"}"}},
+            {"id": "c2", "type": "function", "function": {"name": "clock", "arguments": ""}}]},
+        {"role": "tool", "tool_call_id": "c2", "content": "{\"time\":\"12:00\"}"},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        {"role": "user", "content": "Thanks"}
+    ]);
+    let tools = json!({"tools": [
+        {"type": "function", "function": {"name": "weather", "description": "w",
+            "parameters": {"type": "object", "additionalProperties": false}}},
+        {"type": "function", "function": {"name": "clock"}}]});
+    let body = build(messages, tools).unwrap();
+    assert_eq!(
+        body["contents"],
+        json!([
+            {"role": "user", "parts": [{"text": "Weather in Paris, and the time?"}]},
+            {"role": "model", "parts": [
+                {"functionCall": {"name": "weather", "args": {"city": "Paris"}},
+                    "thoughtSignature": THOUGHT_SIGNATURE_SKIP},
+                {"functionCall": {"name": "clock", "args": {}}}]},
+            {"role": "user", "parts": [
+                {"functionResponse": {"name": "clock", "response": {"time": "12:00"}}},
+                {"functionResponse": {"name": "weather", "response": {"output": "sunny"}}}]},
+            {"role": "user", "parts": [{"text": "Thanks"}]}
+        ])
+    );
+    assert_eq!(
+        body["tools"],
+        json!([{"functionDeclarations": [
+            {"name": "weather", "description": "w",
+                "parametersJsonSchema": {"type": "object", "additionalProperties": false}},
+            {"name": "clock"}]}])
+    );
+    assert!(body.get("toolConfig").is_none());
+}
+
+#[test]
+fn tool_choice_mapping() {
+    let tools = json!([{"type": "function", "function": {"name": "w"}}]);
+    let user = json!([{"role": "user", "content": "x"}]);
+    let named = json!({"type": "function", "function": {"name": "w"}});
+    for (choice, expected) in [
+        (json!("auto"), json!({"mode": "AUTO"})),
+        (json!("none"), json!({"mode": "NONE"})),
+        (json!("required"), json!({"mode": "ANY"})),
+        (named, json!({"mode": "ANY", "allowedFunctionNames": ["w"]})),
+    ] {
+        let extra = json!({"tools": tools, "tool_choice": choice});
+        let body = build(user.clone(), extra).unwrap();
+        assert_eq!(body["toolConfig"]["functionCallingConfig"], expected);
+    }
+    let err = build(user, json!({"tools": tools, "tool_choice": "sometimes"})).unwrap_err();
+    assert_eq!(err.param.as_deref(), Some("tool_choice"));
+}
+
+#[test]
+fn json_mode_and_schema() {
+    let user = || json!([{"role": "user", "content": "x"}]);
+    let rf = |v: Value| json!({"params": {"response_format": v}});
+    let body = build(user(), rf(json!({"type": "json_object"}))).unwrap();
+    assert_eq!(
+        body["generationConfig"],
+        json!({"responseMimeType": "application/json"})
+    );
+    let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+    let body = build(
+        user(),
+        rf(json!({"type": "json_schema", "json_schema": {"name": "s", "schema": schema}})),
+    )
+    .unwrap();
+    assert_eq!(
+        body["generationConfig"],
+        json!({"responseMimeType": "application/json", "responseJsonSchema": schema})
+    );
+    let body = build(user(), rf(json!({"type": "text"}))).unwrap();
+    assert!(body.get("generationConfig").is_none());
+    for bad in [json!({"type": "json_schema"}), json!({"type": "grammar"})] {
+        let err = build(user(), rf(bad)).unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("response_format"));
+    }
+}
+
+#[test]
+fn rejects_what_gemini_cannot_take() {
+    let err = build(
+        json!([{"role": "user", "content": "x"}]),
+        json!({"params": {"n": 2}}),
+    );
+    assert_eq!(err.unwrap_err().param.as_deref(), Some("n"));
+    let orphan = json!([{"role": "user", "content": "x"},
+        {"role": "tool", "tool_call_id": "nope", "content": "r"}]);
+    let err = build(orphan, json!({})).unwrap_err();
+    assert!(err.message.contains("`nope`"), "{}", err.message);
+    let only_system = json!([{"role": "system", "content": "x"}]);
+    assert_eq!(
+        build(only_system, json!({})).unwrap_err().param.as_deref(),
+        Some("messages")
+    );
+    let bad_image = json!([{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "ftp://x/y.png"}}]}]);
+    assert!(build(bad_image, json!({})).is_err());
+    let bad_args = json!([{"role": "assistant", "tool_calls": [
+        {"id": "t", "type": "function", "function": {"name": "w", "arguments": "[1]"}}]}]);
+    assert!(build(bad_args, json!({})).is_err());
+}
+
+#[test]
+fn url_shape() {
+    assert_eq!(
+        stream_url(
+            "https://generativelanguage.googleapis.com/v1beta/",
+            "models/gemini-2.5-flash"
+        ),
+        "https://generativelanguage.googleapis.com/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse"
+    );
+}
