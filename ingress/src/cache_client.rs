@@ -11,23 +11,18 @@
 //!   answer's time to live; a route opts out with `cache: {enabled: false}` in the config.
 //! * **Response headers** — `x-switchyard-cache: hit | semantic-hit | miss | bypass` and, on
 //!   semantic hits, `x-switchyard-cache-similarity`.
-//! * **Serving a hit** — a new request id; non-streaming gets the stored completion, streaming a
-//!   replay of the stored chunks as a valid SSE stream (role chunk, the original text pieces,
-//!   finish chunk, the usage chunk when `include_usage`, `[DONE]`). No upstream call happens, so
+//! * **Serving a hit** — a new request id; the stored answer is replayed as frames
+//!   ([`replay_frames`]: the original text pieces, tool calls, usage, end) through the front
+//!   door's own encoder ([`crate::front_door`]), so a hit is byte-for-byte the shape of a live
+//!   answer (OpenAI: role chunk … `[DONE]`; Anthropic: `message_start` … `message_stop`). No upstream call happens, so
 //!   no `upstream` usage event; the `charge` event carries `cache_hit: true` and the original
 //!   usage (see [`crate::charge::Charge::cache_hit`]).
 
 use crate::AppState;
-use crate::anthropic::response::{self as anthropic_response, MessageMeta, StreamEncoder};
 use crate::charge::Charge;
-use crate::chat::sse_response;
-use crate::openai::response::{self, DONE, ResponseMeta};
 use crate::route::{self, Aggregate, Inbound, Served, ToolCallAcc};
-use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue};
-use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
-use std::collections::VecDeque;
+use axum::response::Response;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -35,7 +30,7 @@ use switchyard_schemas::cache::{
     CacheKey, CacheOutcome, CachedAnswer, CachedToolCall, DEFAULT_TTL_S, HEADER_CACHE,
     HEADER_SIMILARITY, HEADER_TTL, LookupReply, LookupRequest, RouteCache, StoreRequest,
 };
-use switchyard_schemas::{FinishReason, FrameBody, Usage, now_ms};
+use switchyard_schemas::{FinishReason, FrameBody, Usage};
 use uuid::Uuid;
 
 /// Default lookup timeout, ms (`SWITCHYARD_CACHE_TIMEOUT_MS` overrides it).
@@ -136,6 +131,13 @@ impl Check {
     /// Whether the request is answered from the cache.
     pub fn is_hit(&self) -> bool {
         self.answer.is_some()
+    }
+
+    /// On a hit: publishes its `charge` event (a new request id, no upstream call) and returns
+    /// that id with the stored answer.
+    pub fn hit(&self, app: &Arc<AppState>) -> Option<(Uuid, &CachedAnswer)> {
+        let answer = self.answer.as_ref()?;
+        Some((charge_hit(app, self, answer.usage), answer))
     }
 
     /// Adds `x-switchyard-cache` (and the similarity on semantic hits).
@@ -366,7 +368,7 @@ impl Capture {
 }
 
 /// The answer as the frames a worker would have sent (text pieces, tool calls, usage, end).
-fn replay_frames(answer: &CachedAnswer) -> Vec<FrameBody> {
+pub(crate) fn replay_frames(answer: &CachedAnswer) -> Vec<FrameBody> {
     let mut frames: Vec<FrameBody> = answer
         .chunks
         .iter()
@@ -389,7 +391,7 @@ fn replay_frames(answer: &CachedAnswer) -> Vec<FrameBody> {
     frames
 }
 
-fn aggregate(answer: &CachedAnswer) -> Aggregate {
+pub(crate) fn aggregate(answer: &CachedAnswer) -> Aggregate {
     Aggregate {
         text: answer.text(),
         tool_calls: answer
@@ -420,104 +422,6 @@ fn charge_hit(app: &Arc<AppState>, check: &Check, usage: Usage) -> Uuid {
     charge.cache_hit(usage);
     charge.finish(None);
     id
-}
-
-fn finish_response(mut resp: Response, id: Uuid, check: &Check) -> Response {
-    if let Ok(v) = HeaderValue::from_str(&id.to_string()) {
-        resp.headers_mut().insert("x-request-id", v);
-    }
-    check.apply_headers(&mut resp);
-    resp
-}
-
-fn body_of(out: VecDeque<Bytes>) -> Body {
-    Body::from_stream(futures::stream::iter(
-        out.into_iter().map(Ok::<Bytes, std::convert::Infallible>),
-    ))
-}
-
-/// Serves a hit on the OpenAI front door; `model` is the body's `model` (echoed).
-pub fn openai_hit(
-    app: &Arc<AppState>,
-    check: &Check,
-    model: String,
-    stream: bool,
-    include_usage: bool,
-) -> Option<Response> {
-    let answer = check.answer.as_ref()?;
-    let id = charge_hit(app, check, answer.usage);
-    let meta = ResponseMeta {
-        id: format!("chatcmpl-{}", id.simple()),
-        created: now_ms() / 1000,
-        model,
-        include_usage,
-    };
-    let resp = if stream {
-        let mut out = VecDeque::new();
-        out.push_back(meta.role_chunk());
-        for f in replay_frames(answer) {
-            match f {
-                FrameBody::Text { text } => out.push_back(meta.text_chunk(&text)),
-                FrameBody::ToolCall {
-                    index,
-                    id,
-                    name,
-                    arguments,
-                } => out.push_back(meta.tool_chunk(
-                    index,
-                    id.as_deref(),
-                    name.as_deref(),
-                    &arguments,
-                )),
-                FrameBody::End { finish_reason } => {
-                    out.push_back(meta.finish_chunk(finish_reason));
-                    if include_usage {
-                        out.push_back(meta.usage_chunk(answer.usage));
-                    }
-                    out.push_back(Bytes::from_static(DONE));
-                }
-                _ => {}
-            }
-        }
-        sse_response(body_of(out))
-    } else {
-        axum::Json(response::completion(&meta, &aggregate(answer))).into_response()
-    };
-    Some(finish_response(resp, id, check))
-}
-
-/// Serves a hit on the Anthropic front door; `model` is the body's `model` (echoed).
-pub fn anthropic_hit(
-    app: &Arc<AppState>,
-    check: &Check,
-    model: String,
-    stream: bool,
-) -> Option<Response> {
-    let answer = check.answer.as_ref()?;
-    let id = charge_hit(app, check, answer.usage);
-    let meta = MessageMeta {
-        id: format!("msg_{}", id.simple()),
-        model,
-    };
-    let resp = if stream {
-        let mut encoder = StreamEncoder::new(meta);
-        let mut out = VecDeque::new();
-        encoder.start(&mut out);
-        for f in replay_frames(answer) {
-            encoder.frame(f, &mut out);
-        }
-        sse_response(body_of(out))
-    } else {
-        match anthropic_response::message(&meta, &aggregate(answer)) {
-            Ok(m) => axum::Json(m).into_response(),
-            Err(e) => e.into_anthropic_response(),
-        }
-    };
-    let mut resp = finish_response(resp, id, check);
-    if let Ok(v) = HeaderValue::from_str(&id.to_string()) {
-        resp.headers_mut().insert("request-id", v);
-    }
-    Some(resp)
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ pub mod chat;
 pub mod dispatch;
 pub mod embeddings;
 pub mod error;
+pub mod front_door;
 pub mod health;
 pub mod metrics;
 pub mod openai;

@@ -10,16 +10,14 @@ pub mod request;
 pub mod response;
 
 use crate::AppState;
-use crate::chat::sse_response;
 use crate::error::ApiError;
-use crate::route::{self, FrameFeed, Served};
-use axum::body::Body;
+use crate::front_door::{self, FrontDoor, ReplyMeta};
+use crate::route::{Aggregate, Inbound};
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use bytes::Bytes;
 use response::{MessageMeta, StreamEncoder};
-use std::collections::VecDeque;
 use std::sync::Arc;
 
 /// The `POST /v1/messages` handler (Anthropic API reference, "Messages").
@@ -28,101 +26,45 @@ pub async fn messages(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    match handle(app, &headers, &body).await {
-        Ok(r) => r,
-        Err(e) => e.into_anthropic_response(),
+    front_door::serve(AnthropicMessages, app, &headers, &body).await
+}
+
+/// The Anthropic Messages protocol.
+#[derive(Debug, Clone, Copy)]
+pub struct AnthropicMessages;
+
+fn meta(m: &ReplyMeta) -> MessageMeta {
+    MessageMeta {
+        id: format!("msg_{}", m.request_id.simple()),
+        model: m.model.clone(),
     }
 }
 
-async fn handle(
-    app: Arc<AppState>,
-    headers: &HeaderMap,
-    body: &[u8],
-) -> Result<Response, ApiError> {
-    route::check_size(&app, body.len())?;
-    let inbound = request::parse(body)?;
-    let meta_model = inbound.model.clone();
-    let stream = inbound.stream;
-    let cache = crate::cache_client::check(&app, headers, &inbound).await;
-    if let Some(hit) = crate::cache_client::anthropic_hit(&app, &cache, meta_model.clone(), stream)
-    {
-        return Ok(hit);
+impl FrontDoor for AnthropicMessages {
+    type Stream = StreamEncoder;
+
+    fn parse(&self, body: &[u8]) -> Result<Inbound, ApiError> {
+        request::parse(body)
     }
-    let feed = route::route(&app, inbound).await?;
-    let mut capture = cache.capture(&app, &feed.served);
-    let served = feed.served.clone();
-    let meta = MessageMeta {
-        id: format!("msg_{}", served.request_id.simple()),
-        model: meta_model,
-    };
-    let mut resp = if stream {
-        stream_response(meta, feed, capture)
-    } else {
-        let message = feed
-            .collect()
-            .await
-            .map_err(ApiError::from)
-            .and_then(|agg| {
-                let m = response::message(&meta, &agg);
-                if let (Ok(_), Some(c)) = (&m, capture.take()) {
-                    c.aggregate(&agg);
-                }
-                m
-            });
-        match message {
-            Ok(m) => axum::Json(m).into_response(),
-            Err(e) => e.into_anthropic_response(),
+
+    fn stream(&self, m: &ReplyMeta) -> StreamEncoder {
+        StreamEncoder::new(meta(m))
+    }
+
+    fn aggregate(&self, m: &ReplyMeta, agg: &Aggregate) -> Result<serde_json::Value, ApiError> {
+        response::message(&meta(m), agg)
+    }
+
+    fn error(&self, e: ApiError) -> Response {
+        e.into_anthropic_response()
+    }
+
+    /// Anthropic's own `request-id` header.
+    fn headers(&self, m: &ReplyMeta, resp: &mut Response) {
+        if let Ok(v) = HeaderValue::from_str(&m.request_id.to_string()) {
+            resp.headers_mut().insert("request-id", v);
         }
-    };
-    apply_headers(&served, &mut resp);
-    cache.apply_headers(&mut resp);
-    Ok(resp)
-}
-
-/// The `Served` headers plus Anthropic's `request-id`.
-fn apply_headers(served: &Served, resp: &mut Response) {
-    served.apply(resp);
-    if let Ok(v) = HeaderValue::from_str(&served.request_id.to_string()) {
-        resp.headers_mut().insert("request-id", v);
     }
-}
-
-/// State of an SSE response body.
-struct SseState {
-    encoder: StreamEncoder,
-    feed: FrameFeed,
-    out: VecDeque<Bytes>,
-    /// Stores the answer in the cache when it completes.
-    capture: Option<crate::cache_client::Capture>,
-}
-
-fn stream_response(
-    meta: MessageMeta,
-    feed: FrameFeed,
-    capture: Option<crate::cache_client::Capture>,
-) -> Response {
-    let encoder = StreamEncoder::new(meta);
-    let mut out = VecDeque::new();
-    encoder.start(&mut out);
-    let state = SseState {
-        encoder,
-        feed,
-        out,
-        capture,
-    };
-    let body = futures::stream::unfold(state, |mut s| async move {
-        loop {
-            if let Some(b) = s.out.pop_front() {
-                return Some((Ok::<Bytes, std::convert::Infallible>(b), s));
-            }
-            let frame = s.feed.next().await?;
-            if let Some(c) = s.capture.as_mut() {
-                c.frame(&frame);
-            }
-            s.encoder.frame(frame, &mut s.out);
-        }
-    });
-    sse_response(Body::from_stream(body))
 }
 
 #[cfg(test)]

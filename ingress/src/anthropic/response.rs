@@ -130,6 +130,16 @@ enum Open {
     Tool(u32),
 }
 
+impl crate::front_door::StreamEncode for StreamEncoder {
+    fn start(&mut self, out: &mut VecDeque<Bytes>) {
+        StreamEncoder::start(self, out);
+    }
+
+    fn frame(&mut self, frame: FrameBody, out: &mut VecDeque<Bytes>) {
+        StreamEncoder::frame(self, frame, out);
+    }
+}
+
 /// Turns the normalised frame stream into Anthropic stream events. Text and tool calls become
 /// content blocks numbered from 0 in order of appearance; a block is closed before the next one
 /// opens, and each tool-call index gets its own `tool_use` block.

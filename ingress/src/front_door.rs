@@ -1,0 +1,196 @@
+//! One pipeline for every chat front door, read top to bottom in [`serve`]:
+//!
+//! parse (the door's wire format → [`Inbound`]) → cache lookup (a hit is replayed as frames
+//! through the same encoder) → [`route::route`] (admit: auth, budget reservation; plan: candidate
+//! order; attempts: dispatch with fallback before the first content) → relay (frames → the door's
+//! SSE encoder, or aggregated into one JSON answer) → settle (the charge event and budget
+//! settlement in [`crate::charge`], the cache store in [`cache_client::Capture`]).
+//!
+//! A protocol is one [`FrontDoor`] implementation: its parser, its stream encoder, its
+//! aggregate shape and its error shape. The OpenAI Chat Completions door is [`crate::chat`], the
+//! Anthropic Messages door [`crate::anthropic`].
+
+use crate::AppState;
+use crate::cache_client::{self, Capture};
+use crate::error::ApiError;
+use crate::route::{self, Aggregate, FrameFeed, Inbound};
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use std::collections::VecDeque;
+use std::sync::Arc;
+use switchyard_schemas::FrameBody;
+use uuid::Uuid;
+
+/// What every reply of one request needs to know about it.
+#[derive(Debug, Clone)]
+pub struct ReplyMeta {
+    /// The request id (response ids derive from it).
+    pub request_id: Uuid,
+    /// The `model` the client sent, echoed back.
+    pub model: String,
+    /// The client asked for a final usage chunk (OpenAI `stream_options.include_usage`).
+    pub include_usage: bool,
+}
+
+/// Turns frames into one protocol's SSE bytes.
+pub trait StreamEncode: Send + 'static {
+    /// Events sent before the first frame (e.g. OpenAI's role chunk, Anthropic's
+    /// `message_start`).
+    fn start(&mut self, out: &mut VecDeque<Bytes>);
+    /// The events of one frame (nothing for frames the protocol does not show).
+    fn frame(&mut self, frame: FrameBody, out: &mut VecDeque<Bytes>);
+}
+
+/// One wire protocol of the gateway.
+pub trait FrontDoor: Send + Sync + 'static {
+    /// The SSE encoder of one streamed response.
+    type Stream: StreamEncode;
+    /// The body as the normalised request, or a 400 in this protocol's shape naming the field.
+    fn parse(&self, body: &[u8]) -> Result<Inbound, ApiError>;
+    /// The encoder of a streamed answer.
+    fn stream(&self, meta: &ReplyMeta) -> Self::Stream;
+    /// The JSON body of a complete (non-streamed) answer.
+    fn aggregate(&self, meta: &ReplyMeta, agg: &Aggregate) -> Result<serde_json::Value, ApiError>;
+    /// An error response in this protocol's shape.
+    fn error(&self, e: ApiError) -> Response;
+    /// Headers this protocol adds to every answer (beyond `x-request-id` and `x-switchyard-*`).
+    fn headers(&self, _meta: &ReplyMeta, _resp: &mut Response) {}
+}
+
+/// Serves one request through `door`.
+pub async fn serve<D: FrontDoor>(
+    door: D,
+    app: Arc<AppState>,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Response {
+    match pipeline(&door, app, headers, body).await {
+        Ok(r) => r,
+        Err(e) => door.error(e),
+    }
+}
+
+async fn pipeline<D: FrontDoor>(
+    door: &D,
+    app: Arc<AppState>,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, ApiError> {
+    // Parse.
+    route::check_size(&app, body.len())?;
+    let inbound = door.parse(body)?;
+    let (stream, model, include_usage) =
+        (inbound.stream, inbound.model.clone(), inbound.include_usage);
+
+    // Cache: a hit is replayed through the same encoder as a live answer.
+    let cache = cache_client::check(&app, headers, &inbound).await;
+    if let Some((request_id, answer)) = cache.hit(&app) {
+        let meta = ReplyMeta {
+            request_id,
+            model,
+            include_usage,
+        };
+        let mut resp = if stream {
+            let mut encoder = door.stream(&meta);
+            let mut out = VecDeque::new();
+            encoder.start(&mut out);
+            for f in cache_client::replay_frames(answer) {
+                encoder.frame(f, &mut out);
+            }
+            sse_response(Body::from_stream(futures::stream::iter(
+                out.into_iter().map(Ok::<Bytes, std::convert::Infallible>),
+            )))
+        } else {
+            match door.aggregate(&meta, &cache_client::aggregate(answer)) {
+                Ok(v) => axum::Json(v).into_response(),
+                Err(e) => door.error(e),
+            }
+        };
+        if let Ok(v) = HeaderValue::from_str(&request_id.to_string()) {
+            resp.headers_mut().insert("x-request-id", v);
+        }
+        door.headers(&meta, &mut resp);
+        cache.apply_headers(&mut resp);
+        return Ok(resp);
+    }
+
+    // Admit, plan, attempts.
+    let feed = route::route(&app, inbound).await?;
+    let served = feed.served.clone();
+    let meta = ReplyMeta {
+        request_id: served.request_id,
+        model,
+        include_usage,
+    };
+
+    // Relay, then settle (the feed publishes the charge as it ends; the capture stores).
+    let capture = cache.capture(&app, &served);
+    let mut resp = if stream {
+        relay(door.stream(&meta), feed, capture)
+    } else {
+        match feed.collect().await {
+            Ok(agg) => match door.aggregate(&meta, &agg) {
+                Ok(v) => {
+                    if let Some(c) = capture {
+                        c.aggregate(&agg);
+                    }
+                    axum::Json(v).into_response()
+                }
+                Err(e) => door.error(e),
+            },
+            Err(e) => door.error(e.into()),
+        }
+    };
+    served.apply(&mut resp);
+    door.headers(&meta, &mut resp);
+    cache.apply_headers(&mut resp);
+    Ok(resp)
+}
+
+/// The SSE body of a live answer: frames are pulled from the feed only when the client's
+/// connection takes more bytes, so a slow reader slows only its own upstream call.
+fn relay<E: StreamEncode>(encoder: E, feed: FrameFeed, capture: Option<Capture>) -> Response {
+    struct Relay<E> {
+        encoder: E,
+        feed: FrameFeed,
+        out: VecDeque<Bytes>,
+        capture: Option<Capture>,
+    }
+    let mut out = VecDeque::new();
+    let mut encoder = encoder;
+    encoder.start(&mut out);
+    let state = Relay {
+        encoder,
+        feed,
+        out,
+        capture,
+    };
+    let body = futures::stream::unfold(state, |mut s| async move {
+        loop {
+            if let Some(b) = s.out.pop_front() {
+                return Some((Ok::<Bytes, std::convert::Infallible>(b), s));
+            }
+            let frame = s.feed.next().await?;
+            if let Some(c) = s.capture.as_mut() {
+                c.frame(&frame);
+            }
+            s.encoder.frame(frame, &mut s.out);
+        }
+    });
+    sse_response(Body::from_stream(body))
+}
+
+/// A response with the SSE headers every front door sends.
+pub fn sse_response(body: Body) -> Response {
+    let mut resp = Response::new(body);
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    resp
+}
