@@ -16,3 +16,4 @@ mod probes;
 mod reload;
 mod resilience;
 mod routing;
+mod server_limits;
