@@ -459,3 +459,107 @@ async fn requests_beyond_the_in_flight_cap_get_a_fast_503() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_is_cut_after_the_write_stall() {
+    let gw = start(Options {
+        config: test_config(json!({"server": {"max_in_flight": 1, "write_stall_ms": 500}})),
+        ..Options::default()
+    })
+    .await;
+    // 8 MB of stream: more than the loopback socket buffers hold, so writes stall.
+    let body = serde_json::to_vec(&chat(
+        "demo/mock",
+        "#mock text_len=8000000 chunks=800",
+        true,
+    ))
+    .unwrap();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stalled = socket
+        .connect(gw.base.trim_start_matches("http://").parse().unwrap())
+        .await
+        .unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stalled.write_all(head.as_bytes()).await.unwrap();
+    stalled.write_all(&body).await.unwrap();
+    // While it holds the only in-flight slot, others are turned away; once the stall limit cut
+    // it, the slot is free again.
+    let client = reqwest::Client::new();
+    let url = format!("{}/v1/chat/completions", gw.base);
+    eventually(Duration::from_secs(30), || {
+        let (client, url) = (client.clone(), url.clone());
+        async move {
+            let r = client
+                .post(&url)
+                .json(&chat("demo/mock", "Hello", false))
+                .send()
+                .await
+                .ok()?;
+            (r.status() == 200).then_some(())
+        }
+    })
+    .await;
+    // What the stalled client got ends without `[DONE]`: the stream was cut, not finished.
+    let mut got = Vec::new();
+    timeout(Duration::from_secs(30), stalled.read_to_end(&mut got))
+        .await
+        .expect("stalled connection not closed")
+        .ok();
+    let text = String::from_utf8_lossy(&got);
+    assert!(
+        text.starts_with("HTTP/1.1 200"),
+        "{}",
+        &text[..text.len().min(200)]
+    );
+    assert!(
+        !text.contains("[DONE]"),
+        "the stream finished instead of being cut"
+    );
+}
+
+/// Reads from `s` until EOF (or an error), at most `limit`; returns what arrived.
+async fn read_until_closed(s: &mut tokio::net::TcpStream, limit: Duration) -> String {
+    let mut got = Vec::new();
+    timeout(limit, s.read_to_end(&mut got))
+        .await
+        .expect("connection not closed by the server in time")
+        .ok();
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+#[tokio::test]
+async fn slow_bodies_get_408_and_idle_keep_alive_connections_are_closed() {
+    let gw = start(Options {
+        config: test_config(json!({"server": {
+            "body_read_timeout_ms": 300, "idle_timeout_ms": 300, "header_read_timeout_ms": 10_000
+        }})),
+        ..Options::default()
+    })
+    .await;
+    let addr: std::net::SocketAddr = gw.base.trim_start_matches("http://").parse().unwrap();
+    // A body that stops after 10 of its 100 bytes.
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+          Content-Length: 100\r\n\r\n{\"model\":",
+    )
+    .await
+    .unwrap();
+    let text = read_until_closed(&mut s, Duration::from_secs(10)).await;
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("request_timeout"), "{text}");
+    // A keep-alive connection is closed once idle after its answer.
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let text = read_until_closed(&mut s, Duration::from_secs(5)).await;
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(started.elapsed() >= Duration::from_millis(300));
+}
