@@ -563,3 +563,36 @@ async fn slow_bodies_get_408_and_idle_keep_alive_connections_are_closed() {
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
     assert!(started.elapsed() >= Duration::from_millis(300));
 }
+
+#[tokio::test]
+async fn connections_beyond_the_cap_get_a_fast_503_and_are_closed() {
+    let gw = start(Options {
+        config: test_config(json!({"server": {"max_connections": 2}})),
+        ..Options::default()
+    })
+    .await;
+    let addr: std::net::SocketAddr = gw.base.trim_start_matches("http://").parse().unwrap();
+    // Two connections that say nothing hold both slots.
+    let a = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let _b = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let started = Instant::now();
+    s.write_all(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let text = read_until_closed(&mut s, Duration::from_secs(5)).await;
+    assert!(started.elapsed() < Duration::from_secs(1));
+    assert!(text.starts_with("HTTP/1.1 503"), "{text}");
+    assert!(
+        text.to_ascii_lowercase().contains("retry-after: 1"),
+        "{text}"
+    );
+    assert!(text.contains("server_overloaded"), "{text}");
+    // A freed slot serves again.
+    drop(a);
+    eventually(Duration::from_secs(10), || async {
+        let r = reqwest::get(format!("{}/v1/models", gw.base)).await.ok()?;
+        (r.status() == 200).then_some(())
+    })
+    .await;
+}
