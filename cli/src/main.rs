@@ -163,6 +163,8 @@ async fn main() -> std::process::ExitCode {
                 && std::env::var_os("NO_COLOR").is_none(),
         )
         .init();
+    // Every service holds sockets and spool files: use the whole hard limit, not the default 1,024.
+    switchyard_ingress::server::raise_fd_limit();
     match run(Cli::parse()).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
@@ -253,11 +255,16 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                 c.listen = l;
             }
             let nats = connect(&require_nats(&c)?, "switchyard-ingress").await?;
-            let shutdown = shutdown_token();
-            start_spool(&nats, &c, &new_id("ingress"), &shutdown);
+            let subjects = Subjects::new(c.subject_prefix.clone());
+            // Reload and the spool drainer outlive the HTTP drain; the spool is flushed last.
+            let services = CancellationToken::new();
+            start_spool(&nats, &c, &new_id("ingress"), &services);
             let handle = ConfigHandle::new(c);
-            spawn_reload(&nats, &handle, &shutdown, Arc::new(|_| {}));
-            run_ingress(nats, handle, shutdown).await
+            spawn_reload(&nats, &handle, &services, Arc::new(|_| {}));
+            let result = run_ingress(nats.clone(), handle, shutdown_token()).await;
+            flush_spool(&nats, &subjects).await;
+            services.cancel();
+            result
         }
         Command::Worker {
             common,
@@ -268,21 +275,25 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             let c = load(&common)?;
             let nats = connect(&require_nats(&c)?, "switchyard-worker").await?;
             let subjects = Subjects::new(c.subject_prefix.clone());
-            let shutdown = shutdown_token();
-            start_spool(&nats, &c, &new_id("worker"), &shutdown);
+            let services = CancellationToken::new();
+            start_spool(&nats, &c, &new_id("worker"), &services);
             let handle = ConfigHandle::new(c);
-            spawn_reload(&nats, &handle, &shutdown, Arc::new(|_| {}));
+            spawn_reload(&nats, &handle, &services, Arc::new(|_| {}));
             let opts = switchyard_workers::worker::WorkerOptions {
                 worker_id: new_id("worker"),
-                subjects,
+                subjects: subjects.clone(),
                 config: handle,
                 providers,
                 builtin_mock_url: mock_url,
                 builtin_local_model_url: local_model_url,
             };
-            switchyard_workers::worker::run(nats, opts, shutdown)
+            // Returns after in-flight requests and their usage publications finished.
+            let result = switchyard_workers::worker::run(nats.clone(), opts, shutdown_token())
                 .await
-                .map_err(msg)
+                .map_err(msg);
+            flush_spool(&nats, &subjects).await;
+            services.cancel();
+            result
         }
         Command::Billing {
             common,
@@ -370,6 +381,64 @@ fn start_spool(
         subjects,
         shutdown.clone().cancelled_owned(),
     ));
+}
+
+/// Longest final spool pass at exit; what it cannot deliver stays on disk for the next start.
+const SPOOL_FLUSH_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+/// Longest wait at exit of `up` for billing to store the usage events already in the stream.
+const BILLING_CATCH_UP: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// One last spool pass before exit (the drainer task may be sleeping between passes).
+async fn flush_spool(nats: &async_nats::Client, subjects: &Subjects) {
+    let Some(spool) = switchyard_schemas::publish::current_spool() else {
+        return;
+    };
+    if spool.is_empty().unwrap_or(false) {
+        return;
+    }
+    let js = async_nats::jetstream::new(nats.clone());
+    match tokio::time::timeout(SPOOL_FLUSH_DEADLINE, spool.drain(&js, subjects)).await {
+        Ok(Ok(out)) => tracing::info!(
+            published = out.published,
+            remaining = out.remaining,
+            "usage spool flushed"
+        ),
+        Ok(Err(e)) => tracing::warn!(error = %e,
+            "usage spool not flushed; its events stay on disk for the next start"),
+        Err(_) => tracing::warn!("usage spool flush timed out; the rest stays on disk"),
+    }
+}
+
+/// Waits (up to `limit`) until the billing consumer has stored and acknowledged every usage
+/// event in the stream, so a stopping `up` leaves a complete ledger.
+async fn billing_caught_up(js: &async_nats::jetstream::Context, limit: std::time::Duration) {
+    use async_nats::jetstream::consumer::pull;
+    use switchyard_schemas::subjects::{BILLING_CONSUMER, USAGE_STREAM};
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let pending = match js.get_stream(USAGE_STREAM).await {
+            Ok(stream) => match stream.get_consumer::<pull::Config>(BILLING_CONSUMER).await {
+                Ok(consumer) => consumer
+                    .get_info()
+                    .await
+                    .ok()
+                    .map(|i| i.num_pending + i.num_ack_pending as u64),
+                Err(_) => None,
+            },
+            Err(_) => None,
+        };
+        if pending == Some(0) {
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            tracing::warn!(
+                ?pending,
+                "billing has not stored every usage event yet; the next start will"
+            );
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
 }
 
 /// Applies live config pushes (NATS KV) to `handle` until `shutdown`.
@@ -480,15 +549,16 @@ async fn up(
         }
     };
     c.nats_url = Some(url.clone());
+    // Shutdown order: `shutdown` (a signal, or any service stopping) stops ingress accepting and
+    // drains it; only then `workers_stop` (in-flight streams need their worker), then the spool is
+    // flushed, billing catches up, and `services` stops billing, cache, reload and the drainer.
     let shutdown = shutdown_token();
-    start_spool(
-        &connect(&url, "switchyard-spool").await?,
-        &c,
-        &new_id("up"),
-        &shutdown,
-    );
+    let workers_stop = CancellationToken::new();
+    let services = CancellationToken::new();
+    let spool_nats = connect(&url, "switchyard-spool").await?;
+    start_spool(&spool_nats, &c, &new_id("up"), &services);
     // The local model server for `builtin:local-model` targets (removed from `c` when unavailable).
-    let local_model = local_model::start(&mut c, local_model, shutdown.clone()).await;
+    let local_model = local_model::start(&mut c, local_model, services.clone()).await;
     let handle = ConfigHandle::new(c);
     let config = handle.get();
     let subjects = Subjects::new(config.subject_prefix.clone());
@@ -501,23 +571,23 @@ async fn up(
                 local_model::remove_from_config(c);
             }
         });
-        spawn_reload(&nats, &handle, &shutdown, fixup);
+        spawn_reload(&nats, &handle, &services, fixup);
         if let Some(file) = common.config.clone() {
             tokio::spawn(reload::watch_file(
                 nats,
                 file,
                 std::time::Duration::from_secs(1),
-                shutdown.clone(),
+                services.clone(),
             ));
         }
     }
 
-    // Built-in mock upstream for `builtin:mock` targets.
+    // Built-in mock upstream for `builtin:mock` targets (lives until the process exits).
     let mut mock_url = None;
     if config
         .targets
         .iter()
-        .any(|t| t.base_url == BUILTIN_MOCK_URL)
+        .any(|t| t.base_url.starts_with(BUILTIN_MOCK_URL))
     {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -531,38 +601,55 @@ async fn up(
         tracing::info!("built-in mock upstream on http://{addr}");
     }
 
-    let mut tasks = tokio::task::JoinSet::new();
+    // Each service task fires `shutdown` when it ends, so one failing stops the rest in order.
+    let spawn = |name: &'static str,
+                 fut: std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<(), CliError>> + Send>,
+    >| {
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            let r = fut.await;
+            if let Err(e) = &r {
+                tracing::error!(service = name, error = %e, "service failed; shutting down");
+            }
+            stop.cancel();
+            r.map_err(|e| msg(format!("{name}: {e}")))
+        })
+    };
     // Billing first: it creates the usage stream the others publish to.
-    {
+    let billing_js = {
         let nats = connect(&url, "switchyard-billing").await?;
         let js = async_nats::jetstream::new(nats.clone());
         switchyard_billing::ensure_usage_stream(&js, &subjects)
             .await
             .map_err(msg)?;
+        js
+    };
+    let billing = {
+        let nats = connect(&url, "switchyard-billing").await?;
         let config = config.clone();
-        let token = shutdown.clone();
-        tasks.spawn(async move {
-            run_billing(nats, &config, None, token)
-                .await
-                .map_err(|e| ("billing", e))
-        });
-    }
-    {
+        let token = services.clone();
+        spawn(
+            "billing",
+            Box::pin(async move { run_billing(nats, &config, None, token).await }),
+        )
+    };
+    let cache = {
         let nats = connect(&url, "switchyard-cache").await?;
         let subjects = subjects.clone();
-        let token = shutdown.clone();
-        tasks.spawn(async move {
-            let embedder = embedding
-                .load_for_service()
-                .await
-                .map_err(|e| ("cache", msg(e)))?;
-            let opts = cache_cmd::ServiceArgs::default().options(subjects, embedder);
-            switchyard_cache::run(nats, opts, token.cancelled_owned())
-                .await
-                .map_err(|e| ("cache", msg(e)))
-        });
-    }
-    {
+        let token = services.clone();
+        spawn(
+            "cache",
+            Box::pin(async move {
+                let embedder = embedding.load_for_service().await.map_err(msg)?;
+                let opts = cache_cmd::ServiceArgs::default().options(subjects, embedder);
+                switchyard_cache::run(nats, opts, token.cancelled_owned())
+                    .await
+                    .map_err(msg)
+            }),
+        )
+    };
+    let worker = {
         let nats = connect(&url, "switchyard-worker").await?;
         let opts = switchyard_workers::worker::WorkerOptions {
             worker_id: new_id("worker"),
@@ -572,39 +659,50 @@ async fn up(
             builtin_mock_url: mock_url,
             builtin_local_model_url: local_model.as_ref().map(local_model::LocalModel::api_url),
         };
-        let token = shutdown.clone();
-        tasks.spawn(async move {
-            switchyard_workers::worker::run(nats, opts, token)
-                .await
-                .map_err(|e| ("worker", msg(e)))
-        });
-    }
-    {
+        let token = workers_stop.clone();
+        spawn(
+            "worker",
+            Box::pin(async move {
+                switchyard_workers::worker::run(nats, opts, token)
+                    .await
+                    .map_err(msg)
+            }),
+        )
+    };
+    let ingress = {
         let nats = connect(&url, "switchyard-ingress").await?;
         let handle = handle.clone();
         let token = shutdown.clone();
-        tasks.spawn(async move {
-            run_ingress(nats, handle, token)
-                .await
-                .map_err(|e| ("ingress", e))
-        });
-    }
+        spawn(
+            "ingress",
+            Box::pin(async move { run_ingress(nats, handle, token).await }),
+        )
+    };
     for m in &config.models {
         tracing::info!(model = %m.id, targets = ?m.targets, "model available");
     }
-    // The first service to stop (error or shutdown) stops the rest.
+    shutdown.cancelled().await;
     let mut result = Ok(());
-    while let Some(joined) = tasks.join_next().await {
-        if let Ok(Err((service, e))) = joined {
-            tracing::error!(%service, error = %e, "service failed; shutting down");
-            if result.is_ok() {
-                result = Err(msg(format!("{service}: {e}")));
-            }
+    let mut record = |joined: Result<Result<(), CliError>, tokio::task::JoinError>| {
+        let r = joined.unwrap_or_else(|e| Err(msg(format!("service task failed: {e}"))));
+        if let (Err(e), true) = (r, result.is_ok()) {
+            result = Err(e);
         }
-        shutdown.cancel();
+    };
+    // Ingress returns once its connections drained and its usage publications finished.
+    record(ingress.await);
+    workers_stop.cancel();
+    record(worker.await);
+    flush_spool(&spool_nats, &subjects).await;
+    if !billing.is_finished() {
+        billing_caught_up(&billing_js, BILLING_CATCH_UP).await;
     }
+    services.cancel();
+    record(billing.await);
+    record(cache.await);
     if let Some(m) = local_model {
         m.stopped().await;
     }
+    tracing::info!("stopped");
     result
 }

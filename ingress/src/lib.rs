@@ -23,6 +23,7 @@ pub mod health;
 pub mod metrics;
 pub mod openai;
 pub mod route;
+pub mod server;
 pub mod strategy;
 pub mod trim;
 pub mod usage_api;
@@ -68,7 +69,8 @@ pub struct AppState {
     /// Share of requests that probe a degraded target first, in per mille (default 50 = 5 %,
     /// [`strategy::PROBE_SHARE`]); tests set 0 to make routing order deterministic.
     pub probe_per_mille: std::sync::atomic::AtomicU32,
-    /// Background work shutdown waits for (budget settlements, usage publications).
+    /// Background work a shutdown must wait for (budget settlements, usage publications): spawn
+    /// it here instead of `tokio::spawn`; [`serve`] waits on it after the HTTP drain.
     pub tasks: tokio_util::task::TaskTracker,
 }
 
@@ -156,15 +158,31 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-/// Serves until `shutdown` resolves.
+/// Longest wait for [`AppState::tasks`] after the drain; they are bounded by the usage publish
+/// retries (about 1 s, then the spool), so this only guards against a hung one.
+const TASKS_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Serves with the config's `server:` limits (see [`server`]) until `shutdown` resolves, then
+/// drains: stops accepting, lets in-flight requests and streams finish within
+/// `server.drain_timeout_ms`, and waits for [`AppState::tasks`] (pending budget settlements and usage publications).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<AppState>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), IngressError> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await?;
+    let limits = server::Limits::from(&state.config.get().server);
+    server::run(listener, router(state.clone()), limits, shutdown).await;
+    state.tasks.close();
+    if tokio::time::timeout(TASKS_DEADLINE, state.tasks.wait())
+        .await
+        .is_err()
+    {
+        tracing::error!(
+            pending = state.tasks.len(),
+            "background tasks still running after the drain; exiting without them"
+        );
+    }
+    state.budgets.store().close().await;
     Ok(())
 }
 

@@ -74,6 +74,10 @@ pub struct GatewayConfig {
     /// How admission estimates the cost it reserves against budgets.
     #[serde(default)]
     pub budgets: crate::tenancy::BudgetSettings,
+    /// Ingress HTTP server limits and the shutdown drain (read at start; a reload does not
+    /// change them).
+    #[serde(default)]
+    pub server: ServerConfig,
 }
 
 fn default_listen() -> String {
@@ -328,6 +332,66 @@ impl Default for Timeouts {
     }
 }
 
+/// Ingress HTTP server limits (HTTP/1.1), durations in milliseconds. Every value must be > 0.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// A request head (request line and headers) must arrive within this, else the connection is
+    /// closed without an answer (slowloris). The same timer runs while a keep-alive connection
+    /// waits for its next request, so it also bounds the idle time. Default 10,000.
+    pub header_read_timeout_ms: u64,
+    /// The whole request body must arrive within this after its head, else 408. Default 30,000.
+    pub body_read_timeout_ms: u64,
+    /// A keep-alive connection with no request in flight is closed after this (the effective
+    /// limit is the smaller of this and `header_read_timeout_ms`). Default 10,000.
+    pub idle_timeout_ms: u64,
+    /// A connection whose socket writes make no progress for this long (a client that stopped
+    /// reading) is closed, ending its stream. Default 30,000.
+    pub write_stall_ms: u64,
+    /// Open client connections; one more is answered 503 with `Retry-After` and closed. Lowered
+    /// at start to the process's file-descriptor limit minus a reserve of 1,024. Default 10,000.
+    pub max_connections: usize,
+    /// Requests in flight (a stream counts until its last byte); one more gets 503
+    /// `server_overloaded` with `Retry-After: 1`. `/healthz` and `/metrics` are not counted.
+    /// Default 5,000.
+    pub max_in_flight: usize,
+    /// On SIGTERM/SIGINT, how long in-flight requests and streams may take to finish before
+    /// their connections are closed. Default 30,000.
+    pub drain_timeout_ms: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            header_read_timeout_ms: 10_000,
+            body_read_timeout_ms: 30_000,
+            idle_timeout_ms: 10_000,
+            write_stall_ms: 30_000,
+            max_connections: 10_000,
+            max_in_flight: 5_000,
+            drain_timeout_ms: 30_000,
+        }
+    }
+}
+
+impl ServerConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let fields = [
+            ("header_read_timeout_ms", self.header_read_timeout_ms),
+            ("body_read_timeout_ms", self.body_read_timeout_ms),
+            ("idle_timeout_ms", self.idle_timeout_ms),
+            ("write_stall_ms", self.write_stall_ms),
+            ("max_connections", self.max_connections as u64),
+            ("max_in_flight", self.max_in_flight as u64),
+            ("drain_timeout_ms", self.drain_timeout_ms),
+        ];
+        match fields.iter().find(|(_, v)| *v == 0) {
+            Some((name, _)) => Err(err(format!("server.{name}"), "must be > 0")),
+            None => Ok(()),
+        }
+    }
+}
+
 /// Billing ledger settings.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -507,7 +571,7 @@ impl GatewayConfig {
                 "must be > 0 and < timeouts.worker_silence_ms",
             ));
         }
-        Ok(())
+        self.server.validate()
     }
 
     /// Keys: valid unique ids, exactly one of `key_sha256` / `key`, unique hashes; tenants: valid
@@ -670,6 +734,23 @@ mod tests {
         let c = base();
         assert_eq!(c.listen, "127.0.0.1:8080");
         assert!(c.validate().is_ok());
+    }
+
+    #[test]
+    fn server_section_defaults_partial_and_rejects() {
+        assert_eq!(base().server, ServerConfig::default());
+        let c: GatewayConfig = serde_json::from_value(serde_json::json!({
+            "server": {"max_in_flight": 4, "header_read_timeout_ms": 500}
+        }))
+        .unwrap();
+        assert_eq!(c.server.max_in_flight, 4);
+        assert_eq!(c.server.header_read_timeout_ms, 500);
+        assert_eq!(c.server.drain_timeout_ms, 30_000);
+        let unknown = serde_json::json!({"server": {"max_inflight": 4}});
+        assert!(serde_json::from_value::<GatewayConfig>(unknown).is_err());
+        let mut c = base();
+        c.server.write_stall_ms = 0;
+        assert_eq!(c.validate().unwrap_err().field, "server.write_stall_ms");
     }
 
     #[test]

@@ -98,6 +98,8 @@ pub(crate) struct Shared {
     cancels: Mutex<HashMap<Uuid, CancellationToken>>,
     limiter: Limiter,
     pub(crate) breakers: Breakers,
+    /// Usage publications still running; [`Worker::serve`] waits for them before it returns.
+    usage_tasks: TaskTracker,
 }
 
 impl Shared {
@@ -198,6 +200,7 @@ impl Worker {
             cancels: Mutex::new(HashMap::new()),
             limiter,
             breakers,
+            usage_tasks: TaskTracker::new(),
         });
         Ok(Self {
             shared,
@@ -241,6 +244,8 @@ impl Worker {
         drop(requests);
         tracker.close();
         tracker.wait().await;
+        shared.usage_tasks.close();
+        shared.usage_tasks.wait().await;
     }
 }
 
@@ -699,8 +704,8 @@ fn publish_usage(
         fallbacks: 0,
         cache_hit: false,
     };
-    let shared = shared.clone();
-    tokio::spawn(async move {
-        publish_usage_event(&shared.js, &shared.opts.subjects, &event).await;
+    let (js, subjects) = (shared.js.clone(), shared.opts.subjects.clone());
+    shared.usage_tasks.spawn(async move {
+        publish_usage_event(&js, &subjects, &event).await;
     });
 }

@@ -18,3 +18,4 @@ mod probes;
 mod reload;
 mod resilience;
 mod routing;
+mod server_limits;
