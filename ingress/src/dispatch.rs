@@ -191,7 +191,9 @@ async fn demux(
                 let incoming = if msg.status == Some(async_nats::StatusCode::NO_RESPONDERS) {
                     Incoming::NoResponders
                 } else {
-                    Incoming::Frame(msg.payload)
+                    // A copy: async-nats slices payloads out of its 64 kB read buffer, and a
+                    // buffered slice would pin that whole buffer while a client does not read.
+                    Incoming::Frame(Bytes::copy_from_slice(&msg.payload))
                 };
                 let Some(route) = routes.get(&key) else { continue };
                 match route.tx.try_send(incoming) {

@@ -10,6 +10,7 @@ mod common;
 mod embeddings;
 mod field_cases;
 mod field_cases_resilience;
+mod flow_control;
 mod matrix;
 mod pipeline;
 mod probes;
