@@ -316,6 +316,10 @@ pub struct Timeouts {
     pub idle_ms: u64,
     /// Whole request, admission to last byte.
     pub total_ms: u64,
+    /// Worker: longest wait for flow-control credit from ingress (the client stopped reading its
+    /// stream). Then the worker cancels the upstream call, ends the attempt with an error frame and
+    /// bills what it delivered. Must be ≥ 1.
+    pub stall_ms: u64,
 }
 
 impl Default for Timeouts {
@@ -328,6 +332,7 @@ impl Default for Timeouts {
             first_byte_ms: 60_000,
             idle_ms: 60_000,
             total_ms: 600_000,
+            stall_ms: 30_000,
         }
     }
 }
@@ -570,6 +575,9 @@ impl GatewayConfig {
                 "timeouts.heartbeat_ms",
                 "must be > 0 and < timeouts.worker_silence_ms",
             ));
+        }
+        if t.stall_ms == 0 {
+            return Err(err("timeouts.stall_ms", "must be > 0"));
         }
         self.server.validate()
     }

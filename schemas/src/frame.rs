@@ -4,10 +4,40 @@
 //! the upstream is silent) → `usage` (at most one, final cumulative values) → `end`. A failed attempt
 //! ends with `error` instead of `end`. `seq` starts at 0 and increases by one per frame, so the reader
 //! can detect a gap (a lost message) and fail the request rather than return a damaged answer.
+//!
+//! Flow control: ingress puts a window `W` (frames) in the request's [`WINDOW_HEADER`]. The worker
+//! may send frame `seq` only while `seq < upto`, where `upto` starts at `W` and rises with every
+//! [`Credit`] ingress publishes on `<prefix>.credit.<worker>` as it consumes frames (cumulative, so
+//! a late or repeated grant is harmless). Every frame counts, heartbeats included, except the
+//! terminal `error`, which may exceed the window by one: ingress's buffer per attempt holds `W + 1`
+//! frames. A worker with no credit stops reading the upstream; after `timeouts.stall_ms` without
+//! credit it cancels the call. A request without the header is not flow-controlled.
 
 use crate::error::ErrorInfo;
 use crate::usage::Usage;
 use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// NATS header of a chat request carrying its flow-control window: frames, decimal.
+pub const WINDOW_HEADER: &str = "Sy-Window";
+/// Window (frames) ingress grants a streaming attempt: what it buffers for a client that does not
+/// read.
+pub const STREAM_WINDOW: u32 = 64;
+/// Window (frames) ingress grants a non-streaming attempt: ingress aggregates at once, so a large
+/// window spares the answer any wait for a grant.
+pub const AGGREGATE_WINDOW: u32 = 1024;
+
+/// A flow-control grant, JSON on `<prefix>.credit.<worker>`: attempt `attempt` of request `id` may
+/// send frames with `seq < upto`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Credit {
+    /// The request.
+    pub id: Uuid,
+    /// Ingress's attempt number.
+    pub attempt: u32,
+    /// Exclusive upper bound on `seq` the worker may send (cumulative).
+    pub upto: u32,
+}
 
 /// One message on the reply subject.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -127,5 +157,16 @@ mod tests {
         assert_eq!(s, r#"{"seq":3,"type":"text","text":"Hi"}"#);
         let back: Frame = serde_json::from_str(&s).unwrap();
         assert_eq!(back, f);
+    }
+
+    #[test]
+    fn credit_round_trips() {
+        let c = Credit {
+            id: Uuid::nil(),
+            attempt: 1,
+            upto: 96,
+        };
+        let s = serde_json::to_string(&c).unwrap();
+        assert_eq!(serde_json::from_str::<Credit>(&s).unwrap(), c);
     }
 }

@@ -49,9 +49,16 @@ impl Subjects {
     }
 
     /// `<prefix>.inbox.<ingress-id>`: the reply-subject prefix of one ingress process. Replies go to
-    /// `<inbox>.<request-id>`; the process holds one wildcard subscription `<inbox>.*`.
+    /// `<inbox>.<shard>.<request-id>.<attempt>`; the process holds one wildcard subscription
+    /// `<inbox>.<shard>.>` per demultiplexer shard.
     pub fn inbox(&self, ingress_id: &str) -> String {
         format!("{}.inbox.{ingress_id}", self.prefix)
+    }
+
+    /// `<prefix>.credit.<worker-id>`: flow-control grants from ingress to one worker, JSON
+    /// [`crate::frame::Credit`].
+    pub fn credit(&self, worker_id: &str) -> String {
+        format!("{}.credit.{worker_id}", self.prefix)
     }
 
     /// `<prefix>.cancel.<worker-id>`: payload is the request id whose upstream call to abort.
@@ -102,6 +109,7 @@ mod tests {
         assert_eq!(s.request(CAP_CHAT, "openai"), "sy.req.chat.openai");
         assert_eq!(Subjects::worker_queue_group("openai"), "workers.openai");
         assert_eq!(s.inbox("abc"), "sy.inbox.abc");
+        assert_eq!(s.credit("w1"), "sy.credit.w1");
         assert_eq!(s.usage("upstream", "r1"), "sy.usage.upstream.r1");
         assert_eq!(s.usage_query(), "sy.billing.usage");
     }

@@ -6,6 +6,13 @@
 //! a slow model. A message on `<prefix>.cancel.<worker-id>` naming the request aborts the upstream
 //! call.
 //!
+//! Flow control: a request carrying [`WINDOW_HEADER`] may have at most that many frames sent and
+//! not yet consumed by ingress; grants arrive on `<prefix>.credit.<worker-id>` (see
+//! [`switchyard_schemas::frame`]). With the window used up the worker stops reading the upstream
+//! (TCP pushes back on it) and sends nothing, heartbeats included; after `timeouts.stall_ms`
+//! without credit it cancels the upstream call, ends the attempt with a `cancelled` error frame
+//! and bills what it delivered (usage status `cancelled`).
+//!
 //! Before the upstream call the worker admits the request: circuit breaker and provider cooldown
 //! ([`crate::breaker`]), then concurrency, RPM and TPM ([`crate::limits`]). A rejection is answered
 //! at once with a retryable `error` frame (`no_capacity` or `rate_limited`, with `retry_after_ms`),
@@ -36,12 +43,14 @@ use switchyard_schemas::config::{
     BUILTIN_LOCAL_MODEL_URL, BUILTIN_MOCK_URL, ConfigHandle, GatewayConfig, ProviderKind,
     TargetConfig,
 };
+use switchyard_schemas::frame::{Credit, WINDOW_HEADER};
 use switchyard_schemas::publish::publish_usage_event;
 use switchyard_schemas::subjects::{CAP_CHAT, CAP_EMBED, Subjects};
 use switchyard_schemas::usage::UsageStatus;
 use switchyard_schemas::{
     ChatRequest, ErrorClass, ErrorInfo, Frame, FrameBody, Usage, UsageEvent, UsageKind, now_ms,
 };
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
@@ -96,6 +105,8 @@ pub(crate) struct Shared {
     /// HTTP clients by connect timeout (ms), for targets overriding `timeouts.connect_ms`.
     clients: Mutex<HashMap<u64, reqwest::Client>>,
     cancels: Mutex<HashMap<Uuid, CancellationToken>>,
+    /// Flow-controlled attempts by (request id, attempt): the latest grant (`seq < upto`).
+    credits: Mutex<HashMap<(Uuid, u32), watch::Sender<u32>>>,
     limiter: Limiter,
     pub(crate) breakers: Breakers,
     /// Usage publications still running; [`Worker::serve`] waits for them before it returns.
@@ -135,6 +146,7 @@ pub struct Worker {
     shared: Arc<Shared>,
     requests: futures::stream::SelectAll<async_nats::Subscriber>,
     cancel_sub: async_nats::Subscriber,
+    credit_sub: async_nats::Subscriber,
     /// `.req.embed.`: tells embeddings requests from chat ones by subject.
     embed_marker: String,
 }
@@ -187,6 +199,9 @@ impl Worker {
         let cancel_sub = nats
             .subscribe(opts.subjects.cancel(&opts.worker_id))
             .await?;
+        let credit_sub = nats
+            .subscribe(opts.subjects.credit(&opts.worker_id))
+            .await?;
         if !switchyard_schemas::publish::sync_with_server(&nats).await {
             tracing::warn!("could not confirm the worker's subscriptions with the NATS server");
         }
@@ -198,6 +213,7 @@ impl Worker {
             http,
             clients: Mutex::new(HashMap::new()),
             cancels: Mutex::new(HashMap::new()),
+            credits: Mutex::new(HashMap::new()),
             limiter,
             breakers,
             usage_tasks: TaskTracker::new(),
@@ -206,6 +222,7 @@ impl Worker {
             shared,
             requests: futures::stream::select_all(subs),
             cancel_sub,
+            credit_sub,
             embed_marker,
         })
     }
@@ -217,6 +234,7 @@ impl Worker {
             shared,
             mut requests,
             mut cancel_sub,
+            mut credit_sub,
             embed_marker,
         } = self;
         let tracker = TaskTracker::new();
@@ -229,6 +247,18 @@ impl Worker {
                         && let Some(tok) = shared.cancels.lock().get(&id)
                     {
                         tok.cancel();
+                    }
+                }
+                Some(msg) = credit_sub.next() => {
+                    if let Ok(c) = serde_json::from_slice::<Credit>(&msg.payload)
+                        && let Some(tx) = shared.credits.lock().get(&(c.id, c.attempt))
+                    {
+                        // Grants are cumulative: keep the highest, wake the sender only on a rise.
+                        tx.send_if_modified(|upto| {
+                            let rise = c.upto > *upto;
+                            *upto = (*upto).max(c.upto);
+                            rise
+                        });
                     }
                 }
                 msg = requests.next() => {
@@ -249,16 +279,93 @@ impl Worker {
     }
 }
 
-/// Publishes frames with increasing `seq` on one reply subject.
+/// The flow control of one attempt.
+struct Flow {
+    /// The latest grant: frames with `seq < upto` may be sent.
+    upto: watch::Receiver<u32>,
+    /// Longest wait for credit (`timeouts.stall_ms`).
+    stall: Duration,
+}
+
+/// Why a sink stopped sending.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Halt {
+    /// No credit within the stall deadline: the client stopped reading.
+    Stalled,
+    /// The attempt was cancelled while waiting for credit.
+    Cancelled,
+}
+
+/// Publishes frames with increasing `seq` on one reply subject, within the attempt's window.
 struct FrameSink {
     nats: async_nats::Client,
     reply: async_nats::Subject,
     seq: u32,
     content_sent: bool,
+    /// `None`: the request carried no window (not flow-controlled).
+    flow: Option<Flow>,
+    cancel: CancellationToken,
+    /// Set once the sink gave up waiting for credit; later frames (but the final error) are dropped.
+    halted: Option<Halt>,
 }
 
 impl FrameSink {
+    /// Waits until the next frame fits the window; false (and `halted` set) after the stall
+    /// deadline or a cancel.
+    async fn credit(&mut self) -> bool {
+        if self.halted.is_some() {
+            return false;
+        }
+        let Some(flow) = self.flow.as_mut() else {
+            return true;
+        };
+        let deadline = tokio::time::Instant::now() + flow.stall;
+        loop {
+            if self.seq < *flow.upto.borrow_and_update() {
+                return true;
+            }
+            let halt = tokio::select! {
+                biased;
+                _ = self.cancel.cancelled() => Halt::Cancelled,
+                r = flow.upto.changed() => match r {
+                    Ok(()) => continue,
+                    // The grant table lost the entry: no credit can come.
+                    Err(_) => Halt::Stalled,
+                },
+                _ = tokio::time::sleep_until(deadline) => Halt::Stalled,
+            };
+            self.halted = Some(halt);
+            return false;
+        }
+    }
+
+    /// The call end for a halted sink.
+    fn halt_end(&self) -> CallEnd {
+        match self.halted {
+            Some(Halt::Stalled) => CallEnd::Stalled,
+            _ => CallEnd::Cancelled,
+        }
+    }
+
+    /// A heartbeat, only if the window has room now: with the window used up ingress holds
+    /// unread frames and needs no proof of life, and waiting here would delay the upstream.
+    async fn heartbeat(&mut self) {
+        let room = self
+            .flow
+            .as_ref()
+            .is_none_or(|f| self.seq < *f.upto.borrow());
+        if room && self.halted.is_none() {
+            self.send(FrameBody::Heartbeat).await;
+        }
+    }
+
+    /// Sends `body` once it fits the window; the terminal `error` never waits (ingress keeps one
+    /// slot beyond the window for it). Dropped when the sink halted.
     async fn send(&mut self, body: FrameBody) {
+        let exempt = matches!(body, FrameBody::Error { .. });
+        if !exempt && !self.credit().await {
+            return;
+        }
         self.content_sent |= body.is_content();
         let frame = Frame {
             seq: self.seq,
@@ -318,7 +425,7 @@ async fn wait_beating<F: std::future::Future>(
             _ = cancel.cancelled() => return Waited::Cancelled,
             r = &mut fut => return Waited::Ready(r),
             _ = tokio::time::sleep_until(deadline) => return Waited::TimedOut,
-            _ = tokio::time::sleep(heartbeat) => sink.send(FrameBody::Heartbeat).await,
+            _ = tokio::time::sleep(heartbeat) => sink.heartbeat().await,
         }
     }
 }
@@ -328,11 +435,20 @@ async fn handle(shared: Arc<Shared>, msg: async_nats::Message) {
         tracing::warn!(subject = %msg.subject, "request without reply subject dropped");
         return;
     };
+    let window = msg
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(WINDOW_HEADER))
+        .and_then(|v| v.as_str().parse::<u32>().ok());
+    let token = CancellationToken::new();
     let mut sink = FrameSink {
         nats: shared.nats.clone(),
         reply,
         seq: 0,
         content_sent: false,
+        flow: None,
+        cancel: token.clone(),
+        halted: None,
     };
     let req: ChatRequest = match serde_json::from_slice(&msg.payload) {
         Ok(r) => r,
@@ -363,8 +479,16 @@ async fn handle(shared: Arc<Shared>, msg: async_nats::Message) {
             return sink.error(e).await;
         }
     };
-    let token = CancellationToken::new();
     shared.cancels.lock().insert(req.id, token.clone());
+    let flow_key = (req.id, req.attempt);
+    if let Some(w) = window {
+        let (tx, upto) = watch::channel(w.max(1));
+        shared.credits.lock().insert(flow_key, tx);
+        sink.flow = Some(Flow {
+            upto,
+            stall: Duration::from_millis(config.timeouts.stall_ms),
+        });
+    }
     sink.send(FrameBody::Start {
         worker: shared.opts.worker_id.clone(),
         target: target.id.clone(),
@@ -380,6 +504,7 @@ async fn handle(shared: Arc<Shared>, msg: async_nats::Message) {
     };
     let outcome = call.run(&mut sink, &token, permit).await;
     shared.cancels.lock().remove(&req.id);
+    shared.credits.lock().remove(&flow_key);
     let (usage, estimated) = final_usage(&req, &outcome);
     let latency_ms = started.elapsed().as_millis() as u64;
     if outcome.called_upstream {
@@ -448,6 +573,8 @@ enum CallEnd {
     Failed(ErrorInfo),
     /// The client went away.
     Cancelled,
+    /// The client stopped reading: no flow-control credit within `timeouts.stall_ms`.
+    Stalled,
 }
 
 /// One ingress attempt: the upstream call and its retries.
@@ -508,7 +635,10 @@ impl Call<'_> {
             let error = match &end {
                 CallEnd::Done => None,
                 CallEnd::Failed(e) => Some(e.clone()),
-                CallEnd::Cancelled => Some(ErrorInfo::new(ErrorClass::Cancelled, "")),
+                // A stalled client says nothing about the upstream's health.
+                CallEnd::Cancelled | CallEnd::Stalled => {
+                    Some(ErrorInfo::new(ErrorClass::Cancelled, ""))
+                }
             };
             permit.record(CallResult::of(error.as_ref()), call_started.elapsed());
             let e = match end {
@@ -517,6 +647,13 @@ impl Call<'_> {
                     return out;
                 }
                 CallEnd::Cancelled => return cancelled(out),
+                CallEnd::Stalled => {
+                    let ms = self.config.timeouts.stall_ms;
+                    let msg =
+                        format!("the client stopped reading: no flow-control credit for {ms} ms");
+                    sink.error(ErrorInfo::new(ErrorClass::Cancelled, msg)).await;
+                    return cancelled(out);
+                }
                 CallEnd::Failed(e) => e,
             };
             let left = deadline.saturating_duration_since(Instant::now());
@@ -578,6 +715,10 @@ impl Call<'_> {
         let mut usage: Option<Usage> = None;
         let mut got_content = false;
         let end = loop {
+            // The window is used up: stop reading the upstream until ingress grants more.
+            if !sink.credit().await {
+                break sink.halt_end();
+            }
             let now = Instant::now();
             let limit = if got_content {
                 timeouts.idle.min(deadline.saturating_duration_since(now))
@@ -592,6 +733,9 @@ impl Call<'_> {
                         sink.send(FrameBody::Usage { usage }).await;
                     }
                     sink.send(end).await;
+                    if sink.halted.is_some() {
+                        break sink.halt_end();
+                    }
                     break CallEnd::Done;
                 }
                 Waited::Ready(Some(Ok(body))) => {

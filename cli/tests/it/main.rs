@@ -12,6 +12,7 @@ mod embeddings;
 mod field_cases;
 mod field_cases_resilience;
 mod field_cases_upstream;
+mod flow_control;
 mod matrix;
 mod pipeline;
 mod probes;
