@@ -167,7 +167,9 @@ impl Service {
         if self.embedder().is_none() {
             if let Some(od) = &self.opts.on_demand {
                 od.request();
-                return Some("semantic layer loading (embedding model)".into());
+                if od.is_loading() {
+                    return Some("semantic layer loading (embedding model)".into());
+                }
             }
             return Some("semantic layer unavailable (no embedding model)".into());
         }
