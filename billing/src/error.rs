@@ -43,6 +43,9 @@ pub enum BillingError {
     /// Starting the pull message stream of the billing consumer failed.
     #[error("billing consumer messages: {0}")]
     Messages(#[from] StreamError),
+    /// Migrating the legacy usage stream (`SY_USAGE`, limits retention) failed.
+    #[error("usage stream migration: {0}")]
+    Migration(String),
     /// Subscribing the usage query subject failed.
     #[error("usage query subscription: {0}")]
     Subscribe(#[from] async_nats::SubscribeError),

@@ -1,8 +1,8 @@
 //! Switchyard billing: consumes the durable usage stream and keeps an idempotent usage ledger.
 //!
 //! Ingress and workers publish JSON [`UsageEvent`](switchyard_schemas::UsageEvent)s on
-//! `<prefix>.usage.<kind>.<request_id>`; the JetStream stream `SY_USAGE` keeps them
-//! ([`ensure_usage_stream`]). [`BillingService`] reads them through the durable pull consumer
+//! `<prefix>.usage.<kind>`; the JetStream work-queue stream `SY_USAGE_WQ` holds them until billing
+//! has stored them ([`ensure_usage_stream`], which also migrates a legacy `SY_USAGE`). [`BillingService`] reads them through the durable pull consumer
 //! `billing` in batches and writes each batch to the [`Ledger`] (SQLite or PostgreSQL) with
 //! multi-row inserts in one transaction (on PostgreSQL, one per [`ServiceConfig::writers`] part),
 //! keyed by (`request_id`, `kind`, `attempt`), acking only after the commit: replay and

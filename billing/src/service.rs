@@ -5,7 +5,7 @@
 //! every event is counted exactly once. A message that is not a storable [`UsageEvent`] (bad
 //! JSON, a count beyond `i64::MAX`, a NUL in a string) can never succeed: it is logged with its
 //! subject and acked with [`AckKind::Term`], so JetStream stops redelivering it instead of
-//! looping forever; it stays in the stream (until `max_age`) for inspection. When the database
+//! looping forever (the work queue then removes it; the log line is the record). When the database
 //! fails, the batch is nak'ed with a delay and redelivered later; nothing is dropped.
 //!
 //! On PostgreSQL a batch is split by request id into [`ServiceConfig::writers`] parts stored in

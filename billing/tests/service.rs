@@ -6,7 +6,7 @@ mod common;
 use async_nats::jetstream::{self, stream::Stream};
 use common::{NatsServer, wait_until};
 use std::time::Duration;
-use switchyard_billing::stream::{USAGE_DUPLICATE_WINDOW, USAGE_MAX_AGE};
+use switchyard_billing::stream::{USAGE_DUPLICATE_WINDOW, USAGE_MAX_AGE, USAGE_MAX_BYTES};
 use switchyard_billing::{BillingError, BillingService, BillingStats, Ledger, ensure_usage_stream};
 use switchyard_schemas::subjects::{BILLING_CONSUMER, Subjects, USAGE_STREAM};
 use switchyard_schemas::usage::{Usage, UsageEvent, UsageKind, UsageStatus};
@@ -44,7 +44,7 @@ fn event(kind: UsageKind, attempt: u32, prompt: u64, completion: u64) -> UsageEv
     }
 }
 
-/// Publishes `payload` on the usage subject of (`kind`, `request_id`); returns the stream sequence.
+/// Publishes `payload` on `subject`; returns the stream sequence.
 async fn publish_raw(js: &jetstream::Context, subject: String, payload: Vec<u8>) -> u64 {
     js.publish(subject, payload.into())
         .await
@@ -55,7 +55,7 @@ async fn publish_raw(js: &jetstream::Context, subject: String, payload: Vec<u8>)
 }
 
 async fn publish(js: &jetstream::Context, subjects: &Subjects, event: &UsageEvent) -> u64 {
-    let subject = subjects.usage(event.kind.as_str(), &event.request_id.to_string());
+    let subject = subjects.usage_kind(event.kind.as_str());
     publish_raw(js, subject, serde_json::to_vec(event).unwrap()).await
 }
 
@@ -126,6 +126,12 @@ async fn replay_scenario(ledger_url: &str) {
     assert_eq!(config.max_age, USAGE_MAX_AGE);
     assert_eq!(config.duplicate_window, USAGE_DUPLICATE_WINDOW);
     assert_eq!(config.storage, jetstream::stream::StorageType::File);
+    assert_eq!(
+        config.retention,
+        jetstream::stream::RetentionPolicy::WorkQueue
+    );
+    assert_eq!(config.max_bytes, USAGE_MAX_BYTES);
+    assert_eq!(config.discard, jetstream::stream::DiscardPolicy::New);
 
     let charge = event(UsageKind::Charge, 0, 1500, 320);
     let mut upstream1 = event(UsageKind::Upstream, 1, 1400, 0);
@@ -146,6 +152,8 @@ async fn replay_scenario(ledger_url: &str) {
     wait_rows(&ledger, 3).await;
     wait_consumed(&stream, last).await;
     assert_eq!(ledger.count().await.unwrap(), 3);
+    // Work queue: what billing stored and acked has left the stream.
+    assert_eq!(stream.info().await.unwrap().state.messages, 0);
 
     let stored = ledger.usage_for(other.request_id).await.unwrap();
     assert_eq!(stored.len(), 1);
@@ -159,7 +167,7 @@ async fn replay_scenario(ledger_url: &str) {
     // Ordered by kind then attempt: charge before upstream.
     assert_eq!(
         ledger.usage_for(charge.request_id).await.unwrap(),
-        vec![charge.clone(), upstream1]
+        vec![charge.clone(), upstream1.clone()]
     );
 
     let stats = service.shutdown().await;
@@ -169,8 +177,14 @@ async fn replay_scenario(ledger_url: &str) {
     );
     ledger.close().await;
 
-    // Restart on the same ledger with a fresh durable consumer: the whole stream is replayed.
+    // Restart on the same ledger with a fresh durable consumer, and every event delivered again
+    // (the stream no longer holds stored events, so the replay is a re-publish of all four, as
+    // spool drains after the duplicate window would do).
     stream.delete_consumer(BILLING_CONSUMER).await.unwrap();
+    let mut last = 0;
+    for e in [&charge, &upstream1, &other, &upstream1] {
+        last = publish(&js, &subjects, e).await;
+    }
     let ledger = Ledger::connect(ledger_url).await.unwrap();
     let service = Running::spawn(client.clone(), ledger.clone());
     wait_consumed(&stream, last).await;
@@ -204,7 +218,7 @@ async fn stream_drops_republish_with_same_msg_id() {
     let subjects = Subjects::default();
     ensure_usage_stream(&js, &subjects).await.unwrap();
     let e = event(UsageKind::Charge, 0, 1, 1);
-    let subject = subjects.usage("charge", &e.request_id.to_string());
+    let subject = subjects.usage_kind("charge");
     let mut acks = Vec::new();
     for _ in 0..2 {
         let mut headers = async_nats::HeaderMap::new();

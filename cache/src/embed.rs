@@ -11,7 +11,8 @@
 //! and loaded explicitly ([`ort::init_from`]); a missing or unloadable file is an [`EmbedError`].
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Relative path of ONNX Runtime inside a `site-packages` folder (PyPI `onnxruntime==1.32.0`).
 pub const ORT_LIB: &str = "onnxruntime/capi/libonnxruntime.so.1.32.0";
@@ -172,6 +173,101 @@ pub trait Embed: Send + Sync {
     fn dims(&self) -> usize;
     /// A name for logs and entries (vectors of different models never mix).
     fn model_id(&self) -> &str;
+}
+
+/// Loads an embedding model (blocking: seconds of CPU and ~190 MB); the error says why not.
+pub type Loader = Arc<dyn Fn() -> Result<Arc<dyn Embed>, String> + Send + Sync>;
+
+/// An embedding model loaded on first need: when a route uses the semantic layer (at start-up,
+/// or when a config reload turns it on), not merely because the cache service runs. Loading runs
+/// once, on the blocking pool; until it finishes, lookups use the exact layer only. After a failed
+/// load (logged) [`OnDemand::request`] does nothing, so lookups do not retry it one by one;
+/// [`OnDemand::load`] still tries again.
+pub struct OnDemand {
+    loader: Loader,
+    model: OnceLock<Arc<dyn Embed>>,
+    loading: AtomicBool,
+    failed: AtomicBool,
+    /// One load at a time.
+    serial: Mutex<()>,
+}
+
+impl std::fmt::Debug for OnDemand {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OnDemand")
+            .field("model", &self.model.get().map(|m| m.model_id().to_owned()))
+            .field("loading", &self.loading.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl OnDemand {
+    /// Nothing loaded yet; `loader` runs on the first [`Self::request`] or [`Self::load`].
+    pub fn new(loader: Loader) -> Arc<Self> {
+        Arc::new(Self {
+            loader,
+            model: OnceLock::new(),
+            loading: AtomicBool::new(false),
+            failed: AtomicBool::new(false),
+            serial: Mutex::new(()),
+        })
+    }
+
+    /// The model, once loaded.
+    pub fn get(&self) -> Option<Arc<dyn Embed>> {
+        self.model.get().cloned()
+    }
+
+    /// Whether a load is running now.
+    pub fn is_loading(&self) -> bool {
+        self.loading.load(Ordering::Acquire)
+    }
+
+    /// Starts loading on the blocking pool unless loaded, loading or failed already; returns at
+    /// once. Needs a tokio runtime (does nothing, logged, outside one).
+    pub fn request(self: &Arc<Self>) {
+        if self.model.get().is_some()
+            || self.failed.load(Ordering::Acquire)
+            || self.loading.swap(true, Ordering::AcqRel)
+        {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            self.loading.store(false, Ordering::Release);
+            tracing::warn!("embedding model requested outside a runtime; not loaded");
+            return;
+        };
+        let me = self.clone();
+        rt.spawn_blocking(move || {
+            if let Err(e) = me.load_blocking() {
+                tracing::warn!(error = %e, "semantic cache layer off: embedding model did not load");
+            }
+        });
+    }
+
+    /// Loads now (on the blocking pool) unless loaded, and waits; returns the model.
+    pub async fn load(self: &Arc<Self>) -> Result<Arc<dyn Embed>, String> {
+        if let Some(m) = self.get() {
+            return Ok(m);
+        }
+        let me = self.clone();
+        tokio::task::spawn_blocking(move || me.load_blocking())
+            .await
+            .map_err(|e| e.to_string())?
+    }
+
+    /// Runs the loader unless loaded; a concurrent caller waits for the running load.
+    fn load_blocking(&self) -> Result<Arc<dyn Embed>, String> {
+        let _one = self.serial.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(m) = self.model.get() {
+            return Ok(m.clone());
+        }
+        self.loading.store(true, Ordering::Release);
+        let result = (self.loader)().map(|m| self.model.get_or_init(|| m).clone());
+        self.failed.store(result.is_err(), Ordering::Release);
+        self.loading.store(false, Ordering::Release);
+        result
+    }
 }
 
 /// The fastembed model.

@@ -28,3 +28,12 @@ pub use service::{CacheError, Service, ServiceOptions, run};
 pub const QUEUE_GROUP: &str = "cache";
 /// The JetStream KV bucket holding the entries.
 pub const BUCKET: &str = "SY_CACHE";
+
+/// Whether some route of `config` uses the semantic layer (its `cache` block, default on, has
+/// `enabled` and `semantic`): only then is the embedding model worth loading.
+pub fn semantic_wanted(config: &switchyard_schemas::config::GatewayConfig) -> bool {
+    config.models.iter().any(|m| {
+        let c = m.cache.clone().unwrap_or_default();
+        c.enabled && c.semantic
+    })
+}

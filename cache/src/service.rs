@@ -6,7 +6,7 @@
 //! delivers it (a few milliseconds).
 
 use crate::canon::{self, Canonical};
-use crate::embed::Embed;
+use crate::embed::{Embed, OnDemand};
 use crate::index::{self, Entry, Index};
 use crate::verify;
 use futures::StreamExt;
@@ -50,8 +50,12 @@ pub struct ServiceOptions {
     pub semantic_max_temperature: f64,
     /// Conversations with more user messages than this skip the semantic layer.
     pub semantic_max_turns: usize,
-    /// The embedding model; `None` = exact layer only.
+    /// The embedding model, loaded; `None` = exact layer only unless [`Self::on_demand`] is set.
     pub embedder: Option<Arc<dyn Embed>>,
+    /// A model loaded on first need (used when `embedder` is `None`): a lookup or store of a
+    /// route with the semantic layer on starts its load (the caller also starts it when the
+    /// config turns semantic caching on); until loaded, the exact layer answers.
+    pub on_demand: Option<Arc<OnDemand>>,
     /// How often expired entries are deleted.
     pub sweep_every: Duration,
 }
@@ -68,6 +72,7 @@ impl std::fmt::Debug for ServiceOptions {
                 "embedder",
                 &self.embedder.as_ref().map(|e| e.model_id().to_owned()),
             )
+            .field("on_demand", &self.on_demand)
             .finish()
     }
 }
@@ -84,6 +89,7 @@ impl ServiceOptions {
             semantic_max_temperature: 1.0,
             semantic_max_turns: 4,
             embedder,
+            on_demand: None,
             sweep_every: Duration::from_secs(30),
         }
     }
@@ -134,6 +140,14 @@ impl Service {
         &self.opts
     }
 
+    /// The embedding model, if there is one loaded.
+    pub fn embedder(&self) -> Option<Arc<dyn Embed>> {
+        self.opts
+            .embedder
+            .clone()
+            .or_else(|| self.opts.on_demand.as_ref().and_then(|o| o.get()))
+    }
+
     /// Entries held.
     pub fn len(&self) -> usize {
         self.index.read().len()
@@ -150,7 +164,13 @@ impl Service {
         if !req.semantic {
             return Some("semantic layer off for this route".into());
         }
-        if self.opts.embedder.is_none() {
+        if self.embedder().is_none() {
+            if let Some(od) = &self.opts.on_demand {
+                od.request();
+                if od.is_loading() {
+                    return Some("semantic layer loading (embedding model)".into());
+                }
+            }
             return Some("semantic layer unavailable (no embedding model)".into());
         }
         if p.n.is_some_and(|n| n > 1) {
@@ -195,8 +215,7 @@ impl Service {
         if let Some(why) = self.semantic_block(req, &c) {
             return LookupReply::empty(CacheOutcome::Miss, format!("exact miss; {why}"));
         }
-        let (Some(embedder), Some(query)) = (self.opts.embedder.as_ref(), c.query.as_deref())
-        else {
+        let (Some(embedder), Some(query)) = (self.embedder(), c.query.as_deref()) else {
             return LookupReply::empty(CacheOutcome::Miss, "exact miss");
         };
         // Nothing to compare with: answer at once, without embedding.
@@ -263,7 +282,7 @@ impl Service {
         }
         let mut vector = None;
         let mut embed_model = None;
-        if let (Some(embedder), Some(query)) = (self.opts.embedder.as_ref(), c.query.as_deref()) {
+        if let (Some(embedder), Some(query)) = (self.embedder(), c.query.as_deref()) {
             let cached = self.recent.lock().map.get(&c.exact).cloned();
             let v = match cached {
                 Some(v) => Some(v),
@@ -517,7 +536,7 @@ pub async fn run(
         scopes,
         largest_scope = largest,
         ms = started.elapsed().as_millis() as u64,
-        embedder = ?service.options().embedder.as_ref().map(|e| e.model_id().to_owned()),
+        embedder = ?service.embedder().map(|e| e.model_id().to_owned()),
         "cache index rebuilt from KV"
     );
     // Expired entries leave KV (and so every index).
@@ -700,6 +719,37 @@ mod tests {
         // Another max_tokens is another scope.
         let r = s.lookup(&lookup("How do I turn on dark mode?", 400, 0.1));
         assert_eq!(r.outcome, CacheOutcome::Miss);
+    }
+
+    /// The model loads only when a semantic lookup needs it, once; meanwhile the exact layer
+    /// answers, afterwards the semantic one.
+    #[tokio::test]
+    async fn on_demand_model_loads_on_first_semantic_need() {
+        let loads = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let counter = loads.clone();
+        let od = OnDemand::new(Arc::new(move || {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(Arc::new(TrigramEmbedder) as Arc<dyn Embed>)
+        }));
+        let s = Arc::new(Service::new(ServiceOptions {
+            on_demand: Some(od.clone()),
+            ..ServiceOptions::new(Subjects::default(), None)
+        }));
+        s.apply(s.prepare(&store("What is Rust?", 16)).unwrap());
+        let mut exact_only = lookup("what is Rust", 16, 0.5);
+        exact_only.semantic = false;
+        assert_eq!(s.lookup(&exact_only).outcome, CacheOutcome::Miss);
+        assert_eq!(loads.load(std::sync::atomic::Ordering::SeqCst), 0);
+        let r = s.lookup(&lookup("what is Rust", 16, 0.5));
+        assert!(r.reason.unwrap().contains("loading"));
+        od.load().await.unwrap();
+        assert_eq!(loads.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // Entries stored from now on carry vectors.
+        s.apply(s.prepare(&store("What is Go?", 16)).unwrap());
+        let r = s.lookup(&lookup("what is Go", 16, 0.5));
+        assert_eq!(r.outcome, CacheOutcome::SemanticHit, "{:?}", r.reason);
+        od.request();
+        assert_eq!(loads.load(std::sync::atomic::Ordering::SeqCst), 1);
     }
 
     #[test]

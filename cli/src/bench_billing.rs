@@ -245,7 +245,7 @@ async fn end_to_end(
             let id = e.request_id.to_string();
             let payload = serde_json::to_vec(e).map_err(|e| e.to_string())?;
             Ok((
-                subjects.usage(e.kind.as_str(), &id),
+                subjects.usage_kind(e.kind.as_str()),
                 format!("{id}:{}:{}", e.kind.as_str(), e.attempt),
                 payload,
             ))

@@ -4,7 +4,7 @@
 use clap::{Args, Subcommand};
 use std::path::PathBuf;
 use std::sync::Arc;
-use switchyard_cache::embed::{Embed, FastEmbedder, ModelPaths};
+use switchyard_cache::embed::{Embed, FastEmbedder, ModelPaths, OnDemand};
 use switchyard_cache::{ServiceOptions, eval};
 use switchyard_schemas::cache::{
     DEFAULT_THRESHOLD_FAQ, DEFAULT_THRESHOLD_OPEN, PurgeReply, PurgeRequest, purge_subject,
@@ -45,38 +45,73 @@ impl ModelArgs {
 
     /// Loads the model (off the async executor).
     pub async fn load(&self) -> Result<Arc<dyn Embed>, String> {
+        let args = self.clone();
+        tokio::task::spawn_blocking(move || args.load_blocking())
+            .await
+            .map_err(|e| e.to_string())?
+    }
+
+    /// Loads the model. Blocking (seconds of CPU).
+    fn load_blocking(&self) -> Result<Arc<dyn Embed>, String> {
         let paths = ModelPaths::resolve(
             self.ort_dylib.clone(),
             self.embedding_model.clone(),
             self.embedding_tokenizer.clone(),
         )
         .map_err(|e| e.to_string())?;
-        let (threads, window) = (self.embed_threads, self.embed_window);
         let started = std::time::Instant::now();
-        let model =
-            tokio::task::spawn_blocking(move || FastEmbedder::load_with(&paths, threads, window))
-                .await
-                .map_err(|e| e.to_string())?
-                .map_err(|e| e.to_string())?;
+        let model = FastEmbedder::load_with(&paths, self.embed_threads, self.embed_window)
+            .map_err(|e| e.to_string())?;
         tracing::info!(model = %model.model_id(), ms = started.elapsed().as_millis() as u64, "embedding model loaded");
         Ok(Arc::new(model))
     }
 
-    /// The model for the service: `None` (exact layer only, with a warning) when it cannot be
-    /// found automatically; an error when explicitly given paths do not load.
-    pub async fn load_for_service(&self) -> Result<Option<Arc<dyn Embed>>, String> {
+    /// The model for the service, loaded on first need ([`OnDemand`]; nothing is loaded here):
+    /// `None` with `--no-semantic`. See [`Self::load_if_wanted`] and [`semantic_reloaded`].
+    pub fn on_demand(&self) -> Option<Arc<OnDemand>> {
         if self.no_semantic {
             tracing::info!("semantic cache layer off (--no-semantic)");
-            return Ok(None);
+            return None;
         }
-        match self.load().await {
-            Ok(m) => Ok(Some(m)),
+        let args = self.clone();
+        Some(OnDemand::new(Arc::new(move || args.load_blocking())))
+    }
+
+    /// Loads `od` now when some route of `config` uses the semantic layer, with the
+    /// usual rules (explicit paths that do not load are an error; a model
+    /// that cannot be found is a warning, exact layer only). Otherwise it stays unloaded until
+    /// a reload ([`semantic_reloaded`]) or a semantic lookup asks for it.
+    pub async fn load_if_wanted(
+        &self,
+        od: Option<&Arc<OnDemand>>,
+        config: &switchyard_schemas::config::GatewayConfig,
+    ) -> Result<(), String> {
+        let Some(od) = od else { return Ok(()) };
+        if !switchyard_cache::semantic_wanted(config) {
+            tracing::info!("no route uses the semantic cache layer: embedding model not loaded");
+            return Ok(());
+        }
+        match od.load().await {
+            Ok(_) => Ok(()),
             Err(e) if !self.explicit() => {
                 tracing::warn!(error = %e, "semantic cache layer off: embedding model unavailable (exact layer only)");
-                Ok(None)
+                Ok(())
             }
             Err(e) => Err(e),
         }
+    }
+}
+
+/// Starts loading the embedding model when a reloaded `config` has a route that uses the semantic
+/// layer (a no-op when loaded or without a model, `--no-semantic`).
+pub fn semantic_reloaded(
+    od: Option<&Arc<OnDemand>>,
+    config: &switchyard_schemas::config::GatewayConfig,
+) {
+    if let Some(od) = od
+        && switchyard_cache::semantic_wanted(config)
+    {
+        od.request();
     }
 }
 
@@ -109,6 +144,18 @@ impl Default for ServiceArgs {
 }
 
 impl ServiceArgs {
+    /// The service options with a model loaded on first need (`None`: exact layer only).
+    pub fn options_on_demand(
+        &self,
+        subjects: Subjects,
+        on_demand: Option<Arc<OnDemand>>,
+    ) -> ServiceOptions {
+        ServiceOptions {
+            on_demand,
+            ..self.options(subjects, None)
+        }
+    }
+
     /// The service options with `embedder`.
     pub fn options(&self, subjects: Subjects, embedder: Option<Arc<dyn Embed>>) -> ServiceOptions {
         ServiceOptions {

@@ -308,11 +308,19 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             None => {
                 let c = load(&args.common)?;
                 let nats = connect(&require_nats(&c)?, "switchyard-cache").await?;
-                let embedder = args.model.load_for_service().await.map_err(msg)?;
+                let semantic = args.model.on_demand();
+                args.model
+                    .load_if_wanted(semantic.as_ref(), &c)
+                    .await
+                    .map_err(msg)?;
                 let opts = args
                     .service
-                    .options(Subjects::new(c.subject_prefix.clone()), embedder);
+                    .options_on_demand(Subjects::new(c.subject_prefix.clone()), semantic.clone());
                 let token = shutdown_token();
+                // A reload that turns semantic caching on loads the model then.
+                let fixup: reload::Fixup =
+                    Arc::new(move |c| cache_cmd::semantic_reloaded(semantic.as_ref(), c));
+                spawn_reload(&nats, &ConfigHandle::new(c), &token, fixup);
                 switchyard_cache::run(nats, opts, token.cancelled_owned())
                     .await
                     .map_err(msg)
@@ -562,14 +570,18 @@ async fn up(
     let handle = ConfigHandle::new(c);
     let config = handle.get();
     let subjects = Subjects::new(config.subject_prefix.clone());
+    // The embedding model loads only when a route uses the semantic cache (now or after a reload).
+    let semantic = embedding.on_demand();
     {
         let nats = connect(&url, "switchyard-config").await?;
         // Without a running local model server, reloaded configs must not route to it either.
         let local_running = local_model.is_some();
+        let semantic = semantic.clone();
         let fixup: reload::Fixup = Arc::new(move |c| {
             if !local_running {
                 local_model::remove_from_config(c);
             }
+            cache_cmd::semantic_reloaded(semantic.as_ref(), c);
         });
         spawn_reload(&nats, &handle, &services, fixup);
         if let Some(file) = common.config.clone() {
@@ -638,11 +650,15 @@ async fn up(
         let nats = connect(&url, "switchyard-cache").await?;
         let subjects = subjects.clone();
         let token = services.clone();
+        let config = config.clone();
         spawn(
             "cache",
             Box::pin(async move {
-                let embedder = embedding.load_for_service().await.map_err(msg)?;
-                let opts = cache_cmd::ServiceArgs::default().options(subjects, embedder);
+                embedding
+                    .load_if_wanted(semantic.as_ref(), &config)
+                    .await
+                    .map_err(msg)?;
+                let opts = cache_cmd::ServiceArgs::default().options_on_demand(subjects, semantic);
                 switchyard_cache::run(nats, opts, token.cancelled_owned())
                     .await
                     .map_err(msg)

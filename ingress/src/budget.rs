@@ -41,10 +41,6 @@ use switchyard_schemas::usage::Usage;
 
 pub use switchyard_budgets::{BUDGETS_BUCKET, Demand, Exceeded, Spend};
 
-/// Prompts up to this many bytes are tokenized on the executor (microseconds); longer ones on
-/// the blocking pool, so a 1 MB prompt never stalls other requests' tasks.
-const INLINE_TOKENIZE_BYTES: u64 = 8 * 1024;
-
 /// A key or a tenant.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Scope {
@@ -309,7 +305,8 @@ pub async fn choose_model<'a>(
 
 /// Reserves the estimated charge of a request on `model` for `scopes` (none: `Ok(None)`, no
 /// tokenizer work). `max_tokens` is the request's output cap; the hold lasts until
-/// `deadline_ms` plus `budgets.hold_grace_ms`. Long prompts are tokenized on the blocking pool.
+/// `deadline_ms` plus `budgets.hold_grace_ms`. Long prompts are tokenized on the blocking pool
+/// ([`crate::trim::Estimate::of_async`]).
 #[allow(clippy::too_many_arguments)]
 pub async fn reserve_for(
     app: &AppState,
@@ -324,19 +321,9 @@ pub async fn reserve_for(
     if scopes.is_empty() {
         return Ok(None);
     }
-    let prompt = if crate::trim::upper_bound(messages, tools) <= INLINE_TOKENIZE_BYTES {
-        crate::trim::Estimate::of(messages, tools).total()
-    } else {
-        let (messages, tools) = (messages.to_vec(), tools.to_vec());
-        tokio::task::spawn_blocking(move || crate::trim::Estimate::of(&messages, &tools).total())
-            .await
-            .map_err(|e| {
-                ApiError::from(switchyard_schemas::ErrorInfo::new(
-                    switchyard_schemas::ErrorClass::Internal,
-                    format!("prompt tokenization failed: {e}"),
-                ))
-            })?
-    };
+    let prompt = crate::trim::Estimate::of_async(messages, tools)
+        .await
+        .total();
     let output = max_tokens.map_or(config.budgets.default_max_tokens, u64::from);
     reserve_tokens(app, config, model, scopes, prompt, output, deadline_ms).await
 }

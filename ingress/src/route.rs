@@ -340,8 +340,9 @@ impl RequestTimeouts {
 }
 
 /// The prompt estimate, when some candidate's context window could be too small for it (the
-/// byte upper bound is checked first, so most prompts are never tokenized).
-fn prompt_estimate(
+/// byte upper bound is checked first, so most prompts are never tokenized; long ones are
+/// tokenized off the executor).
+async fn prompt_estimate(
     config: &GatewayConfig,
     model: &ModelConfig,
     req: &ChatRequest,
@@ -357,7 +358,7 @@ fn prompt_estimate(
     if trim::upper_bound(&req.messages, &req.tools) + max_tokens <= smallest {
         return None;
     }
-    Some(trim::Estimate::of(&req.messages, &req.tools))
+    Some(trim::Estimate::of_async(&req.messages, &req.tools).await)
 }
 
 /// Routes `inbound` with the routing headers of the request being handled ([`current_hints`]).
@@ -437,7 +438,7 @@ pub async fn route_with(
 
     let trim_on = policy.is_some_and(|p| p.trim_context);
     let mut needs = Needs::chat(&req.messages, &req.tools, &req.params);
-    let estimate = prompt_estimate(&config, model, &req, needs.max_tokens);
+    let estimate = prompt_estimate(&config, model, &req, needs.max_tokens).await;
     if let Some(e) = &estimate {
         needs.prompt_tokens = Some(e.total());
         if trim_on {

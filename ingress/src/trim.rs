@@ -1,8 +1,8 @@
 //! Prompt token estimates and context-window trimming.
 //!
-//! **Estimates** use tiktoken's `o200k_base` encoding (GPT-4o's) for every provider: exact for
-//! current OpenAI models, close enough to decide whether a prompt fits a window elsewhere. Each
-//! message adds [`PER_MESSAGE`] tokens of framing, each image [`PER_IMAGE`], the reply priming
+//! **Estimates** come from the process-wide estimator [`switchyard_schemas::tokens`] (o200k_base,
+//! loaded once, shared with budgets and the workers' TPM limits): each message adds
+//! [`PER_MESSAGE`] tokens of framing, each image [`PER_IMAGE`], the reply priming
 //! [`REPLY_PRIMING`], and declared tools the tokens of their JSON. Encoding costs CPU, so routing
 //! first checks the byte [`upper_bound`] (a BPE token is at least one byte): a prompt whose bytes
 //! fit every window is never tokenized.
@@ -13,91 +13,15 @@
 //! follow it are one unit, dropped together; the latest unit is never dropped; and the kept
 //! conversation starts at a user message (several providers reject one that starts otherwise).
 
-use std::sync::OnceLock;
-use switchyard_schemas::request::{Content, ContentPart, Message, Role, Tool};
-use tiktoken_rs::CoreBPE;
+use switchyard_schemas::request::{Message, Role, Tool};
+use switchyard_schemas::tokens;
 
-/// Framing tokens per message (role and separators).
-pub const PER_MESSAGE: u64 = 4;
-/// Tokens priming the reply.
-pub const REPLY_PRIMING: u64 = 3;
-/// Tokens counted per image (a low-detail image on OpenAI).
-pub const PER_IMAGE: u64 = 85;
-
-fn bpe() -> Option<&'static CoreBPE> {
-    static BPE: OnceLock<Option<CoreBPE>> = OnceLock::new();
-    BPE.get_or_init(|| match tiktoken_rs::o200k_base() {
-        Ok(b) => Some(b),
-        Err(e) => {
-            tracing::error!(error = %e, "tokenizer unavailable; estimating 4 bytes per token");
-            None
-        }
-    })
-    .as_ref()
-}
+pub use switchyard_schemas::tokens::{PER_IMAGE, PER_MESSAGE, REPLY_PRIMING, count, upper_bound};
 
 /// Loads the tokenizer now (it takes a moment), so the first long request does not pay for it.
+/// Blocking. The tokenizer is the process-wide one of [`switchyard_schemas::tokens`].
 pub fn warm_up() {
-    let _ = bpe();
-}
-
-/// Tokens of `text`.
-pub fn count(text: &str) -> u64 {
-    if text.is_empty() {
-        return 0;
-    }
-    match bpe() {
-        Some(b) => b.encode_ordinary(text).len() as u64,
-        None => text.len().div_ceil(4) as u64,
-    }
-}
-
-/// Sums `text_cost` over the message's texts plus the fixed costs.
-fn message_cost(m: &Message, text_cost: &dyn Fn(&str) -> u64) -> u64 {
-    let mut n = PER_MESSAGE;
-    match &m.content {
-        Some(Content::Text(t)) => n += text_cost(t),
-        Some(Content::Parts(parts)) => {
-            for p in parts {
-                n += match p {
-                    ContentPart::Text { text } => text_cost(text),
-                    ContentPart::ImageUrl { .. } => PER_IMAGE,
-                };
-            }
-        }
-        None => {}
-    }
-    if let Some(name) = &m.name {
-        n += text_cost(name) + 1;
-    }
-    for call in &m.tool_calls {
-        n += PER_MESSAGE
-            + text_cost(&call.id)
-            + text_cost(&call.function.name)
-            + text_cost(&call.function.arguments);
-    }
-    if let Some(id) = &m.tool_call_id {
-        n += text_cost(id);
-    }
-    n
-}
-
-fn tools_json(tools: &[Tool]) -> String {
-    if tools.is_empty() {
-        return String::new();
-    }
-    serde_json::to_string(tools).unwrap_or_default()
-}
-
-/// An upper bound of the prompt's tokens from its byte length, without tokenizing.
-pub fn upper_bound(messages: &[Message], tools: &[Tool]) -> u64 {
-    let bytes = |t: &str| t.len() as u64;
-    REPLY_PRIMING
-        + tools_json(tools).len() as u64
-        + messages
-            .iter()
-            .map(|m| message_cost(m, &bytes))
-            .sum::<u64>()
+    tokens::warm_up();
 }
 
 /// The estimated tokens of a prompt, per message.
@@ -109,13 +33,24 @@ pub struct Estimate {
     pub fixed: u64,
 }
 
-impl Estimate {
-    /// Tokenizes the prompt.
-    pub fn of(messages: &[Message], tools: &[Tool]) -> Self {
+impl From<tokens::Estimate> for Estimate {
+    fn from(e: tokens::Estimate) -> Self {
         Self {
-            per_message: messages.iter().map(|m| message_cost(m, &count)).collect(),
-            fixed: REPLY_PRIMING + count(&tools_json(tools)),
+            per_message: e.per_message,
+            fixed: e.fixed,
         }
+    }
+}
+
+impl Estimate {
+    /// Tokenizes the prompt (blocking; [`Self::of_async`] on the request path).
+    pub fn of(messages: &[Message], tools: &[Tool]) -> Self {
+        tokens::estimate_blocking(messages, tools).into()
+    }
+
+    /// [`Self::of`] off the async executor for large prompts ([`tokens::estimate`]).
+    pub async fn of_async(messages: &[Message], tools: &[Tool]) -> Self {
+        tokens::estimate(messages, tools).await.into()
     }
 
     /// The whole prompt.

@@ -23,6 +23,8 @@ pub mod routing;
 pub mod secret;
 pub mod subjects;
 pub mod tenancy;
+#[cfg(feature = "tokens")]
+pub mod tokens;
 pub mod usage;
 pub mod usage_query;
 

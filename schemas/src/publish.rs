@@ -48,7 +48,7 @@ const RETRY_MAX: Duration = Duration::from_secs(5);
 /// Wait between passes while the spool is empty (looks for directories left by other processes).
 const SWEEP_INTERVAL: Duration = Duration::from_secs(60);
 
-/// Publishes `event` on `<prefix>.usage.<kind>.<request-id>` with `Nats-Msg-Id`
+/// Publishes `event` on `<prefix>.usage.<kind>` with `Nats-Msg-Id`
 /// `<request-id>:<kind>:<attempt>` (JetStream drops duplicates inside the stream's duplicate window),
 /// waiting for the stream's acknowledgement and retrying [`PUBLISH_ATTEMPTS`] times with exponential
 /// backoff from 50 ms (an attempt while the client is disconnected fails at once, so an outage sends
@@ -120,9 +120,20 @@ fn connected(js: &async_nats::jetstream::Context) -> bool {
     js.client().connection_state() == async_nats::connection::State::Connected
 }
 
-/// The subject an event is published on.
+/// The subject an event is published on: one per kind, never per request.
 fn subject_of(subjects: &Subjects, event: &UsageEvent) -> String {
-    subjects.usage(event.kind.as_str(), &event.request_id.to_string())
+    subjects.usage_kind(event.kind.as_str())
+}
+
+/// Whether a spooled entry belongs to `subjects`' prefix: its subject is the event's current one
+/// or the per-request one earlier versions spooled (`<prefix>.usage.<kind>.<request-id>`).
+fn ours(subjects: &Subjects, entry: &Entry) -> bool {
+    entry.subject == subject_of(subjects, &entry.event)
+        || entry.subject
+            == subjects.usage(
+                entry.event.kind.as_str(),
+                &entry.event.request_id.to_string(),
+            )
 }
 
 /// The `Nats-Msg-Id` of an event: `<request-id>:<kind>:<attempt>`.
@@ -430,7 +441,9 @@ impl Spool {
             let mut rejected: Vec<String> = Vec::new();
             for line in lines {
                 match serde_json::from_str::<Entry>(&line) {
-                    Ok(entry) if entry.subject == subject_of(subjects, &entry.event) => {
+                    Ok(mut entry) if ours(subjects, &entry) => {
+                        // Spooled by an older version: re-published on the per-kind subject.
+                        entry.subject = subject_of(subjects, &entry.event);
                         todo.push((line, entry));
                     }
                     Ok(_) => {
@@ -800,15 +813,16 @@ mod tests {
         })
         .await;
         assert_eq!(messages(&mut stream).await, 3);
+        // Subjects are per kind, so the events are found by sequence.
+        let mut stored_events = Vec::new();
+        for seq in 1..=3 {
+            let m = stream.get_raw_message(seq).await.unwrap();
+            let e: UsageEvent = serde_json::from_slice(&m.payload).unwrap();
+            assert_eq!(m.subject.as_str(), subject_of(&subjects, &e));
+            stored_events.push(e);
+        }
         for e in [&stored, &a, &b] {
-            let m = stream
-                .get_last_raw_message_by_subject(&subject_of(&subjects, e))
-                .await
-                .unwrap();
-            assert_eq!(
-                serde_json::from_slice::<UsageEvent>(&m.payload).unwrap(),
-                *e
-            );
+            assert!(stored_events.contains(e), "{e:?} not in the stream");
         }
         // Another pass finds nothing to do.
         let again = spool.drain(&js, &subjects).await.unwrap();
@@ -817,6 +831,26 @@ mod tests {
         stop.send(()).unwrap();
         drainer.await.unwrap();
         clear_spool();
+    }
+
+    /// An event spooled by an earlier version on its per-request subject is delivered on the
+    /// per-kind subject, not kept as foreign.
+    #[tokio::test]
+    async fn legacy_spooled_subjects_are_republished_per_kind() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (_server, js, mut stream) = server().await;
+        let subjects = Subjects::default();
+        let e = event(UsageKind::Charge);
+        let spool = Arc::new(Spool::open(&tmp.path().join("up-1")).unwrap());
+        let mut legacy = entry(&subjects, &e);
+        legacy.subject = subjects.usage("charge", &e.request_id.to_string());
+        spool.append(&legacy).unwrap();
+        let out = spool.drain(&js, &subjects).await.unwrap();
+        assert_eq!((out.published, out.foreign), (1, 0));
+        assert_eq!(messages(&mut stream).await, 1);
+        let m = stream.get_raw_message(1).await.unwrap();
+        assert_eq!(m.subject.as_str(), "sy.usage.charge");
+        assert!(spool.is_empty().unwrap());
     }
 
     #[tokio::test]

@@ -7,8 +7,12 @@ pub struct Subjects {
     prefix: String,
 }
 
-/// The JetStream stream holding usage events (`<prefix>.usage.>`).
-pub const USAGE_STREAM: &str = "SY_USAGE";
+/// The JetStream stream holding usage events (`<prefix>.usage.>`): a work queue, each event
+/// removed once billing has stored and acknowledged it (docs/architecture.md, "Usage stream").
+pub const USAGE_STREAM: &str = "SY_USAGE_WQ";
+/// The limits-retention usage stream of earlier versions (one subject per request, kept 7 days);
+/// billing migrates what it still holds into [`USAGE_STREAM`] at start-up and deletes it.
+pub const LEGACY_USAGE_STREAM: &str = "SY_USAGE";
 /// The durable consumer billing reads the usage stream with.
 pub const BILLING_CONSUMER: &str = "billing";
 /// The JetStream KV bucket holding the shared RPM/TPM token buckets of the workers, one key per
@@ -66,7 +70,16 @@ impl Subjects {
         format!("{}.cancel.{worker_id}", self.prefix)
     }
 
-    /// `<prefix>.usage.<kind>.<request-id>`: usage events, captured by the durable usage stream.
+    /// `<prefix>.usage.<kind>` (`kind` = `upstream` or `charge`): where usage events are
+    /// published. One subject per kind, not per request, so the stream's per-subject state stays
+    /// constant; duplicates are recognised by the `Nats-Msg-Id` header instead.
+    pub fn usage_kind(&self, kind: &str) -> String {
+        format!("{}.usage.{kind}", self.prefix)
+    }
+
+    /// `<prefix>.usage.<kind>.<request-id>`: the per-request subject of earlier versions (still
+    /// captured by [`Self::usage_all`], so spooled or in-flight events of an older process are
+    /// stored; new events use [`Self::usage_kind`]).
     pub fn usage(&self, kind: &str, request_id: &str) -> String {
         format!("{}.usage.{kind}.{request_id}", self.prefix)
     }
@@ -111,6 +124,7 @@ mod tests {
         assert_eq!(s.inbox("abc"), "sy.inbox.abc");
         assert_eq!(s.credit("w1"), "sy.credit.w1");
         assert_eq!(s.usage("upstream", "r1"), "sy.usage.upstream.r1");
+        assert_eq!(s.usage_kind("charge"), "sy.usage.charge");
         assert_eq!(s.usage_query(), "sy.billing.usage");
     }
 }

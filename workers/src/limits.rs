@@ -45,20 +45,17 @@
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, OnceLock};
 use switchyard_schemas::config::TargetConfig;
 use switchyard_schemas::subjects::LIMITS_BUCKET;
+use switchyard_schemas::tokens;
 use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, now_ms};
 
 /// `max_tokens` assumed for the TPM estimate when the request sets none, tokens.
 pub const DEFAULT_MAX_TOKENS: u64 = 256;
-/// Chat-format overhead per message in the TPM estimate, tokens (role and separators).
-const TOKENS_PER_MESSAGE: u64 = 3;
 /// Compare-and-set attempts per operation before giving up (then fail-open).
 const MAX_CAS_ATTEMPTS: u32 = 64;
-/// Prompts longer than this many bytes are tokenised on the blocking pool.
-const BLOCKING_TOKENIZE_BYTES: usize = 32 * 1024;
 
 /// Which shared limit a bucket holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -518,52 +515,27 @@ impl Limiter {
     }
 }
 
-static TOKENIZER: OnceLock<Option<tiktoken_rs::CoreBPE>> = OnceLock::new();
-
-fn tokenizer() -> Option<&'static tiktoken_rs::CoreBPE> {
-    TOKENIZER
-        .get_or_init(|| {
-            tiktoken_rs::o200k_base()
-                .map_err(|e| tracing::warn!(error = %e, "o200k tokenizer unavailable; estimating 4 bytes per token"))
-                .ok()
-        })
-        .as_ref()
-}
-
-/// Loads the tokenizer (≈ 0.2 s in release builds, tens of MB) on the blocking pool, so the first TPM-limited
-/// request does not pay for it.
+/// Loads the process-wide tokenizer ([`switchyard_schemas::tokens`], shared with ingress) on the
+/// blocking pool, so the first TPM-limited request does not pay for it.
 pub fn warm_tokenizer() {
-    tokio::task::spawn_blocking(tokenizer);
+    tokio::task::spawn_blocking(tokens::warm_up);
 }
 
 /// Tokens of `text` under o200k_base (GPT-4o's encoding; 4 bytes per token if it cannot load).
+/// Blocking.
 pub fn count_tokens(text: &str) -> u64 {
-    match tokenizer() {
-        Some(bpe) => bpe.encode_ordinary(text).len() as u64,
-        None => text.len().div_ceil(4) as u64,
-    }
+    tokens::count(text)
 }
 
-/// The TPM charge of a request before its call: o200k tokens of all message text and tool
-/// definitions, 3 per message and 3 for the reply primer, plus `max_tokens` (256 when absent).
+/// The TPM charge of a request before its call: the prompt estimate of
+/// [`switchyard_schemas::tokens`] (o200k tokens of the messages and tool definitions,
+/// [`tokens::PER_MESSAGE`] per message, [`tokens::REPLY_PRIMING`] for the reply), plus
+/// `max_tokens` ([`DEFAULT_MAX_TOKENS`] when absent). Large prompts, and the first one (which
+/// loads the tokenizer), are tokenized off the async threads.
 pub async fn estimate_tokens(req: &ChatRequest) -> u64 {
-    let mut text = req.prompt_text();
-    if !req.tools.is_empty() {
-        text.push('\n');
-        text.push_str(&serde_json::to_string(&req.tools).unwrap_or_default());
-    }
-    // Large prompts, and the first one (which loads the tokenizer), off the async threads.
-    let prompt = if text.len() > BLOCKING_TOKENIZE_BYTES || TOKENIZER.get().is_none() {
-        let len = text.len();
-        tokio::task::spawn_blocking(move || count_tokens(&text))
-            .await
-            .unwrap_or(len.div_ceil(4) as u64)
-    } else {
-        count_tokens(&text)
-    };
-    let overhead = TOKENS_PER_MESSAGE * (req.messages.len() as u64 + 1);
+    let prompt = tokens::estimate(&req.messages, &req.tools).await.total();
     let max = req.params.max_tokens.map_or(DEFAULT_MAX_TOKENS, u64::from);
-    prompt + overhead + max
+    prompt + max
 }
 
 #[cfg(test)]
