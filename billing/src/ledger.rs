@@ -775,6 +775,7 @@ fn event_from_row(row: &AnyRow) -> Result<UsageEvent, BillingError> {
         latency_ms: uint(row, "latency_ms")?,
         fallbacks: uint(row, "fallbacks")?,
         cache_hit: row.try_get::<i64, _>("cache_hit")? != 0,
+        budget_owed: None,
     })
 }
 
@@ -824,6 +825,7 @@ mod tests {
             latency_ms: 1234,
             fallbacks: 2,
             cache_hit: false,
+            budget_owed: None,
         }
     }
 

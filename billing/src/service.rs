@@ -8,6 +8,12 @@
 //! looping forever (the work queue then removes it; the log line is the record). When the database
 //! fails, the batch is nak'ed with a delay and redelivered later; nothing is dropped.
 //!
+//! Budget settlements an ingress could not write itself travel in the `charge` event
+//! (`budget_owed`, docs/budgets.md): after the event's row commits, billing adds them to the
+//! `SY_BUDGETS` entries ([`BudgetStore::settle_late`], idempotent per request id) and only then
+//! acks; if the budget store is unreachable the message is nak'ed and redelivered (the ledger's
+//! primary key absorbs the second insert, the entry's late-id list the second settlement).
+//!
 //! On PostgreSQL a batch is split by request id into [`ServiceConfig::writers`] parts stored in
 //! concurrent transactions (each acked after its own commit): the database then works on more than
 //! one core, and since every copy of an event lands in the same part, two transactions never
@@ -22,8 +28,10 @@ use futures::StreamExt;
 use std::future::Future;
 use std::pin::{Pin, pin};
 use std::time::Duration;
+use switchyard_budgets::{BudgetStore, Demand};
 use switchyard_schemas::UsageEvent;
 use switchyard_schemas::subjects::Subjects;
+use switchyard_schemas::usage::BudgetOwed;
 use tokio::time::Instant;
 
 /// Tuning of the consumer loop.
@@ -82,6 +90,8 @@ pub struct BillingService {
     ledger: Ledger,
     config: ServiceConfig,
     stats: BillingStats,
+    /// Opened by [`Self::run`]: applies `budget_owed` settlements.
+    budgets: Option<BudgetStore>,
 }
 
 /// Consecutive transient pull errors after which the message stream is re-created.
@@ -138,6 +148,7 @@ impl BillingService {
             ledger,
             config: ServiceConfig::default(),
             stats: BillingStats::default(),
+            budgets: None,
         }
     }
 
@@ -152,6 +163,7 @@ impl BillingService {
     /// if the initial stream/consumer setup fails; later errors are logged and retried.
     pub async fn run(mut self, shutdown: impl Future) -> Result<BillingStats, BillingError> {
         let js = jetstream::new(self.nats.clone());
+        self.budgets = Some(BudgetStore::connect(&js, "billing").await);
         let mut shutdown = pin!(shutdown);
         let mut messages = Some(self.subscribe(&js).await?);
         tracing::info!(subjects = %self.subjects.usage_all(), "billing consumer started");
@@ -267,9 +279,9 @@ impl BillingService {
         let mut good = Vec::with_capacity(batch.len());
         for message in batch {
             match decode(&message.payload) {
-                Ok(row) => {
+                Ok((row, owed)) => {
                     rows.push(row);
-                    good.push(message);
+                    good.push((message, owed));
                 }
                 Err(reason) => {
                     self.stats.terminated += 1;
@@ -292,7 +304,7 @@ impl BillingService {
             Backend::Postgres => self.config.writers.max(1),
         };
         // Parts by request id: concurrent transactions never share a key.
-        let mut parts: Vec<(Vec<UsageRow>, Vec<jetstream::Message>)> =
+        let mut parts: Vec<(Vec<UsageRow>, Vec<(jetstream::Message, Owed)>)> =
             (0..writers).map(|_| (Vec::new(), Vec::new())).collect();
         for (row, message) in rows.into_iter().zip(good) {
             if let Some(part) = parts.get_mut(row.lane(writers)) {
@@ -316,7 +328,7 @@ impl BillingService {
     async fn settle(
         &mut self,
         rows: usize,
-        messages: &[jetstream::Message],
+        messages: &[(jetstream::Message, Owed)],
         result: Result<u64, BillingError>,
     ) -> bool {
         match result {
@@ -325,7 +337,16 @@ impl BillingService {
                 self.stats.inserted += inserted;
                 self.stats.duplicates += (rows as u64).saturating_sub(inserted);
                 tracing::debug!(events = rows, inserted, "usage batch stored");
-                for message in messages {
+                for (message, owed) in messages {
+                    if let Some((request_id, owed)) = owed
+                        && !self.settle_budget(request_id, owed).await
+                    {
+                        let nak = AckKind::Nak(Some(self.config.retry_delay));
+                        if let Err(e) = message.ack_with(nak).await {
+                            tracing::warn!(subject = %message.subject, error = %e, "nak failed");
+                        }
+                        continue;
+                    }
                     // A lost ack means a redelivery, which the primary key absorbs.
                     if let Err(e) = message.ack().await {
                         tracing::warn!(subject = %message.subject, error = %e, "ack failed");
@@ -337,7 +358,7 @@ impl BillingService {
                 self.stats.failed_batches += 1;
                 tracing::error!(error = %e, events = rows, "storing usage batch failed; nak");
                 let nak = AckKind::Nak(Some(self.config.retry_delay));
-                for message in messages {
+                for (message, _) in messages {
                     if let Err(e) = message.ack_with(nak).await {
                         tracing::warn!(subject = %message.subject, error = %e, "nak failed");
                     }
@@ -348,12 +369,39 @@ impl BillingService {
     }
 }
 
+impl BillingService {
+    /// Adds `owed` to each of its scopes once; false when the budget store did not take it
+    /// (the message is then redelivered).
+    async fn settle_budget(&self, request_id: &str, owed: &BudgetOwed) -> bool {
+        let Some(store) = &self.budgets else {
+            return false;
+        };
+        let actual = Demand {
+            usd: owed.usd,
+            tokens: owed.tokens,
+        };
+        for scope in &owed.scopes {
+            if let Err(e) = store.settle_late(scope, request_id, actual).await {
+                tracing::warn!(request = request_id, scope, error = %e,
+                    "late budget settlement failed; the event is redelivered");
+                return false;
+            }
+        }
+        true
+    }
+}
+
+/// A `charge` event's unwritten budget settlement: its request id and what it owes.
+type Owed = Option<(String, BudgetOwed)>;
+
 /// Parses and checks one payload; the error says why it can never be stored.
-fn decode(payload: &[u8]) -> Result<UsageRow, String> {
+fn decode(payload: &[u8]) -> Result<(UsageRow, Owed), String> {
     let event: UsageEvent =
         serde_json::from_slice(payload).map_err(|e| format!("bad JSON: {e}"))?;
     let raw = std::str::from_utf8(payload).ok().map(str::to_owned);
-    UsageRow::from_event(&event, raw).map_err(|e| e.to_string())
+    let row = UsageRow::from_event(&event, raw).map_err(|e| e.to_string())?;
+    let owed = event.budget_owed.map(|o| (event.request_id.to_string(), o));
+    Ok((row, owed))
 }
 
 /// Pull errors after which the message stream yields nothing more.

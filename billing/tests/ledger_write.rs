@@ -35,6 +35,7 @@ fn event(prompt: u64) -> UsageEvent {
         latency_ms: 500,
         fallbacks: 0,
         cache_hit: false,
+        budget_owed: None,
     }
 }
 

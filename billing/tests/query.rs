@@ -57,6 +57,7 @@ fn charge(ts: u64, tenant: &str, key: &str, model: &str, u: Usage) -> UsageEvent
         latency_ms: 500,
         fallbacks: 0,
         cache_hit: false,
+        budget_owed: None,
     }
 }
 

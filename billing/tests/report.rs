@@ -54,6 +54,7 @@ fn charge(id: Uuid, ts: u64, tenant: &str, model: &str, target: &str, up: &str) 
         latency_ms: 500,
         fallbacks: 0,
         cache_hit: false,
+        budget_owed: None,
     }
 }
 

@@ -41,6 +41,7 @@ fn event(kind: UsageKind, attempt: u32, prompt: u64, completion: u64) -> UsageEv
         latency_ms: 900,
         fallbacks: 0,
         cache_hit: false,
+        budget_owed: None,
     }
 }
 
@@ -278,4 +279,42 @@ async fn malformed_messages_are_terminated_and_consumer_keeps_going() {
         (stats.inserted, stats.terminated, stats.failed_batches),
         (1, 2, 0)
     );
+}
+
+/// A charge event carrying a budget settlement ingress could not write (`budget_owed`): billing
+/// stores the row and adds the charge to each scope exactly once, also when the event arrives
+/// twice (a producer's retry with another message id, or a redelivery).
+#[tokio::test]
+async fn owed_budget_settlements_are_applied_once() {
+    let nats = NatsServer::start();
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let js = jetstream::new(client.clone());
+    let subjects = Subjects::default();
+    let stream = ensure_usage_stream(&js, &subjects).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Ledger::connect(&format!("sqlite://{}/billing.db", dir.path().display()))
+        .await
+        .unwrap();
+    let running = Running::spawn(client.clone(), ledger.clone());
+    let mut charge = event(UsageKind::Charge, 0, 100, 50);
+    charge.budget_owed = Some(switchyard_schemas::usage::BudgetOwed {
+        scopes: vec!["key.k1".into(), "tenant.acme".into()],
+        usd: "0.0125".parse().unwrap(),
+        tokens: 150,
+    });
+    publish(&js, &subjects, &charge).await;
+    let seq = publish(&js, &subjects, &charge).await;
+    wait_consumed(&stream, seq).await;
+    wait_rows(&ledger, 1).await;
+    let budgets = switchyard_budgets::BudgetStore::connect(&js, "test").await;
+    for scope in ["key.k1", "tenant.acme"] {
+        let s = budgets.peek(scope).await.unwrap();
+        assert_eq!(
+            (s.day_usd, s.day_tokens),
+            ("0.0125".parse().unwrap(), 150),
+            "{scope}"
+        );
+    }
+    let stats = running.shutdown().await;
+    assert_eq!((stats.inserted, stats.duplicates), (1, 1));
 }

@@ -39,6 +39,7 @@ fn event(kind: UsageKind, request_id: Uuid, i: u64) -> UsageEvent {
         latency_ms: 5,
         fallbacks: 0,
         cache_hit: false,
+        budget_owed: None,
     }
 }
 

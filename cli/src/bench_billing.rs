@@ -130,6 +130,7 @@ fn events(n: u64) -> Vec<UsageEvent> {
             latency_ms: 950,
             fallbacks: 0,
             cache_hit: false,
+            budget_owed: None,
         });
     }
     out

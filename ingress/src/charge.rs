@@ -7,7 +7,7 @@ use crate::budget::{self, Demand, Reservation};
 use std::sync::Arc;
 use std::time::Instant;
 use switchyard_schemas::publish::publish_usage_event;
-use switchyard_schemas::usage::UsageStatus;
+use switchyard_schemas::usage::{BudgetOwed, UsageStatus};
 use switchyard_schemas::{ChatRequest, ErrorClass, Usage, UsageEvent, UsageKind, now_ms};
 
 /// Who is calling (empty while authentication is off).
@@ -78,6 +78,7 @@ impl Charge {
             latency_ms: 0,
             fallbacks: 0,
             cache_hit: false,
+            budget_owed: None,
         };
         Self {
             app,
@@ -178,8 +179,13 @@ impl Charge {
                     }
                 };
                 if let Some(owed) = r.settle(actual).await {
-                    tracing::error!(request = %e.request_id, scopes = ?owed.scopes,
-                        usd = %owed.actual.usd, "budget settlement could not be written");
+                    // The charge event is durable (acknowledged publish or the spool): billing
+                    // applies what the store did not take.
+                    e.budget_owed = Some(BudgetOwed {
+                        scopes: owed.scopes,
+                        usd: owed.actual.usd,
+                        tokens: owed.actual.tokens,
+                    });
                 }
             }
             publish_usage_event(&app.js, &app.subjects, &e).await;

@@ -713,6 +713,7 @@ mod tests {
             latency_ms: 1,
             fallbacks: 0,
             cache_hit: false,
+            budget_owed: None,
         }
     }
 

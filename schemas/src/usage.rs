@@ -114,4 +114,21 @@ pub struct UsageEvent {
     /// Whether the answer came from the cache (`charge` only).
     #[serde(default)]
     pub cache_hit: bool,
+    /// A budget settlement ingress could not write itself (`charge` only; docs/budgets.md):
+    /// billing applies it once after storing the event.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_owed: Option<BudgetOwed>,
+}
+
+/// What a request still owes its budget scopes: `usd` (sale price) and `tokens` (input +
+/// output) to add to each of `scopes` (`key.<id>`, `tenant.<id>` in the `SY_BUDGETS` bucket).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BudgetOwed {
+    /// KV keys of the scopes.
+    pub scopes: Vec<String>,
+    /// Charge, USD.
+    #[serde(with = "rust_decimal::serde::str")]
+    pub usd: rust_decimal::Decimal,
+    /// Tokens.
+    pub tokens: u64,
 }

@@ -101,6 +101,7 @@ pub(crate) async fn handle(shared: Arc<Shared>, msg: async_nats::Message) {
         latency_ms: started.elapsed().as_millis() as u64,
         fallbacks: 0,
         cache_hit: false,
+        budget_owed: None,
     };
     publish_usage_event(&shared.js, &shared.opts.subjects, &event).await;
 }

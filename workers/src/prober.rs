@@ -162,6 +162,7 @@ async fn probe_once(
         latency_ms: took.as_millis() as u64,
         fallbacks: 0,
         cache_hit: false,
+        budget_owed: None,
     };
     publish_usage_event(&shared.js, &shared.opts.subjects, &event).await;
     healthy

@@ -847,6 +847,7 @@ fn publish_usage(
         latency_ms,
         fallbacks: 0,
         cache_hit: false,
+        budget_owed: None,
     };
     let (js, subjects) = (shared.js.clone(), shared.opts.subjects.clone());
     shared.usage_tasks.spawn(async move {
