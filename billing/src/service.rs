@@ -304,8 +304,7 @@ impl BillingService {
             Backend::Postgres => self.config.writers.max(1),
         };
         // Parts by request id: concurrent transactions never share a key.
-        let mut parts: Vec<(Vec<UsageRow>, Vec<(jetstream::Message, Owed)>)> =
-            (0..writers).map(|_| (Vec::new(), Vec::new())).collect();
+        let mut parts: Vec<Part> = (0..writers).map(|_| (Vec::new(), Vec::new())).collect();
         for (row, message) in rows.into_iter().zip(good) {
             if let Some(part) = parts.get_mut(row.lane(writers)) {
                 part.0.push(row);
@@ -393,6 +392,9 @@ impl BillingService {
 
 /// A `charge` event's unwritten budget settlement: its request id and what it owes.
 type Owed = Option<(String, BudgetOwed)>;
+
+/// One writer's share of a batch: rows and their messages.
+type Part = (Vec<UsageRow>, Vec<(jetstream::Message, Owed)>);
 
 /// Parses and checks one payload; the error says why it can never be stored.
 fn decode(payload: &[u8]) -> Result<(UsageRow, Owed), String> {
