@@ -355,7 +355,8 @@ impl Capture {
         };
         self.failed = true; // once
         let app = self.app.clone();
-        tokio::spawn(async move {
+        // Tracked: a store still in flight at shutdown is published before the process exits.
+        self.app.tasks.spawn(async move {
             if let Err(e) = app
                 .nats
                 .publish(app.subjects.cache_store(), body.into())
