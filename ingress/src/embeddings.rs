@@ -18,7 +18,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use switchyard_schemas::config::TargetConfig;
+use switchyard_schemas::config::{GatewayConfig, ModelConfig, TargetConfig};
 use switchyard_schemas::embed::{EmbedInput, EmbedReply, EmbedRequest};
 use switchyard_schemas::request::TargetRef;
 use switchyard_schemas::subjects::CAP_EMBED;
@@ -100,49 +100,20 @@ fn parse(body: &[u8]) -> Result<(EmbeddingsBody, EmbedInput, bool), ApiError> {
 }
 
 async fn handle(app: Arc<AppState>, body: &[u8]) -> Result<Response, ApiError> {
+    // Parse.
     route::check_size(&app, body.len())?;
     let (b, input, base64) = parse(body)?;
     let config = app.config.get();
     let hints = route::current_hints();
-    let model = route::routed_model(&config, &b.model, &hints)?;
-    let admitted = Instant::now();
-    let id = Uuid::now_v7();
-    let policy = model.policy.as_deref().and_then(|p| config.policy(p));
-    let t = &config.timeouts;
-    let total = policy
-        .and_then(|p| p.timeouts.total_ms)
-        .unwrap_or(t.total_ms);
-    let deadline = admitted + Duration::from_millis(total);
-    let first_byte = Duration::from_millis(
-        policy
-            .and_then(|p| p.timeouts.first_byte_ms)
-            .unwrap_or(t.first_byte_ms),
-    );
-    let prompt_bytes: usize = match &input {
-        EmbedInput::Texts(v) => v.iter().map(String::len).sum(),
-        EmbedInput::Tokens(v) => v.iter().map(|x| x.len() * 4).sum(),
-    };
-    let caller = crate::auth::current_caller();
-    // Budgets: input only, estimated at 4 bytes per token (no tokenizer on this path).
-    let reservation = crate::budget::reserve_tokens(
-        &app,
-        &config,
+    let asked = b.model.clone();
+    // Admit.
+    let Admitted {
         model,
-        crate::budget::scopes(&config, &caller),
-        prompt_bytes.div_ceil(4) as u64,
-        0,
-        switchyard_schemas::now_ms() + total,
-    )
-    .await?;
-    let mut charge = Charge::start(app.clone(), id, &model.id, caller, prompt_bytes, admitted);
-    if let Some(r) = reservation {
-        charge.reserved(r);
-    }
-    let mut ledger = Ledger {
-        charge,
-        outcome: Outcome::new(&app.metrics, &model.id, admitted),
-    };
-    let prefs = hints.preferences(b.user.as_deref());
+        mut ledger,
+        mut dispatch,
+    } = admit(&app, &config, &hints, b, input).await?;
+    // Plan: only providers with an embeddings API qualify.
+    let prefs = hints.preferences(dispatch.req.user.as_deref());
     let plan = match strategy::plan(
         &config,
         model,
@@ -154,31 +125,13 @@ async fn handle(app: Arc<AppState>, body: &[u8]) -> Result<Response, ApiError> {
         Ok(p) => p,
         Err(e) => return Err(ledger.fail(e)),
     };
-    let mut dispatch = Embed {
-        app: &app,
-        req: EmbedRequest {
-            id,
-            tenant: None,
-            key_id: None,
-            model: model.id.clone(),
-            target: TargetRef {
-                id: String::new(),
-                provider: String::new(),
-                upstream_model: String::new(),
-            },
-            input,
-            dimensions: b.dimensions,
-            user: b.user,
-            deadline_ms: now_ms() + total,
-            attempt: 0,
-        },
-        first_byte,
-        deadline,
-    };
+    // Attempts.
+    let id = dispatch.req.id;
     let won = match attempt::attempts(&app, id, &mut ledger, plan.targets, &mut dispatch).await {
         Ok(w) => w,
         Err(e) => return Err(ledger.fail(e)),
     };
+    // Settle, then answer.
     let Reply {
         vectors,
         usage,
@@ -201,9 +154,93 @@ async fn handle(app: Arc<AppState>, body: &[u8]) -> Result<Response, ApiError> {
     };
     // The response echoes the body's model, also when `x-switchyard-route` routed it.
     let mut resp =
-        axum::Json(render(&b.model, &vectors, usage.prompt_tokens, base64)).into_response();
+        axum::Json(render(&asked, &vectors, usage.prompt_tokens, base64)).into_response();
     served.apply(&mut resp);
     Ok(resp)
+}
+
+/// An embeddings request the gateway accepted.
+struct Admitted<'a> {
+    /// The model routed by.
+    model: &'a ModelConfig,
+    /// Charge event and metrics outcome.
+    ledger: Ledger,
+    /// The request, ready for its attempts.
+    dispatch: Embed<'a>,
+}
+
+/// The routed model, the timeouts and the budget reservation: input only, estimated at 4 bytes
+/// per token (no tokenizer on this path). A refusal leaves no usage record.
+async fn admit<'a>(
+    app: &'a Arc<AppState>,
+    config: &'a GatewayConfig,
+    hints: &route::RequestHints,
+    b: EmbeddingsBody,
+    input: EmbedInput,
+) -> Result<Admitted<'a>, ApiError> {
+    let model = route::routed_model(config, &b.model, hints)?;
+    let admitted = Instant::now();
+    let id = Uuid::now_v7();
+    let policy = model.policy.as_deref().and_then(|p| config.policy(p));
+    let t = &config.timeouts;
+    let total = policy
+        .and_then(|p| p.timeouts.total_ms)
+        .unwrap_or(t.total_ms);
+    let deadline = admitted + Duration::from_millis(total);
+    let first_byte = Duration::from_millis(
+        policy
+            .and_then(|p| p.timeouts.first_byte_ms)
+            .unwrap_or(t.first_byte_ms),
+    );
+    let prompt_bytes: usize = match &input {
+        EmbedInput::Texts(v) => v.iter().map(String::len).sum(),
+        EmbedInput::Tokens(v) => v.iter().map(|x| x.len() * 4).sum(),
+    };
+    let caller = crate::auth::current_caller();
+    let reservation = crate::budget::reserve_tokens(
+        app,
+        config,
+        model,
+        crate::budget::scopes(config, &caller),
+        prompt_bytes.div_ceil(4) as u64,
+        0,
+        now_ms() + total,
+    )
+    .await?;
+    let mut charge = Charge::start(app.clone(), id, &model.id, caller, prompt_bytes, admitted);
+    if let Some(r) = reservation {
+        charge.reserved(r);
+    }
+    let ledger = Ledger {
+        charge,
+        outcome: Outcome::new(&app.metrics, &model.id, admitted),
+    };
+    let req = EmbedRequest {
+        id,
+        tenant: None,
+        key_id: None,
+        model: model.id.clone(),
+        target: TargetRef {
+            id: String::new(),
+            provider: String::new(),
+            upstream_model: String::new(),
+        },
+        input,
+        dimensions: b.dimensions,
+        user: b.user,
+        deadline_ms: now_ms() + total,
+        attempt: 0,
+    };
+    Ok(Admitted {
+        model,
+        ledger,
+        dispatch: Embed {
+            app,
+            req,
+            first_byte,
+            deadline,
+        },
+    })
 }
 
 /// A successful embeddings answer.
