@@ -2,13 +2,14 @@
 //!
 //! 1. **admit** ([`admit::admit`], `admit.rs`): the routed model, the cost-priority downgrade and
 //!    the budget reservation → an [`Admitted`] request with its [`Ledger`] (charge event +
-//!    metrics outcome); nothing is recorded for a request refused here.
+//!    metrics outcome); a refusal here is counted in the metrics but leaves no usage record.
 //! 2. **plan** ([`plan::plan`], `plan.rs`): needs, prompt estimate, [`crate::strategy::plan`],
 //!    the degraded-target probe → a [`Planned`] list of candidates in order.
 //! 3. **attempts** ([`attempt::attempts`], `attempt.rs`): the one attempt engine — per candidate
 //!    record the attempt, dispatch, and decide fallback and passive health by
-//!    [`switchyard_schemas::ErrorInfo::disposition`] ([`attempt::judge`]). Chat plugs in a frame-stream dispatch
-//!    (trim, publish, read until commit); embeddings (`crate::embeddings`) a request/reply one.
+//!    [`switchyard_schemas::ErrorInfo::disposition`] ([`attempt::judge`]). Chat plugs in a
+//!    frame-stream dispatch (trim, publish, read until commit); embeddings
+//!    ([`crate::embeddings`]) a request/reply one.
 //! 4. **feed** ([`FrameFeed`], `feed.rs`): the committed attempt's frames for the front door's
 //!    encoder; it settles the charge and the metrics when the terminal frame passes.
 //!
