@@ -1,14 +1,14 @@
 //! The OpenAI front door for embeddings, `POST /v1/embeddings` (OpenAI API reference, "Create
 //! embeddings"): one NATS request/reply per attempt, fallback across the model's targets — ordered
-//! like chat ([`crate::strategy`]; only providers with an embeddings API qualify) — on
-//! retryable failures, vectors as floats or base64 (little-endian f32, the encoding the OpenAI SDKs
+//! like chat ([`crate::strategy`]; only providers with an embeddings API qualify) — by the same
+//! attempt engine as chat ([`route::attempt::attempts`]), vectors as floats or base64 (little-endian f32, the encoding the OpenAI SDKs
 //! ask for by default and decode themselves).
 
 use crate::AppState;
 use crate::charge::Charge;
 use crate::error::ApiError;
 use crate::metrics::Outcome;
-use crate::route;
+use crate::route::{self, Ledger, attempt};
 use crate::strategy::{self, Needs};
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
@@ -18,6 +18,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use switchyard_schemas::config::{GatewayConfig, ModelConfig, TargetConfig};
 use switchyard_schemas::embed::{EmbedInput, EmbedReply, EmbedRequest};
 use switchyard_schemas::request::TargetRef;
 use switchyard_schemas::subjects::CAP_EMBED;
@@ -99,11 +100,85 @@ fn parse(body: &[u8]) -> Result<(EmbeddingsBody, EmbedInput, bool), ApiError> {
 }
 
 async fn handle(app: Arc<AppState>, body: &[u8]) -> Result<Response, ApiError> {
+    // Parse.
     route::check_size(&app, body.len())?;
     let (b, input, base64) = parse(body)?;
     let config = app.config.get();
     let hints = route::current_hints();
-    let model = route::routed_model(&config, &b.model, &hints)?;
+    let asked = b.model.clone();
+    // Admit.
+    let Admitted {
+        model,
+        mut ledger,
+        mut dispatch,
+    } = admit(&app, &config, &hints, b, input).await?;
+    // Plan: only providers with an embeddings API qualify.
+    let prefs = hints.preferences(dispatch.req.user.as_deref());
+    let plan = match strategy::plan(
+        &config,
+        model,
+        &Needs::embeddings(),
+        &prefs,
+        |t| route::observe(&app, t),
+        &mut rand::rng(),
+    ) {
+        Ok(p) => p,
+        Err(e) => return Err(ledger.fail(e)),
+    };
+    // Attempts.
+    let id = dispatch.req.id;
+    let won = match attempt::attempts(&app, id, &mut ledger, plan.targets, &mut dispatch).await {
+        Ok(w) => w,
+        Err(e) => return Err(ledger.fail(e)),
+    };
+    // Settle, then answer.
+    let Reply {
+        vectors,
+        usage,
+        worker,
+    } = won.committed;
+    let Ledger {
+        mut charge,
+        mut outcome,
+    } = ledger;
+    charge.usage(usage);
+    charge.finish(None);
+    outcome.finish(200);
+    let served = route::Served {
+        request_id: id,
+        target: won.target.id.clone(),
+        worker,
+        fallbacks: won.fallbacks,
+        trimmed: None,
+        downgraded_from: None,
+    };
+    // The response echoes the body's model, also when `x-switchyard-route` routed it.
+    let mut resp =
+        axum::Json(render(&asked, &vectors, usage.prompt_tokens, base64)).into_response();
+    served.apply(&mut resp);
+    Ok(resp)
+}
+
+/// An embeddings request the gateway accepted.
+struct Admitted<'a> {
+    /// The model routed by.
+    model: &'a ModelConfig,
+    /// Charge event and metrics outcome.
+    ledger: Ledger,
+    /// The request, ready for its attempts.
+    dispatch: Embed<'a>,
+}
+
+/// The routed model, the timeouts and the budget reservation: input only, estimated at 4 bytes
+/// per token (no tokenizer on this path). A refusal leaves no usage record.
+async fn admit<'a>(
+    app: &'a Arc<AppState>,
+    config: &'a GatewayConfig,
+    hints: &route::RequestHints,
+    b: EmbeddingsBody,
+    input: EmbedInput,
+) -> Result<Admitted<'a>, ApiError> {
+    let model = route::routed_model(config, &b.model, hints)?;
     let admitted = Instant::now();
     let id = Uuid::now_v7();
     let policy = model.policy.as_deref().and_then(|p| config.policy(p));
@@ -122,41 +197,25 @@ async fn handle(app: Arc<AppState>, body: &[u8]) -> Result<Response, ApiError> {
         EmbedInput::Tokens(v) => v.iter().map(|x| x.len() * 4).sum(),
     };
     let caller = crate::auth::current_caller();
-    // Budgets: input only, estimated at 4 bytes per token (no tokenizer on this path).
     let reservation = crate::budget::reserve_tokens(
-        &app,
-        &config,
+        app,
+        config,
         model,
-        crate::budget::scopes(&config, &caller),
+        crate::budget::scopes(config, &caller),
         prompt_bytes.div_ceil(4) as u64,
         0,
-        switchyard_schemas::now_ms() + total,
+        now_ms() + total,
     )
     .await?;
     let mut charge = Charge::start(app.clone(), id, &model.id, caller, prompt_bytes, admitted);
     if let Some(r) = reservation {
         charge.reserved(r);
     }
-    let mut outcome = Outcome::new(&app.metrics, &model.id, admitted);
-    let fail = |charge: Charge, outcome: &mut Outcome, e: ErrorInfo| -> ApiError {
-        charge.finish(Some(e.class));
-        let api = ApiError::from(e);
-        outcome.finish(api.status.as_u16());
-        api
+    let ledger = Ledger {
+        charge,
+        outcome: Outcome::new(&app.metrics, &model.id, admitted),
     };
-    let prefs = hints.preferences(b.user.as_deref());
-    let plan = match strategy::plan(
-        &config,
-        model,
-        &Needs::embeddings(),
-        &prefs,
-        |t| route::observe(&app, t),
-        &mut rand::rng(),
-    ) {
-        Ok(p) => p,
-        Err(e) => return Err(fail(charge, &mut outcome, e)),
-    };
-    let mut req = EmbedRequest {
+    let req = EmbedRequest {
         id,
         tenant: None,
         key_id: None,
@@ -172,58 +231,53 @@ async fn handle(app: Arc<AppState>, body: &[u8]) -> Result<Response, ApiError> {
         deadline_ms: now_ms() + total,
         attempt: 0,
     };
-    let mut last_err = None;
-    let mut tried = 0u32;
-    for target in plan.targets {
-        req.target = TargetRef {
+    Ok(Admitted {
+        model,
+        ledger,
+        dispatch: Embed {
+            app,
+            req,
+            first_byte,
+            deadline,
+        },
+    })
+}
+
+/// A successful embeddings answer.
+struct Reply {
+    vectors: Vec<Vec<f32>>,
+    usage: switchyard_schemas::Usage,
+    worker: String,
+}
+
+/// The embeddings dispatch for the attempt engine: one NATS request/reply per attempt on
+/// `sy.req.embed.<provider>`, waiting at most the policy's `first_byte_ms` (or what is left of
+/// the request's deadline).
+struct Embed<'a> {
+    app: &'a AppState,
+    req: EmbedRequest,
+    first_byte: Duration,
+    deadline: Instant,
+}
+
+impl attempt::Dispatch for Embed<'_> {
+    type Committed = Reply;
+
+    async fn attempt(&mut self, target: &TargetConfig, attempt: u32) -> Result<Reply, ErrorInfo> {
+        self.req.target = TargetRef {
             id: target.id.clone(),
             provider: target.provider.as_str().to_owned(),
             upstream_model: target.upstream_model.clone(),
         };
-        req.attempt = tried;
-        charge.attempt(&target.id, &target.upstream_model, tried);
-        outcome.attempt(&target.id);
-        tried += 1;
-        let _in_flight = app.stats.start(&target.id, &app.metrics);
-        let limit = first_byte.min(deadline.saturating_duration_since(Instant::now()));
-        match call(&app, &req, limit).await {
-            Ok((vectors, usage, worker)) => {
-                app.health.success(&target.id);
-                charge.usage(usage);
-                charge.finish(None);
-                outcome.finish(200);
-                let served = route::Served {
-                    request_id: id,
-                    target: target.id.clone(),
-                    worker,
-                    fallbacks: tried - 1,
-                    trimmed: None,
-                    downgraded_from: None,
-                };
-                // The response echoes the body's model, also when `x-switchyard-route` routed it.
-                let mut resp = axum::Json(render(&b.model, &vectors, usage.prompt_tokens, base64))
-                    .into_response();
-                served.apply(&mut resp);
-                return Ok(resp);
-            }
-            Err(e) if e.retryable => {
-                app.health.failure(&target.id);
-                last_err = Some(e);
-            }
-            Err(e) => return Err(fail(charge, &mut outcome, e)),
-        }
+        self.req.attempt = attempt;
+        let limit = self
+            .first_byte
+            .min(self.deadline.saturating_duration_since(Instant::now()));
+        call(self.app, &self.req, limit).await
     }
-    let e = last_err.unwrap_or_else(|| {
-        ErrorInfo::new(ErrorClass::NoCapacity, "no enabled target for this model")
-    });
-    Err(fail(charge, &mut outcome, e))
 }
 
-async fn call(
-    app: &AppState,
-    req: &EmbedRequest,
-    limit: Duration,
-) -> Result<(Vec<Vec<f32>>, switchyard_schemas::Usage, String), ErrorInfo> {
+async fn call(app: &AppState, req: &EmbedRequest, limit: Duration) -> Result<Reply, ErrorInfo> {
     let payload =
         serde_json::to_vec(req).map_err(|e| ErrorInfo::new(ErrorClass::Internal, e.to_string()))?;
     let subject = app.subjects.request(CAP_EMBED, &req.target.provider);
@@ -248,7 +302,11 @@ async fn call(
             vectors,
             usage,
             worker,
-        }) => Ok((vectors, usage, worker)),
+        }) => Ok(Reply {
+            vectors,
+            usage,
+            worker,
+        }),
         Ok(EmbedReply::Error { error }) => Err(error),
         Err(e) => Err(ErrorInfo::new(
             ErrorClass::Internal,

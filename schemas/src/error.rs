@@ -55,7 +55,7 @@ pub enum TargetHealth {
 
 /// What to do after a failure — the one place retryability is decided. The worker's retry
 /// (`workers/src/retry.rs`), the breaker (`workers/src/breaker.rs`) and ingress's fallback
-/// (`ingress/src/route.rs`) all read it.
+/// (`judge` in `ingress/src/route/attempt.rs`) all read it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Disposition {
     /// The worker may call the same target again (before any content reached the client):

@@ -114,3 +114,60 @@ async fn bad_input_and_unsupported_provider() {
     .await;
     assert_eq!(status, 200);
 }
+
+/// Embeddings go through the chat attempt engine: the same fallback headers, metrics and charge
+/// event bookkeeping.
+#[tokio::test]
+async fn fallback_is_recorded_like_chat() {
+    let gw = start(Options {
+        billing: true,
+        ..Options::default()
+    })
+    .await;
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v1/embeddings", gw.base))
+        .bearer_auth("sk-test")
+        .json(&serde_json::json!({"model": "demo/fallback", "input": "x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let h = resp.headers();
+    assert_eq!(h["x-switchyard-target"], "mock");
+    assert_eq!(h["x-switchyard-fallbacks"], "1");
+    let id = h["x-request-id"].to_str().unwrap().to_owned();
+    resp.bytes().await.unwrap();
+    let (status, _) = embed(
+        &gw.base,
+        serde_json::json!({"model": "demo/dead", "input": "x"}),
+    )
+    .await;
+    assert_eq!(status, 502);
+    let text = metrics_text(&gw.base).await;
+    for line in [
+        "switchyard_requests_total{model=\"demo/fallback\",target=\"mock\",status=\"200\"} 1",
+        "switchyard_requests_total{model=\"demo/dead\",target=\"dead\",status=\"502\"} 1",
+        "switchyard_fallbacks_total{model=\"demo/fallback\"} 1",
+        "switchyard_in_flight{target=\"mock\"} 0",
+        "switchyard_in_flight{target=\"dead\"} 0",
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing `{line}` in\n{text}"
+        );
+    }
+    let ledger = gw.ledger.clone().unwrap();
+    let id: uuid::Uuid = id.parse().unwrap();
+    let charge = eventually(std::time::Duration::from_secs(10), || {
+        let ledger = ledger.clone();
+        async move {
+            let rows = ledger.usage_for(id).await.unwrap();
+            rows.into_iter()
+                .find(|r| r.kind == switchyard_schemas::UsageKind::Charge)
+        }
+    })
+    .await;
+    assert_eq!(charge.target.as_deref(), Some("mock"));
+    assert_eq!(charge.fallbacks, 1);
+    assert_eq!(charge.status, switchyard_schemas::usage::UsageStatus::Ok);
+}

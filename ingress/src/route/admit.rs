@@ -1,0 +1,131 @@
+//! The admit stage: which model serves the request, and whether the caller's budgets admit it.
+
+use super::timeouts::RequestTimeouts;
+use super::{Inbound, RequestHints, routed_model};
+use crate::AppState;
+use crate::budget;
+use crate::charge::Charge;
+use crate::error::ApiError;
+use crate::metrics::Outcome;
+use std::sync::Arc;
+use std::time::Instant;
+use switchyard_schemas::config::{GatewayConfig, ModelConfig};
+use switchyard_schemas::request::TargetRef;
+use switchyard_schemas::routing::Policy;
+use switchyard_schemas::{ChatRequest, ErrorInfo, now_ms};
+use uuid::Uuid;
+
+/// The records every admitted request keeps until its outcome: the `charge` usage event (which
+/// also settles the budget reservation) and the metrics outcome. Chat and embeddings both use it.
+pub struct Ledger {
+    /// The charge event.
+    pub charge: Charge,
+    /// The request's metrics record.
+    pub outcome: Outcome,
+}
+
+impl Ledger {
+    /// Records `error` as the request's outcome (the charge with its class, the metrics with its
+    /// HTTP status) and returns it as the client's error.
+    pub fn fail(self, error: ErrorInfo) -> ApiError {
+        let Self {
+            charge,
+            mut outcome,
+        } = self;
+        charge.finish(Some(error.class));
+        let api = ApiError::from(error);
+        outcome.finish(api.status.as_u16());
+        api
+    }
+}
+
+/// A chat request the gateway accepted: what the plan and attempt stages work from.
+pub struct Admitted<'c> {
+    /// The model that serves (the cheaper one after a budget downgrade).
+    pub model: &'c ModelConfig,
+    /// Its routing policy, if it names one.
+    pub policy: Option<&'c Policy>,
+    /// The model the client asked for, when the downgrade served a cheaper one.
+    pub downgraded_from: Option<String>,
+    /// The normalised request; `target` is empty and `attempt` 0 until an attempt fills them.
+    pub req: ChatRequest,
+    /// The request's timeouts (global, with the policy's overrides).
+    pub timeouts: RequestTimeouts,
+    /// When the whole request expires (admission + `timeouts.total`).
+    pub deadline: Instant,
+    /// Charge event and metrics outcome.
+    pub ledger: Ledger,
+}
+
+/// Admits `inbound`: the routed model (`x-switchyard-route` or the body's), the cost-priority
+/// downgrade ([`budget::choose_model`]) and the budget reservation ([`budget::reserve_for`]).
+/// A refusal is counted in the metrics but leaves no usage record.
+pub async fn admit<'c>(
+    app: &Arc<AppState>,
+    config: &'c GatewayConfig,
+    inbound: Inbound,
+    hints: &RequestHints,
+) -> Result<Admitted<'c>, ApiError> {
+    let model = routed_model(config, &inbound.model, hints)?;
+    let admitted = Instant::now();
+    let id = Uuid::now_v7();
+    let caller = crate::auth::current_caller();
+    let scopes = budget::scopes(config, &caller);
+    let reject = |model: &ModelConfig, e: ApiError| {
+        Outcome::new(&app.metrics, &model.id, admitted).finish(e.status.as_u16());
+        e
+    };
+    let (model, downgraded_from) = budget::choose_model(app, config, model, &scopes)
+        .await
+        .map_err(|e| reject(model, e))?;
+    let policy = model.policy.as_deref().and_then(|p| config.policy(p));
+    let timeouts = RequestTimeouts::of(config, policy);
+    let deadline = admitted + timeouts.total;
+    let deadline_ms = now_ms() + timeouts.total.as_millis() as u64;
+    let reservation = budget::reserve_for(
+        app,
+        config,
+        model,
+        scopes,
+        &inbound.messages,
+        &inbound.tools,
+        inbound.params.max_tokens,
+        deadline_ms,
+    )
+    .await
+    .map_err(|e| reject(model, e))?;
+    let req = ChatRequest {
+        id,
+        tenant: caller.tenant,
+        key_id: caller.key_id,
+        // The configured model routed by: usage and prices key on it.
+        model: model.id.clone(),
+        target: TargetRef {
+            id: String::new(),
+            provider: String::new(),
+            upstream_model: String::new(),
+        },
+        messages: inbound.messages,
+        tools: inbound.tools,
+        tool_choice: inbound.tool_choice,
+        params: inbound.params,
+        stream: inbound.stream,
+        include_usage: inbound.include_usage,
+        deadline_ms,
+        attempt: 0,
+    };
+    let mut charge = Charge::new(app.clone(), &req, admitted);
+    if let Some(r) = reservation {
+        charge.reserved(r);
+    }
+    let outcome = Outcome::new(&app.metrics, &model.id, admitted);
+    Ok(Admitted {
+        model,
+        policy,
+        downgraded_from,
+        req,
+        timeouts,
+        deadline,
+        ledger: Ledger { charge, outcome },
+    })
+}

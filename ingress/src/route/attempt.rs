@@ -1,0 +1,277 @@
+//! The attempts stage: one engine ([`attempts`]) tries the planned candidates in order for every
+//! kind of request. Per candidate it records the attempt (charge event, metrics, in-flight
+//! count), lets the [`Dispatch`] kind try it, and decides by [`judge`] — the only place ingress
+//! reads [`ErrorInfo::disposition`] — whether the next target may be tried and whether the
+//! failure counts against the target's health. Chat plugs in `ChatStream` (publish, read frames
+//! until the attempt commits); embeddings a NATS request/reply (`crate::embeddings`).
+
+use super::Served;
+use super::admit::{Admitted, Ledger};
+use super::feed::FrameFeed;
+use super::plan::{Planned, Trimming};
+use super::timeouts::{Expiry, RequestTimeouts};
+use crate::AppState;
+use crate::dispatch::Attempt;
+use crate::error::ApiError;
+use crate::health::InFlight;
+use crate::trim;
+use std::collections::VecDeque;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Instant;
+use switchyard_schemas::config::TargetConfig;
+use switchyard_schemas::request::TargetRef;
+use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, FrameBody};
+use uuid::Uuid;
+
+/// One way of trying a target, driven by [`attempts`].
+pub trait Dispatch {
+    /// What a successful attempt hands on (for chat, the opened frame stream).
+    type Committed;
+
+    /// An error that ends the request before `target` is tried (its deadline passed); `None`
+    /// to go on. The target is then not recorded as attempted.
+    fn expired(&self, _target: &TargetConfig) -> Option<ErrorInfo> {
+        None
+    }
+
+    /// Attempt number `attempt` (0-based, the wire's `attempt`) on `target`: `Ok` once it
+    /// committed, else its classified failure.
+    fn attempt(
+        &mut self,
+        target: &TargetConfig,
+        attempt: u32,
+    ) -> impl Future<Output = Result<Self::Committed, ErrorInfo>> + Send;
+}
+
+/// The attempt that committed.
+pub struct Won<'c, C> {
+    /// What its dispatch handed on.
+    pub committed: C,
+    /// The target that served.
+    pub target: &'c TargetConfig,
+    /// Failed attempts before it.
+    pub fallbacks: u32,
+    /// Its in-flight count; held until the answer ends.
+    pub in_flight: InFlight,
+}
+
+/// Tries `targets` in order with `dispatch` until one commits. Each attempt is recorded in
+/// `ledger` (target, fallbacks) and the in-flight counts; a success marks the target healthy.
+/// The error (the first that allows no fallback, else the last) is the request's; the caller
+/// records it with [`Ledger::fail`].
+pub async fn attempts<'c, D: Dispatch>(
+    app: &AppState,
+    request: Uuid,
+    ledger: &mut Ledger,
+    targets: Vec<&'c TargetConfig>,
+    dispatch: &mut D,
+) -> Result<Won<'c, D::Committed>, ErrorInfo> {
+    let mut last_err = None;
+    for (n, target) in (0u32..).zip(targets) {
+        if let Some(e) = dispatch.expired(target) {
+            last_err = Some(e);
+            break;
+        }
+        ledger.charge.attempt(&target.id, &target.upstream_model, n);
+        ledger.outcome.attempt(&target.id);
+        let in_flight = app.stats.start(&target.id, &app.metrics);
+        match dispatch.attempt(target, n).await {
+            Ok(committed) => {
+                app.health.success(&target.id);
+                return Ok(Won {
+                    committed,
+                    target,
+                    fallbacks: n,
+                    in_flight,
+                });
+            }
+            Err(error) => {
+                if !judge(app, &target.id, &error) {
+                    return Err(error);
+                }
+                tracing::info!(request = %request, target = %target.id, error = %error,
+                    "attempt failed, trying next target");
+                last_err = Some(error);
+            }
+        }
+    }
+    Err(last_err.unwrap_or_else(|| {
+        ErrorInfo::new(ErrorClass::NoCapacity, "no enabled target for this model")
+    }))
+}
+
+/// What `error` on `target` means, decided once for every path (before commit and after content
+/// alike) from [`ErrorInfo::disposition`]: returns whether another target may be tried, and counts
+/// a failure that allows it and degrades the target against the target's passive health (a
+/// worker's own admission refusal, with no upstream status, does not degrade it).
+pub fn judge(app: &AppState, target: &str, error: &ErrorInfo) -> bool {
+    let d = error.disposition();
+    if d.fallback && d.degrades && app.health.failure(target) {
+        tracing::warn!(target = %target, "consecutive failures: target degraded in this ingress");
+    }
+    d.fallback
+}
+
+/// The attempts stage of a chat request: [`attempts`] with the frame-stream dispatch, then the
+/// committed feed. Errors are recorded in the ledger before they are returned.
+pub(super) async fn chat(
+    app: &Arc<AppState>,
+    admitted: Admitted<'_>,
+    planned: Planned<'_>,
+) -> Result<FrameFeed, ApiError> {
+    let Admitted {
+        req,
+        timeouts,
+        deadline,
+        mut ledger,
+        downgraded_from,
+        ..
+    } = admitted;
+    let request_id = req.id;
+    let mut stream = ChatStream {
+        app,
+        req,
+        trim: planned.trim,
+        timeouts,
+        deadline,
+    };
+    let won = match attempts(app, request_id, &mut ledger, planned.targets, &mut stream).await {
+        Ok(w) => w,
+        Err(e) => return Err(ledger.fail(e)),
+    };
+    let opened = won.committed;
+    let served = Served {
+        request_id,
+        target: won.target.id.clone(),
+        worker: opened.attempt.worker().unwrap_or("").to_owned(),
+        fallbacks: won.fallbacks,
+        trimmed: opened.trimmed,
+        downgraded_from,
+    };
+    Ok(FrameFeed::new(
+        app.clone(),
+        ledger,
+        served,
+        opened,
+        won.in_flight,
+        timeouts,
+        deadline,
+    ))
+}
+
+/// A chat attempt that committed: its reply stream and what was read before the commit.
+pub(super) struct Opened {
+    /// The reply stream.
+    pub attempt: Attempt,
+    /// Frames read before the commit, in order.
+    pub buffered: VecDeque<FrameBody>,
+    /// When the request was published.
+    pub dispatched: Instant,
+    /// When the first content frame arrived, if one did.
+    pub first_content: Option<Instant>,
+    /// When the latest content frame arrived, if one did.
+    pub last_content: Option<Instant>,
+    /// Messages dropped to fit this target's context window.
+    pub trimmed: Option<usize>,
+}
+
+/// The chat dispatch: trims for the target, publishes the request on `sy.req.chat.<provider>`
+/// and reads its frames until the attempt commits — the first content (streaming client) or the
+/// terminal frame (non-streaming: it can still fall back, the client has seen nothing).
+pub(super) struct ChatStream<'a> {
+    app: &'a AppState,
+    req: ChatRequest,
+    trim: Option<Trimming>,
+    timeouts: RequestTimeouts,
+    deadline: Instant,
+}
+
+impl ChatStream<'_> {
+    /// Fits the conversation to `target`'s context window, from the original every time;
+    /// returns the messages dropped.
+    fn trim_for(&mut self, target: &TargetConfig) -> Option<usize> {
+        let t = self.trim.as_ref()?;
+        let budget = target
+            .context_window
+            .map(|w| w.saturating_sub(t.max_tokens));
+        match budget.and_then(|b| trim::trim(&t.original, &t.estimate, b)) {
+            Some(cut) => {
+                tracing::info!(request = %self.req.id, target = %target.id, dropped = cut.dropped,
+                    tokens = cut.tokens, "trimmed the conversation to the context window");
+                self.req.messages = cut.messages;
+                Some(cut.dropped)
+            }
+            None => {
+                if self.req.messages.len() != t.original.len() {
+                    self.req.messages = t.original.clone();
+                }
+                None
+            }
+        }
+    }
+}
+
+impl Dispatch for ChatStream<'_> {
+    type Committed = Opened;
+
+    fn expired(&self, target: &TargetConfig) -> Option<ErrorInfo> {
+        (Instant::now() >= self.deadline).then(|| self.timeouts.error(Expiry::Total, &target.id))
+    }
+
+    async fn attempt(&mut self, target: &TargetConfig, attempt: u32) -> Result<Opened, ErrorInfo> {
+        self.req.target = TargetRef {
+            id: target.id.clone(),
+            provider: target.provider.as_str().to_owned(),
+            upstream_model: target.upstream_model.clone(),
+        };
+        self.req.attempt = attempt;
+        let trimmed = self.trim_for(target);
+        let dispatched = Instant::now();
+        let mut attempt = self.app.dispatcher.send(&self.req).await?;
+        let t = self.timeouts;
+        let mut buffered = VecDeque::new();
+        let mut limit = t.first_frame;
+        let mut first_content: Option<Instant> = None;
+        let mut last_content: Option<Instant> = None;
+        loop {
+            let (until, why) = t.wait(self.deadline, dispatched, last_content);
+            let frame = match tokio::time::timeout_at(until.into(), attempt.next(limit)).await {
+                Ok(f) => f,
+                Err(_) => return Err(t.error(why, &target.id)),
+            };
+            limit = t.silence;
+            match frame {
+                FrameBody::Start { .. } => {}
+                FrameBody::Error { error, .. } => return Err(error),
+                f => {
+                    if f.is_content() {
+                        let now = Instant::now();
+                        if first_content.is_none() {
+                            first_content = Some(now);
+                            let ttft = now.duration_since(dispatched).as_secs_f64() * 1000.0;
+                            self.app.stats.record_ttft(&target.id, ttft);
+                        }
+                        last_content = Some(now);
+                    }
+                    let commit = if self.req.stream {
+                        f.is_content() || f.is_terminal()
+                    } else {
+                        f.is_terminal()
+                    };
+                    buffered.push_back(f);
+                    if commit {
+                        return Ok(Opened {
+                            attempt,
+                            buffered,
+                            dispatched,
+                            first_content,
+                            last_content,
+                            trimmed,
+                        });
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,186 @@
+//! The feed stage: the committed attempt's frames, in order, as the front doors read them; it
+//! settles the request (charge, metrics, health) when the terminal frame passes.
+
+use super::Served;
+use super::admit::Ledger;
+use super::attempt::{Opened, judge};
+use super::timeouts::RequestTimeouts;
+use crate::AppState;
+use crate::charge::Charge;
+use crate::dispatch::Attempt;
+use crate::error::ApiError;
+use crate::health::InFlight;
+use crate::metrics::Outcome;
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
+use switchyard_schemas::{ErrorInfo, FinishReason, FrameBody, Usage};
+
+/// The frames of the committed attempt, in order, ending with `End` or `Error`. Keeps the charge
+/// event and the metrics up to date as frames pass; dropping the feed early (client gone) cancels
+/// the upstream call and records the request as cancelled.
+pub struct FrameFeed {
+    app: Arc<AppState>,
+    attempt: Attempt,
+    buffered: VecDeque<FrameBody>,
+    charge: Option<Charge>,
+    outcome: Outcome,
+    in_flight: Option<InFlight>,
+    timeouts: RequestTimeouts,
+    deadline: Instant,
+    dispatched: Instant,
+    last_content: Option<Instant>,
+    /// Who served.
+    pub served: Served,
+    done: bool,
+}
+
+impl FrameFeed {
+    /// The feed of the committed attempt `opened`, served as `served`; it takes over the
+    /// request's `ledger` and the attempt's `in_flight` count.
+    pub(super) fn new(
+        app: Arc<AppState>,
+        ledger: Ledger,
+        served: Served,
+        opened: Opened,
+        in_flight: InFlight,
+        timeouts: RequestTimeouts,
+        deadline: Instant,
+    ) -> Self {
+        let Ledger { charge, outcome } = ledger;
+        if let Some(at) = opened.first_content {
+            outcome.first_content(at);
+        }
+        Self {
+            app,
+            attempt: opened.attempt,
+            buffered: opened.buffered,
+            charge: Some(charge),
+            outcome,
+            in_flight: Some(in_flight),
+            timeouts,
+            deadline,
+            dispatched: opened.dispatched,
+            last_content: opened.last_content,
+            served,
+            done: false,
+        }
+    }
+
+    /// The next frame (`Start` and heartbeats are skipped); `None` after the terminal frame.
+    pub async fn next(&mut self) -> Option<FrameBody> {
+        loop {
+            if self.done {
+                return None;
+            }
+            let frame = match self.buffered.pop_front() {
+                Some(f) => f,
+                None => {
+                    let t = self.timeouts;
+                    let (until, why) = t.wait(self.deadline, self.dispatched, self.last_content);
+                    let next = self.attempt.next(t.silence);
+                    match tokio::time::timeout_at(until.into(), next).await {
+                        Ok(f) => f,
+                        Err(_) => FrameBody::Error {
+                            error: t.error(why, &self.served.target),
+                            content_sent: self.last_content.is_some(),
+                        },
+                    }
+                }
+            };
+            if frame.is_content() {
+                self.last_content = Some(Instant::now());
+            }
+            if let Some(c) = self.charge.as_mut() {
+                match &frame {
+                    FrameBody::Text { text } => c.content(text.len()),
+                    FrameBody::ToolCall { arguments, .. } => c.content(arguments.len()),
+                    FrameBody::Usage { usage } => c.usage(*usage),
+                    _ => {}
+                }
+            }
+            match &frame {
+                FrameBody::Start { .. } | FrameBody::Heartbeat => continue,
+                FrameBody::End { .. } => {
+                    self.done = true;
+                    if let Some(c) = self.charge.take() {
+                        c.finish(None);
+                    }
+                    self.outcome.finish(200);
+                    self.in_flight = None;
+                }
+                FrameBody::Error { error, .. } => {
+                    self.done = true;
+                    if let Some(c) = self.charge.take() {
+                        c.finish(Some(error.class));
+                    }
+                    // No fallback after the commit, but the same judgement of the target.
+                    judge(&self.app, &self.served.target, error);
+                    self.outcome
+                        .finish(ApiError::from(error.clone()).status.as_u16());
+                    self.in_flight = None;
+                }
+                _ => {}
+            }
+            return Some(frame);
+        }
+    }
+
+    /// Reads the whole answer (non-streaming clients).
+    pub async fn collect(mut self) -> Result<Aggregate, ErrorInfo> {
+        let mut agg = Aggregate::default();
+        while let Some(f) = self.next().await {
+            match f {
+                FrameBody::Text { text } => agg.text.push_str(&text),
+                FrameBody::ToolCall {
+                    index,
+                    id,
+                    name,
+                    arguments,
+                } => {
+                    let i = index as usize;
+                    if agg.tool_calls.len() <= i {
+                        agg.tool_calls.resize(i + 1, ToolCallAcc::default());
+                    }
+                    let call = &mut agg.tool_calls[i];
+                    if let Some(id) = id {
+                        call.id = id;
+                    }
+                    if let Some(name) = name {
+                        call.name = name;
+                    }
+                    call.arguments.push_str(&arguments);
+                }
+                FrameBody::Usage { usage } => agg.usage = Some(usage),
+                FrameBody::End { finish_reason } => agg.finish = finish_reason,
+                FrameBody::Error { error, .. } => return Err(error),
+                FrameBody::Start { .. } | FrameBody::Heartbeat => {}
+            }
+        }
+        Ok(agg)
+    }
+}
+
+/// A tool call accumulated from deltas.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ToolCallAcc {
+    /// Call id.
+    pub id: String,
+    /// Function name.
+    pub name: String,
+    /// Concatenated JSON argument pieces.
+    pub arguments: String,
+}
+
+/// A complete answer.
+#[derive(Debug, Default, Clone)]
+pub struct Aggregate {
+    /// All text.
+    pub text: String,
+    /// Tool calls by index.
+    pub tool_calls: Vec<ToolCallAcc>,
+    /// Why it stopped.
+    pub finish: FinishReason,
+    /// Upstream-reported usage.
+    pub usage: Option<Usage>,
+}

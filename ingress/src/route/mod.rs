@@ -1,0 +1,285 @@
+//! Front-door-neutral routing, in stages a reader follows top to bottom in [`route_with`]:
+//!
+//! 1. **admit** ([`admit::admit`], `admit.rs`): the routed model, the cost-priority downgrade and
+//!    the budget reservation → an [`Admitted`] request with its [`Ledger`] (charge event +
+//!    metrics outcome); a refusal here is counted in the metrics but leaves no usage record.
+//! 2. **plan** ([`plan::plan`], `plan.rs`): needs, prompt estimate, [`crate::strategy::plan`],
+//!    the degraded-target probe → a [`Planned`] list of candidates in order.
+//! 3. **attempts** ([`attempt::attempts`], `attempt.rs`): the one attempt engine — per candidate
+//!    record the attempt, dispatch, and decide fallback and passive health by
+//!    [`switchyard_schemas::ErrorInfo::disposition`] ([`attempt::judge`]). Chat plugs in a
+//!    frame-stream dispatch (trim, publish, read until commit); embeddings
+//!    ([`crate::embeddings`]) a request/reply one.
+//! 4. **feed** ([`FrameFeed`], `feed.rs`): the committed attempt's frames for the front door's
+//!    encoder; it settles the charge and the metrics when the terminal frame passes.
+//!
+//! Fallback rule: a streaming request moves to the next target only before its first content
+//! frame; the HTTP headers are held until then. After content went out, a failure becomes an
+//! in-stream error event — never a silent end, never a second answer. A non-streaming request can
+//! fall back at any point before its answer is complete, since the client has seen nothing.
+//!
+//! Client headers (all optional; target lists are comma-separated target ids):
+//!
+//! | header | effect |
+//! |---|---|
+//! | `x-switchyard-route` | route by this model id or route tag instead of the body's `model` (the response still echoes the body's `model`) |
+//! | `x-switchyard-only` | consider only these targets |
+//! | `x-switchyard-ignore` | never use these targets |
+//! | `x-switchyard-order` | try these targets first, in this order (the rest follow in the policy's order) |
+//! | `x-switchyard-user` | the user id the canary split hashes (default: the body's `user`) |
+//!
+//! The front-door handlers only see the body, so [`capture_hints`] (a middleware on every route)
+//! reads these headers into a task-local that [`route`] picks up.
+//!
+//! Timeouts per attempt ([`RequestTimeouts`], `timeouts.rs`): no frame at all within
+//! `timeouts.first_frame_ms` (no worker picked the request up) and no frame or heartbeat within
+//! `timeouts.worker_silence_ms` (the worker is gone) move on to the next target. The model's
+//! policy can add: `timeouts.first_byte_ms` — no content from the target within this since
+//! dispatch → next target; `timeouts.idle_ms` — no content for this long (heartbeats do not
+//! count) → next target, or an error event once content went out; `timeouts.total_ms` (default
+//! the global `timeouts.total_ms`) — the whole request, admission to last frame: a 504 (or an
+//! error event) and the deadline workers are given.
+//!
+//! Response headers: `x-request-id`, `x-switchyard-target`, `x-switchyard-worker`,
+//! `x-switchyard-fallbacks`, and `x-switchyard-trimmed` (messages dropped by `trim_context`).
+
+pub mod admit;
+pub mod attempt;
+mod feed;
+pub mod plan;
+mod timeouts;
+
+pub use admit::{Admitted, Ledger};
+pub use feed::{Aggregate, FrameFeed, ToolCallAcc};
+pub use plan::Planned;
+pub use timeouts::RequestTimeouts;
+
+use crate::AppState;
+use crate::error::ApiError;
+use crate::strategy::{self, Observed, Preferences};
+use axum::http::{HeaderMap, HeaderValue};
+use axum::response::Response;
+use std::sync::Arc;
+use switchyard_schemas::config::{GatewayConfig, ModelConfig, TargetConfig};
+use switchyard_schemas::request::{Message, SamplingParams, Tool};
+use uuid::Uuid;
+
+/// Header: route by this model id or route tag instead of the body's `model`.
+pub const HEADER_ROUTE: &str = "x-switchyard-route";
+/// Header: only these target ids.
+pub const HEADER_ONLY: &str = "x-switchyard-only";
+/// Header: never these target ids.
+pub const HEADER_IGNORE: &str = "x-switchyard-ignore";
+/// Header: these target ids first, in order.
+pub const HEADER_ORDER: &str = "x-switchyard-order";
+/// Header: the user id for canary hashing.
+pub const HEADER_USER: &str = "x-switchyard-user";
+/// Response header: the model asked for, when a budget's `downgrade_at` served a cheaper one.
+pub const HEADER_DOWNGRADED: &str = "x-switchyard-downgraded-from";
+/// Response header: messages dropped by context trimming.
+pub const HEADER_TRIMMED: &str = "x-switchyard-trimmed";
+
+/// The routing headers of one request.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RequestHints {
+    /// `x-switchyard-route`.
+    pub route: Option<String>,
+    /// `x-switchyard-user`.
+    pub user: Option<String>,
+    /// `x-switchyard-only`.
+    pub only: Option<Vec<String>>,
+    /// `x-switchyard-ignore`.
+    pub ignore: Vec<String>,
+    /// `x-switchyard-order`.
+    pub order: Vec<String>,
+}
+
+impl RequestHints {
+    /// Reads the `x-switchyard-*` routing headers (values that are not UTF-8 are ignored).
+    pub fn from_headers(h: &HeaderMap) -> Self {
+        let text = |name: &str| {
+            h.get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::trim)
+                .filter(|v| !v.is_empty())
+                .map(str::to_owned)
+        };
+        let list = |name: &str| -> Vec<String> {
+            h.get_all(name)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .flat_map(|v| v.split(','))
+                .map(str::trim)
+                .filter(|v| !v.is_empty())
+                .map(str::to_owned)
+                .collect()
+        };
+        let only = list(HEADER_ONLY);
+        Self {
+            route: text(HEADER_ROUTE),
+            user: text(HEADER_USER),
+            only: (!only.is_empty()).then_some(only),
+            ignore: list(HEADER_IGNORE),
+            order: list(HEADER_ORDER),
+        }
+    }
+
+    /// The preferences for [`strategy::plan`]; `body_user` is the request body's `user`.
+    pub fn preferences(&self, body_user: Option<&str>) -> Preferences {
+        Preferences {
+            only: self.only.clone(),
+            ignore: self.ignore.clone(),
+            order: self.order.clone(),
+            user: self.user.clone().or_else(|| body_user.map(str::to_owned)),
+        }
+    }
+}
+
+tokio::task_local! {
+    static HINTS: RequestHints;
+}
+
+/// Middleware: makes the request's routing headers available to [`route`] and
+/// [`current_hints`] while the handler runs.
+pub async fn capture_hints(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let hints = RequestHints::from_headers(req.headers());
+    HINTS.scope(hints, next.run(req)).await
+}
+
+/// The routing headers of the request being handled (empty outside [`capture_hints`]).
+pub fn current_hints() -> RequestHints {
+    HINTS.try_with(Clone::clone).unwrap_or_default()
+}
+
+/// The model to route by: `x-switchyard-route` when given, else the body's `model`.
+pub fn routed_model<'a>(
+    config: &'a GatewayConfig,
+    body_model: &str,
+    hints: &RequestHints,
+) -> Result<&'a ModelConfig, ApiError> {
+    let id = hints.route.as_deref().unwrap_or(body_model);
+    config.model(id).ok_or_else(|| {
+        let mut e = ApiError::model_not_found(id);
+        if hints.route.is_some() {
+            e.param = Some(HEADER_ROUTE.into());
+        }
+        e
+    })
+}
+
+/// What this ingress knows about `target` now.
+pub fn observe(app: &AppState, target: &TargetConfig) -> Observed {
+    Observed {
+        health: app.health.state(&target.id),
+        ttft_ms: app.stats.ttft_ms(&target.id),
+        in_flight: app.stats.in_flight(&target.id),
+        cost: app
+            .catalog
+            .as_deref()
+            .and_then(|c| strategy::cost_per_million(c, &target.upstream_model)),
+        capabilities: app.capabilities.get(target.provider),
+    }
+}
+
+/// Room left in a NATS message for the normalised request's own fields, bytes.
+const ENVELOPE_BYTES: usize = 4096;
+
+/// 413 when a body could not fit in one NATS message (the server's `max_payload`).
+pub fn check_size(app: &AppState, body_len: usize) -> Result<(), ApiError> {
+    let max = app.nats.server_info().max_payload;
+    if body_len + ENVELOPE_BYTES <= max {
+        return Ok(());
+    }
+    Err(ApiError {
+        status: axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+        message: format!(
+            "Request body of {body_len} bytes exceeds this gateway's limit of {} bytes.",
+            max.saturating_sub(ENVELOPE_BYTES)
+        ),
+        kind: "invalid_request_error",
+        param: None,
+        code: Some("request_too_large"),
+        retry_after_s: None,
+    })
+}
+
+/// What a front door parsed, before routing.
+#[derive(Debug)]
+pub struct Inbound {
+    /// Standard model id or route tag.
+    pub model: String,
+    /// Conversation.
+    pub messages: Vec<Message>,
+    /// Tools.
+    pub tools: Vec<Tool>,
+    /// OpenAI-shaped `tool_choice`.
+    pub tool_choice: Option<serde_json::Value>,
+    /// Sampling parameters.
+    pub params: SamplingParams,
+    /// SSE requested.
+    pub stream: bool,
+    /// Final usage chunk requested (OpenAI front door).
+    pub include_usage: bool,
+}
+
+/// Headers naming who served, added to every routed response.
+#[derive(Debug, Clone)]
+pub struct Served {
+    /// Request id.
+    pub request_id: Uuid,
+    /// Target that served.
+    pub target: String,
+    /// Worker process that served.
+    pub worker: String,
+    /// Failed attempts before it.
+    pub fallbacks: u32,
+    /// Messages dropped to fit the target's context window (`trim_context`), if any.
+    pub trimmed: Option<usize>,
+    /// The model the client asked for, when cost-priority routing served a cheaper one.
+    pub downgraded_from: Option<String>,
+}
+
+impl Served {
+    /// Adds `x-request-id`, `x-switchyard-target`, `x-switchyard-worker`, `x-switchyard-fallbacks`
+    /// and, after trimming, `x-switchyard-trimmed`.
+    pub fn apply(&self, resp: &mut Response) {
+        let h = resp.headers_mut();
+        let mut put = |k: &'static str, v: &str| {
+            if let Ok(v) = HeaderValue::from_str(v) {
+                h.insert(k, v);
+            }
+        };
+        put("x-request-id", &self.request_id.to_string());
+        put("x-switchyard-target", &self.target);
+        put("x-switchyard-worker", &self.worker);
+        put("x-switchyard-fallbacks", &self.fallbacks.to_string());
+        if let Some(n) = self.trimmed {
+            put(HEADER_TRIMMED, &n.to_string());
+        }
+        if let Some(m) = &self.downgraded_from {
+            put(HEADER_DOWNGRADED, m);
+        }
+    }
+}
+
+/// Routes `inbound` with the routing headers of the request being handled ([`current_hints`]).
+pub async fn route(app: &Arc<AppState>, inbound: Inbound) -> Result<FrameFeed, ApiError> {
+    let hints = current_hints();
+    route_with(app, inbound, &hints).await
+}
+
+/// Routes `inbound`: admit → plan → attempts → the committed feed. Every error after admission is
+/// already recorded in the charge event and the metrics.
+pub async fn route_with(
+    app: &Arc<AppState>,
+    inbound: Inbound,
+    hints: &RequestHints,
+) -> Result<FrameFeed, ApiError> {
+    let config = app.config.get();
+    let admitted = admit::admit(app, &config, inbound, hints).await?;
+    let planned = match plan::plan(app, &config, &admitted, hints).await {
+        Ok(p) => p,
+        Err(e) => return Err(admitted.ledger.fail(e)),
+    };
+    attempt::chat(app, admitted, planned).await
+}
