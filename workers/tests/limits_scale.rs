@@ -4,24 +4,29 @@
 //! minute, at most `elapsed_ms × N / 60 000` tokens came back during the test.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use std::sync::Arc;
 use std::time::Instant;
 use switchyard_schemas::config::TargetConfig;
 use switchyard_schemas::{ChatRequest, ErrorClass};
-use switchyard_workers::limits::{LimitKind, Limiter};
+use switchyard_workers::limits::{Admission, LimitKind, Limiter};
 
 /// The server, two limiters on their own connections, and those connections (their message
 /// counters count KV round trips: every read or compare-and-set is one request message).
-async fn limiters() -> (switchyard_natsd::NatsServer, [Limiter; 2], Vec<async_nats::Client>) {
+async fn limiters() -> (
+    switchyard_natsd::NatsServer,
+    [Arc<Limiter>; 2],
+    Vec<async_nats::Client>,
+) {
     let nats = switchyard_natsd::NatsServer::start_temp().unwrap();
     let (mut out, mut clients) = (Vec::new(), Vec::new());
     for _ in 0..2 {
         let c = async_nats::connect(nats.url()).await.unwrap();
         let l = Limiter::connect(&async_nats::jetstream::new(c.clone())).await;
         assert!(l.is_shared());
-        out.push(l);
+        out.push(Arc::new(l));
         clients.push(c);
     }
-    let [a, b]: [Limiter; 2] = out.try_into().unwrap();
+    let [a, b]: [Arc<Limiter>; 2] = out.try_into().unwrap();
     (nats, [a, b], clients)
 }
 
@@ -29,7 +34,11 @@ async fn limiters() -> (switchyard_natsd::NatsServer, [Limiter; 2], Vec<async_na
 fn sent(clients: &[async_nats::Client]) -> u64 {
     clients
         .iter()
-        .map(|c| c.statistics().out_messages.load(std::sync::atomic::Ordering::Relaxed))
+        .map(|c| {
+            c.statistics()
+                .out_messages
+                .load(std::sync::atomic::Ordering::Relaxed)
+        })
         .sum()
 }
 
@@ -57,21 +66,24 @@ fn refill(capacity: u64, ms: u128) -> f64 {
     ms as f64 * capacity as f64 / 60_000.0
 }
 
-/// `n` concurrent admissions alternating between the two limiters: the admitted (with the
-/// index of their limiter), the number rejected `rate_limited`, and any other error.
+/// `n` concurrent admissions, one task each (as a worker runs requests), alternating between
+/// the two limiters: the admitted (with the index of their limiter), the number rejected
+/// `rate_limited`, and any other error.
 async fn admit_all(
-    ls: &[Limiter; 2],
+    ls: &[Arc<Limiter>; 2],
     t: &TargetConfig,
     n: usize,
-) -> (Vec<(usize, switchyard_workers::limits::Admission)>, usize, Vec<String>) {
-    let req = request();
+) -> (Vec<(usize, Admission)>, usize, Vec<String>) {
+    let req = Arc::new(request());
+    let t = Arc::new(t.clone());
     let calls = (0..n).map(|i| {
-        let (l, req) = (&ls[i % 2], &req);
-        async move { (i % 2, l.admit(t, req).await) }
+        let (l, req, t) = (ls[i % 2].clone(), req.clone(), t.clone());
+        tokio::spawn(async move { (i % 2, l.admit(&t, &req).await) })
     });
     let mut admitted = Vec::new();
     let (mut limited, mut other) = (0, Vec::new());
-    for (w, r) in futures::future::join_all(calls).await {
+    for joined in futures::future::join_all(calls).await {
+        let (w, r) = joined.unwrap();
         match r {
             Ok(a) => admitted.push((w, a)),
             Err(e) if e.class == ErrorClass::RateLimited => limited += 1,
@@ -94,8 +106,10 @@ async fn rpm_is_exact_across_two_workers_at_2000_concurrent() {
     let ms = started.elapsed().as_millis();
     let bound = N + refill(N, ms).ceil() as u64;
     eprintln!(
-        "rpm: {} admitted, {limited} rate_limited in {ms} ms (bound [{N}, {bound}]); {}",
+        "rpm: {} admitted ({} by worker 0), {limited} rate_limited in {ms} ms (bound [{N}, \
+         {bound}]); {}",
         admitted.len(),
+        admitted.iter().filter(|(w, _)| *w == 0).count(),
         per_request(&clients, base, 2_000)
     );
     assert!(other.is_empty(), "{other:?}");
@@ -105,8 +119,52 @@ async fn rpm_is_exact_across_two_workers_at_2000_concurrent() {
         admitted.len()
     );
     assert_eq!(admitted.len() + limited, 2_000);
-    // Both workers admitted some: the bucket is shared, not split.
-    assert!(admitted.iter().any(|(w, _)| *w == 0) && admitted.iter().any(|(w, _)| *w == 1));
+    // Each limiter alone would admit 250: the exact total shows the bucket is shared (which
+    // limiter's batch got there first is up to scheduling).
+}
+
+/// Replicas contending: 400 tasks per limiter, each admitting 5 times in a row (4,000 requests,
+/// 800 in flight), against `rpm: 3000`: many small batches from both sides on one key, so
+/// compare-and-set conflicts are certain. Still exact, nothing failed open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rpm_is_exact_under_replica_contention() {
+    let (_nats, ls, clients) = limiters().await;
+    let base = sent(&clients);
+    const N: u64 = 3_000;
+    let t = Arc::new(target("contended", serde_json::json!({"rpm": N})));
+    let req = Arc::new(request());
+    let started = Instant::now();
+    let tasks = (0..800).map(|i| {
+        let (l, t, req) = (ls[i % 2].clone(), t.clone(), req.clone());
+        tokio::spawn(async move {
+            let (mut ok, mut limited, mut other) = (0u64, 0u64, Vec::new());
+            for _ in 0..5 {
+                match l.admit(&t, &req).await {
+                    Ok(_) => ok += 1,
+                    Err(e) if e.class == ErrorClass::RateLimited => limited += 1,
+                    Err(e) => other.push(e.message),
+                }
+            }
+            (i % 2, ok, limited, other)
+        })
+    });
+    let (mut ok, mut limited, mut by_worker) = (0, 0, [0u64; 2]);
+    for joined in futures::future::join_all(tasks).await {
+        let (w, o, l, other) = joined.unwrap();
+        assert!(other.is_empty(), "{other:?}");
+        (ok, limited) = (ok + o, limited + l);
+        by_worker[w] += o;
+    }
+    let ms = started.elapsed().as_millis();
+    let bound = N + refill(N, ms).ceil() as u64;
+    eprintln!(
+        "contended rpm: {ok} admitted {by_worker:?}, {limited} rate_limited in {ms} ms (bound \
+         [{N}, {bound}]); {}",
+        per_request(&clients, base, 4_000)
+    );
+    assert_eq!(ok + limited, 4_000);
+    assert!((N..=bound).contains(&ok), "{ok} admitted");
+    assert!(by_worker.iter().all(|n| *n > 0), "{by_worker:?}");
 }
 
 /// TPM with settlement corrections, in three phases so every count is exact: 1,000 concurrent
@@ -142,7 +200,11 @@ async fn tpm_with_settlements_is_exact_across_two_workers() {
     let ms = started.elapsed().as_millis();
     let low = (T - spent) as f64;
     let high = low + refill(T, ms);
-    let stored = ls[0].bucket("hot-tpm", LimitKind::Tpm).await.unwrap().tokens;
+    let stored = ls[0]
+        .bucket("hot-tpm", LimitKind::Tpm)
+        .await
+        .unwrap()
+        .tokens;
     assert!(
         stored > low - 1e-6 && stored < high + 1e-6,
         "bucket {stored}, expected [{low}, {high}]"
@@ -169,7 +231,6 @@ async fn tpm_with_settlements_is_exact_across_two_workers() {
     );
     assert_eq!(again.len() + limited, 1_000);
 }
-
 
 /// Throughput of admissions on one hot target (limit never reached) through two limiters,
 /// 1,000 in flight at a time. A measurement, not a check: `cargo test -p switchyard-workers
@@ -205,5 +266,8 @@ async fn throughput_on_one_hot_target() {
 /// KV round trips (messages sent) per operation since `base`.
 fn per_request(clients: &[async_nats::Client], base: u64, ops: usize) -> String {
     let n = sent(clients) - base;
-    format!("{n} KV round trips, {:.3} per request", n as f64 / ops as f64)
+    format!(
+        "{n} KV round trips, {:.3} per request",
+        n as f64 / ops as f64
+    )
 }
