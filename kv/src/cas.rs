@@ -79,8 +79,8 @@ pub async fn write<V: Serialize>(
     value: &V,
     revision: u64,
 ) -> Result<u64, WriteError> {
-    let bytes =
-        serde_json::to_vec(value).map_err(|e| WriteError::Failed(KvError::Failed(e.to_string())))?;
+    let bytes = serde_json::to_vec(value)
+        .map_err(|e| WriteError::Failed(KvError::Failed(e.to_string())))?;
     match tokio::time::timeout(KV_TIMEOUT, kv.update(key, bytes.into(), revision)).await {
         Ok(Ok(r)) => Ok(r),
         Ok(Err(e)) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => {

@@ -47,8 +47,12 @@ pub trait Batch: Send + 'static {
     /// Applies `ops` in arrival order to `value`, the entry at the revision the write will
     /// replace; `fresh` when it was read from the store for this attempt (else it is what this
     /// process last wrote or read). Returns one answer per operation, in order.
-    fn apply(&mut self, value: &mut Self::Value, ops: &[Self::Op], fresh: bool)
-    -> Plan<Self::Answer>;
+    fn apply(
+        &mut self,
+        value: &mut Self::Value,
+        ops: &[Self::Op],
+        fresh: bool,
+    ) -> Plan<Self::Answer>;
 
     /// The write of the last [`Self::apply`] was stored.
     fn committed(&mut self) {}
@@ -146,9 +150,9 @@ impl<B: Batch> Leader<B> {
             let (revision, mut value, fresh) = match self.cached.take() {
                 Some((r, v)) => (r, v, false),
                 None => {
-                    let read = load(&self.kv, &self.key).await.and_then(|(r, stored)| {
-                        Ok((r, self.batch.decode(&self.key, stored)?))
-                    });
+                    let read = load(&self.kv, &self.key)
+                        .await
+                        .and_then(|(r, stored)| Ok((r, self.batch.decode(&self.key, stored)?)));
                     match read {
                         Ok((r, v)) => (r, v, true),
                         Err(e) => return self.fail(waiters, &e),
