@@ -82,6 +82,11 @@ pub enum Plan<A> {
 #[error("batch aborted")]
 pub struct Aborted;
 
+/// A queued operation and where its answer goes.
+type Queued<B> = (<B as Batch>::Op, oneshot::Sender<<B as Batch>::Answer>);
+/// Where an operation's answer goes (`None`: an undo nobody waits for).
+type Waiter<B> = Option<oneshot::Sender<<B as Batch>::Answer>>;
+
 struct Leader<B: Batch> {
     kv: kv::Store,
     key: String,
@@ -92,7 +97,7 @@ struct Leader<B: Batch> {
 
 /// The combiner of one key.
 pub struct Combiner<B: Batch> {
-    queue: Mutex<Vec<(B::Op, oneshot::Sender<B::Answer>)>>,
+    queue: Mutex<Vec<Queued<B>>>,
     leader: Arc<tokio::sync::Mutex<Leader<B>>>,
     tasks: TaskTracker,
 }
@@ -129,7 +134,7 @@ impl<B: Batch> Combiner<B> {
 }
 
 impl<B: Batch> Leader<B> {
-    async fn commit(&mut self, batch: Vec<(B::Op, oneshot::Sender<B::Answer>)>) {
+    async fn commit(&mut self, batch: Vec<Queued<B>>) {
         let (mut ops, mut waiters): (Vec<_>, Vec<_>) =
             batch.into_iter().map(|(op, tx)| (op, Some(tx))).unzip();
         let started = Instant::now();
@@ -191,13 +196,12 @@ impl<B: Batch> Leader<B> {
     }
 
     /// Sends every answer; returns the undo operations of answers nobody received.
-    #[allow(clippy::type_complexity)]
     fn deliver(
         &self,
         ops: Vec<B::Op>,
-        waiters: Vec<Option<oneshot::Sender<B::Answer>>>,
+        waiters: Vec<Waiter<B>>,
         answers: Vec<B::Answer>,
-    ) -> (Vec<B::Op>, Vec<Option<oneshot::Sender<B::Answer>>>) {
+    ) -> (Vec<B::Op>, Vec<Waiter<B>>) {
         let mut undo = Vec::new();
         for ((op, waiter), answer) in ops.into_iter().zip(waiters).zip(answers) {
             if let Some(tx) = waiter
@@ -210,7 +214,7 @@ impl<B: Batch> Leader<B> {
         (undo, none)
     }
 
-    fn fail(&self, waiters: Vec<Option<oneshot::Sender<B::Answer>>>, e: &KvError) {
+    fn fail(&self, waiters: Vec<Waiter<B>>, e: &KvError) {
         for tx in waiters.into_iter().flatten() {
             let _ = tx.send(self.batch.failed(e));
         }

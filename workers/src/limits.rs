@@ -7,16 +7,21 @@
 //! (target ids are escaped to the KV key alphabet, see [`bucket_key`]), each the JSON
 //! [`BucketState`] `{"tokens": f64, "updated_ms": u64}`. A bucket's capacity is the per-minute
 //! value and it refills continuously at capacity / 60 000 ms, computed by whoever touches it next;
-//! an absent key is a full bucket. Every change is a compare-and-set on the key's revision
-//! (`Nats-Expected-Last-Subject-Sequence`), retried on conflict, so replicas never lose an update.
+//! an absent key is a full bucket. Every change is a compare-and-set on the key's revision, so
+//! replicas never lose an update.
 //!
 //! Capacity and rate come from the live config on every operation: a changed `rpm` applies to the
 //! next request (a lowered capacity clamps the stored tokens).
 //!
-//! Each process keeps the last revision it wrote or read per key and tries that first, so an
-//! uncontended take is one round trip (an update); a conflict costs a read and another update. One
-//! operation per key is in flight per process (an async mutex), so replicas only race each other.
-//! A rejection is confirmed with a fresh read before it is returned.
+//! The operations of one worker process on one key are group-committed
+//! ([`switchyard_kv::combine`]): the first caller leads, applies every queued take, refund and
+//! charge in arrival order to the key's last known revision and writes once; the others get
+//! their answers. So a hot target costs one KV write per batch, not per request, and the
+//! contenders for a key are worker processes. A conflict with another replica re-reads the key
+//! and re-applies the batch after a jittered backoff, for up to 5 s (then fail-open, below). A
+//! shortage computed from the cached revision is confirmed with a fresh read (another replica
+//! may have refunded); a request costing more than the capacity is refused without one. A take
+//! whose caller went away before its answer is given back.
 //!
 //! TPM is charged before the call with an estimate ([`estimate_tokens`]: o200k tokens of the
 //! prompt + `max_tokens`, 256 when absent) and corrected after it with the actual usage
@@ -31,7 +36,7 @@
 //! # Rejections
 //!
 //! A request rejected by one limit consumes nothing of the others: admission takes a concurrency
-//! slot, then RPM and TPM in parallel (one KV round trip each, at the same time), and gives back
+//! slot, then RPM and TPM in parallel (each in its key's batch, at the same time), and gives back
 //! what it took when another one says no. Rejections are
 //! retryable errors (`no_capacity` for concurrency, `rate_limited` with `retry_after_ms` for the
 //! buckets), so ingress moves on to the next target.
@@ -39,8 +44,10 @@
 //! # Failure of the shared store
 //!
 //! Without JetStream (or when the bucket cannot be opened) the buckets are process-local (logged).
-//! A KV operation that fails at run time (timeout, server gone) admits the request (fail-open,
-//! logged): a limit outage must not become a gateway outage.
+//! A KV operation that fails at run time (timeout, server gone, 5 s of unbroken conflicts) admits
+//! the request (fail-open, logged): a limit outage must not become a gateway outage. So does an
+//! entry that does not parse: it is overwritten with a full bucket. (Budgets, with the same
+//! helper, fail closed instead: overspending money is worse than an extra upstream call.)
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -58,7 +65,7 @@ use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, now_ms};
 /// `max_tokens` assumed for the TPM estimate when the request sets none, tokens.
 pub const DEFAULT_MAX_TOKENS: u64 = 256;
 /// How long a batch retries compare-and-set conflicts with other replicas before admitting
-/// (fail-open, as for an unreachable store), ms. With group commit the contenders are worker
+/// (fail-open, as for an unreachable store). With group commit the contenders are worker
 /// processes, so this is only reached when the store is effectively unusable.
 const MAX_CONTENTION: Duration = Duration::from_secs(5);
 
@@ -270,7 +277,7 @@ impl Batch for Bucket {
 
 enum Buckets {
     /// Shared through [`LIMITS_BUCKET`], one combiner per key.
-    Shared(Combiners<Bucket>),
+    Shared(Box<Combiners<Bucket>>),
     /// Process-local states.
     Local(Mutex<HashMap<String, BucketState>>),
 }
@@ -391,7 +398,7 @@ impl Limiter {
     fn with_store(kv: Option<async_nats::jetstream::kv::Store>) -> Self {
         Self {
             buckets: match kv {
-                Some(kv) => Buckets::Shared(Combiners::new(kv)),
+                Some(kv) => Buckets::Shared(Box::new(Combiners::new(kv))),
                 None => Buckets::Local(Mutex::new(HashMap::new())),
             },
             in_flight: Mutex::new(HashMap::new()),
@@ -636,6 +643,44 @@ mod tests {
             unreachable!()
         };
         assert_eq!(d.tokens, -10.0);
+    }
+
+    #[test]
+    fn a_batch_applies_in_order_and_confirms_shortage_with_a_fresh_read() {
+        let op = |op| BucketOp { capacity: 3.0, op };
+        let ops = [op(Op::Take(1.0)), op(Op::Take(1.0)), op(Op::Take(1.0))];
+        // Absent = full: all three fit, one write.
+        let mut v = None;
+        let Plan::Write(a) = Bucket.apply(&mut v, &ops, false) else {
+            unreachable!()
+        };
+        assert!(a.iter().all(|a| matches!(a, Ok(Applied::Done(_)))));
+        assert!(v.unwrap().tokens.abs() < 0.01);
+        // Empty, from the cache: re-read before refusing.
+        let ops = [op(Op::Take(1.0)), op(Op::Give(1.0))];
+        assert!(matches!(Bucket.apply(&mut v, &ops, false), Plan::Refresh));
+        // Fresh: the refusal stands, the refund after it is written.
+        let Plan::Write(a) = Bucket.apply(&mut v, &ops, true) else {
+            unreachable!()
+        };
+        assert!(matches!(a[0], Ok(Applied::Short(Some(_)))));
+        // Above capacity: refused without a read, nothing to write.
+        let ops = [op(Op::Take(4.0))];
+        assert!(matches!(
+            Bucket.apply(&mut v, &ops, false),
+            Plan::Answer(a) if matches!(a[0], Ok(Applied::Short(None)))
+        ));
+        // A take nobody received is given back; a refusal is not.
+        let undo = Bucket.undo(
+            op(Op::Take(2.0)),
+            Ok(Applied::Done(BucketState::full(3.0, 0))),
+        );
+        assert!(matches!(undo, Some(BucketOp { op: Op::Give(n), .. }) if n == 2.0));
+        assert!(
+            Bucket
+                .undo(op(Op::Take(2.0)), Ok(Applied::Short(None)))
+                .is_none()
+        );
     }
 
     fn target(limits: serde_json::Value) -> TargetConfig {

@@ -190,7 +190,7 @@ async fn tpm_with_settlements_is_exact_across_two_workers() {
     assert_eq!(admitted.len() + limited, 1_000);
     assert!(admitted.iter().all(|(_, a)| a.tpm_estimate() == ESTIMATE));
 
-    let actual = |i: usize| if i % 2 == 0 { 30 } else { 70 };
+    let actual = |i: usize| if i.is_multiple_of(2) { 30 } else { 70 };
     let spent: u64 = (0..admitted.len()).map(actual).sum();
     let settles = admitted
         .iter()
