@@ -204,6 +204,11 @@ impl Batch for Bucket {
         MAX_CONTENTION
     }
 
+    /// Two replicas in lockstep conflict on every write; the loser's first retry wins.
+    fn immediate_retries(&self) -> u32 {
+        1
+    }
+
     /// An unreadable value is overwritten with a full bucket rather than blocking the target
     /// (fail open, like an unreachable store).
     fn decode(&self, key: &str, stored: Stored<Self::Value>) -> Result<Self::Value, KvError> {
