@@ -7,16 +7,21 @@
 //! (target ids are escaped to the KV key alphabet, see [`bucket_key`]), each the JSON
 //! [`BucketState`] `{"tokens": f64, "updated_ms": u64}`. A bucket's capacity is the per-minute
 //! value and it refills continuously at capacity / 60 000 ms, computed by whoever touches it next;
-//! an absent key is a full bucket. Every change is a compare-and-set on the key's revision
-//! (`Nats-Expected-Last-Subject-Sequence`), retried on conflict, so replicas never lose an update.
+//! an absent key is a full bucket. Every change is a compare-and-set on the key's revision, so
+//! replicas never lose an update.
 //!
 //! Capacity and rate come from the live config on every operation: a changed `rpm` applies to the
 //! next request (a lowered capacity clamps the stored tokens).
 //!
-//! Each process keeps the last revision it wrote or read per key and tries that first, so an
-//! uncontended take is one round trip (an update); a conflict costs a read and another update. One
-//! operation per key is in flight per process (an async mutex), so replicas only race each other.
-//! A rejection is confirmed with a fresh read before it is returned.
+//! The operations of one worker process on one key are group-committed
+//! ([`switchyard_kv::combine`]): the first caller leads, applies every queued take, refund and
+//! charge in arrival order to the key's last known revision and writes once; the others get
+//! their answers. So a hot target costs one KV write per batch, not per request, and the
+//! contenders for a key are worker processes. A conflict with another replica re-reads the key
+//! and re-applies the batch after a jittered backoff, for up to 5 s (then fail-open, below). A
+//! shortage computed from the cached revision is confirmed with a fresh read (another replica
+//! may have refunded); a request costing more than the capacity is refused without one. A take
+//! whose caller went away before its answer is given back.
 //!
 //! TPM is charged before the call with an estimate ([`estimate_tokens`]: o200k tokens of the
 //! prompt + `max_tokens`, 256 when absent) and corrected after it with the actual usage
@@ -31,7 +36,7 @@
 //! # Rejections
 //!
 //! A request rejected by one limit consumes nothing of the others: admission takes a concurrency
-//! slot, then RPM and TPM in parallel (one KV round trip each, at the same time), and gives back
+//! slot, then RPM and TPM in parallel (each in its key's batch, at the same time), and gives back
 //! what it took when another one says no. Rejections are
 //! retryable errors (`no_capacity` for concurrency, `rate_limited` with `retry_after_ms` for the
 //! buckets), so ingress moves on to the next target.
@@ -39,14 +44,19 @@
 //! # Failure of the shared store
 //!
 //! Without JetStream (or when the bucket cannot be opened) the buckets are process-local (logged).
-//! A KV operation that fails at run time (timeout, server gone) admits the request (fail-open,
-//! logged): a limit outage must not become a gateway outage.
+//! A KV operation that fails at run time (timeout, server gone, 5 s of unbroken conflicts) admits
+//! the request (fail-open, logged): a limit outage must not become a gateway outage. So does an
+//! entry that does not parse: it is overwritten with a full bucket. (Budgets, with the same
+//! helper, fail closed instead: overspending money is worse than an extra upstream call.)
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+use switchyard_kv::combine::{Batch, Combiners, Plan};
+use switchyard_kv::{KvError, Stored};
 use switchyard_schemas::config::TargetConfig;
 use switchyard_schemas::subjects::LIMITS_BUCKET;
 use switchyard_schemas::tokens;
@@ -54,8 +64,10 @@ use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, now_ms};
 
 /// `max_tokens` assumed for the TPM estimate when the request sets none, tokens.
 pub const DEFAULT_MAX_TOKENS: u64 = 256;
-/// Compare-and-set attempts per operation before giving up (then fail-open).
-const MAX_CAS_ATTEMPTS: u32 = 64;
+/// How long a batch retries compare-and-set conflicts with other replicas before admitting
+/// (fail-open, as for an unreachable store). With group commit the contenders are worker
+/// processes, so this is only reached when the store is effectively unusable.
+const MAX_CONTENTION: Duration = Duration::from_secs(5);
 
 /// Which shared limit a bucket holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -171,100 +183,142 @@ fn apply(state: BucketState, capacity: f64, op: Op) -> Applied {
 #[error("limit store: {0}")]
 struct StoreError(String);
 
-/// Last known (revision, state) of a key; revision 0 = the key does not exist.
-type Snapshot = (u64, Option<BucketState>);
+/// One change to a bucket and the capacity (per minute, from the live config) it is computed
+/// against.
+#[derive(Debug, Clone, Copy)]
+struct BucketOp {
+    capacity: f64,
+    op: Op,
+}
 
-struct Buckets {
-    kv: Option<async_nats::jetstream::kv::Store>,
-    /// Last revision and value seen per key (KV mode) or the state itself (local mode).
-    cache: Mutex<HashMap<String, Snapshot>>,
-    /// One operation per key at a time in this process.
-    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+/// The group-commit policy of a bucket key ([`switchyard_kv::combine`]); no leader-only state.
+struct Bucket;
+
+impl Batch for Bucket {
+    /// `None`: absent, a full bucket.
+    type Value = Option<BucketState>;
+    type Op = BucketOp;
+    type Answer = Result<Applied, StoreError>;
+
+    fn max_contention(&self) -> Duration {
+        MAX_CONTENTION
+    }
+
+    /// Two replicas in lockstep conflict on every write; the loser's first retry wins.
+    fn immediate_retries(&self) -> u32 {
+        1
+    }
+
+    /// An unreadable value is overwritten with a full bucket rather than blocking the target
+    /// (fail open, like an unreachable store).
+    fn decode(&self, key: &str, stored: Stored<Self::Value>) -> Result<Self::Value, KvError> {
+        Ok(match stored {
+            Stored::Value(v) => v,
+            Stored::Absent => None,
+            Stored::Unreadable(e) => {
+                tracing::warn!(key, error = %e, "limit bucket unreadable: starting it full");
+                None
+            }
+        })
+    }
+
+    /// A take nobody waits for is skipped; refunds and charges always happen.
+    fn needed_unawaited(&self, op: &BucketOp) -> bool {
+        !matches!(op.op, Op::Take(_))
+    }
+
+    /// In arrival order; a shortage computed from a cached value (another replica may have
+    /// refunded since) is confirmed by re-reading and re-applying the batch. A cost above the
+    /// capacity needs no confirmation.
+    fn apply(
+        &mut self,
+        value: &mut Self::Value,
+        ops: &[BucketOp],
+        fresh: bool,
+    ) -> Plan<Self::Answer> {
+        let now = now_ms();
+        let mut state = *value;
+        let (mut changed, mut short) = (false, false);
+        let mut answers = Vec::with_capacity(ops.len());
+        for BucketOp { capacity, op } in ops {
+            let s = state.map_or(BucketState::full(*capacity, now), |s| s.at(*capacity, now));
+            let applied = apply(s, *capacity, *op);
+            match applied {
+                Applied::Done(new) => {
+                    state = Some(new);
+                    changed = true;
+                }
+                Applied::Short(Some(_)) => short = true,
+                Applied::Short(None) => {}
+            }
+            answers.push(Ok(applied));
+        }
+        if short && !fresh {
+            return Plan::Refresh;
+        }
+        *value = state;
+        if changed {
+            Plan::Write(answers)
+        } else {
+            Plan::Answer(answers)
+        }
+    }
+
+    /// A take whose caller went away is given back.
+    fn undo(&self, op: BucketOp, answer: Self::Answer) -> Option<BucketOp> {
+        match (op.op, answer) {
+            (Op::Take(n), Ok(Applied::Done(_))) => Some(BucketOp {
+                capacity: op.capacity,
+                op: Op::Give(n),
+            }),
+            _ => None,
+        }
+    }
+
+    fn failed(&self, e: &KvError) -> Self::Answer {
+        Err(StoreError(e.to_string()))
+    }
+}
+
+enum Buckets {
+    /// Shared through [`LIMITS_BUCKET`], one combiner per key.
+    Shared(Box<Combiners<Bucket>>),
+    /// Process-local states.
+    Local(Mutex<HashMap<String, BucketState>>),
 }
 
 impl Buckets {
-    fn key_lock(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
-        self.locks.lock().entry(key.to_owned()).or_default().clone()
-    }
-
     async fn run(&self, key: &str, capacity: f64, op: Op) -> Result<Applied, StoreError> {
-        let Some(kv) = &self.kv else {
-            let mut cache = self.cache.lock();
-            let now = now_ms();
-            let state = cache
-                .get(key)
-                .and_then(|(_, s)| *s)
-                .map_or(BucketState::full(capacity, now), |s| s.at(capacity, now));
-            let applied = apply(state, capacity, op);
-            if let Applied::Done(new) = applied {
-                cache.insert(key.to_owned(), (0, Some(new)));
-            }
-            return Ok(applied);
-        };
-        let lock = self.key_lock(key);
-        let _serial = lock.lock().await;
-        let mut known = self.cache.lock().get(key).copied();
-        let mut fresh = false;
-        for _ in 0..MAX_CAS_ATTEMPTS {
-            let (revision, stored) = match known {
-                Some(s) => s,
-                None => {
-                    fresh = true;
-                    let s = load(kv, key).await?;
-                    self.cache.lock().insert(key.to_owned(), s);
-                    s
+        match self {
+            Self::Shared(combiners) => combiners
+                .get(key, || Bucket)
+                .submit(BucketOp { capacity, op })
+                .await
+                .unwrap_or_else(|e| Err(StoreError(e.to_string()))),
+            Self::Local(states) => {
+                let mut states = states.lock();
+                let now = now_ms();
+                let state = states
+                    .get(key)
+                    .map_or(BucketState::full(capacity, now), |s| s.at(capacity, now));
+                let applied = apply(state, capacity, op);
+                if let Applied::Done(new) = applied {
+                    states.insert(key.to_owned(), new);
                 }
-            };
-            let now = now_ms();
-            let state = stored.map_or(BucketState::full(capacity, now), |s| s.at(capacity, now));
-            match apply(state, capacity, op) {
-                Applied::Short(_) if !fresh => known = None,
-                short @ Applied::Short(_) => return Ok(short),
-                Applied::Done(new) => {
-                    let bytes = serde_json::to_vec(&new).map_err(|e| StoreError(e.to_string()))?;
-                    match kv.update(key, bytes.into(), revision).await {
-                        Ok(rev) => {
-                            self.cache.lock().insert(key.to_owned(), (rev, Some(new)));
-                            return Ok(Applied::Done(new));
-                        }
-                        Err(e)
-                            if e.kind()
-                                == async_nats::jetstream::kv::UpdateErrorKind::WrongLastRevision =>
-                        {
-                            known = None;
-                        }
-                        Err(e) => {
-                            self.cache.lock().remove(key);
-                            return Err(StoreError(e.to_string()));
-                        }
-                    }
-                }
+                Ok(applied)
             }
         }
-        Err(StoreError(format!(
-            "{MAX_CAS_ATTEMPTS} compare-and-set conflicts on `{key}`"
-        )))
     }
 
     /// The stored state of `key` as of now (without refill), for diagnostics and tests.
     async fn peek(&self, key: &str) -> Option<BucketState> {
-        match &self.kv {
-            Some(kv) => load(kv, key).await.ok().and_then(|(_, s)| s),
-            None => self.cache.lock().get(key).and_then(|(_, s)| *s),
+        match self {
+            Self::Shared(c) => match switchyard_kv::load(c.store(), key).await {
+                Ok((_, Stored::Value(v))) => v,
+                _ => None,
+            },
+            Self::Local(states) => states.lock().get(key).copied(),
         }
-    }
-}
-
-async fn load(kv: &async_nats::jetstream::kv::Store, key: &str) -> Result<Snapshot, StoreError> {
-    use async_nats::jetstream::kv::Operation;
-    match kv.entry(key).await {
-        Ok(None) => Ok((0, None)),
-        Ok(Some(e)) if e.operation == Operation::Put => {
-            // An unreadable value is overwritten with a full bucket rather than blocking forever.
-            Ok((e.revision, serde_json::from_slice(&e.value).ok()))
-        }
-        Ok(Some(e)) => Ok((e.revision, None)),
-        Err(e) => Err(StoreError(e.to_string())),
     }
 }
 
@@ -348,10 +402,9 @@ impl Limiter {
 
     fn with_store(kv: Option<async_nats::jetstream::kv::Store>) -> Self {
         Self {
-            buckets: Buckets {
-                kv,
-                cache: Mutex::new(HashMap::new()),
-                locks: Mutex::new(HashMap::new()),
+            buckets: match kv {
+                Some(kv) => Buckets::Shared(Box::new(Combiners::new(kv))),
+                None => Buckets::Local(Mutex::new(HashMap::new())),
             },
             in_flight: Mutex::new(HashMap::new()),
         }
@@ -359,7 +412,15 @@ impl Limiter {
 
     /// Whether the buckets are shared through NATS KV.
     pub fn is_shared(&self) -> bool {
-        self.buckets.kv.is_some()
+        matches!(self.buckets, Buckets::Shared(_))
+    }
+
+    /// Waits until every batch in progress (refunds and corrections included) has been
+    /// written (shutdown).
+    pub async fn close(&self) {
+        if let Buckets::Shared(c) = &self.buckets {
+            c.close().await;
+        }
     }
 
     /// Admits `req` to `target` under its current limits: a concurrency slot, one RPM token and
@@ -587,6 +648,44 @@ mod tests {
             unreachable!()
         };
         assert_eq!(d.tokens, -10.0);
+    }
+
+    #[test]
+    fn a_batch_applies_in_order_and_confirms_shortage_with_a_fresh_read() {
+        let op = |op| BucketOp { capacity: 3.0, op };
+        let ops = [op(Op::Take(1.0)), op(Op::Take(1.0)), op(Op::Take(1.0))];
+        // Absent = full: all three fit, one write.
+        let mut v = None;
+        let Plan::Write(a) = Bucket.apply(&mut v, &ops, false) else {
+            unreachable!()
+        };
+        assert!(a.iter().all(|a| matches!(a, Ok(Applied::Done(_)))));
+        assert!(v.unwrap().tokens.abs() < 0.01);
+        // Empty, from the cache: re-read before refusing.
+        let ops = [op(Op::Take(1.0)), op(Op::Give(1.0))];
+        assert!(matches!(Bucket.apply(&mut v, &ops, false), Plan::Refresh));
+        // Fresh: the refusal stands, the refund after it is written.
+        let Plan::Write(a) = Bucket.apply(&mut v, &ops, true) else {
+            unreachable!()
+        };
+        assert!(matches!(a[0], Ok(Applied::Short(Some(_)))));
+        // Above capacity: refused without a read, nothing to write.
+        let ops = [op(Op::Take(4.0))];
+        assert!(matches!(
+            Bucket.apply(&mut v, &ops, false),
+            Plan::Answer(a) if matches!(a[0], Ok(Applied::Short(None)))
+        ));
+        // A take nobody received is given back; a refusal is not.
+        let undo = Bucket.undo(
+            op(Op::Take(2.0)),
+            Ok(Applied::Done(BucketState::full(3.0, 0))),
+        );
+        assert!(matches!(undo, Some(BucketOp { op: Op::Give(n), .. }) if n == 2.0));
+        assert!(
+            Bucket
+                .undo(op(Op::Take(2.0)), Ok(Applied::Short(None)))
+                .is_none()
+        );
     }
 
     fn target(limits: serde_json::Value) -> TargetConfig {

@@ -276,6 +276,8 @@ impl Worker {
         tracker.wait().await;
         shared.usage_tasks.close();
         shared.usage_tasks.wait().await;
+        // TPM corrections of the last requests may still be in a batch.
+        shared.limiter.close().await;
     }
 }
 

@@ -13,6 +13,7 @@ mod field_cases;
 mod field_cases_resilience;
 mod field_cases_upstream;
 mod flow_control;
+mod limits_load;
 mod matrix;
 mod pipeline;
 mod probes;
