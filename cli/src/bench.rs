@@ -40,7 +40,7 @@ pub struct BenchArgs {
     /// Arrival rates of the non-streaming phases, requests/s (comma-separated).
     #[arg(long, value_delimiter = ',', default_values_t = [1000, 2000, 5000])]
     pub rates: Vec<u64>,
-    /// Concurrent streams of the streaming phases (comma-separated; empty: none).
+    /// Concurrent streams of the streaming phases (comma-separated; `0`: none).
     #[arg(long, value_delimiter = ',', default_values_t = [500, 2000])]
     pub streams: Vec<u64>,
     /// Seconds of load per path and phase.
@@ -65,11 +65,22 @@ pub enum BenchWhat {
     Billing(crate::bench_billing::BillingBenchArgs),
 }
 
-/// A child process killed when dropped.
+/// A child process stopped when dropped: SIGTERM first, so `up` shuts down in order and stops
+/// its own nats-server (a SIGKILL would orphan it), then SIGKILL after 30 s.
 struct Proc(Child);
 
 impl Drop for Proc {
     fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if matches!(self.0.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
@@ -408,8 +419,9 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
     let phases: Vec<(String, u64, bool)> = args
         .rates
         .iter()
+        .filter(|r| **r > 0)
         .map(|r| (format!("{r} rps JSON"), *r, false))
-        .chain(args.streams.iter().map(|n| {
+        .chain(args.streams.iter().filter(|n| **n > 0).map(|n| {
             (
                 format!("{n} streams"),
                 (n * 1000).div_ceil(args.stream_ms.max(1)),
