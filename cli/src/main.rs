@@ -470,7 +470,7 @@ async fn run_ingress(
     shutdown: CancellationToken,
 ) -> Result<(), CliError> {
     let c = handle.get();
-    let listener = tokio::net::TcpListener::bind(&c.listen)
+    let listener = switchyard_ingress::server::bind(&c.listen)
         .await
         .map_err(|e| msg(format!("binding {}: {e}", c.listen)))?;
     let addr = listener.local_addr().map_err(msg)?;

@@ -255,6 +255,32 @@ fn is_connection_error(e: &io::Error) -> bool {
     )
 }
 
+/// Accept-queue length asked of the kernel (capped by `net.core.somaxconn`, 4096 on current
+/// Linux). tokio's default of 1,024 overflows when thousands of clients connect at once on a
+/// busy machine, and an overflowed handshake can end in a reset instead of a slow accept.
+pub const LISTEN_BACKLOG: u32 = 65_535;
+
+/// Binds `addr` (`host:port`) with [`LISTEN_BACKLOG`] and `SO_REUSEADDR`.
+pub async fn bind(addr: &str) -> io::Result<TcpListener> {
+    let mut last = io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("no address for {addr}"),
+    );
+    for a in tokio::net::lookup_host(addr).await? {
+        let socket = if a.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()?
+        } else {
+            tokio::net::TcpSocket::new_v6()?
+        };
+        socket.set_reuseaddr(true)?;
+        match socket.bind(a).and_then(|()| socket.listen(LISTEN_BACKLOG)) {
+            Ok(l) => return Ok(l),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
 /// Serves one connection until it closes, the idle timeout, or the drain.
 async fn serve_connection(stream: TcpStream, shared: Arc<Shared>, _permit: OwnedSemaphorePermit) {
     let io = TokioIo::new(StallGuard::new(stream, shared.limits.write_stall));

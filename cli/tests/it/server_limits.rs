@@ -173,18 +173,26 @@ async fn held_half_headers_neither_block_others_nor_stay_open() {
             drop(permit);
             connected_tx.send(()).unwrap();
             let mut buf = [0u8; 256];
-            let eof = if i < DRIPPING {
+            let how = if i < DRIPPING {
                 let mut tick = tokio::time::interval(Duration::from_millis(500));
                 loop {
                     tokio::select! {
-                        r = s.read(&mut buf) => break matches!(r, Ok(0)),
-                        _ = tick.tick() => if s.write_all(b"X").await.is_err() { break false },
+                        r = s.read(&mut buf) => break format!("read {r:?}"),
+                        _ = tick.tick() => if let Err(e) = s.write_all(b"X").await {
+                            break format!("write {e}");
+                        },
                     }
                 }
             } else {
-                matches!(s.read(&mut buf).await, Ok(0))
+                format!("read {:?}", s.read(&mut buf).await)
             };
-            closed.fetch_add(1, Ordering::SeqCst);
+            let eof = how == "read Ok(0)";
+            if closed.fetch_add(1, Ordering::SeqCst) == 0 {
+                eprintln!(
+                    "first held connection to close: #{i} after {:?}: {how}",
+                    opened.elapsed()
+                );
+            }
             (i, eof, opened.elapsed())
         });
     }
