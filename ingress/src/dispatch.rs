@@ -141,6 +141,7 @@ impl Dispatcher {
             granted: window,
             worker: None,
             finished: false,
+            pending: std::collections::VecDeque::new(),
         };
         let payload = serde_json::to_vec(req)
             .map_err(|e| ErrorInfo::new(ErrorClass::Internal, format!("encoding request: {e}")))?;
@@ -232,6 +233,8 @@ pub struct Attempt {
     granted: u32,
     worker: Option<String>,
     finished: bool,
+    /// Frames of a coalesced message (a JSON array) not yet handed out.
+    pending: std::collections::VecDeque<Frame>,
 }
 
 impl Attempt {
@@ -241,36 +244,12 @@ impl Attempt {
     /// frame counts toward the worker's next credit grant.
     pub async fn next(&mut self, limit: Duration) -> FrameBody {
         loop {
-            let incoming = match self.recv(limit).await {
-                Ok(Some(i)) => i,
-                Ok(None) if self.overflow.load(Ordering::Acquire) => {
-                    let msg = format!(
-                        "flow-control violation: the worker exceeded its window of {} frames",
-                        self.window
-                    );
-                    return self.fail(ErrorClass::Internal, &msg);
-                }
-                Ok(None) => return self.fail(ErrorClass::Internal, "reply channel closed"),
-                Err(()) => {
-                    let what = if self.worker.is_some() {
-                        "the worker went silent (no frame or heartbeat)"
-                    } else {
-                        "no worker picked up the request"
-                    };
-                    return self.fail(
-                        ErrorClass::NoCapacity,
-                        &format!("{what} within {} ms", limit.as_millis()),
-                    );
-                }
-            };
-            let frame = match incoming {
-                Incoming::Frame(payload) => match serde_json::from_slice::<Frame>(&payload) {
+            let frame = match self.pending.pop_front() {
+                Some(f) => f,
+                None => match self.receive(limit).await {
                     Ok(f) => f,
-                    Err(e) => return self.fail(ErrorClass::Internal, &format!("bad frame: {e}")),
+                    Err(error) => return error,
                 },
-                Incoming::NoResponders => {
-                    return self.fail(ErrorClass::NoCapacity, "no worker is serving this provider");
-                }
             };
             if frame.seq != self.next_seq {
                 let msg = format!(
@@ -294,6 +273,51 @@ impl Attempt {
             }
             return frame.body;
         }
+    }
+
+    /// The next message's first frame (a coalesced message's others go to `pending`), or the
+    /// error frame that ends the attempt.
+    async fn receive(&mut self, limit: Duration) -> Result<Frame, FrameBody> {
+        let incoming = match self.recv(limit).await {
+            Ok(Some(i)) => i,
+            Ok(None) if self.overflow.load(Ordering::Acquire) => {
+                let msg = format!(
+                    "flow-control violation: the worker exceeded its window of {} frames",
+                    self.window
+                );
+                return Err(self.fail(ErrorClass::Internal, &msg));
+            }
+            Ok(None) => return Err(self.fail(ErrorClass::Internal, "reply channel closed")),
+            Err(()) => {
+                let what = if self.worker.is_some() {
+                    "the worker went silent (no frame or heartbeat)"
+                } else {
+                    "no worker picked up the request"
+                };
+                return Err(self.fail(
+                    ErrorClass::NoCapacity,
+                    &format!("{what} within {} ms", limit.as_millis()),
+                ));
+            }
+        };
+        let payload = match incoming {
+            Incoming::Frame(payload) => payload,
+            Incoming::NoResponders => {
+                return Err(self.fail(ErrorClass::NoCapacity, "no worker is serving this provider"));
+            }
+        };
+        let bad = |e: serde_json::Error| format!("bad frame: {e}");
+        if payload.first() == Some(&b'[') {
+            let frames: Vec<Frame> = serde_json::from_slice(&payload)
+                .map_err(|e| self.fail(ErrorClass::Internal, &bad(e)))?;
+            self.pending.extend(frames);
+            return self
+                .pending
+                .pop_front()
+                .ok_or_else(|| self.fail(ErrorClass::Internal, "empty frame batch"));
+        }
+        serde_json::from_slice::<Frame>(&payload)
+            .map_err(|e| self.fail(ErrorClass::Internal, &bad(e)))
     }
 
     /// Receives within `limit`; `Err` on timeout. Re-sends the latest grant every

@@ -309,7 +309,14 @@ struct FrameSink {
     cancel: CancellationToken,
     /// Set once the sink gave up waiting for credit; later frames (but the final error) are dropped.
     halted: Option<Halt>,
+    /// Frames held back to go out as one message (a JSON array): `Some` when ingress aggregates
+    /// the answer (non-streaming client), so a complete answer is one NATS message after `start`
+    /// instead of one per frame.
+    batch: Option<Vec<Frame>>,
 }
+
+/// Most frames one coalesced message carries.
+const BATCH_FRAMES: usize = 64;
 
 impl FrameSink {
     /// Waits until the next frame fits the window; false (and `halted` set) after the stall
@@ -369,12 +376,44 @@ impl FrameSink {
             return;
         }
         self.content_sent |= body.is_content();
+        let (terminal, passes) = (
+            body.is_terminal(),
+            matches!(body, FrameBody::Start { .. } | FrameBody::Heartbeat),
+        );
         let frame = Frame {
             seq: self.seq,
             body,
         };
         self.seq += 1;
-        match serde_json::to_vec(&frame) {
+        if let Some(batch) = self.batch.as_mut()
+            && !passes
+        {
+            batch.push(frame);
+            if terminal || batch.len() >= BATCH_FRAMES {
+                self.flush().await;
+            }
+            return;
+        }
+        // A heartbeat or `start` must not overtake held frames.
+        self.flush().await;
+        self.publish(serde_json::to_vec(&frame)).await;
+    }
+
+    /// Publishes the held frames as one message.
+    async fn flush(&mut self) {
+        let Some(batch) = self.batch.as_mut() else {
+            return;
+        };
+        if batch.is_empty() {
+            return;
+        }
+        let bytes = serde_json::to_vec(&*batch);
+        batch.clear();
+        self.publish(bytes).await;
+    }
+
+    async fn publish(&self, bytes: Result<Vec<u8>, serde_json::Error>) {
+        match bytes {
             Ok(bytes) => {
                 if let Err(e) = self.nats.publish(self.reply.clone(), bytes.into()).await {
                     tracing::warn!(error = %e, "publishing frame failed");
@@ -451,6 +490,7 @@ async fn handle(shared: Arc<Shared>, msg: async_nats::Message) {
         flow: None,
         cancel: token.clone(),
         halted: None,
+        batch: None,
     };
     let req: ChatRequest = match serde_json::from_slice(&msg.payload) {
         Ok(r) => r,
@@ -490,6 +530,11 @@ async fn handle(shared: Arc<Shared>, msg: async_nats::Message) {
             upto,
             stall: Duration::from_millis(config.timeouts.stall_ms),
         });
+        // An ingress that sends a window also reads coalesced frames; it aggregates a
+        // non-streamed answer, so nothing is gained by sending its frames one by one.
+        if !req.stream {
+            sink.batch = Some(Vec::new());
+        }
     }
     sink.send(FrameBody::Start {
         worker: shared.opts.worker_id.clone(),
