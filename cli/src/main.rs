@@ -17,6 +17,12 @@ use switchyard_schemas::config::{BUILTIN_MOCK_URL, ConfigHandle, GatewayConfig, 
 use switchyard_schemas::subjects::Subjects;
 use tokio_util::sync::CancellationToken;
 
+// jemalloc for the whole process, ONNX Runtime's C++ allocations included (unprefixed `malloc`):
+// glibc kept ~57 MB freed while the embedding model loaded, and its per-thread arenas held on to
+// memory after load; jemalloc returns freed pages to the OS (docs/BENCHMARKS.md, Memory).
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[derive(Parser)]
 #[command(name = "switchyard", version, about = "An LLM API gateway on NATS")]
 struct Cli {
