@@ -175,7 +175,7 @@ pub trait Embed: Send + Sync {
     fn model_id(&self) -> &str;
 }
 
-/// Loads an embedding model (blocking: seconds of CPU and ~190 MB); the error says why not.
+/// Loads an embedding model (blocking: up to seconds of CPU and ~95 MB); the error says why not.
 pub type Loader = Arc<dyn Fn() -> Result<Arc<dyn Embed>, String> + Send + Sync>;
 
 /// An embedding model loaded on first need: when a route uses the semantic layer (at start-up,
