@@ -175,7 +175,7 @@ pub trait Embed: Send + Sync {
     fn model_id(&self) -> &str;
 }
 
-/// Loads an embedding model (blocking: seconds of CPU and ~190 MB); the error says why not.
+/// Loads an embedding model (blocking: up to seconds of CPU and ~95 MB); the error says why not.
 pub type Loader = Arc<dyn Fn() -> Result<Arc<dyn Embed>, String> + Send + Sync>;
 
 /// An embedding model loaded on first need: when a route uses the semantic layer (at start-up,
@@ -332,8 +332,30 @@ impl FastEmbedder {
         threads: usize,
         window: usize,
     ) -> Result<Self, EmbedError> {
+        Self::load_model(paths, threads, window, true)
+    }
+
+    /// [`FastEmbedder::load_with`] without the [`crate::onnx_rows`] rewrite (the graph as the
+    /// file has it), to check that the rewrite changes no embedding.
+    pub fn load_as_shipped(
+        paths: &ModelPaths,
+        threads: usize,
+        window: usize,
+    ) -> Result<Self, EmbedError> {
+        Self::load_model(paths, threads, window, false)
+    }
+
+    fn load_model(
+        paths: &ModelPaths,
+        threads: usize,
+        window: usize,
+        rewrite: bool,
+    ) -> Result<Self, EmbedError> {
         load_runtime(&paths.ort_lib)?;
-        let onnx = read(&paths.model, "embedding model")?;
+        let mut onnx = read(&paths.model, "embedding model")?;
+        if rewrite && let Some(smaller) = crate::onnx_rows::gather_rows_first(&onnx) {
+            onnx = smaller;
+        }
         let tok = |name: &str| read(&paths.tokenizer_dir.join(name), "tokenizer file");
         let files = fastembed::TokenizerFiles {
             tokenizer_file: tok("tokenizer.json")?,

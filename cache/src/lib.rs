@@ -8,6 +8,7 @@
 //!
 //! * [`canon`] — canonical request, exact key, scope and query text;
 //! * [`embed`] — fastembed model loading (ONNX Runtime checked first) and the [`embed::Embed`] trait;
+//! * [`onnx_rows`] — keeps the model's int8 embedding table int8 in memory (a graph rewrite);
 //! * [`verify`] — the measurable rule set that rejects close but different questions;
 //! * [`index`] — the in-memory index (exact search per scope, LRU capacity);
 //! * [`service`] — lookup, store, purge and the KV persistence;
@@ -19,6 +20,7 @@ pub mod canon;
 pub mod embed;
 pub mod eval;
 pub mod index;
+pub mod onnx_rows;
 pub mod service;
 pub mod verify;
 

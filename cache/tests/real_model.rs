@@ -71,3 +71,42 @@ fn a_missing_runtime_is_an_error_not_a_panic() {
         Err(EmbedError::Missing { .. })
     ));
 }
+
+#[test]
+fn the_int8_table_rewrite_changes_no_embedding() {
+    // Every text of both eval sets, bit for bit, with and without the graph rewrite.
+    let paths = ModelPaths::locate().unwrap();
+    let onnx = std::fs::read(&paths.model).unwrap();
+    assert!(
+        switchyard_cache::onnx_rows::gather_rows_first(&onnx).is_some(),
+        "the default model has an int8 word-embedding table"
+    );
+    let rewritten = model();
+    let shipped = FastEmbedder::load_as_shipped(&paths, 1, embed::DEFAULT_WINDOW).unwrap();
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/data/");
+    let mut texts = Vec::new();
+    for file in ["pairs.jsonl", "pairs_holdout.jsonl"] {
+        for line in std::fs::read_to_string(format!("{root}{file}"))
+            .unwrap()
+            .lines()
+        {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            for k in ["a", "b"] {
+                if let Some(t) = v[k].as_str() {
+                    texts.push(t.to_owned());
+                }
+            }
+        }
+    }
+    assert!(texts.len() > 100, "{} texts", texts.len());
+    for t in &texts {
+        let a = rewritten.embed(&[t.as_str()]).unwrap();
+        let b = shipped.embed(&[t.as_str()]).unwrap();
+        assert_eq!(a, b, "{t}");
+    }
+    let long = "why ".repeat(300);
+    assert_eq!(
+        rewritten.embed(&[long.as_str(), "x"]).unwrap(),
+        shipped.embed(&[long.as_str(), "x"]).unwrap()
+    );
+}

@@ -17,6 +17,12 @@ use switchyard_schemas::config::{BUILTIN_MOCK_URL, ConfigHandle, GatewayConfig, 
 use switchyard_schemas::subjects::Subjects;
 use tokio_util::sync::CancellationToken;
 
+// jemalloc for the whole process, ONNX Runtime's C++ allocations included (unprefixed `malloc`):
+// glibc kept ~57 MB freed while the embedding model loaded, and its per-thread arenas held on to
+// memory after load; jemalloc returns freed pages to the OS (docs/BENCHMARKS.md, Memory).
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[derive(Parser)]
 #[command(name = "switchyard", version, about = "An LLM API gateway on NATS")]
 struct Cli {
@@ -163,6 +169,11 @@ async fn main() -> std::process::ExitCode {
                 && std::env::var_os("NO_COLOR").is_none(),
         )
         .init();
+    // jemalloc purges freed pages only when a thread allocates again, so an idle process kept
+    // what a burst of load freed (~50 MB after 2,000 streams); its background thread purges them.
+    if let Err(e) = tikv_jemalloc_ctl::background_thread::write(true) {
+        tracing::debug!(error = %e, "jemalloc background purging not available");
+    }
     // Every service holds sockets and spool files: use the whole hard limit, not the default 1,024.
     switchyard_ingress::server::raise_fd_limit();
     match run(Cli::parse()).await {
