@@ -345,6 +345,9 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
 
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(20_000)
+        // Below the gateway's 10 s keep-alive idle timeout: a pooled connection the server is
+        // closing at that moment would fail a request that never reached it.
+        .pool_idle_timeout(Duration::from_secs(5))
         .tcp_nodelay(true)
         .build()
         .map_err(|e| e.to_string())?;

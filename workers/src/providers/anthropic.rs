@@ -84,14 +84,7 @@ impl Provider for AnthropicProvider {
     }
 }
 
-fn invalid(param: &str, message: impl Into<String>) -> ErrorInfo {
-    ErrorInfo::new(ErrorClass::InvalidRequest, message).with_param(param)
-}
-
-/// An `invalid_request` error about `messages[i]`.
-fn bad_message(i: usize, what: impl std::fmt::Display) -> ErrorInfo {
-    invalid("messages", format!("messages[{i}]: {what}"))
-}
+use crate::providers::shared::{bad_message, invalid};
 
 /// Translates a normalised request into an Anthropic Messages request body (JSON object).
 ///
@@ -245,21 +238,7 @@ fn image_block(url: &str, i: usize) -> Result<Value, ErrorInfo> {
 
 /// An assistant tool call → `{"type":"tool_use","id","name","input"}` (input = parsed arguments).
 fn tool_use_block(call: &ToolCall, i: usize) -> Result<Value, ErrorInfo> {
-    let raw = call.function.arguments.trim();
-    let input: Value = if raw.is_empty() {
-        json!({})
-    } else {
-        let what = |e: &dyn std::fmt::Display| {
-            format!("tool call `{}` arguments are not JSON: {e}", call.id)
-        };
-        serde_json::from_str(raw).map_err(|e| bad_message(i, what(&e)))?
-    };
-    if !input.is_object() {
-        return Err(bad_message(
-            i,
-            format!("tool call `{}` arguments must be a JSON object", call.id),
-        ));
-    }
+    let input = crate::providers::shared::tool_call_input(call, i)?;
     Ok(json!({ "type": "tool_use", "id": call.id, "name": call.function.name, "input": input }))
 }
 

@@ -5,5 +5,6 @@ pub mod bedrock;
 pub mod classify;
 pub mod gemini;
 pub mod openai;
+pub(crate) mod shared;
 #[cfg(test)]
 pub(crate) mod test_support;

@@ -348,14 +348,7 @@ pub fn exception_class(shape: &str, message: &str) -> Option<ErrorClass> {
     crate::providers::classify::named_class(shape, message)
 }
 
-fn invalid(param: &str, message: impl Into<String>) -> ErrorInfo {
-    ErrorInfo::new(ErrorClass::InvalidRequest, message).with_param(param)
-}
-
-/// An `invalid_request` error about `messages[i]`.
-fn bad_message(i: usize, what: impl std::fmt::Display) -> ErrorInfo {
-    invalid("messages", format!("messages[{i}]: {what}"))
-}
+use crate::providers::shared::{bad_message, invalid};
 
 /// Translates a normalised request into a Converse request body (the model goes in the URL).
 ///
@@ -606,21 +599,7 @@ fn image_block(url: &str, i: usize) -> Result<Value, ErrorInfo> {
 
 /// An assistant tool call → `{"toolUse":{"toolUseId","name","input"}}`.
 fn tool_use_block(call: &ToolCall, i: usize) -> Result<Value, ErrorInfo> {
-    let raw = call.function.arguments.trim();
-    let input: Value = if raw.is_empty() {
-        json!({})
-    } else {
-        let what = |e: &dyn std::fmt::Display| {
-            format!("tool call `{}` arguments are not JSON: {e}", call.id)
-        };
-        serde_json::from_str(raw).map_err(|e| bad_message(i, what(&e)))?
-    };
-    if !input.is_object() {
-        return Err(bad_message(
-            i,
-            format!("tool call `{}` arguments must be a JSON object", call.id),
-        ));
-    }
+    let input = crate::providers::shared::tool_call_input(call, i)?;
     Ok(json!({ "toolUse": { "toolUseId": call.id, "name": call.function.name, "input": input } }))
 }
 

@@ -136,14 +136,7 @@ fn parse_response(v: &Value) -> Result<Answer, ErrorInfo> {
     Answer::from_frames(out)
 }
 
-fn invalid(param: &str, message: impl Into<String>) -> ErrorInfo {
-    ErrorInfo::new(ErrorClass::InvalidRequest, message).with_param(param)
-}
-
-/// An `invalid_request` error about `messages[i]`.
-fn bad_message(i: usize, what: impl std::fmt::Display) -> ErrorInfo {
-    invalid("messages", format!("messages[{i}]: {what}"))
-}
+use crate::providers::shared::{bad_message, invalid};
 
 /// One `Content` being built: role, whether it holds tool results, parts.
 struct Turn {
@@ -380,21 +373,7 @@ fn mime_from_extension(url: &str) -> &'static str {
 
 /// An assistant tool call → `{"functionCall":{"name","args"}}` (args = parsed arguments object).
 fn function_call_part(call: &ToolCall, first: bool, i: usize) -> Result<Value, ErrorInfo> {
-    let raw = call.function.arguments.trim();
-    let args: Value = if raw.is_empty() {
-        json!({})
-    } else {
-        let what = |e: &dyn std::fmt::Display| {
-            format!("tool call `{}` arguments are not JSON: {e}", call.id)
-        };
-        serde_json::from_str(raw).map_err(|e| bad_message(i, what(&e)))?
-    };
-    if !args.is_object() {
-        return Err(bad_message(
-            i,
-            format!("tool call `{}` arguments must be a JSON object", call.id),
-        ));
-    }
+    let args = crate::providers::shared::tool_call_input(call, i)?;
     let mut part = json!({ "functionCall": { "name": call.function.name, "args": args } });
     if first && let Some(obj) = part.as_object_mut() {
         obj.insert("thoughtSignature".into(), json!(THOUGHT_SIGNATURE_SKIP));
