@@ -36,6 +36,15 @@ pub const USAGE_DUPLICATE_WINDOW: Duration = Duration::from_secs(30);
 /// billing outage at 1,000 requests/s). Beyond it new publishes are refused (discard `new`), so
 /// the publishers retry and then spool to their local disk: nothing is dropped.
 pub const USAGE_MAX_BYTES: i64 = 1 << 30;
+/// JetStream said the stream's reserved size does not fit its store (error 10047).
+fn storage_exceeded(e: &async_nats::jetstream::context::CreateStreamError) -> bool {
+    matches!(
+        e.kind(),
+        async_nats::jetstream::context::CreateStreamErrorKind::JetStream(j)
+            if j.error_code() == async_nats::jetstream::ErrorCode::STORAGE_RESOURCES_EXCEEDED
+    )
+}
+
 /// Legacy events copied before their acknowledgements are awaited, per step.
 const COPY_CHUNK: usize = 256;
 
@@ -72,9 +81,20 @@ pub async fn ensure_usage_stream(
     if let Some(legacy) = &legacy {
         retire(js, legacy, subjects).await?;
     }
-    let stream = js
-        .get_or_create_stream(usage_stream_config(subjects))
-        .await?;
+    let stream = match js.get_or_create_stream(usage_stream_config(subjects)).await {
+        Ok(s) => s,
+        // nats-server reserves `max_bytes` against its JetStream store when the stream is
+        // created; on a nearly full disk 1 GiB does not fit. Without the cap the stream is still
+        // bounded by the server's store limit, where publishes are refused and producers spool.
+        Err(e) if storage_exceeded(&e) => {
+            tracing::warn!(error = %e, max_bytes = USAGE_MAX_BYTES,
+                "no room to reserve the usage stream's size; creating it bounded only by the JetStream store");
+            let mut config = usage_stream_config(subjects);
+            config.max_bytes = -1;
+            js.get_or_create_stream(config).await?
+        }
+        Err(e) => return Err(e.into()),
+    };
     let wanted = subjects.usage_all();
     let captured = &stream.cached_info().config.subjects;
     if !captured.contains(&wanted) {

@@ -340,3 +340,63 @@ async fn measure_nats_rss() {
         println!("{line}");
     }
 }
+
+/// A JetStream store too small for the usage stream's 1 GiB reservation (a nearly full disk):
+/// the stream is still created, bounded by the store instead, and events flow.
+#[tokio::test]
+async fn a_small_jetstream_store_still_gets_a_usage_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("nats.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "jetstream {{ store_dir: \"{}\", max_file_store: 104857600 }}\n",
+            dir.path().join("js").display()
+        ),
+    )
+    .unwrap();
+    // `-p -1` picks a free port; the ports file says which.
+    let ports = dir.path().join("ports");
+    std::fs::create_dir_all(&ports).unwrap();
+    let mut child = std::process::Command::new(switchyard_natsd::find_binary().unwrap())
+        .args([
+            "-c",
+            &conf.display().to_string(),
+            "-a",
+            "127.0.0.1",
+            "-p",
+            "-1",
+        ])
+        .arg("--ports_file_dir")
+        .arg(&ports)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut url = None;
+    wait_until("nats-server ports file", WAIT, || {
+        let found = std::fs::read_dir(&ports)
+            .ok()
+            .and_then(|mut d| d.next())
+            .and_then(|e| e.ok())
+            .and_then(|e| std::fs::read_to_string(e.path()).ok())
+            .and_then(|t| {
+                let v: serde_json::Value = serde_json::from_str(&t).ok()?;
+                v["nats"][0].as_str().map(str::to_owned)
+            });
+        let ok = found.is_some();
+        url = found;
+        async move { ok }
+    })
+    .await;
+    let client = async_nats::connect(url.unwrap()).await.unwrap();
+    let js = jetstream::new(client);
+    let subjects = Subjects::default();
+    let mut stream = ensure_usage_stream(&js, &subjects).await.unwrap();
+    assert_eq!(stream.info().await.unwrap().config.max_bytes, -1);
+    let e = event(UsageKind::Charge, Uuid::now_v7(), 1);
+    publish_usage_event(&js, &subjects, &e).await;
+    assert_eq!(stream.info().await.unwrap().state.messages, 1);
+    let _ = child.kill();
+    let _ = child.wait();
+}
