@@ -309,9 +309,10 @@ async fn usage_row(ledger: &Ledger, id: uuid::Uuid, kind: UsageKind) -> UsageEve
 async fn non_readers_stall_only_their_own_upstream_calls() {
     let tmp = tempfile::tempdir().unwrap();
     let mut config = test_config(serde_json::json!({
-        // Generous worker timeouts: the machine is shared; only the stall deadline is under test.
+        // Generous worker timeouts (a clean-clone CI run once saw 250 connects to the mock take
+        // over the default 5 s): the machine is shared; only the stall deadline is under test.
         "timeouts": {"first_frame_ms": 20000, "worker_silence_ms": 20000, "heartbeat_ms": 200,
-                     "stall_ms": STALL_MS},
+                     "connect_ms": 30000, "stall_ms": STALL_MS},
     }));
     config.data_dir = tmp.path().join("data").display().to_string();
     let mut value = serde_json::to_value(&config).unwrap();
