@@ -72,8 +72,8 @@ pub fn empty_input_schema() -> Value {
     json!({ "type": "object", "properties": {} })
 }
 
-/// Adapter for Amazon Bedrock `ConverseStream` with SigV4 request signing (see the module docs).
-/// Stateless; always streams upstream.
+/// Adapter for Amazon Bedrock Converse with SigV4 request signing (see the module docs).
+/// Stateless; `ConverseStream` for streaming clients, `Converse` for the others.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct BedrockProvider;
 

@@ -36,8 +36,8 @@ pub const DEFAULT_IMAGE_MIME: &str = "image/jpeg";
 /// history that did not come from the same model.
 pub const THOUGHT_SIGNATURE_SKIP: &str = "skip_thought_signature_validator";
 
-/// Adapter for the Google Gemini API (`{base_url}/models/{model}:streamGenerateContent?alt=sse`,
-/// `x-goog-api-key` auth). Stateless; always streams upstream.
+/// Adapter for the Google Gemini API (`{base_url}/models/{model}:streamGenerateContent?alt=sse`
+/// for streaming clients, `:generateContent` for the others; `x-goog-api-key` auth). Stateless.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct GeminiProvider;
 
