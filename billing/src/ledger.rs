@@ -80,6 +80,7 @@ pub(crate) struct UsageRow {
     latency_ms: i64,
     fallbacks: i64,
     cache_hit: bool,
+    batch_id: Option<String>,
     raw: String,
 }
 
@@ -136,6 +137,7 @@ impl UsageRow {
             latency_ms: int("latency_ms", event.latency_ms)?,
             fallbacks: i64::from(event.fallbacks),
             cache_hit: event.cache_hit,
+            batch_id: opt_text("batch_id", &event.batch_id)?,
             raw,
         })
     }
@@ -177,9 +179,9 @@ fn status_str(status: UsageStatus) -> &'static str {
 const INSERT_HEAD: &str = "INSERT INTO usage_events (request_id, kind, attempt, ts_ms, tenant, \
      key_id, model, target, upstream_model, prompt_tokens, cached_tokens, cache_write_tokens, \
      completion_tokens, reasoning_tokens, estimated, status, error_class, ttft_ms, latency_ms, \
-     fallbacks, cache_hit, raw, ingested_at_ms, cost_usd) VALUES ";
+     fallbacks, cache_hit, batch_id, raw, ingested_at_ms, cost_usd) VALUES ";
 /// Values bound per `usage_events` row.
-const EVENT_COLUMNS: usize = 24;
+const EVENT_COLUMNS: usize = 25;
 /// The keys of the rows an event insert stored (a conflicting row returns nothing).
 const INSERT_TAIL: &str = " ON CONFLICT DO NOTHING RETURNING request_id, kind, attempt";
 
@@ -321,7 +323,7 @@ struct LineValues<'a> {
 const SELECT_COLUMNS: &str = "request_id, kind, attempt, ts_ms, tenant, key_id, model, target, \
      upstream_model, prompt_tokens, cached_tokens, cache_write_tokens, completion_tokens, \
      reasoning_tokens, CASE WHEN estimated THEN 1 ELSE 0 END AS estimated, status, error_class, \
-     ttft_ms, latency_ms, fallbacks, CASE WHEN cache_hit THEN 1 ELSE 0 END AS cache_hit";
+     ttft_ms, latency_ms, fallbacks, CASE WHEN cache_hit THEN 1 ELSE 0 END AS cache_hit, batch_id";
 
 impl Ledger {
     /// Connects to the ledger at `url` and applies pending migrations.
@@ -392,14 +394,16 @@ impl Ledger {
     /// Prices one row: cost price for `upstream` events, charge for `charge` events.
     fn price(&self, row: &UsageRow) -> Option<Cost> {
         let usage = row.usage();
+        // Batch items are priced at the catalog's batch rate (`batch_discount`).
+        let batch = row.batch_id.is_some();
         match row.kind {
             "upstream" => self
                 .catalog
-                .upstream_cost(row.upstream_model.as_deref()?, &usage, false),
+                .upstream_cost(row.upstream_model.as_deref()?, &usage, batch),
             // Cache pricing policy: a cache hit is free to the tenant (no upstream call was made);
             // its row keeps the original usage, which prices the savings in reports.
             _ if row.cache_hit => Some(Cost::default()),
-            _ => self.catalog.charge(&row.model, &usage, false),
+            _ => self.catalog.charge(&row.model, &usage, batch),
         }
     }
 
@@ -501,6 +505,7 @@ impl Ledger {
                     .bind(row.latency_ms)
                     .bind(row.fallbacks)
                     .bind(row.cache_hit)
+                    .bind(row.batch_id.as_deref())
                     .bind(row.raw.as_str())
                     .bind(ingested_at_ms)
                     .bind(cost.as_ref().map(|c| c.total.to_string()));
@@ -776,6 +781,7 @@ fn event_from_row(row: &AnyRow) -> Result<UsageEvent, BillingError> {
         fallbacks: uint(row, "fallbacks")?,
         cache_hit: row.try_get::<i64, _>("cache_hit")? != 0,
         budget_owed: None,
+        batch_id: row.try_get("batch_id")?,
     })
 }
 
@@ -826,6 +832,7 @@ mod tests {
             fallbacks: 2,
             cache_hit: false,
             budget_owed: None,
+            batch_id: None,
         }
     }
 

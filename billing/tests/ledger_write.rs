@@ -36,6 +36,7 @@ fn event(prompt: u64) -> UsageEvent {
         fallbacks: 0,
         cache_hit: false,
         budget_owed: None,
+        batch_id: None,
     }
 }
 

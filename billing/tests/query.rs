@@ -58,6 +58,7 @@ fn charge(ts: u64, tenant: &str, key: &str, model: &str, u: Usage) -> UsageEvent
         fallbacks: 0,
         cache_hit: false,
         budget_owed: None,
+        batch_id: None,
     }
 }
 

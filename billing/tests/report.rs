@@ -55,6 +55,7 @@ fn charge(id: Uuid, ts: u64, tenant: &str, model: &str, target: &str, up: &str) 
         fallbacks: 0,
         cache_hit: false,
         budget_owed: None,
+        batch_id: None,
     }
 }
 

@@ -42,6 +42,7 @@ fn event(kind: UsageKind, attempt: u32, prompt: u64, completion: u64) -> UsageEv
         fallbacks: 0,
         cache_hit: false,
         budget_owed: None,
+        batch_id: None,
     }
 }
 

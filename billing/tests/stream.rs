@@ -40,6 +40,7 @@ fn event(kind: UsageKind, request_id: Uuid, i: u64) -> UsageEvent {
         fallbacks: 0,
         cache_hit: false,
         budget_owed: None,
+        batch_id: None,
     }
 }
 

@@ -131,6 +131,7 @@ fn events(n: u64) -> Vec<UsageEvent> {
             fallbacks: 0,
             cache_hit: false,
             budget_owed: None,
+            batch_id: None,
         });
     }
     out

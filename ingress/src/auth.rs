@@ -28,6 +28,11 @@ pub fn current_caller() -> Caller {
     CALLER.try_with(Clone::clone).unwrap_or_default()
 }
 
+/// Runs `fut` as `caller` (how a batch item runs as the key that created its batch).
+pub async fn as_caller<F: std::future::Future>(caller: Caller, fut: F) -> F::Output {
+    CALLER.scope(caller, fut).await
+}
+
 /// Key hash → caller, rebuilt when the config version changes.
 #[derive(Debug, Default)]
 pub struct KeyTable {

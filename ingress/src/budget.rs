@@ -132,10 +132,11 @@ pub fn scopes(config: &GatewayConfig, caller: &Caller) -> Vec<Scope> {
     out
 }
 
-/// The charge of `usage` on `model` at sale price (zero when the model is unpriced).
-pub fn charge_of(catalog: Option<&Catalog>, model: &str, usage: &Usage) -> Decimal {
+/// The charge of `usage` on `model` at sale price, USD (zero when the model is unpriced); `batch`
+/// applies the model's batch rate (the same price billing's ledger writes).
+pub fn charge_of(catalog: Option<&Catalog>, model: &str, usage: &Usage, batch: bool) -> Decimal {
     catalog
-        .and_then(|c| c.charge(model, usage, false))
+        .and_then(|c| c.charge(model, usage, batch))
         .map_or(Decimal::ZERO, |c| c.total)
 }
 
@@ -153,7 +154,7 @@ pub fn estimate(
         completion_tokens: max_output,
         ..Usage::default()
     };
-    let base = charge_of(catalog, model, &usage);
+    let base = charge_of(catalog, model, &usage, false);
     Demand {
         usd: base * (Decimal::ONE + margin),
         tokens: prompt_tokens + max_output,

@@ -411,7 +411,7 @@ pub(crate) fn aggregate(answer: &CachedAnswer) -> Aggregate {
 
 /// Publishes the hit's `charge` event and returns its new request id.
 fn charge_hit(app: &Arc<AppState>, check: &Check, usage: Usage) -> Uuid {
-    let id = Uuid::now_v7();
+    let id = crate::route::current_hints().new_request_id();
     let mut charge = Charge::start(
         app.clone(),
         id,

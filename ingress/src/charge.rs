@@ -79,6 +79,8 @@ impl Charge {
             fallbacks: 0,
             cache_hit: false,
             budget_owed: None,
+            // Every charge of a batch item (live answer, cache hit, embeddings) is marked.
+            batch_id: crate::route::current_batch_id(),
         };
         Self {
             app,
@@ -174,7 +176,12 @@ impl Charge {
                     Demand::default()
                 } else {
                     Demand {
-                        usd: budget::charge_of(app.catalog.as_deref(), &e.model, &e.usage),
+                        usd: budget::charge_of(
+                            app.catalog.as_deref(),
+                            &e.model,
+                            &e.usage,
+                            e.batch_id.is_some(),
+                        ),
                         tokens: e.usage.prompt_tokens + e.usage.completion_tokens,
                     }
                 };

@@ -23,7 +23,6 @@ use switchyard_schemas::embed::{EmbedInput, EmbedReply, EmbedRequest};
 use switchyard_schemas::request::TargetRef;
 use switchyard_schemas::subjects::CAP_EMBED;
 use switchyard_schemas::{ErrorClass, ErrorInfo, now_ms};
-use uuid::Uuid;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -53,6 +52,12 @@ pub async fn embeddings(State(app): State<Arc<AppState>>, body: Bytes) -> Respon
         Ok(r) => r,
         Err(e) => e.into_response(),
     }
+}
+
+/// Validates an embeddings body as [`embeddings`] would and returns its `model` (batch
+/// validation checks every line with it).
+pub fn model_of(body: &[u8]) -> Result<String, ApiError> {
+    parse(body).map(|(b, _, _)| b.model)
 }
 
 fn parse(body: &[u8]) -> Result<(EmbeddingsBody, EmbedInput, bool), ApiError> {
@@ -180,7 +185,7 @@ async fn admit<'a>(
 ) -> Result<Admitted<'a>, ApiError> {
     let model = route::routed_model(config, &b.model, hints)?;
     let admitted = Instant::now();
-    let id = Uuid::now_v7();
+    let id = hints.new_request_id();
     let policy = model.policy.as_deref().and_then(|p| config.policy(p));
     let t = &config.timeouts;
     let total = policy

@@ -240,6 +240,11 @@ impl TargetStats {
         self.inner.lock().get(target).map_or(0, |s| s.in_flight)
     }
 
+    /// Requests in flight to every target from this ingress (batch items included).
+    pub fn total_in_flight(&self) -> u64 {
+        self.inner.lock().values().map(|s| s.in_flight).sum()
+    }
+
     /// EWMA of `target`'s time to first content, ms; `None` before the first sample.
     pub fn ttft_ms(&self, target: &str) -> Option<f64> {
         self.inner.lock().get(target).and_then(|s| s.ttft_ms)

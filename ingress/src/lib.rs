@@ -11,6 +11,7 @@
 
 pub mod anthropic;
 pub mod auth;
+pub mod batch;
 pub mod budget;
 pub mod cache_client;
 pub mod charge;
@@ -72,6 +73,9 @@ pub struct AppState {
     /// Background work a shutdown must wait for (budget settlements, usage publications): spawn
     /// it here instead of `tokio::spawn`; [`serve`] waits on it after the HTTP drain.
     pub tasks: tokio_util::task::TaskTracker,
+    /// Batch jobs' files, records and queues (`None` when JetStream could not open them: the
+    /// batch routes answer 503).
+    pub batches: Option<Arc<batch::store::BatchStore>>,
 }
 
 impl AppState {
@@ -116,6 +120,13 @@ pub async fn state(
     };
     let js = async_nats::jetstream::new(nats.clone());
     let budgets = budget::Budgets::connect(&js, ingress_id).await;
+    let batches = match batch::store::BatchStore::open(&js, &subjects.prefix().to_owned()).await {
+        Ok(s) => Some(Arc::new(s)),
+        Err(e) => {
+            tracing::error!(error = %e, "batch store unavailable; /v1/batches answers 503");
+            None
+        }
+    };
     // Loading the tokenizer takes a moment: do it now, off the request path.
     tokio::task::spawn_blocking(trim::warm_up);
     Ok(Arc::new(AppState {
@@ -134,6 +145,7 @@ pub async fn state(
         budgets,
         probe_per_mille: std::sync::atomic::AtomicU32::new((strategy::PROBE_SHARE * 1000.0) as u32),
         tasks: tokio_util::task::TaskTracker::new(),
+        batches,
     }))
 }
 
@@ -147,6 +159,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/usage", get(usage))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics_text))
+        .merge(batch::routes())
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
@@ -171,7 +184,21 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), IngressError> {
     let limits = server::Limits::from(&state.config.get().server);
+    // The batch runner stops taking items when the drain starts and is waited for below.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let runner = batch::start_runner(&state, stop.clone());
+    let drain = stop.clone();
+    let shutdown = async move {
+        shutdown.await;
+        drain.cancel();
+    };
     server::run(listener, router(state.clone()), limits, shutdown).await;
+    stop.cancel();
+    if let Some(r) = runner
+        && tokio::time::timeout(TASKS_DEADLINE, r).await.is_err()
+    {
+        tracing::error!("batch runner still running after the drain; its items are redelivered");
+    }
     state.tasks.close();
     if tokio::time::timeout(TASKS_DEADLINE, state.tasks.wait())
         .await

@@ -7,6 +7,7 @@
 //! | `switchyard_ttft_seconds` | histogram | `model`, `target` |
 //! | `switchyard_request_duration_seconds` | histogram | `model` |
 //! | `switchyard_in_flight` | gauge | `target` |
+//! | `switchyard_batches_total` | counter | `status` (`in_progress` when queued, `failed` when validation failed) |
 //!
 //! `model` is the configured model the request was routed by (never an unknown client string).
 //! `status` is the HTTP status the outcome maps to: 200 on success; for an error the status of its
@@ -33,6 +34,8 @@ pub const TTFT: &str = "switchyard_ttft_seconds";
 pub const DURATION: &str = "switchyard_request_duration_seconds";
 /// Requests in flight per target.
 pub const IN_FLIGHT: &str = "switchyard_in_flight";
+/// Batches submitted, by the status they started in.
+pub const BATCHES: &str = "switchyard_batches_total";
 
 const TTFT_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -121,6 +124,12 @@ impl Metrics {
             ("status", status.to_string()),
         ];
         self.with(|| metrics::counter!(REQUESTS, &labels).increment(1));
+    }
+
+    /// Counts one submitted batch by its first status after validation.
+    pub fn batch_submitted(&self, status: &'static str) {
+        let labels = [("status", status)];
+        self.with(|| metrics::counter!(BATCHES, &labels).increment(1));
     }
 
     /// Counts one move to a next target.

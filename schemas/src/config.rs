@@ -78,6 +78,33 @@ pub struct GatewayConfig {
     /// change them).
     #[serde(default)]
     pub server: ServerConfig,
+    /// Batch jobs (OpenAI Batch API, Anthropic Message Batches): how each ingress runs items.
+    #[serde(default)]
+    pub batch: BatchConfig,
+}
+
+/// How batch items share an ingress with live traffic.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BatchConfig {
+    /// Run batch items in this process (every ingress does by default; the items stream is a
+    /// work queue, so they spread over the replicas).
+    pub run: bool,
+    /// Items one ingress runs at once. Default 16.
+    pub max_in_flight: usize,
+    /// A new item waits while this ingress has more than this many live requests in flight, so
+    /// interactive traffic goes first. Default 64.
+    pub yield_above: u64,
+}
+
+impl Default for BatchConfig {
+    fn default() -> Self {
+        Self {
+            run: true,
+            max_in_flight: 16,
+            yield_above: 64,
+        }
+    }
 }
 
 fn default_listen() -> String {

@@ -714,6 +714,7 @@ mod tests {
             fallbacks: 0,
             cache_hit: false,
             budget_owed: None,
+            batch_id: None,
         }
     }
 

@@ -43,6 +43,11 @@ pub struct ChatRequest {
     /// Zero-based attempt number across fallbacks (0 = first target).
     #[serde(default)]
     pub attempt: u32,
+    /// The batch job this request is an item of (`None` for live traffic). Workers admit batch
+    /// items only within the share of each target's limits left to them, and price their usage
+    /// at the batch rate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_id: Option<String>,
 }
 
 /// The target an attempt goes to: which provider adapter, which configured target, which upstream model.

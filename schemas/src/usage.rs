@@ -118,6 +118,10 @@ pub struct UsageEvent {
     /// billing applies it once after storing the event.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget_owed: Option<BudgetOwed>,
+    /// The batch job this request was an item of (`None` for live traffic): priced at the
+    /// catalog's batch rate (`batch_discount`) and reported apart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_id: Option<String>,
 }
 
 /// What a request still owes its budget scopes: `usd` (sale price) and `tokens` (input +

@@ -90,6 +90,7 @@ async fn probe_once(
         include_usage: false,
         deadline_ms: now_ms() + probe.max_latency_ms,
         attempt: 0,
+        batch_id: None,
     };
     let started = Instant::now();
     let limit = Duration::from_millis(probe.max_latency_ms);
@@ -163,6 +164,7 @@ async fn probe_once(
         fallbacks: 0,
         cache_hit: false,
         budget_owed: None,
+        batch_id: None,
     };
     publish_usage_event(&shared.js, &shared.opts.subjects, &event).await;
     healthy

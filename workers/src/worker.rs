@@ -895,6 +895,7 @@ fn publish_usage(
         fallbacks: 0,
         cache_hit: false,
         budget_owed: None,
+        batch_id: req.batch_id.clone(),
     };
     let (js, subjects) = (shared.js.clone(), shared.opts.subjects.clone());
     shared.usage_tasks.spawn(async move {

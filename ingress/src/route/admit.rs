@@ -13,7 +13,6 @@ use switchyard_schemas::config::{GatewayConfig, ModelConfig};
 use switchyard_schemas::request::TargetRef;
 use switchyard_schemas::routing::Policy;
 use switchyard_schemas::{ChatRequest, ErrorInfo, now_ms};
-use uuid::Uuid;
 
 /// The records every admitted request keeps until its outcome: the `charge` usage event (which
 /// also settles the budget reservation) and the metrics outcome. Chat and embeddings both use it.
@@ -68,7 +67,7 @@ pub async fn admit<'c>(
 ) -> Result<Admitted<'c>, ApiError> {
     let model = routed_model(config, &inbound.model, hints)?;
     let admitted = Instant::now();
-    let id = Uuid::now_v7();
+    let id = hints.new_request_id();
     let caller = crate::auth::current_caller();
     let scopes = budget::scopes(config, &caller);
     let reject = |model: &ModelConfig, e: ApiError| {
@@ -113,6 +112,7 @@ pub async fn admit<'c>(
         include_usage: inbound.include_usage,
         deadline_ms,
         attempt: 0,
+        batch_id: hints.batch.as_ref().map(|b| b.batch_id.clone()),
     };
     let mut charge = Charge::new(app.clone(), &req, admitted);
     if let Some(r) = reservation {

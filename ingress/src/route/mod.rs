@@ -92,6 +92,19 @@ pub struct RequestHints {
     pub ignore: Vec<String>,
     /// `x-switchyard-order`.
     pub order: Vec<String>,
+    /// Set when a batch job runs this request as one of its items ([`crate::batch`]); never
+    /// from a client header.
+    pub batch: Option<BatchItem>,
+}
+
+/// The batch item a request executes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchItem {
+    /// The batch id (`batch_…` or `msgbatch_…`).
+    pub batch_id: String,
+    /// The item's request id, derived from the batch id, the `custom_id` and the try number, so
+    /// a redelivered item that already ran writes the same usage keys (the ledger keeps one).
+    pub request_id: Uuid,
 }
 
 impl RequestHints {
@@ -121,7 +134,13 @@ impl RequestHints {
             only: (!only.is_empty()).then_some(only),
             ignore: list(HEADER_IGNORE),
             order: list(HEADER_ORDER),
+            batch: None,
         }
+    }
+
+    /// The id of a newly admitted request: the batch item's own, else a new UUIDv7.
+    pub fn new_request_id(&self) -> Uuid {
+        self.batch.as_ref().map_or_else(Uuid::now_v7, |b| b.request_id)
     }
 
     /// The preferences for [`strategy::plan`]; `body_user` is the request body's `user`.
@@ -149,6 +168,20 @@ pub async fn capture_hints(req: axum::extract::Request, next: axum::middleware::
 /// The routing headers of the request being handled (empty outside [`capture_hints`]).
 pub fn current_hints() -> RequestHints {
     HINTS.try_with(Clone::clone).unwrap_or_default()
+}
+
+/// The batch id of the request being handled (`None` for live traffic).
+pub fn current_batch_id() -> Option<String> {
+    HINTS
+        .try_with(|h| h.batch.as_ref().map(|b| b.batch_id.clone()))
+        .ok()
+        .flatten()
+}
+
+/// Runs `fut` (a front door's handler) with `hints` as the request's routing context: how a
+/// batch item enters the same pipeline as a live request.
+pub async fn with_hints<F: std::future::Future>(hints: RequestHints, fut: F) -> F::Output {
+    HINTS.scope(hints, fut).await
 }
 
 /// The model to route by: `x-switchyard-route` when given, else the body's `model`.

@@ -1,0 +1,415 @@
+//! Runs batch items and ends batches. Every ingress process runs one [`run`] loop: a pull
+//! consumer ([`RUNNER_CONSUMER`], shared, so items spread over the replicas) and a sweeper.
+//!
+//! **An item** enters the same pipeline as a live request ([`execute`]): the endpoint's front
+//! door (`front_door::serve`, or the embeddings handler) under the batch owner's caller and a
+//! [`BatchItem`] routing context — so validation, routing, limits, retries, breakers, fallbacks,
+//! budgets and the charge event are the live ones, and the result body is byte for byte what a
+//! live request gets. The context gives the request a deterministic id and marks its usage
+//! events with the batch id (batch price in billing and budgets; workers keep live headroom).
+//!
+//! **Priority.** At most `batch.max_in_flight` items run per ingress at once, and an item waits
+//! while this ingress has more than `batch.yield_above` live requests in flight, so interactive
+//! traffic goes first and batches use what is left.
+//!
+//! **Exactly once.** The item message is acknowledged only after its result is stored; a runner
+//! that dies before leaves the message to be redelivered (after the consumer's `ack_wait`), which
+//! re-runs it with the same request id: the ledger keeps one record per (request id, kind,
+//! attempt) and the results stream one result per index. A retryable failure (429, 5xx, timeout)
+//! is not a result: the item is queued again as try `n + 1` after a backoff (a new request id, so
+//! its usage is its own), up to [`MAX_TRIES`]; then its error is the result.
+//!
+//! **Sweeper** (every [`SWEEP_EVERY`]): for each active batch, marks it expiring once
+//! `expires_at` passes (items still queued then end as `expired` without running), and when no
+//! item of it is left on the queue, finalizes it ([`finalize`]): results → files, counts, usage,
+//! terminal status, by compare-and-set so one replica does it.
+
+use super::records::{BatchRecord, Item, ItemResult, Outcome, Status, usage_of};
+use super::store::{BatchStore, RUNNER_CONSUMER, StoreError};
+use crate::AppState;
+use crate::charge::Caller;
+use crate::route::{BatchItem, RequestHints};
+use async_nats::jetstream::{AckKind, consumer};
+use axum::http::HeaderMap;
+use axum::response::Response;
+use bytes::Bytes;
+use futures::StreamExt;
+use std::sync::Arc;
+use std::time::Duration;
+use switchyard_schemas::now_ms;
+use tokio_util::sync::CancellationToken;
+
+/// Tries per item before a retryable error becomes its result.
+pub const MAX_TRIES: u32 = 5;
+/// How often the sweeper looks at active batches.
+pub const SWEEP_EVERY: Duration = Duration::from_millis(500);
+/// The consumer's `ack_wait`: a runner that died leaves its items to others after this.
+const ACK_WAIT: Duration = Duration::from_secs(60);
+/// A running item tells JetStream it is alive this often (`+WPI`), so long items are not
+/// redelivered while they run.
+const PROGRESS_EVERY: Duration = Duration::from_secs(20);
+/// A batch stuck in `finalizing` this long (its finalizer died) is finalized again.
+const REFINALIZE_AFTER_S: u64 = 30;
+/// Largest response body kept as a result, bytes.
+const MAX_RESULT_BYTES: usize = 64 * 1024 * 1024;
+
+/// Runs the consumer and the sweeper until `stop`; then waits for the items in flight.
+pub async fn run(app: Arc<AppState>, store: Arc<BatchStore>, stop: CancellationToken) {
+    let consumer = match store
+        .items_stream()
+        .get_or_create_consumer(
+            RUNNER_CONSUMER,
+            consumer::pull::Config {
+                durable_name: Some(RUNNER_CONSUMER.into()),
+                ack_policy: consumer::AckPolicy::Explicit,
+                ack_wait: ACK_WAIT,
+                max_ack_pending: 100_000,
+                ..Default::default()
+            },
+        )
+        .await
+    {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "batch runner: consumer not created; batches will not run here");
+            return;
+        }
+    };
+    let tasks = tokio_util::task::TaskTracker::new();
+    let sweeper = {
+        let (app, store, stop) = (app.clone(), store.clone(), stop.clone());
+        tasks.spawn(async move {
+            let mut tick = tokio::time::interval(SWEEP_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = tick.tick() => {
+                        if let Err(e) = sweep(&app, &store).await {
+                            tracing::warn!(error = %e, "batch sweep failed");
+                        }
+                    }
+                }
+            }
+        })
+    };
+    let max = app.config.get().batch.max_in_flight.max(1);
+    let permits = Arc::new(tokio::sync::Semaphore::new(max));
+    'outer: while !stop.is_cancelled() {
+        let messages = consumer
+            .stream()
+            .max_messages_per_batch(max)
+            .heartbeat(Duration::from_secs(5))
+            .expires(Duration::from_secs(30))
+            .messages()
+            .await;
+        let mut messages = match messages {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(error = %e, "batch runner: pull failed; retrying");
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                }
+            }
+        };
+        loop {
+            let permit = tokio::select! {
+                _ = stop.cancelled() => break 'outer,
+                p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break 'outer },
+            };
+            yield_to_live(&app, &stop).await;
+            let msg = tokio::select! {
+                _ = stop.cancelled() => break 'outer,
+                m = messages.next() => m,
+            };
+            let msg = match msg {
+                Some(Ok(m)) => m,
+                Some(Err(e)) => {
+                    tracing::debug!(error = %e, "batch runner: pull stream error");
+                    break;
+                }
+                None => break,
+            };
+            let (app, store) = (app.clone(), store.clone());
+            tasks.spawn(async move {
+                let _permit = permit;
+                handle(&app, &store, msg).await;
+            });
+        }
+    }
+    drop(sweeper);
+    tasks.close();
+    tasks.wait().await;
+}
+
+/// Waits while this ingress serves more live requests than `batch.yield_above` (the in-flight
+/// count includes up to `max_in_flight` batch items of its own).
+async fn yield_to_live(app: &AppState, stop: &CancellationToken) {
+    let b = &app.config.get().batch;
+    let limit = b.yield_above + b.max_in_flight as u64;
+    while app.stats.total_in_flight() > limit && !stop.is_cancelled() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn handle(app: &Arc<AppState>, store: &BatchStore, msg: async_nats::jetstream::Message) {
+    let item: Item = match serde_json::from_slice(&msg.payload) {
+        Ok(i) => i,
+        Err(e) => {
+            tracing::error!(error = %e, "batch item unreadable; dropped");
+            let _ = msg.ack_with(AckKind::Term).await;
+            return;
+        }
+    };
+    let ack = match run_item(app, store, &msg, &item).await {
+        Ok(()) => msg.ack().await,
+        Err(e) => {
+            tracing::warn!(batch = %item.batch_id, index = item.index, error = %e, "batch item not finished; redelivered later");
+            msg.ack_with(AckKind::Nak(Some(Duration::from_secs(1)))).await
+        }
+    };
+    if let Err(e) = ack {
+        tracing::warn!(batch = %item.batch_id, index = item.index, error = %e, "batch item ack failed (it will run again, with the same request id)");
+    }
+}
+
+async fn run_item(
+    app: &Arc<AppState>,
+    store: &BatchStore,
+    msg: &async_nats::jetstream::Message,
+    item: &Item,
+) -> Result<(), StoreError> {
+    let Some((batch, _)) = store.batch(&item.batch_key).await? else {
+        tracing::warn!(batch = %item.batch_id, "batch item of an unknown batch; dropped");
+        return Ok(());
+    };
+    let skip = |outcome| ItemResult {
+        index: item.index,
+        custom_id: item.custom_id.clone(),
+        request_id: None,
+        outcome,
+        status_code: 0,
+        body: serde_json::Value::Null,
+        usage: Default::default(),
+    };
+    match batch.status {
+        Status::Cancelling | Status::Cancelled => {
+            return store
+                .append_result(&batch.id, &skip(Outcome::Canceled))
+                .await;
+        }
+        _ if batch.expiring || now_ms() / 1000 >= batch.expires_at => {
+            return store
+                .append_result(&batch.id, &skip(Outcome::Expired))
+                .await;
+        }
+        _ => {}
+    }
+    let wait = item.not_before_ms.saturating_sub(now_ms());
+    if wait > 0 {
+        // Not yet: give the slot back and come back after the backoff.
+        let _ = msg
+            .ack_with(AckKind::Nak(Some(Duration::from_millis(wait))))
+            .await;
+        return Err(StoreError::Nats("backoff".into()));
+    }
+    let request_id = item.request_id(batch.created_ms);
+    let run = execute(app, &batch, item, request_id);
+    tokio::pin!(run);
+    let mut progress = tokio::time::interval(PROGRESS_EVERY);
+    progress.tick().await;
+    let (status, body) = loop {
+        tokio::select! {
+            r = &mut run => break r,
+            _ = progress.tick() => { let _ = msg.ack_with(AckKind::Progress).await; }
+        }
+    };
+    let retryable = status == 429 || status == 408 || status >= 500;
+    if retryable && item.try_no + 1 < MAX_TRIES {
+        let backoff_ms = 1000u64 << item.try_no.min(6);
+        let mut next = item.clone();
+        next.try_no += 1;
+        next.not_before_ms = now_ms() + backoff_ms;
+        return store.enqueue(&next).await;
+    }
+    let outcome = if status == 200 {
+        Outcome::Succeeded
+    } else {
+        Outcome::Errored
+    };
+    let result = ItemResult {
+        index: item.index,
+        custom_id: item.custom_id.clone(),
+        request_id: Some(request_id),
+        outcome,
+        status_code: status,
+        usage: if outcome == Outcome::Succeeded {
+            usage_of(&body)
+        } else {
+            Default::default()
+        },
+        body,
+    };
+    store.append_result(&batch.id, &result).await
+}
+
+/// Runs one item through its endpoint's live handler as the batch's owner; (HTTP status, body).
+async fn execute(
+    app: &Arc<AppState>,
+    batch: &BatchRecord,
+    item: &Item,
+    request_id: uuid::Uuid,
+) -> (u16, serde_json::Value) {
+    let caller = Caller {
+        tenant: batch.tenant.clone(),
+        key_id: batch.key_id.clone(),
+        admin: false,
+    };
+    let hints = RequestHints {
+        batch: Some(BatchItem {
+            batch_id: batch.id.clone(),
+            request_id,
+        }),
+        ..RequestHints::default()
+    };
+    let body = Bytes::from(serde_json::to_vec(&item.body).unwrap_or_default());
+    let headers = HeaderMap::new();
+    let endpoint = batch.endpoint.clone();
+    let app2 = app.clone();
+    let fut = async move {
+        match endpoint.as_str() {
+            "/v1/chat/completions" => {
+                crate::front_door::serve(crate::chat::OpenAiChat, app2, &headers, &body).await
+            }
+            "/v1/messages" => {
+                crate::front_door::serve(
+                    crate::anthropic::AnthropicMessages,
+                    app2,
+                    &headers,
+                    &body,
+                )
+                .await
+            }
+            _ => crate::embeddings::embeddings(axum::extract::State(app2), body).await,
+        }
+    };
+    let resp = crate::auth::as_caller(caller, crate::route::with_hints(hints, fut)).await;
+    read_response(resp).await
+}
+
+async fn read_response(resp: Response) -> (u16, serde_json::Value) {
+    let status = resp.status().as_u16();
+    match axum::body::to_bytes(resp.into_body(), MAX_RESULT_BYTES).await {
+        Ok(b) => match serde_json::from_slice(&b) {
+            Ok(v) => (status, v),
+            Err(_) => (
+                status,
+                serde_json::json!({"error": {"message": String::from_utf8_lossy(&b), "type": "api_error"}}),
+            ),
+        },
+        Err(e) => (
+            500,
+            serde_json::json!({"error": {"message": format!("response body unreadable: {e}"), "type": "api_error"}}),
+        ),
+    }
+}
+
+/// One pass over the active batches.
+async fn sweep(app: &Arc<AppState>, store: &BatchStore) -> Result<(), StoreError> {
+    for (id, key) in store.active().await? {
+        let Some((mut batch, rev)) = store.batch(&key).await? else {
+            store.clear_active(&id).await?;
+            continue;
+        };
+        let now_s = now_ms() / 1000;
+        match batch.status {
+            s if s.is_terminal() => store.clear_active(&id).await?,
+            Status::InProgress | Status::Cancelling => {
+                if batch.status == Status::InProgress && !batch.expiring && now_s >= batch.expires_at
+                {
+                    batch.expiring = true;
+                    store.update_batch(&key, &batch, rev).await?;
+                    continue;
+                }
+                if store.pending(&id).await? == 0 {
+                    finalize(app, store, &key, batch, rev).await?;
+                }
+            }
+            Status::Finalizing
+                if batch.finalizing_at.unwrap_or(0) + REFINALIZE_AFTER_S <= now_s =>
+            {
+                finalize(app, store, &key, batch, rev).await?;
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Ends a batch whose items all ended: claims it (`finalizing`, compare-and-set), writes its
+/// result files, sets the counts, usage and terminal status, drops the stored results.
+pub async fn finalize(
+    _app: &Arc<AppState>,
+    store: &BatchStore,
+    key: &str,
+    mut batch: BatchRecord,
+    rev: u64,
+) -> Result<(), StoreError> {
+    let now_s = now_ms() / 1000;
+    let terminal = if batch.status == Status::Cancelling || batch.cancelling_at.is_some() {
+        Status::Cancelled
+    } else if batch.expiring {
+        Status::Expired
+    } else {
+        Status::Completed
+    };
+    batch.status = Status::Finalizing;
+    batch.finalizing_at = Some(now_s);
+    let Some(rev) = store.update_batch(key, &batch, rev).await? else {
+        return Ok(()); // another replica finalizes it
+    };
+    let results = store.results(&batch.id).await?;
+    let mut counts = batch.counts;
+    counts.succeeded = 0;
+    counts.errored = 0;
+    counts.canceled = 0;
+    counts.expired = 0;
+    let mut usage = super::records::BatchUsage::default();
+    for r in &results {
+        match r.outcome {
+            Outcome::Succeeded => counts.succeeded += 1,
+            Outcome::Errored => counts.errored += 1,
+            Outcome::Canceled => counts.canceled += 1,
+            Outcome::Expired => counts.expired += 1,
+        }
+        usage.add(&r.usage);
+    }
+    let files = match batch.api {
+        super::records::Api::OpenAi => super::openai::result_files(&batch, &results),
+        super::records::Api::Anthropic => super::anthropic::result_files(&batch, &results),
+    };
+    for (slot, file, content) in files {
+        let fkey = super::records::file_key(batch.tenant.as_deref(), &file.id);
+        store.put_file(&fkey, &file, &content).await?;
+        match slot {
+            super::FileSlot::Output => batch.output_file_id = Some(file.id),
+            super::FileSlot::Error => batch.error_file_id = Some(file.id),
+        }
+    }
+    batch.counts = counts;
+    batch.usage = usage;
+    batch.status = terminal;
+    match terminal {
+        Status::Cancelled => batch.cancelled_at = Some(now_s),
+        Status::Expired => batch.expired_at = Some(now_s),
+        _ => batch.completed_at = Some(now_s),
+    }
+    if store.update_batch(key, &batch, rev).await?.is_none() {
+        return Ok(()); // a re-finalization overtook this one; it writes the same files
+    }
+    store.purge_results(&batch.id).await?;
+    store.clear_active(&batch.id).await?;
+    tracing::info!(batch = %batch.id, status = ?terminal, succeeded = counts.succeeded, errored = counts.errored, "batch finished");
+    Ok(())
+}

@@ -1,0 +1,448 @@
+//! Where batches live, all in JetStream so every ingress replica sees the same state and a
+//! restart of any service loses nothing:
+//!
+//! | what | where |
+//! |---|---|
+//! | file contents | object store [`FILES_BUCKET`], object name = file id |
+//! | file and batch records | KV [`RECORDS_BUCKET`], keys `f.<tenant>.<id>` / `b.<tenant>.<id>` ([`super::records::batch_key`]) |
+//! | batches not yet terminal | KV [`ACTIVE_BUCKET`], key = batch id, value = the record's key |
+//! | items to run | work-queue stream [`ITEMS_STREAM`] on `<prefix>.batch.item.<batch>`, removed when acknowledged |
+//! | item results | stream [`RESULTS_STREAM`] on `<prefix>.batch.result.<batch>.<outcome>`, `Nats-Msg-Id` = `<batch>.<index>` |
+//!
+//! The results stream's duplicate window ([`RESULT_DEDUP`]) is longer than an item's
+//! redelivery delay, so an item that ran twice (its runner died before acknowledging) stores one
+//! result; per-subject message counts give the live progress without reading the results.
+
+use super::records::{BatchRecord, FileRecord, Item, ItemResult, Outcome};
+use async_nats::jetstream::{self, kv, object_store, stream};
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use std::collections::HashMap;
+use std::time::Duration;
+use tokio::io::AsyncReadExt;
+
+/// Object store bucket of file contents.
+pub const FILES_BUCKET: &str = "SY_FILES";
+/// KV bucket of file and batch records.
+pub const RECORDS_BUCKET: &str = "SY_BATCHES";
+/// KV bucket indexing the batches that are not terminal yet (the sweeper's work list).
+pub const ACTIVE_BUCKET: &str = "SY_BATCH_ACTIVE";
+/// Work-queue stream of items to run.
+pub const ITEMS_STREAM: &str = "SY_BATCH_WQ";
+/// Stream of item results.
+pub const RESULTS_STREAM: &str = "SY_BATCH_RESULTS";
+/// Durable consumer of [`ITEMS_STREAM`] shared by every ingress's runner.
+pub const RUNNER_CONSUMER: &str = "batch-runner";
+/// Duplicate window of [`RESULTS_STREAM`] (and [`ITEMS_STREAM`]).
+pub const RESULT_DEDUP: Duration = Duration::from_secs(2 * 3600);
+
+/// Batch store failures.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// A JetStream call failed.
+    #[error("batch store: {0}")]
+    Nats(String),
+    /// A stored record does not parse.
+    #[error("batch store: corrupt record `{key}`: {reason}")]
+    Corrupt {
+        /// KV key or subject.
+        key: String,
+        /// Parse error.
+        reason: String,
+    },
+}
+
+fn nats(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Nats(e.to_string())
+}
+
+/// Handles on the batch buckets and streams.
+#[derive(Clone)]
+pub struct BatchStore {
+    js: jetstream::Context,
+    prefix: String,
+    records: kv::Store,
+    active: kv::Store,
+    files: object_store::ObjectStore,
+    items: stream::Stream,
+    results: stream::Stream,
+}
+
+impl std::fmt::Debug for BatchStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BatchStore")
+            .field("prefix", &self.prefix)
+            .finish()
+    }
+}
+
+impl BatchStore {
+    /// Opens (creating when absent) the buckets and streams under subject prefix `prefix`.
+    pub async fn open(js: &jetstream::Context, prefix: &str) -> Result<Self, StoreError> {
+        let records = match js.get_key_value(RECORDS_BUCKET).await {
+            Ok(s) => s,
+            Err(_) => js
+                .create_key_value(kv::Config {
+                    bucket: RECORDS_BUCKET.into(),
+                    history: 1,
+                    ..Default::default()
+                })
+                .await
+                .map_err(nats)?,
+        };
+        let active = match js.get_key_value(ACTIVE_BUCKET).await {
+            Ok(s) => s,
+            Err(_) => js
+                .create_key_value(kv::Config {
+                    bucket: ACTIVE_BUCKET.into(),
+                    history: 1,
+                    ..Default::default()
+                })
+                .await
+                .map_err(nats)?,
+        };
+        let files = match js.get_object_store(FILES_BUCKET).await {
+            Ok(s) => s,
+            Err(_) => js
+                .create_object_store(object_store::Config {
+                    bucket: FILES_BUCKET.into(),
+                    ..Default::default()
+                })
+                .await
+                .map_err(nats)?,
+        };
+        let items = js
+            .get_or_create_stream(stream::Config {
+                name: ITEMS_STREAM.into(),
+                subjects: vec![format!("{prefix}.batch.item.>")],
+                retention: stream::RetentionPolicy::WorkQueue,
+                duplicate_window: RESULT_DEDUP,
+                ..Default::default()
+            })
+            .await
+            .map_err(nats)?;
+        let results = js
+            .get_or_create_stream(stream::Config {
+                name: RESULTS_STREAM.into(),
+                subjects: vec![format!("{prefix}.batch.result.>")],
+                duplicate_window: RESULT_DEDUP,
+                ..Default::default()
+            })
+            .await
+            .map_err(nats)?;
+        Ok(Self {
+            js: js.clone(),
+            prefix: prefix.to_owned(),
+            records,
+            active,
+            files,
+            items,
+            results,
+        })
+    }
+
+    /// The items stream (the runner's consumer lives on it).
+    pub fn items_stream(&self) -> &stream::Stream {
+        &self.items
+    }
+
+    // ---- records ----
+
+    async fn get_json<T: serde::de::DeserializeOwned>(
+        &self,
+        key: &str,
+    ) -> Result<Option<(T, u64)>, StoreError> {
+        let Some(entry) = self.records.entry(key).await.map_err(nats)? else {
+            return Ok(None);
+        };
+        if entry.operation != kv::Operation::Put {
+            return Ok(None);
+        }
+        let value = serde_json::from_slice(&entry.value).map_err(|e| StoreError::Corrupt {
+            key: key.to_owned(),
+            reason: e.to_string(),
+        })?;
+        Ok(Some((value, entry.revision)))
+    }
+
+    /// The file record under `key`.
+    pub async fn file(&self, key: &str) -> Result<Option<FileRecord>, StoreError> {
+        Ok(self.get_json(key).await?.map(|(v, _)| v))
+    }
+
+    /// The batch record under `key` and its revision (for [`Self::update_batch`]).
+    pub async fn batch(&self, key: &str) -> Result<Option<(BatchRecord, u64)>, StoreError> {
+        self.get_json(key).await
+    }
+
+    /// Stores a new file: content first, then its record (a record never points at nothing).
+    pub async fn put_file(
+        &self,
+        key: &str,
+        record: &FileRecord,
+        content: &[u8],
+    ) -> Result<(), StoreError> {
+        let mut reader = content;
+        self.files
+            .put(record.id.as_str(), &mut reader)
+            .await
+            .map_err(nats)?;
+        let json = serde_json::to_vec(record).map_err(nats)?;
+        self.records
+            .put(key, json.into())
+            .await
+            .map_err(nats)?;
+        Ok(())
+    }
+
+    /// A file's content.
+    pub async fn file_content(&self, id: &str) -> Result<Bytes, StoreError> {
+        let mut object = self.files.get(id).await.map_err(nats)?;
+        let mut out = Vec::new();
+        object.read_to_end(&mut out).await.map_err(nats)?;
+        Ok(out.into())
+    }
+
+    /// Deletes a file's record and content.
+    pub async fn delete_file(&self, key: &str, id: &str) -> Result<(), StoreError> {
+        self.records.delete(key).await.map_err(nats)?;
+        if let Err(e) = self.files.delete(id).await {
+            tracing::warn!(file = id, error = %e, "file content not deleted");
+        }
+        Ok(())
+    }
+
+    /// Deletes a record (a deleted batch).
+    pub async fn delete_record(&self, key: &str) -> Result<(), StoreError> {
+        self.records.delete(key).await.map_err(nats)
+    }
+
+    /// Record keys starting with `prefix` (e.g. `b.<tenant>.`), sorted.
+    pub async fn keys(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+        let mut keys: Vec<String> = self
+            .records
+            .keys()
+            .await
+            .map_err(nats)?
+            .try_filter(|k| futures::future::ready(k.starts_with(prefix)))
+            .try_collect()
+            .await
+            .map_err(nats)?;
+        keys.sort();
+        Ok(keys)
+    }
+
+    /// Creates a batch record (fails when the key exists).
+    pub async fn create_batch(&self, key: &str, record: &BatchRecord) -> Result<u64, StoreError> {
+        let json = serde_json::to_vec(record).map_err(nats)?;
+        self.records.create(key, json.into()).await.map_err(nats)
+    }
+
+    /// Writes `record` if the stored revision is still `revision`: `Ok(None)` when another
+    /// writer came first (re-read and decide again), else the new revision.
+    pub async fn update_batch(
+        &self,
+        key: &str,
+        record: &BatchRecord,
+        revision: u64,
+    ) -> Result<Option<u64>, StoreError> {
+        let json = serde_json::to_vec(record).map_err(nats)?;
+        match self.records.update(key, json.into(), revision).await {
+            Ok(r) => Ok(Some(r)),
+            Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => Ok(None),
+            Err(e) => Err(nats(e)),
+        }
+    }
+
+    // ---- the active index ----
+
+    /// Marks a batch active (the sweeper watches it until it is terminal).
+    pub async fn mark_active(&self, id: &str, key: &str) -> Result<(), StoreError> {
+        self.active
+            .put(id, key.to_owned().into())
+            .await
+            .map_err(nats)?;
+        Ok(())
+    }
+
+    /// Removes a terminal batch from the active index.
+    pub async fn clear_active(&self, id: &str) -> Result<(), StoreError> {
+        self.active.purge(id).await.map_err(nats)
+    }
+
+    /// (batch id, record key) of every active batch.
+    pub async fn active(&self) -> Result<Vec<(String, String)>, StoreError> {
+        let ids: Vec<String> = self
+            .active
+            .keys()
+            .await
+            .map_err(nats)?
+            .try_collect()
+            .await
+            .map_err(nats)?;
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            if let Some(v) = self.active.get(&id).await.map_err(nats)? {
+                out.push((id, String::from_utf8_lossy(&v).into_owned()));
+            }
+        }
+        Ok(out)
+    }
+
+    // ---- items ----
+
+    fn item_subject(&self, batch_id: &str) -> String {
+        format!("{}.batch.item.{batch_id}", self.prefix)
+    }
+
+    /// Puts `item` on the work queue (acknowledged; `Nats-Msg-Id` `<batch>.<index>.<try>` makes
+    /// a repeated publish a no-op).
+    pub async fn enqueue(&self, item: &Item) -> Result<(), StoreError> {
+        self.enqueue_all(std::slice::from_ref(item)).await
+    }
+
+    /// Puts every item on the queue: publishes in windows of 256 and then waits for their
+    /// acknowledgements (one round trip per window, not per item).
+    pub async fn enqueue_all(&self, items: &[Item]) -> Result<(), StoreError> {
+        for window in items.chunks(256) {
+            let mut acks = Vec::with_capacity(window.len());
+            for item in window {
+                let payload = serde_json::to_vec(item).map_err(nats)?;
+                let mut headers = async_nats::HeaderMap::new();
+                headers.insert(
+                    "Nats-Msg-Id",
+                    format!("{}.{}.{}", item.batch_id, item.index, item.try_no).as_str(),
+                );
+                let ack = self
+                    .js
+                    .publish_with_headers(self.item_subject(&item.batch_id), headers, payload.into())
+                    .await
+                    .map_err(nats)?;
+                acks.push(ack);
+            }
+            for ack in acks {
+                ack.await.map_err(nats)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Items of `batch_id` still on the queue (waiting or running).
+    pub async fn pending(&self, batch_id: &str) -> Result<u64, StoreError> {
+        let subject = self.item_subject(batch_id);
+        let mut info = self
+            .items
+            .info_with_subjects(&subject)
+            .await
+            .map_err(nats)?;
+        let mut n = 0u64;
+        while let Some((_, count)) = info.try_next().await.map_err(nats)? {
+            n += count as u64;
+        }
+        Ok(n)
+    }
+
+    // ---- results ----
+
+    fn result_prefix(&self, batch_id: &str) -> String {
+        format!("{}.batch.result.{batch_id}", self.prefix)
+    }
+
+    /// Stores an item's result (acknowledged; a second result for the same index within
+    /// [`RESULT_DEDUP`] is dropped by the stream).
+    pub async fn append_result(
+        &self,
+        batch_id: &str,
+        result: &ItemResult,
+    ) -> Result<(), StoreError> {
+        let payload = serde_json::to_vec(result).map_err(nats)?;
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(
+            "Nats-Msg-Id",
+            format!("{batch_id}.{}", result.index).as_str(),
+        );
+        let subject = format!(
+            "{}.{}",
+            self.result_prefix(batch_id),
+            result.outcome.as_str()
+        );
+        self.js
+            .publish_with_headers(subject, headers, payload.into())
+            .await
+            .map_err(nats)?
+            .await
+            .map_err(nats)?;
+        Ok(())
+    }
+
+    /// Results stored so far per outcome (message counts; a duplicate a crash let through the
+    /// window would count twice until finalization dedupes by index).
+    pub async fn progress(&self, batch_id: &str) -> Result<HashMap<Outcome, u64>, StoreError> {
+        let filter = format!("{}.>", self.result_prefix(batch_id));
+        let mut info = self
+            .results
+            .info_with_subjects(&filter)
+            .await
+            .map_err(nats)?;
+        let mut out = HashMap::new();
+        while let Some((subject, count)) = info.try_next().await.map_err(nats)? {
+            let outcome = match subject.rsplit('.').next() {
+                Some("succeeded") => Outcome::Succeeded,
+                Some("errored") => Outcome::Errored,
+                Some("canceled") => Outcome::Canceled,
+                Some("expired") => Outcome::Expired,
+                _ => continue,
+            };
+            *out.entry(outcome).or_insert(0) += count as u64;
+        }
+        Ok(out)
+    }
+
+    /// Every stored result of `batch_id`, one per index (the first stored wins), by index.
+    pub async fn results(&self, batch_id: &str) -> Result<Vec<ItemResult>, StoreError> {
+        let filter = format!("{}.>", self.result_prefix(batch_id));
+        let expected: u64 = self.progress(batch_id).await?.values().sum();
+        let mut by_index: std::collections::BTreeMap<u64, ItemResult> = Default::default();
+        if expected == 0 {
+            return Ok(Vec::new());
+        }
+        let consumer = self
+            .results
+            .create_consumer(jetstream::consumer::pull::OrderedConfig {
+                filter_subject: filter,
+                deliver_policy: jetstream::consumer::DeliverPolicy::All,
+                ..Default::default()
+            })
+            .await
+            .map_err(nats)?;
+        let mut messages = consumer.messages().await.map_err(nats)?;
+        let mut seen = 0u64;
+        while seen < expected {
+            let next = tokio::time::timeout(Duration::from_secs(10), messages.next()).await;
+            let msg = match next {
+                Ok(Some(Ok(m))) => m,
+                Ok(Some(Err(e))) => return Err(nats(e)),
+                Ok(None) | Err(_) => {
+                    return Err(StoreError::Nats(format!(
+                        "results of {batch_id}: read {seen} of {expected}"
+                    )));
+                }
+            };
+            seen += 1;
+            let r: ItemResult =
+                serde_json::from_slice(&msg.payload).map_err(|e| StoreError::Corrupt {
+                    key: msg.subject.to_string(),
+                    reason: e.to_string(),
+                })?;
+            by_index.entry(r.index).or_insert(r);
+        }
+        Ok(by_index.into_values().collect())
+    }
+
+    /// Drops the results of a finalized batch (they live on in its files).
+    pub async fn purge_results(&self, batch_id: &str) -> Result<(), StoreError> {
+        let filter = format!("{}.>", self.result_prefix(batch_id));
+        self.results.purge().filter(filter).await.map_err(nats)?;
+        Ok(())
+    }
+}
