@@ -120,7 +120,7 @@ pub async fn state(
     };
     let js = async_nats::jetstream::new(nats.clone());
     let budgets = budget::Budgets::connect(&js, ingress_id).await;
-    let batches = match batch::store::BatchStore::open(&js, &subjects.prefix().to_owned()).await {
+    let batches = match batch::store::BatchStore::open(&js, subjects.prefix()).await {
         Ok(s) => Some(Arc::new(s)),
         Err(e) => {
             tracing::error!(error = %e, "batch store unavailable; /v1/batches answers 503");

@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod anthropic_front_door;
+mod batch;
 mod billing_faults;
 mod budgets;
 mod budgets_load;

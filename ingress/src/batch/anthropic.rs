@@ -25,7 +25,10 @@ const WINDOW_S: u64 = 24 * 3600;
 
 fn rfc3339(secs: Option<u64>) -> Value {
     secs.and_then(|s| time::OffsetDateTime::from_unix_timestamp(s as i64).ok())
-        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
         .map_or(Value::Null, Value::String)
 }
 
@@ -217,7 +220,14 @@ pub async fn list(
             p.keys.reverse();
             p
         }
-        None => Listing::page(keys, &prefix, strip(&q.after_id).as_deref(), q.limit, 1000, false),
+        None => Listing::page(
+            keys,
+            &prefix,
+            strip(&q.after_id).as_deref(),
+            q.limit,
+            1000,
+            false,
+        ),
     };
     let base = base_url(&headers);
     let mut data = Vec::new();
@@ -259,7 +269,9 @@ pub async fn results(State(app): State<Arc<AppState>>, Path(id): Path<String>) -
         let Some(file) = b.output_file_id.clone().filter(|_| b.status.is_terminal()) else {
             return Err(ApiError {
                 status: StatusCode::BAD_REQUEST,
-                message: format!("Message batch {id} has not ended yet; results are not available."),
+                message: format!(
+                    "Message batch {id} has not ended yet; results are not available."
+                ),
                 kind: "invalid_request_error",
                 param: None,
                 code: None,

@@ -41,11 +41,9 @@ pub fn routes() -> Router<Arc<AppState>> {
     Router::new()
         .route(
             "/v1/files",
-            post(openai::upload)
-                .get(openai::list_files)
-                .layer(axum::extract::DefaultBodyLimit::max(
-                    validate::MAX_FILE_BYTES + 64 * 1024,
-                )),
+            post(openai::upload).get(openai::list_files).layer(
+                axum::extract::DefaultBodyLimit::max(validate::MAX_FILE_BYTES + 64 * 1024),
+            ),
         )
         .route(
             "/v1/files/{id}",
@@ -114,7 +112,9 @@ pub fn not_found(what: &str, id: &str) -> ApiError {
 pub fn parse_window(w: &str) -> Result<u64, ApiError> {
     let bad = || {
         ApiError::invalid(
-            format!("Invalid 'completion_window': '{w}'. Use '24h' (or <n>s, <n>m, <n>h up to 168h)."),
+            format!(
+                "Invalid 'completion_window': '{w}'. Use '24h' (or <n>s, <n>m, <n>h up to 168h)."
+            ),
             Some("completion_window".into()),
         )
     };
@@ -334,6 +334,7 @@ pub fn start_runner(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -171,7 +171,14 @@ pub async fn list_files(State(app): State<Arc<AppState>>, Query(q): Query<ListQu
         Err(e) => return store_error(e).into_response(),
     };
     let ascending = q.order.as_deref() == Some("asc");
-    let page = Listing::page(keys, &prefix, q.after.as_deref(), q.limit, 10_000, ascending);
+    let page = Listing::page(
+        keys,
+        &prefix,
+        q.after.as_deref(),
+        q.limit,
+        10_000,
+        ascending,
+    );
     let mut data = Vec::new();
     for key in &page.keys {
         if let Ok(Some(f)) = store.file(key).await
@@ -400,12 +407,18 @@ pub async fn cancel(State(app): State<Arc<AppState>>, Path(id): Path<String>) ->
 /// The output file (one line per succeeded item) and the error file (one line per errored,
 /// expired or cancelled item) of a finished batch (OpenAI API reference, "The request output
 /// object": `{"id","custom_id","response":{"status_code","request_id","body"},"error"}`).
-pub fn result_files(b: &BatchRecord, results: &[ItemResult]) -> Vec<(FileSlot, FileRecord, Vec<u8>)> {
+pub fn result_files(
+    b: &BatchRecord,
+    results: &[ItemResult],
+) -> Vec<(FileSlot, FileRecord, Vec<u8>)> {
     let (mut out, mut err) = (Vec::new(), Vec::new());
     for r in results {
         let id = format!(
             "batch_req_{}",
-            r.request_id.map_or_else(|| format!("{}_{}", b.id, r.index), |u| u.simple().to_string())
+            r.request_id.map_or_else(
+                || format!("{}_{}", b.id, r.index),
+                |u| u.simple().to_string()
+            )
         );
         let line = match r.outcome {
             Outcome::Succeeded | Outcome::Errored => json!({
@@ -439,7 +452,11 @@ pub fn result_files(b: &BatchRecord, results: &[ItemResult]) -> Vec<(FileSlot, F
         id: format!("file-{hex}{suffix}"),
         bytes: content.len() as u64,
         created_at: now_ms() / 1000,
-        filename: format!("{}_{}.jsonl", b.id, if suffix == "o" { "output" } else { "error" }),
+        filename: format!(
+            "{}_{}.jsonl",
+            b.id,
+            if suffix == "o" { "output" } else { "error" }
+        ),
         purpose: "batch_output".into(),
         tenant: b.tenant.clone(),
     };

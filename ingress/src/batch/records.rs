@@ -333,6 +333,7 @@ pub fn usage_of(body: &Value) -> Usage {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -358,10 +359,16 @@ mod tests {
         let openai = serde_json::json!({"usage": {"prompt_tokens": 13, "completion_tokens": 4,
             "prompt_tokens_details": {"cached_tokens": 2}}});
         let u = usage_of(&openai);
-        assert_eq!((u.prompt_tokens, u.cached_tokens, u.completion_tokens), (13, 2, 4));
+        assert_eq!(
+            (u.prompt_tokens, u.cached_tokens, u.completion_tokens),
+            (13, 2, 4)
+        );
         let anthropic = serde_json::json!({"usage": {"input_tokens": 10, "output_tokens": 3,
             "cache_read_input_tokens": 5}});
         let u = usage_of(&anthropic);
-        assert_eq!((u.prompt_tokens, u.cached_tokens, u.completion_tokens), (15, 5, 3));
+        assert_eq!(
+            (u.prompt_tokens, u.cached_tokens, u.completion_tokens),
+            (15, 5, 3)
+        );
     }
 }

@@ -166,7 +166,8 @@ async fn handle(app: &Arc<AppState>, store: &BatchStore, msg: async_nats::jetstr
         Ok(()) => msg.ack().await,
         Err(e) => {
             tracing::warn!(batch = %item.batch_id, index = item.index, error = %e, "batch item not finished; redelivered later");
-            msg.ack_with(AckKind::Nak(Some(Duration::from_secs(1)))).await
+            msg.ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
+                .await
         }
     };
     if let Err(e) = ack {
@@ -283,13 +284,8 @@ async fn execute(
                 crate::front_door::serve(crate::chat::OpenAiChat, app2, &headers, &body).await
             }
             "/v1/messages" => {
-                crate::front_door::serve(
-                    crate::anthropic::AnthropicMessages,
-                    app2,
-                    &headers,
-                    &body,
-                )
-                .await
+                crate::front_door::serve(crate::anthropic::AnthropicMessages, app2, &headers, &body)
+                    .await
             }
             _ => crate::embeddings::embeddings(axum::extract::State(app2), body).await,
         }
@@ -326,7 +322,9 @@ async fn sweep(app: &Arc<AppState>, store: &BatchStore) -> Result<(), StoreError
         match batch.status {
             s if s.is_terminal() => store.clear_active(&id).await?,
             Status::InProgress | Status::Cancelling => {
-                if batch.status == Status::InProgress && !batch.expiring && now_s >= batch.expires_at
+                if batch.status == Status::InProgress
+                    && !batch.expiring
+                    && now_s >= batch.expires_at
                 {
                     batch.expiring = true;
                     store.update_batch(&key, &batch, rev).await?;

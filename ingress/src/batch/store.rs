@@ -188,10 +188,7 @@ impl BatchStore {
             .await
             .map_err(nats)?;
         let json = serde_json::to_vec(record).map_err(nats)?;
-        self.records
-            .put(key, json.into())
-            .await
-            .map_err(nats)?;
+        self.records.put(key, json.into()).await.map_err(nats)?;
         Ok(())
     }
 
@@ -315,7 +312,11 @@ impl BatchStore {
                 );
                 let ack = self
                     .js
-                    .publish_with_headers(self.item_subject(&item.batch_id), headers, payload.into())
+                    .publish_with_headers(
+                        self.item_subject(&item.batch_id),
+                        headers,
+                        payload.into(),
+                    )
                     .await
                     .map_err(nats)?;
                 acks.push(ack);

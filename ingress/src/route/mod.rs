@@ -140,7 +140,9 @@ impl RequestHints {
 
     /// The id of a newly admitted request: the batch item's own, else a new UUIDv7.
     pub fn new_request_id(&self) -> Uuid {
-        self.batch.as_ref().map_or_else(Uuid::now_v7, |b| b.request_id)
+        self.batch
+            .as_ref()
+            .map_or_else(Uuid::now_v7, |b| b.request_id)
     }
 
     /// The preferences for [`strategy::plan`]; `body_user` is the request body's `user`.

@@ -1,0 +1,631 @@
+//! Batch jobs (OpenAI Files + Batch API, Anthropic Message Batches) through real ingress, worker,
+//! billing and nats-server processes' code: FC-33 (one charge per item at the batch rate however
+//! often and wherever a batch is polled), validation before any upstream call, tenant isolation,
+//! cancellation, expiry, and a worker restart in the middle of a 1,000-item batch.
+
+use crate::common::{
+    Gateway, Options, eventually, spawn_ingress, spawn_worker, start, test_config,
+};
+use rust_decimal::Decimal;
+use serde_json::{Value, json};
+use std::str::FromStr;
+use std::time::Duration;
+
+const KEY_A: &str = "sk-batch-tenant-a-0001";
+const KEY_B: &str = "sk-batch-tenant-b-0002";
+
+fn write_catalog(dir: &std::path::Path) -> String {
+    let path = dir.join("catalog.yaml");
+    std::fs::write(
+        &path,
+        "currency: USD\nas_of: 2026-12-01\n\
+         upstream:\n  gpt-t-upstream: {input: 2.5, output: 10, batch_discount: 0.5}\n\
+         standard:\n  gpt-t: {input: 2.5, output: 10, batch_discount: 0.5}\n",
+    )
+    .unwrap();
+    path.display().to_string()
+}
+
+async fn gateway(extra: Value) -> (Gateway, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = json!({
+        "pricing_file": write_catalog(dir.path()),
+        "targets": [
+            {"id": "t", "provider": "openai", "base_url": "builtin:mock", "upstream_model": "gpt-t-upstream"},
+            {"id": "claude", "provider": "anthropic", "base_url": "builtin:mock", "upstream_model": "claude-test"}
+        ],
+        "models": [
+            {"id": "gpt-t", "targets": ["t"]},
+            {"id": "demo/claude", "targets": ["claude"]}
+        ],
+        "keys": [
+            {"id": "ka", "tenant": "a", "key": KEY_A},
+            {"id": "kb", "tenant": "b", "key": KEY_B}
+        ],
+        "timeouts": {"first_frame_ms": 2000, "worker_silence_ms": 3000, "heartbeat_ms": 200}
+    });
+    if let (Some(o), Some(e)) = (cfg.as_object_mut(), extra.as_object()) {
+        for (k, v) in e {
+            o.insert(k.clone(), v.clone());
+        }
+    }
+    let gw = start(Options {
+        config: test_config(cfg),
+        billing: true,
+        ..Options::default()
+    })
+    .await;
+    (gw, dir)
+}
+
+fn line(custom_id: &str, content: &str) -> String {
+    json!({"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
+           "body": {"model": "gpt-t", "messages": [{"role": "user", "content": content}]}})
+    .to_string()
+}
+
+/// `POST /v1/files` as multipart/form-data (the SDKs' encoding), returns the file object.
+async fn upload(base: &str, key: &str, content: &str) -> Value {
+    let boundary = "sybatchboundary42";
+    let body = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n\
+         --{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n\
+         Content-Type: application/jsonl\r\n\r\n{content}\r\n--{boundary}--\r\n"
+    );
+    let resp = reqwest::Client::new()
+        .post(format!("{base}/v1/files"))
+        .bearer_auth(key)
+        .header(
+            "content-type",
+            format!("multipart/form-data; boundary={boundary}"),
+        )
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.json().await.unwrap()
+}
+
+async fn call(
+    method: reqwest::Method,
+    url: String,
+    key: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut req = reqwest::Client::new().request(method, url).bearer_auth(key);
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+async fn create_batch(base: &str, key: &str, file_id: &str, window: &str) -> Value {
+    let (status, b) = call(
+        reqwest::Method::POST,
+        format!("{base}/v1/batches"),
+        key,
+        Some(
+            json!({"input_file_id": file_id, "endpoint": "/v1/chat/completions",
+                    "completion_window": window, "metadata": {"job": "nightly"}}),
+        ),
+    )
+    .await;
+    assert_eq!(status, 200, "{b}");
+    b
+}
+
+async fn retrieve(base: &str, key: &str, id: &str) -> Value {
+    let (status, b) = call(
+        reqwest::Method::GET,
+        format!("{base}/v1/batches/{id}"),
+        key,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{b}");
+    b
+}
+
+async fn wait_status(base: &str, key: &str, id: &str, want: &str) -> Value {
+    eventually(Duration::from_secs(60), || async move {
+        let b = retrieve(base, key, id).await;
+        (b["status"] == want).then_some(b)
+    })
+    .await
+}
+
+async fn content(base: &str, key: &str, file_id: &str) -> String {
+    let resp = reqwest::Client::new()
+        .get(format!("{base}/v1/files/{file_id}/content"))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.text().await.unwrap()
+}
+
+fn lines(text: &str) -> Vec<Value> {
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Charges (USD) the ledger holds for `batch_id`, once it holds `n` charge rows.
+async fn batch_charges(gw: &Gateway, batch_id: &str, n: usize) -> Vec<(String, String, Decimal)> {
+    let ledger = gw.ledger.clone().unwrap();
+    let batch_id = batch_id.to_owned();
+    eventually(Duration::from_secs(20), || {
+        let (ledger, batch_id) = (ledger.clone(), batch_id.clone());
+        async move {
+            let rows = sqlx::query_as::<_, (String, String, Option<String>)>(
+                "SELECT request_id, status, cost_usd FROM usage_events \
+                 WHERE batch_id = $1 AND kind = 'charge' ORDER BY request_id",
+            )
+            .bind(&batch_id)
+            .fetch_all(ledger.pool())
+            .await
+            .unwrap();
+            (rows.len() == n).then(|| {
+                rows.into_iter()
+                    .map(|(id, s, c)| {
+                        (
+                            id,
+                            s,
+                            c.map_or(Decimal::ZERO, |c| Decimal::from_str(&c).unwrap()),
+                        )
+                    })
+                    .collect()
+            })
+        }
+    })
+    .await
+}
+
+/// FC-33 (BerriAI/litellm #12084, #35358, PR #37050): a two-line batch for `gpt-t` (input $2.50,
+/// output $10 per 1M, batch rate 50 %), polled six times from two ingress processes (twice before
+/// completion, four times after), 26 input / 9 output tokens in all: one charge per item, and the
+/// key's spend is exactly $0.0000775 however often and wherever it is polled. Then the partial
+/// failure: one item fails upstream → one output line, one error line, counts 1 / 1, only the
+/// successful item billed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fc33_batch_is_billed_once_at_the_batch_rate_from_any_ingress() {
+    let (gw, _dir) = gateway(json!({})).await;
+    let (second, _) = spawn_ingress(&gw).await;
+    let input = [
+        line(
+            "req-1",
+            "#mock ttft_ms=1500 prompt_tokens=13 completion_tokens=4\nHello",
+        ),
+        line(
+            "req-2",
+            "#mock ttft_ms=1500 prompt_tokens=13 completion_tokens=5\nHi there",
+        ),
+    ]
+    .join("\n");
+    let file = upload(&gw.base, KEY_A, &input).await;
+    assert_eq!(file["object"], "file");
+    assert_eq!(file["purpose"], "batch");
+    assert_eq!(file["bytes"], input.len());
+    let batch = create_batch(&gw.base, KEY_A, file["id"].as_str().unwrap(), "24h").await;
+    let id = batch["id"].as_str().unwrap().to_owned();
+    assert!(id.starts_with("batch_"));
+    assert_eq!(batch["object"], "batch");
+    assert_eq!(batch["status"], "in_progress");
+    assert_eq!(
+        batch["request_counts"],
+        json!({"total": 2, "completed": 0, "failed": 0})
+    );
+    assert_eq!(batch["metadata"], json!({"job": "nightly"}));
+    // Two polls before completion (the mock holds each answer 1.5 s), one per ingress.
+    for base in [&gw.base, &second] {
+        let b = retrieve(base, KEY_A, &id).await;
+        assert_eq!(b["status"], "in_progress");
+    }
+    let done = wait_status(&gw.base, KEY_A, &id, "completed").await;
+    // Four polls after completion, alternating ingress processes.
+    for base in [&gw.base, &second, &gw.base, &second] {
+        let b = retrieve(base, KEY_A, &id).await;
+        assert_eq!(b["status"], "completed");
+        assert_eq!(
+            b["request_counts"],
+            json!({"total": 2, "completed": 2, "failed": 0})
+        );
+    }
+    assert_eq!(done["usage"]["input_tokens"], 26);
+    assert_eq!(done["usage"]["output_tokens"], 9);
+    assert_eq!(done["usage"]["total_tokens"], 35);
+    assert!(done["completed_at"].as_u64().unwrap() >= done["created_at"].as_u64().unwrap());
+    assert!(done["error_file_id"].is_null());
+    let out = lines(&content(&second, KEY_A, done["output_file_id"].as_str().unwrap()).await);
+    assert_eq!(out.len(), 2);
+    let by_id = |cid: &str| out.iter().find(|l| l["custom_id"] == cid).unwrap().clone();
+    let r1 = by_id("req-1");
+    assert_eq!(r1["response"]["status_code"], 200);
+    assert_eq!(r1["response"]["body"]["object"], "chat.completion");
+    assert_eq!(r1["response"]["body"]["model"], "gpt-t");
+    assert_eq!(r1["response"]["body"]["usage"]["prompt_tokens"], 13);
+    assert_eq!(r1["response"]["body"]["usage"]["completion_tokens"], 4);
+    assert!(r1["error"].is_null());
+    assert_eq!(
+        by_id("req-2")["response"]["body"]["usage"]["completion_tokens"],
+        5
+    );
+
+    let charges = batch_charges(&gw, &id, 2).await;
+    let total: Decimal = charges.iter().map(|c| c.2).sum();
+    assert_eq!(total, Decimal::from_str("0.0000775").unwrap());
+    assert!(charges.iter().all(|c| c.1 == "ok"));
+    // Polling more never bills again.
+    for base in [&gw.base, &second] {
+        retrieve(base, KEY_A, &id).await;
+        content(base, KEY_A, done["output_file_id"].as_str().unwrap()).await;
+    }
+    assert_eq!(batch_charges(&gw, &id, 2).await.len(), 2);
+
+    // Partial failure: the second item fails upstream with a 400 (not retried).
+    let input = [
+        line("ok", "#mock prompt_tokens=13 completion_tokens=4\nHello"),
+        line("bad", "#mock status=400\nHello"),
+    ]
+    .join("\n");
+    let file = upload(&second, KEY_A, &input).await;
+    let batch = create_batch(&second, KEY_A, file["id"].as_str().unwrap(), "24h").await;
+    let id2 = batch["id"].as_str().unwrap().to_owned();
+    let done = wait_status(&gw.base, KEY_A, &id2, "completed").await;
+    assert_eq!(
+        done["request_counts"],
+        json!({"total": 2, "completed": 1, "failed": 1})
+    );
+    let out = lines(&content(&gw.base, KEY_A, done["output_file_id"].as_str().unwrap()).await);
+    let err = lines(&content(&gw.base, KEY_A, done["error_file_id"].as_str().unwrap()).await);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0]["custom_id"], "ok");
+    assert_eq!(err.len(), 1);
+    assert_eq!(err[0]["custom_id"], "bad");
+    assert_eq!(err[0]["response"]["status_code"], 400);
+    assert_eq!(
+        err[0]["response"]["body"]["error"]["type"],
+        "invalid_request_error"
+    );
+    let charges = batch_charges(&gw, &id2, 2).await;
+    let billed: Decimal = charges.iter().map(|c| c.2).sum();
+    // 13 × 2.5 + 4 × 10 per 1M, halved.
+    assert_eq!(billed, Decimal::from_str("0.00003625").unwrap());
+}
+
+/// A malformed input file: every bad line named (line number, code), status `failed`, and zero
+/// upstream calls — one rule for every kind of bad line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_input_fails_fast_with_every_bad_line_and_no_upstream_call() {
+    let (gw, _dir) = gateway(json!({})).await;
+    let embeddings_body = json!({"custom_id": "e", "method": "POST", "url": "/v1/chat/completions",
+        "body": {"model": "gpt-t", "input": "embed me"}});
+    let input = [
+        line("a", "fine"),
+        "{not json".to_owned(),
+        line("a", "duplicate id"),
+        json!({"custom_id": "g", "method": "GET", "url": "/v1/chat/completions", "body": {}}).to_string(),
+        json!({"custom_id": "u", "method": "POST", "url": "/v1/embeddings",
+               "body": {"model": "gpt-t", "input": "x"}}).to_string(),
+        embeddings_body.to_string(),
+        json!({"custom_id": "m", "method": "POST", "url": "/v1/chat/completions",
+               "body": {"model": "nope", "messages": [{"role": "user", "content": "x"}]}}).to_string(),
+        json!({"custom_id": "s", "method": "POST", "url": "/v1/chat/completions",
+               "body": {"model": "gpt-t", "stream": true, "messages": [{"role": "user", "content": "x"}]}}).to_string(),
+        "[1, 2]".to_owned(),
+    ]
+    .join("\n");
+    let file = upload(&gw.base, KEY_A, &input).await;
+    let batch = create_batch(&gw.base, KEY_A, file["id"].as_str().unwrap(), "24h").await;
+    assert_eq!(batch["status"], "failed");
+    assert!(batch["failed_at"].is_u64());
+    let errors: Vec<(u64, String)> = batch["errors"]["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["line"].as_u64().unwrap(),
+                e["code"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let want: Vec<(u64, String)> = [
+        (2, "invalid_json_line"),
+        (3, "duplicate_custom_id"),
+        (4, "invalid_method"),
+        (5, "mismatched_url"),
+        (6, "invalid_body"),
+        (7, "model_not_found"),
+        (8, "invalid_body"),
+        (9, "invalid_json_line"),
+    ]
+    .iter()
+    .map(|(l, c)| (*l, (*c).to_owned()))
+    .collect();
+    assert_eq!(errors, want);
+    assert_eq!(batch["errors"]["object"], "list");
+    assert_eq!(gw.mock.request_count(), 0);
+    // A valid endpoint mismatch at create time is a 400, not a batch.
+    let (status, e) = call(
+        reqwest::Method::POST,
+        format!("{}/v1/batches", gw.base),
+        KEY_A,
+        Some(json!({"input_file_id": file["id"], "endpoint": "/v1/nope", "completion_window": "24h"})),
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert_eq!(e["error"]["param"], "endpoint");
+    assert_eq!(gw.mock.request_count(), 0);
+}
+
+/// Key A's files and batches are invisible to tenant B: 404 for the file, its content, the
+/// batch and its cancel; B's lists do not show them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_never_see_each_others_files_or_batches() {
+    let (gw, _dir) = gateway(json!({})).await;
+    let file = upload(&gw.base, KEY_A, &line("x", "#mock ttft_ms=3000\nslow")).await;
+    let fid = file["id"].as_str().unwrap();
+    let batch = create_batch(&gw.base, KEY_A, fid, "24h").await;
+    let bid = batch["id"].as_str().unwrap();
+    let b = &gw.base;
+    use reqwest::Method as M;
+    for (method, url) in [
+        (M::GET, format!("{b}/v1/files/{fid}")),
+        (M::GET, format!("{b}/v1/files/{fid}/content")),
+        (M::DELETE, format!("{b}/v1/files/{fid}")),
+        (M::GET, format!("{b}/v1/batches/{bid}")),
+        (M::POST, format!("{b}/v1/batches/{bid}/cancel")),
+    ] {
+        let (status, body) = call(method.clone(), url.clone(), KEY_B, None).await;
+        assert_eq!(status, 404, "{method} {url}: {body}");
+    }
+    let (status, e) = call(
+        M::POST,
+        format!("{b}/v1/batches"),
+        KEY_B,
+        Some(json!({"input_file_id": fid, "endpoint": "/v1/chat/completions", "completion_window": "24h"})),
+    )
+    .await;
+    assert_eq!(status, 404, "{e}");
+    let (_, files) = call(M::GET, format!("{b}/v1/files"), KEY_B, None).await;
+    assert_eq!(files["data"], json!([]));
+    let (_, batches) = call(M::GET, format!("{b}/v1/batches"), KEY_B, None).await;
+    assert_eq!(batches["data"], json!([]));
+    let (_, mine) = call(M::GET, format!("{b}/v1/batches?limit=1"), KEY_A, None).await;
+    assert_eq!(mine["data"][0]["id"], bid);
+    assert_eq!(mine["first_id"], bid);
+    // Still A's: the cancel by B changed nothing.
+    assert_eq!(retrieve(b, KEY_A, bid).await["status"], "in_progress");
+}
+
+/// Cancel: in-flight items finish, the rest never run and are reported `batch_cancelled`; the
+/// batch ends `cancelled` with partial results.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_stops_dispatch_and_reports_partial_results() {
+    let (gw, _dir) = gateway(json!({"batch": {"max_in_flight": 2}})).await;
+    let input: Vec<String> = (0..20)
+        .map(|i| line(&format!("c{i}"), "#mock ttft_ms=400\nslow"))
+        .collect();
+    let file = upload(&gw.base, KEY_A, &input.join("\n")).await;
+    let batch = create_batch(&gw.base, KEY_A, file["id"].as_str().unwrap(), "24h").await;
+    let id = batch["id"].as_str().unwrap();
+    let (status, c) = call(
+        reqwest::Method::POST,
+        format!("{}/v1/batches/{id}/cancel", gw.base),
+        KEY_A,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(c["status"], "cancelling");
+    assert!(c["cancelling_at"].is_u64());
+    let done = wait_status(&gw.base, KEY_A, id, "cancelled").await;
+    let counts = &done["request_counts"];
+    assert_eq!(counts["total"], 20);
+    assert_eq!(
+        counts["completed"].as_u64().unwrap() + counts["failed"].as_u64().unwrap(),
+        20
+    );
+    let ran = counts["completed"].as_u64().unwrap();
+    assert!(ran < 20, "cancel stopped nothing: {done}");
+    assert_eq!(gw.mock.request_count() as u64, ran);
+    let err = lines(&content(&gw.base, KEY_A, done["error_file_id"].as_str().unwrap()).await);
+    assert_eq!(err.len() as u64, 20 - ran);
+    assert!(err.iter().all(|l| l["error"]["code"] == "batch_cancelled"));
+    // Cancelling again is a no-op; billed items are the ones that ran.
+    assert_eq!(batch_charges(&gw, id, ran as usize).await.len() as u64, ran);
+}
+
+/// `completion_window` passes: what ran is in the output, the rest is reported `batch_expired`,
+/// the batch ends `expired`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completion_window_expires_the_rest() {
+    let (gw, _dir) = gateway(json!({"batch": {"max_in_flight": 1}})).await;
+    let input: Vec<String> = (0..30)
+        .map(|i| line(&format!("e{i}"), "#mock ttft_ms=300\nslow"))
+        .collect();
+    let file = upload(&gw.base, KEY_A, &input.join("\n")).await;
+    let batch = create_batch(&gw.base, KEY_A, file["id"].as_str().unwrap(), "2s").await;
+    let id = batch["id"].as_str().unwrap();
+    let done = wait_status(&gw.base, KEY_A, id, "expired").await;
+    assert!(done["expired_at"].is_u64());
+    let completed = done["request_counts"]["completed"].as_u64().unwrap();
+    assert!((1..30).contains(&completed), "{done}");
+    assert_eq!(
+        done["request_counts"]["failed"].as_u64().unwrap(),
+        30 - completed
+    );
+    let err = lines(&content(&gw.base, KEY_A, done["error_file_id"].as_str().unwrap()).await);
+    assert!(err.iter().all(|l| l["error"]["code"] == "batch_expired"));
+    assert_eq!(err.len() as u64, 30 - completed);
+}
+
+/// The worker is stopped a third of the way through a 1,000-item batch and a new one started:
+/// the batch completes with 1,000 results, each item billed exactly once (one `ok` charge per
+/// item in the ledger, at the batch rate).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn worker_restart_mid_batch_loses_and_doubles_nothing() {
+    let (mut gw, _dir) = gateway(json!({"batch": {"max_in_flight": 32}})).await;
+    let input: Vec<String> = (0..1000)
+        .map(|i| {
+            line(
+                &format!("w{i}"),
+                "#mock prompt_tokens=10 completion_tokens=2\nhi",
+            )
+        })
+        .collect();
+    let file = upload(&gw.base, KEY_A, &input.join("\n")).await;
+    let batch = create_batch(&gw.base, KEY_A, file["id"].as_str().unwrap(), "24h").await;
+    let id = batch["id"].as_str().unwrap().to_owned();
+    eventually(Duration::from_secs(60), || {
+        let (base, id) = (gw.base.clone(), id.clone());
+        async move {
+            let b = retrieve(&base, KEY_A, &id).await;
+            (b["request_counts"]["completed"].as_u64().unwrap() >= 300).then_some(())
+        }
+    })
+    .await;
+    gw.worker_shutdown.cancel();
+    let fresh = tokio_util::sync::CancellationToken::new();
+    spawn_worker(
+        &gw.nats.url(),
+        &gw.mock,
+        gw.config.clone(),
+        "worker-b",
+        fresh.clone(),
+    )
+    .await;
+    gw.worker_shutdown = fresh;
+    let done = wait_status(&gw.base, KEY_A, &id, "completed").await;
+    assert_eq!(
+        done["request_counts"],
+        json!({"total": 1000, "completed": 1000, "failed": 0})
+    );
+    let out = lines(&content(&gw.base, KEY_A, done["output_file_id"].as_str().unwrap()).await);
+    let ids: std::collections::BTreeSet<String> = out
+        .iter()
+        .map(|l| l["custom_id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!((out.len(), ids.len()), (1000, 1000));
+    // One `ok` charge per item; a try that failed while the worker was away is its own
+    // (error, $0) record under another request id.
+    let ledger = gw.ledger.clone().unwrap();
+    let ok: Vec<(String, Option<String>)> = eventually(Duration::from_secs(30), || {
+        let (ledger, id) = (ledger.clone(), id.clone());
+        async move {
+            let rows = sqlx::query_as::<_, (String, Option<String>)>(
+                "SELECT request_id, cost_usd FROM usage_events \
+                 WHERE batch_id = $1 AND kind = 'charge' AND status = 'ok'",
+            )
+            .bind(&id)
+            .fetch_all(ledger.pool())
+            .await
+            .unwrap();
+            (rows.len() >= 1000).then_some(rows)
+        }
+    })
+    .await;
+    assert_eq!(ok.len(), 1000);
+    let total: Decimal = ok
+        .iter()
+        .map(|(_, c)| Decimal::from_str(c.as_deref().unwrap()).unwrap())
+        .sum();
+    // 1,000 × (10 × 2.5 + 2 × 10) / 1M × 50 %.
+    assert_eq!(total, Decimal::from_str("0.0225").unwrap());
+}
+
+/// Anthropic Message Batches on the same machinery: create, retrieve, results as JSONL matched
+/// by `custom_id`, served by an OpenAI-style target as well as an Anthropic one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropic_message_batches_round_trip() {
+    let (gw, _dir) = gateway(json!({})).await;
+    let req = |cid: &str, model: &str| {
+        json!({"custom_id": cid, "params": {"model": model, "max_tokens": 64,
+            "messages": [{"role": "user", "content": "#mock prompt_tokens=7 completion_tokens=3\nHello"}]}})
+    };
+    let (status, b) = call(
+        reqwest::Method::POST,
+        format!("{}/v1/messages/batches", gw.base),
+        KEY_A,
+        Some(json!({"requests": [req("one", "demo/claude"), req("two", "gpt-t")]})),
+    )
+    .await;
+    assert_eq!(status, 200, "{b}");
+    assert_eq!(b["type"], "message_batch");
+    assert_eq!(b["processing_status"], "in_progress");
+    let id = b["id"].as_str().unwrap().to_owned();
+    assert!(id.starts_with("msgbatch_"));
+    let done = eventually(Duration::from_secs(30), || {
+        let (base, id) = (gw.base.clone(), id.clone());
+        async move {
+            let (_, b) = call(
+                reqwest::Method::GET,
+                format!("{base}/v1/messages/batches/{id}"),
+                KEY_A,
+                None,
+            )
+            .await;
+            (b["processing_status"] == "ended").then_some(b)
+        }
+    })
+    .await;
+    assert_eq!(
+        done["request_counts"],
+        json!({"processing": 0, "succeeded": 2, "errored": 0, "canceled": 0, "expired": 0})
+    );
+    let url = done["results_url"].as_str().unwrap();
+    let text = reqwest::Client::new()
+        .get(url)
+        .header("x-api-key", KEY_A)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let results = lines(&text);
+    assert_eq!(results.len(), 2);
+    for r in &results {
+        assert_eq!(r["result"]["type"], "succeeded");
+        assert_eq!(r["result"]["message"]["type"], "message");
+        assert_eq!(r["result"]["message"]["usage"]["output_tokens"], 3);
+    }
+    // Invalid requests: a 400 in Anthropic's envelope naming each, nothing runs.
+    let before = gw.mock.request_count();
+    let (status, e) = call(
+        reqwest::Method::POST,
+        format!("{}/v1/messages/batches", gw.base),
+        KEY_A,
+        Some(json!({"requests": [req("dup", "demo/claude"), req("dup", "demo/claude"),
+                                 {"custom_id": "nomax", "params": {"model": "demo/claude", "messages": []}}]})),
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert_eq!(e["type"], "error");
+    assert_eq!(e["error"]["type"], "invalid_request_error");
+    let msg = e["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("requests.1") && msg.contains("requests.2"),
+        "{msg}"
+    );
+    assert_eq!(gw.mock.request_count(), before);
+    // Another tenant: 404 in Anthropic's envelope.
+    let (status, e) = call(
+        reqwest::Method::GET,
+        format!("{}/v1/messages/batches/{id}", gw.base),
+        KEY_B,
+        None,
+    )
+    .await;
+    assert_eq!(status, 404);
+    assert_eq!(e["error"]["type"], "not_found_error");
+}
