@@ -2,6 +2,7 @@
 //! other subcommands run one service each against a shared NATS (the distributed topology).
 
 use switchyard::{config, reload};
+mod batch_cmd;
 mod bench;
 mod bench_billing;
 mod cache_cmd;
@@ -110,6 +111,9 @@ enum Command {
     Report(report_cmd::ReportArgs),
     /// Measures the latency Switchyard adds (p50/p99, direct to the mock vs through the gateway).
     Bench(bench::BenchArgs),
+    /// Batch jobs on a running gateway: `submit FILE.jsonl [--wait]` (progress bar), `status ID`,
+    /// `list`, `cancel ID`, `results ID --out FILE`.
+    Batch(batch_cmd::BatchArgs),
     /// API keys: `new --id ID --tenant T` mints one and prints its config entry; `hash` prints
     /// the SHA-256 of a key read from stdin.
     Key {
@@ -351,6 +355,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Report(args) => report_cmd::run(args).await.map_err(msg),
         Command::Key { action } => key_cmd::run(action).map_err(msg),
         Command::Bench(args) => bench::run(args).await.map_err(msg),
+        Command::Batch(args) => batch_cmd::run(args).await.map_err(msg),
         Command::Config { action, nats_url } => {
             let url = nats_url.ok_or_else(|| msg("pass --nats-url (or SWITCHYARD_NATS_URL)"))?;
             let nats = connect(&url, "switchyard-config").await?;

@@ -94,3 +94,28 @@ def test_anthropic_sdk_message_batches_20_requests(gateway):
         assert r.result.message.content[0].text == DEFAULT_TEXT
     page = client.messages.batches.list(limit=5)
     assert page.data[0].id == batch.id
+
+
+def test_cli_batch_submit_wait_and_results(gateway, tmp_path):
+    import subprocess
+
+    from conftest import switchyard_bin
+
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join(json.dumps({
+        "custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions",
+        "body": {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+    }) for i in range(5)))
+    env = {"SWITCHYARD_URL": gateway.base_url, "PATH": "/usr/bin:/bin"}
+    run = subprocess.run([switchyard_bin(), "batch", "submit", str(src), "--wait"],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert run.returncode == 0, run.stderr
+    batch = json.loads(run.stdout)
+    assert batch["status"] == "completed"
+    assert batch["request_counts"] == {"total": 5, "completed": 5, "failed": 0}
+    out = tmp_path / "out.jsonl"
+    run = subprocess.run([switchyard_bin(), "batch", "results", batch["id"], "--out", str(out)],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert run.returncode == 0, run.stderr
+    rows = [json.loads(l) for l in out.read_text().splitlines()]
+    assert sorted(r["custom_id"] for r in rows) == [f"c{i}" for i in range(5)]
