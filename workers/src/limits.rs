@@ -137,8 +137,14 @@ impl BucketState {
 /// One change to a bucket.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Op {
-    /// Take this many tokens if available, else report when they will be.
-    Take(f64),
+    /// Take `cost` tokens if `keep` more remain afterwards, else report when they will. `keep`
+    /// is 0 for live requests and the live reserve for batch items ([`BATCH_SHARE`]).
+    Take {
+        /// Tokens taken.
+        cost: f64,
+        /// Tokens that must remain.
+        keep: f64,
+    },
     /// Give tokens back (refund), up to the capacity.
     Give(f64),
     /// Take tokens unconditionally (usage above the estimate), down to minus the capacity.
@@ -157,14 +163,16 @@ enum Applied {
 /// Applies `op` to a bucket already refilled to now.
 fn apply(state: BucketState, capacity: f64, op: Op) -> Applied {
     match op {
-        Op::Take(cost) if cost > capacity => Applied::Short(None),
-        Op::Take(cost) if state.tokens + 1e-9 >= cost => Applied::Done(BucketState {
-            tokens: state.tokens - cost,
-            ..state
-        }),
-        Op::Take(cost) => {
+        Op::Take { cost, keep } if cost + keep > capacity => Applied::Short(None),
+        Op::Take { cost, keep } if state.tokens + 1e-9 >= cost + keep => {
+            Applied::Done(BucketState {
+                tokens: state.tokens - cost,
+                ..state
+            })
+        }
+        Op::Take { cost, keep } => {
             let per_ms = capacity / 60_000.0;
-            let wait = ((cost - state.tokens) / per_ms).ceil().max(1.0);
+            let wait = ((cost + keep - state.tokens) / per_ms).ceil().max(1.0);
             Applied::Short(Some(wait as u64))
         }
         Op::Give(n) => Applied::Done(BucketState {
@@ -224,7 +232,7 @@ impl Batch for Bucket {
 
     /// A take nobody waits for is skipped; refunds and charges always happen.
     fn needed_unawaited(&self, op: &BucketOp) -> bool {
-        !matches!(op.op, Op::Take(_))
+        !matches!(op.op, Op::Take { .. })
     }
 
     /// In arrival order; a shortage computed from a cached value (another replica may have
@@ -267,9 +275,9 @@ impl Batch for Bucket {
     /// A take whose caller went away is given back.
     fn undo(&self, op: BucketOp, answer: Self::Answer) -> Option<BucketOp> {
         match (op.op, answer) {
-            (Op::Take(n), Ok(Applied::Done(_))) => Some(BucketOp {
+            (Op::Take { cost, .. }, Ok(Applied::Done(_))) => Some(BucketOp {
                 capacity: op.capacity,
-                op: Op::Give(n),
+                op: Op::Give(cost),
             }),
             _ => None,
         }
@@ -431,8 +439,9 @@ impl Limiter {
         req: &ChatRequest,
     ) -> Result<Admission, ErrorInfo> {
         let limits = &target.limits;
+        let batch = req.batch_id.is_some();
         let permit = match limits.max_concurrency {
-            Some(max) => Some(self.try_concurrency(&target.id, max).ok_or_else(|| {
+            Some(max) => Some(self.try_concurrency(&target.id, batch_cap(max, batch)).ok_or_else(|| {
                 ErrorInfo::new(
                     ErrorClass::NoCapacity,
                     format!(
@@ -460,11 +469,18 @@ impl Limiter {
             let key = bucket_key(&target.id, LimitKind::Tpm);
             let r = self
                 .buckets
-                .run(&key, tpm as f64, Op::Take(estimate as f64))
+                .run(
+                    &key,
+                    tpm as f64,
+                    Op::Take {
+                        cost: estimate as f64,
+                        keep: reserve(tpm as f64, batch),
+                    },
+                )
                 .await;
             Some((tpm, r))
         };
-        let (rpm, tpm) = tokio::join!(self.take_request(target), tpm_take);
+        let (rpm, tpm) = tokio::join!(self.take_request(target, batch), tpm_take);
         let tpm_taken = match &tpm {
             Some((_, Ok(Applied::Done(_)))) => true,
             Some((_, Err(e))) => {
@@ -503,13 +519,18 @@ impl Limiter {
         Ok(admission)
     }
 
-    /// Takes one RPM token for an upstream call of `target` (admission, and each retry).
-    pub async fn take_request(&self, target: &TargetConfig) -> Result<(), ErrorInfo> {
+    /// Takes one RPM token for an upstream call of `target` (admission, and each retry); a
+    /// `batch` item only within [`BATCH_SHARE`] of the limit.
+    pub async fn take_request(&self, target: &TargetConfig, batch: bool) -> Result<(), ErrorInfo> {
         let Some(rpm) = target.limits.rpm else {
             return Ok(());
         };
         let key = bucket_key(&target.id, LimitKind::Rpm);
-        match self.buckets.run(&key, rpm as f64, Op::Take(1.0)).await {
+        let take = Op::Take {
+            cost: 1.0,
+            keep: reserve(rpm as f64, batch),
+        };
+        match self.buckets.run(&key, rpm as f64, take).await {
             Ok(Applied::Done(_)) => Ok(()),
             Ok(Applied::Short(wait)) => Err(ErrorInfo::new(
                 ErrorClass::RateLimited,
@@ -576,6 +597,30 @@ impl Limiter {
     }
 }
 
+/// The share of each limit (RPM, TPM, `max_concurrency`) batch items may use: a batch item is
+/// admitted only while the rest stays free, so live traffic always finds that headroom and a
+/// batch never pushes a live request into a 429 that the live load alone would not have hit.
+pub const BATCH_SHARE: f64 = 0.5;
+
+/// Tokens a batch item must leave in a bucket of `capacity` (none for live requests).
+fn reserve(capacity: f64, batch: bool) -> f64 {
+    if batch {
+        capacity * (1.0 - BATCH_SHARE)
+    } else {
+        0.0
+    }
+}
+
+/// The concurrency cap for a request: the whole `max` for live ones, [`BATCH_SHARE`] of it (at
+/// least 1) for batch items.
+fn batch_cap(max: u32, batch: bool) -> u32 {
+    if batch {
+        ((f64::from(max) * BATCH_SHARE).floor() as u32).max(1)
+    } else {
+        max
+    }
+}
+
 /// Loads the process-wide tokenizer ([`switchyard_schemas::tokens`], shared with ingress) on the
 /// blocking pool, so the first TPM-limited request does not pay for it.
 pub fn warm_tokenizer() {
@@ -633,13 +678,40 @@ mod tests {
     #[test]
     fn take_give_charge() {
         let s = BucketState::full(10.0, 0);
-        let Applied::Done(s) = apply(s, 10.0, Op::Take(4.0)) else {
+        let Applied::Done(s) = apply(
+            s,
+            10.0,
+            Op::Take {
+                cost: 4.0,
+                keep: 0.0,
+            },
+        ) else {
             unreachable!()
         };
         assert_eq!(s.tokens, 6.0);
         // 10 per minute: 4 missing tokens take 24 s.
-        assert_eq!(apply(s, 10.0, Op::Take(10.0)), Applied::Short(Some(24_000)));
-        assert_eq!(apply(s, 10.0, Op::Take(11.0)), Applied::Short(None));
+        assert_eq!(
+            apply(
+                s,
+                10.0,
+                Op::Take {
+                    cost: 10.0,
+                    keep: 0.0
+                }
+            ),
+            Applied::Short(Some(24_000))
+        );
+        assert_eq!(
+            apply(
+                s,
+                10.0,
+                Op::Take {
+                    cost: 11.0,
+                    keep: 0.0
+                }
+            ),
+            Applied::Short(None)
+        );
         assert_eq!(
             apply(s, 10.0, Op::Give(100.0)),
             Applied::Done(BucketState::full(10.0, 0))
@@ -653,7 +725,20 @@ mod tests {
     #[test]
     fn a_batch_applies_in_order_and_confirms_shortage_with_a_fresh_read() {
         let op = |op| BucketOp { capacity: 3.0, op };
-        let ops = [op(Op::Take(1.0)), op(Op::Take(1.0)), op(Op::Take(1.0))];
+        let ops = [
+            op(Op::Take {
+                cost: 1.0,
+                keep: 0.0,
+            }),
+            op(Op::Take {
+                cost: 1.0,
+                keep: 0.0,
+            }),
+            op(Op::Take {
+                cost: 1.0,
+                keep: 0.0,
+            }),
+        ];
         // Absent = full: all three fit, one write.
         let mut v = None;
         let Plan::Write(a) = Bucket.apply(&mut v, &ops, false) else {
@@ -662,7 +747,13 @@ mod tests {
         assert!(a.iter().all(|a| matches!(a, Ok(Applied::Done(_)))));
         assert!(v.unwrap().tokens.abs() < 0.01);
         // Empty, from the cache: re-read before refusing.
-        let ops = [op(Op::Take(1.0)), op(Op::Give(1.0))];
+        let ops = [
+            op(Op::Take {
+                cost: 1.0,
+                keep: 0.0,
+            }),
+            op(Op::Give(1.0)),
+        ];
         assert!(matches!(Bucket.apply(&mut v, &ops, false), Plan::Refresh));
         // Fresh: the refusal stands, the refund after it is written.
         let Plan::Write(a) = Bucket.apply(&mut v, &ops, true) else {
@@ -670,20 +761,32 @@ mod tests {
         };
         assert!(matches!(a[0], Ok(Applied::Short(Some(_)))));
         // Above capacity: refused without a read, nothing to write.
-        let ops = [op(Op::Take(4.0))];
+        let ops = [op(Op::Take {
+            cost: 4.0,
+            keep: 0.0,
+        })];
         assert!(matches!(
             Bucket.apply(&mut v, &ops, false),
             Plan::Answer(a) if matches!(a[0], Ok(Applied::Short(None)))
         ));
         // A take nobody received is given back; a refusal is not.
         let undo = Bucket.undo(
-            op(Op::Take(2.0)),
+            op(Op::Take {
+                cost: 2.0,
+                keep: 0.0,
+            }),
             Ok(Applied::Done(BucketState::full(3.0, 0))),
         );
         assert!(matches!(undo, Some(BucketOp { op: Op::Give(n), .. }) if n == 2.0));
         assert!(
             Bucket
-                .undo(op(Op::Take(2.0)), Ok(Applied::Short(None)))
+                .undo(
+                    op(Op::Take {
+                        cost: 2.0,
+                        keep: 0.0
+                    }),
+                    Ok(Applied::Short(None))
+                )
                 .is_none()
         );
     }
@@ -736,6 +839,33 @@ mod tests {
         assert!(rpm.tokens > 3.99 && rpm.tokens < 4.5, "{rpm:?}");
         // And the concurrency slot.
         assert!(l.try_concurrency("t", 1).is_some());
+    }
+
+    /// Batch items use at most half of each limit: with RPM 4, two batch items are admitted and
+    /// the third refused (retryable), while live requests still get the other two RPM tokens;
+    /// with max_concurrency 2, one batch item runs and a live request still finds a slot.
+    #[tokio::test]
+    async fn batch_items_leave_the_live_share_free() {
+        let l = Limiter::local();
+        let t = target(serde_json::json!({"rpm": 4, "max_concurrency": 8}));
+        let live = request("Hello world", Some(10));
+        let mut batch = live.clone();
+        batch.batch_id = Some("batch_1".into());
+        let b1 = l.admit(&t, &batch).await.unwrap();
+        let b2 = l.admit(&t, &batch).await.unwrap();
+        let e = l.admit(&t, &batch).await.unwrap_err();
+        assert!(e.retryable, "{e:?}");
+        let l1 = l.admit(&t, &live).await.unwrap();
+        let l2 = l.admit(&t, &live).await.unwrap();
+        let e = l.admit(&t, &live).await.unwrap_err();
+        assert_eq!(e.class, ErrorClass::RateLimited);
+        drop((b1, b2, l1, l2));
+        let t = target(serde_json::json!({"max_concurrency": 2}));
+        let b = l.admit(&t, &batch).await.unwrap();
+        let e = l.admit(&t, &batch).await.unwrap_err();
+        assert_eq!(e.class, ErrorClass::NoCapacity);
+        let l1 = l.admit(&t, &live).await.unwrap();
+        drop((b, l1));
     }
 
     #[tokio::test]

@@ -730,7 +730,10 @@ impl Call<'_> {
     /// Admission of a retry: the breaker (it may have opened meanwhile) and one RPM token.
     async fn readmit(&self) -> Result<Permit, ErrorInfo> {
         let permit = self.shared.breakers.admit(self.config, self.target)?;
-        self.shared.limiter.take_request(self.target).await?;
+        self.shared
+            .limiter
+            .take_request(self.target, self.req.batch_id.is_some())
+            .await?;
         Ok(permit)
     }
 

@@ -629,3 +629,45 @@ async fn anthropic_message_batches_round_trip() {
     assert_eq!(status, 404);
     assert_eq!(e["error"]["type"], "not_found_error");
 }
+
+/// A batch against a target with `rpm: 10` uses at most half of it: while the batch waits for
+/// its share, five live requests in the same minute all get 200 (none pushed into a 429), and
+/// the batch ran at most 5 items.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_leaves_live_traffic_its_share_of_the_target_limits() {
+    let (gw, _dir) = gateway(json!({
+        "targets": [
+            {"id": "t", "provider": "openai", "base_url": "builtin:mock", "upstream_model": "gpt-t-upstream",
+             "limits": {"rpm": 10}}
+        ],
+        "models": [{"id": "gpt-t", "targets": ["t"]}]
+    }))
+    .await;
+    let input: Vec<String> = (0..30).map(|i| line(&format!("r{i}"), "hi")).collect();
+    let file = upload(&gw.base, KEY_A, &input.join("\n")).await;
+    let batch = create_batch(&gw.base, KEY_A, file["id"].as_str().unwrap(), "24h").await;
+    let id = batch["id"].as_str().unwrap().to_owned();
+    // The batch takes its 5 RPM tokens, then waits (429s are retried, not results).
+    eventually(Duration::from_secs(30), || {
+        let (base, id) = (gw.base.clone(), id.clone());
+        async move {
+            let b = retrieve(&base, KEY_A, &id).await;
+            (b["request_counts"]["completed"].as_u64().unwrap() >= 5).then_some(())
+        }
+    })
+    .await;
+    for _ in 0..5 {
+        let (status, body) = call(
+            reqwest::Method::POST,
+            format!("{}/v1/chat/completions", gw.base),
+            KEY_B,
+            Some(json!({"model": "gpt-t", "messages": [{"role": "user", "content": "live"}]})),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let b = retrieve(&gw.base, KEY_A, &id).await;
+    assert_eq!(b["status"], "in_progress");
+    assert_eq!(b["request_counts"]["completed"], 5);
+    assert_eq!(b["request_counts"]["failed"], 0);
+}

@@ -655,7 +655,7 @@ async fn kv_limit_overhead() {
     let mut take = hdrhistogram::Histogram::<u64>::new(3).unwrap();
     for _ in 0..2000 {
         let t = Instant::now();
-        limiter.take_request(&target).await.unwrap();
+        limiter.take_request(&target, false).await.unwrap();
         take.record(t.elapsed().as_micros() as u64).unwrap();
     }
     eprintln!(
@@ -668,7 +668,7 @@ async fn kv_limit_overhead() {
     let mut contended = hdrhistogram::Histogram::<u64>::new(3).unwrap();
     for _ in 0..1000 {
         let t = Instant::now();
-        let (a, b) = tokio::join!(limiter.take_request(&target), other.take_request(&target));
+        let (a, b) = tokio::join!(limiter.take_request(&target, false), other.take_request(&target, false));
         a.unwrap();
         b.unwrap();
         contended.record(t.elapsed().as_micros() as u64).unwrap();

@@ -174,6 +174,7 @@ pub async fn submit(
             custom_id: c.custom_id,
             body: c.body,
             try_no: 0,
+            failures: 0,
             not_before_ms: 0,
         })
         .collect();

@@ -206,6 +206,10 @@ pub struct Item {
     /// 0 for the first run; a retry after a retryable error is a new queue message with `try_no + 1`.
     #[serde(default)]
     pub try_no: u32,
+    /// Retryable failures so far other than rate limits (429 waits as long as the window
+    /// allows; these count toward `runner::MAX_TRIES`).
+    #[serde(default)]
+    pub failures: u32,
     /// Not before this time, ms since the Unix epoch (retry backoff).
     #[serde(default)]
     pub not_before_ms: u64,
@@ -346,6 +350,7 @@ mod tests {
             custom_id: "a".into(),
             body: serde_json::json!({}),
             try_no,
+            failures: 0,
             not_before_ms: 0,
         };
         let t = 1_764_000_000_000;

@@ -17,7 +17,9 @@
 //! re-runs it with the same request id: the ledger keeps one record per (request id, kind,
 //! attempt) and the results stream one result per index. A retryable failure (429, 5xx, timeout)
 //! is not a result: the item is queued again as try `n + 1` after a backoff (a new request id, so
-//! its usage is its own), up to [`MAX_TRIES`]; then its error is the result.
+//! its usage is its own) — for a 429 (workers refuse batch items beyond half of each target
+//! limit, `switchyard_workers::limits::BATCH_SHARE`) until the window ends, for the others up to
+//! [`MAX_TRIES`]; then its error is the result.
 //!
 //! **Sweeper** (every [`SWEEP_EVERY`]): for each active batch, marks it expiring once
 //! `expires_at` passes (items still queued then end as `expired` without running), and when no
@@ -163,7 +165,8 @@ async fn handle(app: &Arc<AppState>, store: &BatchStore, msg: async_nats::jetstr
         }
     };
     let ack = match run_item(app, store, &msg, &item).await {
-        Ok(()) => msg.ack().await,
+        Ok(Step::Done) => msg.ack().await,
+        Ok(Step::Later(wait)) => msg.ack_with(AckKind::Nak(Some(wait))).await,
         Err(e) => {
             tracing::warn!(batch = %item.batch_id, index = item.index, error = %e, "batch item not finished; redelivered later");
             msg.ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
@@ -175,15 +178,23 @@ async fn handle(app: &Arc<AppState>, store: &BatchStore, msg: async_nats::jetstr
     }
 }
 
+/// What to do with an item's message.
+enum Step {
+    /// Acknowledge: its result is stored (or it was dropped).
+    Done,
+    /// Not yet (retry backoff): redeliver after this.
+    Later(Duration),
+}
+
 async fn run_item(
     app: &Arc<AppState>,
     store: &BatchStore,
     msg: &async_nats::jetstream::Message,
     item: &Item,
-) -> Result<(), StoreError> {
+) -> Result<Step, StoreError> {
     let Some((batch, _)) = store.batch(&item.batch_key).await? else {
         tracing::warn!(batch = %item.batch_id, "batch item of an unknown batch; dropped");
-        return Ok(());
+        return Ok(Step::Done);
     };
     let skip = |outcome| ItemResult {
         index: item.index,
@@ -195,25 +206,26 @@ async fn run_item(
         usage: Default::default(),
     };
     match batch.status {
-        Status::Cancelling | Status::Cancelled => {
-            return store
+        Status::Cancelling => {
+            store
                 .append_result(&batch.id, &skip(Outcome::Canceled))
-                .await;
+                .await?;
+            return Ok(Step::Done);
         }
+        // Failed at validation, or already ended: nothing to run.
+        s if s.is_terminal() => return Ok(Step::Done),
         _ if batch.expiring || now_ms() / 1000 >= batch.expires_at => {
-            return store
+            store
                 .append_result(&batch.id, &skip(Outcome::Expired))
-                .await;
+                .await?;
+            return Ok(Step::Done);
         }
         _ => {}
     }
     let wait = item.not_before_ms.saturating_sub(now_ms());
     if wait > 0 {
         // Not yet: give the slot back and come back after the backoff.
-        let _ = msg
-            .ack_with(AckKind::Nak(Some(Duration::from_millis(wait))))
-            .await;
-        return Err(StoreError::Nats("backoff".into()));
+        return Ok(Step::Later(Duration::from_millis(wait)));
     }
     let request_id = item.request_id(batch.created_ms);
     let run = execute(app, &batch, item, request_id);
@@ -226,13 +238,24 @@ async fn run_item(
             _ = progress.tick() => { let _ = msg.ack_with(AckKind::Progress).await; }
         }
     };
-    let retryable = status == 429 || status == 408 || status >= 500;
-    if retryable && item.try_no + 1 < MAX_TRIES {
-        let backoff_ms = 1000u64 << item.try_no.min(6);
+    // Rate limited (the target's limits, or the batch share of them): wait and try again for
+    // as long as the window allows. Other retryable failures: up to MAX_TRIES.
+    let rate_limited = status == 429;
+    let retryable = status == 408 || status >= 500;
+    if rate_limited || (retryable && item.failures + 1 < MAX_TRIES) {
         let mut next = item.clone();
         next.try_no += 1;
+        if !rate_limited {
+            next.failures += 1;
+        }
+        let backoff_ms = if rate_limited {
+            1000u64 << next.try_no.min(5)
+        } else {
+            1000u64 << item.failures.min(6)
+        };
         next.not_before_ms = now_ms() + backoff_ms;
-        return store.enqueue(&next).await;
+        store.enqueue(&next).await?;
+        return Ok(Step::Done);
     }
     let outcome = if status == 200 {
         Outcome::Succeeded
@@ -252,7 +275,8 @@ async fn run_item(
         },
         body,
     };
-    store.append_result(&batch.id, &result).await
+    store.append_result(&batch.id, &result).await?;
+    Ok(Step::Done)
 }
 
 /// Runs one item through its endpoint's live handler as the batch's owner; (HTTP status, body).
