@@ -55,6 +55,8 @@ pub struct LedgerRow {
     pub cache_hit: bool,
     /// Cost price (`upstream`) or charge (`charge`), USD, exact; `None` = model not priced.
     pub cost_usd: Option<Decimal>,
+    /// The batch job the request was an item of (`None` for live traffic).
+    pub batch_id: Option<String>,
 }
 
 impl LedgerRow {
@@ -76,6 +78,7 @@ impl LedgerRow {
             fallbacks: event.fallbacks,
             cache_hit: event.cache_hit,
             cost_usd,
+            batch_id: event.batch_id.clone(),
         }
     }
 }
@@ -467,7 +470,7 @@ macro_rules! load_columns {
         "SELECT request_id, kind, attempt, ts_ms, tenant, key_id, model, target, \
          upstream_model, prompt_tokens, cached_tokens, cache_write_tokens, completion_tokens, \
          reasoning_tokens, CASE WHEN estimated THEN 1 ELSE 0 END AS estimated, status, \
-         fallbacks, CASE WHEN cache_hit THEN 1 ELSE 0 END AS cache_hit, cost_usd \
+         fallbacks, CASE WHEN cache_hit THEN 1 ELSE 0 END AS cache_hit, cost_usd, batch_id \
          FROM usage_events "
     };
 }
@@ -515,6 +518,7 @@ fn row_from_sql(row: &AnyRow) -> Result<LedgerRow, BillingError> {
         fallbacks: uint(row, "fallbacks")?,
         cache_hit: row.try_get::<i64, _>("cache_hit")? != 0,
         cost_usd,
+        batch_id: row.try_get("batch_id")?,
         request_id,
     })
 }
@@ -596,6 +600,7 @@ mod tests {
             fallbacks: 0,
             cache_hit: false,
             cost_usd: None,
+            batch_id: None,
         }
     }
 

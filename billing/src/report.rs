@@ -256,6 +256,10 @@ pub struct DailyReport {
     pub by_model: Vec<Amounts>,
     /// Per tenant, by descending charge then cost then name.
     pub by_tenant: Vec<Amounts>,
+    /// Live traffic and batch jobs apart (`live`, `batch`; batch items are priced at the batch
+    /// rate). Only origins with requests are listed.
+    #[serde(default)]
+    pub by_origin: Vec<Amounts>,
     /// Per UTC hour, 24 entries.
     pub by_hour: Vec<HourAmounts>,
     /// The day's reconciliation, with the first [`REPORT_DISCREPANCY_ROWS`] findings.
@@ -275,6 +279,7 @@ pub fn build_daily(date: &str, from_ms: u64, to_ms: u64, requests: &[RequestRows
     let mut groups: BTreeMap<Key, GroupStats> = BTreeMap::new();
     let mut models: BTreeMap<String, Amounts> = BTreeMap::new();
     let mut tenants: BTreeMap<String, Amounts> = BTreeMap::new();
+    let mut origins: BTreeMap<String, Amounts> = BTreeMap::new();
     let mut hours: Vec<HourAmounts> = (0..24)
         .map(|hour| HourAmounts {
             hour,
@@ -291,7 +296,16 @@ pub fn build_daily(date: &str, from_ms: u64, to_ms: u64, requests: &[RequestRows
                 .or_default()
                 .add_row(row);
             let tenant = row.tenant.clone().unwrap_or_else(|| NO_TENANT.to_owned());
-            for (map, name) in [(&mut models, row.model.clone()), (&mut tenants, tenant)] {
+            let origin = if row.batch_id.is_some() {
+                "batch"
+            } else {
+                "live"
+            };
+            for (map, name) in [
+                (&mut models, row.model.clone()),
+                (&mut tenants, tenant),
+                (&mut origins, origin.to_owned()),
+            ] {
                 let a = map.entry(name.clone()).or_insert_with(|| Amounts {
                     name,
                     requests: 0,
@@ -327,6 +341,7 @@ pub fn build_daily(date: &str, from_ms: u64, to_ms: u64, requests: &[RequestRows
         totals,
         by_model: ranked(models),
         by_tenant: ranked(tenants),
+        by_origin: ranked(origins),
         by_hour: hours,
         reconciliation: reconcile::reconcile_requests(
             requests,
@@ -413,6 +428,17 @@ impl DailyReport {
             self.totals.upstream_tokens,
             self.totals.unpriced_rows
         ));
+        for o in &self.by_origin {
+            out.push_str(&format!(
+                "{}: {} rows, cost {}, charge {}\n",
+                o.name,
+                o.requests,
+                o.cost_usd
+                    .round_dp_with_strategy(MONEY_DP, RoundingStrategy::MidpointAwayFromZero),
+                o.charge_usd
+                    .round_dp_with_strategy(MONEY_DP, RoundingStrategy::MidpointAwayFromZero),
+            ));
+        }
         out.push('\n');
         out.push_str(&self.discrepancy_table());
         out

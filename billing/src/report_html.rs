@@ -258,6 +258,8 @@ impl DailyReport {
         h.push('\n');
         h.push_str(&bar_chart("Spend by tenant", &self.by_tenant));
         h.push('\n');
+        h.push_str(&bar_chart("Live and batch", &self.by_origin));
+        h.push('\n');
         h.push_str(&hour_chart(self));
         h.push_str("\n<h2>By tenant, model and target</h2>\n<table><thead><tr>");
         for c in [
@@ -352,7 +354,7 @@ mod tests {
     use crate::report::build_daily;
 
     #[test]
-    fn empty_day_renders_three_charts_and_escapes() {
+    fn empty_day_renders_four_charts_and_escapes() {
         let mut r = build_daily("2025-11-05", 0, 86_400_000, &[]);
         r.by_model.push(Amounts {
             name: "<script>".into(),
@@ -361,7 +363,7 @@ mod tests {
             charge_usd: Decimal::TWO,
         });
         let html = r.to_html();
-        assert_eq!(html.matches("<svg").count(), 3);
+        assert_eq!(html.matches("<svg").count(), 4);
         assert!(!html.contains("<script>"));
         assert!(html.contains("&lt;script&gt;"));
         for external in ["<script", "<link", "src=", "href=", "url("] {

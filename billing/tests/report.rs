@@ -337,9 +337,13 @@ async fn scenario(url: &str) {
     assert!(json.contains("\"charge_usd\": \"0.19568275\""), "{json}");
     assert_eq!(serde_json::from_str::<DailyReport>(&json).unwrap(), r);
 
-    // HTML: three charts and the rounded totals.
+    // Live traffic only: one origin.
+    assert_eq!(r.by_origin.len(), 1);
+    assert_eq!(r.by_origin[0].name, "live");
+
+    // HTML: four charts and the rounded totals.
     let html = r.to_html();
-    assert_eq!(html.matches("<svg").count(), 3);
+    assert_eq!(html.matches("<svg").count(), 4);
     for total in ["0.195683", "0.188962", "0.006721"] {
         assert!(html.contains(total), "{total}");
     }

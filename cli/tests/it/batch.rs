@@ -299,6 +299,20 @@ async fn fc33_batch_is_billed_once_at_the_batch_rate_from_any_ingress() {
     let billed: Decimal = charges.iter().map(|c| c.2).sum();
     // 13 × 2.5 + 4 × 10 per 1M, halved.
     assert_eq!(billed, Decimal::from_str("0.00003625").unwrap());
+
+    // The daily report shows batch spend apart: both batches, nothing live.
+    let today = time::OffsetDateTime::now_utc().date().to_string();
+    let report = switchyard_billing::report::daily_report(gw.ledger.as_ref().unwrap(), &today)
+        .await
+        .unwrap();
+    assert_eq!(report.by_origin.len(), 1, "{:?}", report.by_origin);
+    assert_eq!(report.by_origin[0].name, "batch");
+    assert_eq!(report.by_origin[0].requests, 4);
+    assert_eq!(
+        report.by_origin[0].charge_usd,
+        Decimal::from_str("0.00011375").unwrap()
+    );
+    assert!(report.to_table().contains("batch: 4 rows"));
 }
 
 /// A malformed input file: every bad line named (line number, code), status `failed`, and zero

@@ -668,7 +668,10 @@ async fn kv_limit_overhead() {
     let mut contended = hdrhistogram::Histogram::<u64>::new(3).unwrap();
     for _ in 0..1000 {
         let t = Instant::now();
-        let (a, b) = tokio::join!(limiter.take_request(&target, false), other.take_request(&target, false));
+        let (a, b) = tokio::join!(
+            limiter.take_request(&target, false),
+            other.take_request(&target, false)
+        );
         a.unwrap();
         b.unwrap();
         contended.record(t.elapsed().as_micros() as u64).unwrap();
