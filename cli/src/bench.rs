@@ -55,6 +55,13 @@ pub struct BenchArgs {
     /// Where the run's config, data and logs go (default: a temporary directory, removed).
     #[arg(long)]
     pub dir: Option<PathBuf>,
+    /// Batch phase: interactive JSON latency at the first `--rates` value without and with a
+    /// batch of this many items running (0: skip). Each item waits `--batch-item-ms` upstream.
+    #[arg(long, default_value_t = 0)]
+    pub batch_items: u64,
+    /// Upstream time of one batch item, ms (so the batch runs through the whole phase).
+    #[arg(long, default_value_t = 200)]
+    pub batch_item_ms: u64,
 }
 
 /// The other benchmarks of `switchyard bench`.
@@ -526,6 +533,11 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
                 .unwrap_or_default()
         ));
     }
+    if args.batch_items > 0 {
+        let rate = args.rates.iter().copied().find(|r| *r > 0).unwrap_or(1000);
+        cool_down(&http, &via_json, &counter).await;
+        summary.push(batch_phase(&http, &gateway, &via_json, rate, &args, &counter).await?);
+    }
     println!();
     for s in summary {
         println!("- {s}");
@@ -536,4 +548,132 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         end_rss / 1024
     );
     Ok(())
+}
+
+/// Interactive latency without and with a batch running: a baseline slice, the batch submitted
+/// (`--batch-items` items, each `--batch-item-ms` upstream), two slices while it runs, a
+/// baseline slice after it ended; p50/p99 with the batch vs the baselines, as a ratio.
+async fn batch_phase(
+    http: &reqwest::Client,
+    gateway: &str,
+    via: &Path2,
+    rate: u64,
+    args: &BenchArgs,
+    counter: &Arc<AtomicU64>,
+) -> Result<String, String> {
+    let length = Duration::from_secs(args.seconds.max(2) / 2);
+    let before = Arc::new(Mutex::new(PathStats::new()?));
+    slice(http, via, rate, length, false, counter, &before).await;
+    let lines: Vec<String> = (0..args.batch_items)
+        .map(|i| {
+            serde_json::json!({"custom_id": format!("b{i}"), "method": "POST",
+                "url": "/v1/chat/completions", "body": {"model": "bench/json", "max_tokens": 64,
+                "messages": [{"role": "user", "content":
+                    format!("#mock ttft_ms={}\nbatch item {i}", args.batch_item_ms)}]}})
+            .to_string()
+        })
+        .collect();
+    let form = reqwest::multipart::Form::new()
+        .text("purpose", "batch")
+        .part(
+            "file",
+            reqwest::multipart::Part::bytes(lines.join("\n").into_bytes()).file_name("bench.jsonl"),
+        );
+    let file: serde_json::Value = http
+        .post(format!("{gateway}/v1/files"))
+        .bearer_auth(KEY)
+        .multipart(form)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?
+        .json()
+        .await
+        .map_err(|e| e.to_string())?;
+    let batch: serde_json::Value = http
+        .post(format!("{gateway}/v1/batches"))
+        .bearer_auth(KEY)
+        .json(
+            &serde_json::json!({"input_file_id": file["id"], "endpoint": "/v1/chat/completions",
+            "completion_window": "24h"}),
+        )
+        .send()
+        .await
+        .map_err(|e| e.to_string())?
+        .json()
+        .await
+        .map_err(|e| e.to_string())?;
+    let id = batch["id"]
+        .as_str()
+        .ok_or(format!("batch not created: {batch}"))?
+        .to_owned();
+    let status = |http: reqwest::Client, id: String| async move {
+        let b: serde_json::Value = http
+            .get(format!("{gateway}/v1/batches/{id}"))
+            .bearer_auth(KEY)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?
+            .json()
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok::<_, String>(b)
+    };
+    let during = Arc::new(Mutex::new(PathStats::new()?));
+    slice(http, via, rate, length, false, counter, &during).await;
+    slice(http, via, rate, length, false, counter, &during).await;
+    let mid = status(http.clone(), id.clone()).await?;
+    let done_during = mid["request_counts"]["completed"].as_u64().unwrap_or(0)
+        + mid["request_counts"]["failed"].as_u64().unwrap_or(0);
+    let started = Instant::now();
+    let end = loop {
+        let b = status(http.clone(), id.clone()).await?;
+        if matches!(
+            b["status"].as_str(),
+            Some("completed" | "failed" | "expired" | "cancelled")
+        ) {
+            break b;
+        }
+        if started.elapsed() > Duration::from_secs(600) {
+            return Err(format!("batch {id} did not end within 600 s"));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    slice(http, via, rate, length, false, counter, &before).await;
+    let (b, d) = (before.lock(), during.lock());
+    let ms = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    println!(
+        "| {rate} rps JSON, no batch | switchyard latency | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | | {} |",
+        ms(&b.latency, 0.5),
+        ms(&b.latency, 0.9),
+        ms(&b.latency, 0.99),
+        ms(&b.latency, 0.999),
+        b.latency.max() as f64 / 1000.0,
+        b.errors
+    );
+    println!(
+        "| {rate} rps JSON, {}-item batch running | switchyard latency | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | | {} |",
+        args.batch_items,
+        ms(&d.latency, 0.5),
+        ms(&d.latency, 0.9),
+        ms(&d.latency, 0.99),
+        ms(&d.latency, 0.999),
+        d.latency.max() as f64 / 1000.0,
+        d.errors
+    );
+    Ok(format!(
+        "batch phase at {rate} rps: interactive p50 {:.3} → {:.3} ms, p99 {:.3} → {:.3} ms \
+         (p99 ratio {:.2}); {done_during} of {} batch items done during the measured slices, \
+         batch ended `{}` with {} completed / {} failed; errors {} / {}",
+        ms(&b.latency, 0.5),
+        ms(&d.latency, 0.5),
+        ms(&b.latency, 0.99),
+        ms(&d.latency, 0.99),
+        ms(&d.latency, 0.99) / ms(&b.latency, 0.99).max(1e-9),
+        args.batch_items,
+        end["status"].as_str().unwrap_or(""),
+        end["request_counts"]["completed"],
+        end["request_counts"]["failed"],
+        b.errors,
+        d.errors,
+    ))
 }
