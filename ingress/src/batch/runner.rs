@@ -52,6 +52,8 @@ const ACK_WAIT: Duration = Duration::from_secs(60);
 const PROGRESS_EVERY: Duration = Duration::from_secs(20);
 /// A batch stuck in `finalizing` this long (its finalizer died) is finalized again.
 const REFINALIZE_AFTER_S: u64 = 30;
+/// A batch still `validating` this long after creation was abandoned by its submitter.
+const ABANDONED_AFTER_S: u64 = 300;
 /// Largest response body kept as a result, bytes.
 const MAX_RESULT_BYTES: usize = 64 * 1024 * 1024;
 
@@ -356,6 +358,22 @@ async fn sweep(app: &Arc<AppState>, store: &BatchStore) -> Result<(), StoreError
                 }
                 if store.pending(&id).await? == 0 {
                     finalize(app, store, &key, batch, rev).await?;
+                }
+            }
+            // The ingress that validated it died while queueing its items: fail it (queued items
+            // of a failed batch are dropped unrun) rather than run part of it.
+            Status::Validating if batch.created_at() + ABANDONED_AFTER_S <= now_s => {
+                batch.status = Status::Failed;
+                batch.failed_at = Some(now_s);
+                batch.errors = vec![super::records::LineError {
+                    code: "submission_interrupted".into(),
+                    message: "The gateway stopped while queueing this batch; submit it again."
+                        .into(),
+                    param: None,
+                    line: None,
+                }];
+                if store.update_batch(&key, &batch, rev).await?.is_some() {
+                    store.clear_active(&id).await?;
                 }
             }
             Status::Finalizing
