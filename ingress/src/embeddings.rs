@@ -212,6 +212,7 @@ async fn admit<'a>(
         now_ms() + total,
     )
     .await?;
+    let (tenant, key_id) = (caller.tenant.clone(), caller.key_id.clone());
     let mut charge = Charge::start(app.clone(), id, &model.id, caller, prompt_bytes, admitted);
     if let Some(r) = reservation {
         charge.reserved(r);
@@ -222,8 +223,9 @@ async fn admit<'a>(
     };
     let req = EmbedRequest {
         id,
-        tenant: None,
-        key_id: None,
+        // The worker's `upstream` usage row is attributed like the `charge` row.
+        tenant,
+        key_id,
         model: model.id.clone(),
         target: TargetRef {
             id: String::new(),
@@ -235,6 +237,7 @@ async fn admit<'a>(
         user: b.user,
         deadline_ms: now_ms() + total,
         attempt: 0,
+        batch_id: hints.batch.as_ref().map(|b| b.batch_id.clone()),
     };
     Ok(Admitted {
         model,

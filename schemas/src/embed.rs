@@ -62,6 +62,9 @@ pub struct EmbedRequest {
     /// Zero-based attempt number across fallbacks.
     #[serde(default)]
     pub attempt: u32,
+    /// The batch job this request is an item of (`None` for live traffic; priced at the batch rate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_id: Option<String>,
 }
 
 /// The worker's answer.

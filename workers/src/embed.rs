@@ -102,7 +102,7 @@ pub(crate) async fn handle(shared: Arc<Shared>, msg: async_nats::Message) {
         fallbacks: 0,
         cache_hit: false,
         budget_owed: None,
-        batch_id: None,
+        batch_id: req.batch_id,
     };
     publish_usage_event(&shared.js, &shared.opts.subjects, &event).await;
 }

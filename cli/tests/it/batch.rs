@@ -685,3 +685,48 @@ async fn batch_leaves_live_traffic_its_share_of_the_target_limits() {
     assert_eq!(b["request_counts"]["completed"], 5);
     assert_eq!(b["request_counts"]["failed"], 0);
 }
+
+/// An embeddings batch: the output lines carry the live `/v1/embeddings` body, and the usage
+/// rows are the batch's, with the key's tenant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embeddings_batch_returns_live_bodies() {
+    let (gw, _dir) = gateway(json!({})).await;
+    let input = ["alpha beta", "gamma"]
+        .iter()
+        .enumerate()
+        .map(|(i, text)| {
+            json!({"custom_id": format!("e{i}"), "method": "POST", "url": "/v1/embeddings",
+                   "body": {"model": "gpt-t", "input": text, "dimensions": 4}})
+            .to_string()
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let file = upload(&gw.base, KEY_A, &input).await;
+    let (status, batch) = call(
+        reqwest::Method::POST,
+        format!("{}/v1/batches", gw.base),
+        KEY_A,
+        Some(json!({"input_file_id": file["id"], "endpoint": "/v1/embeddings", "completion_window": "24h"})),
+    )
+    .await;
+    assert_eq!(status, 200, "{batch}");
+    let id = batch["id"].as_str().unwrap();
+    let done = wait_status(&gw.base, KEY_A, id, "completed").await;
+    assert_eq!(
+        done["request_counts"],
+        json!({"total": 2, "completed": 2, "failed": 0})
+    );
+    let out = lines(&content(&gw.base, KEY_A, done["output_file_id"].as_str().unwrap()).await);
+    let e0 = out.iter().find(|l| l["custom_id"] == "e0").unwrap();
+    assert_eq!(e0["response"]["body"]["object"], "list");
+    assert_eq!(
+        e0["response"]["body"]["data"][0]["embedding"]
+            .as_array()
+            .unwrap()
+            .len(),
+        4
+    );
+    assert_eq!(e0["response"]["body"]["usage"]["prompt_tokens"], 2);
+    assert_eq!(done["usage"]["input_tokens"], 3);
+    assert_eq!(batch_charges(&gw, id, 2).await.len(), 2);
+}

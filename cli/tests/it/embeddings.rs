@@ -171,3 +171,35 @@ async fn fallback_is_recorded_like_chat() {
     assert_eq!(charge.fallbacks, 1);
     assert_eq!(charge.status, switchyard_schemas::usage::UsageStatus::Ok);
 }
+
+/// With keys on, both usage rows of an embeddings request (`charge` and `upstream`) carry the
+/// key and its tenant, so tenant reports and budgets count embeddings spend.
+#[tokio::test]
+async fn usage_rows_carry_tenant_and_key() {
+    let gw = start(Options {
+        config: test_config(serde_json::json!({
+            "keys": [{"id": "emb-key", "tenant": "search", "key": "sk-embeddings-tenant-01"}]
+        })),
+        billing: true,
+        ..Options::default()
+    })
+    .await;
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v1/embeddings", gw.base))
+        .bearer_auth("sk-embeddings-tenant-01")
+        .json(&serde_json::json!({"model": "demo/mock", "input": "alpha beta"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let id: uuid::Uuid = resp.headers()["x-request-id"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let rows = ledger_rows(gw.ledger.as_ref().unwrap(), id, 2).await;
+    for r in &rows {
+        assert_eq!(r.tenant.as_deref(), Some("search"), "{:?}", r.kind);
+        assert_eq!(r.key_id.as_deref(), Some("emb-key"), "{:?}", r.kind);
+    }
+}
