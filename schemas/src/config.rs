@@ -78,6 +78,27 @@ pub struct GatewayConfig {
     /// change them).
     #[serde(default)]
     pub server: ServerConfig,
+    /// Stored responses of the OpenAI Responses front door (`store`, `previous_response_id`).
+    #[serde(default)]
+    pub responses: ResponsesConfig,
+}
+
+/// The stored responses of `POST /v1/responses` (JetStream KV bucket `SY_RESPONSES`), read at
+/// ingress start: the bucket's age limit is set when it is created.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ResponsesConfig {
+    /// How long a stored response (and its input items) stays retrievable and continuable,
+    /// seconds. Default 2,592,000 (30 days, as OpenAI keeps stored responses).
+    pub ttl_s: u64,
+}
+
+impl Default for ResponsesConfig {
+    fn default() -> Self {
+        Self {
+            ttl_s: 30 * 24 * 3600,
+        }
+    }
 }
 
 fn default_listen() -> String {
@@ -578,6 +599,9 @@ impl GatewayConfig {
         }
         if t.stall_ms == 0 {
             return Err(err("timeouts.stall_ms", "must be > 0"));
+        }
+        if self.responses.ttl_s == 0 {
+            return Err(err("responses.ttl_s", "must be > 0"));
         }
         self.server.validate()
     }

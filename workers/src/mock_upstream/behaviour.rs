@@ -1,7 +1,8 @@
 //! Per-request behaviour of the mock upstream.
 //!
 //! Behaviour comes from `x-mock-<key>: value` headers, from `#mock key=value ...`
-//! directive lines inside the last user message and from the `/x/<key=value,...>/` path prefix;
+//! directive lines inside the last user message (its `tool_calls` ignored once the conversation
+//! ends with a tool result) and from the `/x/<key=value,...>/` path prefix;
 //! headers win over directives, directives over the path prefix.
 //! Keys are case-insensitive and `-` is accepted in place of `_`
 //! (`x-mock-ttft-ms` == `x-mock-ttft_ms`).
@@ -73,6 +74,11 @@ impl Behaviour {
         let mut raw = path_spec.map(parse_path_spec).unwrap_or_default();
         if let Some(text) = last_user_text(body) {
             raw.extend(parse_directives(&text));
+            // The directive asked for calls; once their results are the last message the model
+            // answers in text (so an agent loop over the same user message terminates).
+            if ends_with_tool_result(body) {
+                raw.remove("tool_calls");
+            }
         }
         for (name, value) in headers {
             if let Some(key) = name.as_str().strip_prefix("x-mock-") {
@@ -290,6 +296,26 @@ pub(crate) fn messages_words(body: &Value) -> u64 {
 }
 
 /// The text of the last message with role `user` (text parts joined by newlines).
+/// The conversation's last message is a tool result: OpenAI `role: tool`, or an Anthropic user
+/// message whose content ends with a `tool_result` block.
+fn ends_with_tool_result(body: &Value) -> bool {
+    let Some(last) = body
+        .get("messages")
+        .and_then(Value::as_array)
+        .and_then(|m| m.last())
+    else {
+        return false;
+    };
+    last.get("role").and_then(Value::as_str) == Some("tool")
+        || last
+            .get("content")
+            .and_then(Value::as_array)
+            .and_then(|c| c.last())
+            .and_then(|b| b.get("type"))
+            .and_then(Value::as_str)
+            == Some("tool_result")
+}
+
 fn last_user_text(body: &Value) -> Option<String> {
     let messages = body.get("messages")?.as_array()?;
     let last = messages
