@@ -19,5 +19,6 @@ mod pipeline;
 mod probes;
 mod reload;
 mod resilience;
+mod responses;
 mod routing;
 mod server_limits;

@@ -650,3 +650,125 @@ fn text_format(f: Option<&Value>) -> Result<(Option<Value>, Value), ApiError> {
         )),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn parse_json(v: Value) -> Result<ParsedResponses, ApiError> {
+        parse(v.to_string().as_bytes(), "abc")
+    }
+
+    #[test]
+    fn items_become_one_turn_per_role() {
+        let p = parse_json(json!({"model": "m", "instructions": "Be brief.", "input": [
+            {"role": "developer", "content": "Use tools."},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Look"},
+                {"type": "input_image", "image_url": "data:image/png;base64,AA", "detail": "low"}]},
+            {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "xyz"},
+            {"type": "message", "role": "assistant", "id": "msg_9", "status": "completed",
+                "content": [{"type": "output_text", "text": "Calling", "annotations": []}]},
+            {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "w", "arguments": "{}"},
+            {"type": "function_call", "call_id": "c2", "name": "w", "arguments": "{\"a\":1}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+            {"type": "function_call_output", "call_id": "c2", "output": [{"type": "input_text", "text": "rain"}]}
+        ], "tools": [{"type": "function", "name": "w", "parameters": {"type": "object"}, "strict": false}],
+            "tool_choice": {"type": "function", "name": "w"},
+            "text": {"format": {"type": "json_object"}}, "max_output_tokens": 9}))
+        .unwrap();
+        let msgs = serde_json::to_value(p.conversation(&[])).unwrap();
+        assert_eq!(
+            msgs,
+            json!([
+                {"role": "system", "content": "Be brief."},
+                {"role": "developer", "content": "Use tools."},
+                {"role": "user", "content": [{"type": "text", "text": "Look"},
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA", "detail": "low"}}]},
+                {"role": "assistant", "content": "Calling", "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "w", "arguments": "{}"}},
+                    {"id": "c2", "type": "function", "function": {"name": "w", "arguments": "{\"a\":1}"}}]},
+                {"role": "tool", "content": "sunny", "tool_call_id": "c1"},
+                {"role": "tool", "content": "rain", "tool_call_id": "c2"}
+            ])
+        );
+        let ids: Vec<&str> = p
+            .input_items
+            .iter()
+            .map(|i| i["id"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            ids,
+            [
+                "msg_abc0001",
+                "msg_abc0002",
+                "rs_1",
+                "msg_9",
+                "fc_1",
+                "fc_abc0003",
+                "fco_abc0004",
+                "fco_abc0005"
+            ]
+        );
+        assert_eq!(
+            p.tool_choice,
+            Some(json!({"type": "function", "function": {"name": "w"}}))
+        );
+        assert_eq!(
+            p.params.response_format,
+            Some(json!({"type": "json_object"}))
+        );
+        assert_eq!(p.params.max_tokens, Some(9));
+        assert_eq!(p.tools[0].function.strict, Some(false));
+        assert_eq!(p.echo["tools"][0]["strict"], json!(false));
+        assert!(p.store && !p.stream);
+    }
+
+    #[test]
+    fn continuation_goes_between_instructions_and_input() {
+        let p = parse_json(json!({"model": "m", "instructions": "New rules.",
+            "previous_response_id": "resp_1"}))
+        .unwrap();
+        let history = [
+            text_message(Role::User, "a".into()),
+            text_message(Role::Assistant, "b".into()),
+        ];
+        let roles: Vec<Role> = p.conversation(&history).iter().map(|m| m.role).collect();
+        assert_eq!(roles, [Role::System, Role::User, Role::Assistant]);
+        assert_eq!(p.previous_response_id.as_deref(), Some("resp_1"));
+    }
+
+    #[test]
+    fn rejections_name_the_parameter() {
+        let param = |v: Value| parse_json(v).unwrap_err().param.unwrap_or_default();
+        assert_eq!(param(json!({"model": "m"})), "input");
+        assert_eq!(param(json!({"model": "m", "input": 3})), "input");
+        assert_eq!(
+            param(json!({"model": "m", "input": "x", "tools": [{"type": "file_search"}]})),
+            "tools[0].type"
+        );
+        assert_eq!(
+            param(
+                json!({"model": "m", "input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]})
+            ),
+            "input[0].content[0].type"
+        );
+        assert_eq!(
+            param(json!({"model": "m", "input": "x", "tool_choice": {"type": "web_search"}})),
+            "tool_choice"
+        );
+        assert_eq!(
+            param(
+                json!({"model": "m", "input": "x", "text": {"format": {"type": "json_schema", "name": "n"}}})
+            ),
+            "text.format.schema"
+        );
+        assert_eq!(
+            param(json!({"model": "m", "input": "x", "background": true})),
+            "background"
+        );
+        let e = parse_json(json!({"model": "m", "input": "x", "tools": [{"type": "web_search"}]}))
+            .unwrap_err();
+        assert!(e.message.contains("'web_search'"), "{}", e.message);
+    }
+}
