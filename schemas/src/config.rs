@@ -191,6 +191,11 @@ pub struct TargetConfig {
     /// requests"). `api_key` is not used by `bedrock` targets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub aws: Option<AwsTarget>,
+    /// Which API an `openai` / `openai_compatible` target is called through: `chat_completions`
+    /// (default, `{base_url}/chat/completions`) or `responses` (`{base_url}/responses`, OpenAI
+    /// API reference, "Responses"). Rejected on other providers.
+    #[serde(default)]
+    pub api: OpenAiApi,
     /// Disabled targets are never chosen.
     #[serde(default = "yes")]
     pub enabled: bool,
@@ -218,6 +223,17 @@ pub struct TargetConfig {
     /// Active health probe; `None` = passive health only.
     #[serde(default)]
     pub probe: Option<Probe>,
+}
+
+/// The OpenAI API a target speaks (see [`TargetConfig::api`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OpenAiApi {
+    /// `POST {base_url}/chat/completions`.
+    #[default]
+    ChatCompletions,
+    /// `POST {base_url}/responses`, with `store: false` (Switchyard keeps the conversation).
+    Responses,
 }
 
 /// Region and credentials for SigV4-signed AWS targets (`bedrock`). The secrets support
@@ -493,6 +509,20 @@ impl GatewayConfig {
                         format!("`{v}` is not an api-version like 2024-10-21"),
                     ));
                 }
+            }
+            if t.api == OpenAiApi::Responses
+                && !matches!(
+                    t.provider,
+                    ProviderKind::Openai | ProviderKind::OpenaiCompatible
+                )
+            {
+                return Err(err(
+                    format!("targets[{i}].api"),
+                    format!(
+                        "only openai and openai_compatible targets can use api: responses (this one is {})",
+                        t.provider.as_str()
+                    ),
+                ));
             }
             validate_aws(i, t)?;
         }

@@ -20,5 +20,6 @@ mod probes;
 mod reload;
 mod resilience;
 mod responses;
+mod responses_upstream;
 mod routing;
 mod server_limits;

@@ -295,7 +295,6 @@ pub(crate) fn messages_words(body: &Value) -> u64 {
         })
 }
 
-/// The text of the last message with role `user` (text parts joined by newlines).
 /// The conversation's last message is a tool result: OpenAI `role: tool`, or an Anthropic user
 /// message whose content ends with a `tool_result` block.
 fn ends_with_tool_result(body: &Value) -> bool {
@@ -316,6 +315,7 @@ fn ends_with_tool_result(body: &Value) -> bool {
             == Some("tool_result")
 }
 
+/// The text of the last message with role `user` (text parts joined by newlines).
 fn last_user_text(body: &Value) -> Option<String> {
     let messages = body.get("messages")?.as_array()?;
     let last = messages

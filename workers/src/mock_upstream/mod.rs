@@ -4,6 +4,10 @@
 //! # Routes
 //!
 //! * `POST /v1/chat/completions` — OpenAI Chat Completions (stream and non-stream).
+//! * `POST /v1/responses` — OpenAI Responses (stream: typed `event:`/`data:` events with
+//!   `sequence_number`, ending in `response.completed` or, when truncated by
+//!   `max_output_tokens`, `response.incomplete`; non-stream: the `response` object). Directives are
+//!   read from the last `user` input item; ids `resp_mock<uuid>`, items `msg_…`, `fc_…_<i>`.
 //! * `POST /v1/messages` — Anthropic Messages (stream and non-stream; `max_tokens` required,
 //!   `anthropic-version` is recorded but not required).
 //! * `POST /v1beta/models/{model}:streamGenerateContent` and `:generateContent` — Google Gemini
@@ -91,6 +95,7 @@ pub mod fixtures;
 mod gemini;
 mod handler;
 mod openai;
+mod responses;
 mod wire;
 
 #[cfg(test)]
