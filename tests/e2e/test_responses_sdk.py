@@ -276,3 +276,33 @@ def test_max_output_tokens_is_incomplete(gateway, model):
     assert events[-1].type == "response.incomplete"
     assert events[-1].response.incomplete_details.reason == "max_output_tokens"
     assert events[-1].response.output_text == "Hello from the Switchyard mock"
+
+
+def test_responses_upstream(gateway):
+    """`demo/oai-responses` is an `api: responses` target: the upstream itself gets `/v1/responses`
+    with the conversation as items and `store: false` (the state stays in Switchyard)."""
+    client = client_for(gateway.base_url)
+    model = "demo/oai-responses"
+    first = client.responses.create(model=model, input=PROMPT, instructions="Be nice.")
+    assert first.output_text == DEFAULT_TEXT
+    assert first.usage.input_tokens == prompt_words("Be nice.", PROMPT)
+    sent = gateway.mock.requests()[-1]
+    assert sent["path"] == "/v1/responses"
+    assert sent["body"]["store"] is False
+    assert sent["body"]["input"] == [{"role": "system", "content": "Be nice."}, {"role": "user", "content": PROMPT}]
+    events = list(client.responses.create(model=model, input="Next?", previous_response_id=first.id, stream=True))
+    assert events[-1].type == "response.completed"
+    assert events[-1].response.output_text == DEFAULT_TEXT
+    sent = gateway.mock.requests()[-1]["body"]
+    assert "previous_response_id" not in sent
+    assert sent["input"] == [{"role": "user", "content": PROMPT}, {"role": "assistant", "content": DEFAULT_TEXT},
+                             {"role": "user", "content": "Next?"}]
+    call = client.responses.create(model=model, input="Weather?\n#mock tool_calls=1", tools=[WEATHER_TOOL]).output[0]
+    assert call.type == "function_call" and call.call_id == "call_mock_0"
+    done = client.responses.create(model=model, tools=[WEATHER_TOOL], input=[
+        {"role": "user", "content": "Weather?\n#mock tool_calls=1"}, call.model_dump(exclude_none=True),
+        {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}])
+    assert done.output_text == DEFAULT_TEXT
+    assert gateway.mock.requests()[-1]["body"]["input"][1:] == [
+        {"type": "function_call", "call_id": "call_mock_0", "name": "get_weather", "arguments": call.arguments},
+        {"type": "function_call_output", "call_id": "call_mock_0", "output": "sunny"}]

@@ -74,6 +74,13 @@ pub async fn create(State(app): State<Arc<AppState>>, headers: HeaderMap, body: 
         },
     };
     let inbound = inbound(&parsed, &history);
+    if !history.is_empty() {
+        // The stored turns travel in the request too: they must fit one NATS message.
+        let stored = serde_json::to_vec(&history).map_or(0, |v| v.len());
+        if let Err(e) = route::check_size(&app, body.len() + stored) {
+            return e.into_response();
+        }
+    }
     let mut sent = history;
     sent.extend(parsed.input_messages.iter().cloned());
     let persist = parsed.store.then(|| {
