@@ -191,9 +191,10 @@ pub struct TargetConfig {
     /// requests"). `api_key` is not used by `bedrock` targets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub aws: Option<AwsTarget>,
-    /// Which API an `openai` / `openai_compatible` target is called through: `chat_completions`
-    /// (default, `{base_url}/chat/completions`) or `responses` (`{base_url}/responses`, OpenAI
-    /// API reference, "Responses"). Rejected on other providers.
+    /// Which API an `openai` / `openai_compatible` / `azure_openai` target is called through:
+    /// `chat_completions` (default) or `responses` (`{base_url}/responses`, OpenAI API
+    /// reference, "Responses"; Azure: `{base_url}/openai/v1/responses`). Rejected on other
+    /// providers.
     #[serde(default)]
     pub api: OpenAiApi,
     /// Disabled targets are never chosen.
@@ -513,13 +514,15 @@ impl GatewayConfig {
             if t.api == OpenAiApi::Responses
                 && !matches!(
                     t.provider,
-                    ProviderKind::Openai | ProviderKind::OpenaiCompatible
+                    ProviderKind::Openai
+                        | ProviderKind::OpenaiCompatible
+                        | ProviderKind::AzureOpenai
                 )
             {
                 return Err(err(
                     format!("targets[{i}].api"),
                     format!(
-                        "only openai and openai_compatible targets can use api: responses (this one is {})",
+                        "only openai, openai_compatible and azure_openai targets can use api: responses (this one is {})",
                         t.provider.as_str()
                     ),
                 ));
@@ -821,6 +824,23 @@ mod tests {
         c.models[0].targets.push("nope".into());
         let e = c.validate().unwrap_err();
         assert_eq!(e.field, "models[0].targets[1]");
+    }
+
+    #[test]
+    fn responses_api_only_on_openai_kinds() {
+        let mut c = base();
+        c.targets[0].api = OpenAiApi::Responses;
+        assert!(c.validate().is_ok());
+        c.targets[0].provider = ProviderKind::Anthropic;
+        assert_eq!(c.validate().unwrap_err().field, "targets[0].api");
+        let t: TargetConfig = serde_json::from_value(serde_json::json!({"id": "a",
+            "provider": "azure_openai", "base_url": "https://x", "upstream_model": "d",
+            "api": "responses"}))
+        .unwrap();
+        assert_eq!(t.api, OpenAiApi::Responses);
+        let bad = serde_json::json!({"id": "a", "provider": "openai", "base_url": "https://x",
+            "upstream_model": "d", "api": "assistants"});
+        assert!(serde_json::from_value::<TargetConfig>(bad).is_err());
     }
 
     #[test]

@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 use switchyard_workers::mock_upstream::DEFAULT_TEXT;
 
 const MODEL: &str = "demo/responses-api";
+const AZURE: &str = "demo/azure-responses";
 
 async fn gateway() -> Gateway {
     let mut config = test_config(json!({}));
@@ -17,9 +18,18 @@ async fn gateway() -> Gateway {
             "base_url": "builtin:mock", "upstream_model": "gpt-4.1-mini", "api": "responses"}))
         .unwrap(),
     );
+    config.targets.push(
+        serde_json::from_value(json!({"id": "azure-responses", "provider": "azure_openai",
+            "base_url": "builtin:mock", "upstream_model": "my-deployment", "api": "responses",
+            "api_key": "az-key-123"}))
+        .unwrap(),
+    );
     config
         .models
         .push(serde_json::from_value(json!({"id": MODEL, "targets": ["oai-responses"]})).unwrap());
+    config.models.push(
+        serde_json::from_value(json!({"id": AZURE, "targets": ["azure-responses"]})).unwrap(),
+    );
     config.validate().unwrap();
     start(Options {
         config,
@@ -249,5 +259,29 @@ async fn fc31_responses_path_rebuilds_output() {
         );
         assert_eq!(r["output"][0]["status"], "incomplete");
         assert_eq!(r["output"][0]["content"][0]["text"], "Hi! How");
+    }
+}
+
+/// Azure OpenAI's Responses surface: `/openai/v1/responses`, `api-key`, the deployment as `model`.
+#[tokio::test]
+async fn azure_target_through_the_responses_api() {
+    let gw = gateway().await;
+    for stream in [false, true] {
+        let body = chat(AZURE, "Say hello please", stream);
+        if stream {
+            let r = post_sse(&gw.base, &body).await;
+            assert_eq!(r.content(), DEFAULT_TEXT);
+        } else {
+            let (status, _, b) = post_json(&gw.base, &body).await;
+            assert_eq!(status, 200, "{b}");
+            assert_eq!(b["choices"][0]["message"]["content"], DEFAULT_TEXT);
+        }
+        let sent = gw.mock.requests().last().unwrap().clone();
+        assert_eq!(sent.path, "/v1/openai/v1/responses");
+        assert_eq!(sent.query, None);
+        assert_eq!(sent.header("api-key"), Some("az-key-123"));
+        assert_eq!(sent.header("authorization"), None);
+        assert_eq!(sent.body["model"], "my-deployment");
+        assert_eq!(sent.body["store"], false);
     }
 }

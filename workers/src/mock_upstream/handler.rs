@@ -79,6 +79,8 @@ pub(crate) fn router(state: MockState, shutdown: CancellationToken) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/messages", post(messages))
         .route("/v1/responses", post(responses_create))
+        .route("/openai/v1/responses", post(responses_create))
+        .route("/v1/openai/v1/responses", post(responses_create))
         .route("/v1beta/models/{target}", post(generate_content))
         .route("/v1/models/{target}", post(generate_content))
         .route(

@@ -8,6 +8,7 @@
 //!   `sequence_number`, ending in `response.completed` or, when truncated by
 //!   `max_output_tokens`, `response.incomplete`; non-stream: the `response` object). Directives are
 //!   read from the last `user` input item; ids `resp_mock<uuid>`, items `msg_…`, `fc_…_<i>`.
+//!   Also served as Azure's `/openai/v1/responses` (and `/v1/openai/v1/responses`).
 //! * `POST /v1/messages` — Anthropic Messages (stream and non-stream; `max_tokens` required,
 //!   `anthropic-version` is recorded but not required).
 //! * `POST /v1beta/models/{model}:streamGenerateContent` and `:generateContent` — Google Gemini

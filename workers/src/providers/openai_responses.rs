@@ -1,5 +1,6 @@
-//! OpenAI targets with `api: responses`: the normalised request is sent to
-//! `{base_url}/responses` (OpenAI API reference, "Create a model response") and the answer —
+//! Targets with `api: responses`: the normalised request is sent to `{base_url}/responses`
+//! (OpenAI API reference, "Create a model response"; Azure OpenAI: `{base_url}/openai/v1/responses`
+//! with the deployment as `model`, Azure OpenAI "Responses API" guide) and the answer —
 //! typed SSE events ("Streaming events") or one `response` object — read back into frames.
 //!
 //! Request mapping: system/developer/user messages → `message` input items (`input_text`,
@@ -32,15 +33,34 @@ use switchyard_schemas::config::TargetConfig;
 use switchyard_schemas::request::{Content, ContentPart, Role};
 use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, FinishReason, FrameBody, Usage};
 
-/// Starts a Responses call for `req` (see the module docs).
+/// Starts a Responses call for `req` on an OpenAI (or compatible) target:
+/// `{base_url}/responses` with bearer auth.
 pub fn stream_chat(
     http: &reqwest::Client,
     target: &TargetConfig,
     base_url: &str,
     req: &ChatRequest,
 ) -> BoxFuture<'static, Result<EventStream, ErrorInfo>> {
-    let body = build_object(&target.upstream_model, req);
     let url = format!("{}/responses", base_url.trim_end_matches('/'));
+    let auth = (!target.api_key.is_empty()).then(|| {
+        (
+            "authorization",
+            format!("Bearer {}", target.api_key.expose()),
+        )
+    });
+    call(http, url, auth, &target.upstream_model, req)
+}
+
+/// Starts a Responses call for `req` at `url` with the auth header `auth` (name, value); the body
+/// names `model` (for Azure: the deployment).
+pub fn call(
+    http: &reqwest::Client,
+    url: String,
+    auth: Option<(&'static str, String)>,
+    model: &str,
+    req: &ChatRequest,
+) -> BoxFuture<'static, Result<EventStream, ErrorInfo>> {
+    let body = build_object(model, req);
     let accept = if req.stream {
         "text/event-stream"
     } else {
@@ -52,10 +72,15 @@ pub fn stream_chat(
         .header("accept", accept)
         .header("idempotency-key", req.id.to_string())
         .body(serde_json::to_vec(&Value::Object(body)).unwrap_or_default());
-    if !target.api_key.is_empty() {
-        rb = rb.bearer_auth(target.api_key.expose());
-    }
+    let auth = auth.map(|(name, value)| (name, reqwest::header::HeaderValue::from_str(&value)));
     async move {
+        if let Some((name, value)) = auth {
+            let mut value = value.map_err(|_| {
+                ErrorInfo::new(ErrorClass::Auth, "api_key is not a valid header value")
+            })?;
+            value.set_sensitive(true);
+            rb = rb.header(name, value);
+        }
         let resp = send_checked(rb).await?;
         Ok(if is_json_answer(&resp) {
             translate_json(resp, parse_response)
