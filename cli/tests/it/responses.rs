@@ -487,3 +487,28 @@ async fn hosted_tools_and_unknown_parameters_are_named() {
     assert_eq!(b["service_tier"], "default");
     assert_eq!(b["store"], true);
 }
+
+/// Codex-style `namespace` tools: flattened upstream, each call marked with its namespace.
+#[tokio::test]
+async fn namespace_tool_calls_carry_their_namespace() {
+    let gw = start(Options::default()).await;
+    let body = json!({"model": "demo/mock", "input": "Go\n#mock tool_calls=2",
+        "tools": [{"type": "function", "name": "exec_command", "parameters": {"type": "object"}},
+            {"type": "namespace", "name": "multi_agent_v1", "description": "Sub-agents",
+                "tools": [{"type": "function", "name": "close_agent", "parameters": {"type": "object"}}]}]});
+    let (status, _, r) = create(&gw.base, "sk-x", &body).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["output"][0]["name"], "exec_command");
+    assert_eq!(r["output"][0].get("namespace"), None);
+    assert_eq!(r["output"][1]["name"], "close_agent");
+    assert_eq!(r["output"][1]["namespace"], "multi_agent_v1");
+    let sent = gw.mock.requests().last().unwrap().body.clone();
+    let names: Vec<&str> = sent["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["exec_command", "close_agent"]);
+    assert_eq!(r["tools"][1]["type"], "namespace");
+}

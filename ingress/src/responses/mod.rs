@@ -37,6 +37,7 @@ use request::ParsedResponses;
 use response::{Answer, Ident};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
+use std::collections::HashMap;
 use std::sync::Arc;
 use store::{ResponseStore, StoreError, StoredResponse};
 use stream::{Finish, ResponsesStream};
@@ -93,6 +94,7 @@ pub async fn create(State(app): State<Arc<AppState>>, headers: HeaderMap, body: 
     });
     let door = Responses {
         echo: Arc::new(parsed.echo),
+        namespaces: Arc::new(parsed.namespaces),
         persist,
     };
     front_door::serve_inbound(door, app, &headers, inbound).await
@@ -113,17 +115,21 @@ fn inbound(p: &ParsedResponses, history: &[Message]) -> Inbound {
 /// The Responses protocol for one request: the parameters to echo and the store step.
 pub struct Responses {
     echo: Arc<Map<String, Value>>,
+    namespaces: Arc<HashMap<String, String>>,
     persist: Option<Arc<dyn Finish>>,
 }
 
-/// The identity of the response answering `m`.
-pub fn ident(m: &ReplyMeta) -> Ident {
-    let hex = m.request_id.simple().to_string();
-    Ident {
-        id: format!("resp_{hex}"),
-        hex,
-        created_at: now_ms() / 1000,
-        model: m.model.clone(),
+impl Responses {
+    /// The identity of the response answering `m`.
+    fn ident(&self, m: &ReplyMeta) -> Ident {
+        let hex = m.request_id.simple().to_string();
+        Ident {
+            id: format!("resp_{hex}"),
+            hex,
+            created_at: now_ms() / 1000,
+            model: m.model.clone(),
+            namespaces: self.namespaces.clone(),
+        }
     }
 }
 
@@ -138,11 +144,11 @@ impl FrontDoor for Responses {
     }
 
     fn stream(&self, m: &ReplyMeta) -> ResponsesStream {
-        ResponsesStream::new(ident(m), self.echo.clone(), self.persist.clone())
+        ResponsesStream::new(self.ident(m), self.echo.clone(), self.persist.clone())
     }
 
     fn aggregate(&self, m: &ReplyMeta, agg: &Aggregate) -> Result<Value, ApiError> {
-        let id = ident(m);
+        let id = self.ident(m);
         let answer = Answer::from(agg);
         let output = response::output(&id, &answer);
         Ok(response::object(&id, &self.echo, &answer, output))

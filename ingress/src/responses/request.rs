@@ -13,6 +13,7 @@
 //! | `function_call_output` item | a `tool` message |
 //! | `reasoning` item | dropped: no provider-neutral way to replay it (listed in `input_items`) |
 //! | `tools` (`{"type":"function","name",…}`) | function tools; hosted tools → 400 naming the type |
+//! | `namespace` tool (a named group of function tools, Codex CLI) | its function tools, flattened; calls come back with `namespace` |
 //! | `tool_choice` `{"type":"function","name"}` | `{"type":"function","function":{"name"}}` |
 //! | `max_output_tokens` | `max_tokens` |
 //! | `text.format` `json_schema` / `json_object` / `text` | `response_format` `json_schema` / `json_object` / none |
@@ -20,12 +21,13 @@
 //!
 //! Accepted and echoed but not sent upstream: `reasoning` (effort/summary), `metadata`, `store`,
 //! `truncation`, `include`, `service_tier`, `prompt_cache_key`, `max_tool_calls`, `text.verbosity`,
-//! `stream_options`. Rejected with a 400 naming the parameter: `background: true`,
+//! `stream_options`, `client_metadata`. Rejected with a 400 naming the parameter: `background: true`,
 //! `conversation`, `prompt`, `input_file` parts, `item_reference` and hosted-tool items.
 
 use crate::error::ApiError;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
+use std::collections::HashMap;
 use switchyard_schemas::request::{
     Content, ContentPart, FunctionCall, FunctionDef, ImageUrl, Message, Role, SamplingParams, Tool,
     ToolCall,
@@ -61,6 +63,9 @@ struct ResponsesBody {
     max_tool_calls: Option<u32>,
     background: Option<bool>,
     top_logprobs: Option<u32>,
+    /// Accepted and ignored (Codex CLI sends its session ids here).
+    #[allow(dead_code)]
+    client_metadata: Option<Value>,
     #[serde(flatten)]
     extra: Map<String, Value>,
 }
@@ -120,6 +125,8 @@ pub struct ParsedResponses {
     pub previous_response_id: Option<String>,
     /// The request parameters a `response` object echoes (`tools`, `tool_choice`, `text`, …).
     pub echo: Map<String, Value>,
+    /// Function name → its `namespace` tool, for tools sent inside one.
+    pub namespaces: HashMap<String, String>,
 }
 
 impl ParsedResponses {
@@ -204,11 +211,32 @@ pub fn parse(body: &[u8], item_prefix: &str) -> Result<ParsedResponses, ApiError
         }
     };
     let raw_tools = b.tools.unwrap_or_default();
-    let tools = raw_tools
-        .iter()
-        .enumerate()
-        .map(|(i, t)| tool(i, t))
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut tools = Vec::with_capacity(raw_tools.len());
+    let mut echo_tools = Vec::with_capacity(raw_tools.len());
+    let mut namespaces = HashMap::new();
+    for (i, t) in raw_tools.iter().enumerate() {
+        if t.get("type").and_then(Value::as_str) == Some("namespace") {
+            // A group of function tools (Codex sends them): flattened, each call marked with
+            // its `namespace` on the way out.
+            let ns = str_field(t, "name", &format!("tools[{i}]"))?.to_owned();
+            let inner = t
+                .get("tools")
+                .and_then(Value::as_array)
+                .map_or(&[][..], Vec::as_slice);
+            for (j, f) in inner.iter().enumerate() {
+                let f = tool(&format!("tools[{i}].tools[{j}]"), f)?;
+                namespaces.insert(f.function.name.clone(), ns.clone());
+                tools.push(f);
+            }
+            echo_tools.push(t.clone());
+            continue;
+        }
+        let f = tool(&format!("tools[{i}]"), t)?;
+        echo_tools.push(json!({"type": "function", "name": f.function.name,
+            "description": f.function.description, "parameters": f.function.parameters,
+            "strict": f.function.strict.unwrap_or(true)}));
+        tools.push(f);
+    }
     let tool_choice = b.tool_choice.as_ref().map(tool_choice).transpose()?;
     let (response_format, format_echo) =
         text_format(b.text.as_ref().and_then(|t| t.format.as_ref()))?;
@@ -216,14 +244,6 @@ pub fn parse(body: &[u8], item_prefix: &str) -> Result<ParsedResponses, ApiError
     let store = b.store.unwrap_or(true);
     let user = b.user.clone().or_else(|| b.safety_identifier.clone());
 
-    let echo_tools: Vec<Value> = tools
-        .iter()
-        .map(|t| {
-            json!({"type": "function", "name": t.function.name,
-                "description": t.function.description, "parameters": t.function.parameters,
-                "strict": t.function.strict.unwrap_or(true)})
-        })
-        .collect();
     let reasoning = b
         .reasoning
         .clone()
@@ -296,6 +316,7 @@ pub fn parse(body: &[u8], item_prefix: &str) -> Result<ParsedResponses, ApiError
         store,
         previous_response_id: b.previous_response_id,
         echo,
+        namespaces,
     })
 }
 
@@ -564,8 +585,7 @@ fn message_item(item: &Value, path: &str, ids: &mut IdGen) -> Result<(Message, V
     ))
 }
 
-fn tool(i: usize, t: &Value) -> Result<Tool, ApiError> {
-    let path = format!("tools[{i}]");
+fn tool(path: &str, t: &Value) -> Result<Tool, ApiError> {
     let kind = t.get("type").and_then(Value::as_str).unwrap_or_default();
     if kind != "function" {
         let base = HOSTED_TOOLS
@@ -581,7 +601,7 @@ fn tool(i: usize, t: &Value) -> Result<Tool, ApiError> {
         };
         return Err(ApiError::invalid(msg, Some(format!("{path}.type"))));
     }
-    let name = str_field(t, "name", &path)?.to_owned();
+    let name = str_field(t, "name", path)?.to_owned();
     Ok(Tool {
         kind: "function".into(),
         function: FunctionDef {
@@ -722,6 +742,31 @@ mod tests {
         assert_eq!(p.tools[0].function.strict, Some(false));
         assert_eq!(p.echo["tools"][0]["strict"], json!(false));
         assert!(p.store && !p.stream);
+    }
+
+    #[test]
+    fn namespace_tools_are_flattened_and_codex_fields_accepted() {
+        let p = parse_json(
+            json!({"model": "m", "input": "x", "client_metadata": {"turn_id": "t"},
+            "include": ["reasoning.encrypted_content"], "store": false,
+            "tools": [{"type": "function", "name": "exec_command", "parameters": {}},
+                {"type": "namespace", "name": "multi_agent_v1", "description": "d",
+                    "tools": [{"type": "function", "name": "close_agent", "strict": false}]}]}),
+        )
+        .unwrap();
+        let names: Vec<&str> = p.tools.iter().map(|t| t.function.name.as_str()).collect();
+        assert_eq!(names, ["exec_command", "close_agent"]);
+        assert_eq!(
+            p.namespaces.get("close_agent").map(String::as_str),
+            Some("multi_agent_v1")
+        );
+        assert_eq!(p.echo["tools"][1]["type"], "namespace");
+        let e = parse_json(
+            json!({"model": "m", "input": "x", "tools": [{"type": "namespace",
+            "name": "n", "tools": [{"type": "web_search"}]}]}),
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("tools[0].tools[0].type"));
     }
 
     #[test]

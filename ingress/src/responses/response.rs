@@ -24,6 +24,8 @@ pub struct Ident {
     pub created_at: u64,
     /// The `model` the client sent.
     pub model: String,
+    /// Function name → `namespace` of the tool group it was sent in.
+    pub namespaces: std::sync::Arc<std::collections::HashMap<String, String>>,
 }
 
 impl Ident {
@@ -103,8 +105,12 @@ pub fn message_item(ident: &Ident, text: Option<&str>, status: &str) -> Value {
 
 /// A `function_call` output item.
 pub fn call_item(ident: &Ident, index: usize, call: &ToolCallAcc, status: &str) -> Value {
-    json!({"id": ident.call_id(index), "type": "function_call", "status": status,
-        "arguments": call.arguments, "call_id": call.id, "name": call.name})
+    let mut item = json!({"id": ident.call_id(index), "type": "function_call", "status": status,
+        "arguments": call.arguments, "call_id": call.id, "name": call.name});
+    if let Some(ns) = ident.namespaces.get(&call.name) {
+        item["namespace"] = json!(ns);
+    }
+    item
 }
 
 /// Whether the answer has a message item: text, or nothing at all to show.

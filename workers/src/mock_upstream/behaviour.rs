@@ -41,6 +41,9 @@ pub(crate) struct Behaviour {
     pub(crate) compact: bool,
     pub(crate) crlf: bool,
     pub(crate) tool_calls: usize,
+    /// `tool_args=<urlencoded JSON>`: the arguments of every generated tool call (default
+    /// `{"city": <a city>}`).
+    pub(crate) tool_args: Option<String>,
     pub(crate) prompt_tokens: Option<u64>,
     pub(crate) completion_tokens: Option<u64>,
     pub(crate) cached_tokens: Option<u64>,
@@ -125,6 +128,7 @@ impl Behaviour {
                 "compact" => b.compact = flag(key, v)?,
                 "crlf" => b.crlf = flag(key, v)?,
                 "tool_calls" => b.tool_calls = num(key, v)?,
+                "tool_args" => b.tool_args = Some(percent_decode(v)?),
                 "prompt_tokens" => b.prompt_tokens = Some(num(key, v)?),
                 "completion_tokens" => b.completion_tokens = Some(num(key, v)?),
                 "cached_tokens" => b.cached_tokens = Some(num(key, v)?),
@@ -227,7 +231,9 @@ pub(crate) fn generate(b: &Behaviour, info: &RequestInfo) -> Generation {
                 } else {
                     info.tool_names[i % info.tool_names.len()].clone()
                 };
-                let arguments = serde_json::json!({ "city": CITIES[i % CITIES.len()] }).to_string();
+                let arguments = b.tool_args.clone().unwrap_or_else(|| {
+                    serde_json::json!({ "city": CITIES[i % CITIES.len()] }).to_string()
+                });
                 let pieces = split_even(&arguments, b.chunks.unwrap_or(2).max(2));
                 ToolCall {
                     name,

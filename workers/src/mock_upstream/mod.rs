@@ -60,6 +60,7 @@
 //! | `compact=1` | `data:{...}` / `event:x` without the space after the colon |
 //! | `crlf=1` | `\r\n` line endings |
 //! | `tool_calls=N` | N parallel tool calls instead of text (names cycle through the request's `tools`, default `get_weather`); as a directive, ignored when the last message is a tool result |
+//! | `tool_args=<urlencoded JSON>` | the arguments of every generated tool call (default `{"city": …}`) |
 //! | `prompt_tokens=N`, `completion_tokens=N`, `cached_tokens=N` | override usage |
 //! | `id=<urlencoded>` | exact response id (for byte-identical comparisons) |
 //! | `created=N` | OpenAI `created` timestamp |
