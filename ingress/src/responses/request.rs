@@ -21,7 +21,8 @@
 //!
 //! Accepted and echoed but not sent upstream: `reasoning` (effort/summary), `metadata`, `store`,
 //! `truncation`, `include`, `service_tier`, `prompt_cache_key`, `max_tool_calls`, `text.verbosity`,
-//! `stream_options`, `client_metadata`. Rejected with a 400 naming the parameter: `background: true`,
+//! `stream_options`, `client_metadata`, `prompt_cache_retention`, `top_logprobs` (no logprobs are
+//! returned). Rejected with a 400 naming the parameter: `background: true`,
 //! `conversation`, `prompt`, `input_file` parts, `item_reference` and hosted-tool items.
 
 use crate::error::ApiError;
@@ -66,6 +67,9 @@ struct ResponsesBody {
     /// Accepted and ignored (Codex CLI sends its session ids here).
     #[allow(dead_code)]
     client_metadata: Option<Value>,
+    /// Accepted and ignored: prompt caching is the upstream's own business.
+    #[allow(dead_code)]
+    prompt_cache_retention: Option<String>,
     #[serde(flatten)]
     extra: Map<String, Value>,
 }
@@ -77,7 +81,7 @@ struct TextConfig {
 }
 
 /// Parameters OpenAI defines that Switchyard does not serve: a clear 400, not a silent drop.
-const UNSUPPORTED: &[&str] = &["conversation", "prompt", "prompt_cache_retention"];
+const UNSUPPORTED: &[&str] = &["conversation", "prompt"];
 
 /// Hosted (OpenAI-side) tool types: only OpenAI can run them.
 const HOSTED_TOOLS: &[&str] = &[
