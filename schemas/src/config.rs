@@ -84,7 +84,7 @@ pub struct GatewayConfig {
 }
 
 /// The stored responses of `POST /v1/responses` (JetStream KV bucket `SY_RESPONSES`), read at
-/// ingress start: the bucket's age limit is set when it is created.
+/// ingress start: the bucket's age limit (`max_age`) is set to `ttl_s` then, also on an existing bucket.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ResponsesConfig {

@@ -512,3 +512,31 @@ async fn namespace_tool_calls_carry_their_namespace() {
     assert_eq!(names, ["exec_command", "close_agent"]);
     assert_eq!(r["tools"][1]["type"], "namespace");
 }
+
+/// `responses.ttl_s` is the bucket's age limit, also when the bucket already existed.
+#[tokio::test]
+async fn ttl_is_the_buckets_max_age() {
+    let mut config = test_config(json!({"responses": {"ttl_s": 3600}}));
+    config.validate().unwrap();
+    let gw = start(Options {
+        config,
+        ..Options::default()
+    })
+    .await;
+    let js = async_nats::jetstream::new(async_nats::connect(gw.nats.url()).await.unwrap());
+    let max_age = |js: async_nats::jetstream::Context| async move {
+        let s = js.get_stream("KV_SY_RESPONSES").await.unwrap();
+        s.cached_info().config.max_age
+    };
+    assert_eq!(
+        max_age(js.clone()).await,
+        std::time::Duration::from_secs(3600)
+    );
+    // A second ingress with another TTL updates the existing bucket.
+    let mut c = gw.config.get().as_ref().clone();
+    c.responses.ttl_s = 7200;
+    assert!(gw.config.set(gw.config.version() + 1, c));
+    let (_, state) = spawn_ingress(&gw).await;
+    assert!(state.responses.is_available());
+    assert_eq!(max_age(js).await, std::time::Duration::from_secs(7200));
+}

@@ -1,6 +1,6 @@
 //! Stored responses: JetStream KV bucket [`RESPONSES_BUCKET`], one entry per response id, shared
 //! by every ingress replica and kept across restarts (file storage), expiring after
-//! `responses.ttl_s` (the bucket's `max_age`, set when the bucket is created).
+//! `responses.ttl_s` (the bucket's `max_age`, set at ingress start).
 //!
 //! An entry is [`StoredResponse`] as JSON: the owning tenant (reads by another tenant answer 404),
 //! the final `response` object, this request's input items (for `GET …/input_items`) and the
@@ -58,7 +58,10 @@ impl ResponseStore {
     /// logged) and reads answer 404.
     pub async fn connect(js: &jetstream::Context, ttl_s: u64) -> Self {
         let kv = match js.get_key_value(RESPONSES_BUCKET).await {
-            Ok(kv) => Some(kv),
+            Ok(kv) => {
+                apply_ttl(js, ttl_s).await;
+                Some(kv)
+            }
             Err(_) => {
                 let created = js
                     .create_key_value(kv::Config {
@@ -83,6 +86,11 @@ impl ResponseStore {
             }
         };
         Self { kv }
+    }
+
+    /// Whether the bucket could be opened.
+    pub fn is_available(&self) -> bool {
+        self.kv.is_some()
     }
 
     fn kv(&self) -> Result<&kv::Store, StoreError> {
@@ -137,6 +145,25 @@ impl ResponseStore {
             Ok(Err(e)) => Err(StoreError::Kv(e.to_string())),
             Err(_) => Err(StoreError::Kv("timed out".into())),
         }
+    }
+}
+
+/// Sets an existing bucket's `max_age` to `ttl_s` when the config changed it (the bucket keeps
+/// the age limit it was created with otherwise). A failure is logged: the old TTL stays.
+async fn apply_ttl(js: &jetstream::Context, ttl_s: u64) {
+    let want = Duration::from_secs(ttl_s.max(1));
+    let stream = format!("KV_{RESPONSES_BUCKET}");
+    let Ok(s) = js.get_stream(&stream).await else {
+        return;
+    };
+    let mut config = s.cached_info().config.clone();
+    if config.max_age == want {
+        return;
+    }
+    config.max_age = want;
+    match js.update_stream(&config).await {
+        Ok(_) => tracing::info!(ttl_s, "stored responses: bucket TTL updated"),
+        Err(e) => tracing::warn!(error = %e, ttl_s, "stored responses: bucket TTL not updated"),
     }
 }
 
