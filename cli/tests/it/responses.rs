@@ -516,7 +516,7 @@ async fn namespace_tool_calls_carry_their_namespace() {
 /// `responses.ttl_s` is the bucket's age limit, also when the bucket already existed.
 #[tokio::test]
 async fn ttl_is_the_buckets_max_age() {
-    let mut config = test_config(json!({"responses": {"ttl_s": 3600}}));
+    let config = test_config(json!({"responses": {"ttl_s": 3600}}));
     config.validate().unwrap();
     let gw = start(Options {
         config,
