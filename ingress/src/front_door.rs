@@ -8,7 +8,9 @@
 //!
 //! A protocol is one [`FrontDoor`] implementation: its parser, its stream encoder, its
 //! aggregate shape and its error shape. The OpenAI Chat Completions door is [`crate::chat`], the
-//! Anthropic Messages door [`crate::anthropic`].
+//! Anthropic Messages door [`crate::anthropic`], the OpenAI Responses door [`crate::responses`]
+//! (which parses itself, since `previous_response_id` needs a store read, and enters at
+//! [`serve_inbound`]).
 
 use crate::AppState;
 use crate::cache_client::{self, Capture};
@@ -18,6 +20,7 @@ use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
+use futures::future::BoxFuture;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use switchyard_schemas::FrameBody;
@@ -41,6 +44,12 @@ pub trait StreamEncode: Send + 'static {
     fn start(&mut self, out: &mut VecDeque<Bytes>);
     /// The events of one frame (nothing for frames the protocol does not show).
     fn frame(&mut self, frame: FrameBody, out: &mut VecDeque<Bytes>);
+    /// Work awaited after the terminal frame's events were made and before they are sent (the
+    /// Responses door stores the response here, so a follow-up sees it once the client has the
+    /// final event). Default: nothing.
+    fn finish(&mut self) -> Option<BoxFuture<'static, ()>> {
+        None
+    }
 }
 
 /// One wire protocol of the gateway.
@@ -57,6 +66,11 @@ pub trait FrontDoor: Send + Sync + 'static {
     fn error(&self, e: ApiError) -> Response;
     /// Headers this protocol adds to every answer (beyond `x-request-id` and `x-switchyard-*`).
     fn headers(&self, _meta: &ReplyMeta, _resp: &mut Response) {}
+    /// Work awaited after a complete answer's body was made and before it is returned (see
+    /// [`StreamEncode::finish`]). Default: nothing.
+    fn finish(&self, _body: &serde_json::Value) -> Option<BoxFuture<'static, ()>> {
+        None
+    }
 }
 
 /// Serves one request through `door`.
@@ -66,7 +80,21 @@ pub async fn serve<D: FrontDoor>(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Response {
-    match pipeline(&door, app, headers, body).await {
+    let parsed = route::check_size(&app, body.len()).and_then(|()| door.parse(body));
+    match parsed {
+        Ok(inbound) => serve_inbound(door, app, headers, inbound).await,
+        Err(e) => door.error(e),
+    }
+}
+
+/// Serves one request `door` has already parsed (and size-checked with [`route::check_size`]).
+pub async fn serve_inbound<D: FrontDoor>(
+    door: D,
+    app: Arc<AppState>,
+    headers: &HeaderMap,
+    inbound: Inbound,
+) -> Response {
+    match pipeline(&door, app, headers, inbound).await {
         Ok(r) => r,
         Err(e) => door.error(e),
     }
@@ -76,11 +104,8 @@ async fn pipeline<D: FrontDoor>(
     door: &D,
     app: Arc<AppState>,
     headers: &HeaderMap,
-    body: &[u8],
+    inbound: Inbound,
 ) -> Result<Response, ApiError> {
-    // Parse.
-    route::check_size(&app, body.len())?;
-    let inbound = door.parse(body)?;
     let (stream, model, include_usage) =
         (inbound.stream, inbound.model.clone(), inbound.include_usage);
 
@@ -99,12 +124,20 @@ async fn pipeline<D: FrontDoor>(
             for f in cache_client::replay_frames(answer) {
                 encoder.frame(f, &mut out);
             }
+            if let Some(work) = encoder.finish() {
+                work.await;
+            }
             sse_response(Body::from_stream(futures::stream::iter(
                 out.into_iter().map(Ok::<Bytes, std::convert::Infallible>),
             )))
         } else {
             match door.aggregate(&meta, &cache_client::aggregate(answer)) {
-                Ok(v) => axum::Json(v).into_response(),
+                Ok(v) => {
+                    if let Some(work) = door.finish(&v) {
+                        work.await;
+                    }
+                    axum::Json(v).into_response()
+                }
                 Err(e) => door.error(e),
             }
         };
@@ -135,6 +168,9 @@ async fn pipeline<D: FrontDoor>(
                 Ok(v) => {
                     if let Some(c) = capture {
                         c.aggregate(&agg);
+                    }
+                    if let Some(work) = door.finish(&v) {
+                        work.await;
                     }
                     axum::Json(v).into_response()
                 }
@@ -176,7 +212,11 @@ fn relay<E: StreamEncode>(encoder: E, feed: FrameFeed, capture: Option<Capture>)
             if let Some(c) = s.capture.as_mut() {
                 c.frame(&frame);
             }
+            let terminal = frame.is_terminal();
             s.encoder.frame(frame, &mut s.out);
+            if terminal && let Some(work) = s.encoder.finish() {
+                work.await;
+            }
         }
     });
     sse_response(Body::from_stream(body))

@@ -2,7 +2,8 @@
 //! requests on NATS, and turns the worker's frame stream back into the client's wire format.
 //!
 //! Routes: `POST /v1/chat/completions` (OpenAI, stream and non-stream), `POST /v1/messages`
-//! (Anthropic Messages, stream and non-stream), `POST /v1/embeddings`, `GET /v1/models`,
+//! (Anthropic Messages, stream and non-stream), `POST /v1/responses` and the stored-response
+//! routes under `/v1/responses/{id}` (OpenAI Responses, see [`responses`]), `POST /v1/embeddings`, `GET /v1/models`,
 //! `GET /v1/usage` (ledger queries, see [`usage_api`]), `GET /healthz`, `GET /metrics`
 //! (Prometheus text, see [`metrics`]). API keys and budgets: [`auth`], [`budget`].
 //!
@@ -23,6 +24,7 @@ pub mod front_door;
 pub mod health;
 pub mod metrics;
 pub mod openai;
+pub mod responses;
 pub mod route;
 pub mod server;
 pub mod strategy;
@@ -76,6 +78,8 @@ pub struct AppState {
     /// Batch jobs' files, records and queues (`None` when JetStream could not open them: the
     /// batch routes answer 503).
     pub batches: Option<Arc<batch::store::BatchStore>>,
+    /// Stored responses of `POST /v1/responses` (KV bucket `SY_RESPONSES`).
+    pub responses: responses::store::ResponseStore,
 }
 
 impl AppState {
@@ -127,6 +131,8 @@ pub async fn state(
             None
         }
     };
+    let responses =
+        responses::store::ResponseStore::connect(&js, config.get().responses.ttl_s).await;
     // Loading the tokenizer takes a moment: do it now, off the request path.
     tokio::task::spawn_blocking(trim::warm_up);
     Ok(Arc::new(AppState {
@@ -146,6 +152,7 @@ pub async fn state(
         probe_per_mille: std::sync::atomic::AtomicU32::new((strategy::PROBE_SHARE * 1000.0) as u32),
         tasks: tokio_util::task::TaskTracker::new(),
         batches,
+        responses,
     }))
 }
 
@@ -154,6 +161,15 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/responses", post(responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::retrieve).delete(responses::delete),
+        )
+        .route(
+            "/v1/responses/{id}/input_items",
+            get(responses::input_items),
+        )
         .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/v1/models", get(models))
         .route("/v1/usage", get(usage))
@@ -261,7 +277,7 @@ async fn not_found() -> Response {
     let e = error::ApiError {
         status: StatusCode::NOT_FOUND,
         message:
-            "Unknown route. Switchyard serves /v1/chat/completions, /v1/messages and /v1/models."
+            "Unknown route. Switchyard serves /v1/chat/completions, /v1/messages, /v1/responses and /v1/models."
                 .into(),
         kind: "invalid_request_error",
         param: None,

@@ -81,6 +81,9 @@ pub struct GatewayConfig {
     /// Batch jobs (OpenAI Batch API, Anthropic Message Batches): how each ingress runs items.
     #[serde(default)]
     pub batch: BatchConfig,
+    /// Stored responses of the OpenAI Responses front door (`store`, `previous_response_id`).
+    #[serde(default)]
+    pub responses: ResponsesConfig,
 }
 
 /// How batch items share an ingress with live traffic.
@@ -103,6 +106,24 @@ impl Default for BatchConfig {
             run: true,
             max_in_flight: 16,
             yield_above: 64,
+        }
+    }
+}
+
+/// The stored responses of `POST /v1/responses` (JetStream KV bucket `SY_RESPONSES`), read at
+/// ingress start: the bucket's age limit (`max_age`) is set to `ttl_s` then, also on an existing bucket.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ResponsesConfig {
+    /// How long a stored response (and its input items) stays retrievable and continuable,
+    /// seconds. Default 2,592,000 (30 days, as OpenAI keeps stored responses).
+    pub ttl_s: u64,
+}
+
+impl Default for ResponsesConfig {
+    fn default() -> Self {
+        Self {
+            ttl_s: 30 * 24 * 3600,
         }
     }
 }
@@ -197,6 +218,12 @@ pub struct TargetConfig {
     /// requests"). `api_key` is not used by `bedrock` targets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub aws: Option<AwsTarget>,
+    /// Which API an `openai` / `openai_compatible` / `azure_openai` target is called through:
+    /// `chat_completions` (default) or `responses` (`{base_url}/responses`, OpenAI API
+    /// reference, "Responses"; Azure: `{base_url}/openai/v1/responses`). Rejected on other
+    /// providers.
+    #[serde(default)]
+    pub api: OpenAiApi,
     /// Disabled targets are never chosen.
     #[serde(default = "yes")]
     pub enabled: bool,
@@ -224,6 +251,17 @@ pub struct TargetConfig {
     /// Active health probe; `None` = passive health only.
     #[serde(default)]
     pub probe: Option<Probe>,
+}
+
+/// The OpenAI API a target speaks (see [`TargetConfig::api`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OpenAiApi {
+    /// `POST {base_url}/chat/completions`.
+    #[default]
+    ChatCompletions,
+    /// `POST {base_url}/responses`, with `store: false` (Switchyard keeps the conversation).
+    Responses,
 }
 
 /// Region and credentials for SigV4-signed AWS targets (`bedrock`). The secrets support
@@ -500,6 +538,22 @@ impl GatewayConfig {
                     ));
                 }
             }
+            if t.api == OpenAiApi::Responses
+                && !matches!(
+                    t.provider,
+                    ProviderKind::Openai
+                        | ProviderKind::OpenaiCompatible
+                        | ProviderKind::AzureOpenai
+                )
+            {
+                return Err(err(
+                    format!("targets[{i}].api"),
+                    format!(
+                        "only openai, openai_compatible and azure_openai targets can use api: responses (this one is {})",
+                        t.provider.as_str()
+                    ),
+                ));
+            }
             validate_aws(i, t)?;
         }
         let mut model_ids = HashSet::new();
@@ -605,6 +659,9 @@ impl GatewayConfig {
         }
         if t.stall_ms == 0 {
             return Err(err("timeouts.stall_ms", "must be > 0"));
+        }
+        if self.responses.ttl_s == 0 {
+            return Err(err("responses.ttl_s", "must be > 0"));
         }
         self.server.validate()
     }
@@ -794,6 +851,23 @@ mod tests {
         c.models[0].targets.push("nope".into());
         let e = c.validate().unwrap_err();
         assert_eq!(e.field, "models[0].targets[1]");
+    }
+
+    #[test]
+    fn responses_api_only_on_openai_kinds() {
+        let mut c = base();
+        c.targets[0].api = OpenAiApi::Responses;
+        assert!(c.validate().is_ok());
+        c.targets[0].provider = ProviderKind::Anthropic;
+        assert_eq!(c.validate().unwrap_err().field, "targets[0].api");
+        let t: TargetConfig = serde_json::from_value(serde_json::json!({"id": "a",
+            "provider": "azure_openai", "base_url": "https://x", "upstream_model": "d",
+            "api": "responses"}))
+        .unwrap();
+        assert_eq!(t.api, OpenAiApi::Responses);
+        let bad = serde_json::json!({"id": "a", "provider": "openai", "base_url": "https://x",
+            "upstream_model": "d", "api": "assistants"});
+        assert!(serde_json::from_value::<TargetConfig>(bad).is_err());
     }
 
     #[test]

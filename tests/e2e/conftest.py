@@ -309,12 +309,20 @@ targets:
     provider: anthropic
     base_url: builtin:mock
     upstream_model: claude-test
+  - id: oai-responses
+    provider: openai
+    base_url: builtin:mock
+    upstream_model: gpt-4.1-mini
+    api: responses
 models:
   - id: {MODEL}
     targets: [mock]
     owned_by: switchyard
   - id: demo/claude
     targets: [claude]
+    owned_by: switchyard
+  - id: demo/oai-responses
+    targets: [oai-responses]
     owned_by: switchyard
 """
         + extra

@@ -20,5 +20,7 @@ mod pipeline;
 mod probes;
 mod reload;
 mod resilience;
+mod responses;
+mod responses_upstream;
 mod routing;
 mod server_limits;

@@ -282,7 +282,7 @@ pub async fn create(State(app): State<Arc<AppState>>, body: axum::body::Bytes) -
     if !super::validate::ENDPOINTS.contains(&req.endpoint.as_str()) {
         return ApiError::invalid(
             format!(
-                "Invalid value for 'endpoint': `{}`. Supported: /v1/chat/completions, /v1/embeddings.",
+                "Invalid value for 'endpoint': `{}`. Supported: /v1/chat/completions, /v1/embeddings, /v1/responses.",
                 req.endpoint
             ),
             Some("endpoint".into()),

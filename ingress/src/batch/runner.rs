@@ -313,6 +313,9 @@ async fn execute(
                 crate::front_door::serve(crate::anthropic::AnthropicMessages, app2, &headers, &body)
                     .await
             }
+            "/v1/responses" => {
+                crate::responses::create(axum::extract::State(app2), headers, body).await
+            }
             _ => crate::embeddings::embeddings(axum::extract::State(app2), body).await,
         }
     };

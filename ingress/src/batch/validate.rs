@@ -19,7 +19,12 @@ pub const MAX_FILE_BYTES: usize = 200 * 1024 * 1024;
 const MAX_LISTED: usize = 1_000;
 
 /// The endpoints a batch may target.
-pub const ENDPOINTS: &[&str] = &["/v1/chat/completions", "/v1/embeddings", "/v1/messages"];
+pub const ENDPOINTS: &[&str] = &[
+    "/v1/chat/completions",
+    "/v1/embeddings",
+    "/v1/responses",
+    "/v1/messages",
+];
 
 /// One checked request: its `custom_id` and body.
 #[derive(Debug)]
@@ -50,6 +55,7 @@ pub fn check_body(app: &AppState, endpoint: &str, body: &Value) -> Result<(), (S
             .parse(&bytes)
             .map(|i| (i.model, i.stream)),
         "/v1/embeddings" => crate::embeddings::model_of(&bytes).map(|m| (m, false)),
+        "/v1/responses" => crate::responses::validate(&bytes),
         other => return Err(("invalid_url".into(), format!("`{other}` is not batchable"))),
     };
     let (model, stream) = parsed.map_err(|e| {

@@ -1,7 +1,8 @@
 //! Per-request behaviour of the mock upstream.
 //!
 //! Behaviour comes from `x-mock-<key>: value` headers, from `#mock key=value ...`
-//! directive lines inside the last user message and from the `/x/<key=value,...>/` path prefix;
+//! directive lines inside the last user message (its `tool_calls` ignored once the conversation
+//! ends with a tool result) and from the `/x/<key=value,...>/` path prefix;
 //! headers win over directives, directives over the path prefix.
 //! Keys are case-insensitive and `-` is accepted in place of `_`
 //! (`x-mock-ttft-ms` == `x-mock-ttft_ms`).
@@ -40,6 +41,9 @@ pub(crate) struct Behaviour {
     pub(crate) compact: bool,
     pub(crate) crlf: bool,
     pub(crate) tool_calls: usize,
+    /// `tool_args=<urlencoded JSON>`: the arguments of every generated tool call (default
+    /// `{"city": <a city>}`).
+    pub(crate) tool_args: Option<String>,
     pub(crate) prompt_tokens: Option<u64>,
     pub(crate) completion_tokens: Option<u64>,
     pub(crate) cached_tokens: Option<u64>,
@@ -73,6 +77,11 @@ impl Behaviour {
         let mut raw = path_spec.map(parse_path_spec).unwrap_or_default();
         if let Some(text) = last_user_text(body) {
             raw.extend(parse_directives(&text));
+            // The directive asked for calls; once their results are the last message the model
+            // answers in text (so an agent loop over the same user message terminates).
+            if ends_with_tool_result(body) {
+                raw.remove("tool_calls");
+            }
         }
         for (name, value) in headers {
             if let Some(key) = name.as_str().strip_prefix("x-mock-") {
@@ -119,6 +128,7 @@ impl Behaviour {
                 "compact" => b.compact = flag(key, v)?,
                 "crlf" => b.crlf = flag(key, v)?,
                 "tool_calls" => b.tool_calls = num(key, v)?,
+                "tool_args" => b.tool_args = Some(percent_decode(v)?),
                 "prompt_tokens" => b.prompt_tokens = Some(num(key, v)?),
                 "completion_tokens" => b.completion_tokens = Some(num(key, v)?),
                 "cached_tokens" => b.cached_tokens = Some(num(key, v)?),
@@ -221,7 +231,9 @@ pub(crate) fn generate(b: &Behaviour, info: &RequestInfo) -> Generation {
                 } else {
                     info.tool_names[i % info.tool_names.len()].clone()
                 };
-                let arguments = serde_json::json!({ "city": CITIES[i % CITIES.len()] }).to_string();
+                let arguments = b.tool_args.clone().unwrap_or_else(|| {
+                    serde_json::json!({ "city": CITIES[i % CITIES.len()] }).to_string()
+                });
                 let pieces = split_even(&arguments, b.chunks.unwrap_or(2).max(2));
                 ToolCall {
                     name,
@@ -287,6 +299,26 @@ pub(crate) fn messages_words(body: &Value) -> u64 {
                 .map(content_words)
                 .sum()
         })
+}
+
+/// The conversation's last message is a tool result: OpenAI `role: tool`, or an Anthropic user
+/// message whose content ends with a `tool_result` block.
+fn ends_with_tool_result(body: &Value) -> bool {
+    let Some(last) = body
+        .get("messages")
+        .and_then(Value::as_array)
+        .and_then(|m| m.last())
+    else {
+        return false;
+    };
+    last.get("role").and_then(Value::as_str) == Some("tool")
+        || last
+            .get("content")
+            .and_then(Value::as_array)
+            .and_then(|c| c.last())
+            .and_then(|b| b.get("type"))
+            .and_then(Value::as_str)
+            == Some("tool_result")
 }
 
 /// The text of the last message with role `user` (text parts joined by newlines).

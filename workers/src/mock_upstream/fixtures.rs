@@ -1,6 +1,6 @@
 //! Canned wire fixtures (`fixture=<name>`): exact upstream bodies for field cases, written from
-//! the providers' documented stream formats (OpenAI "Streaming" and Anthropic "Streaming Messages"
-//! docs). Each SSE event is sent as one content item, so `split`, `chunk_delay_ms` and friends
+//! the providers' documented stream formats (OpenAI "Streaming", OpenAI Responses "Streaming
+//! events" and Anthropic "Streaming Messages" docs). Each SSE event is sent as one content item, so `split`, `chunk_delay_ms` and friends
 //! still apply.
 
 use bytes::Bytes;
@@ -54,6 +54,22 @@ const FIXTURES: &[(&str, &str)] = &[
     (
         "fc21_openai_hel_then_quota",
         include_str!("fixtures/fc21_openai_hel_then_quota.sse"),
+    ),
+    (
+        "fc31_responses_empty_output",
+        include_str!("fixtures/fc31_responses_empty_output.sse"),
+    ),
+    (
+        "fc31_responses_null_output",
+        include_str!("fixtures/fc31_responses_null_output.sse"),
+    ),
+    (
+        "fc31_responses_incomplete",
+        include_str!("fixtures/fc31_responses_incomplete.sse"),
+    ),
+    (
+        "fc31_responses_call_in_done",
+        include_str!("fixtures/fc31_responses_call_in_done.sse"),
     ),
 ];
 

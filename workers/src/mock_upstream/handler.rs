@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::behaviour::{Behaviour, RequestInfo, generate};
 use super::wire::{self, Item, Plan, SseFormat};
-use super::{MockState, RecordedRequest, anthropic, bedrock, gemini, openai};
+use super::{MockState, RecordedRequest, anthropic, bedrock, gemini, openai, responses};
 
 /// Largest accepted request body.
 const BODY_LIMIT: usize = 64 * 1024 * 1024;
@@ -78,6 +78,9 @@ pub(crate) fn router(state: MockState, shutdown: CancellationToken) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/messages", post(messages))
+        .route("/v1/responses", post(responses_create))
+        .route("/openai/v1/responses", post(responses_create))
+        .route("/v1/openai/v1/responses", post(responses_create))
         .route("/v1beta/models/{target}", post(generate_content))
         .route("/v1/models/{target}", post(generate_content))
         .route(
@@ -109,12 +112,14 @@ enum Provider {
     Azure,
     /// Amazon Bedrock Converse (`/model/{modelId}/converse(-stream)`, event-stream frames).
     Bedrock,
+    /// OpenAI Responses (`/v1/responses`, typed SSE events).
+    Responses,
 }
 
 impl Provider {
     fn error_body(self, status: u16, message: Option<&str>) -> Value {
         match self {
-            Provider::OpenAi => openai::error_body(status, message),
+            Provider::OpenAi | Provider::Responses => openai::error_body(status, message),
             Provider::Anthropic => anthropic::error_body(status, message),
             Provider::Gemini => gemini::error_body(status, message),
             Provider::Azure => openai::azure_error_body(status, message),
@@ -128,6 +133,7 @@ impl Provider {
             Provider::Anthropic => anthropic::request_info(body),
             Provider::Gemini => gemini::request_info(body, uri),
             Provider::Bedrock => bedrock::request_info(body, uri),
+            Provider::Responses => responses::request_info(body),
         }
     }
 
@@ -137,13 +143,14 @@ impl Provider {
             Provider::OpenAi | Provider::Azure => format!("chatcmpl-mock-{uuid}"),
             Provider::Anthropic => format!("msg_mock_{uuid}"),
             Provider::Gemini | Provider::Bedrock => format!("mock{uuid}"),
+            Provider::Responses => format!("resp_mock{uuid}"),
         }
     }
 
     fn request_id_header(self) -> (HeaderName, String) {
         let uuid = uuid::Uuid::now_v7().simple();
         match self {
-            Provider::OpenAi => (
+            Provider::OpenAi | Provider::Responses => (
                 HeaderName::from_static("x-request-id"),
                 format!("req_mock_{uuid}"),
             ),
@@ -207,6 +214,15 @@ async fn chat_completions(
     body: Bytes,
 ) -> Response {
     handle(Provider::OpenAi, &app, &headers, &uri, &body).await
+}
+
+async fn responses_create(
+    State(app): State<App>,
+    headers: HeaderMap,
+    uri: Uri,
+    body: Bytes,
+) -> Response {
+    handle(Provider::Responses, &app, &headers, &uri, &body).await
 }
 
 async fn messages(State(app): State<App>, headers: HeaderMap, uri: Uri, body: Bytes) -> Response {
@@ -353,6 +369,7 @@ async fn handle(
     };
     let directives = match provider {
         Provider::Gemini => gemini::directive_view(&body),
+        Provider::Responses => std::borrow::Cow::Owned(responses::chat_view(&body)),
         _ => std::borrow::Cow::Borrowed(&body),
     };
     let behaviour = match Behaviour::from_request(path_spec(headers), headers, &directives) {
@@ -422,6 +439,7 @@ async fn handle(
                 gemini::stream_script(&id, &info, &generation, fmt, gemini::is_sse(uri))
             }
             Provider::Bedrock => bedrock::stream_script(&generation, behaviour.ttft_ms),
+            Provider::Responses => responses::stream_script(&id, created, &info, &generation, fmt),
         };
         let content_type = match provider {
             Provider::Gemini if !gemini::is_sse(uri) => "application/json; charset=UTF-8",
@@ -481,6 +499,7 @@ async fn handle(
         Provider::Anthropic => anthropic::message(&id, &info, &generation),
         Provider::Gemini => gemini::generate_response(&id, &info, &generation),
         Provider::Bedrock => bedrock::converse_response(&generation, delay.as_millis() as u64),
+        Provider::Responses => responses::response_object(&id, created, &info, &generation),
     };
     let bytes = Bytes::from(match provider {
         Provider::Gemini => gemini::pretty(&value),

@@ -4,6 +4,11 @@
 //! # Routes
 //!
 //! * `POST /v1/chat/completions` — OpenAI Chat Completions (stream and non-stream).
+//! * `POST /v1/responses` — OpenAI Responses (stream: typed `event:`/`data:` events with
+//!   `sequence_number`, ending in `response.completed` or, when truncated by
+//!   `max_output_tokens`, `response.incomplete`; non-stream: the `response` object). Directives are
+//!   read from the last `user` input item; ids `resp_mock<uuid>`, items `msg_…`, `fc_…_<i>`.
+//!   Also served as Azure's `/openai/v1/responses` (and `/v1/openai/v1/responses`).
 //! * `POST /v1/messages` — Anthropic Messages (stream and non-stream; `max_tokens` required,
 //!   `anthropic-version` is recorded but not required).
 //! * `POST /v1beta/models/{model}:streamGenerateContent` and `:generateContent` — Google Gemini
@@ -54,7 +59,8 @@
 //! | `split_every=N` | like `split`, every N bytes |
 //! | `compact=1` | `data:{...}` / `event:x` without the space after the colon |
 //! | `crlf=1` | `\r\n` line endings |
-//! | `tool_calls=N` | N parallel tool calls instead of text (names cycle through the request's `tools`, default `get_weather`) |
+//! | `tool_calls=N` | N parallel tool calls instead of text (names cycle through the request's `tools`, default `get_weather`); as a directive, ignored when the last message is a tool result |
+//! | `tool_args=<urlencoded JSON>` | the arguments of every generated tool call (default `{"city": …}`) |
 //! | `prompt_tokens=N`, `completion_tokens=N`, `cached_tokens=N` | override usage |
 //! | `id=<urlencoded>` | exact response id (for byte-identical comparisons) |
 //! | `created=N` | OpenAI `created` timestamp |
@@ -91,6 +97,7 @@ pub mod fixtures;
 mod gemini;
 mod handler;
 mod openai;
+mod responses;
 mod wire;
 
 #[cfg(test)]

@@ -11,13 +11,16 @@
 //! with an annotation chunk `{"choices":[],"prompt_filter_results":[…]}` and may carry more
 //! chunks without choices (content-filter annotations), which carry no content and are skipped;
 //! a filtered completion ends with `finish_reason: "content_filter"`.
+//!
+//! With `api: responses` the target is called through the Responses API instead
+//! ([`responses_url`], [`crate::providers::openai_responses`]).
 
 use std::collections::VecDeque;
 
 use futures::future::BoxFuture;
 use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderValue};
 use serde_json::{Map, Value, json};
-use switchyard_schemas::config::{ProviderKind, TargetConfig};
+use switchyard_schemas::config::{OpenAiApi, ProviderKind, TargetConfig};
 use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, FrameBody};
 
 use super::openai::{OpenAiTranslator, accept, build_object, read_answer, send_chat};
@@ -57,6 +60,18 @@ impl Provider for AzureOpenAiProvider {
         base_url: &str,
         req: &ChatRequest,
     ) -> BoxFuture<'static, Result<EventStream, ErrorInfo>> {
+        if target.api == OpenAiApi::Responses {
+            let auth = (!target.api_key.is_empty())
+                .then(|| ("api-key", target.api_key.expose().to_owned()));
+            let url = responses_url(base_url, target.api_version.as_deref());
+            return crate::providers::openai_responses::call(
+                http,
+                url,
+                auth,
+                &target.upstream_model,
+                req,
+            );
+        }
         let version = target.api_version.as_deref().unwrap_or(DEFAULT_API_VERSION);
         let body = build_map(&target.upstream_model, version, req);
         let url = chat_url(base_url, &target.upstream_model, version);
@@ -89,6 +104,16 @@ impl Provider for AzureOpenAiProvider {
             let resp = send_chat(body, &memo, make).await?;
             Ok(read_answer(resp, AzureTranslator::default()))
         })
+    }
+}
+
+/// `{base_url}/openai/v1/responses` (Azure OpenAI "Responses API" guide: the v1 surface, no
+/// deployment in the path, no `api-version` needed), with `?api-version=` when the target sets one.
+pub fn responses_url(base_url: &str, api_version: Option<&str>) -> String {
+    let base = base_url.trim_end_matches('/');
+    match api_version {
+        Some(v) => format!("{base}/openai/v1/responses?api-version={v}"),
+        None => format!("{base}/openai/v1/responses"),
     }
 }
 

@@ -5,6 +5,7 @@ pub mod bedrock;
 pub mod classify;
 pub mod gemini;
 pub mod openai;
+pub mod openai_responses;
 pub(crate) mod shared;
 #[cfg(test)]
 pub(crate) mod test_support;

@@ -1,4 +1,5 @@
 //! OpenAI Chat Completions, and every OpenAI-compatible server (vLLM, Ollama, llama.cpp, Groq, …).
+//! A target with `api: responses` is served by [`crate::providers::openai_responses`] instead.
 //!
 //! Wire reference: OpenAI API reference, "Create chat completion", "The chat completion object"
 //! and "The chat completion chunk object". A streaming client's request is sent with
@@ -24,7 +25,7 @@ use parking_lot::Mutex;
 use serde_json::{Map, Value, json};
 use std::collections::{HashSet, VecDeque};
 use std::sync::LazyLock;
-use switchyard_schemas::config::{ProviderKind, TargetConfig};
+use switchyard_schemas::config::{OpenAiApi, ProviderKind, TargetConfig};
 use switchyard_schemas::embed::EmbedRequest;
 use switchyard_schemas::request::Role;
 use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, FinishReason, FrameBody, Usage};
@@ -72,6 +73,9 @@ impl Provider for OpenAiProvider {
         base_url: &str,
         req: &ChatRequest,
     ) -> BoxFuture<'static, Result<EventStream, ErrorInfo>> {
+        if target.api == OpenAiApi::Responses {
+            return crate::providers::openai_responses::stream_chat(http, target, base_url, req);
+        }
         let body = build_object(self.kind, &target.upstream_model, req);
         let url = format!("{}/chat/completions", base_url.trim_end_matches('/'));
         let (http, key, id) = (http.clone(), target.api_key.clone(), req.id);

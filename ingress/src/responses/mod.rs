@@ -1,0 +1,337 @@
+//! The OpenAI Responses front door (OpenAI API reference, "Responses"): `POST /v1/responses`
+//! over the same normalised request as the other doors, so any provider serves it, plus the
+//! stored-response routes `GET /v1/responses/{id}`, `DELETE /v1/responses/{id}` and
+//! `GET /v1/responses/{id}/input_items`.
+//!
+//! - [`request`]: the body → normalised messages, tools and parameters, the input items to store
+//!   and the parameters the `response` object echoes.
+//! - [`response`]: the `response` object and its output items.
+//! - [`stream`]: the typed SSE events with `sequence_number`.
+//! - [`store`]: `store: true` (the default) keeps the response tenant-scoped in the JetStream KV
+//!   bucket `SY_RESPONSES` for `responses.ttl_s`; `previous_response_id` prepends the stored
+//!   conversation (its input and output, not its `instructions`) to the new input, so the
+//!   follow-up may go to any provider. The entry is written before the final event (or the JSON
+//!   answer) reaches the client, so a follow-up sent after it — through any ingress replica —
+//!   finds it; that write (one acknowledged KV put, ~1 ms locally) is the only cost on the
+//!   client's path. A failed write is logged and the answer still returned.
+//!
+//! Errors use OpenAI's shape. Unknown or another tenant's id: 404 `No response found with id
+//! '…'.`; an unknown `previous_response_id`: 400 `previous_response_not_found` (as OpenAI).
+
+pub mod request;
+pub mod response;
+pub mod store;
+pub mod stream;
+
+use crate::AppState;
+use crate::auth;
+use crate::error::ApiError;
+use crate::front_door::{self, FrontDoor, ReplyMeta};
+use crate::route::{self, Aggregate, Inbound};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use request::ParsedResponses;
+use response::{Answer, Ident};
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+use std::collections::HashMap;
+use std::sync::Arc;
+use store::{ResponseStore, StoreError, StoredResponse};
+use stream::{Finish, ResponsesStream};
+use switchyard_schemas::now_ms;
+use switchyard_schemas::request::Message;
+use uuid::Uuid;
+
+/// `POST /v1/responses`.
+pub async fn create(State(app): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
+    if let Err(e) = route::check_size(&app, body.len()) {
+        return e.into_response();
+    }
+    let prefix = Uuid::now_v7().simple().to_string();
+    let parsed = match request::parse(&body, &prefix) {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
+    let tenant = auth::current_caller().tenant;
+    let history = match &parsed.previous_response_id {
+        None => Vec::new(),
+        Some(id) => match app.responses.get(id, tenant.as_deref()).await {
+            Ok(Some(prev)) => prev.history,
+            Ok(None) | Err(StoreError::Unavailable) => {
+                return ApiError {
+                    status: StatusCode::BAD_REQUEST,
+                    message: format!("Previous response with id '{id}' not found."),
+                    kind: "invalid_request_error",
+                    param: Some("previous_response_id".into()),
+                    code: Some("previous_response_not_found"),
+                    retry_after_s: None,
+                }
+                .into_response();
+            }
+            Err(e) => return store_failed(e),
+        },
+    };
+    let inbound = inbound(&parsed, &history);
+    if !history.is_empty() {
+        // The stored turns travel in the request too: they must fit one NATS message.
+        let stored = serde_json::to_vec(&history).map_or(0, |v| v.len());
+        if let Err(e) = route::check_size(&app, body.len() + stored) {
+            return e.into_response();
+        }
+    }
+    let mut sent = history;
+    sent.extend(parsed.input_messages.iter().cloned());
+    let persist = parsed.store.then(|| {
+        Arc::new(Persist {
+            app: app.clone(),
+            tenant,
+            input_items: parsed.input_items.clone(),
+            history: sent,
+        }) as Arc<dyn Finish>
+    });
+    let door = Responses {
+        echo: Arc::new(parsed.echo),
+        namespaces: Arc::new(parsed.namespaces),
+        persist,
+    };
+    front_door::serve_inbound(door, app, &headers, inbound).await
+}
+
+/// Validates a `POST /v1/responses` body as [`create`] would (without resolving
+/// `previous_response_id`); its `model` and `stream` (batch validation checks every line with it).
+pub fn validate(body: &[u8]) -> Result<(String, bool), ApiError> {
+    let p = request::parse(body, &Uuid::now_v7().simple().to_string())?;
+    Ok((p.model, p.stream))
+}
+
+fn inbound(p: &ParsedResponses, history: &[Message]) -> Inbound {
+    Inbound {
+        model: p.model.clone(),
+        messages: p.conversation(history),
+        tools: p.tools.clone(),
+        tool_choice: p.tool_choice.clone(),
+        params: p.params.clone(),
+        stream: p.stream,
+        include_usage: false,
+    }
+}
+
+/// The Responses protocol for one request: the parameters to echo and the store step.
+pub struct Responses {
+    echo: Arc<Map<String, Value>>,
+    namespaces: Arc<HashMap<String, String>>,
+    persist: Option<Arc<dyn Finish>>,
+}
+
+impl Responses {
+    /// The identity of the response answering `m`.
+    fn ident(&self, m: &ReplyMeta) -> Ident {
+        let hex = m.request_id.simple().to_string();
+        Ident {
+            id: format!("resp_{hex}"),
+            hex,
+            created_at: now_ms() / 1000,
+            model: m.model.clone(),
+            namespaces: self.namespaces.clone(),
+        }
+    }
+}
+
+impl FrontDoor for Responses {
+    type Stream = ResponsesStream;
+
+    /// Parses a body without a stored predecessor (the handler itself resolves
+    /// `previous_response_id` and enters at [`front_door::serve_inbound`]).
+    fn parse(&self, body: &[u8]) -> Result<Inbound, ApiError> {
+        let p = request::parse(body, &Uuid::now_v7().simple().to_string())?;
+        Ok(inbound(&p, &[]))
+    }
+
+    fn stream(&self, m: &ReplyMeta) -> ResponsesStream {
+        ResponsesStream::new(self.ident(m), self.echo.clone(), self.persist.clone())
+    }
+
+    fn aggregate(&self, m: &ReplyMeta, agg: &Aggregate) -> Result<Value, ApiError> {
+        let id = self.ident(m);
+        let answer = Answer::from(agg);
+        let output = response::output(&id, &answer);
+        Ok(response::object(&id, &self.echo, &answer, output))
+    }
+
+    fn error(&self, e: ApiError) -> Response {
+        e.into_response()
+    }
+
+    fn finish(&self, body: &Value) -> Option<BoxFuture<'static, ()>> {
+        let answer = answer_of(body);
+        self.persist.as_ref()?.finish(body.clone(), &answer)
+    }
+}
+
+/// The answer a `response` object's `output` shows (text of its messages, its function calls).
+pub fn answer_of(r: &Value) -> Answer {
+    let mut a = Answer::default();
+    for item in r["output"].as_array().into_iter().flatten() {
+        match item["type"].as_str() {
+            Some("message") => {
+                for p in item["content"].as_array().into_iter().flatten() {
+                    if let Some(t) = p["text"].as_str() {
+                        a.text.push_str(t);
+                    }
+                }
+            }
+            Some("function_call") => a.calls.push(route::ToolCallAcc {
+                id: item["call_id"].as_str().unwrap_or_default().into(),
+                name: item["name"].as_str().unwrap_or_default().into(),
+                arguments: item["arguments"].as_str().unwrap_or_default().into(),
+            }),
+            _ => {}
+        }
+    }
+    a
+}
+
+/// Stores a finished response (see the module docs).
+struct Persist {
+    app: Arc<AppState>,
+    tenant: Option<String>,
+    input_items: Vec<Value>,
+    history: Vec<Message>,
+}
+
+impl Finish for Persist {
+    fn finish(&self, response: Value, answer: &Answer) -> Option<BoxFuture<'static, ()>> {
+        let id = response["id"].as_str()?.to_owned();
+        let mut history = self.history.clone();
+        history.push(response::as_message(answer));
+        let entry = StoredResponse {
+            tenant: self.tenant.clone(),
+            response,
+            input_items: self.input_items.clone(),
+            history,
+        };
+        let store = self.app.responses.clone();
+        Some(Box::pin(async move {
+            if let Err(e) = store.put(&id, &entry).await {
+                tracing::warn!(id, error = %e, "response not stored; previous_response_id will not find it");
+            }
+        }))
+    }
+}
+
+fn not_found(id: &str) -> Response {
+    ApiError {
+        status: StatusCode::NOT_FOUND,
+        message: format!("No response found with id '{id}'."),
+        kind: "invalid_request_error",
+        param: None,
+        code: None,
+        retry_after_s: None,
+    }
+    .into_response()
+}
+
+fn store_failed(e: StoreError) -> Response {
+    ApiError {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        message: format!("The response store did not answer: {e}"),
+        kind: "service_unavailable_error",
+        param: None,
+        code: Some("store_unavailable"),
+        retry_after_s: Some(1),
+    }
+    .into_response()
+}
+
+async fn lookup(store: &ResponseStore, id: &str) -> Result<StoredResponse, Response> {
+    let tenant = auth::current_caller().tenant;
+    match store.get(id, tenant.as_deref()).await {
+        Ok(Some(s)) => Ok(s),
+        Ok(None) | Err(StoreError::Unavailable) => Err(not_found(id)),
+        Err(e) => Err(store_failed(e)),
+    }
+}
+
+/// `GET /v1/responses/{id}`: the stored `response` object.
+pub async fn retrieve(State(app): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    match lookup(&app.responses, &id).await {
+        Ok(s) => axum::Json(s.response).into_response(),
+        Err(r) => r,
+    }
+}
+
+/// `DELETE /v1/responses/{id}`: `{"id","object":"response","deleted":true}`.
+pub async fn delete(State(app): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    let tenant = auth::current_caller().tenant;
+    match app.responses.delete(&id, tenant.as_deref()).await {
+        Ok(true) => {
+            axum::Json(json!({"id": id, "object": "response", "deleted": true})).into_response()
+        }
+        Ok(false) | Err(StoreError::Unavailable) => not_found(&id),
+        Err(e) => store_failed(e),
+    }
+}
+
+/// Query of `GET /v1/responses/{id}/input_items`.
+#[derive(Debug, Deserialize)]
+pub struct ListQuery {
+    after: Option<String>,
+    limit: Option<usize>,
+    order: Option<String>,
+    /// Accepted (OpenAI's `include[]`); nothing extra is stored to include.
+    #[serde(rename = "include[]")]
+    #[allow(dead_code)]
+    include: Option<String>,
+}
+
+/// `GET /v1/responses/{id}/input_items?after&limit&order`: a `list` of the response's input
+/// items, `order` `desc` by default (as OpenAI), `limit` 1–100 (default 20), `after` an item id.
+pub async fn input_items(
+    State(app): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    Query(q): Query<ListQuery>,
+) -> Response {
+    let stored = match lookup(&app.responses, &id).await {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    let limit = q.limit.unwrap_or(20);
+    if !(1..=100).contains(&limit) {
+        return ApiError::invalid(
+            format!("Invalid 'limit': integer below minimum value or above maximum value (1 to 100), got {limit}."),
+            Some("limit".into()),
+        )
+        .into_response();
+    }
+    let mut items = stored.input_items;
+    match q.order.as_deref() {
+        None | Some("desc") => items.reverse(),
+        Some("asc") => {}
+        Some(other) => {
+            return ApiError::invalid(
+                format!("Invalid 'order': '{other}'. Expected 'asc' or 'desc'."),
+                Some("order".into()),
+            )
+            .into_response();
+        }
+    }
+    let start = match &q.after {
+        None => 0,
+        Some(after) => match items.iter().position(|i| i["id"].as_str() == Some(after)) {
+            Some(p) => p + 1,
+            None => items.len(),
+        },
+    };
+    let rest = items.len().saturating_sub(start);
+    let page: Vec<Value> = items.into_iter().skip(start).take(limit).collect();
+    let first = page.first().map(|i| i["id"].clone()).unwrap_or(Value::Null);
+    let last = page.last().map(|i| i["id"].clone()).unwrap_or(Value::Null);
+    axum::Json(
+        json!({"object": "list", "data": page, "first_id": first, "last_id": last,
+        "has_more": rest > limit}),
+    )
+    .into_response()
+}
