@@ -730,3 +730,43 @@ async fn embeddings_batch_returns_live_bodies() {
     assert_eq!(done["usage"]["input_tokens"], 3);
     assert_eq!(batch_charges(&gw, id, 2).await.len(), 2);
 }
+
+/// A Responses API batch (`endpoint: /v1/responses`): each output line is the live `response`
+/// object.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn responses_batch_returns_response_objects() {
+    let (gw, _dir) = gateway(json!({})).await;
+    let input = (0..3)
+        .map(|i| {
+            json!({"custom_id": format!("r{i}"), "method": "POST", "url": "/v1/responses",
+                   "body": {"model": "gpt-t", "input": "#mock prompt_tokens=5 completion_tokens=2\nhello", "store": false}})
+            .to_string()
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let file = upload(&gw.base, KEY_A, &input).await;
+    let (status, batch) = call(
+        reqwest::Method::POST,
+        format!("{}/v1/batches", gw.base),
+        KEY_A,
+        Some(json!({"input_file_id": file["id"], "endpoint": "/v1/responses", "completion_window": "24h"})),
+    )
+    .await;
+    assert_eq!(status, 200, "{batch}");
+    let id = batch["id"].as_str().unwrap();
+    let done = wait_status(&gw.base, KEY_A, id, "completed").await;
+    assert_eq!(
+        done["request_counts"],
+        json!({"total": 3, "completed": 3, "failed": 0})
+    );
+    let out = lines(&content(&gw.base, KEY_A, done["output_file_id"].as_str().unwrap()).await);
+    for l in &out {
+        let body = &l["response"]["body"];
+        assert_eq!(body["object"], "response");
+        assert_eq!(body["status"], "completed");
+        assert_eq!(body["usage"]["input_tokens"], 5);
+        assert_eq!(body["usage"]["output_tokens"], 2);
+    }
+    assert_eq!(done["usage"]["input_tokens"], 15);
+    assert_eq!(done["usage"]["output_tokens"], 6);
+}

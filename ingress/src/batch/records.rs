@@ -309,13 +309,25 @@ pub fn valid_id(id: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
-/// Token counts in a live endpoint's response body: OpenAI chat (`prompt_tokens`,
+/// Token counts in a live endpoint's response body: OpenAI Responses (`input_tokens` with
+/// `input_tokens_details.cached_tokens`, `output_tokens` with
+/// `output_tokens_details.reasoning_tokens`), OpenAI chat (`prompt_tokens`,
 /// `completion_tokens`, `prompt_tokens_details.cached_tokens`,
 /// `completion_tokens_details.reasoning_tokens`), OpenAI embeddings (`prompt_tokens`), Anthropic
 /// (`input_tokens` + `cache_read_input_tokens` + `cache_creation_input_tokens`, `output_tokens`).
 pub fn usage_of(body: &Value) -> Usage {
     let u = &body["usage"];
     let n = |v: &Value| v.as_u64().unwrap_or(0);
+    if u.get("input_tokens_details").is_some() || u.get("output_tokens_details").is_some() {
+        // OpenAI Responses: `input_tokens` includes the cached ones.
+        return Usage {
+            prompt_tokens: n(&u["input_tokens"]),
+            cached_tokens: n(&u["input_tokens_details"]["cached_tokens"]),
+            cache_write_tokens: 0,
+            completion_tokens: n(&u["output_tokens"]),
+            reasoning_tokens: n(&u["output_tokens_details"]["reasoning_tokens"]),
+        };
+    }
     if u.get("input_tokens").is_some() {
         let cached = n(&u["cache_read_input_tokens"]);
         let written = n(&u["cache_creation_input_tokens"]);
