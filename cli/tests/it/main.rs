@@ -18,6 +18,7 @@ mod limits_load;
 mod matrix;
 mod pipeline;
 mod probes;
+mod redaction;
 mod reload;
 mod resilience;
 mod responses;

@@ -33,6 +33,7 @@
 use crate::provider::retry_after_ms;
 use reqwest::header::HeaderMap;
 use serde_json::Value;
+use switchyard_schemas::secret::redact_credentials;
 use switchyard_schemas::{ErrorClass, ErrorInfo};
 
 /// How much a name tells.
@@ -312,6 +313,13 @@ pub fn http_error(status: u16, headers: &HeaderMap, body: &[u8], shape: Option<&
         .and_then(|s| named_class(s, &message))
         .unwrap_or_else(|| facts.class(Some(status)));
     let what = shape.map(|s| format!(" {s}")).unwrap_or_default();
+    // Never the raw body of an auth failure (it may echo the credential); other messages with
+    // anything shaped like a key redacted, before they reach a client, a log or the ledger.
+    let message = if class == ErrorClass::Auth {
+        "the upstream refused the target's credentials (check the key configured for it)".into()
+    } else {
+        redact_credentials(&message)
+    };
     let mut e = ErrorInfo::new(
         class,
         format!("upstream returned HTTP {status}{what}: {message}"),
@@ -328,7 +336,7 @@ pub fn stream_error(body: &Value) -> ErrorInfo {
     let facts = read_facts(body);
     let class = facts.class(None);
     let label = facts.label().map(|l| format!(" {l}")).unwrap_or_default();
-    let message = facts.message.as_deref().unwrap_or("unknown error");
+    let message = redact_credentials(facts.message.as_deref().unwrap_or("unknown error"));
     let mut e = ErrorInfo::new(class, format!("upstream stream error{label}: {message}"))
         .with_retry_after_ms(facts.retry_delay_ms);
     e.param = facts.param.clone();
@@ -339,6 +347,7 @@ pub fn stream_error(body: &Value) -> ErrorInfo {
 /// unknown names are `upstream_5xx`.
 pub fn named_stream_error(name: &str, message: &str) -> ErrorInfo {
     let class = named_class(name, message).unwrap_or(ErrorClass::Upstream5xx);
+    let message = redact_credentials(message);
     ErrorInfo::new(class, format!("upstream stream error {name}: {message}"))
 }
 
