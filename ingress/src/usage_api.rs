@@ -264,7 +264,10 @@ fn parse_time(s: &str, end_of_day: bool) -> Result<u64, String> {
             .map_err(|_| bad())?;
         let midnight = date.midnight().assume_utc();
         if end_of_day {
-            midnight + time::Duration::DAY
+            // 9999-12-31 has no next day in `time`'s range: a 400, never a panic.
+            midnight
+                .checked_add(time::Duration::DAY)
+                .ok_or_else(|| format!("`{s}` is past the last supported date."))?
         } else {
             midnight
         }
@@ -341,6 +344,22 @@ mod tests {
 
     fn err(query: &str) -> ApiError {
         parse_query(query, NOW).unwrap_err()
+    }
+
+    /// Dates at the edges of the calendar are a 400, never a panic (issue 13: a handler panicked
+    /// on `to=9999-12-31`).
+    #[test]
+    fn calendar_edges_are_errors_not_panics() {
+        for q in [
+            "from=9999-12-31&to=9999-12-31",
+            "to=9999-12-31",
+            "from=0000-01-01",
+            "from=-9999-01-01",
+            "from=9999-12-31T23:59:59Z&to=+10000-01-01",
+            "from=%F0%9F%98%80%F0%9F%98%80%F0%9F%98%80 01:00",
+        ] {
+            assert_eq!(err(q).status, axum::http::StatusCode::BAD_REQUEST, "{q}");
+        }
     }
 
     #[test]
