@@ -25,7 +25,8 @@ use switchyard_schemas::usage::{Usage, UsageKind, UsageStatus};
 pub const MONEY_DP: u32 = 6;
 /// Discrepancy rows a daily report lists (all are counted), rows.
 pub const REPORT_DISCREPANCY_ROWS: usize = 50;
-/// Label of requests without a tenant (auth off) in tenant breakdowns.
+/// Label of requests without a tenant (auth off) in every human format (table, CSV, HTML,
+/// tenant breakdowns); JSON keeps `null` in typed fields.
 pub const NO_TENANT: &str = "(none)";
 /// One day, ms.
 const DAY_MS: u64 = 86_400_000;
@@ -136,13 +137,17 @@ pub struct GroupStats {
     pub margin_usd: Decimal,
     /// Charge rows answered from the cache, requests.
     pub cache_hits: u64,
+    /// Tokens of those cache hits (in `tokens`, but charged $0), tokens.
+    #[serde(default)]
+    pub cache_hit_tokens: u64,
     /// Sum of `fallbacks` on charge rows, fallbacks.
     pub fallbacks: u64,
     /// Charge rows with status `error`, requests.
     pub errors: u64,
     /// Charge rows with status `cancelled`, requests.
     pub cancelled: u64,
-    /// Upstream rows whose status is not `ok`, calls.
+    /// Upstream rows with status `error`, calls (a call the client's disconnect cancelled is
+    /// not an upstream error).
     pub upstream_errors: u64,
     /// Rows (either kind) with estimated counts, rows.
     pub estimated_rows: u64,
@@ -162,6 +167,9 @@ impl GroupStats {
                 self.tokens.add(&TokenBreakdown::from_usage(&row.usage));
                 self.charge_usd += amount;
                 self.cache_hits += u64::from(row.cache_hit);
+                if row.cache_hit {
+                    self.cache_hit_tokens += TokenBreakdown::from_usage(&row.usage).total();
+                }
                 self.fallbacks += u64::from(row.fallbacks);
                 self.errors += u64::from(row.status == UsageStatus::Error);
                 self.cancelled += u64::from(row.status == UsageStatus::Cancelled);
@@ -172,10 +180,15 @@ impl GroupStats {
                     .upstream_tokens
                     .saturating_add(row.usage.total_tokens());
                 self.cost_usd += amount;
-                self.upstream_errors += u64::from(row.status != UsageStatus::Ok);
+                self.upstream_errors += u64::from(row.status == UsageStatus::Error);
             }
         }
         self.margin_usd = self.charge_usd - self.cost_usd;
+    }
+
+    /// Tokens tenants were charged for: charge rows' tokens without the cache hits', tokens.
+    pub fn charged_tokens(&self) -> u64 {
+        self.tokens.total().saturating_sub(self.cache_hit_tokens)
     }
 
     /// Adds another group's figures.
@@ -188,6 +201,7 @@ impl GroupStats {
         self.charge_usd += o.charge_usd;
         self.margin_usd = self.charge_usd - self.cost_usd;
         self.cache_hits += o.cache_hits;
+        self.cache_hit_tokens += o.cache_hit_tokens;
         self.fallbacks += o.fallbacks;
         self.errors += o.errors;
         self.cancelled += o.cancelled;
@@ -408,7 +422,7 @@ impl DailyReport {
             .iter()
             .map(|g| {
                 cells(
-                    g.tenant.as_deref().unwrap_or("-"),
+                    g.tenant.as_deref().unwrap_or(NO_TENANT),
                     &g.model,
                     g.target.as_deref().unwrap_or("-"),
                     &g.stats,
@@ -472,7 +486,7 @@ impl DailyReport {
                     vec![
                         d.request_id.clone(),
                         d.class.as_str().to_owned(),
-                        d.tenant.clone().unwrap_or_else(|| "-".to_owned()),
+                        d.tenant.clone().unwrap_or_else(|| NO_TENANT.to_owned()),
                         d.model.clone(),
                         d.target.clone().unwrap_or_else(|| "-".to_owned()),
                         d.details.clone(),
@@ -500,7 +514,7 @@ impl DailyReport {
         for g in &self.groups {
             let s = &g.stats;
             let mut fields = vec![
-                csv_field(g.tenant.as_deref().unwrap_or("")),
+                csv_field(g.tenant.as_deref().unwrap_or(NO_TENANT)),
                 csv_field(&g.model),
                 csv_field(g.target.as_deref().unwrap_or("")),
             ];

@@ -6,7 +6,9 @@
 //! every printed amount comes from the exact [`Decimal`](rust_decimal::Decimal).
 
 use crate::reconcile::DiscrepancyClass;
-use crate::report::{Amounts, DailyReport, GroupStats, MONEY_DP, REPORT_DISCREPANCY_ROWS, money};
+use crate::report::{
+    Amounts, DailyReport, GroupStats, MONEY_DP, NO_TENANT, REPORT_DISCREPANCY_ROWS, money,
+};
 use rust_decimal::Decimal;
 use rust_decimal::prelude::ToPrimitive;
 use std::fmt::Write as _;
@@ -231,7 +233,7 @@ impl DailyReport {
             ("Charge (USD)", money(t.charge_usd)),
             ("Cost (USD)", money(t.cost_usd)),
             ("Margin (USD)", money(t.margin_usd)),
-            ("Tokens charged", t.tokens.total().to_string()),
+            ("Tokens charged", t.charged_tokens().to_string()),
             ("Cache hits", t.cache_hits.to_string()),
             (
                 "Errors / cancelled",
@@ -289,7 +291,7 @@ impl DailyReport {
             let _ = writeln!(
                 h,
                 "<tr>{}{}{}{}</tr>",
-                td(g.tenant.as_deref().unwrap_or("-")),
+                td(g.tenant.as_deref().unwrap_or(NO_TENANT)),
                 td(&g.model),
                 td(g.target.as_deref().unwrap_or("-")),
                 stats_cells(&g.stats)
@@ -334,7 +336,7 @@ impl DailyReport {
                 "<tr>{}{}{}{}{}{}</tr>",
                 td(&d.request_id),
                 td(d.class.as_str()),
-                td(d.tenant.as_deref().unwrap_or("-")),
+                td(d.tenant.as_deref().unwrap_or(NO_TENANT)),
                 td(&d.model),
                 td(d.target.as_deref().unwrap_or("-")),
                 td(&d.details)

@@ -260,10 +260,14 @@ async fn scenario(url: &str) {
         (t.cache_hits, t.fallbacks, t.errors, t.cancelled),
         (1, 1, 1, 2)
     );
+    // The upstream call cancelled by the client's disconnect is not an upstream error.
     assert_eq!(
         (t.upstream_errors, t.estimated_rows, t.unpriced_rows),
-        (3, 2, 0)
+        (2, 2, 0)
     );
+    // "Tokens charged" leaves the cache hit's tokens out.
+    assert!(t.cache_hit_tokens > 0);
+    assert_eq!(t.charged_tokens(), t.tokens.total() - t.cache_hit_tokens);
     assert_eq!(t.tokens.cached_input, 1920);
     assert_eq!(t.tokens.cache_write, 4511);
 
