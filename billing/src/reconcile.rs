@@ -280,8 +280,13 @@ pub fn classify(req: &RequestRows) -> Vec<Discrepancy> {
         .filter(|u| u.status == UsageStatus::Ok)
         .collect();
     let serving = req.serving_attempt();
+    // Health probes call upstream with no client request behind them: no charge row is expected.
+    let probe = req
+        .upstream
+        .iter()
+        .all(|u| u.tenant.as_deref() == Some(switchyard_schemas::usage::PROBE_TENANT));
     match &req.charge {
-        None if !req.upstream.is_empty() => found.push((
+        None if !req.upstream.is_empty() && !probe => found.push((
             DiscrepancyClass::UpstreamWithoutCharge,
             format!(
                 "{} upstream row(s), {} ok, no charge row; attempts: {}",
@@ -646,6 +651,10 @@ mod tests {
             [C::UpstreamWithoutCharge]
         );
         assert!(classes(None, vec![]).is_empty());
+        // A health probe's call has no charge row by design.
+        let mut probe = up(0, "a", Ok);
+        probe.tenant = Some(switchyard_schemas::usage::PROBE_TENANT.into());
+        assert!(classes(None, vec![probe]).is_empty());
     }
 
     #[test]

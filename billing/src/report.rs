@@ -270,8 +270,9 @@ pub struct DailyReport {
     pub by_model: Vec<Amounts>,
     /// Per tenant, by descending charge then cost then name.
     pub by_tenant: Vec<Amounts>,
-    /// Live traffic and batch jobs apart (`live`, `batch`; batch items are priced at the batch
-    /// rate). Only origins with requests are listed.
+    /// Live traffic, batch jobs and health probes apart (`live`, `batch`, `probe`; batch items
+    /// are priced at the batch rate, probes are upstream cost only). Only origins with rows are
+    /// listed.
     #[serde(default)]
     pub by_origin: Vec<Amounts>,
     /// Per UTC hour, 24 entries.

@@ -67,6 +67,10 @@ pub enum UsageStatus {
     Cancelled,
 }
 
+/// The tenant of health-probe calls (workers' prober): `upstream` rows with no `charge` row by
+/// design, which reconciliation expects and reports label `probe`.
+pub const PROBE_TENANT: &str = "_switchyard_probe";
+
 /// One usage record. Idempotent by (`request_id`, `kind`, `attempt`): redelivery never double counts.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct UsageEvent {

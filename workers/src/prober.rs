@@ -21,7 +21,7 @@ use switchyard_schemas::{
 use tokio_util::sync::CancellationToken;
 
 /// Tenant recorded on probe usage events, so reports can tell probes from traffic.
-pub const PROBE_TENANT: &str = "_switchyard_probe";
+pub use switchyard_schemas::usage::PROBE_TENANT;
 
 /// Runs probes until `shutdown`.
 pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
