@@ -46,6 +46,9 @@ pub enum BillingError {
     /// Migrating the legacy usage stream (`SY_USAGE`, limits retention) failed.
     #[error("usage stream migration: {0}")]
     Migration(String),
+    /// The budget store (`SY_BUDGETS`) could not be read or written.
+    #[error("budget store: {0}")]
+    Budgets(String),
     /// Subscribing the usage query subject failed.
     #[error("usage query subscription: {0}")]
     Subscribe(#[from] async_nats::SubscribeError),

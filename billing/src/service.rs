@@ -163,7 +163,26 @@ impl BillingService {
     /// if the initial stream/consumer setup fails; later errors are logged and retried.
     pub async fn run(mut self, shutdown: impl Future) -> Result<BillingStats, BillingError> {
         let js = jetstream::new(self.nats.clone());
-        self.budgets = Some(BudgetStore::connect(&js, "billing").await);
+        let budgets = BudgetStore::connect(&js, "billing").await;
+        // A lost `SY_BUDGETS` bucket comes back empty: rebuild the current windows' spend from
+        // the ledger before anyone spends against zeros (scopes an ingress wrote meanwhile stay).
+        if budgets.is_empty().await.unwrap_or(false) {
+            match crate::budget_rebuild::rebuild(
+                &self.ledger,
+                &budgets,
+                switchyard_schemas::now_ms(),
+                false,
+            )
+            .await
+            {
+                Ok(r) if !r.written.is_empty() => {
+                    tracing::warn!(scopes = ?r.written, "budget store was empty: spend rebuilt from the ledger")
+                }
+                Ok(_) => {}
+                Err(e) => tracing::error!(error = %e, "budget rebuild from the ledger failed"),
+            }
+        }
+        self.budgets = Some(budgets);
         let mut shutdown = pin!(shutdown);
         let mut messages = Some(self.subscribe(&js).await?);
         tracing::info!(subjects = %self.subjects.usage_all(), "billing consumer started");

@@ -91,7 +91,7 @@ pub struct Spend {
 }
 
 /// `(YYYY-MM-DD, YYYY-MM, minute since epoch)` of `ms`.
-pub(crate) fn windows(ms: u64) -> (String, String, u64) {
+pub fn windows(ms: u64) -> (String, String, u64) {
     let t = time::OffsetDateTime::from_unix_timestamp((ms / 1000) as i64)
         .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
     let (y, m, d) = (t.year(), u8::from(t.month()), t.day());

@@ -242,6 +242,44 @@ impl BudgetStore {
             .ok_or_else(|| Unavailable("no JetStream KV".into()))
     }
 
+    /// Whether the bucket holds no entry at all (a lost bucket re-created empty, or a new
+    /// installation): billing then rebuilds it from the ledger.
+    pub async fn is_empty(&self) -> Result<bool, Unavailable> {
+        use futures::StreamExt;
+        let mut keys = self
+            .scopes()?
+            .store()
+            .keys()
+            .await
+            .map_err(|e| Unavailable(e.to_string()))?;
+        Ok(keys.next().await.is_none())
+    }
+
+    /// Writes `spend` as the state of `key` (`key.<id>` / `tenant.<id>`), for a rebuild from the
+    /// ledger: only when the entry is absent unless `overwrite` (which also drops the open
+    /// reservations held in it). Returns whether it was written.
+    pub async fn seed(
+        &self,
+        key: &str,
+        spend: &Spend,
+        overwrite: bool,
+    ) -> Result<bool, Unavailable> {
+        let store = self.scopes()?.store();
+        let json = serde_json::to_vec(spend).map_err(|e| Unavailable(e.to_string()))?;
+        if overwrite {
+            store
+                .put(key, json.into())
+                .await
+                .map_err(|e| Unavailable(e.to_string()))?;
+            return Ok(true);
+        }
+        match store.create(key, json.into()).await {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => Ok(false),
+            Err(e) => Err(Unavailable(e.to_string())),
+        }
+    }
+
     /// The current state of the entry `key` (`key.<id>` or `tenant.<id>`).
     pub async fn peek(&self, key: &str) -> Result<Spend, Unavailable> {
         let s = self.read(key).await?.1;

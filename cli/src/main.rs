@@ -96,6 +96,22 @@ enum Command {
         #[arg(long, env = "SWITCHYARD_DATABASE_URL")]
         database_url: Option<String>,
     },
+    /// Budget state: `budgets rebuild` recomputes every key's and tenant's spend of the current
+    /// windows from the ledger into `SY_BUDGETS` (scopes without an entry; `--overwrite` replaces
+    /// existing ones and drops their open reservations — run it with ingress stopped).
+    Budgets {
+        #[command(flatten)]
+        common: Common,
+        /// sqlx database URL of the ledger (default: SQLite under the data dir).
+        #[arg(long, env = "SWITCHYARD_DATABASE_URL")]
+        database_url: Option<String>,
+        /// Replace entries that exist.
+        #[arg(long)]
+        overwrite: bool,
+        /// `rebuild`.
+        #[arg(value_parser = ["rebuild"])]
+        action: String,
+    },
     /// The cache service; `cache eval PAIRS.jsonl`, `cache purge …` and `cache bench` are its
     /// admin actions.
     Cache(cache_cmd::CacheArgs),
@@ -318,6 +334,33 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             let nats = connect(&require_nats(&c)?, "switchyard-billing").await?;
             run_billing(nats, &c, database_url, shutdown_token()).await
         }
+        Command::Budgets {
+            common,
+            database_url,
+            overwrite,
+            action: _,
+        } => {
+            let c = load(&common)?;
+            let nats = connect(&require_nats(&c)?, "switchyard-budgets").await?;
+            let ledger = open_ledger(&c, database_url).await?;
+            let js = async_nats::jetstream::new(nats);
+            let store = switchyard_budgets::BudgetStore::connect(&js, "budgets-rebuild").await;
+            let done = switchyard_billing::budget_rebuild::rebuild(
+                &ledger,
+                &store,
+                switchyard_schemas::now_ms(),
+                overwrite,
+            )
+            .await
+            .map_err(msg)?;
+            for k in &done.written {
+                println!("rebuilt {k}");
+            }
+            for k in &done.kept {
+                println!("kept    {k} (exists; --overwrite replaces it)");
+            }
+            Ok(())
+        }
         Command::Cache(args) => match args.action {
             Some(action) => cache_cmd::run_action(action).await.map_err(msg),
             None => {
@@ -510,12 +553,12 @@ async fn run_ingress(
         .map_err(msg)
 }
 
-async fn run_billing(
-    nats: async_nats::Client,
+/// The ledger at `database_url` (else the config's, else SQLite under the data dir), priced with
+/// the config's catalog.
+async fn open_ledger(
     c: &GatewayConfig,
     database_url: Option<String>,
-    shutdown: CancellationToken,
-) -> Result<(), CliError> {
+) -> Result<switchyard_billing::Ledger, CliError> {
     let url = database_url
         .or_else(|| c.billing.database_url.clone())
         .unwrap_or_else(|| {
@@ -532,6 +575,16 @@ async fn run_billing(
             switchyard_schemas::pricing::Catalog::load(c.pricing_file.as_deref()).map_err(msg)?;
         ledger = ledger.with_catalog(catalog);
     }
+    Ok(ledger)
+}
+
+async fn run_billing(
+    nats: async_nats::Client,
+    c: &GatewayConfig,
+    database_url: Option<String>,
+    shutdown: CancellationToken,
+) -> Result<(), CliError> {
+    let ledger = open_ledger(c, database_url).await?;
     switchyard_billing::run(
         nats,
         Subjects::new(c.subject_prefix.clone()),
