@@ -61,6 +61,7 @@ fn key(route: &str, text: &str) -> CacheKey {
             name: None,
             tool_calls: vec![],
             tool_call_id: None,
+            thinking_blocks: Vec::new(),
         }],
         tools: vec![],
         tenant: None,

@@ -311,12 +311,19 @@ impl Capture {
                 self.publish();
             }
             FrameBody::Error { .. } => self.failed = true,
+            // A cached answer has no place for reasoning, and a replay without its signed
+            // thinking blocks could not be continued on Anthropic: such answers are not stored.
+            FrameBody::Reasoning { .. }
+            | FrameBody::ReasoningSignature { .. }
+            | FrameBody::RedactedReasoning { .. } => self.failed = true,
             FrameBody::Start { .. } | FrameBody::Heartbeat => {}
         }
     }
 
     /// Stores a complete non-streamed answer.
     pub fn aggregate(mut self, agg: &Aggregate) {
+        // Not stored with reasoning: see `frame`.
+        self.failed |= !agg.thinking.is_empty();
         if !agg.text.is_empty() {
             self.answer.chunks.push(agg.text.clone());
         }
@@ -406,6 +413,7 @@ pub(crate) fn aggregate(answer: &CachedAnswer) -> Aggregate {
             .collect(),
         finish: answer.finish_reason,
         usage: Some(answer.usage),
+        thinking: Vec::new(),
     }
 }
 

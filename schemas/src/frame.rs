@@ -14,6 +14,7 @@
 //! credit it cancels the call. A request without the header is not flow-controlled.
 
 use crate::error::ErrorInfo;
+use crate::request::ThinkingBlock;
 use crate::usage::Usage;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -108,6 +109,23 @@ pub enum FrameBody {
         #[serde(default)]
         arguments: String,
     },
+    /// A piece of model reasoning (Anthropic `thinking_delta`; OpenAI-compatible
+    /// `reasoning_content`). Consecutive pieces belong to one thinking block until a
+    /// [`FrameBody::ReasoningSignature`] closes it.
+    Reasoning {
+        /// The reasoning delta.
+        text: String,
+    },
+    /// The signature that closes the current thinking block (Anthropic `signature_delta`).
+    ReasoningSignature {
+        /// Opaque signature, replayed unchanged on the next turn.
+        signature: String,
+    },
+    /// A whole `redacted_thinking` block (Anthropic: encrypted reasoning).
+    RedactedReasoning {
+        /// Opaque encrypted data.
+        data: String,
+    },
     /// Final token usage as reported by the upstream (normalised; see [`Usage`]).
     Usage {
         /// The counts.
@@ -131,9 +149,54 @@ pub enum FrameBody {
 }
 
 impl FrameBody {
+    /// Adds a reasoning frame to `blocks` (the finished message's thinking blocks, in order):
+    /// text extends the last unsigned `thinking` block or starts one, a signature closes the last
+    /// block (starting an empty one when none is open), a redacted block is appended. Returns
+    /// false, leaving `blocks` alone, for any other frame.
+    pub fn accumulate_thinking(&self, blocks: &mut Vec<ThinkingBlock>) -> bool {
+        let open = |blocks: &mut Vec<ThinkingBlock>| -> usize {
+            match blocks.last() {
+                Some(ThinkingBlock::Thinking {
+                    signature: None, ..
+                }) => {}
+                _ => blocks.push(ThinkingBlock::Thinking {
+                    thinking: String::new(),
+                    signature: None,
+                }),
+            }
+            blocks.len() - 1
+        };
+        match self {
+            Self::Reasoning { text } => {
+                let i = open(blocks);
+                if let Some(ThinkingBlock::Thinking { thinking, .. }) = blocks.get_mut(i) {
+                    thinking.push_str(text);
+                }
+            }
+            Self::ReasoningSignature { signature: sig } => {
+                let i = open(blocks);
+                if let Some(ThinkingBlock::Thinking { signature, .. }) = blocks.get_mut(i) {
+                    *signature = Some(sig.clone());
+                }
+            }
+            Self::RedactedReasoning { data } => {
+                blocks.push(ThinkingBlock::RedactedThinking { data: data.clone() });
+            }
+            _ => return false,
+        }
+        true
+    }
+
     /// True for frames that carry model output.
     pub fn is_content(&self) -> bool {
-        matches!(self, Self::Text { .. } | Self::ToolCall { .. })
+        matches!(
+            self,
+            Self::Text { .. }
+                | Self::ToolCall { .. }
+                | Self::Reasoning { .. }
+                | Self::ReasoningSignature { .. }
+                | Self::RedactedReasoning { .. }
+        )
     }
 
     /// True for the last frame of an attempt.

@@ -78,6 +78,7 @@ async fn probe_once(
             name: None,
             tool_calls: Vec::new(),
             tool_call_id: None,
+            thinking_blocks: Vec::new(),
         }],
         tools: Vec::new(),
         tool_choice: None,
@@ -90,6 +91,7 @@ async fn probe_once(
         include_usage: false,
         deadline_ms: now_ms() + probe.max_latency_ms,
         attempt: 0,
+        passthrough: Default::default(),
     };
     let started = Instant::now();
     let limit = Duration::from_millis(probe.max_latency_ms);

@@ -213,6 +213,8 @@ pub struct Answer {
     pub usage: Option<Usage>,
     /// Why generation stopped.
     pub finish_reason: switchyard_schemas::FinishReason,
+    /// Reasoning blocks before the answer (Anthropic thinking), in order.
+    pub thinking: Vec<switchyard_schemas::request::ThinkingBlock>,
 }
 
 impl Answer {
@@ -243,7 +245,9 @@ impl Answer {
                 }
                 FrameBody::Usage { usage } => a.usage = Some(usage),
                 FrameBody::End { finish_reason } => a.finish_reason = finish_reason,
-                _ => {}
+                other => {
+                    other.accumulate_thinking(&mut a.thinking);
+                }
             }
         }
         Ok(a)
@@ -251,7 +255,26 @@ impl Answer {
 
     /// The normalised events of the answer, in stream order.
     pub fn frames(self) -> Vec<FrameBody> {
-        let mut out = Vec::with_capacity(3 + self.tool_calls.len());
+        use switchyard_schemas::request::ThinkingBlock;
+        let mut out = Vec::with_capacity(3 + self.tool_calls.len() + 2 * self.thinking.len());
+        for block in self.thinking {
+            match block {
+                ThinkingBlock::Thinking {
+                    thinking,
+                    signature,
+                } => {
+                    if !thinking.is_empty() {
+                        out.push(FrameBody::Reasoning { text: thinking });
+                    }
+                    if let Some(signature) = signature {
+                        out.push(FrameBody::ReasoningSignature { signature });
+                    }
+                }
+                ThinkingBlock::RedactedThinking { data } => {
+                    out.push(FrameBody::RedactedReasoning { data });
+                }
+            }
+        }
         if !self.text.is_empty() {
             out.push(FrameBody::Text { text: self.text });
         }

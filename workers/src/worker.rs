@@ -761,6 +761,8 @@ impl Call<'_> {
             };
         let mut usage: Option<Usage> = None;
         let mut got_content = false;
+        // Per tool-call index: whether any non-blank argument piece went out (FC-38).
+        let mut tool_args: Vec<Option<bool>> = Vec::new();
         let end = loop {
             // The window is used up: stop reading the upstream until ingress grants more.
             if !sink.credit().await {
@@ -775,6 +777,21 @@ impl Call<'_> {
             match wait_beating(stream.next(), limit, timeouts.heartbeat, sink, cancel).await {
                 Waited::Ready(Some(Ok(FrameBody::Usage { usage: u }))) => usage = Some(u),
                 Waited::Ready(Some(Ok(end @ FrameBody::End { .. }))) => {
+                    // FC-38: a tool called without arguments gets `{}`, streamed or not, from
+                    // every provider (some stream no argument piece at all, or only "").
+                    let bare = tool_args
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, s)| **s == Some(false));
+                    for (index, _) in bare {
+                        sink.send(FrameBody::ToolCall {
+                            index: index as u32,
+                            id: None,
+                            name: None,
+                            arguments: "{}".into(),
+                        })
+                        .await;
+                    }
                     add_usage(out, usage.take());
                     if let Some(usage) = out.usage {
                         sink.send(FrameBody::Usage { usage }).await;
@@ -794,6 +811,17 @@ impl Call<'_> {
                     }
                     if let FrameBody::Text { text } = &body {
                         out.output_chars += text.len();
+                    }
+                    if let FrameBody::ToolCall {
+                        index, arguments, ..
+                    } = &body
+                    {
+                        let i = *index as usize;
+                        if tool_args.len() <= i {
+                            tool_args.resize(i + 1, None);
+                        }
+                        let sent = tool_args[i].unwrap_or(false);
+                        tool_args[i] = Some(sent || !arguments.trim().is_empty());
                     }
                     sink.send(body).await;
                 }

@@ -16,6 +16,7 @@ use crate::route::Aggregate;
 use bytes::Bytes;
 use serde_json::{Value, json};
 use std::collections::VecDeque;
+use switchyard_schemas::request::ThinkingBlock;
 use switchyard_schemas::{ErrorClass, ErrorInfo, FinishReason, FrameBody, Usage};
 
 /// Identity of one response: the `id` and `model` of the `Message`.
@@ -85,10 +86,29 @@ fn tool_input(name: &str, arguments: &str) -> Result<Value, ErrorInfo> {
     }
 }
 
-/// The non-streaming `Message`: a `text` block (when there is text), then one `tool_use` block
+/// A thinking block as Anthropic writes it: `{"type":"thinking","thinking","signature"}` (the
+/// signature is always present, empty when the upstream sent none) or
+/// `{"type":"redacted_thinking","data"}`.
+pub fn thinking_block(block: &ThinkingBlock) -> Value {
+    match block {
+        ThinkingBlock::Thinking {
+            thinking,
+            signature,
+        } => json!({"type": "thinking", "thinking": thinking,
+            "signature": signature.as_deref().unwrap_or("")}),
+        ThinkingBlock::RedactedThinking { data } => {
+            json!({"type": "redacted_thinking", "data": data})
+        }
+    }
+}
+
+/// The non-streaming `Message`: thinking blocks, a `text` block (when there is text), then one `tool_use` block
 /// per tool call with its arguments parsed into `input`.
 pub fn message(meta: &MessageMeta, agg: &Aggregate) -> Result<Value, ApiError> {
-    let mut content = Vec::with_capacity(agg.tool_calls.len() + 1);
+    let mut content = Vec::with_capacity(agg.tool_calls.len() + agg.thinking.len() + 1);
+    for block in &agg.thinking {
+        content.push(thinking_block(block));
+    }
     if !agg.text.is_empty() {
         content.push(json!({"type": "text", "text": agg.text}));
     }
@@ -128,6 +148,8 @@ enum Open {
     Text(u32),
     /// A `tool_use` block at this block index.
     Tool(u32),
+    /// A `thinking` block at this block index (closed by its signature or the next block).
+    Thinking(u32),
 }
 
 impl crate::front_door::StreamEncode for StreamEncoder {
@@ -185,6 +207,18 @@ impl StreamEncoder {
                 name,
                 arguments,
             } => self.tool_call(index, id, name, &arguments, out),
+            FrameBody::Reasoning { text } => self.thinking(&text, out),
+            FrameBody::ReasoningSignature { signature } => {
+                let index = self.thinking_index(out);
+                let delta = json!({"type": "signature_delta", "signature": signature});
+                Self::delta(index, delta, out);
+                self.close(out);
+            }
+            FrameBody::RedactedReasoning { data } => {
+                let block = json!({"type": "redacted_thinking", "data": data});
+                self.open_block(block, out);
+                self.close(out);
+            }
             FrameBody::Usage { usage } => self.usage = usage,
             FrameBody::End { finish_reason } => {
                 self.close(out);
@@ -203,7 +237,7 @@ impl StreamEncoder {
 
     /// Closes the open block, if any.
     fn close(&mut self, out: &mut VecDeque<Bytes>) {
-        if let Some(Open::Text(i) | Open::Tool(i)) = self.open.take() {
+        if let Some(Open::Text(i) | Open::Tool(i) | Open::Thinking(i)) = self.open.take() {
             out.push_back(event(
                 "content_block_stop",
                 &json!({"type": "content_block_stop", "index": i}),
@@ -224,6 +258,31 @@ impl StreamEncoder {
     fn delta(index: u32, delta: Value, out: &mut VecDeque<Bytes>) {
         let data = json!({"type": "content_block_delta", "index": index, "delta": delta});
         out.push_back(event("content_block_delta", &data));
+    }
+
+    /// The open thinking block's index, opening one (`{"type":"thinking","thinking":""}`, as
+    /// "Extended thinking" → streaming shows it) when none is.
+    fn thinking_index(&mut self, out: &mut VecDeque<Bytes>) -> u32 {
+        match self.open {
+            Some(Open::Thinking(i)) => i,
+            _ => {
+                let i = self.open_block(json!({"type": "thinking", "thinking": ""}), out);
+                self.open = Some(Open::Thinking(i));
+                i
+            }
+        }
+    }
+
+    fn thinking(&mut self, text: &str, out: &mut VecDeque<Bytes>) {
+        if text.is_empty() {
+            return;
+        }
+        let index = self.thinking_index(out);
+        Self::delta(
+            index,
+            json!({"type": "thinking_delta", "thinking": text}),
+            out,
+        );
     }
 
     fn text(&mut self, text: &str, out: &mut VecDeque<Bytes>) {
@@ -400,6 +459,7 @@ mod tests {
             }],
             finish: FinishReason::ToolCalls,
             usage: None,
+            thinking: Vec::new(),
         };
         let m = message(&meta(), &agg).unwrap();
         assert_eq!(

@@ -113,6 +113,7 @@ pub async fn admit<'c>(
         include_usage: inbound.include_usage,
         deadline_ms,
         attempt: 0,
+        passthrough: inbound.passthrough,
     };
     let mut charge = Charge::new(app.clone(), &req, admitted);
     if let Some(r) = reservation {

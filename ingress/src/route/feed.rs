@@ -151,6 +151,11 @@ impl FrameFeed {
                     }
                     call.arguments.push_str(&arguments);
                 }
+                FrameBody::Reasoning { .. }
+                | FrameBody::ReasoningSignature { .. }
+                | FrameBody::RedactedReasoning { .. } => {
+                    f.accumulate_thinking(&mut agg.thinking);
+                }
                 FrameBody::Usage { usage } => agg.usage = Some(usage),
                 FrameBody::End { finish_reason } => agg.finish = finish_reason,
                 FrameBody::Error { error, .. } => return Err(error),
@@ -183,4 +188,6 @@ pub struct Aggregate {
     pub finish: FinishReason,
     /// Upstream-reported usage.
     pub usage: Option<Usage>,
+    /// Reasoning blocks, in order (Anthropic thinking; see [`FrameBody::accumulate_thinking`]).
+    pub thinking: Vec<switchyard_schemas::request::ThinkingBlock>,
 }

@@ -16,7 +16,9 @@ use futures::future::BoxFuture;
 use reqwest::header::{CONTENT_TYPE, HeaderValue};
 use serde_json::{Value, json};
 use switchyard_schemas::config::{ProviderKind, TargetConfig};
-use switchyard_schemas::request::{Content, ContentPart, Message, Role, ToolCall};
+use switchyard_schemas::request::{
+    Content, ContentPart, Message, Passthrough, Role, ThinkingBlock, ToolCall,
+};
 use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, FinishReason, FrameBody, Usage};
 
 use crate::provider::{
@@ -64,6 +66,11 @@ impl Provider for AnthropicProvider {
             .post(url)
             .header("anthropic-version", ANTHROPIC_VERSION)
             .header(CONTENT_TYPE, "application/json");
+        if let Some(extra) = req.passthrough.get(Passthrough::ANTHROPIC) {
+            for (name, value) in &extra.headers {
+                builder = builder.header(name.as_str(), value.as_str());
+            }
+        }
         let key =
             (!target.api_key.is_empty()).then(|| HeaderValue::from_str(target.api_key.expose()));
         Box::pin(async move {
@@ -95,7 +102,22 @@ use crate::providers::shared::{bad_message, invalid};
 /// `metadata.user_id`; `"stream": true` when the client streams. Errors (class `invalid_request`, with `param`):
 /// `n` > 1, a non-`text` `response_format`, unparsable tool-call arguments, unsupported image URLs.
 /// `seed`, `presence_penalty` and `frequency_penalty` have no Anthropic equivalent and are not sent;
-/// `tool_choice` is only sent together with `tools`.
+/// `tool_choice` is only sent together with `tools`. `top_k` is sent as is; an assistant
+/// message's `thinking_blocks` go first in its content, unchanged (signatures included).
+///
+/// The [`Passthrough::ANTHROPIC`] fields the Anthropic front door carried (`thinking`,
+/// `context_management`, `output_config`, `service_tier`, `metadata`, the raw `system` and
+/// `tools` with their `cache_control`, …) are sent unchanged and win over the translated ones;
+/// with a raw `system`, the leading system message it became is not sent twice, while later
+/// system messages are appended to it as text blocks. Its headers (`anthropic-beta`) are sent too.
+///
+/// `reasoning_effort` (OpenAI front door) without a passthrough `thinking` becomes
+/// `thinking: {"type":"enabled","budget_tokens":B}` with B = 1,024 (`low`), 4,096 (`medium`),
+/// 16,384 (`high`), 32,768 (`xhigh`), capped at `max_tokens` − 1 (as in OpenAI,
+/// `max_tokens` bounds reasoning and answer together; unset, `max_tokens` becomes
+/// B + [`DEFAULT_MAX_TOKENS`]); `none`, `minimal`, a cap below Anthropic's minimum of 1,024, or a
+/// forced tool choice (which thinking does not allow) send no `thinking`. With thinking on,
+/// `temperature`, `top_p` and `top_k` are not sent (Anthropic allows no changes to them then).
 pub fn build_request(target: &TargetConfig, req: &ChatRequest) -> Result<Value, ErrorInfo> {
     let p = &req.params;
     if let Some(n) = p.n.filter(|n| *n > 1) {
@@ -125,7 +147,8 @@ pub fn build_request(target: &TargetConfig, req: &ChatRequest) -> Result<Value, 
             }
             Role::User => push_turn(&mut turns, "user", content_blocks(m.content.as_ref(), i)?),
             Role::Assistant => {
-                let mut blocks = content_blocks(m.content.as_ref(), i)?;
+                let mut blocks: Vec<Value> = m.thinking_blocks.iter().map(thinking_block).collect();
+                blocks.extend(content_blocks(m.content.as_ref(), i)?);
                 for call in &m.tool_calls {
                     blocks.push(tool_use_block(call, i)?);
                 }
@@ -148,6 +171,7 @@ pub fn build_request(target: &TargetConfig, req: &ChatRequest) -> Result<Value, 
         "top_p": p.top_p,
         "stop_sequences": (!p.stop.is_empty()).then_some(&p.stop),
         "metadata": p.user.as_ref().map(|u| json!({ "user_id": u })),
+        "top_k": p.top_k,
     }));
     if !req.tools.is_empty() {
         let default_schema = json!({ "type": "object", "properties": {} });
@@ -167,7 +191,87 @@ pub fn build_request(target: &TargetConfig, req: &ChatRequest) -> Result<Value, 
             obj.insert("tool_choice".into(), choice);
         }
     }
+    if let Some(obj) = body.as_object_mut() {
+        apply_passthrough(obj, req);
+        map_reasoning_effort(obj, req);
+    }
     Ok(body)
+}
+
+/// A normalised thinking block as an Anthropic content block, unchanged.
+fn thinking_block(b: &ThinkingBlock) -> Value {
+    match b {
+        ThinkingBlock::Thinking {
+            thinking,
+            signature,
+        } => without_nulls(
+            json!({ "type": "thinking", "thinking": thinking, "signature": signature }),
+        ),
+        ThinkingBlock::RedactedThinking { data } => {
+            json!({ "type": "redacted_thinking", "data": data })
+        }
+    }
+}
+
+/// The Anthropic front door's own fields, over the translated ones (see [`build_request`]).
+fn apply_passthrough(obj: &mut serde_json::Map<String, Value>, req: &ChatRequest) {
+    let Some(extra) = req.passthrough.get(Passthrough::ANTHROPIC) else {
+        return;
+    };
+    for (k, v) in &extra.body {
+        if k == "system" {
+            // Later system messages (Claude Code sends them mid-conversation) follow the raw ones.
+            let mut blocks = match v {
+                Value::String(t) => vec![json!({ "type": "text", "text": t })],
+                Value::Array(a) => a.clone(),
+                _ => Vec::new(),
+            };
+            let later = req
+                .messages
+                .iter()
+                .filter(|m| matches!(m.role, Role::System | Role::Developer))
+                .skip(1)
+                .filter_map(|m| m.content.as_ref().map(Content::text))
+                .filter(|t| !t.is_empty());
+            blocks.extend(later.map(|t| json!({ "type": "text", "text": t })));
+            obj.insert("system".into(), Value::Array(blocks));
+            continue;
+        }
+        obj.insert(k.clone(), v.clone());
+    }
+}
+
+/// `reasoning_effort` → a `thinking` budget, when no `thinking` was given (see [`build_request`]).
+fn map_reasoning_effort(obj: &mut serde_json::Map<String, Value>, req: &ChatRequest) {
+    if obj.contains_key("thinking") {
+        return;
+    }
+    let budget: u32 = match req.params.reasoning_effort.as_deref() {
+        Some("low") => 1024,
+        Some("medium") => 4096,
+        Some("high") => 16_384,
+        Some("xhigh") => 32_768,
+        _ => return,
+    };
+    let forced = obj
+        .get("tool_choice")
+        .and_then(|c| c.get("type"))
+        .is_some_and(|t| t == "any" || t == "tool");
+    let (budget, max_tokens) = match req.params.max_tokens {
+        Some(max) => (budget.min(max.saturating_sub(1)), max),
+        None => (budget, budget + DEFAULT_MAX_TOKENS),
+    };
+    if forced || budget < 1024 {
+        return;
+    }
+    obj.insert("max_tokens".into(), json!(max_tokens));
+    obj.insert(
+        "thinking".into(),
+        json!({ "type": "enabled", "budget_tokens": budget }),
+    );
+    for k in ["temperature", "top_p", "top_k"] {
+        obj.remove(k);
+    }
 }
 
 /// `v` without its top-level `null` members (absent optional fields).
@@ -370,6 +474,17 @@ impl AnthropicTranslator {
                     out.push_back(tool_frame(index, Some(id), Some(name), String::new()));
                 }
                 Some("text") => push_text(out, str_at(data, "/content_block/text")),
+                Some("thinking") => {
+                    if let Some(t) =
+                        str_at(data, "/content_block/thinking").filter(|t| !t.is_empty())
+                    {
+                        out.push_back(Ok(FrameBody::Reasoning { text: t.to_owned() }));
+                    }
+                }
+                Some("redacted_thinking") => {
+                    let data = str_at(data, "/content_block/data").unwrap_or("").to_owned();
+                    out.push_back(Ok(FrameBody::RedactedReasoning { data }));
+                }
                 _ => {}
             },
             "content_block_delta" => match str_at(data, "/delta/type") {
@@ -384,7 +499,16 @@ impl AnthropicTranslator {
                         out.push_back(tool_frame(*index, None, None, piece.to_owned()));
                     }
                 }
-                // thinking_delta, signature_delta, citations_delta, …: not forwarded.
+                Some("thinking_delta") => {
+                    if let Some(t) = str_at(data, "/delta/thinking").filter(|t| !t.is_empty()) {
+                        out.push_back(Ok(FrameBody::Reasoning { text: t.to_owned() }));
+                    }
+                }
+                Some("signature_delta") => {
+                    let signature = str_at(data, "/delta/signature").unwrap_or("").to_owned();
+                    out.push_back(Ok(FrameBody::ReasoningSignature { signature }));
+                }
+                // citations_delta, …: not forwarded.
                 _ => {}
             },
             "content_block_stop" => {
@@ -495,7 +619,14 @@ pub fn parse_message(v: &Value) -> Result<Answer, ErrorInfo> {
                 b.get("input")
                     .map_or_else(|| "{}".to_owned(), Value::to_string),
             )),
-            // thinking, redacted_thinking, server tool blocks: not part of the OpenAI answer.
+            Some("thinking") => answer.thinking.push(ThinkingBlock::Thinking {
+                thinking: str_at(b, "/thinking").unwrap_or("").to_owned(),
+                signature: str_at(b, "/signature").map(str::to_owned),
+            }),
+            Some("redacted_thinking") => answer.thinking.push(ThinkingBlock::RedactedThinking {
+                data: str_at(b, "/data").unwrap_or("").to_owned(),
+            }),
+            // Server tool blocks: not part of the normalised answer.
             _ => {}
         }
     }
@@ -685,6 +816,7 @@ mod tests {
     fn thinking_ping_empty_tool_args_and_cache_writes() {
         let (id, name) = (Some("toolu_1".to_owned()), Some("now".to_owned()));
         let expected = vec![
+            Ok(FrameBody::Reasoning { text: "hmm".into() }),
             tool_frame(0, id, name, String::new()),
             tool_frame(0, None, None, "{}".into()),
             usage(32, 20, 5, 9),
@@ -842,6 +974,60 @@ mod tests {
             json!([{"name": "w", "description": "weather", "input_schema": {"type": "object"}}]);
         assert_eq!(body["tools"], expected);
         assert!(body.get("tool_choice").is_none());
+    }
+
+    /// Anthropic-door fields pass through; `reasoning_effort` maps to a thinking budget; thinking
+    /// blocks are replayed first in their assistant turn.
+    #[test]
+    fn passthrough_thinking_and_effort() {
+        let messages = json!([
+            {"role": "system", "content": "S"},
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "Hello", "thinking_blocks": [
+                {"type": "thinking", "thinking": "t", "signature": "sig"},
+                {"type": "redacted_thinking", "data": "d"}]},
+            {"role": "system", "content": "Later"},
+            {"role": "user", "content": "go"}
+        ]);
+        let system = json!([{"type": "text", "text": "S", "cache_control": {"type": "ephemeral"}}]);
+        let extra = json!({"params": {"top_k": 5, "temperature": 0.5},
+            "passthrough": {"anthropic": {"body": {"thinking": {"type": "adaptive"},
+                "context_management": {"edits": []}, "system": system}}}});
+        let body = build(messages.clone(), extra).unwrap();
+        assert_eq!(body["thinking"], json!({"type": "adaptive"}));
+        assert_eq!(body["context_management"], json!({"edits": []}));
+        assert_eq!(body["top_k"], json!(5));
+        assert_eq!(
+            body["system"],
+            json!([{"type": "text", "text": "S", "cache_control": {"type": "ephemeral"}},
+                {"type": "text", "text": "Later"}])
+        );
+        assert_eq!(
+            body["messages"][1]["content"],
+            json!([{"type": "thinking", "thinking": "t", "signature": "sig"},
+                {"type": "redacted_thinking", "data": "d"}, {"type": "text", "text": "Hello"}])
+        );
+        let user = json!([{"role": "user", "content": "x"}]);
+        let effort = |e: &str, max: Option<u32>| {
+            let extra =
+                json!({"params": {"reasoning_effort": e, "max_tokens": max, "temperature": 0.2}});
+            build(user.clone(), extra).unwrap()
+        };
+        let b = effort("low", None);
+        assert_eq!(
+            b["thinking"],
+            json!({"type": "enabled", "budget_tokens": 1024})
+        );
+        assert_eq!(b["max_tokens"], json!(1024 + DEFAULT_MAX_TOKENS));
+        assert!(b.get("temperature").is_none());
+        let b = effort("high", Some(8000));
+        assert_eq!(
+            b["thinking"],
+            json!({"type": "enabled", "budget_tokens": 7999})
+        );
+        assert_eq!(b["max_tokens"], json!(8000));
+        assert!(effort("medium", Some(500)).get("thinking").is_none());
+        assert!(effort("minimal", None).get("thinking").is_none());
     }
 
     #[test]

@@ -26,7 +26,7 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::LazyLock;
 use switchyard_schemas::config::{ProviderKind, TargetConfig};
 use switchyard_schemas::embed::EmbedRequest;
-use switchyard_schemas::request::Role;
+use switchyard_schemas::request::{Passthrough, Role};
 use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, FinishReason, FrameBody, Usage};
 
 /// Adapter for [`ProviderKind::Openai`] and [`ProviderKind::OpenaiCompatible`].
@@ -181,6 +181,13 @@ pub fn build_body(kind: ProviderKind, upstream_model: &str, req: &ChatRequest) -
 
 /// The upstream JSON body as an object, for adapters that speak a dialect of this wire format
 /// (Azure OpenAI adjusts a few keys) — see [`build_body`].
+///
+/// Beyond the normalised fields: `logprobs` / `top_logprobs` go to every OpenAI-style upstream
+/// (the answer's log probabilities are not relayed yet: `logprobs` is `null` in what the client
+/// gets); `reasoning_effort` and the [`Passthrough::OPENAI`] fields (`service_tier`,
+/// `prediction`, `logit_bias`, …) only to OpenAI and Azure OpenAI (`kind` `openai`), since
+/// compatible servers commonly reject unknown fields. `thinking_blocks` are never sent; `top_k`
+/// and the Anthropic passthrough are not either.
 pub fn build_object(
     kind: ProviderKind,
     upstream_model: &str,
@@ -193,6 +200,10 @@ pub fn build_object(
         .iter()
         .map(|m| {
             let mut v = serde_json::to_value(m).unwrap_or(Value::Null);
+            // Signed thinking blocks are Anthropic's: OpenAI-style servers do not take them back.
+            if let Some(o) = v.as_object_mut() {
+                o.remove("thinking_blocks");
+            }
             // Many compatible servers predate the `developer` role.
             if kind == ProviderKind::OpenaiCompatible && m.role == Role::Developer {
                 v["role"] = Value::String("system".into());
@@ -236,6 +247,20 @@ pub fn build_object(
         p.parallel_tool_calls.map(Value::from),
     );
     put("user", p.user.clone().map(Value::from));
+    put("logprobs", p.logprobs.map(Value::from));
+    put("top_logprobs", p.top_logprobs.map(Value::from));
+    // OpenAI's reasoning models take `reasoning_effort`; compatible servers mostly reject it.
+    if kind == ProviderKind::Openai {
+        put(
+            "reasoning_effort",
+            p.reasoning_effort.clone().map(Value::from),
+        );
+        if let Some(extra) = req.passthrough.get(Passthrough::OPENAI) {
+            for (k, v) in &extra.body {
+                o.insert(k.clone(), v.clone());
+            }
+        }
+    }
     if req.stream {
         o.insert("stream".into(), Value::Bool(true));
         o.insert("stream_options".into(), json!({"include_usage": true}));
@@ -334,7 +359,18 @@ pub fn parse_completion(v: &Value) -> Result<Answer, ErrorInfo> {
             (str_of(c, "id"), str_of(f, "name"), arguments)
         })
         .collect();
+    let thinking = message
+        .get("reasoning_content")
+        .and_then(Value::as_str)
+        .filter(|t| !t.is_empty())
+        .map(|t| switchyard_schemas::request::ThinkingBlock::Thinking {
+            thinking: t.to_owned(),
+            signature: None,
+        })
+        .into_iter()
+        .collect();
     Ok(Answer {
+        thinking,
         text,
         tool_calls,
         usage: v.get("usage").and_then(parse_usage),
@@ -434,6 +470,17 @@ impl SseTranslator for OpenAiTranslator {
             return false;
         };
         if let Some(delta) = choice.get("delta") {
+            // Reasoning text of compatible servers (DeepSeek, vLLM: `reasoning_content`;
+            // OpenRouter, Ollama: `reasoning`).
+            let reasoning = delta
+                .get("reasoning_content")
+                .or_else(|| delta.get("reasoning"))
+                .and_then(Value::as_str);
+            if let Some(text) = reasoning.filter(|t| !t.is_empty()) {
+                out.push_back(Ok(FrameBody::Reasoning {
+                    text: text.to_owned(),
+                }));
+            }
             if let Some(text) = delta.get("content").and_then(Value::as_str)
                 && !text.is_empty()
             {
