@@ -68,6 +68,28 @@ pub trait Provider: Send + Sync {
             .with_param("model"))
         })
     }
+
+    /// The upstream's exact count of `req`'s input tokens (system, messages, tools), where the
+    /// API has a count endpoint ([`ProviderKind::counts_tokens`]); the default is a 400.
+    fn count_tokens(
+        &self,
+        _http: &reqwest::Client,
+        _target: &TargetConfig,
+        _base_url: &str,
+        _req: &ChatRequest,
+    ) -> BoxFuture<'static, Result<u64, ErrorInfo>> {
+        no_count_endpoint(self.kind())
+    }
+}
+
+/// The default [`Provider::count_tokens`]: this provider has no count endpoint.
+pub fn no_count_endpoint(kind: ProviderKind) -> BoxFuture<'static, Result<u64, ErrorInfo>> {
+    Box::pin(async move {
+        Err(ErrorInfo::new(
+            ErrorClass::InvalidRequest,
+            format!("provider `{}` has no token-count API", kind.as_str()),
+        ))
+    })
 }
 
 /// The result of an embeddings call.

@@ -45,7 +45,7 @@ use switchyard_schemas::config::{
 };
 use switchyard_schemas::frame::{Credit, WINDOW_HEADER};
 use switchyard_schemas::publish::publish_usage_event;
-use switchyard_schemas::subjects::{CAP_CHAT, CAP_EMBED, Subjects};
+use switchyard_schemas::subjects::{CAP_CHAT, CAP_COUNT, CAP_EMBED, Subjects};
 use switchyard_schemas::usage::UsageStatus;
 use switchyard_schemas::{
     ChatRequest, ErrorClass, ErrorInfo, Frame, FrameBody, Usage, UsageEvent, UsageKind, now_ms,
@@ -149,6 +149,8 @@ pub struct Worker {
     credit_sub: async_nats::Subscriber,
     /// `.req.embed.`: tells embeddings requests from chat ones by subject.
     embed_marker: String,
+    /// `.req.count.`: token-count requests.
+    count_marker: String,
 }
 
 /// Subscribes and serves until `shutdown` fires (see [`Worker`]).
@@ -194,8 +196,16 @@ impl Worker {
                 nats.queue_subscribe(embed, Subjects::worker_queue_group(kind.as_str()))
                     .await?,
             );
+            if kind.counts_tokens() {
+                let count = opts.subjects.request(CAP_COUNT, kind.as_str());
+                subs.push(
+                    nats.queue_subscribe(count, Subjects::worker_queue_group(kind.as_str()))
+                        .await?,
+                );
+            }
         }
         let embed_marker = format!(".req.{CAP_EMBED}.");
+        let count_marker = format!(".req.{CAP_COUNT}.");
         let cancel_sub = nats
             .subscribe(opts.subjects.cancel(&opts.worker_id))
             .await?;
@@ -224,6 +234,7 @@ impl Worker {
             cancel_sub,
             credit_sub,
             embed_marker,
+            count_marker,
         })
     }
 
@@ -236,6 +247,7 @@ impl Worker {
             mut cancel_sub,
             mut credit_sub,
             embed_marker,
+            count_marker,
         } = self;
         let tracker = TaskTracker::new();
         tokio::spawn(crate::prober::run(shared.clone(), shutdown.clone()));
@@ -265,6 +277,8 @@ impl Worker {
                     let Some(msg) = msg else { break };
                     if msg.subject.contains(embed_marker.as_str()) {
                         tracker.spawn(crate::embed::handle(shared.clone(), msg));
+                    } else if msg.subject.contains(count_marker.as_str()) {
+                        tracker.spawn(crate::count::handle(shared.clone(), msg));
                     } else {
                         tracker.spawn(handle(shared.clone(), msg));
                     }

@@ -6,6 +6,7 @@
 //! ([`ApiError::into_anthropic_response`]). Responses carry `request-id` (Anthropic's header name)
 //! besides the `x-request-id` / `x-switchyard-*` headers of [`crate::route::Served`].
 
+pub mod count;
 pub mod request;
 pub mod response;
 

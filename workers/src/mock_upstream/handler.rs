@@ -78,6 +78,7 @@ pub(crate) fn router(state: MockState, shutdown: CancellationToken) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/messages", post(messages))
+        .route("/v1/messages/count_tokens", post(count_tokens))
         .route("/v1beta/models/{target}", post(generate_content))
         .route("/v1/models/{target}", post(generate_content))
         .route(
@@ -211,6 +212,40 @@ async fn chat_completions(
 
 async fn messages(State(app): State<App>, headers: HeaderMap, uri: Uri, body: Bytes) -> Response {
     handle(Provider::Anthropic, &app, &headers, &uri, &body).await
+}
+
+/// `POST /v1/messages/count_tokens` (Anthropic "Count Message tokens"): `{"input_tokens": N}`
+/// with N = `prompt_tokens` when the request's directives set it, else the words of `system`
+/// and `messages`; `status=` answers an Anthropic error instead.
+async fn count_tokens(
+    State(app): State<App>,
+    headers: HeaderMap,
+    uri: Uri,
+    body: Bytes,
+) -> Response {
+    let value: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    record(&app.state, &headers, &uri, value.clone());
+    let b = match Behaviour::from_request(path_spec(&headers), &headers, &value) {
+        Ok(b) => b,
+        Err(e) => return Provider::Anthropic.error(400, Some(&e), None),
+    };
+    if let Some(status) = b.status {
+        return Provider::Anthropic.error(status, b.error_message.as_deref(), None);
+    }
+    if !value.get("messages").is_some_and(Value::is_array) {
+        return Provider::Anthropic.error(400, Some("messages: Field required"), None);
+    }
+    if value.get("max_tokens").is_some() {
+        let message = "max_tokens: Extra inputs are not permitted";
+        return Provider::Anthropic.error(400, Some(message), None);
+    }
+    let words = super::behaviour::messages_words(&value)
+        + value
+            .get("system")
+            .map_or(0, super::behaviour::content_words);
+    let n = b.prompt_tokens.unwrap_or(words);
+    let body = json!({ "input_tokens": n }).to_string();
+    Provider::Anthropic.response(StatusCode::OK, "application/json", Body::from(body))
 }
 
 /// `POST /v1beta/models/{model}:(stream)GenerateContent` (also under `/v1`).

@@ -61,34 +61,92 @@ impl Provider for AnthropicProvider {
         req: &ChatRequest,
     ) -> BoxFuture<'static, Result<EventStream, ErrorInfo>> {
         let body = build_request(target, req).map(|body| body.to_string());
-        let url = format!("{}/messages", base_url.trim_end_matches('/'));
-        let mut builder = http
-            .post(url)
-            .header("anthropic-version", ANTHROPIC_VERSION)
-            .header(CONTENT_TYPE, "application/json");
-        if let Some(extra) = req.passthrough.get(Passthrough::ANTHROPIC) {
-            for (name, value) in &extra.headers {
-                builder = builder.header(name.as_str(), value.as_str());
-            }
-        }
-        let key =
-            (!target.api_key.is_empty()).then(|| HeaderValue::from_str(target.api_key.expose()));
+        let builder = post(
+            http,
+            target,
+            req,
+            &format!("{}/messages", base_url.trim_end_matches('/')),
+        );
         Box::pin(async move {
-            let body = body?;
-            if let Some(key) = key {
-                let bad_key =
-                    |_| ErrorInfo::new(ErrorClass::Auth, "api_key is not a valid header value");
-                let mut key = key.map_err(bad_key)?;
-                key.set_sensitive(true);
-                builder = builder.header("x-api-key", key);
-            }
-            let resp = send_checked(builder.body(body)).await?;
+            let resp = send_checked(builder?.body(body?)).await?;
             if is_json_answer(&resp) {
                 return Ok(translate_json(resp, parse_message));
             }
             Ok(translate_sse(resp, AnthropicTranslator::default()))
         })
     }
+
+    /// `POST {base_url}/messages/count_tokens` (Anthropic API reference, "Count Message tokens"):
+    /// the request's body reduced to the fields that endpoint takes ([`COUNT_FIELDS`]), with the
+    /// same headers; the answer's `input_tokens`.
+    fn count_tokens(
+        &self,
+        http: &reqwest::Client,
+        target: &TargetConfig,
+        base_url: &str,
+        req: &ChatRequest,
+    ) -> BoxFuture<'static, Result<u64, ErrorInfo>> {
+        let body = build_request(target, req).map(|mut body| {
+            if let Some(o) = body.as_object_mut() {
+                o.retain(|k, _| COUNT_FIELDS.contains(&k.as_str()));
+            }
+            body.to_string()
+        });
+        let url = format!("{}/messages/count_tokens", base_url.trim_end_matches('/'));
+        let builder = post(http, target, req, &url);
+        Box::pin(async move {
+            let resp = send_checked(builder?.body(body?)).await?;
+            let v: Value = resp
+                .json()
+                .await
+                .map_err(|e| protocol(format!("unreadable count_tokens answer: {e}")))?;
+            v.get("input_tokens")
+                .and_then(Value::as_u64)
+                .ok_or_else(|| protocol("count_tokens answer without `input_tokens`"))
+        })
+    }
+}
+
+/// Top-level fields `POST /v1/messages/count_tokens` accepts (Anthropic API reference, "Count
+/// Message tokens"); the rest of a Messages body (`max_tokens`, sampling, `stream`, …) is not
+/// sent there.
+pub const COUNT_FIELDS: &[&str] = &[
+    "model",
+    "messages",
+    "system",
+    "tools",
+    "tool_choice",
+    "thinking",
+    "mcp_servers",
+    "context_management",
+    "output_config",
+    "output_format",
+];
+
+/// A JSON `POST` to `url` with Anthropic's headers: `anthropic-version`, `x-api-key` when the
+/// target has a key, and the passthrough headers (`anthropic-beta`).
+fn post(
+    http: &reqwest::Client,
+    target: &TargetConfig,
+    req: &ChatRequest,
+    url: &str,
+) -> Result<reqwest::RequestBuilder, ErrorInfo> {
+    let mut builder = http
+        .post(url)
+        .header("anthropic-version", ANTHROPIC_VERSION)
+        .header(CONTENT_TYPE, "application/json");
+    if let Some(extra) = req.passthrough.get(Passthrough::ANTHROPIC) {
+        for (name, value) in &extra.headers {
+            builder = builder.header(name.as_str(), value.as_str());
+        }
+    }
+    if !target.api_key.is_empty() {
+        let bad_key = |_| ErrorInfo::new(ErrorClass::Auth, "api_key is not a valid header value");
+        let mut key = HeaderValue::from_str(target.api_key.expose()).map_err(bad_key)?;
+        key.set_sensitive(true);
+        builder = builder.header("x-api-key", key);
+    }
+    Ok(builder)
 }
 
 use crate::providers::shared::{bad_message, invalid};
