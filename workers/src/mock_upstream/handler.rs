@@ -433,10 +433,14 @@ async fn handle(
             wire::body(plan, app.shutdown.clone(), app.state.clone()),
         );
     }
-    let info = match provider.request_info(&body, uri) {
+    let mut info = match provider.request_info(&body, uri) {
         Ok(info) => info,
         Err(message) => return provider.error(400, Some(&message), None),
     };
+    info.assistant_turns = body
+        .get("messages")
+        .and_then(Value::as_array)
+        .map_or(0, |m| m.iter().filter(|m| m["role"] == "assistant").count());
     let generation = generate(&behaviour, &info);
     let fmt = SseFormat::new(&behaviour);
     let id = behaviour.id.clone().unwrap_or_else(|| provider.new_id());

@@ -55,6 +55,7 @@ pub(crate) fn request_info(body: &Value) -> Result<RequestInfo, String> {
         max_tokens,
         tool_names,
         prompt_words: messages_words(body),
+        assistant_turns: 0,
     })
 }
 
@@ -129,8 +130,8 @@ fn finish_reason(generation: &Generation) -> &'static str {
 }
 
 /// Tool call id of the `i`-th call.
-fn call_id(i: usize) -> String {
-    format!("call_mock_{i}")
+fn call_id(key: &str) -> String {
+    format!("call_mock_{key}")
 }
 
 /// The non-streaming `chat.completion` object.
@@ -148,7 +149,7 @@ pub(crate) fn completion(id: &str, created: u64, info: &RequestInfo, g: &Generat
                 .enumerate()
                 .map(|(i, c)| {
                     json!({
-                        "id": call_id(i),
+                        "id": call_id(&c.key(i)),
                         "type": "function",
                         "function": { "name": c.name, "arguments": c.arguments },
                     })
@@ -244,7 +245,7 @@ pub(crate) fn stream_script(
             for (i, call) in calls.iter().enumerate() {
                 let header = json!({ "tool_calls": [{
                     "index": i,
-                    "id": call_id(i),
+                    "id": call_id(&call.key(i)),
                     "type": "function",
                     "function": { "name": call.name, "arguments": "" },
                 }]});
