@@ -62,6 +62,7 @@ fn key(route: &str, text: &str) -> CacheKey {
             tool_calls: vec![],
             tool_call_id: None,
             thinking_blocks: Vec::new(),
+            cache_control: None,
         }],
         tools: vec![],
         tenant: None,

@@ -144,6 +144,12 @@ pub struct Message {
         deserialize_with = "null_as_default"
     )]
     pub thinking_blocks: Vec<ThinkingBlock>,
+    /// An Anthropic prompt-caching breakpoint at the end of this message (Anthropic "Prompt
+    /// caching": `cache_control` on the message's last block, e.g. `{"type":"ephemeral"}`; the
+    /// message-level form LiteLLM accepts on OpenAI-shaped messages). The Anthropic adapter puts
+    /// it on the message's last content block; other adapters do not send it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_control: Option<serde_json::Value>,
 }
 
 /// One block of model reasoning (Anthropic "Extended thinking", content block types).

@@ -99,3 +99,7 @@ def test_claude_code_three_turn_tool_run(gateway, tmp_path, model):
         for field in ("thinking", "context_management", "output_config", "metadata"):
             assert field in body, field
         assert dict(first["headers"]).get("anthropic-beta", "").startswith("claude-code-")
+        # Its prompt-caching breakpoints too: on system blocks and on the conversation's last block.
+        assert any("cache_control" in b for b in body["system"])
+        last = requests[-1]["body"]["messages"][-1]["content"]
+        assert "cache_control" in last[-1], last

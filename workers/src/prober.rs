@@ -79,6 +79,7 @@ async fn probe_once(
             tool_calls: Vec::new(),
             tool_call_id: None,
             thinking_blocks: Vec::new(),
+            cache_control: None,
         }],
         tools: Vec::new(),
         tool_choice: None,

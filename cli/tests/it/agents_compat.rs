@@ -258,7 +258,8 @@ async fn anthropic_passthrough_and_other_providers() {
     assert_eq!(
         r.body["messages"],
         json!([{"role": "user", "content": [
-        {"type": "text", "text": "say hi"}, {"type": "text", "text": "please"}]}])
+        {"type": "text", "text": "say hi", "cache_control": {"type": "ephemeral"}},
+        {"type": "text", "text": "please"}]}])
     );
 
     let (status, _, text) = send(&gw.base, "/v1/messages", &headers, &body("demo/mock")).await;
@@ -282,6 +283,10 @@ async fn anthropic_passthrough_and_other_providers() {
         json!({"role": "system", "content": "Reminder: be brief."})
     );
     assert_eq!(sent["tools"][0]["function"]["name"], "Bash");
+    assert_eq!(
+        sent["messages"][1],
+        json!({"role": "user", "content": "say hi"})
+    );
 }
 
 /// FC-37: a streamed thinking block (thinking_delta × 2, signature_delta) reaches /v1/messages

@@ -204,7 +204,7 @@ mod tests {
             msgs,
             json!([
                 {"role": "system", "content": "You are Claude Code."},
-                {"role": "user", "content": "hi"},
+                {"role": "user", "content": "hi", "cache_control": {"type": "ephemeral"}},
                 {"role": "assistant", "content": "Hello", "thinking_blocks": [
                     {"type": "thinking", "thinking": "Let me think.", "signature": "EqQBCkYIBRgCKkA1"},
                     {"type": "redacted_thinking", "data": "abc"}]},

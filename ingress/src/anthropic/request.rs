@@ -18,9 +18,11 @@
 //! `service_tier`, `container`, `mcp_servers`, `inference_geo`, the whole `metadata`, the
 //! top-level `cache_control`, and the raw `system` blocks and `tools` (keeping their
 //! `cache_control`). The `anthropic-beta` header rides along the same way ([`parse_with`]).
-//! `cache_control` on message blocks, `citations` on input text blocks, `eager_input_streaming`
-//! on tools and `caller: {"type":"direct"}` on `tool_use` blocks are accepted and not forwarded
-//! (message blocks are normalised). Unknown fields are a 400 naming the field (Anthropic:
+//! `cache_control` on message blocks becomes the normalised message's `cache_control` (a
+//! breakpoint at the end of that message: the Anthropic adapter puts it on the message's last
+//! block; several breakpoints within one message become one). `citations` on input text blocks,
+//! `eager_input_streaming` on tools and `caller: {"type":"direct"}` on `tool_use` blocks are
+//! accepted and not forwarded. Unknown fields are a 400 naming the field (Anthropic:
 //! "Extra inputs are not permitted").
 
 use crate::error::ApiError;
@@ -119,15 +121,15 @@ struct Metadata {
 enum Block {
     Text {
         text: String,
-        #[serde(default, rename = "cache_control")]
-        _cache_control: Option<IgnoredAny>,
+        #[serde(default)]
+        cache_control: Option<Value>,
         #[serde(default, rename = "citations")]
         _citations: Option<IgnoredAny>,
     },
     Image {
         source: ImageSource,
-        #[serde(default, rename = "cache_control")]
-        _cache_control: Option<IgnoredAny>,
+        #[serde(default)]
+        cache_control: Option<Value>,
     },
     ToolUse {
         id: String,
@@ -135,8 +137,8 @@ enum Block {
         input: Value,
         #[serde(default)]
         caller: Option<Value>,
-        #[serde(default, rename = "cache_control")]
-        _cache_control: Option<IgnoredAny>,
+        #[serde(default)]
+        cache_control: Option<Value>,
     },
     ToolResult {
         tool_use_id: String,
@@ -145,8 +147,8 @@ enum Block {
         /// No normalised equivalent: the result text (which states the failure) goes through.
         #[serde(default, rename = "is_error")]
         _is_error: Option<bool>,
-        #[serde(default, rename = "cache_control")]
-        _cache_control: Option<IgnoredAny>,
+        #[serde(default)]
+        cache_control: Option<Value>,
     },
     Thinking {
         thinking: String,
@@ -156,6 +158,20 @@ enum Block {
     RedactedThinking {
         data: String,
     },
+}
+
+impl Block {
+    /// The block's `cache_control` (a prompt-caching breakpoint), if any.
+    fn cache_control(&self) -> Option<&Value> {
+        match self {
+            Block::Text { cache_control, .. }
+            | Block::Image { cache_control, .. }
+            | Block::ToolUse { cache_control, .. }
+            | Block::ToolResult { cache_control, .. } => cache_control.as_ref(),
+            Block::Thinking { .. } | Block::RedactedThinking { .. } => None,
+        }
+        .filter(|v| !v.is_null())
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -292,7 +308,18 @@ pub fn parse_with(body: &[u8], beta: Option<&str>) -> Result<Inbound, ApiError> 
             InRole::User => user_turn(m.content, &at, &mut messages)?,
             InRole::Assistant => messages.push(assistant_turn(m.content, &at)?),
             InRole::System => {
-                messages.extend(system_message(m.content, &format!("{at}.content"))?);
+                let cache = match &m.content {
+                    Value::Array(blocks) => blocks
+                        .iter()
+                        .rev()
+                        .find_map(|b| b.get("cache_control").filter(|c| !c.is_null()).cloned()),
+                    _ => None,
+                };
+                let system = system_message(m.content, &format!("{at}.content"))?;
+                messages.extend(system.map(|mut s| {
+                    s.cache_control = cache;
+                    s
+                }));
             }
         }
     }
@@ -400,7 +427,7 @@ fn content_blocks(content: Value, at: &str) -> Result<Vec<Block>, ApiError> {
     match content {
         Value::String(text) => Ok(vec![Block::Text {
             text,
-            _cache_control: None,
+            cache_control: None,
             _citations: None,
         }]),
         Value::Array(items) => blocks(items, at),
@@ -430,6 +457,7 @@ fn plain(role: Role, content: Option<Content>) -> Message {
         tool_calls: Vec::new(),
         tool_call_id: None,
         thinking_blocks: Vec::new(),
+        cache_control: None,
     }
 }
 
@@ -471,25 +499,38 @@ fn user_turn(content: Value, at: &str, out: &mut Vec<Message>) -> Result<(), Api
         ));
     }
     let mut pending: Vec<ContentPart> = Vec::new();
-    let flush = |pending: &mut Vec<ContentPart>, out: &mut Vec<Message>| {
-        if !pending.is_empty() {
-            let parts = std::mem::take(pending);
-            out.push(plain(Role::User, Some(parts_content(parts))));
-        }
-    };
+    // A breakpoint on a gathered text/image block marks the end of their user message.
+    let mut pending_cache: Option<Value> = None;
+    let flush =
+        |pending: &mut Vec<ContentPart>, cache: &mut Option<Value>, out: &mut Vec<Message>| {
+            if !pending.is_empty() {
+                let parts = std::mem::take(pending);
+                let mut m = plain(Role::User, Some(parts_content(parts)));
+                m.cache_control = cache.take();
+                out.push(m);
+            }
+        };
     for (j, block) in blocks.into_iter().enumerate() {
+        let cache = block.cache_control().cloned();
         match block {
-            Block::Text { text, .. } => pending.push(ContentPart::Text { text }),
-            Block::Image { source, .. } => pending.push(image_part(source)),
+            Block::Text { text, .. } => {
+                pending.push(ContentPart::Text { text });
+                pending_cache = cache.or(pending_cache);
+            }
+            Block::Image { source, .. } => {
+                pending.push(image_part(source));
+                pending_cache = cache.or(pending_cache);
+            }
             Block::ToolResult {
                 tool_use_id,
                 content,
                 ..
             } => {
-                flush(&mut pending, out);
+                flush(&mut pending, &mut pending_cache, out);
                 let at = format!("{at_content}[{j}].content");
                 let mut m = plain(Role::Tool, Some(tool_result_content(content, &at)?));
                 m.tool_call_id = Some(tool_use_id);
+                m.cache_control = cache;
                 out.push(m);
             }
             Block::ToolUse { .. } | Block::Thinking { .. } | Block::RedactedThinking { .. } => {
@@ -500,7 +541,7 @@ fn user_turn(content: Value, at: &str, out: &mut Vec<Message>) -> Result<(), Api
             }
         }
     }
-    flush(&mut pending, out);
+    flush(&mut pending, &mut pending_cache, out);
     Ok(())
 }
 
@@ -536,10 +577,12 @@ fn assistant_turn(content: Value, at: &str) -> Result<Message, ApiError> {
     let mut parts = Vec::new();
     let mut calls = Vec::new();
     let mut thinking = Vec::new();
+    let mut cache_control = None;
     for (j, block) in content_blocks(content, &at_content)?
         .into_iter()
         .enumerate()
     {
+        cache_control = block.cache_control().cloned().or(cache_control);
         match block {
             Block::Text { text, .. } => parts.push(ContentPart::Text { text }),
             Block::ToolUse {
@@ -603,6 +646,7 @@ fn assistant_turn(content: Value, at: &str) -> Result<Message, ApiError> {
     let mut m = plain(Role::Assistant, content);
     m.tool_calls = calls;
     m.thinking_blocks = thinking;
+    m.cache_control = cache_control;
     Ok(m)
 }
 

@@ -161,7 +161,9 @@ use crate::providers::shared::{bad_message, invalid};
 /// `n` > 1, a non-`text` `response_format`, unparsable tool-call arguments, unsupported image URLs.
 /// `seed`, `presence_penalty` and `frequency_penalty` have no Anthropic equivalent and are not sent;
 /// `tool_choice` is only sent together with `tools`. `top_k` is sent as is; an assistant
-/// message's `thinking_blocks` go first in its content, unchanged (signatures included).
+/// message's `thinking_blocks` go first in its content, unchanged (signatures included); a
+/// message's `cache_control` goes on its last block. Without a raw `system`, system messages are
+/// joined into one string (their `cache_control` is not kept).
 ///
 /// The [`Passthrough::ANTHROPIC`] fields the Anthropic front door carried (`thinking`,
 /// `context_management`, `output_config`, `service_tier`, `metadata`, the raw `system` and
@@ -203,16 +205,23 @@ pub fn build_request(target: &TargetConfig, req: &ChatRequest) -> Result<Value, 
                     system.push(text);
                 }
             }
-            Role::User => push_turn(&mut turns, "user", content_blocks(m.content.as_ref(), i)?),
+            Role::User => {
+                let blocks = cached(content_blocks(m.content.as_ref(), i)?, m);
+                push_turn(&mut turns, "user", blocks);
+            }
             Role::Assistant => {
                 let mut blocks: Vec<Value> = m.thinking_blocks.iter().map(thinking_block).collect();
                 blocks.extend(content_blocks(m.content.as_ref(), i)?);
                 for call in &m.tool_calls {
                     blocks.push(tool_use_block(call, i)?);
                 }
-                push_turn(&mut turns, "assistant", blocks);
+                push_turn(&mut turns, "assistant", cached(blocks, m));
             }
-            Role::Tool => push_turn(&mut turns, "user", vec![tool_result_block(m, i)?]),
+            Role::Tool => push_turn(
+                &mut turns,
+                "user",
+                cached(vec![tool_result_block(m, i)?], m),
+            ),
         }
     }
     let messages: Vec<Value> = turns
@@ -256,6 +265,21 @@ pub fn build_request(target: &TargetConfig, req: &ChatRequest) -> Result<Value, 
     Ok(body)
 }
 
+/// `blocks` with the message's `cache_control` breakpoint on the last one (not on a thinking
+/// block, which takes none).
+fn cached(mut blocks: Vec<Value>, m: &Message) -> Vec<Value> {
+    if let (Some(cache), Some(last)) = (&m.cache_control, blocks.last_mut())
+        && !matches!(
+            last["type"].as_str(),
+            Some("thinking" | "redacted_thinking")
+        )
+        && let Some(o) = last.as_object_mut()
+    {
+        o.insert("cache_control".into(), cache.clone());
+    }
+    blocks
+}
+
 /// A normalised thinking block as an Anthropic content block, unchanged.
 fn thinking_block(b: &ThinkingBlock) -> Value {
     match b {
@@ -289,9 +313,11 @@ fn apply_passthrough(obj: &mut serde_json::Map<String, Value>, req: &ChatRequest
                 .iter()
                 .filter(|m| matches!(m.role, Role::System | Role::Developer))
                 .skip(1)
-                .filter_map(|m| m.content.as_ref().map(Content::text))
-                .filter(|t| !t.is_empty());
-            blocks.extend(later.map(|t| json!({ "type": "text", "text": t })));
+                .filter_map(|m| Some((m.content.as_ref()?.text(), m)))
+                .filter(|(t, _)| !t.is_empty());
+            blocks.extend(
+                later.map(|(t, m)| cached(vec![json!({ "type": "text", "text": t })], m).remove(0)),
+            );
             obj.insert("system".into(), Value::Array(blocks));
             continue;
         }
@@ -1040,7 +1066,7 @@ mod tests {
     fn passthrough_thinking_and_effort() {
         let messages = json!([
             {"role": "system", "content": "S"},
-            {"role": "user", "content": "hi"},
+            {"role": "user", "content": "hi", "cache_control": {"type": "ephemeral"}},
             {"role": "assistant", "content": "Hello", "thinking_blocks": [
                 {"type": "thinking", "thinking": "t", "signature": "sig"},
                 {"type": "redacted_thinking", "data": "d"}]},
@@ -1059,6 +1085,10 @@ mod tests {
             body["system"],
             json!([{"type": "text", "text": "S", "cache_control": {"type": "ephemeral"}},
                 {"type": "text", "text": "Later"}])
+        );
+        assert_eq!(
+            body["messages"][0]["content"],
+            json!([{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}])
         );
         assert_eq!(
             body["messages"][1]["content"],

@@ -201,8 +201,10 @@ pub fn build_object(
         .map(|m| {
             let mut v = serde_json::to_value(m).unwrap_or(Value::Null);
             // Signed thinking blocks are Anthropic's: OpenAI-style servers do not take them back.
+            // Nor Anthropic's cache breakpoints.
             if let Some(o) = v.as_object_mut() {
                 o.remove("thinking_blocks");
+                o.remove("cache_control");
             }
             // Many compatible servers predate the `developer` role.
             if kind == ProviderKind::OpenaiCompatible && m.role == Role::Developer {
