@@ -313,9 +313,11 @@ impl Capture {
             FrameBody::Error { .. } => self.failed = true,
             // A cached answer has no place for reasoning, and a replay without its signed
             // thinking blocks could not be continued on Anthropic: such answers are not stored.
+            // Nor has it a place for log probabilities.
             FrameBody::Reasoning { .. }
             | FrameBody::ReasoningSignature { .. }
-            | FrameBody::RedactedReasoning { .. } => self.failed = true,
+            | FrameBody::RedactedReasoning { .. }
+            | FrameBody::Logprobs { .. } => self.failed = true,
             FrameBody::Start { .. } | FrameBody::Heartbeat => {}
         }
     }
@@ -323,7 +325,7 @@ impl Capture {
     /// Stores a complete non-streamed answer.
     pub fn aggregate(mut self, agg: &Aggregate) {
         // Not stored with reasoning: see `frame`.
-        self.failed |= !agg.thinking.is_empty();
+        self.failed |= !agg.thinking.is_empty() || !agg.logprobs.is_empty();
         if !agg.text.is_empty() {
             self.answer.chunks.push(agg.text.clone());
         }
@@ -414,6 +416,7 @@ pub(crate) fn aggregate(answer: &CachedAnswer) -> Aggregate {
         finish: answer.finish_reason,
         usage: Some(answer.usage),
         thinking: Vec::new(),
+        logprobs: Vec::new(),
     }
 }
 

@@ -110,6 +110,7 @@ impl StreamEncode for OpenAiStream {
                 let block = serde_json::json!({"type": "redacted_thinking", "data": data});
                 out.push_back(self.meta.thinking_block_chunk(block));
             }
+            FrameBody::Logprobs { content } => out.push_back(self.meta.logprobs_chunk(content)),
             FrameBody::Usage { usage } => self.usage = Some(usage),
             FrameBody::End { finish_reason } => {
                 out.push_back(self.meta.finish_chunk(finish_reason));

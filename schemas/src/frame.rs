@@ -126,6 +126,13 @@ pub enum FrameBody {
         /// Opaque encrypted data.
         data: String,
     },
+    /// Log probabilities of the tokens just generated: OpenAI's `logprobs.content` entries
+    /// (`token`, `logprob`, `bytes`, `top_logprobs`), passed through as the upstream sent them.
+    /// Only OpenAI-style upstreams asked for `logprobs` send it.
+    Logprobs {
+        /// The entries, in token order.
+        content: Vec<serde_json::Value>,
+    },
     /// Final token usage as reported by the upstream (normalised; see [`Usage`]).
     Usage {
         /// The counts.

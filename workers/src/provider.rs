@@ -237,6 +237,8 @@ pub struct Answer {
     pub finish_reason: switchyard_schemas::FinishReason,
     /// Reasoning blocks before the answer (Anthropic thinking), in order.
     pub thinking: Vec<switchyard_schemas::request::ThinkingBlock>,
+    /// OpenAI `logprobs.content` entries of the text, when asked for.
+    pub logprobs: Vec<serde_json::Value>,
 }
 
 impl Answer {
@@ -267,6 +269,7 @@ impl Answer {
                 }
                 FrameBody::Usage { usage } => a.usage = Some(usage),
                 FrameBody::End { finish_reason } => a.finish_reason = finish_reason,
+                FrameBody::Logprobs { content } => a.logprobs.extend(content),
                 other => {
                     other.accumulate_thinking(&mut a.thinking);
                 }
@@ -299,6 +302,11 @@ impl Answer {
         }
         if !self.text.is_empty() {
             out.push(FrameBody::Text { text: self.text });
+        }
+        if !self.logprobs.is_empty() {
+            out.push(FrameBody::Logprobs {
+                content: self.logprobs,
+            });
         }
         for (index, (id, name, arguments)) in self.tool_calls.into_iter().enumerate() {
             out.push(FrameBody::ToolCall {

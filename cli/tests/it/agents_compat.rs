@@ -544,3 +544,49 @@ async fn fc38_tool_call_without_arguments() {
         content
     );
 }
+
+/// `logprobs` reach an OpenAI-style upstream and its `logprobs.content` entries come back,
+/// streamed and not; an Anthropic upstream gets no `logprobs`.
+#[tokio::test]
+async fn logprobs_pass_through() {
+    let gw = start(Options::default()).await;
+    let body = json!({"model": "demo/mock", "logprobs": true, "top_logprobs": 0,
+        "messages": [{"role": "user", "content": "hi"}]});
+    let (status, _, v) = send_json(&gw.base, "/v1/chat/completions", &[], &body).await;
+    assert_eq!(status, 200, "{v}");
+    let entries = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    let tokens: String = entries
+        .iter()
+        .map(|e| e["token"].as_str().unwrap())
+        .collect();
+    assert_eq!(tokens, DEFAULT_TEXT);
+    assert_eq!(entries.len(), 13);
+    assert!(entries.iter().all(|e| e["logprob"] == -0.5));
+    let sent = &gw.mock.requests()[0].body;
+    assert_eq!(
+        (sent["logprobs"].clone(), sent["top_logprobs"].clone()),
+        (json!(true), json!(0))
+    );
+
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let (status, _, text) = send(&gw.base, "/v1/chat/completions", &[], &streamed).await;
+    assert_eq!(status, 200);
+    let tokens: String = openai_events(&text)
+        .iter()
+        .filter_map(|e| {
+            e.pointer("/choices/0/logprobs/content")
+                .and_then(Value::as_array)
+        })
+        .flatten()
+        .map(|e| e["token"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(tokens, DEFAULT_TEXT);
+
+    let mut claude = body.clone();
+    claude["model"] = json!("demo/claude");
+    let (status, _, v) = send_json(&gw.base, "/v1/chat/completions", &[], &claude).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"][0]["logprobs"], Value::Null);
+    assert!(gw.mock.requests()[2].body.get("logprobs").is_none());
+}

@@ -231,7 +231,8 @@ impl StreamEncoder {
                 out.push_back(event("message_stop", &json!({"type": "message_stop"})));
             }
             FrameBody::Error { error, .. } => out.push_back(error_event(&error.into())),
-            FrameBody::Start { .. } | FrameBody::Heartbeat => {}
+            // Anthropic has no log probabilities.
+            FrameBody::Start { .. } | FrameBody::Heartbeat | FrameBody::Logprobs { .. } => {}
         }
     }
 
@@ -460,6 +461,7 @@ mod tests {
             finish: FinishReason::ToolCalls,
             usage: None,
             thinking: Vec::new(),
+            logprobs: Vec::new(),
         };
         let m = message(&meta(), &agg).unwrap();
         assert_eq!(

@@ -7,7 +7,8 @@
 //!   without `type`, `refusal`/`audio`/`annotations` ignored), `tools`, `tool_choice`,
 //!   `temperature`, `top_p`, `max_tokens`/`max_completion_tokens`, `stop`, `n` (1), `seed`,
 //!   penalties, `response_format`, `parallel_tool_calls`, `user`, `stream`,
-//!   `stream_options.include_usage`, `reasoning_effort`, `logprobs`, `top_logprobs`;
+//!   `stream_options.include_usage`, `reasoning_effort`, `logprobs`, `top_logprobs` (see
+//!   the OpenAI adapter's `build_object` for which providers get them);
 //! - the legacy `functions` / `function_call` become `tools` / `tool_choice`, an assistant
 //!   message's `function_call` a tool call (id `call_fn_<message index>`) and a `role: "function"`
 //!   message that call's `tool` result; the answer uses the current `tool_calls` shape;

@@ -36,7 +36,7 @@ struct Chunk<'a> {
 struct ChunkChoice<'a> {
     index: u32,
     delta: Delta<'a>,
-    logprobs: Option<()>,
+    logprobs: Option<serde_json::Value>,
     finish_reason: Option<&'static str>,
 }
 
@@ -161,6 +161,26 @@ impl ResponseMeta {
         )
     }
 
+    /// A chunk with an empty delta carrying the upstream's `logprobs.content` entries (OpenAI
+    /// sends them on the content chunk itself; the SDKs accumulate either way).
+    pub fn logprobs_chunk(&self, content: Vec<serde_json::Value>) -> Bytes {
+        let choices = [ChunkChoice {
+            index: 0,
+            delta: Delta::default(),
+            logprobs: Some(serde_json::json!({"content": content, "refusal": null})),
+            finish_reason: None,
+        }];
+        sse(&Chunk {
+            id: &self.id,
+            object: "chat.completion.chunk",
+            created: self.created,
+            model: &self.model,
+            system_fingerprint: None,
+            choices: &choices,
+            usage: self.include_usage.then_some(None),
+        })
+    }
+
     /// A reasoning delta: `{"reasoning_content": text}`.
     pub fn reasoning_chunk(&self, text: &str) -> Bytes {
         self.chunk(
@@ -257,13 +277,15 @@ pub fn completion(meta: &ResponseMeta, agg: &crate::route::Aggregate) -> serde_j
         message["reasoning_content"] = serde_json::Value::String(text);
         message["thinking_blocks"] = serde_json::to_value(&agg.thinking).unwrap_or_default();
     }
+    let logprobs = (!agg.logprobs.is_empty())
+        .then(|| serde_json::json!({"content": agg.logprobs, "refusal": null}));
     serde_json::json!({
         "id": meta.id,
         "object": "chat.completion",
         "created": meta.created,
         "model": meta.model,
         "system_fingerprint": null,
-        "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": agg.finish.as_str()}],
+        "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": agg.finish.as_str()}],
         "usage": serde_json::to_value(UsageOut::from(agg.usage.unwrap_or_default())).unwrap_or_default(),
     })
 }

@@ -38,6 +38,7 @@ pub(crate) fn request_info(body: &Value) -> Result<RequestInfo, String> {
         tool_names,
         prompt_words: messages_words(body) + system_words,
         assistant_turns: 0,
+        logprobs: false,
     })
 }
 

@@ -69,6 +69,7 @@ pub(crate) fn request_info(body: &Value, uri: &Uri) -> Result<RequestInfo, Strin
         tool_names,
         prompt_words: messages_words(body) + system_words,
         assistant_turns: 0,
+        logprobs: false,
     })
 }
 

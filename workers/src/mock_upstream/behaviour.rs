@@ -184,6 +184,9 @@ pub(crate) struct RequestInfo {
     pub(crate) prompt_words: u64,
     /// Assistant messages in the conversation (tags `call=` tool ids).
     pub(crate) assistant_turns: usize,
+    /// OpenAI `logprobs: true`: text chunks carry `logprobs.content` (one entry per chunk, the
+    /// chunk as its token, `logprob` −0.5, no alternatives).
+    pub(crate) logprobs: bool,
 }
 
 /// One generated tool call.

@@ -113,6 +113,7 @@ pub(crate) fn request_info(body: &Value, uri: &Uri) -> Result<RequestInfo, Strin
         tool_names,
         prompt_words,
         assistant_turns: 0,
+        logprobs: false,
     })
 }
 

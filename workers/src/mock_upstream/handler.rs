@@ -441,6 +441,7 @@ async fn handle(
         .get("messages")
         .and_then(Value::as_array)
         .map_or(0, |m| m.iter().filter(|m| m["role"] == "assistant").count());
+    info.logprobs = body.get("logprobs") == Some(&Value::Bool(true));
     let generation = generate(&behaviour, &info);
     let fmt = SseFormat::new(&behaviour);
     let id = behaviour.id.clone().unwrap_or_else(|| provider.new_id());

@@ -56,6 +56,7 @@ pub(crate) fn request_info(body: &Value) -> Result<RequestInfo, String> {
         tool_names,
         prompt_words: messages_words(body),
         assistant_turns: 0,
+        logprobs: false,
     })
 }
 
@@ -134,6 +135,15 @@ fn call_id(key: &str) -> String {
     format!("call_mock_{key}")
 }
 
+/// `logprobs.content` entries of text `pieces` (see [`RequestInfo::logprobs`]).
+fn logprob_entries(pieces: &[String]) -> Value {
+    let entries: Vec<Value> = pieces
+        .iter()
+        .map(|p| json!({ "token": p, "logprob": -0.5, "bytes": p.as_bytes(), "top_logprobs": [] }))
+        .collect();
+    json!({ "content": entries, "refusal": null })
+}
+
 /// The non-streaming `chat.completion` object.
 pub(crate) fn completion(id: &str, created: u64, info: &RequestInfo, g: &Generation) -> Value {
     let message = match &g.output {
@@ -172,7 +182,10 @@ pub(crate) fn completion(id: &str, created: u64, info: &RequestInfo, g: &Generat
         "choices": [{
             "index": 0,
             "message": message,
-            "logprobs": null,
+            "logprobs": match &g.output {
+                Output::Text { chunks, .. } if info.logprobs => logprob_entries(chunks),
+                _ => Value::Null,
+            },
             "finish_reason": finish_reason(g),
         }],
         "usage": usage(g.usage),
@@ -204,10 +217,16 @@ impl Chunker<'_> {
     }
 
     fn chunk(&self, delta: Value, finish_reason: Option<&str>) -> bytes::Bytes {
+        let logprobs = match delta.get("content").and_then(Value::as_str) {
+            Some(piece) if self.info.logprobs && !piece.is_empty() => {
+                logprob_entries(&[piece.to_owned()])
+            }
+            _ => Value::Null,
+        };
         let choices = json!([{
             "index": 0,
             "delta": delta,
-            "logprobs": null,
+            "logprobs": logprobs,
             "finish_reason": finish_reason,
         }]);
         self.fmt.data(&self.base(choices).to_string())

@@ -183,8 +183,7 @@ pub fn build_body(kind: ProviderKind, upstream_model: &str, req: &ChatRequest) -
 /// (Azure OpenAI adjusts a few keys) — see [`build_body`].
 ///
 /// Beyond the normalised fields: `logprobs` / `top_logprobs` go to every OpenAI-style upstream
-/// (the answer's log probabilities are not relayed yet: `logprobs` is `null` in what the client
-/// gets); `reasoning_effort` and the [`Passthrough::OPENAI`] fields (`service_tier`,
+/// (the answer's `logprobs.content` entries come back as `logprobs` frames); `reasoning_effort` and the [`Passthrough::OPENAI`] fields (`service_tier`,
 /// `prediction`, `logit_bias`, …) only to OpenAI and Azure OpenAI (`kind` `openai`), since
 /// compatible servers commonly reject unknown fields. `thinking_blocks` are never sent; `top_k`
 /// and the Anthropic passthrough are not either.
@@ -372,6 +371,7 @@ pub fn parse_completion(v: &Value) -> Result<Answer, ErrorInfo> {
         .into_iter()
         .collect();
     Ok(Answer {
+        logprobs: logprob_content(choice).unwrap_or_default(),
         thinking,
         text,
         tool_calls,
@@ -381,6 +381,15 @@ pub fn parse_completion(v: &Value) -> Result<Answer, ErrorInfo> {
             .and_then(Value::as_str)
             .map_or(FinishReason::Stop, map_finish),
     })
+}
+
+/// A choice's non-empty `logprobs.content` entries.
+fn logprob_content(choice: &Value) -> Option<Vec<Value>> {
+    choice
+        .pointer("/logprobs/content")
+        .and_then(Value::as_array)
+        .filter(|c| !c.is_empty())
+        .cloned()
 }
 
 /// Translates `chat.completion.chunk` events.
@@ -508,6 +517,9 @@ impl SseTranslator for OpenAiTranslator {
                     }));
                 }
             }
+        }
+        if let Some(content) = logprob_content(choice) {
+            out.push_back(Ok(FrameBody::Logprobs { content }));
         }
         if let Some(fr) = choice.get("finish_reason").and_then(Value::as_str) {
             self.finish = Some(map_finish(fr));
