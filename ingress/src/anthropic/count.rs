@@ -140,11 +140,12 @@ fn answer(n: u64, kind: &'static str, target: &str) -> Response {
     resp
 }
 
-/// The upstream's 401/403 as the caller's, with its message.
+/// The upstream's 401/403 as the caller's, with its message (the Anthropic `type` follows the
+/// status: `authentication_error`, `permission_error`).
 fn status_error(status: StatusCode, e: ErrorInfo) -> ApiError {
     let mut err = ApiError::from(e);
     err.status = status;
-    err.kind = "authentication_error";
+    err.kind = "invalid_request_error";
     err.code = None;
     err
 }
