@@ -180,8 +180,23 @@ impl Check {
     }
 }
 
+/// Passthrough fields that only mirror the normalised request (`system`, `tools`, `metadata`)
+/// or are caching hints (`cache_control`); any other (`thinking`, `output_config`, `logit_bias`,
+/// …) may change the answer and is not part of the cache key, so such a request bypasses the
+/// cache.
+const NEUTRAL_PASSTHROUGH: &[&str] = &["system", "tools", "metadata", "cache_control"];
+
+fn shapes_answer(inbound: &Inbound) -> bool {
+    inbound
+        .passthrough
+        .values()
+        .flat_map(|p| p.body.keys())
+        .any(|k| !NEUTRAL_PASSTHROUGH.contains(&k.as_str()))
+}
+
 /// Asks the cache about `inbound` (a `bypass` when the route opts out, the client said
-/// `no-cache`, `n` > 1, or the cache does not answer within the timeout).
+/// `no-cache`, `n` > 1, a provider passthrough field may shape the answer, or the cache does not
+/// answer within the timeout).
 pub async fn check(app: &Arc<AppState>, headers: &HeaderMap, inbound: &Inbound) -> Check {
     let admitted = Instant::now();
     let directives = Directives::from_headers(headers);
@@ -190,7 +205,7 @@ pub async fn check(app: &Arc<AppState>, headers: &HeaderMap, inbound: &Inbound) 
         return Check::bypass(admitted);
     };
     let settings = model.cache.clone().unwrap_or_default();
-    if !settings.enabled || inbound.params.n.is_some_and(|n| n > 1) {
+    if !settings.enabled || inbound.params.n.is_some_and(|n| n > 1) || shapes_answer(inbound) {
         return Check::bypass(admitted);
     }
     let key = CacheKey {
