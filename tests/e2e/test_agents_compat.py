@@ -113,3 +113,23 @@ def test_anthropic_thinking_round_trip(gateway):
     assert replay.content[0].text == DEFAULT_TEXT
     sent = gateway.mock.requests()[-1]["body"]["messages"][1]["content"][0]
     assert sent == {"type": "thinking", "thinking": "Let me add 2 and 2.", "signature": "EqQBCkYIBRgCKkA1"}
+
+
+def test_openai_sdk_sees_reasoning_and_replays_it(gateway):
+    """FC-37 through the openai SDK: the chat view's `reasoning_content` (streamed and not), and the
+    message's `model_dump()` (with `thinking_blocks`) replayed to the Anthropic upstream."""
+    client = oai(gateway.base_url)
+    ask = {"role": "user", "content": "What is 2+2?\n#mock fixture=fc37_anthropic_thinking"}
+    stream = client.chat.completions.create(model="demo/claude", messages=[ask], stream=True)
+    reasoning = [c.choices[0].delta.model_extra.get("reasoning_content") for c in stream if c.choices]
+    assert [r for r in reasoning if r] == ["Let me add ", "2 and 2."]
+    msg = client.chat.completions.create(model="demo/claude", messages=[ask]).choices[0].message
+    assert msg.content == "4"
+    assert msg.model_extra["reasoning_content"] == "Let me add 2 and 2."
+    block = {"type": "thinking", "thinking": "Let me add 2 and 2.", "signature": "EqQBCkYIBRgCKkA1"}
+    assert msg.model_extra["thinking_blocks"] == [block]
+    again = client.chat.completions.create(
+        model="demo/claude", messages=[ask, msg.model_dump(), {"role": "user", "content": "And 3+3?"}])
+    assert again.choices[0].message.content == DEFAULT_TEXT
+    sent = gateway.mock.requests()[-1]["body"]["messages"][1]
+    assert sent == {"role": "assistant", "content": [block, {"type": "text", "text": "4"}]}
