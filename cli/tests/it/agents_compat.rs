@@ -590,3 +590,24 @@ async fn logprobs_pass_through() {
     assert_eq!(v["choices"][0]["logprobs"], Value::Null);
     assert!(gw.mock.requests()[2].body.get("logprobs").is_none());
 }
+
+/// Anthropic server tools (`web_search_…`) are accepted: an Anthropic upstream gets them
+/// unchanged, an OpenAI-style one only the custom tools.
+#[tokio::test]
+async fn server_tools_reach_anthropic_only() {
+    let gw = start(Options::default()).await;
+    let tools = json!([{"type": "web_search_20250305", "name": "web_search", "max_uses": 2},
+        {"name": "get_weather", "input_schema": {"type": "object"}}]);
+    let body = |model: &str| {
+        json!({"model": model, "max_tokens": 64, "tools": tools,
+        "messages": [{"role": "user", "content": "News?"}]})
+    };
+    let (status, _, v) = send_json(&gw.base, "/v1/messages", ANTHROPIC, &body("demo/claude")).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(gw.mock.requests()[0].body["tools"], tools);
+    let (status, _, v) = send_json(&gw.base, "/v1/messages", ANTHROPIC, &body("demo/mock")).await;
+    assert_eq!(status, 200, "{v}");
+    let sent = &gw.mock.requests()[1].body["tools"];
+    assert_eq!(sent.as_array().unwrap().len(), 1);
+    assert_eq!(sent[0]["function"]["name"], "get_weather");
+}

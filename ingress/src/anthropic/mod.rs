@@ -233,6 +233,24 @@ mod tests {
         }
     }
 
+    /// Server tools go to an Anthropic upstream only (raw `tools`), not into the normalised list.
+    #[test]
+    fn server_tools_ride_in_the_passthrough() {
+        let tools = json!([{"type": "web_search_20250305", "name": "web_search", "max_uses": 3},
+            {"name": "w", "input_schema": {"type": "object"}}]);
+        let p = parse(&body(
+            json!({"tools": tools, "tool_choice": {"type": "any"}}),
+        ))
+        .unwrap();
+        assert_eq!(p.tools.len(), 1);
+        assert_eq!(p.tools[0].function.name, "w");
+        assert_eq!(p.tool_choice, Some(json!("required")));
+        assert_eq!(p.passthrough["anthropic"].body["tools"], tools);
+        let only = json!({"tools": [tools[0].clone()], "tool_choice": {"type": "any"}});
+        let p = parse(&body(only)).unwrap();
+        assert!(p.tools.is_empty() && p.tool_choice.is_none());
+    }
+
     #[test]
     fn tool_choice_kinds() {
         let tools = json!([{"name": "w", "input_schema": {}}]);
@@ -282,7 +300,7 @@ mod tests {
         assert_eq!(rejected(m(json!([]))).0, "messages[0].content");
         let role = json!({"messages": [{"role": "wizard", "content": "x"}]});
         assert_eq!(rejected(role).0, "messages[0].role");
-        let server = json!({"tools": [{"type": "web_search_20250305", "name": "web_search"}]});
+        let server = json!({"tools": [{"type": 5, "name": "web_search"}]});
         assert_eq!(rejected(server).0, "tools[0].type");
         assert_eq!(
             rejected(json!({"tool_choice": {"type": "any"}})).0,

@@ -330,7 +330,14 @@ pub fn parse_with(body: &[u8], beta: Option<&str>) -> Result<Inbound, ApiError> 
         .enumerate()
         .map(|(i, t)| tool(t, &format!("tools[{i}]")))
         .collect::<Result<Vec<_>, _>>()?;
-    let (tool_choice, parallel_tool_calls) = tool_choice(b.tool_choice, !tools.is_empty())?;
+    let server_tools = tools.iter().any(Option::is_none);
+    let tools: Vec<Tool> = tools.into_iter().flatten().collect();
+    let (mut tool_choice, parallel_tool_calls) =
+        tool_choice(b.tool_choice, !tools.is_empty() || server_tools)?;
+    if tools.is_empty() {
+        // Only server tools: the choice cannot be expressed without them.
+        tool_choice = None;
+    }
     let mut passthrough = BTreeMap::new();
     if !extra.is_empty() {
         passthrough.insert(Passthrough::ANTHROPIC.to_owned(), extra);
@@ -650,21 +657,24 @@ fn assistant_turn(content: Value, at: &str) -> Result<Message, ApiError> {
     Ok(m)
 }
 
-/// `{name, description, input_schema}` → a function tool; server tools (any `type` other than
-/// `custom`) are not supported.
-fn tool(v: Value, at: &str) -> Result<Tool, ApiError> {
+/// `{name, description, input_schema}` → a function tool. Server tools (a `type` other than
+/// `custom`, e.g. `web_search_20250305`, `bash_20250124`) have no normalised form: `None`, and
+/// they reach an Anthropic upstream only, in the raw `tools` of the passthrough (dropped for
+/// other providers; their result blocks are not part of the normalised answer).
+fn tool(v: Value, at: &str) -> Result<Option<Tool>, ApiError> {
     match v.get("type") {
         None | Some(Value::Null) => {}
         Some(Value::String(t)) if t == "custom" => {}
+        Some(Value::String(_)) => return Ok(None),
         Some(t) => {
             return Err(invalid(
                 &format!("{at}.type"),
-                format!("tool type {t} is not supported by Switchyard yet (only custom tools)"),
+                format!("Input should be a valid string, not {t}"),
             ));
         }
     }
     let t: InTool = from_value_at(v, at)?;
-    Ok(Tool {
+    Ok(Some(Tool {
         kind: "function".into(),
         function: FunctionDef {
             name: t.name,
@@ -672,7 +682,7 @@ fn tool(v: Value, at: &str) -> Result<Tool, ApiError> {
             parameters: Some(t.input_schema),
             strict: t.strict,
         },
-    })
+    }))
 }
 
 /// Anthropic `tool_choice` → OpenAI-shaped `tool_choice` and `parallel_tool_calls`:
