@@ -233,6 +233,42 @@ mod tests {
         }
     }
 
+    /// A real Claude Code request (2.1.332, third turn of `tests/e2e/test_claude_code.py`, long
+    /// texts shortened): every field it sends is accepted and the Anthropic-only ones pass through.
+    #[test]
+    fn claude_code_request_parses() {
+        let captured: Value =
+            serde_json::from_str(include_str!("claude_code_request.json")).unwrap();
+        let raw = captured["body"].to_string();
+        let beta = captured["anthropic-beta"].as_str();
+        let p = super::request::parse_with(raw.as_bytes(), beta).unwrap();
+        assert!(p.stream);
+        assert_eq!(
+            p.tools.len(),
+            captured["body"]["tools"].as_array().unwrap().len()
+        );
+        let extra = &p.passthrough["anthropic"];
+        for k in [
+            "thinking",
+            "context_management",
+            "output_config",
+            "metadata",
+            "tools",
+            "system",
+        ] {
+            assert_eq!(extra.body[k], captured["body"][k], "{k}");
+        }
+        assert_eq!(extra.headers["anthropic-beta"], beta.unwrap());
+        let roles: Vec<_> = p.messages.iter().map(|m| m.role).collect();
+        use switchyard_schemas::request::Role::*;
+        assert_eq!(roles, [System, User, Assistant, Tool, Assistant, Tool]);
+        assert!(p.messages[1].cache_control.is_none());
+        assert_eq!(
+            p.messages[5].cache_control,
+            Some(json!({"type": "ephemeral"}))
+        );
+    }
+
     /// Server tools go to an Anthropic upstream only (raw `tools`), not into the normalised list.
     #[test]
     fn server_tools_ride_in_the_passthrough() {
