@@ -514,6 +514,19 @@ async fn fc38_tool_call_without_arguments() {
     assert_eq!(calls[0]["function"]["arguments"], "{\"city\":\"Paris\"}");
     assert_eq!(calls[1]["function"]["arguments"], "{}");
 
+    // The Anthropic door streams both tool_use blocks with valid JSON input.
+    let body = json!({"model": "demo/mock", "max_tokens": 100, "stream": true,
+        "messages": [{"role": "user", "content": ask}]});
+    let (status, _, text) = send(&gw.base, "/v1/messages", ANTHROPIC, &body).await;
+    assert_eq!(status, 200);
+    let mut inputs = vec![String::new(); 2];
+    for (_, d) in anthropic_events(&text) {
+        if let Some(p) = d.pointer("/delta/partial_json").and_then(Value::as_str) {
+            inputs[d["index"].as_u64().unwrap() as usize].push_str(p);
+        }
+    }
+    assert_eq!(inputs, ["{\"city\":\"Paris\"}", "{}"]);
+
     // Replay the turn to the Anthropic upstream, from both doors.
     let history = json!([
         {"role": "user", "content": "Weather and time?"},

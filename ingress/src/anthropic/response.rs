@@ -325,7 +325,10 @@ impl StreamEncoder {
                 i
             }
         };
-        if !arguments.is_empty() {
+        // The worker's `{}` for a call without arguments (FC-38) may come after the block closed:
+        // its `content_block_start` already says `"input": {}`, and no delta may follow a stop.
+        let closed_empty = arguments == "{}" && self.open != Some(Open::Tool(index));
+        if !arguments.is_empty() && !closed_empty {
             let delta = json!({"type": "input_json_delta", "partial_json": arguments});
             Self::delta(index, delta, out);
         }
@@ -428,6 +431,37 @@ mod tests {
             json!({"input_tokens": 5, "cache_creation_input_tokens": 2,
                 "cache_read_input_tokens": 3, "output_tokens": 7})
         );
+    }
+
+    /// FC-38: the `{}` of an argument-less call that arrives after its block closed adds no
+    /// delta after that block's stop.
+    #[test]
+    fn late_empty_arguments_after_the_block_closed() {
+        let events = encode(vec![
+            tool(0, Some("c0"), ""),
+            tool(1, Some("c1"), "{\"a\":1}"),
+            tool(1, None, ""),
+            tool(0, None, "{}"),
+            FrameBody::End {
+                finish_reason: FinishReason::ToolCalls,
+            },
+        ]);
+        let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "message_start",
+                "ping",
+                "content_block_start",
+                "content_block_stop",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_stop",
+                "message_delta",
+                "message_stop"
+            ]
+        );
+        assert_eq!(events[2].1["content_block"]["input"], json!({}));
     }
 
     #[test]
