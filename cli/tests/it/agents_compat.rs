@@ -624,3 +624,25 @@ async fn server_tools_reach_anthropic_only() {
     assert_eq!(sent.as_array().unwrap().len(), 1);
     assert_eq!(sent[0]["function"]["name"], "get_weather");
 }
+
+/// Claude Code's `metadata.user_id` (a JSON text over OpenAI's 64-character `user` limit)
+/// reaches an OpenAI-style upstream as its SHA-256 (64 hex characters), Anthropic unchanged.
+#[tokio::test]
+async fn long_user_ids_fit_openai() {
+    let gw = start(Options::default()).await;
+    let user_id = r#"{"device_id":"68414b438263708e3c5d8d28a12d9e3cf4e4a041e5bcf2d023008378597112e2","account_uuid":"","session_id":"597b40ff-c118-4eab-a281-4b5e50a25146"}"#;
+    let body = |model: &str| {
+        json!({"model": model, "max_tokens": 32, "metadata": {"user_id": user_id},
+        "messages": [{"role": "user", "content": "hi"}]})
+    };
+    let (status, _, v) = send_json(&gw.base, "/v1/messages", ANTHROPIC, &body("demo/mock")).await;
+    assert_eq!(status, 200, "{v}");
+    let sent = &gw.mock.requests()[0].body["user"];
+    assert_eq!(
+        sent,
+        &json!(switchyard_schemas::tenancy::sha256_hex(user_id))
+    );
+    let (status, _, v) = send_json(&gw.base, "/v1/messages", ANTHROPIC, &body("demo/claude")).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(gw.mock.requests()[1].body["metadata"]["user_id"], user_id);
+}

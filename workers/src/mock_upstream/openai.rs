@@ -9,9 +9,21 @@ use super::wire::{Item, Script, SseFormat};
 const FINGERPRINT: &str = "fp_mock";
 
 /// Reads the fields the mock needs from a chat completions request.
+/// Longest `user` OpenAI accepts, characters.
+const MAX_USER_CHARS: usize = 64;
+
 pub(crate) fn request_info(body: &Value) -> Result<RequestInfo, String> {
     if !body.get("messages").is_some_and(Value::is_array) {
         return Err("Missing required parameter: 'messages'.".to_string());
+    }
+    // OpenAI's limit on `user` (Claude Code's `metadata.user_id` is a ~150-character JSON text).
+    if let Some(user) = body.get("user").and_then(Value::as_str)
+        && user.chars().count() > MAX_USER_CHARS
+    {
+        return Err(format!(
+            "Invalid 'user': string too long. Expected a string with maximum length {MAX_USER_CHARS}, but got a string with length {} instead.",
+            user.chars().count()
+        ));
     }
     let max_tokens = body
         .get("max_completion_tokens")

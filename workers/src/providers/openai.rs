@@ -247,7 +247,7 @@ pub fn build_object(
         "parallel_tool_calls",
         p.parallel_tool_calls.map(Value::from),
     );
-    put("user", p.user.clone().map(Value::from));
+    put("user", p.user.as_deref().map(user_field).map(Value::from));
     put("logprobs", p.logprobs.map(Value::from));
     put("top_logprobs", p.top_logprobs.map(Value::from));
     // OpenAI's reasoning models take `reasoning_effort`; compatible servers mostly reject it.
@@ -267,6 +267,21 @@ pub fn build_object(
         o.insert("stream_options".into(), json!({"include_usage": true}));
     }
     o
+}
+
+/// Longest `user` OpenAI accepts, characters ("Invalid 'user': string too long. Expected a string
+/// with maximum length 64").
+pub const MAX_USER_CHARS: usize = 64;
+
+/// `user` as sent upstream: as is up to [`MAX_USER_CHARS`], else its SHA-256 in hex (64
+/// characters: still one stable id per end user). Claude Code's `metadata.user_id`, which the
+/// Anthropic door makes `user`, is a ~150-character JSON text.
+pub fn user_field(user: &str) -> String {
+    if user.chars().count() <= MAX_USER_CHARS {
+        user.to_owned()
+    } else {
+        switchyard_schemas::tenancy::sha256_hex(user)
+    }
 }
 
 /// The `Accept` header for `body`: SSE for a stream request, JSON otherwise.
