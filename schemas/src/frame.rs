@@ -1,7 +1,8 @@
 //! The ordered stream a worker sends back on a request's reply subject.
 //!
-//! Order of a successful attempt: `start` → any number of `text` / `tool_call` (and `heartbeat` while
-//! the upstream is silent) → `usage` (at most one, final cumulative values) → `end`. A failed attempt
+//! Order of a successful attempt: `start` → any number of `reasoning` / `reasoning_signature` /
+//! `redacted_reasoning` / `text` / `tool_call` / `logprobs` (and `heartbeat` while the upstream is
+//! silent) → `usage` (at most one, final cumulative values) → `end`. A failed attempt
 //! ends with `error` instead of `end`. `seq` starts at 0 and increases by one per frame, so the reader
 //! can detect a gap (a lost message) and fail the request rather than return a damaged answer.
 //!
