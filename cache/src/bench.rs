@@ -61,6 +61,8 @@ fn key(route: &str, text: &str) -> CacheKey {
             name: None,
             tool_calls: vec![],
             tool_call_id: None,
+            thinking_blocks: Vec::new(),
+            cache_control: None,
         }],
         tools: vec![],
         tenant: None,

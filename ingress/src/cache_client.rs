@@ -180,8 +180,23 @@ impl Check {
     }
 }
 
+/// Passthrough fields that only mirror the normalised request (`system`, `tools`, `metadata`)
+/// or are caching hints (`cache_control`); any other (`thinking`, `output_config`, `logit_bias`,
+/// …) may change the answer and is not part of the cache key, so such a request bypasses the
+/// cache.
+const NEUTRAL_PASSTHROUGH: &[&str] = &["system", "tools", "metadata", "cache_control"];
+
+fn shapes_answer(inbound: &Inbound) -> bool {
+    inbound
+        .passthrough
+        .values()
+        .flat_map(|p| p.body.keys())
+        .any(|k| !NEUTRAL_PASSTHROUGH.contains(&k.as_str()))
+}
+
 /// Asks the cache about `inbound` (a `bypass` when the route opts out, the client said
-/// `no-cache`, `n` > 1, or the cache does not answer within the timeout).
+/// `no-cache`, `n` > 1, a provider passthrough field may shape the answer, or the cache does not
+/// answer within the timeout).
 pub async fn check(app: &Arc<AppState>, headers: &HeaderMap, inbound: &Inbound) -> Check {
     let admitted = Instant::now();
     let directives = Directives::from_headers(headers);
@@ -190,7 +205,7 @@ pub async fn check(app: &Arc<AppState>, headers: &HeaderMap, inbound: &Inbound) 
         return Check::bypass(admitted);
     };
     let settings = model.cache.clone().unwrap_or_default();
-    if !settings.enabled || inbound.params.n.is_some_and(|n| n > 1) {
+    if !settings.enabled || inbound.params.n.is_some_and(|n| n > 1) || shapes_answer(inbound) {
         return Check::bypass(admitted);
     }
     let key = CacheKey {
@@ -311,12 +326,21 @@ impl Capture {
                 self.publish();
             }
             FrameBody::Error { .. } => self.failed = true,
+            // A cached answer has no place for reasoning, and a replay without its signed
+            // thinking blocks could not be continued on Anthropic: such answers are not stored.
+            // Nor has it a place for log probabilities.
+            FrameBody::Reasoning { .. }
+            | FrameBody::ReasoningSignature { .. }
+            | FrameBody::RedactedReasoning { .. }
+            | FrameBody::Logprobs { .. } => self.failed = true,
             FrameBody::Start { .. } | FrameBody::Heartbeat => {}
         }
     }
 
     /// Stores a complete non-streamed answer.
     pub fn aggregate(mut self, agg: &Aggregate) {
+        // Not stored with reasoning: see `frame`.
+        self.failed |= !agg.thinking.is_empty() || !agg.logprobs.is_empty();
         if !agg.text.is_empty() {
             self.answer.chunks.push(agg.text.clone());
         }
@@ -406,6 +430,8 @@ pub(crate) fn aggregate(answer: &CachedAnswer) -> Aggregate {
             .collect(),
         finish: answer.finish_reason,
         usage: Some(answer.usage),
+        thinking: Vec::new(),
+        logprobs: Vec::new(),
     }
 }
 

@@ -54,6 +54,7 @@ impl FrontDoor for OpenAiChat {
             params: p.params,
             stream: p.stream,
             include_usage: p.include_usage,
+            passthrough: p.passthrough,
         })
     }
 
@@ -99,6 +100,17 @@ impl StreamEncode for OpenAiStream {
                 name.as_deref(),
                 &arguments,
             )),
+            FrameBody::Reasoning { text } => out.push_back(self.meta.reasoning_chunk(&text)),
+            FrameBody::ReasoningSignature { signature } => {
+                let block =
+                    serde_json::json!({"type": "thinking", "thinking": "", "signature": signature});
+                out.push_back(self.meta.thinking_block_chunk(block));
+            }
+            FrameBody::RedactedReasoning { data } => {
+                let block = serde_json::json!({"type": "redacted_thinking", "data": data});
+                out.push_back(self.meta.thinking_block_chunk(block));
+            }
+            FrameBody::Logprobs { content } => out.push_back(self.meta.logprobs_chunk(content)),
             FrameBody::Usage { usage } => self.usage = Some(usage),
             FrameBody::End { finish_reason } => {
                 out.push_back(self.meta.finish_chunk(finish_reason));

@@ -77,8 +77,14 @@ impl ApiError {
         }})
     }
 
-    /// The response in Anthropic's error shape, with the same status and `Retry-After`.
-    pub fn into_anthropic_response(self) -> Response {
+    /// The response in Anthropic's error shape, with the same status and `Retry-After` — except
+    /// an overloaded upstream (class `overloaded`: Anthropic's 529, or another provider's
+    /// overload), which is Anthropic's own 529 `overloaded_error` here (the SDKs raise
+    /// `OverloadedError` for 529 only); the OpenAI door keeps 503 for it.
+    pub fn into_anthropic_response(mut self) -> Response {
+        if self.code == Some("overloaded") {
+            self.status = StatusCode::from_u16(529).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+        }
         let body = axum::Json(self.anthropic_body());
         self.with_body(body)
     }

@@ -1,9 +1,12 @@
 //! Ingress: the HTTP/SSE front doors. It validates requests, picks targets, publishes normalised
 //! requests on NATS, and turns the worker's frame stream back into the client's wire format.
 //!
-//! Routes: `POST /v1/chat/completions` (OpenAI, stream and non-stream), `POST /v1/messages`
-//! (Anthropic Messages, stream and non-stream), `POST /v1/responses` and the stored-response
-//! routes under `/v1/responses/{id}` (OpenAI Responses, see [`responses`]), `POST /v1/embeddings`, `GET /v1/models`,
+//! Routes: `POST /v1/chat/completions` (OpenAI, stream and non-stream), `POST /v1/completions`
+//! (legacy text completions over chat), `POST /v1/messages` (Anthropic Messages, stream and
+//! non-stream), `POST /v1/messages/count_tokens`, any other `/v1/messages/…` (404 in
+//! Anthropic's shape), `POST /v1/responses` and the stored-response routes under
+//! `/v1/responses/{id}` (OpenAI Responses, see [`responses`]), the batch routes ([`batch`]),
+//! `POST /v1/embeddings`, `GET /v1/models`, `GET /v1/models/{id}`,
 //! `GET /v1/usage` (ledger queries, see [`usage_api`]), `GET /healthz`, `GET /metrics`
 //! (Prometheus text, see [`metrics`]). API keys and budgets: [`auth`], [`budget`].
 //!
@@ -170,8 +173,18 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/v1/responses/{id}/input_items",
             get(responses::input_items),
         )
+        .route(
+            "/v1/messages/count_tokens",
+            post(anthropic::count::count_tokens),
+        )
+        .route(
+            "/v1/messages/{*rest}",
+            axum::routing::any(anthropic::unknown_path),
+        )
+        .route("/v1/completions", post(openai::completions::completions))
         .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/v1/models", get(models))
+        .route("/v1/models/{*id}", get(model))
         .route("/v1/usage", get(usage))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics_text))
@@ -229,20 +242,32 @@ pub async fn serve(
     Ok(())
 }
 
+/// An OpenAI `model` object (OpenAI API reference, "Models" → "The model object").
+fn model_object(m: &switchyard_schemas::config::ModelConfig) -> serde_json::Value {
+    let owner = m
+        .owned_by
+        .clone()
+        .unwrap_or_else(|| m.id.split('/').next().unwrap_or("switchyard").to_owned());
+    serde_json::json!({"id": m.id, "object": "model", "created": 0, "owned_by": owner})
+}
+
 async fn models(State(app): State<Arc<AppState>>) -> Response {
     let config = app.config.get();
-    let data: Vec<serde_json::Value> = config
-        .models
-        .iter()
-        .map(|m| {
-            let owner = m
-                .owned_by
-                .clone()
-                .unwrap_or_else(|| m.id.split('/').next().unwrap_or("switchyard").to_owned());
-            serde_json::json!({"id": m.id, "object": "model", "created": 0, "owned_by": owner})
-        })
-        .collect();
+    let data: Vec<serde_json::Value> = config.models.iter().map(model_object).collect();
     axum::Json(serde_json::json!({"object": "list", "data": data})).into_response()
+}
+
+/// `GET /v1/models/{id}` ("Retrieve model"; ids may contain `/`): the model object, or OpenAI's
+/// 404 `model_not_found`.
+async fn model(
+    State(app): State<Arc<AppState>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Response {
+    let config = app.config.get();
+    match config.models.iter().find(|m| m.id == id) {
+        Some(m) => axum::Json(model_object(m)).into_response(),
+        None => error::ApiError::model_not_found(&id).into_response(),
+    }
 }
 
 /// `GET /v1/usage?from&to&group_by&tenant&key`: the caller's usage from the ledger (see

@@ -176,6 +176,12 @@ impl ProviderKind {
         Self::Bedrock,
     ];
 
+    /// Whether the provider's API has a token-count endpoint Switchyard calls (Anthropic
+    /// `POST /v1/messages/count_tokens`); for the others `count_tokens` answers a local estimate.
+    pub fn counts_tokens(self) -> bool {
+        matches!(self, Self::Anthropic)
+    }
+
     /// The subject token and queue-group suffix of this provider's workers.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -1,7 +1,8 @@
 //! The ordered stream a worker sends back on a request's reply subject.
 //!
-//! Order of a successful attempt: `start` → any number of `text` / `tool_call` (and `heartbeat` while
-//! the upstream is silent) → `usage` (at most one, final cumulative values) → `end`. A failed attempt
+//! Order of a successful attempt: `start` → any number of `reasoning` / `reasoning_signature` /
+//! `redacted_reasoning` / `text` / `tool_call` / `logprobs` (and `heartbeat` while the upstream is
+//! silent) → `usage` (at most one, final cumulative values) → `end`. A failed attempt
 //! ends with `error` instead of `end`. `seq` starts at 0 and increases by one per frame, so the reader
 //! can detect a gap (a lost message) and fail the request rather than return a damaged answer.
 //!
@@ -14,6 +15,7 @@
 //! credit it cancels the call. A request without the header is not flow-controlled.
 
 use crate::error::ErrorInfo;
+use crate::request::ThinkingBlock;
 use crate::usage::Usage;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -108,6 +110,30 @@ pub enum FrameBody {
         #[serde(default)]
         arguments: String,
     },
+    /// A piece of model reasoning (Anthropic `thinking_delta`; OpenAI-compatible
+    /// `reasoning_content`). Consecutive pieces belong to one thinking block until a
+    /// [`FrameBody::ReasoningSignature`] closes it.
+    Reasoning {
+        /// The reasoning delta.
+        text: String,
+    },
+    /// The signature that closes the current thinking block (Anthropic `signature_delta`).
+    ReasoningSignature {
+        /// Opaque signature, replayed unchanged on the next turn.
+        signature: String,
+    },
+    /// A whole `redacted_thinking` block (Anthropic: encrypted reasoning).
+    RedactedReasoning {
+        /// Opaque encrypted data.
+        data: String,
+    },
+    /// Log probabilities of the tokens just generated: OpenAI's `logprobs.content` entries
+    /// (`token`, `logprob`, `bytes`, `top_logprobs`), passed through as the upstream sent them.
+    /// Only OpenAI-style upstreams asked for `logprobs` send it.
+    Logprobs {
+        /// The entries, in token order.
+        content: Vec<serde_json::Value>,
+    },
     /// Final token usage as reported by the upstream (normalised; see [`Usage`]).
     Usage {
         /// The counts.
@@ -131,9 +157,54 @@ pub enum FrameBody {
 }
 
 impl FrameBody {
+    /// Adds a reasoning frame to `blocks` (the finished message's thinking blocks, in order):
+    /// text extends the last unsigned `thinking` block or starts one, a signature closes the last
+    /// block (starting an empty one when none is open), a redacted block is appended. Returns
+    /// false, leaving `blocks` alone, for any other frame.
+    pub fn accumulate_thinking(&self, blocks: &mut Vec<ThinkingBlock>) -> bool {
+        let open = |blocks: &mut Vec<ThinkingBlock>| -> usize {
+            match blocks.last() {
+                Some(ThinkingBlock::Thinking {
+                    signature: None, ..
+                }) => {}
+                _ => blocks.push(ThinkingBlock::Thinking {
+                    thinking: String::new(),
+                    signature: None,
+                }),
+            }
+            blocks.len() - 1
+        };
+        match self {
+            Self::Reasoning { text } => {
+                let i = open(blocks);
+                if let Some(ThinkingBlock::Thinking { thinking, .. }) = blocks.get_mut(i) {
+                    thinking.push_str(text);
+                }
+            }
+            Self::ReasoningSignature { signature: sig } => {
+                let i = open(blocks);
+                if let Some(ThinkingBlock::Thinking { signature, .. }) = blocks.get_mut(i) {
+                    *signature = Some(sig.clone());
+                }
+            }
+            Self::RedactedReasoning { data } => {
+                blocks.push(ThinkingBlock::RedactedThinking { data: data.clone() });
+            }
+            _ => return false,
+        }
+        true
+    }
+
     /// True for frames that carry model output.
     pub fn is_content(&self) -> bool {
-        matches!(self, Self::Text { .. } | Self::ToolCall { .. })
+        matches!(
+            self,
+            Self::Text { .. }
+                | Self::ToolCall { .. }
+                | Self::Reasoning { .. }
+                | Self::ReasoningSignature { .. }
+                | Self::RedactedReasoning { .. }
+        )
     }
 
     /// True for the last frame of an attempt.

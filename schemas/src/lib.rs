@@ -11,6 +11,7 @@
 
 pub mod cache;
 pub mod config;
+pub mod count;
 pub mod embed;
 pub mod error;
 pub mod frame;

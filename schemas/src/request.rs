@@ -4,7 +4,8 @@
 //! everything a provider adapter needs to translate to its own wire format and nothing tied to one
 //! front door. Reference: OpenAI API reference, "Create chat completion".
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
+use std::collections::BTreeMap;
 use uuid::Uuid;
 
 /// One chat completion request after validation and routing.
@@ -48,6 +49,46 @@ pub struct ChatRequest {
     /// at the batch rate.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch_id: Option<String>,
+    /// Provider-specific fields a front door accepted that have no normalised equivalent, keyed by
+    /// the provider family they are meant for ([`Passthrough::ANTHROPIC`], [`Passthrough::OPENAI`]).
+    /// The adapter of that family sends them unchanged; every other adapter ignores them (each
+    /// adapter's docs say what it maps instead). Absent in older payloads.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub passthrough: BTreeMap<String, Passthrough>,
+}
+
+/// Fields and headers passed unchanged to one provider family (see [`ChatRequest::passthrough`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Passthrough {
+    /// Top-level body fields, e.g. Anthropic `thinking`, `context_management`, `output_config`.
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub body: serde_json::Map<String, serde_json::Value>,
+    /// HTTP headers (lower-case names), e.g. `anthropic-beta`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
+}
+
+impl Passthrough {
+    /// Key of the Anthropic Messages family (the Anthropic adapter).
+    pub const ANTHROPIC: &'static str = "anthropic";
+    /// Key of the OpenAI Chat Completions family (the OpenAI and Azure OpenAI adapters;
+    /// OpenAI-compatible servers do not get these fields).
+    pub const OPENAI: &'static str = "openai";
+
+    /// Whether nothing is carried.
+    pub fn is_empty(&self) -> bool {
+        self.body.is_empty() && self.headers.is_empty()
+    }
+}
+
+/// `null` → the type's default (OpenAI SDKs send `null` for absent optional lists, e.g.
+/// `tool_calls: null` from `message.model_dump()`).
+pub fn null_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
 
 /// The target an attempt goes to: which provider adapter, which configured target, which upstream model.
@@ -88,12 +129,62 @@ pub struct Message {
     /// Optional participant name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
-    /// Tool calls made by an assistant message.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// Tool calls made by an assistant message (`null` reads as none).
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "null_as_default"
+    )]
     pub tool_calls: Vec<ToolCall>,
     /// For `role: tool`, the id of the call this answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+    /// Reasoning an assistant turn produced before its content (Anthropic "Extended thinking":
+    /// `thinking` blocks with their `signature`, `redacted_thinking` blocks), replayed to
+    /// providers that verify it (Anthropic) and dropped by the others. Wire name as LiteLLM's
+    /// OpenAI-shaped messages use it.
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "null_as_default"
+    )]
+    pub thinking_blocks: Vec<ThinkingBlock>,
+    /// An Anthropic prompt-caching breakpoint at the end of this message (Anthropic "Prompt
+    /// caching": `cache_control` on the message's last block, e.g. `{"type":"ephemeral"}`; the
+    /// message-level form LiteLLM accepts on OpenAI-shaped messages). The Anthropic adapter puts
+    /// it on the message's last content block; other adapters do not send it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_control: Option<serde_json::Value>,
+}
+
+/// One block of model reasoning (Anthropic "Extended thinking", content block types).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ThinkingBlock {
+    /// `{"type":"thinking","thinking","signature"}`: readable reasoning and the provider's
+    /// signature over it (must be replayed unchanged).
+    Thinking {
+        /// The reasoning text.
+        thinking: String,
+        /// Opaque signature, e.g. `EqQBCkYIBRgCKkA1…`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        signature: Option<String>,
+    },
+    /// `{"type":"redacted_thinking","data"}`: encrypted reasoning.
+    RedactedThinking {
+        /// Opaque encrypted data.
+        data: String,
+    },
+}
+
+impl ThinkingBlock {
+    /// The readable text (empty for redacted blocks).
+    pub fn text(&self) -> &str {
+        match self {
+            Self::Thinking { thinking, .. } => thinking,
+            Self::RedactedThinking { .. } => "",
+        }
+    }
 }
 
 /// Message content: a plain string or a list of parts (OpenAI's two accepted forms).
@@ -180,11 +271,15 @@ pub struct FunctionDef {
 pub struct ToolCall {
     /// Call id, e.g. `call_abc`.
     pub id: String,
-    /// Always `function`.
-    #[serde(rename = "type")]
+    /// Always `function` (absent reads as `function`, as OpenAI accepts it).
+    #[serde(rename = "type", default = "function_kind")]
     pub kind: String,
     /// Name and JSON-encoded arguments.
     pub function: FunctionCall,
+}
+
+fn function_kind() -> String {
+    "function".into()
 }
 
 /// The function part of a tool call.
@@ -232,6 +327,19 @@ pub struct SamplingParams {
     /// End-user id for abuse tracking and stable canary hashing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
+    /// OpenAI `reasoning_effort` (`none`, `minimal`, `low`, `medium`, `high`, `xhigh`): OpenAI
+    /// passes it on, Anthropic maps it to a `thinking` budget, other adapters drop it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_effort: Option<String>,
+    /// OpenAI `logprobs`: passed to OpenAI-style upstreams, dropped by the others.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<bool>,
+    /// OpenAI `top_logprobs` (0–20): as `logprobs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_logprobs: Option<u32>,
+    /// Top-k sampling (Anthropic `top_k`, Gemini `topK`); OpenAI-style upstreams do not get it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<u32>,
 }
 
 impl ChatRequest {

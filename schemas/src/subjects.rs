@@ -22,6 +22,8 @@ pub const LIMITS_BUCKET: &str = "SY_LIMITS";
 pub const CAP_CHAT: &str = "chat";
 /// Capability token for embeddings (request/reply, one answer).
 pub const CAP_EMBED: &str = "embed";
+/// Capability token for token counting (request/reply, one [`crate::count::CountReply`]).
+pub const CAP_COUNT: &str = "count";
 
 impl Default for Subjects {
     fn default() -> Self {

@@ -6,6 +6,7 @@
 //! state changes go out on the health subject ([`health`]).
 
 pub mod breaker;
+mod count;
 mod embed;
 pub mod health;
 pub mod limits;

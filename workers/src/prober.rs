@@ -78,6 +78,8 @@ async fn probe_once(
             name: None,
             tool_calls: Vec::new(),
             tool_call_id: None,
+            thinking_blocks: Vec::new(),
+            cache_control: None,
         }],
         tools: Vec::new(),
         tool_choice: None,
@@ -91,6 +93,7 @@ async fn probe_once(
         deadline_ms: now_ms() + probe.max_latency_ms,
         attempt: 0,
         batch_id: None,
+        passthrough: Default::default(),
     };
     let started = Instant::now();
     let limit = Duration::from_millis(probe.max_latency_ms);

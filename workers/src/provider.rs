@@ -68,6 +68,28 @@ pub trait Provider: Send + Sync {
             .with_param("model"))
         })
     }
+
+    /// The upstream's exact count of `req`'s input tokens (system, messages, tools), where the
+    /// API has a count endpoint ([`ProviderKind::counts_tokens`]); the default is a 400.
+    fn count_tokens(
+        &self,
+        _http: &reqwest::Client,
+        _target: &TargetConfig,
+        _base_url: &str,
+        _req: &ChatRequest,
+    ) -> BoxFuture<'static, Result<u64, ErrorInfo>> {
+        no_count_endpoint(self.kind())
+    }
+}
+
+/// The default [`Provider::count_tokens`]: this provider has no count endpoint.
+pub fn no_count_endpoint(kind: ProviderKind) -> BoxFuture<'static, Result<u64, ErrorInfo>> {
+    Box::pin(async move {
+        Err(ErrorInfo::new(
+            ErrorClass::InvalidRequest,
+            format!("provider `{}` has no token-count API", kind.as_str()),
+        ))
+    })
 }
 
 /// The result of an embeddings call.
@@ -213,6 +235,10 @@ pub struct Answer {
     pub usage: Option<Usage>,
     /// Why generation stopped.
     pub finish_reason: switchyard_schemas::FinishReason,
+    /// Reasoning blocks before the answer (Anthropic thinking), in order.
+    pub thinking: Vec<switchyard_schemas::request::ThinkingBlock>,
+    /// OpenAI `logprobs.content` entries of the text, when asked for.
+    pub logprobs: Vec<serde_json::Value>,
 }
 
 impl Answer {
@@ -243,7 +269,10 @@ impl Answer {
                 }
                 FrameBody::Usage { usage } => a.usage = Some(usage),
                 FrameBody::End { finish_reason } => a.finish_reason = finish_reason,
-                _ => {}
+                FrameBody::Logprobs { content } => a.logprobs.extend(content),
+                other => {
+                    other.accumulate_thinking(&mut a.thinking);
+                }
             }
         }
         Ok(a)
@@ -251,9 +280,33 @@ impl Answer {
 
     /// The normalised events of the answer, in stream order.
     pub fn frames(self) -> Vec<FrameBody> {
-        let mut out = Vec::with_capacity(3 + self.tool_calls.len());
+        use switchyard_schemas::request::ThinkingBlock;
+        let mut out = Vec::with_capacity(3 + self.tool_calls.len() + 2 * self.thinking.len());
+        for block in self.thinking {
+            match block {
+                ThinkingBlock::Thinking {
+                    thinking,
+                    signature,
+                } => {
+                    if !thinking.is_empty() {
+                        out.push(FrameBody::Reasoning { text: thinking });
+                    }
+                    if let Some(signature) = signature {
+                        out.push(FrameBody::ReasoningSignature { signature });
+                    }
+                }
+                ThinkingBlock::RedactedThinking { data } => {
+                    out.push(FrameBody::RedactedReasoning { data });
+                }
+            }
+        }
         if !self.text.is_empty() {
             out.push(FrameBody::Text { text: self.text });
+        }
+        if !self.logprobs.is_empty() {
+            out.push(FrameBody::Logprobs {
+                content: self.logprobs,
+            });
         }
         for (index, (id, name, arguments)) in self.tool_calls.into_iter().enumerate() {
             out.push(FrameBody::ToolCall {

@@ -45,7 +45,7 @@ use switchyard_schemas::config::{
 };
 use switchyard_schemas::frame::{Credit, WINDOW_HEADER};
 use switchyard_schemas::publish::publish_usage_event;
-use switchyard_schemas::subjects::{CAP_CHAT, CAP_EMBED, Subjects};
+use switchyard_schemas::subjects::{CAP_CHAT, CAP_COUNT, CAP_EMBED, Subjects};
 use switchyard_schemas::usage::UsageStatus;
 use switchyard_schemas::{
     ChatRequest, ErrorClass, ErrorInfo, Frame, FrameBody, Usage, UsageEvent, UsageKind, now_ms,
@@ -149,6 +149,8 @@ pub struct Worker {
     credit_sub: async_nats::Subscriber,
     /// `.req.embed.`: tells embeddings requests from chat ones by subject.
     embed_marker: String,
+    /// `.req.count.`: token-count requests.
+    count_marker: String,
 }
 
 /// Subscribes and serves until `shutdown` fires (see [`Worker`]).
@@ -194,8 +196,16 @@ impl Worker {
                 nats.queue_subscribe(embed, Subjects::worker_queue_group(kind.as_str()))
                     .await?,
             );
+            if kind.counts_tokens() {
+                let count = opts.subjects.request(CAP_COUNT, kind.as_str());
+                subs.push(
+                    nats.queue_subscribe(count, Subjects::worker_queue_group(kind.as_str()))
+                        .await?,
+                );
+            }
         }
         let embed_marker = format!(".req.{CAP_EMBED}.");
+        let count_marker = format!(".req.{CAP_COUNT}.");
         let cancel_sub = nats
             .subscribe(opts.subjects.cancel(&opts.worker_id))
             .await?;
@@ -224,6 +234,7 @@ impl Worker {
             cancel_sub,
             credit_sub,
             embed_marker,
+            count_marker,
         })
     }
 
@@ -236,6 +247,7 @@ impl Worker {
             mut cancel_sub,
             mut credit_sub,
             embed_marker,
+            count_marker,
         } = self;
         let tracker = TaskTracker::new();
         tokio::spawn(crate::prober::run(shared.clone(), shutdown.clone()));
@@ -265,6 +277,8 @@ impl Worker {
                     let Some(msg) = msg else { break };
                     if msg.subject.contains(embed_marker.as_str()) {
                         tracker.spawn(crate::embed::handle(shared.clone(), msg));
+                    } else if msg.subject.contains(count_marker.as_str()) {
+                        tracker.spawn(crate::count::handle(shared.clone(), msg));
                     } else {
                         tracker.spawn(handle(shared.clone(), msg));
                     }
@@ -764,6 +778,8 @@ impl Call<'_> {
             };
         let mut usage: Option<Usage> = None;
         let mut got_content = false;
+        // Per tool-call index: whether any non-blank argument piece went out (FC-38).
+        let mut tool_args: Vec<Option<bool>> = Vec::new();
         let end = loop {
             // The window is used up: stop reading the upstream until ingress grants more.
             if !sink.credit().await {
@@ -778,6 +794,21 @@ impl Call<'_> {
             match wait_beating(stream.next(), limit, timeouts.heartbeat, sink, cancel).await {
                 Waited::Ready(Some(Ok(FrameBody::Usage { usage: u }))) => usage = Some(u),
                 Waited::Ready(Some(Ok(end @ FrameBody::End { .. }))) => {
+                    // FC-38: a tool called without arguments gets `{}`, streamed or not, from
+                    // every provider (some stream no argument piece at all, or only "").
+                    let bare = tool_args
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, s)| **s == Some(false));
+                    for (index, _) in bare {
+                        sink.send(FrameBody::ToolCall {
+                            index: index as u32,
+                            id: None,
+                            name: None,
+                            arguments: "{}".into(),
+                        })
+                        .await;
+                    }
                     add_usage(out, usage.take());
                     if let Some(usage) = out.usage {
                         sink.send(FrameBody::Usage { usage }).await;
@@ -797,6 +828,17 @@ impl Call<'_> {
                     }
                     if let FrameBody::Text { text } = &body {
                         out.output_chars += text.len();
+                    }
+                    if let FrameBody::ToolCall {
+                        index, arguments, ..
+                    } = &body
+                    {
+                        let i = *index as usize;
+                        if tool_args.len() <= i {
+                            tool_args.resize(i + 1, None);
+                        }
+                        let sent = tool_args[i].unwrap_or(false);
+                        tool_args[i] = Some(sent || !arguments.trim().is_empty());
                     }
                     sink.send(body).await;
                 }

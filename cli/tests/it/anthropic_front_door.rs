@@ -306,14 +306,12 @@ async fn errors_use_the_anthropic_shape() {
     );
 
     let mut body = messages_body("demo/mock", "hi", false);
-    body["top_k"] = json!(5);
+    body["bogus"] = json!(5);
     let (status, _, err) = post_message_json(&gw.base, &body).await;
     assert_eq!(status, 400);
-    assert!(
-        err["error"]["message"]
-            .as_str()
-            .unwrap()
-            .starts_with("top_k:")
+    assert_eq!(
+        err["error"]["message"],
+        "bogus: Extra inputs are not permitted"
     );
     assert_eq!(gw.mock.request_count(), 0);
 

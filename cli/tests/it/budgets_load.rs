@@ -30,6 +30,8 @@ async fn exactly_k_of_1000_concurrent_requests_are_admitted_through_two_ingresse
         name: None,
         tool_calls: vec![],
         tool_call_id: None,
+        thinking_blocks: Vec::new(),
+        cache_control: None,
     }];
     let prompt_tokens = switchyard_ingress::trim::Estimate::of(&messages, &[]).total();
     let dir = tempfile::tempdir().unwrap();

@@ -461,3 +461,25 @@ async fn answers_are_never_shared_across_tenants() {
     assert_eq!(ask_as("sk-tenant-b-0123456789").await, "miss");
     assert_eq!(ask_as("sk-tenant-b-0123456789").await, "hit");
 }
+
+/// A provider passthrough field that may shape the answer (here OpenAI's `logit_bias`) is not
+/// part of the cache key, so such requests bypass the cache; `metadata`/`store` do not.
+#[tokio::test]
+async fn answer_shaping_passthrough_bypasses_the_cache() {
+    let gw = cached_gateway(json!([{"id": "demo/mock", "targets": ["mock"]}]), false).await;
+    let mut body = user("demo/mock", "Which color is the sky on a clear day?");
+    body["logit_bias"] = json!({"1234": -100});
+    for _ in 0..2 {
+        let (cache, content, _) = ask(&gw.base, &body, &[]).await;
+        assert_eq!(
+            (cache.as_str(), content.as_str()),
+            ("bypass", switchyard_workers::mock_upstream::DEFAULT_TEXT)
+        );
+    }
+    assert_eq!(gw.mock.request_count(), 2);
+    let mut plain = user("demo/mock", "Which color is the sky at night?");
+    plain["store"] = json!(false);
+    plain["metadata"] = json!({"k": "v"});
+    assert_eq!(ask(&gw.base, &plain, &[]).await.0, "miss");
+    assert_eq!(ask(&gw.base, &plain, &[]).await.0, "hit");
+}

@@ -6,6 +6,7 @@
 //! ([`ApiError::into_anthropic_response`]). Responses carry `request-id` (Anthropic's header name)
 //! besides the `x-request-id` / `x-switchyard-*` headers of [`crate::route::Served`].
 
+pub mod count;
 pub mod request;
 pub mod response;
 
@@ -21,17 +22,48 @@ use response::{MessageMeta, StreamEncoder};
 use std::sync::Arc;
 
 /// The `POST /v1/messages` handler (Anthropic API reference, "Messages").
+/// `?beta=true` (the SDKs' `client.beta.messages`) is accepted and changes nothing; the
+/// `anthropic-beta` header is carried to an Anthropic upstream.
 pub async fn messages(
     State(app): State<Arc<AppState>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    front_door::serve(AnthropicMessages, app, &headers, &body).await
+    let door = AnthropicMessages {
+        beta: beta_header(&headers),
+    };
+    front_door::serve(door, app, &headers, &body).await
+}
+
+/// The `anthropic-beta` header's values (all of its lines, comma-joined).
+pub fn beta_header(headers: &HeaderMap) -> Option<String> {
+    let values: Vec<&str> = headers
+        .get_all("anthropic-beta")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect();
+    (!values.is_empty()).then(|| values.join(","))
+}
+
+/// 404 in Anthropic's shape for any other path under `/v1/messages/`.
+pub async fn unknown_path(uri: axum::http::Uri) -> Response {
+    ApiError {
+        status: axum::http::StatusCode::NOT_FOUND,
+        message: format!("Not found: {}", uri.path()),
+        kind: "not_found_error",
+        param: None,
+        code: Some("unknown_url"),
+        retry_after_s: None,
+    }
+    .into_anthropic_response()
 }
 
 /// The Anthropic Messages protocol.
-#[derive(Debug, Clone, Copy)]
-pub struct AnthropicMessages;
+#[derive(Debug, Clone, Default)]
+pub struct AnthropicMessages {
+    /// The request's `anthropic-beta` header.
+    pub beta: Option<String>,
+}
 
 fn meta(m: &ReplyMeta) -> MessageMeta {
     MessageMeta {
@@ -44,7 +76,7 @@ impl FrontDoor for AnthropicMessages {
     type Stream = StreamEncoder;
 
     fn parse(&self, body: &[u8]) -> Result<Inbound, ApiError> {
-        request::parse(body)
+        request::parse_with(body, self.beta.as_deref())
     }
 
     fn stream(&self, m: &ReplyMeta) -> StreamEncoder {
@@ -141,6 +173,120 @@ mod tests {
         );
     }
 
+    /// Everything Claude Code and the current SDK send is accepted; Anthropic-only fields ride in
+    /// the Anthropic passthrough, with the beta header.
+    #[test]
+    fn accepts_the_full_surface() {
+        let system = json!([{"type": "text", "text": "You are Claude Code.",
+            "cache_control": {"type": "ephemeral"}}]);
+        let tools = json!([{"name": "Bash", "description": "run", "input_schema": {"type": "object"},
+            "cache_control": {"type": "ephemeral"}, "defer_loading": false}]);
+        let raw = body(json!({
+            "system": system,
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]},
+                {"role": "assistant", "content": [
+                    {"type": "thinking", "thinking": "Let me think.", "signature": "EqQBCkYIBRgCKkA1"},
+                    {"type": "redacted_thinking", "data": "abc"},
+                    {"type": "text", "text": "Hello"}]},
+                {"role": "system", "content": "Mid-conversation reminder."},
+                {"role": "user", "content": "go"}],
+            "tools": tools,
+            "thinking": {"type": "adaptive"},
+            "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+            "output_config": {"effort": "high"},
+            "service_tier": "auto", "top_k": 5, "metadata": {"user_id": "u1"},
+            "temperature": null, "stop_sequences": null,
+        }));
+        let p = super::request::parse_with(&raw, Some("interleaved-thinking-2025-05-14")).unwrap();
+        let msgs = serde_json::to_value(&p.messages).unwrap();
+        assert_eq!(
+            msgs,
+            json!([
+                {"role": "system", "content": "You are Claude Code."},
+                {"role": "user", "content": "hi", "cache_control": {"type": "ephemeral"}},
+                {"role": "assistant", "content": "Hello", "thinking_blocks": [
+                    {"type": "thinking", "thinking": "Let me think.", "signature": "EqQBCkYIBRgCKkA1"},
+                    {"type": "redacted_thinking", "data": "abc"}]},
+                {"role": "system", "content": "Mid-conversation reminder."},
+                {"role": "user", "content": "go"}
+            ])
+        );
+        assert_eq!(p.params.top_k, Some(5));
+        let extra = &p.passthrough["anthropic"];
+        assert_eq!(
+            extra.headers["anthropic-beta"],
+            "interleaved-thinking-2025-05-14"
+        );
+        assert_eq!(
+            Value::Object(extra.body.clone()),
+            json!({"thinking": {"type": "adaptive"},
+                "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+                "output_config": {"effort": "high"}, "service_tier": "auto",
+                "metadata": {"user_id": "u1"}, "tools": tools, "system": system})
+        );
+        for thinking in [
+            json!({"type": "enabled", "budget_tokens": 1024}),
+            json!({"type": "disabled"}),
+        ] {
+            assert!(parse(&body(json!({"thinking": thinking}))).is_ok());
+        }
+    }
+
+    /// A real Claude Code request (2.1.332, third turn of `tests/e2e/test_claude_code.py`, long
+    /// texts shortened): every field it sends is accepted and the Anthropic-only ones pass through.
+    #[test]
+    fn claude_code_request_parses() {
+        let captured: Value =
+            serde_json::from_str(include_str!("claude_code_request.json")).unwrap();
+        let raw = captured["body"].to_string();
+        let beta = captured["anthropic-beta"].as_str();
+        let p = super::request::parse_with(raw.as_bytes(), beta).unwrap();
+        assert!(p.stream);
+        assert_eq!(
+            p.tools.len(),
+            captured["body"]["tools"].as_array().unwrap().len()
+        );
+        let extra = &p.passthrough["anthropic"];
+        for k in [
+            "thinking",
+            "context_management",
+            "output_config",
+            "metadata",
+            "tools",
+            "system",
+        ] {
+            assert_eq!(extra.body[k], captured["body"][k], "{k}");
+        }
+        assert_eq!(extra.headers["anthropic-beta"], beta.unwrap());
+        let roles: Vec<_> = p.messages.iter().map(|m| m.role).collect();
+        use switchyard_schemas::request::Role::*;
+        assert_eq!(roles, [System, User, Assistant, Tool, Assistant, Tool]);
+        assert!(p.messages[1].cache_control.is_none());
+        assert_eq!(
+            p.messages[5].cache_control,
+            Some(json!({"type": "ephemeral"}))
+        );
+    }
+
+    /// Server tools go to an Anthropic upstream only (raw `tools`), not into the normalised list.
+    #[test]
+    fn server_tools_ride_in_the_passthrough() {
+        let tools = json!([{"type": "web_search_20250305", "name": "web_search", "max_uses": 3},
+            {"name": "w", "input_schema": {"type": "object"}}]);
+        let p = parse(&body(
+            json!({"tools": tools, "tool_choice": {"type": "any"}}),
+        ))
+        .unwrap();
+        assert_eq!(p.tools.len(), 1);
+        assert_eq!(p.tools[0].function.name, "w");
+        assert_eq!(p.tool_choice, Some(json!("required")));
+        assert_eq!(p.passthrough["anthropic"].body["tools"], tools);
+        let only = json!({"tools": [tools[0].clone()], "tool_choice": {"type": "any"}});
+        let p = parse(&body(only)).unwrap();
+        assert!(p.tools.is_empty() && p.tool_choice.is_none());
+    }
+
     #[test]
     fn tool_choice_kinds() {
         let tools = json!([{"name": "w", "input_schema": {}}]);
@@ -161,10 +307,13 @@ mod tests {
         v.as_object_mut().unwrap().remove("max_tokens");
         let e = parse(v.to_string().as_bytes()).unwrap_err();
         assert_eq!(e.message, "max_tokens: Field required");
-        assert_eq!(rejected(json!({"top_k": 5})).0, "top_k");
         assert_eq!(
-            rejected(json!({"thinking": {"type": "enabled", "budget_tokens": 1024}})).0,
-            "thinking"
+            rejected(json!({"thinking": {"type": "enabled", "budget_tokens": 100}})).0,
+            "thinking.enabled.budget_tokens"
+        );
+        assert_eq!(
+            rejected(json!({"thinking": {"type": "sometimes"}})).0,
+            "thinking.type"
         );
         let (param, msg) = rejected(json!({"bogus": 1}));
         assert_eq!(
@@ -178,12 +327,16 @@ mod tests {
         assert!(msg.contains("extra"), "{msg}");
         assert_eq!(
             rejected(m(json!([{"type": "thinking", "thinking": "x"}]))).0,
+            "messages[0].content[0]"
+        );
+        assert_eq!(
+            rejected(m(json!([{"type": "document_x", "x": 1}]))).0,
             "messages[0].content[0].type"
         );
         assert_eq!(rejected(m(json!([]))).0, "messages[0].content");
-        let role = json!({"messages": [{"role": "system", "content": "x"}]});
+        let role = json!({"messages": [{"role": "wizard", "content": "x"}]});
         assert_eq!(rejected(role).0, "messages[0].role");
-        let server = json!({"tools": [{"type": "web_search_20250305", "name": "web_search"}]});
+        let server = json!({"tools": [{"type": 5, "name": "web_search"}]});
         assert_eq!(rejected(server).0, "tools[0].type");
         assert_eq!(
             rejected(json!({"tool_choice": {"type": "any"}})).0,

@@ -2,28 +2,38 @@
 //! ([`Inbound`], routed exactly like the OpenAI front door's).
 //!
 //! Reference: Anthropic API reference, "Messages" (create a Message): `model`, `max_tokens`
-//! (required), `messages` (`user`/`assistant` turns, string or content-block content), top-level
-//! `system` (string or text blocks), `tools` (`name`, `description`, `input_schema`), `tool_choice`
+//! (required), `messages` (`user`/`assistant` turns, string or content-block content; `system`
+//! turns mid-conversation too, as Claude Code sends them), top-level `system` (string or text
+//! blocks), `tools` (`name`, `description`, `input_schema`), `tool_choice`
 //! (`auto|any|tool|none`, `disable_parallel_tool_use`), `temperature`, `top_p`, `top_k`,
 //! `stop_sequences`, `stream`, `metadata.user_id`, `thinking`. Content blocks: "Vision" (`image`
-//! with a `base64` or `url` source) and "Tool use" (`tool_use` in assistant turns, `tool_result`
-//! in user turns).
+//! with a `base64` or `url` source), "Tool use" (`tool_use` in assistant turns, `tool_result`
+//! in user turns) and "Extended thinking" (`thinking` with `signature`, `redacted_thinking`, in
+//! assistant turns: kept as the message's `thinking_blocks`).
 //!
-//! Unknown fields are a 400 naming the field (Anthropic: "Extra inputs are not permitted");
-//! parameters Anthropic defines that the normalised request cannot carry are a 400 saying so, never
-//! a silent drop. Accepted and ignored because they change nothing about the answer:
-//! `cache_control` (a prompt-caching hint, top level and on blocks and tools), `citations` on input
-//! text blocks, `eager_input_streaming` on tools (a streaming-granularity hint),
-//! `caller: {"type":"direct"}` on `tool_use` blocks, and `thinking: {"type":"disabled"}`.
+//! Every top-level field the API defines is accepted. Those without a normalised equivalent
+//! travel in the request's [`Passthrough::ANTHROPIC`] fields, sent unchanged to an Anthropic
+//! upstream and dropped for every other provider: `thinking` (`enabled` + `budget_tokens`,
+//! `adaptive`, `disabled`), `context_management`, `output_config`, `output_format`,
+//! `service_tier`, `container`, `mcp_servers`, `inference_geo`, the whole `metadata`, the
+//! top-level `cache_control`, and the raw `system` blocks and `tools` (keeping their
+//! `cache_control`). The `anthropic-beta` header rides along the same way ([`parse_with`]).
+//! `cache_control` on message blocks becomes the normalised message's `cache_control` (a
+//! breakpoint at the end of that message: the Anthropic adapter puts it on the message's last
+//! block; several breakpoints within one message become one). `citations` on input text blocks,
+//! `eager_input_streaming` on tools and `caller: {"type":"direct"}` on `tool_use` blocks are
+//! accepted and not forwarded. Unknown fields are a 400 naming the field (Anthropic:
+//! "Extra inputs are not permitted").
 
 use crate::error::ApiError;
 use crate::route::Inbound;
 use serde::Deserialize;
 use serde::de::{DeserializeOwned, IgnoredAny};
 use serde_json::{Map, Value};
+use std::collections::BTreeMap;
 use switchyard_schemas::request::{
-    Content, ContentPart, FunctionCall, FunctionDef, ImageUrl, Message, Role, SamplingParams, Tool,
-    ToolCall,
+    Content, ContentPart, FunctionCall, FunctionDef, ImageUrl, Message, Passthrough, Role,
+    SamplingParams, ThinkingBlock, Tool, ToolCall,
 };
 
 /// Top-level fields Switchyard translates ("Messages" request body).
@@ -37,29 +47,36 @@ const KNOWN: &[&str] = &[
     "stream",
     "temperature",
     "top_p",
+    "top_k",
     "tools",
     "tool_choice",
-    "thinking",
-    "cache_control",
 ];
 
-/// Fields Anthropic defines that the normalised request has no place for yet: a clear 400.
-const UNSUPPORTED: &[&str] = &[
-    "top_k",
-    "service_tier",
-    "container",
-    "mcp_servers",
+/// Fields sent unchanged to an Anthropic upstream only (see the module docs).
+const PASSTHROUGH: &[&str] = &[
+    "thinking",
     "context_management",
     "output_config",
     "output_format",
+    "service_tier",
+    "container",
+    "mcp_servers",
     "inference_geo",
+    "cache_control",
 ];
 
 /// Fields Anthropic requires (the API answers "<field>: Field required").
 const REQUIRED: &[&str] = &["model", "max_tokens", "messages"];
 
 /// Content block types Switchyard translates.
-const BLOCK_TYPES: &[&str] = &["text", "image", "tool_use", "tool_result"];
+const BLOCK_TYPES: &[&str] = &[
+    "text",
+    "image",
+    "tool_use",
+    "tool_result",
+    "thinking",
+    "redacted_thinking",
+];
 
 #[derive(Debug, Deserialize)]
 struct Body {
@@ -72,11 +89,9 @@ struct Body {
     stream: Option<bool>,
     temperature: Option<f64>,
     top_p: Option<f64>,
+    top_k: Option<u32>,
     tools: Option<Vec<Value>>,
     tool_choice: Option<InToolChoice>,
-    thinking: Option<Value>,
-    #[serde(default, rename = "cache_control")]
-    _cache_control: Option<IgnoredAny>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -91,10 +106,11 @@ struct InMessage {
 enum InRole {
     User,
     Assistant,
+    /// Mid-conversation instructions (Claude Code sends them).
+    System,
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 struct Metadata {
     user_id: Option<String>,
 }
@@ -105,15 +121,15 @@ struct Metadata {
 enum Block {
     Text {
         text: String,
-        #[serde(default, rename = "cache_control")]
-        _cache_control: Option<IgnoredAny>,
+        #[serde(default)]
+        cache_control: Option<Value>,
         #[serde(default, rename = "citations")]
         _citations: Option<IgnoredAny>,
     },
     Image {
         source: ImageSource,
-        #[serde(default, rename = "cache_control")]
-        _cache_control: Option<IgnoredAny>,
+        #[serde(default)]
+        cache_control: Option<Value>,
     },
     ToolUse {
         id: String,
@@ -121,8 +137,8 @@ enum Block {
         input: Value,
         #[serde(default)]
         caller: Option<Value>,
-        #[serde(default, rename = "cache_control")]
-        _cache_control: Option<IgnoredAny>,
+        #[serde(default)]
+        cache_control: Option<Value>,
     },
     ToolResult {
         tool_use_id: String,
@@ -131,9 +147,31 @@ enum Block {
         /// No normalised equivalent: the result text (which states the failure) goes through.
         #[serde(default, rename = "is_error")]
         _is_error: Option<bool>,
-        #[serde(default, rename = "cache_control")]
-        _cache_control: Option<IgnoredAny>,
+        #[serde(default)]
+        cache_control: Option<Value>,
     },
+    Thinking {
+        thinking: String,
+        #[serde(default)]
+        signature: Option<String>,
+    },
+    RedactedThinking {
+        data: String,
+    },
+}
+
+impl Block {
+    /// The block's `cache_control` (a prompt-caching breakpoint), if any.
+    fn cache_control(&self) -> Option<&Value> {
+        match self {
+            Block::Text { cache_control, .. }
+            | Block::Image { cache_control, .. }
+            | Block::ToolUse { cache_control, .. }
+            | Block::ToolResult { cache_control, .. } => cache_control.as_ref(),
+            Block::Thinking { .. } | Block::RedactedThinking { .. } => None,
+        }
+        .filter(|v| !v.is_null())
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -143,19 +181,15 @@ enum ImageSource {
     Url { url: String },
 }
 
+/// A custom tool. Fields beyond these (`cache_control`, `eager_input_streaming`, `type`,
+/// `input_examples`, `defer_loading`, …) are accepted: the raw tools reach an Anthropic upstream
+/// unchanged, which judges them.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 struct InTool {
     name: String,
     description: Option<String>,
     input_schema: Value,
-    #[serde(rename = "type")]
-    _kind: Option<IgnoredAny>,
     strict: Option<bool>,
-    #[serde(default, rename = "cache_control")]
-    _cache_control: Option<IgnoredAny>,
-    #[serde(default, rename = "eager_input_streaming")]
-    _eager_input_streaming: Option<IgnoredAny>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -201,19 +235,49 @@ fn from_value_at<T: DeserializeOwned>(v: Value, at: &str) -> Result<T, ApiError>
 
 /// Parses `body` into the normalised [`Inbound`]; errors name the offending field's path.
 pub fn parse(body: &[u8]) -> Result<Inbound, ApiError> {
+    parse_with(body, None)
+}
+
+/// [`parse`], carrying the request's `anthropic-beta` header (comma-separated beta names) to an
+/// Anthropic upstream.
+pub fn parse_with(body: &[u8], beta: Option<&str>) -> Result<Inbound, ApiError> {
     let root: Value = serde_json::from_slice(body).map_err(|e| {
         ApiError::invalid(
             format!("We could not parse the JSON body of your request: {e}"),
             None,
         )
     })?;
-    let Value::Object(obj) = root else {
+    let Value::Object(mut obj) = root else {
         return Err(ApiError::invalid(
             "The request body must be a JSON object.",
             None,
         ));
     };
+    // `null` means absent for every optional field.
+    obj.retain(|_, v| !v.is_null());
     check_fields(&obj)?;
+    let mut extra = Passthrough::default();
+    for key in PASSTHROUGH {
+        if let Some(v) = obj.remove(*key) {
+            extra.body.insert((*key).to_owned(), v);
+        }
+    }
+    if let Some(t) = extra.body.get("thinking") {
+        check_thinking(t)?;
+    }
+    for key in ["metadata", "tools"] {
+        if let Some(v) = obj.get(key) {
+            extra.body.insert(key.to_owned(), v.clone());
+        }
+    }
+    if let Some(system @ Value::Array(_)) = obj.get("system") {
+        extra.body.insert("system".into(), system.clone());
+    }
+    if let Some(beta) = beta.map(str::trim).filter(|b| !b.is_empty()) {
+        extra
+            .headers
+            .insert("anthropic-beta".into(), beta.to_owned());
+    }
     let b: Body = from_value_at(Value::Object(obj), "")?;
     if b.model.trim().is_empty() {
         return Err(invalid("model", "must not be empty"));
@@ -226,23 +290,37 @@ pub fn parse(body: &[u8]) -> Result<Inbound, ApiError> {
     }
     check_range("temperature", b.temperature)?;
     check_range("top_p", b.top_p)?;
-    if let Some(t) = &b.thinking
-        && t.get("type").and_then(Value::as_str) != Some("disabled")
-    {
-        return Err(invalid(
-            "thinking",
-            "extended thinking is not supported by Switchyard yet",
-        ));
-    }
     let mut messages = Vec::with_capacity(b.messages.len() + 1);
+    let mut leading_system = false;
     if let Some(system) = b.system {
-        messages.extend(system_message(system)?);
+        let m = system_message(system, "system")?;
+        leading_system = m.is_some();
+        messages.extend(m);
+    }
+    if !leading_system {
+        // An empty `system` became no message: the adapter's "first system message is the raw
+        // `system`" rule must not skip a later one.
+        extra.body.remove("system");
     }
     for (i, m) in b.messages.into_iter().enumerate() {
         let at = format!("messages[{i}]");
         match m.role {
             InRole::User => user_turn(m.content, &at, &mut messages)?,
             InRole::Assistant => messages.push(assistant_turn(m.content, &at)?),
+            InRole::System => {
+                let cache = match &m.content {
+                    Value::Array(blocks) => blocks
+                        .iter()
+                        .rev()
+                        .find_map(|b| b.get("cache_control").filter(|c| !c.is_null()).cloned()),
+                    _ => None,
+                };
+                let system = system_message(m.content, &format!("{at}.content"))?;
+                messages.extend(system.map(|mut s| {
+                    s.cache_control = cache;
+                    s
+                }));
+            }
         }
     }
     let tools = b
@@ -252,7 +330,18 @@ pub fn parse(body: &[u8]) -> Result<Inbound, ApiError> {
         .enumerate()
         .map(|(i, t)| tool(t, &format!("tools[{i}]")))
         .collect::<Result<Vec<_>, _>>()?;
-    let (tool_choice, parallel_tool_calls) = tool_choice(b.tool_choice, !tools.is_empty())?;
+    let server_tools = tools.iter().any(Option::is_none);
+    let tools: Vec<Tool> = tools.into_iter().flatten().collect();
+    let (mut tool_choice, parallel_tool_calls) =
+        tool_choice(b.tool_choice, !tools.is_empty() || server_tools)?;
+    if tools.is_empty() {
+        // Only server tools: the choice cannot be expressed without them.
+        tool_choice = None;
+    }
+    let mut passthrough = BTreeMap::new();
+    if !extra.is_empty() {
+        passthrough.insert(Passthrough::ANTHROPIC.to_owned(), extra);
+    }
     Ok(Inbound {
         model: b.model,
         messages,
@@ -261,6 +350,7 @@ pub fn parse(body: &[u8]) -> Result<Inbound, ApiError> {
         params: SamplingParams {
             temperature: b.temperature,
             top_p: b.top_p,
+            top_k: b.top_k,
             max_tokens: Some(b.max_tokens),
             stop: b.stop_sequences.unwrap_or_default(),
             parallel_tool_calls,
@@ -269,19 +359,37 @@ pub fn parse(body: &[u8]) -> Result<Inbound, ApiError> {
         },
         stream: b.stream.unwrap_or(false),
         include_usage: false,
+        passthrough,
     })
 }
 
-/// Unknown, unsupported and missing top-level fields, each named in the error.
+/// `thinking` is `{"type":"enabled","budget_tokens":N}` (N ≥ 1,024), `{"type":"adaptive"}` or
+/// `{"type":"disabled"}` ("Extended thinking"); other members pass through unchecked.
+fn check_thinking(t: &Value) -> Result<(), ApiError> {
+    match t.get("type").and_then(Value::as_str) {
+        Some("enabled") => match t.get("budget_tokens").and_then(Value::as_u64) {
+            Some(n) if n >= 1024 => Ok(()),
+            Some(_) => Err(invalid(
+                "thinking.enabled.budget_tokens",
+                "Input should be greater than or equal to 1024",
+            )),
+            None => Err(invalid("thinking.enabled.budget_tokens", "Field required")),
+        },
+        Some("adaptive" | "disabled") => Ok(()),
+        Some(other) => Err(invalid(
+            "thinking.type",
+            format!(
+                "Input tag '{other}' found using 'type' does not match any of the expected tags: 'enabled', 'disabled', 'adaptive'"
+            ),
+        )),
+        None => Err(invalid("thinking.type", "Field required")),
+    }
+}
+
+/// Unknown and missing top-level fields, each named in the error.
 fn check_fields(obj: &Map<String, Value>) -> Result<(), ApiError> {
     for key in obj.keys() {
-        if UNSUPPORTED.contains(&key.as_str()) {
-            return Err(invalid(
-                key,
-                "this parameter is not supported by Switchyard yet",
-            ));
-        }
-        if !KNOWN.contains(&key.as_str()) {
+        if !KNOWN.contains(&key.as_str()) && !PASSTHROUGH.contains(&key.as_str()) {
             return Err(invalid(key, "Extra inputs are not permitted"));
         }
     }
@@ -326,7 +434,7 @@ fn content_blocks(content: Value, at: &str) -> Result<Vec<Block>, ApiError> {
     match content {
         Value::String(text) => Ok(vec![Block::Text {
             text,
-            _cache_control: None,
+            cache_control: None,
             _citations: None,
         }]),
         Value::Array(items) => blocks(items, at),
@@ -355,21 +463,20 @@ fn plain(role: Role, content: Option<Content>) -> Message {
         name: None,
         tool_calls: Vec::new(),
         tool_call_id: None,
+        thinking_blocks: Vec::new(),
+        cache_control: None,
     }
 }
 
-/// `system` (string or text blocks) → one leading `system` message (none when empty).
-fn system_message(system: Value) -> Result<Option<Message>, ApiError> {
+/// `system` (string or text blocks, at `at`) → one `system` message (none when empty).
+fn system_message(system: Value, at: &str) -> Result<Option<Message>, ApiError> {
     let mut parts = Vec::new();
-    for block in content_blocks(system, "system")? {
+    for block in content_blocks(system, at)? {
         match block {
             Block::Text { text, .. } if text.is_empty() => {}
             Block::Text { text, .. } => parts.push(ContentPart::Text { text }),
             _ => {
-                return Err(invalid(
-                    "system",
-                    "only text blocks are allowed in `system`",
-                ));
+                return Err(invalid(at, "only text blocks are allowed in `system`"));
             }
         }
     }
@@ -399,36 +506,49 @@ fn user_turn(content: Value, at: &str, out: &mut Vec<Message>) -> Result<(), Api
         ));
     }
     let mut pending: Vec<ContentPart> = Vec::new();
-    let flush = |pending: &mut Vec<ContentPart>, out: &mut Vec<Message>| {
-        if !pending.is_empty() {
-            let parts = std::mem::take(pending);
-            out.push(plain(Role::User, Some(parts_content(parts))));
-        }
-    };
+    // A breakpoint on a gathered text/image block marks the end of their user message.
+    let mut pending_cache: Option<Value> = None;
+    let flush =
+        |pending: &mut Vec<ContentPart>, cache: &mut Option<Value>, out: &mut Vec<Message>| {
+            if !pending.is_empty() {
+                let parts = std::mem::take(pending);
+                let mut m = plain(Role::User, Some(parts_content(parts)));
+                m.cache_control = cache.take();
+                out.push(m);
+            }
+        };
     for (j, block) in blocks.into_iter().enumerate() {
+        let cache = block.cache_control().cloned();
         match block {
-            Block::Text { text, .. } => pending.push(ContentPart::Text { text }),
-            Block::Image { source, .. } => pending.push(image_part(source)),
+            Block::Text { text, .. } => {
+                pending.push(ContentPart::Text { text });
+                pending_cache = cache.or(pending_cache);
+            }
+            Block::Image { source, .. } => {
+                pending.push(image_part(source));
+                pending_cache = cache.or(pending_cache);
+            }
             Block::ToolResult {
                 tool_use_id,
                 content,
                 ..
             } => {
-                flush(&mut pending, out);
+                flush(&mut pending, &mut pending_cache, out);
                 let at = format!("{at_content}[{j}].content");
                 let mut m = plain(Role::Tool, Some(tool_result_content(content, &at)?));
                 m.tool_call_id = Some(tool_use_id);
+                m.cache_control = cache;
                 out.push(m);
             }
-            Block::ToolUse { .. } => {
+            Block::ToolUse { .. } | Block::Thinking { .. } | Block::RedactedThinking { .. } => {
                 return Err(invalid(
                     &format!("{at_content}[{j}]"),
-                    "`tool_use` blocks are only allowed in assistant messages",
+                    "`tool_use` and thinking blocks are only allowed in assistant messages",
                 ));
             }
         }
     }
-    flush(&mut pending, out);
+    flush(&mut pending, &mut pending_cache, out);
     Ok(())
 }
 
@@ -463,10 +583,13 @@ fn assistant_turn(content: Value, at: &str) -> Result<Message, ApiError> {
     let at_content = format!("{at}.content");
     let mut parts = Vec::new();
     let mut calls = Vec::new();
+    let mut thinking = Vec::new();
+    let mut cache_control = None;
     for (j, block) in content_blocks(content, &at_content)?
         .into_iter()
         .enumerate()
     {
+        cache_control = block.cache_control().cloned().or(cache_control);
         match block {
             Block::Text { text, .. } => parts.push(ContentPart::Text { text }),
             Block::ToolUse {
@@ -500,10 +623,20 @@ fn assistant_turn(content: Value, at: &str) -> Result<Message, ApiError> {
                     },
                 });
             }
+            Block::Thinking {
+                thinking: text,
+                signature,
+            } => thinking.push(ThinkingBlock::Thinking {
+                thinking: text,
+                signature,
+            }),
+            Block::RedactedThinking { data } => {
+                thinking.push(ThinkingBlock::RedactedThinking { data });
+            }
             Block::Image { .. } | Block::ToolResult { .. } => {
                 return Err(invalid(
                     &format!("{at_content}[{j}]"),
-                    "assistant messages may only contain text and tool_use blocks",
+                    "assistant messages may only contain text, tool_use and thinking blocks",
                 ));
             }
         }
@@ -513,26 +646,35 @@ fn assistant_turn(content: Value, at: &str) -> Result<Message, ApiError> {
         (true, true) => Some(Content::Text(String::new())),
         (false, _) => Some(parts_content(parts)),
     };
+    let content = match content {
+        Some(Content::Text(t)) if t.is_empty() && !thinking.is_empty() => None,
+        c => c,
+    };
     let mut m = plain(Role::Assistant, content);
     m.tool_calls = calls;
+    m.thinking_blocks = thinking;
+    m.cache_control = cache_control;
     Ok(m)
 }
 
-/// `{name, description, input_schema}` → a function tool; server tools (any `type` other than
-/// `custom`) are not supported.
-fn tool(v: Value, at: &str) -> Result<Tool, ApiError> {
+/// `{name, description, input_schema}` → a function tool. Server tools (a `type` other than
+/// `custom`, e.g. `web_search_20250305`, `bash_20250124`) have no normalised form: `None`, and
+/// they reach an Anthropic upstream only, in the raw `tools` of the passthrough (dropped for
+/// other providers; their result blocks are not part of the normalised answer).
+fn tool(v: Value, at: &str) -> Result<Option<Tool>, ApiError> {
     match v.get("type") {
         None | Some(Value::Null) => {}
         Some(Value::String(t)) if t == "custom" => {}
+        Some(Value::String(_)) => return Ok(None),
         Some(t) => {
             return Err(invalid(
                 &format!("{at}.type"),
-                format!("tool type {t} is not supported by Switchyard yet (only custom tools)"),
+                format!("Input should be a valid string, not {t}"),
             ));
         }
     }
     let t: InTool = from_value_at(v, at)?;
-    Ok(Tool {
+    Ok(Some(Tool {
         kind: "function".into(),
         function: FunctionDef {
             name: t.name,
@@ -540,7 +682,7 @@ fn tool(v: Value, at: &str) -> Result<Tool, ApiError> {
             parameters: Some(t.input_schema),
             strict: t.strict,
         },
-    })
+    }))
 }
 
 /// Anthropic `tool_choice` → OpenAI-shaped `tool_choice` and `parallel_tool_calls`:

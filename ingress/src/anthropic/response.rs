@@ -16,6 +16,7 @@ use crate::route::Aggregate;
 use bytes::Bytes;
 use serde_json::{Value, json};
 use std::collections::VecDeque;
+use switchyard_schemas::request::ThinkingBlock;
 use switchyard_schemas::{ErrorClass, ErrorInfo, FinishReason, FrameBody, Usage};
 
 /// Identity of one response: the `id` and `model` of the `Message`.
@@ -85,10 +86,29 @@ fn tool_input(name: &str, arguments: &str) -> Result<Value, ErrorInfo> {
     }
 }
 
-/// The non-streaming `Message`: a `text` block (when there is text), then one `tool_use` block
+/// A thinking block as Anthropic writes it: `{"type":"thinking","thinking","signature"}` (the
+/// signature is always present, empty when the upstream sent none) or
+/// `{"type":"redacted_thinking","data"}`.
+pub fn thinking_block(block: &ThinkingBlock) -> Value {
+    match block {
+        ThinkingBlock::Thinking {
+            thinking,
+            signature,
+        } => json!({"type": "thinking", "thinking": thinking,
+            "signature": signature.as_deref().unwrap_or("")}),
+        ThinkingBlock::RedactedThinking { data } => {
+            json!({"type": "redacted_thinking", "data": data})
+        }
+    }
+}
+
+/// The non-streaming `Message`: thinking blocks, a `text` block (when there is text), then one `tool_use` block
 /// per tool call with its arguments parsed into `input`.
 pub fn message(meta: &MessageMeta, agg: &Aggregate) -> Result<Value, ApiError> {
-    let mut content = Vec::with_capacity(agg.tool_calls.len() + 1);
+    let mut content = Vec::with_capacity(agg.tool_calls.len() + agg.thinking.len() + 1);
+    for block in &agg.thinking {
+        content.push(thinking_block(block));
+    }
     if !agg.text.is_empty() {
         content.push(json!({"type": "text", "text": agg.text}));
     }
@@ -128,6 +148,8 @@ enum Open {
     Text(u32),
     /// A `tool_use` block at this block index.
     Tool(u32),
+    /// A `thinking` block at this block index (closed by its signature or the next block).
+    Thinking(u32),
 }
 
 impl crate::front_door::StreamEncode for StreamEncoder {
@@ -185,6 +207,18 @@ impl StreamEncoder {
                 name,
                 arguments,
             } => self.tool_call(index, id, name, &arguments, out),
+            FrameBody::Reasoning { text } => self.thinking(&text, out),
+            FrameBody::ReasoningSignature { signature } => {
+                let index = self.thinking_index(out);
+                let delta = json!({"type": "signature_delta", "signature": signature});
+                Self::delta(index, delta, out);
+                self.close(out);
+            }
+            FrameBody::RedactedReasoning { data } => {
+                let block = json!({"type": "redacted_thinking", "data": data});
+                self.open_block(block, out);
+                self.close(out);
+            }
             FrameBody::Usage { usage } => self.usage = usage,
             FrameBody::End { finish_reason } => {
                 self.close(out);
@@ -197,13 +231,14 @@ impl StreamEncoder {
                 out.push_back(event("message_stop", &json!({"type": "message_stop"})));
             }
             FrameBody::Error { error, .. } => out.push_back(error_event(&error.into())),
-            FrameBody::Start { .. } | FrameBody::Heartbeat => {}
+            // Anthropic has no log probabilities.
+            FrameBody::Start { .. } | FrameBody::Heartbeat | FrameBody::Logprobs { .. } => {}
         }
     }
 
     /// Closes the open block, if any.
     fn close(&mut self, out: &mut VecDeque<Bytes>) {
-        if let Some(Open::Text(i) | Open::Tool(i)) = self.open.take() {
+        if let Some(Open::Text(i) | Open::Tool(i) | Open::Thinking(i)) = self.open.take() {
             out.push_back(event(
                 "content_block_stop",
                 &json!({"type": "content_block_stop", "index": i}),
@@ -224,6 +259,31 @@ impl StreamEncoder {
     fn delta(index: u32, delta: Value, out: &mut VecDeque<Bytes>) {
         let data = json!({"type": "content_block_delta", "index": index, "delta": delta});
         out.push_back(event("content_block_delta", &data));
+    }
+
+    /// The open thinking block's index, opening one (`{"type":"thinking","thinking":""}`, as
+    /// "Extended thinking" → streaming shows it) when none is.
+    fn thinking_index(&mut self, out: &mut VecDeque<Bytes>) -> u32 {
+        match self.open {
+            Some(Open::Thinking(i)) => i,
+            _ => {
+                let i = self.open_block(json!({"type": "thinking", "thinking": ""}), out);
+                self.open = Some(Open::Thinking(i));
+                i
+            }
+        }
+    }
+
+    fn thinking(&mut self, text: &str, out: &mut VecDeque<Bytes>) {
+        if text.is_empty() {
+            return;
+        }
+        let index = self.thinking_index(out);
+        Self::delta(
+            index,
+            json!({"type": "thinking_delta", "thinking": text}),
+            out,
+        );
     }
 
     fn text(&mut self, text: &str, out: &mut VecDeque<Bytes>) {
@@ -265,7 +325,10 @@ impl StreamEncoder {
                 i
             }
         };
-        if !arguments.is_empty() {
+        // The worker's `{}` for a call without arguments (FC-38) may come after the block closed:
+        // its `content_block_start` already says `"input": {}`, and no delta may follow a stop.
+        let closed_empty = arguments == "{}" && self.open != Some(Open::Tool(index));
+        if !arguments.is_empty() && !closed_empty {
             let delta = json!({"type": "input_json_delta", "partial_json": arguments});
             Self::delta(index, delta, out);
         }
@@ -370,6 +433,37 @@ mod tests {
         );
     }
 
+    /// FC-38: the `{}` of an argument-less call that arrives after its block closed adds no
+    /// delta after that block's stop.
+    #[test]
+    fn late_empty_arguments_after_the_block_closed() {
+        let events = encode(vec![
+            tool(0, Some("c0"), ""),
+            tool(1, Some("c1"), "{\"a\":1}"),
+            tool(1, None, ""),
+            tool(0, None, "{}"),
+            FrameBody::End {
+                finish_reason: FinishReason::ToolCalls,
+            },
+        ]);
+        let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "message_start",
+                "ping",
+                "content_block_start",
+                "content_block_stop",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_stop",
+                "message_delta",
+                "message_stop"
+            ]
+        );
+        assert_eq!(events[2].1["content_block"]["input"], json!({}));
+    }
+
     #[test]
     fn error_ends_without_message_stop() {
         let error = ErrorInfo::new(ErrorClass::Overloaded, "busy");
@@ -400,6 +494,8 @@ mod tests {
             }],
             finish: FinishReason::ToolCalls,
             usage: None,
+            thinking: Vec::new(),
+            logprobs: Vec::new(),
         };
         let m = message(&meta(), &agg).unwrap();
         assert_eq!(

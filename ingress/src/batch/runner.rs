@@ -310,8 +310,13 @@ async fn execute(
                 crate::front_door::serve(crate::chat::OpenAiChat, app2, &headers, &body).await
             }
             "/v1/messages" => {
-                crate::front_door::serve(crate::anthropic::AnthropicMessages, app2, &headers, &body)
-                    .await
+                crate::front_door::serve(
+                    crate::anthropic::AnthropicMessages { beta: None },
+                    app2,
+                    &headers,
+                    &body,
+                )
+                .await
             }
             "/v1/responses" => {
                 crate::responses::create(axum::extract::State(app2), headers, body).await

@@ -51,7 +51,7 @@ pub fn check_body(app: &AppState, endpoint: &str, body: &Value) -> Result<(), (S
         "/v1/chat/completions" => crate::chat::OpenAiChat
             .parse(&bytes)
             .map(|i| (i.model, i.stream)),
-        "/v1/messages" => crate::anthropic::AnthropicMessages
+        "/v1/messages" => crate::anthropic::AnthropicMessages { beta: None }
             .parse(&bytes)
             .map(|i| (i.model, i.stream)),
         "/v1/embeddings" => crate::embeddings::model_of(&bytes).map(|m| (m, false)),

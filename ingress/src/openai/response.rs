@@ -36,7 +36,7 @@ struct Chunk<'a> {
 struct ChunkChoice<'a> {
     index: u32,
     delta: Delta<'a>,
-    logprobs: Option<()>,
+    logprobs: Option<serde_json::Value>,
     finish_reason: Option<&'static str>,
 }
 
@@ -49,6 +49,12 @@ pub struct Delta<'a> {
     content: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tool_calls: Option<[ToolCallDelta<'a>; 1]>,
+    /// Reasoning text (DeepSeek's and LiteLLM's name, read by the OpenAI SDKs as an extra field).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning_content: Option<&'a str>,
+    /// A signature or redacted block closing a thinking block (LiteLLM's `thinking_blocks`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    thinking_blocks: Option<[serde_json::Value; 1]>,
 }
 
 #[derive(Serialize)]
@@ -138,7 +144,7 @@ impl ResponseMeta {
             Delta {
                 role: Some("assistant"),
                 content: Some(""),
-                tool_calls: None,
+                ..Delta::default()
             },
             None,
         )
@@ -149,6 +155,49 @@ impl ResponseMeta {
         self.chunk(
             Delta {
                 content: Some(text),
+                ..Delta::default()
+            },
+            None,
+        )
+    }
+
+    /// A chunk with an empty delta carrying the upstream's `logprobs.content` entries (OpenAI
+    /// sends them on the content chunk itself; the SDKs accumulate either way).
+    pub fn logprobs_chunk(&self, content: Vec<serde_json::Value>) -> Bytes {
+        let choices = [ChunkChoice {
+            index: 0,
+            delta: Delta::default(),
+            logprobs: Some(serde_json::json!({"content": content, "refusal": null})),
+            finish_reason: None,
+        }];
+        sse(&Chunk {
+            id: &self.id,
+            object: "chat.completion.chunk",
+            created: self.created,
+            model: &self.model,
+            system_fingerprint: None,
+            choices: &choices,
+            usage: self.include_usage.then_some(None),
+        })
+    }
+
+    /// A reasoning delta: `{"reasoning_content": text}`.
+    pub fn reasoning_chunk(&self, text: &str) -> Bytes {
+        self.chunk(
+            Delta {
+                reasoning_content: Some(text),
+                ..Delta::default()
+            },
+            None,
+        )
+    }
+
+    /// The end of a thinking block: `{"thinking_blocks":[{"type":"thinking","thinking":"",
+    /// "signature"}]}`, or a whole `redacted_thinking` block, so a client can replay it.
+    pub fn thinking_block_chunk(&self, block: serde_json::Value) -> Bytes {
+        self.chunk(
+            Delta {
+                thinking_blocks: Some([block]),
                 ..Delta::default()
             },
             None,
@@ -223,13 +272,20 @@ pub fn completion(meta: &ResponseMeta, agg: &crate::route::Aggregate) -> serde_j
     if !calls.is_empty() {
         message["tool_calls"] = serde_json::Value::Array(calls);
     }
+    if !agg.thinking.is_empty() {
+        let text: String = agg.thinking.iter().map(|b| b.text()).collect();
+        message["reasoning_content"] = serde_json::Value::String(text);
+        message["thinking_blocks"] = serde_json::to_value(&agg.thinking).unwrap_or_default();
+    }
+    let logprobs = (!agg.logprobs.is_empty())
+        .then(|| serde_json::json!({"content": agg.logprobs, "refusal": null}));
     serde_json::json!({
         "id": meta.id,
         "object": "chat.completion",
         "created": meta.created,
         "model": meta.model,
         "system_fingerprint": null,
-        "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": agg.finish.as_str()}],
+        "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": agg.finish.as_str()}],
         "usage": serde_json::to_value(UsageOut::from(agg.usage.unwrap_or_default())).unwrap_or_default(),
     })
 }

@@ -116,6 +116,7 @@ fn inbound(p: &ParsedResponses, history: &[Message]) -> Inbound {
         params: p.params.clone(),
         stream: p.stream,
         include_usage: false,
+        passthrough: Default::default(),
     }
 }
 

@@ -359,6 +359,8 @@ pub fn text_message(role: Role, text: String) -> Message {
         name: None,
         tool_calls: Vec::new(),
         tool_call_id: None,
+        cache_control: None,
+        thinking_blocks: Vec::new(),
     }
 }
 
@@ -419,6 +421,8 @@ fn input_items(items: Vec<Value>, ids: &mut IdGen) -> Result<(Vec<Message>, Vec<
                         name: None,
                         tool_calls: vec![call],
                         tool_call_id: None,
+                        cache_control: None,
+                        thinking_blocks: Vec::new(),
                     }),
                 }
                 stored.push(
@@ -453,6 +457,8 @@ fn input_items(items: Vec<Value>, ids: &mut IdGen) -> Result<(Vec<Message>, Vec<
                     name: None,
                     tool_calls: Vec::new(),
                     tool_call_id: Some(call_id.clone()),
+                    cache_control: None,
+                    thinking_blocks: Vec::new(),
                 });
                 stored.push(json!({"id": id, "type": "function_call_output",
                     "status": "completed", "call_id": call_id, "output": item["output"]}));
@@ -584,6 +590,8 @@ fn message_item(item: &Value, path: &str, ids: &mut IdGen) -> Result<(Message, V
             name: None,
             tool_calls: Vec::new(),
             tool_call_id: None,
+            cache_control: None,
+            thinking_blocks: Vec::new(),
         },
         stored,
     ))

@@ -200,5 +200,7 @@ pub fn as_message(a: &Answer) -> Message {
             })
             .collect(),
         tool_call_id: None,
+        cache_control: None,
+        thinking_blocks: Vec::new(),
     }
 }

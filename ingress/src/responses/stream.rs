@@ -285,6 +285,11 @@ impl StreamEncode for ResponsesStream {
                 }
             }
             FrameBody::Usage { usage } => self.answer.usage = Some(usage),
+            // Reasoning output items and logprobs are not produced on this door yet (README).
+            FrameBody::Reasoning { .. }
+            | FrameBody::ReasoningSignature { .. }
+            | FrameBody::RedactedReasoning { .. }
+            | FrameBody::Logprobs { .. } => {}
             FrameBody::End { finish_reason } => {
                 self.answer.finish = Some(finish_reason);
                 let (st, _) = response::status(&self.answer);

@@ -113,6 +113,7 @@ pub async fn admit<'c>(
         deadline_ms,
         attempt: 0,
         batch_id: hints.batch.as_ref().map(|b| b.batch_id.clone()),
+        passthrough: inbound.passthrough,
     };
     let mut charge = Charge::new(app.clone(), &req, admitted);
     if let Some(r) = reservation {

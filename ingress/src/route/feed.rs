@@ -151,6 +151,12 @@ impl FrameFeed {
                     }
                     call.arguments.push_str(&arguments);
                 }
+                FrameBody::Reasoning { .. }
+                | FrameBody::ReasoningSignature { .. }
+                | FrameBody::RedactedReasoning { .. } => {
+                    f.accumulate_thinking(&mut agg.thinking);
+                }
+                FrameBody::Logprobs { content } => agg.logprobs.extend(content),
                 FrameBody::Usage { usage } => agg.usage = Some(usage),
                 FrameBody::End { finish_reason } => agg.finish = finish_reason,
                 FrameBody::Error { error, .. } => return Err(error),
@@ -183,4 +189,8 @@ pub struct Aggregate {
     pub finish: FinishReason,
     /// Upstream-reported usage.
     pub usage: Option<Usage>,
+    /// Reasoning blocks, in order (Anthropic thinking; see [`FrameBody::accumulate_thinking`]).
+    pub thinking: Vec<switchyard_schemas::request::ThinkingBlock>,
+    /// OpenAI `logprobs.content` entries, in token order (when the upstream sent them).
+    pub logprobs: Vec<serde_json::Value>,
 }

@@ -255,6 +255,10 @@ pub struct Inbound {
     pub stream: bool,
     /// Final usage chunk requested (OpenAI front door).
     pub include_usage: bool,
+    /// Provider-specific fields for one provider family ([`ChatRequest::passthrough`]).
+    ///
+    /// [`ChatRequest::passthrough`]: switchyard_schemas::ChatRequest::passthrough
+    pub passthrough: std::collections::BTreeMap<String, switchyard_schemas::request::Passthrough>,
 }
 
 /// Headers naming who served, added to every routed response.

@@ -37,6 +37,8 @@ pub(crate) fn request_info(body: &Value) -> Result<RequestInfo, String> {
         max_tokens: Some(max_tokens),
         tool_names,
         prompt_words: messages_words(body) + system_words,
+        assistant_turns: 0,
+        logprobs: false,
     })
 }
 
@@ -99,8 +101,8 @@ fn stop_reason(g: &Generation) -> &'static str {
 }
 
 /// Tool use id of the `i`-th call.
-fn tool_id(i: usize) -> String {
-    format!("toolu_mock_{i}")
+fn tool_id(key: &str) -> String {
+    format!("toolu_mock_{key}")
 }
 
 fn message_object(
@@ -133,7 +135,7 @@ pub(crate) fn message(id: &str, info: &RequestInfo, g: &Generation) -> Value {
                 .map(|(i, c)| {
                     let input: Value =
                         serde_json::from_str(&c.arguments).unwrap_or_else(|_| json!({}));
-                    json!({ "type": "tool_use", "id": tool_id(i), "name": c.name, "input": input })
+                    json!({ "type": "tool_use", "id": tool_id(&c.key(i)), "name": c.name, "input": input })
                 })
                 .collect(),
         ),
@@ -194,8 +196,7 @@ pub(crate) fn stream_script(
         }
         Output::Tools(calls) => {
             for (i, call) in calls.iter().enumerate() {
-                let block =
-                    json!({ "type": "tool_use", "id": tool_id(i), "name": call.name, "input": {} });
+                let block = json!({ "type": "tool_use", "id": tool_id(&call.key(i)), "name": call.name, "input": {} });
                 body.push(Item::Frame(event(
                     fmt,
                     &json!({ "type": "content_block_start", "index": i, "content_block": block }),

@@ -68,6 +68,8 @@ pub(crate) fn request_info(body: &Value, uri: &Uri) -> Result<RequestInfo, Strin
             .and_then(Value::as_u64),
         tool_names,
         prompt_words: messages_words(body) + system_words,
+        assistant_turns: 0,
+        logprobs: false,
     })
 }
 
@@ -197,8 +199,8 @@ fn stop_reason(g: &Generation) -> &'static str {
 }
 
 /// Tool use id of the `i`-th call.
-fn tool_id(i: usize) -> String {
-    format!("tooluse_mock_{i}")
+fn tool_id(key: &str) -> String {
+    format!("tooluse_mock_{key}")
 }
 
 /// The non-streaming `Converse` response.
@@ -210,7 +212,7 @@ pub(crate) fn converse_response(g: &Generation, latency_ms: u64) -> Value {
             .enumerate()
             .map(|(i, c)| {
                 let input: Value = serde_json::from_str(&c.arguments).unwrap_or_else(|_| json!({}));
-                json!({ "toolUse": { "toolUseId": tool_id(i), "name": c.name, "input": input } })
+                json!({ "toolUse": { "toolUseId": tool_id(&c.key(i)), "name": c.name, "input": input } })
             })
             .collect(),
     };
@@ -243,7 +245,8 @@ pub(crate) fn stream_script(g: &Generation, latency_ms: u64) -> Script {
         }
         Output::Tools(calls) => {
             for (i, call) in calls.iter().enumerate() {
-                let start = json!({ "toolUse": { "toolUseId": tool_id(i), "name": call.name } });
+                let start =
+                    json!({ "toolUse": { "toolUseId": tool_id(&call.key(i)), "name": call.name } });
                 body.push(Item::Frame(event(
                     "contentBlockStart",
                     json!({ "contentBlockIndex": i, "start": start }),

@@ -64,6 +64,12 @@ pub(crate) struct Behaviour {
     /// `reject_stream_options=1`: a request carrying `stream_options` gets 400 "Unrecognized
     /// request argument supplied: stream_options" (older Azure api-versions; FC-12 variant).
     pub(crate) reject_stream_options: bool,
+    /// `call=<tool>:<percent-encoded JSON input>`: one call of that tool with that input, when
+    /// the request declares the tool. Read only from the conversation's latest input (the
+    /// messages after the last assistant turn: the prompt, or the tool results), so an agent
+    /// loop goes on while each tool result asks for the next call (a result holding a
+    /// `#mock call=…` line) and ends with a text answer when it does not.
+    pub(crate) call: Option<(String, String)>,
 }
 
 impl Behaviour {
@@ -82,6 +88,10 @@ impl Behaviour {
             if ends_with_tool_result(body) {
                 raw.remove("tool_calls");
             }
+        }
+        raw.remove("call");
+        if let Some(call) = parse_directives(&latest_input_text(body)).remove("call") {
+            raw.insert("call".into(), call);
         }
         for (name, value) in headers {
             if let Some(key) = name.as_str().strip_prefix("x-mock-") {
@@ -144,6 +154,15 @@ impl Behaviour {
                 "error_message" => b.error_message = Some(percent_decode(v)?),
                 "json_for_stream" => b.json_for_stream = flag(key, v)?,
                 "reject_stream_options" => b.reject_stream_options = flag(key, v)?,
+                "call" => {
+                    let (name, input) = v
+                        .split_once(':')
+                        .ok_or_else(|| format!("mock call must be <tool>:<json>, got {v}"))?;
+                    let input = percent_decode(input)?;
+                    serde_json::from_str::<Value>(&input)
+                        .map_err(|e| format!("mock call input is not JSON: {e}"))?;
+                    b.call = Some((name.to_owned(), input));
+                }
                 other => tracing::debug!(key = other, "ignoring unknown mock key"),
             }
         }
@@ -173,6 +192,11 @@ pub(crate) struct RequestInfo {
     pub(crate) max_tokens: Option<u64>,
     pub(crate) tool_names: Vec<String>,
     pub(crate) prompt_words: u64,
+    /// Assistant messages in the conversation (tags `call=` tool ids).
+    pub(crate) assistant_turns: usize,
+    /// OpenAI `logprobs: true`: text chunks carry `logprobs.content` (one entry per chunk, the
+    /// chunk as its token, `logprob` −0.5, no alternatives).
+    pub(crate) logprobs: bool,
 }
 
 /// One generated tool call.
@@ -182,6 +206,16 @@ pub(crate) struct ToolCall {
     pub(crate) arguments: String,
     /// `arguments` cut into at least two pieces for streaming.
     pub(crate) pieces: Vec<String>,
+    /// The call id's suffix instead of its index (ids must differ between the turns of an agent
+    /// loop: `call=` calls are `<tool>_<assistant turns so far>`).
+    pub(crate) tag: Option<String>,
+}
+
+impl ToolCall {
+    /// The id suffix of the `i`-th call: its tag, or `i`.
+    pub(crate) fn key(&self, i: usize) -> String {
+        self.tag.clone().unwrap_or_else(|| i.to_string())
+    }
 }
 
 /// The generated assistant output.
@@ -223,7 +257,20 @@ impl Generation {
 
 /// Produces the answer for a request.
 pub(crate) fn generate(b: &Behaviour, info: &RequestInfo) -> Generation {
-    let (output, default_completion) = if b.tool_calls > 0 {
+    let call = b
+        .call
+        .as_ref()
+        .filter(|(name, _)| info.tool_names.contains(name));
+    let (output, default_completion) = if let Some((name, arguments)) = call {
+        let pieces = split_even(arguments, b.chunks.unwrap_or(2).max(2));
+        let call = ToolCall {
+            name: name.clone(),
+            arguments: arguments.clone(),
+            pieces,
+            tag: Some(format!("{}_{}", name.to_lowercase(), info.assistant_turns)),
+        };
+        (Output::Tools(vec![call]), TOKENS_PER_TOOL_CALL)
+    } else if b.tool_calls > 0 {
         let calls: Vec<ToolCall> = (0..b.tool_calls)
             .map(|i| {
                 let name = if info.tool_names.is_empty() {
@@ -239,6 +286,7 @@ pub(crate) fn generate(b: &Behaviour, info: &RequestInfo) -> Generation {
                     name,
                     arguments,
                     pieces,
+                    tag: None,
                 }
             })
             .collect();
@@ -339,6 +387,37 @@ fn last_user_text(body: &Value) -> Option<String> {
         ),
         _ => None,
     }
+}
+
+/// All text of the messages after the last assistant turn (OpenAI `user`/`tool` messages,
+/// Anthropic `user` turns with text and `tool_result` blocks), joined by newlines.
+fn latest_input_text(body: &Value) -> String {
+    fn text_of(content: &Value, out: &mut Vec<String>) {
+        match content {
+            Value::String(s) => out.push(s.clone()),
+            Value::Array(parts) => parts.iter().for_each(|p| text_of(p, out)),
+            Value::Object(part) => {
+                if let Some(t) = part.get("text").and_then(Value::as_str) {
+                    out.push(t.to_owned());
+                }
+                if let Some(c) = part.get("content") {
+                    text_of(c, out);
+                }
+            }
+            _ => {}
+        }
+    }
+    let messages = body.get("messages").and_then(Value::as_array);
+    let all = messages.map(Vec::as_slice).unwrap_or_default();
+    let from = all
+        .iter()
+        .rposition(|m| m.get("role").and_then(Value::as_str) == Some("assistant"))
+        .map_or(0, |i| i + 1);
+    let mut out = Vec::new();
+    for c in all[from..].iter().filter_map(|m| m.get("content")) {
+        text_of(c, &mut out);
+    }
+    out.join("\n")
 }
 
 /// Extracts `key=value` pairs from every `#mock ...` line; later lines win.

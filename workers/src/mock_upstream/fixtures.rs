@@ -48,6 +48,14 @@ const FIXTURES: &[(&str, &str)] = &[
         include_str!("fixtures/fc17_anthropic_two_tools.sse"),
     ),
     (
+        "fc37_anthropic_thinking",
+        include_str!("fixtures/fc37_anthropic_thinking.sse"),
+    ),
+    (
+        "fc38_openai_parallel_no_args",
+        include_str!("fixtures/fc38_openai_parallel_no_args.sse"),
+    ),
+    (
         "fc21_openai_empty_then_quota",
         include_str!("fixtures/fc21_openai_empty_then_quota.sse"),
     ),

@@ -112,6 +112,8 @@ pub(crate) fn request_info(body: &Value, uri: &Uri) -> Result<RequestInfo, Strin
             .and_then(Value::as_u64),
         tool_names,
         prompt_words,
+        assistant_turns: 0,
+        logprobs: false,
     })
 }
 

@@ -81,6 +81,7 @@ pub(crate) fn router(state: MockState, shutdown: CancellationToken) -> Router {
         .route("/v1/responses", post(responses_create))
         .route("/openai/v1/responses", post(responses_create))
         .route("/v1/openai/v1/responses", post(responses_create))
+        .route("/v1/messages/count_tokens", post(count_tokens))
         .route("/v1beta/models/{target}", post(generate_content))
         .route("/v1/models/{target}", post(generate_content))
         .route(
@@ -227,6 +228,40 @@ async fn responses_create(
 
 async fn messages(State(app): State<App>, headers: HeaderMap, uri: Uri, body: Bytes) -> Response {
     handle(Provider::Anthropic, &app, &headers, &uri, &body).await
+}
+
+/// `POST /v1/messages/count_tokens` (Anthropic "Count Message tokens"): `{"input_tokens": N}`
+/// with N = `prompt_tokens` when the request's directives set it, else the words of `system`
+/// and `messages`; `status=` answers an Anthropic error instead.
+async fn count_tokens(
+    State(app): State<App>,
+    headers: HeaderMap,
+    uri: Uri,
+    body: Bytes,
+) -> Response {
+    let value: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    record(&app.state, &headers, &uri, value.clone());
+    let b = match Behaviour::from_request(path_spec(&headers), &headers, &value) {
+        Ok(b) => b,
+        Err(e) => return Provider::Anthropic.error(400, Some(&e), None),
+    };
+    if let Some(status) = b.status {
+        return Provider::Anthropic.error(status, b.error_message.as_deref(), None);
+    }
+    if !value.get("messages").is_some_and(Value::is_array) {
+        return Provider::Anthropic.error(400, Some("messages: Field required"), None);
+    }
+    if value.get("max_tokens").is_some() {
+        let message = "max_tokens: Extra inputs are not permitted";
+        return Provider::Anthropic.error(400, Some(message), None);
+    }
+    let words = super::behaviour::messages_words(&value)
+        + value
+            .get("system")
+            .map_or(0, super::behaviour::content_words);
+    let n = b.prompt_tokens.unwrap_or(words);
+    let body = json!({ "input_tokens": n }).to_string();
+    Provider::Anthropic.response(StatusCode::OK, "application/json", Body::from(body))
 }
 
 /// `POST /v1beta/models/{model}:(stream)GenerateContent` (also under `/v1`).
@@ -415,10 +450,15 @@ async fn handle(
             wire::body(plan, app.shutdown.clone(), app.state.clone()),
         );
     }
-    let info = match provider.request_info(&body, uri) {
+    let mut info = match provider.request_info(&body, uri) {
         Ok(info) => info,
         Err(message) => return provider.error(400, Some(&message), None),
     };
+    info.assistant_turns = body
+        .get("messages")
+        .and_then(Value::as_array)
+        .map_or(0, |m| m.iter().filter(|m| m["role"] == "assistant").count());
+    info.logprobs = body.get("logprobs") == Some(&Value::Bool(true));
     let generation = generate(&behaviour, &info);
     let fmt = SseFormat::new(&behaviour);
     let id = behaviour.id.clone().unwrap_or_else(|| provider.new_id());

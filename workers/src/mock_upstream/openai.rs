@@ -9,9 +9,21 @@ use super::wire::{Item, Script, SseFormat};
 const FINGERPRINT: &str = "fp_mock";
 
 /// Reads the fields the mock needs from a chat completions request.
+/// Longest `user` OpenAI accepts, characters.
+const MAX_USER_CHARS: usize = 64;
+
 pub(crate) fn request_info(body: &Value) -> Result<RequestInfo, String> {
     if !body.get("messages").is_some_and(Value::is_array) {
         return Err("Missing required parameter: 'messages'.".to_string());
+    }
+    // OpenAI's limit on `user` (Claude Code's `metadata.user_id` is a ~150-character JSON text).
+    if let Some(user) = body.get("user").and_then(Value::as_str)
+        && user.chars().count() > MAX_USER_CHARS
+    {
+        return Err(format!(
+            "Invalid 'user': string too long. Expected a string with maximum length {MAX_USER_CHARS}, but got a string with length {} instead.",
+            user.chars().count()
+        ));
     }
     let max_tokens = body
         .get("max_completion_tokens")
@@ -55,6 +67,8 @@ pub(crate) fn request_info(body: &Value) -> Result<RequestInfo, String> {
         max_tokens,
         tool_names,
         prompt_words: messages_words(body),
+        assistant_turns: 0,
+        logprobs: false,
     })
 }
 
@@ -129,8 +143,17 @@ fn finish_reason(generation: &Generation) -> &'static str {
 }
 
 /// Tool call id of the `i`-th call.
-fn call_id(i: usize) -> String {
-    format!("call_mock_{i}")
+fn call_id(key: &str) -> String {
+    format!("call_mock_{key}")
+}
+
+/// `logprobs.content` entries of text `pieces` (see [`RequestInfo::logprobs`]).
+fn logprob_entries(pieces: &[String]) -> Value {
+    let entries: Vec<Value> = pieces
+        .iter()
+        .map(|p| json!({ "token": p, "logprob": -0.5, "bytes": p.as_bytes(), "top_logprobs": [] }))
+        .collect();
+    json!({ "content": entries, "refusal": null })
 }
 
 /// The non-streaming `chat.completion` object.
@@ -148,7 +171,7 @@ pub(crate) fn completion(id: &str, created: u64, info: &RequestInfo, g: &Generat
                 .enumerate()
                 .map(|(i, c)| {
                     json!({
-                        "id": call_id(i),
+                        "id": call_id(&c.key(i)),
                         "type": "function",
                         "function": { "name": c.name, "arguments": c.arguments },
                     })
@@ -171,7 +194,10 @@ pub(crate) fn completion(id: &str, created: u64, info: &RequestInfo, g: &Generat
         "choices": [{
             "index": 0,
             "message": message,
-            "logprobs": null,
+            "logprobs": match &g.output {
+                Output::Text { chunks, .. } if info.logprobs => logprob_entries(chunks),
+                _ => Value::Null,
+            },
             "finish_reason": finish_reason(g),
         }],
         "usage": usage(g.usage),
@@ -203,10 +229,16 @@ impl Chunker<'_> {
     }
 
     fn chunk(&self, delta: Value, finish_reason: Option<&str>) -> bytes::Bytes {
+        let logprobs = match delta.get("content").and_then(Value::as_str) {
+            Some(piece) if self.info.logprobs && !piece.is_empty() => {
+                logprob_entries(&[piece.to_owned()])
+            }
+            _ => Value::Null,
+        };
         let choices = json!([{
             "index": 0,
             "delta": delta,
-            "logprobs": null,
+            "logprobs": logprobs,
             "finish_reason": finish_reason,
         }]);
         self.fmt.data(&self.base(choices).to_string())
@@ -244,7 +276,7 @@ pub(crate) fn stream_script(
             for (i, call) in calls.iter().enumerate() {
                 let header = json!({ "tool_calls": [{
                     "index": i,
-                    "id": call_id(i),
+                    "id": call_id(&call.key(i)),
                     "type": "function",
                     "function": { "name": call.name, "arguments": "" },
                 }]});

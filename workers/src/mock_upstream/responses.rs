@@ -75,6 +75,8 @@ pub(crate) fn request_info(body: &Value) -> Result<RequestInfo, String> {
         max_tokens: body.get("max_output_tokens").and_then(Value::as_u64),
         tool_names,
         prompt_words: messages_words(&chat_view(body)),
+        assistant_turns: 0,
+        logprobs: false,
     })
 }
 

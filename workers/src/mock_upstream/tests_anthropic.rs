@@ -197,3 +197,69 @@ async fn anthropic_tool_use_stream_and_hang() {
     let after = tokio::time::timeout(std::time::Duration::from_secs(5), stream.next()).await;
     assert!(matches!(after, Ok(Some(Err(_)) | None)));
 }
+
+/// `call=<tool>:<json>` is read from the latest input only: the prompt calls the tool, a tool
+/// result holding the next `#mock call=` line calls again (with a new id), one without ends.
+#[tokio::test]
+async fn call_directive_drives_an_agent_loop() {
+    let mock = MockUpstream::start().await.unwrap();
+    let tools = json!([{"name": "Bash", "input_schema": {"type": "object"}}]);
+    let prompt = "go\n#mock call=Bash:%7B%22command%22%3A%22ls%22%7D";
+    let body = |messages: Value| json!({"model": "m", "max_tokens": 100, "tools": tools, "messages": messages});
+    let first = post(
+        &mock,
+        MESSAGES,
+        &[VERSION],
+        &body(json!([{"role": "user", "content": prompt}])),
+    )
+    .await;
+    let first: Value = first.json().await.unwrap();
+    assert_eq!(
+        first["content"],
+        json!([{"type": "tool_use", "id": "toolu_mock_bash_0", "name": "Bash", "input": {"command": "ls"}}])
+    );
+    let turn = |result: &str| {
+        json!([{"role": "user", "content": prompt}, {"role": "assistant", "content": first["content"]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_mock_bash_0", "content": result}]}])
+    };
+    let again = post(
+        &mock,
+        MESSAGES,
+        &[VERSION],
+        &body(turn("#mock call=Bash:%7B%7D")),
+    )
+    .await;
+    let again: Value = again.json().await.unwrap();
+    assert_eq!(again["content"][0]["id"], "toolu_mock_bash_1");
+    assert_eq!(again["content"][0]["input"], json!({}));
+    let done = post(&mock, MESSAGES, &[VERSION], &body(turn("file.txt"))).await;
+    let done: Value = done.json().await.unwrap();
+    assert_eq!(
+        done["content"],
+        json!([{"type": "text", "text": DEFAULT_TEXT}])
+    );
+}
+
+/// `POST /v1/messages/count_tokens`: `prompt_tokens=` or the words; `status=` errors.
+#[tokio::test]
+async fn count_tokens_endpoint() {
+    let mock = MockUpstream::start().await.unwrap();
+    let path = "/v1/messages/count_tokens";
+    let body = |text: &str| json!({"model": "m", "system": "Be brief", "messages": [{"role": "user", "content": text}]});
+    let r: Value = post(&mock, path, &[VERSION], &body("one two three"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(r, json!({"input_tokens": 5}));
+    let r: Value = post(&mock, path, &[VERSION], &body("x\n#mock prompt_tokens=728"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(r, json!({"input_tokens": 728}));
+    let resp = post(&mock, path, &[VERSION], &body("x\n#mock status=401")).await;
+    assert_eq!(resp.status(), 401);
+    let r: Value = resp.json().await.unwrap();
+    assert_eq!(r["error"]["type"], "authentication_error");
+}

@@ -27,7 +27,7 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::LazyLock;
 use switchyard_schemas::config::{OpenAiApi, ProviderKind, TargetConfig};
 use switchyard_schemas::embed::EmbedRequest;
-use switchyard_schemas::request::Role;
+use switchyard_schemas::request::{Passthrough, Role};
 use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, FinishReason, FrameBody, Usage};
 
 /// Adapter for [`ProviderKind::Openai`] and [`ProviderKind::OpenaiCompatible`].
@@ -185,6 +185,12 @@ pub fn build_body(kind: ProviderKind, upstream_model: &str, req: &ChatRequest) -
 
 /// The upstream JSON body as an object, for adapters that speak a dialect of this wire format
 /// (Azure OpenAI adjusts a few keys) — see [`build_body`].
+///
+/// Beyond the normalised fields: `logprobs` / `top_logprobs` go to every OpenAI-style upstream
+/// (the answer's `logprobs.content` entries come back as `logprobs` frames); `reasoning_effort` and the [`Passthrough::OPENAI`] fields (`service_tier`,
+/// `prediction`, `logit_bias`, …) only to OpenAI and Azure OpenAI (`kind` `openai`), since
+/// compatible servers commonly reject unknown fields. `thinking_blocks` are never sent; `top_k`
+/// and the Anthropic passthrough are not either.
 pub fn build_object(
     kind: ProviderKind,
     upstream_model: &str,
@@ -197,6 +203,12 @@ pub fn build_object(
         .iter()
         .map(|m| {
             let mut v = serde_json::to_value(m).unwrap_or(Value::Null);
+            // Signed thinking blocks are Anthropic's: OpenAI-style servers do not take them back.
+            // Nor Anthropic's cache breakpoints.
+            if let Some(o) = v.as_object_mut() {
+                o.remove("thinking_blocks");
+                o.remove("cache_control");
+            }
             // Many compatible servers predate the `developer` role.
             if kind == ProviderKind::OpenaiCompatible && m.role == Role::Developer {
                 v["role"] = Value::String("system".into());
@@ -239,12 +251,41 @@ pub fn build_object(
         "parallel_tool_calls",
         p.parallel_tool_calls.map(Value::from),
     );
-    put("user", p.user.clone().map(Value::from));
+    put("user", p.user.as_deref().map(user_field).map(Value::from));
+    put("logprobs", p.logprobs.map(Value::from));
+    put("top_logprobs", p.top_logprobs.map(Value::from));
+    // OpenAI's reasoning models take `reasoning_effort`; compatible servers mostly reject it.
+    if kind == ProviderKind::Openai {
+        put(
+            "reasoning_effort",
+            p.reasoning_effort.clone().map(Value::from),
+        );
+        if let Some(extra) = req.passthrough.get(Passthrough::OPENAI) {
+            for (k, v) in &extra.body {
+                o.insert(k.clone(), v.clone());
+            }
+        }
+    }
     if req.stream {
         o.insert("stream".into(), Value::Bool(true));
         o.insert("stream_options".into(), json!({"include_usage": true}));
     }
     o
+}
+
+/// Longest `user` OpenAI accepts, characters ("Invalid 'user': string too long. Expected a string
+/// with maximum length 64").
+pub const MAX_USER_CHARS: usize = 64;
+
+/// `user` as sent upstream: as is up to [`MAX_USER_CHARS`], else its SHA-256 in hex (64
+/// characters: still one stable id per end user). Claude Code's `metadata.user_id`, which the
+/// Anthropic door makes `user`, is a ~150-character JSON text.
+pub fn user_field(user: &str) -> String {
+    if user.chars().count() <= MAX_USER_CHARS {
+        user.to_owned()
+    } else {
+        switchyard_schemas::tenancy::sha256_hex(user)
+    }
 }
 
 /// The `Accept` header for `body`: SSE for a stream request, JSON otherwise.
@@ -338,7 +379,19 @@ pub fn parse_completion(v: &Value) -> Result<Answer, ErrorInfo> {
             (str_of(c, "id"), str_of(f, "name"), arguments)
         })
         .collect();
+    let thinking = message
+        .get("reasoning_content")
+        .and_then(Value::as_str)
+        .filter(|t| !t.is_empty())
+        .map(|t| switchyard_schemas::request::ThinkingBlock::Thinking {
+            thinking: t.to_owned(),
+            signature: None,
+        })
+        .into_iter()
+        .collect();
     Ok(Answer {
+        logprobs: logprob_content(choice).unwrap_or_default(),
+        thinking,
         text,
         tool_calls,
         usage: v.get("usage").and_then(parse_usage),
@@ -347,6 +400,15 @@ pub fn parse_completion(v: &Value) -> Result<Answer, ErrorInfo> {
             .and_then(Value::as_str)
             .map_or(FinishReason::Stop, map_finish),
     })
+}
+
+/// A choice's non-empty `logprobs.content` entries.
+fn logprob_content(choice: &Value) -> Option<Vec<Value>> {
+    choice
+        .pointer("/logprobs/content")
+        .and_then(Value::as_array)
+        .filter(|c| !c.is_empty())
+        .cloned()
 }
 
 /// Translates `chat.completion.chunk` events.
@@ -438,6 +500,17 @@ impl SseTranslator for OpenAiTranslator {
             return false;
         };
         if let Some(delta) = choice.get("delta") {
+            // Reasoning text of compatible servers (DeepSeek, vLLM: `reasoning_content`;
+            // OpenRouter, Ollama: `reasoning`).
+            let reasoning = delta
+                .get("reasoning_content")
+                .or_else(|| delta.get("reasoning"))
+                .and_then(Value::as_str);
+            if let Some(text) = reasoning.filter(|t| !t.is_empty()) {
+                out.push_back(Ok(FrameBody::Reasoning {
+                    text: text.to_owned(),
+                }));
+            }
             if let Some(text) = delta.get("content").and_then(Value::as_str)
                 && !text.is_empty()
             {
@@ -463,6 +536,9 @@ impl SseTranslator for OpenAiTranslator {
                     }));
                 }
             }
+        }
+        if let Some(content) = logprob_content(choice) {
+            out.push_back(Ok(FrameBody::Logprobs { content }));
         }
         if let Some(fr) = choice.get("finish_reason").and_then(Value::as_str) {
             self.finish = Some(map_finish(fr));

@@ -161,10 +161,12 @@ struct Turn {
 /// (`parametersJsonSchema` takes plain JSON Schema, where `parameters` takes only Google's
 /// OpenAPI subset); `tool_choice` → `toolConfig.functionCallingConfig.mode` `AUTO`/`NONE`/`ANY`
 /// (+ `allowedFunctionNames` for a named function); `generationConfig` gets `temperature`,
-/// `topP`, `maxOutputTokens`, `stopSequences`, `candidateCount`, `seed`, `presencePenalty`,
+/// `topP`, `topK` (Anthropic door's `top_k`), `maxOutputTokens`, `stopSequences`, `candidateCount`, `seed`, `presencePenalty`,
 /// `frequencyPenalty`, and for `response_format` `json_object` → `responseMimeType:
 /// application/json`, `json_schema` → also `responseJsonSchema` (JSON Schema, a subset honoured).
-/// `user` and `parallel_tool_calls` have no Gemini equivalent and are not sent. Errors (class
+/// `user` and `parallel_tool_calls` have no Gemini equivalent and are not sent; neither are
+/// `reasoning_effort` (whether the model thinks is its own setting), `logprobs` and the
+/// provider passthrough fields, nor thinking blocks and `cache_control` of earlier turns. Errors (class
 /// `invalid_request`, with `param`): `n` > 1 (one choice only), unknown `response_format` or
 /// `tool_choice`, unparsable tool arguments, unsupported image URLs, a tool result whose call is
 /// unknown, no non-system message.
@@ -241,6 +243,7 @@ pub fn build_request(req: &ChatRequest) -> Result<Value, ErrorInfo> {
     let mut config = without_nulls(json!({
         "temperature": p.temperature,
         "topP": p.top_p,
+        "topK": p.top_k,
         "maxOutputTokens": p.max_tokens,
         "stopSequences": (!p.stop.is_empty()).then_some(&p.stop),
         "candidateCount": p.n,

@@ -298,8 +298,9 @@ fn system_roles_and_images() {
     ]);
     let body = build(
         messages,
-        json!({"params": {"stop": ["END"], "seed": 7, "top_p": 0.9,
-        "presence_penalty": 0.5, "frequency_penalty": -0.5, "n": 1, "user": "u-1"}}),
+        json!({"params": {"stop": ["END"], "seed": 7, "top_p": 0.9, "top_k": 40,
+        "presence_penalty": 0.5, "frequency_penalty": -0.5, "n": 1, "user": "u-1",
+        "reasoning_effort": "high", "logprobs": true}}),
     )
     .unwrap();
     assert_eq!(
@@ -320,7 +321,7 @@ fn system_roles_and_images() {
     );
     assert_eq!(
         body["generationConfig"],
-        json!({"topP": 0.9, "stopSequences": ["END"], "candidateCount": 1, "seed": 7,
+        json!({"topP": 0.9, "topK": 40, "stopSequences": ["END"], "candidateCount": 1, "seed": 7,
             "presencePenalty": 0.5, "frequencyPenalty": -0.5})
     );
     assert!(body.get("tools").is_none() && body.get("toolConfig").is_none());

@@ -16,7 +16,9 @@ use futures::future::BoxFuture;
 use reqwest::header::{CONTENT_TYPE, HeaderValue};
 use serde_json::{Value, json};
 use switchyard_schemas::config::{ProviderKind, TargetConfig};
-use switchyard_schemas::request::{Content, ContentPart, Message, Role, ToolCall};
+use switchyard_schemas::request::{
+    Content, ContentPart, Message, Passthrough, Role, ThinkingBlock, ToolCall,
+};
 use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, FinishReason, FrameBody, Usage};
 
 use crate::provider::{
@@ -59,29 +61,92 @@ impl Provider for AnthropicProvider {
         req: &ChatRequest,
     ) -> BoxFuture<'static, Result<EventStream, ErrorInfo>> {
         let body = build_request(target, req).map(|body| body.to_string());
-        let url = format!("{}/messages", base_url.trim_end_matches('/'));
-        let mut builder = http
-            .post(url)
-            .header("anthropic-version", ANTHROPIC_VERSION)
-            .header(CONTENT_TYPE, "application/json");
-        let key =
-            (!target.api_key.is_empty()).then(|| HeaderValue::from_str(target.api_key.expose()));
+        let builder = post(
+            http,
+            target,
+            req,
+            &format!("{}/messages", base_url.trim_end_matches('/')),
+        );
         Box::pin(async move {
-            let body = body?;
-            if let Some(key) = key {
-                let bad_key =
-                    |_| ErrorInfo::new(ErrorClass::Auth, "api_key is not a valid header value");
-                let mut key = key.map_err(bad_key)?;
-                key.set_sensitive(true);
-                builder = builder.header("x-api-key", key);
-            }
-            let resp = send_checked(builder.body(body)).await?;
+            let resp = send_checked(builder?.body(body?)).await?;
             if is_json_answer(&resp) {
                 return Ok(translate_json(resp, parse_message));
             }
             Ok(translate_sse(resp, AnthropicTranslator::default()))
         })
     }
+
+    /// `POST {base_url}/messages/count_tokens` (Anthropic API reference, "Count Message tokens"):
+    /// the request's body reduced to the fields that endpoint takes ([`COUNT_FIELDS`]), with the
+    /// same headers; the answer's `input_tokens`.
+    fn count_tokens(
+        &self,
+        http: &reqwest::Client,
+        target: &TargetConfig,
+        base_url: &str,
+        req: &ChatRequest,
+    ) -> BoxFuture<'static, Result<u64, ErrorInfo>> {
+        let body = build_request(target, req).map(|mut body| {
+            if let Some(o) = body.as_object_mut() {
+                o.retain(|k, _| COUNT_FIELDS.contains(&k.as_str()));
+            }
+            body.to_string()
+        });
+        let url = format!("{}/messages/count_tokens", base_url.trim_end_matches('/'));
+        let builder = post(http, target, req, &url);
+        Box::pin(async move {
+            let resp = send_checked(builder?.body(body?)).await?;
+            let v: Value = resp
+                .json()
+                .await
+                .map_err(|e| protocol(format!("unreadable count_tokens answer: {e}")))?;
+            v.get("input_tokens")
+                .and_then(Value::as_u64)
+                .ok_or_else(|| protocol("count_tokens answer without `input_tokens`"))
+        })
+    }
+}
+
+/// Top-level fields `POST /v1/messages/count_tokens` accepts (Anthropic API reference, "Count
+/// Message tokens"); the rest of a Messages body (`max_tokens`, sampling, `stream`, …) is not
+/// sent there.
+pub const COUNT_FIELDS: &[&str] = &[
+    "model",
+    "messages",
+    "system",
+    "tools",
+    "tool_choice",
+    "thinking",
+    "mcp_servers",
+    "context_management",
+    "output_config",
+    "output_format",
+];
+
+/// A JSON `POST` to `url` with Anthropic's headers: `anthropic-version`, `x-api-key` when the
+/// target has a key, and the passthrough headers (`anthropic-beta`).
+fn post(
+    http: &reqwest::Client,
+    target: &TargetConfig,
+    req: &ChatRequest,
+    url: &str,
+) -> Result<reqwest::RequestBuilder, ErrorInfo> {
+    let mut builder = http
+        .post(url)
+        .header("anthropic-version", ANTHROPIC_VERSION)
+        .header(CONTENT_TYPE, "application/json");
+    if let Some(extra) = req.passthrough.get(Passthrough::ANTHROPIC) {
+        for (name, value) in &extra.headers {
+            builder = builder.header(name.as_str(), value.as_str());
+        }
+    }
+    if !target.api_key.is_empty() {
+        let bad_key = |_| ErrorInfo::new(ErrorClass::Auth, "api_key is not a valid header value");
+        let mut key = HeaderValue::from_str(target.api_key.expose()).map_err(bad_key)?;
+        key.set_sensitive(true);
+        builder = builder.header("x-api-key", key);
+    }
+    Ok(builder)
 }
 
 use crate::providers::shared::{bad_message, invalid};
@@ -95,7 +160,24 @@ use crate::providers::shared::{bad_message, invalid};
 /// `metadata.user_id`; `"stream": true` when the client streams. Errors (class `invalid_request`, with `param`):
 /// `n` > 1, a non-`text` `response_format`, unparsable tool-call arguments, unsupported image URLs.
 /// `seed`, `presence_penalty` and `frequency_penalty` have no Anthropic equivalent and are not sent;
-/// `tool_choice` is only sent together with `tools`.
+/// `tool_choice` is only sent together with `tools`. `top_k` is sent as is; an assistant
+/// message's `thinking_blocks` go first in its content, unchanged (signatures included); a
+/// message's `cache_control` goes on its last block. Without a raw `system`, system messages are
+/// joined into one string (their `cache_control` is not kept).
+///
+/// The [`Passthrough::ANTHROPIC`] fields the Anthropic front door carried (`thinking`,
+/// `context_management`, `output_config`, `service_tier`, `metadata`, the raw `system` and
+/// `tools` with their `cache_control`, …) are sent unchanged and win over the translated ones;
+/// with a raw `system`, the leading system message it became is not sent twice, while later
+/// system messages are appended to it as text blocks. Its headers (`anthropic-beta`) are sent too.
+///
+/// `reasoning_effort` (OpenAI front door) without a passthrough `thinking` becomes
+/// `thinking: {"type":"enabled","budget_tokens":B}` with B = 1,024 (`low`), 4,096 (`medium`),
+/// 16,384 (`high`), 32,768 (`xhigh`), capped at `max_tokens` − 1 (as in OpenAI,
+/// `max_tokens` bounds reasoning and answer together; unset, `max_tokens` becomes
+/// B + [`DEFAULT_MAX_TOKENS`]); `none`, `minimal`, a cap below Anthropic's minimum of 1,024, or a
+/// forced tool choice (which thinking does not allow) send no `thinking`. With thinking on,
+/// `temperature`, `top_p` and `top_k` are not sent (Anthropic allows no changes to them then).
 pub fn build_request(target: &TargetConfig, req: &ChatRequest) -> Result<Value, ErrorInfo> {
     let p = &req.params;
     if let Some(n) = p.n.filter(|n| *n > 1) {
@@ -123,15 +205,23 @@ pub fn build_request(target: &TargetConfig, req: &ChatRequest) -> Result<Value, 
                     system.push(text);
                 }
             }
-            Role::User => push_turn(&mut turns, "user", content_blocks(m.content.as_ref(), i)?),
+            Role::User => {
+                let blocks = cached(content_blocks(m.content.as_ref(), i)?, m);
+                push_turn(&mut turns, "user", blocks);
+            }
             Role::Assistant => {
-                let mut blocks = content_blocks(m.content.as_ref(), i)?;
+                let mut blocks: Vec<Value> = m.thinking_blocks.iter().map(thinking_block).collect();
+                blocks.extend(content_blocks(m.content.as_ref(), i)?);
                 for call in &m.tool_calls {
                     blocks.push(tool_use_block(call, i)?);
                 }
-                push_turn(&mut turns, "assistant", blocks);
+                push_turn(&mut turns, "assistant", cached(blocks, m));
             }
-            Role::Tool => push_turn(&mut turns, "user", vec![tool_result_block(m, i)?]),
+            Role::Tool => push_turn(
+                &mut turns,
+                "user",
+                cached(vec![tool_result_block(m, i)?], m),
+            ),
         }
     }
     let messages: Vec<Value> = turns
@@ -148,6 +238,7 @@ pub fn build_request(target: &TargetConfig, req: &ChatRequest) -> Result<Value, 
         "top_p": p.top_p,
         "stop_sequences": (!p.stop.is_empty()).then_some(&p.stop),
         "metadata": p.user.as_ref().map(|u| json!({ "user_id": u })),
+        "top_k": p.top_k,
     }));
     if !req.tools.is_empty() {
         let default_schema = json!({ "type": "object", "properties": {} });
@@ -167,7 +258,104 @@ pub fn build_request(target: &TargetConfig, req: &ChatRequest) -> Result<Value, 
             obj.insert("tool_choice".into(), choice);
         }
     }
+    if let Some(obj) = body.as_object_mut() {
+        apply_passthrough(obj, req);
+        map_reasoning_effort(obj, req);
+    }
     Ok(body)
+}
+
+/// `blocks` with the message's `cache_control` breakpoint on the last one (not on a thinking
+/// block, which takes none).
+fn cached(mut blocks: Vec<Value>, m: &Message) -> Vec<Value> {
+    if let (Some(cache), Some(last)) = (&m.cache_control, blocks.last_mut())
+        && !matches!(
+            last["type"].as_str(),
+            Some("thinking" | "redacted_thinking")
+        )
+        && let Some(o) = last.as_object_mut()
+    {
+        o.insert("cache_control".into(), cache.clone());
+    }
+    blocks
+}
+
+/// A normalised thinking block as an Anthropic content block, unchanged.
+fn thinking_block(b: &ThinkingBlock) -> Value {
+    match b {
+        ThinkingBlock::Thinking {
+            thinking,
+            signature,
+        } => without_nulls(
+            json!({ "type": "thinking", "thinking": thinking, "signature": signature }),
+        ),
+        ThinkingBlock::RedactedThinking { data } => {
+            json!({ "type": "redacted_thinking", "data": data })
+        }
+    }
+}
+
+/// The Anthropic front door's own fields, over the translated ones (see [`build_request`]).
+fn apply_passthrough(obj: &mut serde_json::Map<String, Value>, req: &ChatRequest) {
+    let Some(extra) = req.passthrough.get(Passthrough::ANTHROPIC) else {
+        return;
+    };
+    for (k, v) in &extra.body {
+        if k == "system" {
+            // Later system messages (Claude Code sends them mid-conversation) follow the raw ones.
+            let mut blocks = match v {
+                Value::String(t) => vec![json!({ "type": "text", "text": t })],
+                Value::Array(a) => a.clone(),
+                _ => Vec::new(),
+            };
+            let later = req
+                .messages
+                .iter()
+                .filter(|m| matches!(m.role, Role::System | Role::Developer))
+                .skip(1)
+                .filter_map(|m| Some((m.content.as_ref()?.text(), m)))
+                .filter(|(t, _)| !t.is_empty());
+            blocks.extend(
+                later.map(|(t, m)| cached(vec![json!({ "type": "text", "text": t })], m).remove(0)),
+            );
+            obj.insert("system".into(), Value::Array(blocks));
+            continue;
+        }
+        obj.insert(k.clone(), v.clone());
+    }
+}
+
+/// `reasoning_effort` → a `thinking` budget, when no `thinking` was given (see [`build_request`]).
+fn map_reasoning_effort(obj: &mut serde_json::Map<String, Value>, req: &ChatRequest) {
+    if obj.contains_key("thinking") {
+        return;
+    }
+    let budget: u32 = match req.params.reasoning_effort.as_deref() {
+        Some("low") => 1024,
+        Some("medium") => 4096,
+        Some("high") => 16_384,
+        Some("xhigh") => 32_768,
+        _ => return,
+    };
+    let forced = obj
+        .get("tool_choice")
+        .and_then(|c| c.get("type"))
+        .is_some_and(|t| t == "any" || t == "tool");
+    let (budget, max_tokens) = match req.params.max_tokens {
+        Some(max) => (budget.min(max.saturating_sub(1)), max),
+        None => (budget, budget + DEFAULT_MAX_TOKENS),
+    };
+    if forced || budget < 1024 {
+        return;
+    }
+    obj.insert("max_tokens".into(), json!(max_tokens));
+    obj.insert(
+        "thinking".into(),
+        json!({ "type": "enabled", "budget_tokens": budget }),
+    );
+    for k in ["temperature", "top_p", "top_k"] {
+        obj.remove(k);
+    }
 }
 
 /// `v` without its top-level `null` members (absent optional fields).
@@ -370,6 +558,17 @@ impl AnthropicTranslator {
                     out.push_back(tool_frame(index, Some(id), Some(name), String::new()));
                 }
                 Some("text") => push_text(out, str_at(data, "/content_block/text")),
+                Some("thinking") => {
+                    if let Some(t) =
+                        str_at(data, "/content_block/thinking").filter(|t| !t.is_empty())
+                    {
+                        out.push_back(Ok(FrameBody::Reasoning { text: t.to_owned() }));
+                    }
+                }
+                Some("redacted_thinking") => {
+                    let data = str_at(data, "/content_block/data").unwrap_or("").to_owned();
+                    out.push_back(Ok(FrameBody::RedactedReasoning { data }));
+                }
                 _ => {}
             },
             "content_block_delta" => match str_at(data, "/delta/type") {
@@ -384,7 +583,16 @@ impl AnthropicTranslator {
                         out.push_back(tool_frame(*index, None, None, piece.to_owned()));
                     }
                 }
-                // thinking_delta, signature_delta, citations_delta, …: not forwarded.
+                Some("thinking_delta") => {
+                    if let Some(t) = str_at(data, "/delta/thinking").filter(|t| !t.is_empty()) {
+                        out.push_back(Ok(FrameBody::Reasoning { text: t.to_owned() }));
+                    }
+                }
+                Some("signature_delta") => {
+                    let signature = str_at(data, "/delta/signature").unwrap_or("").to_owned();
+                    out.push_back(Ok(FrameBody::ReasoningSignature { signature }));
+                }
+                // citations_delta, …: not forwarded.
                 _ => {}
             },
             "content_block_stop" => {
@@ -495,7 +703,14 @@ pub fn parse_message(v: &Value) -> Result<Answer, ErrorInfo> {
                 b.get("input")
                     .map_or_else(|| "{}".to_owned(), Value::to_string),
             )),
-            // thinking, redacted_thinking, server tool blocks: not part of the OpenAI answer.
+            Some("thinking") => answer.thinking.push(ThinkingBlock::Thinking {
+                thinking: str_at(b, "/thinking").unwrap_or("").to_owned(),
+                signature: str_at(b, "/signature").map(str::to_owned),
+            }),
+            Some("redacted_thinking") => answer.thinking.push(ThinkingBlock::RedactedThinking {
+                data: str_at(b, "/data").unwrap_or("").to_owned(),
+            }),
+            // Server tool blocks: not part of the normalised answer.
             _ => {}
         }
     }
@@ -513,395 +728,4 @@ fn stream_error(data: &Value) -> ErrorInfo {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-mod tests {
-    use super::*;
-    use crate::mock_upstream::MockUpstream;
-    use futures::StreamExt;
-
-    /// Feeds `chunks` as separate writes through the SSE parser and the translator.
-    fn translate_chunks(chunks: &[&str]) -> Vec<Item> {
-        super::super::test_support::translate_chunks::<AnthropicTranslator>(chunks)
-    }
-
-    fn text(t: &str) -> Item {
-        Ok(FrameBody::Text { text: t.into() })
-    }
-    fn end(finish_reason: FinishReason) -> Item {
-        Ok(FrameBody::End { finish_reason })
-    }
-    fn usage(prompt: u64, cached: u64, write: u64, completion: u64) -> Item {
-        let usage = Usage {
-            prompt_tokens: prompt,
-            cached_tokens: cached,
-            cache_write_tokens: write,
-            completion_tokens: completion,
-            reasoning_tokens: 0,
-        };
-        Ok(FrameBody::Usage { usage })
-    }
-    /// One SSE event per line of JSON, named after its `type` (as Anthropic sends them).
-    fn sse(lines: &str) -> String {
-        let event = |l: &str| {
-            let kind = serde_json::from_str::<Value>(l).unwrap()["type"].clone();
-            format!("event: {}\ndata: {l}\n\n", kind.as_str().unwrap())
-        };
-        lines
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .map(|l| event(l.trim()))
-            .collect()
-    }
-
-    fn target(base: &str) -> TargetConfig {
-        serde_json::from_value(json!({"id": "a", "provider": "anthropic",
-            "base_url": format!("{base}/v1"), "upstream_model": "claude-test"}))
-        .unwrap()
-    }
-
-    fn request(messages: Value, extra: Value) -> ChatRequest {
-        super::super::test_support::request(
-            "demo/claude",
-            ("a", "anthropic", "claude-test"),
-            messages,
-            extra,
-        )
-    }
-
-    /// A one-message request steering the mock with a `#mock` directive line.
-    fn ask(directives: &str) -> ChatRequest {
-        request(
-            super::super::test_support::directive_messages(directives),
-            json!({}),
-        )
-    }
-
-    async fn run(mock: &MockUpstream, req: &ChatRequest) -> Result<Vec<Item>, ErrorInfo> {
-        super::super::test_support::collect(&AnthropicProvider, &target(&mock.base_url()), req)
-            .await
-    }
-
-    fn find(hay: &str, needle: &str, from: usize) -> usize {
-        from + hay[from..]
-            .find(needle)
-            .unwrap_or_else(|| panic!("{needle:?} not in {hay:?}"))
-    }
-
-    /// FC-01: the `content_block_delta` event arrives as three writes, cut inside `text_del|ta`.
-    #[tokio::test]
-    async fn fc01_split_delta_event() {
-        let mock = MockUpstream::start().await.unwrap();
-        let directives =
-            "text=Hello,+world chunks=1 prompt_tokens=5 completion_tokens=2 id=msg_fc01";
-        // Fetch the unsplit body once (same bytes: fixed id and usage) to find the byte offsets.
-        let body = build_request(&target(&mock.base_url()), &ask(directives)).unwrap();
-        let url = format!("{}/v1/messages", mock.base_url());
-        let resp = reqwest::Client::new()
-            .post(url)
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        let raw = resp.text().await.unwrap();
-        let start = find(&raw, "event: content_block_delta\n", 0);
-        let data = start + "event: content_block_delta\n".len();
-        let cut = find(&raw, "text_del", data) + "text_del".len();
-        let end_at = find(&raw, "\n\n", cut) + 2;
-        assert!(raw[data..cut].starts_with("data: {"), "{raw}");
-        assert!(raw[cut..end_at].starts_with("ta\""), "{raw}");
-        assert!(
-            raw[data..end_at].contains(r#""text":"Hello, world""#),
-            "{raw}"
-        );
-
-        let req = ask(&format!("{directives} split={start},{data},{cut},{end_at}"));
-        let events = run(&mock, &req).await.unwrap();
-        assert_eq!(
-            events,
-            vec![
-                text("Hello, world"),
-                usage(5, 0, 0, 2),
-                end(FinishReason::Stop)
-            ]
-        );
-        let sent = &mock.requests()[1];
-        assert_eq!(sent.path, "/v1/messages");
-        assert_eq!(sent.header("anthropic-version"), Some(ANTHROPIC_VERSION));
-        assert_eq!(sent.header("x-api-key"), None);
-        assert_eq!(sent.body["stream"], json!(true));
-        assert_eq!(sent.body["model"], json!("claude-test"));
-        assert_eq!(sent.body["max_tokens"], json!(DEFAULT_MAX_TOKENS));
-    }
-
-    /// The exact three writes of the brief (Anthropic's own key order), without network.
-    #[test]
-    fn split_writes_offline() {
-        let events = translate_chunks(&[
-            "event: message_start\n",
-            r#"data: {"type":"message_start","message":{"usage":{"input_tokens":4,"output_tokens":1}}}"#,
-            "\n\nevent: content_block_delta\n",
-            r#"data: {"type":"content_block_delta","index":0,"delta":{"type":"text_del"#,
-            "ta\",\"text\":\"Hello, world\"}}\n\n",
-            "event: message_delta\n",
-            r#"data: {"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":3}}"#,
-            "\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
-        ]);
-        assert_eq!(
-            events,
-            vec![
-                text("Hello, world"),
-                usage(4, 0, 0, 3),
-                end(FinishReason::Stop)
-            ]
-        );
-    }
-
-    #[test]
-    fn bad_json_and_missing_stop_are_protocol_errors() {
-        for body in [
-            "event: message_start\ndata: {not json\n\n",
-            "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{}}\n\n",
-        ] {
-            let events = translate_chunks(&[body]);
-            assert_eq!(events.len(), 1, "{events:?}");
-            assert_eq!(events[0].clone().unwrap_err().class, ErrorClass::Protocol);
-        }
-    }
-
-    const MIXED: &str = r#"
-        {"type":"message_start","message":{"usage":{"input_tokens":7,"cache_read_input_tokens":20,"cache_creation_input_tokens":5,"output_tokens":1}}}
-        {"type": "ping"}
-        {"type":"content_block_start","index":0,"content_block":{"type":"thinking","thinking":""}}
-        {"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":"hmm"}}
-        {"type":"content_block_stop","index":0}
-        {"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"toolu_1","name":"now","input":{}}}
-        {"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":""}}
-        {"type":"content_block_stop","index":1}
-        {"type":"some_future_event"}
-        {"type":"message_delta","delta":{"stop_reason":"refusal"},"usage":{"output_tokens":9}}
-        {"type":"message_stop"}"#;
-
-    #[test]
-    fn thinking_ping_empty_tool_args_and_cache_writes() {
-        let (id, name) = (Some("toolu_1".to_owned()), Some("now".to_owned()));
-        let expected = vec![
-            tool_frame(0, id, name, String::new()),
-            tool_frame(0, None, None, "{}".into()),
-            usage(32, 20, 5, 9),
-            end(FinishReason::ContentFilter),
-        ];
-        assert_eq!(translate_chunks(&[&sse(MIXED)]), expected);
-    }
-
-    #[test]
-    fn in_stream_error_events_are_classified() {
-        for (kind, class) in [
-            ("overloaded_error", ErrorClass::Overloaded),
-            ("rate_limit_error", ErrorClass::RateLimited),
-            ("api_error", ErrorClass::Upstream5xx),
-            ("invalid_request_error", ErrorClass::InvalidRequest),
-            ("something_new", ErrorClass::Upstream5xx),
-        ] {
-            let data = json!({"type": "error", "error": {"type": kind, "message": "m"}});
-            let events = translate_chunks(&[&format!("event: error\ndata: {data}\n\n")]);
-            assert_eq!(events.len(), 1);
-            assert_eq!(events[0].clone().unwrap_err().class, class, "{kind}");
-        }
-    }
-
-    #[tokio::test]
-    async fn usage_with_cached_tokens_and_api_key() {
-        let mock = MockUpstream::start().await.unwrap();
-        let mut t = target(&mock.base_url());
-        t.api_key = switchyard_schemas::Secret::new("sk-ant-test");
-        let req = ask("cached_tokens=3 prompt_tokens=10 completion_tokens=4");
-        let s = AnthropicProvider.stream_chat(&reqwest::Client::new(), &t, &t.base_url, &req);
-        let events: Vec<Item> = s.await.unwrap().collect().await;
-        assert!(events.iter().all(Result::is_ok), "{events:?}");
-        let tail = [usage(10, 3, 0, 4), end(FinishReason::Stop)];
-        assert_eq!(events[events.len() - 2..], tail);
-        assert_eq!(mock.requests()[0].header("x-api-key"), Some("sk-ant-test"));
-    }
-
-    #[tokio::test]
-    async fn streamed_tool_calls() {
-        let mock = MockUpstream::start().await.unwrap();
-        let events = run(&mock, &ask("tool_calls=2 chunks=3")).await.unwrap();
-        let mut calls: Vec<(Option<String>, Option<String>, String)> = Vec::new();
-        for e in &events {
-            if let Ok(FrameBody::ToolCall {
-                index,
-                id,
-                name,
-                arguments,
-            }) = e
-            {
-                if id.is_some() {
-                    assert_eq!((*index as usize, arguments.as_str()), (calls.len(), ""));
-                    calls.push((id.clone(), name.clone(), String::new()));
-                } else {
-                    assert!(name.is_none());
-                    calls[*index as usize].2.push_str(arguments);
-                }
-            }
-        }
-        assert_eq!(calls.len(), 2);
-        for (i, (id, name, args)) in calls.iter().enumerate() {
-            assert_eq!(id.as_deref(), Some(format!("toolu_mock_{i}").as_str()));
-            assert_eq!(name.as_deref(), Some("get_weather"));
-            let parsed: Value = serde_json::from_str(args).unwrap();
-            assert!(parsed["city"].is_string(), "{args}");
-        }
-        assert_eq!(events.last(), Some(&end(FinishReason::ToolCalls)));
-    }
-
-    #[tokio::test]
-    async fn status_529_is_overloaded() {
-        let mock = MockUpstream::start().await.unwrap();
-        let err = run(&mock, &ask("status=529")).await.unwrap_err();
-        assert_eq!((err.class, err.retryable), (ErrorClass::Overloaded, true));
-        assert_eq!(err.upstream_status, Some(529));
-    }
-
-    #[tokio::test]
-    async fn in_stream_error_after_two_chunks() {
-        let mock = MockUpstream::start().await.unwrap();
-        let events = run(&mock, &ask("error_after=2")).await.unwrap();
-        assert_eq!(events.len(), 3, "{events:?}");
-        assert!(matches!(
-            events[..2],
-            [Ok(FrameBody::Text { .. }), Ok(FrameBody::Text { .. })]
-        ));
-        let err = events[2].clone().unwrap_err();
-        assert_eq!((err.class, err.retryable), (ErrorClass::Overloaded, true));
-    }
-
-    fn build(messages: Value, extra: Value) -> Result<Value, ErrorInfo> {
-        build_request(&target("http://x"), &request(messages, extra))
-    }
-
-    #[test]
-    fn hoists_system_and_maps_params() {
-        let messages = json!([
-            {"role": "system", "content": "Be brief."},
-            {"role": "developer", "content": [{"type": "text", "text": "Use French."}]},
-            {"role": "user", "content": [
-                {"type": "text", "text": "What is this?"},
-                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
-                {"type": "image_url", "image_url": {"url": "https://e.com/a.png"}}]},
-            {"role": "user", "content": "Please."}
-        ]);
-        let params = json!({"params": {"max_tokens": 50, "temperature": 0.5, "top_p": 0.9,
-            "stop": ["END"], "user": "u-1", "seed": 7}});
-        let body = build(messages, params).unwrap();
-        assert_eq!(body["system"], json!("Be brief.\n\nUse French."));
-        assert_eq!(
-            body["messages"],
-            json!([{"role": "user", "content": [
-            {"type": "text", "text": "What is this?"},
-            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}},
-            {"type": "image", "source": {"type": "url", "url": "https://e.com/a.png"}},
-            {"type": "text", "text": "Please."}]}])
-        );
-        let expected = json!({"max_tokens": 50, "temperature": 0.5, "top_p": 0.9,
-            "stop_sequences": ["END"], "metadata": {"user_id": "u-1"}, "stream": true});
-        for (k, v) in expected.as_object().unwrap() {
-            assert_eq!(&body[k], v, "{k}");
-        }
-        assert!(body.get("seed").is_none());
-    }
-
-    #[test]
-    fn tool_calls_and_results_merge() {
-        let messages = json!([
-            {"role": "user", "content": "Weather in Paris and Rome?"},
-            {"role": "assistant", "content": null, "tool_calls": [
-                {"id": "t1", "type": "function", "function": {"name": "w", "arguments": "{\"city\":\"Paris\"}"}},
-                {"id": "t2", "type": "function", "function": {"name": "w", "arguments": ""}}]},
-            {"role": "tool", "tool_call_id": "t1", "content": "sunny"},
-            {"role": "tool", "tool_call_id": "t2", "content": "rain"},
-            {"role": "user", "content": "Thanks"}
-        ]);
-        let tools = json!({"tools": [{"type": "function", "function": {"name": "w",
-            "description": "weather", "parameters": {"type": "object"}}}]});
-        let body = build(messages, tools).unwrap();
-        assert_eq!(
-            body["messages"],
-            json!([
-                {"role": "user", "content": [{"type": "text", "text": "Weather in Paris and Rome?"}]},
-                {"role": "assistant", "content": [
-                    {"type": "tool_use", "id": "t1", "name": "w", "input": {"city": "Paris"}},
-                    {"type": "tool_use", "id": "t2", "name": "w", "input": {}}]},
-                {"role": "user", "content": [
-                    {"type": "tool_result", "tool_use_id": "t1", "content": "sunny"},
-                    {"type": "tool_result", "tool_use_id": "t2", "content": "rain"},
-                    {"type": "text", "text": "Thanks"}]}
-            ])
-        );
-        let expected =
-            json!([{"name": "w", "description": "weather", "input_schema": {"type": "object"}}]);
-        assert_eq!(body["tools"], expected);
-        assert!(body.get("tool_choice").is_none());
-    }
-
-    #[test]
-    fn tool_choice_mapping() {
-        let tools = json!([{"type": "function", "function": {"name": "w"}}]);
-        let user = json!([{"role": "user", "content": "x"}]);
-        let named = json!({"type": "function", "function": {"name": "w"}});
-        let cases = [
-            (json!("auto"), None, json!({"type": "auto"})),
-            (json!("none"), Some(false), json!({"type": "none"})),
-            (json!("required"), None, json!({"type": "any"})),
-            (
-                named,
-                Some(false),
-                json!({"type": "tool", "name": "w", "disable_parallel_tool_use": true}),
-            ),
-        ];
-        for (choice, parallel, expected) in cases {
-            let extra = json!({"tools": tools, "tool_choice": choice,
-                "params": {"parallel_tool_calls": parallel}});
-            assert_eq!(build(user.clone(), extra).unwrap()["tool_choice"], expected);
-        }
-        let extra = json!({"tools": tools, "params": {"parallel_tool_calls": false}});
-        let expected = json!({"type": "auto", "disable_parallel_tool_use": true});
-        assert_eq!(build(user.clone(), extra).unwrap()["tool_choice"], expected);
-        let err = build(user, json!({"tools": tools, "tool_choice": "sometimes"})).unwrap_err();
-        assert_eq!(err.param.as_deref(), Some("tool_choice"));
-    }
-
-    /// The `param` of the `invalid_request` error `build` fails with.
-    fn rejected(messages: Value, extra: Value) -> Option<String> {
-        build(messages, extra)
-            .err()
-            .filter(|e| e.class == ErrorClass::InvalidRequest)?
-            .param
-    }
-
-    #[test]
-    fn rejects_what_anthropic_cannot_do() {
-        let user = || json!([{"role": "user", "content": "x"}]);
-        assert_eq!(
-            rejected(user(), json!({"params": {"n": 2}})).as_deref(),
-            Some("n")
-        );
-        assert!(build(user(), json!({"params": {"n": 1}})).is_ok());
-        let rf = |kind: &str| json!({"params": {"response_format": {"type": kind}}});
-        assert_eq!(
-            rejected(user(), rf("json_object")).as_deref(),
-            Some("response_format")
-        );
-        assert_eq!(
-            rejected(user(), rf("json_schema")).as_deref(),
-            Some("response_format")
-        );
-        assert!(build(user(), rf("text")).is_ok());
-        let bad_args = json!([{"role": "assistant", "tool_calls": [
-            {"id": "t", "type": "function", "function": {"name": "w", "arguments": "{oops"}}]}]);
-        assert_eq!(rejected(bad_args, json!({})).as_deref(), Some("messages"));
-        let bad_image = json!([{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": "ftp://x/y.png"}}]}]);
-        assert_eq!(rejected(bad_image, json!({})).as_deref(), Some("messages"));
-    }
-}
+mod tests;

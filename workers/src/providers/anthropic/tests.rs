@@ -1,0 +1,448 @@
+//! Unit tests of the Anthropic adapter.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+use super::*;
+use crate::mock_upstream::MockUpstream;
+use futures::StreamExt;
+
+/// Feeds `chunks` as separate writes through the SSE parser and the translator.
+fn translate_chunks(chunks: &[&str]) -> Vec<Item> {
+    super::super::test_support::translate_chunks::<AnthropicTranslator>(chunks)
+}
+
+fn text(t: &str) -> Item {
+    Ok(FrameBody::Text { text: t.into() })
+}
+fn end(finish_reason: FinishReason) -> Item {
+    Ok(FrameBody::End { finish_reason })
+}
+fn usage(prompt: u64, cached: u64, write: u64, completion: u64) -> Item {
+    let usage = Usage {
+        prompt_tokens: prompt,
+        cached_tokens: cached,
+        cache_write_tokens: write,
+        completion_tokens: completion,
+        reasoning_tokens: 0,
+    };
+    Ok(FrameBody::Usage { usage })
+}
+/// One SSE event per line of JSON, named after its `type` (as Anthropic sends them).
+fn sse(lines: &str) -> String {
+    let event = |l: &str| {
+        let kind = serde_json::from_str::<Value>(l).unwrap()["type"].clone();
+        format!("event: {}\ndata: {l}\n\n", kind.as_str().unwrap())
+    };
+    lines
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| event(l.trim()))
+        .collect()
+}
+
+fn target(base: &str) -> TargetConfig {
+    serde_json::from_value(json!({"id": "a", "provider": "anthropic",
+        "base_url": format!("{base}/v1"), "upstream_model": "claude-test"}))
+    .unwrap()
+}
+
+fn request(messages: Value, extra: Value) -> ChatRequest {
+    super::super::test_support::request(
+        "demo/claude",
+        ("a", "anthropic", "claude-test"),
+        messages,
+        extra,
+    )
+}
+
+/// A one-message request steering the mock with a `#mock` directive line.
+fn ask(directives: &str) -> ChatRequest {
+    request(
+        super::super::test_support::directive_messages(directives),
+        json!({}),
+    )
+}
+
+async fn run(mock: &MockUpstream, req: &ChatRequest) -> Result<Vec<Item>, ErrorInfo> {
+    super::super::test_support::collect(&AnthropicProvider, &target(&mock.base_url()), req).await
+}
+
+fn find(hay: &str, needle: &str, from: usize) -> usize {
+    from + hay[from..]
+        .find(needle)
+        .unwrap_or_else(|| panic!("{needle:?} not in {hay:?}"))
+}
+
+/// FC-01: the `content_block_delta` event arrives as three writes, cut inside `text_del|ta`.
+#[tokio::test]
+async fn fc01_split_delta_event() {
+    let mock = MockUpstream::start().await.unwrap();
+    let directives = "text=Hello,+world chunks=1 prompt_tokens=5 completion_tokens=2 id=msg_fc01";
+    // Fetch the unsplit body once (same bytes: fixed id and usage) to find the byte offsets.
+    let body = build_request(&target(&mock.base_url()), &ask(directives)).unwrap();
+    let url = format!("{}/v1/messages", mock.base_url());
+    let resp = reqwest::Client::new()
+        .post(url)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let raw = resp.text().await.unwrap();
+    let start = find(&raw, "event: content_block_delta\n", 0);
+    let data = start + "event: content_block_delta\n".len();
+    let cut = find(&raw, "text_del", data) + "text_del".len();
+    let end_at = find(&raw, "\n\n", cut) + 2;
+    assert!(raw[data..cut].starts_with("data: {"), "{raw}");
+    assert!(raw[cut..end_at].starts_with("ta\""), "{raw}");
+    assert!(
+        raw[data..end_at].contains(r#""text":"Hello, world""#),
+        "{raw}"
+    );
+
+    let req = ask(&format!("{directives} split={start},{data},{cut},{end_at}"));
+    let events = run(&mock, &req).await.unwrap();
+    assert_eq!(
+        events,
+        vec![
+            text("Hello, world"),
+            usage(5, 0, 0, 2),
+            end(FinishReason::Stop)
+        ]
+    );
+    let sent = &mock.requests()[1];
+    assert_eq!(sent.path, "/v1/messages");
+    assert_eq!(sent.header("anthropic-version"), Some(ANTHROPIC_VERSION));
+    assert_eq!(sent.header("x-api-key"), None);
+    assert_eq!(sent.body["stream"], json!(true));
+    assert_eq!(sent.body["model"], json!("claude-test"));
+    assert_eq!(sent.body["max_tokens"], json!(DEFAULT_MAX_TOKENS));
+}
+
+/// The exact three writes of the brief (Anthropic's own key order), without network.
+#[test]
+fn split_writes_offline() {
+    let events = translate_chunks(&[
+        "event: message_start\n",
+        r#"data: {"type":"message_start","message":{"usage":{"input_tokens":4,"output_tokens":1}}}"#,
+        "\n\nevent: content_block_delta\n",
+        r#"data: {"type":"content_block_delta","index":0,"delta":{"type":"text_del"#,
+        "ta\",\"text\":\"Hello, world\"}}\n\n",
+        "event: message_delta\n",
+        r#"data: {"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":3}}"#,
+        "\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+    ]);
+    assert_eq!(
+        events,
+        vec![
+            text("Hello, world"),
+            usage(4, 0, 0, 3),
+            end(FinishReason::Stop)
+        ]
+    );
+}
+
+#[test]
+fn bad_json_and_missing_stop_are_protocol_errors() {
+    for body in [
+        "event: message_start\ndata: {not json\n\n",
+        "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{}}\n\n",
+    ] {
+        let events = translate_chunks(&[body]);
+        assert_eq!(events.len(), 1, "{events:?}");
+        assert_eq!(events[0].clone().unwrap_err().class, ErrorClass::Protocol);
+    }
+}
+
+const MIXED: &str = r#"
+    {"type":"message_start","message":{"usage":{"input_tokens":7,"cache_read_input_tokens":20,"cache_creation_input_tokens":5,"output_tokens":1}}}
+    {"type": "ping"}
+    {"type":"content_block_start","index":0,"content_block":{"type":"thinking","thinking":""}}
+    {"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":"hmm"}}
+    {"type":"content_block_stop","index":0}
+    {"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"toolu_1","name":"now","input":{}}}
+    {"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":""}}
+    {"type":"content_block_stop","index":1}
+    {"type":"some_future_event"}
+    {"type":"message_delta","delta":{"stop_reason":"refusal"},"usage":{"output_tokens":9}}
+    {"type":"message_stop"}"#;
+
+#[test]
+fn thinking_ping_empty_tool_args_and_cache_writes() {
+    let (id, name) = (Some("toolu_1".to_owned()), Some("now".to_owned()));
+    let expected = vec![
+        Ok(FrameBody::Reasoning { text: "hmm".into() }),
+        tool_frame(0, id, name, String::new()),
+        tool_frame(0, None, None, "{}".into()),
+        usage(32, 20, 5, 9),
+        end(FinishReason::ContentFilter),
+    ];
+    assert_eq!(translate_chunks(&[&sse(MIXED)]), expected);
+}
+
+#[test]
+fn in_stream_error_events_are_classified() {
+    for (kind, class) in [
+        ("overloaded_error", ErrorClass::Overloaded),
+        ("rate_limit_error", ErrorClass::RateLimited),
+        ("api_error", ErrorClass::Upstream5xx),
+        ("invalid_request_error", ErrorClass::InvalidRequest),
+        ("something_new", ErrorClass::Upstream5xx),
+    ] {
+        let data = json!({"type": "error", "error": {"type": kind, "message": "m"}});
+        let events = translate_chunks(&[&format!("event: error\ndata: {data}\n\n")]);
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].clone().unwrap_err().class, class, "{kind}");
+    }
+}
+
+#[tokio::test]
+async fn usage_with_cached_tokens_and_api_key() {
+    let mock = MockUpstream::start().await.unwrap();
+    let mut t = target(&mock.base_url());
+    t.api_key = switchyard_schemas::Secret::new("sk-ant-test");
+    let req = ask("cached_tokens=3 prompt_tokens=10 completion_tokens=4");
+    let s = AnthropicProvider.stream_chat(&reqwest::Client::new(), &t, &t.base_url, &req);
+    let events: Vec<Item> = s.await.unwrap().collect().await;
+    assert!(events.iter().all(Result::is_ok), "{events:?}");
+    let tail = [usage(10, 3, 0, 4), end(FinishReason::Stop)];
+    assert_eq!(events[events.len() - 2..], tail);
+    assert_eq!(mock.requests()[0].header("x-api-key"), Some("sk-ant-test"));
+}
+
+#[tokio::test]
+async fn streamed_tool_calls() {
+    let mock = MockUpstream::start().await.unwrap();
+    let events = run(&mock, &ask("tool_calls=2 chunks=3")).await.unwrap();
+    let mut calls: Vec<(Option<String>, Option<String>, String)> = Vec::new();
+    for e in &events {
+        if let Ok(FrameBody::ToolCall {
+            index,
+            id,
+            name,
+            arguments,
+        }) = e
+        {
+            if id.is_some() {
+                assert_eq!((*index as usize, arguments.as_str()), (calls.len(), ""));
+                calls.push((id.clone(), name.clone(), String::new()));
+            } else {
+                assert!(name.is_none());
+                calls[*index as usize].2.push_str(arguments);
+            }
+        }
+    }
+    assert_eq!(calls.len(), 2);
+    for (i, (id, name, args)) in calls.iter().enumerate() {
+        assert_eq!(id.as_deref(), Some(format!("toolu_mock_{i}").as_str()));
+        assert_eq!(name.as_deref(), Some("get_weather"));
+        let parsed: Value = serde_json::from_str(args).unwrap();
+        assert!(parsed["city"].is_string(), "{args}");
+    }
+    assert_eq!(events.last(), Some(&end(FinishReason::ToolCalls)));
+}
+
+#[tokio::test]
+async fn status_529_is_overloaded() {
+    let mock = MockUpstream::start().await.unwrap();
+    let err = run(&mock, &ask("status=529")).await.unwrap_err();
+    assert_eq!((err.class, err.retryable), (ErrorClass::Overloaded, true));
+    assert_eq!(err.upstream_status, Some(529));
+}
+
+#[tokio::test]
+async fn in_stream_error_after_two_chunks() {
+    let mock = MockUpstream::start().await.unwrap();
+    let events = run(&mock, &ask("error_after=2")).await.unwrap();
+    assert_eq!(events.len(), 3, "{events:?}");
+    assert!(matches!(
+        events[..2],
+        [Ok(FrameBody::Text { .. }), Ok(FrameBody::Text { .. })]
+    ));
+    let err = events[2].clone().unwrap_err();
+    assert_eq!((err.class, err.retryable), (ErrorClass::Overloaded, true));
+}
+
+fn build(messages: Value, extra: Value) -> Result<Value, ErrorInfo> {
+    build_request(&target("http://x"), &request(messages, extra))
+}
+
+#[test]
+fn hoists_system_and_maps_params() {
+    let messages = json!([
+        {"role": "system", "content": "Be brief."},
+        {"role": "developer", "content": [{"type": "text", "text": "Use French."}]},
+        {"role": "user", "content": [
+            {"type": "text", "text": "What is this?"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+            {"type": "image_url", "image_url": {"url": "https://e.com/a.png"}}]},
+        {"role": "user", "content": "Please."}
+    ]);
+    let params = json!({"params": {"max_tokens": 50, "temperature": 0.5, "top_p": 0.9,
+        "stop": ["END"], "user": "u-1", "seed": 7}});
+    let body = build(messages, params).unwrap();
+    assert_eq!(body["system"], json!("Be brief.\n\nUse French."));
+    assert_eq!(
+        body["messages"],
+        json!([{"role": "user", "content": [
+        {"type": "text", "text": "What is this?"},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}},
+        {"type": "image", "source": {"type": "url", "url": "https://e.com/a.png"}},
+        {"type": "text", "text": "Please."}]}])
+    );
+    let expected = json!({"max_tokens": 50, "temperature": 0.5, "top_p": 0.9,
+        "stop_sequences": ["END"], "metadata": {"user_id": "u-1"}, "stream": true});
+    for (k, v) in expected.as_object().unwrap() {
+        assert_eq!(&body[k], v, "{k}");
+    }
+    assert!(body.get("seed").is_none());
+}
+
+#[test]
+fn tool_calls_and_results_merge() {
+    let messages = json!([
+        {"role": "user", "content": "Weather in Paris and Rome?"},
+        {"role": "assistant", "content": null, "tool_calls": [
+            {"id": "t1", "type": "function", "function": {"name": "w", "arguments": "{\"city\":\"Paris\"}"}},
+            {"id": "t2", "type": "function", "function": {"name": "w", "arguments": ""}}]},
+        {"role": "tool", "tool_call_id": "t1", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "t2", "content": "rain"},
+        {"role": "user", "content": "Thanks"}
+    ]);
+    let tools = json!({"tools": [{"type": "function", "function": {"name": "w",
+        "description": "weather", "parameters": {"type": "object"}}}]});
+    let body = build(messages, tools).unwrap();
+    assert_eq!(
+        body["messages"],
+        json!([
+            {"role": "user", "content": [{"type": "text", "text": "Weather in Paris and Rome?"}]},
+            {"role": "assistant", "content": [
+                {"type": "tool_use", "id": "t1", "name": "w", "input": {"city": "Paris"}},
+                {"type": "tool_use", "id": "t2", "name": "w", "input": {}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "t1", "content": "sunny"},
+                {"type": "tool_result", "tool_use_id": "t2", "content": "rain"},
+                {"type": "text", "text": "Thanks"}]}
+        ])
+    );
+    let expected =
+        json!([{"name": "w", "description": "weather", "input_schema": {"type": "object"}}]);
+    assert_eq!(body["tools"], expected);
+    assert!(body.get("tool_choice").is_none());
+}
+
+/// Anthropic-door fields pass through; `reasoning_effort` maps to a thinking budget; thinking
+/// blocks are replayed first in their assistant turn.
+#[test]
+fn passthrough_thinking_and_effort() {
+    let messages = json!([
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "hi", "cache_control": {"type": "ephemeral"}},
+        {"role": "assistant", "content": "Hello", "thinking_blocks": [
+            {"type": "thinking", "thinking": "t", "signature": "sig"},
+            {"type": "redacted_thinking", "data": "d"}]},
+        {"role": "system", "content": "Later"},
+        {"role": "user", "content": "go"}
+    ]);
+    let system = json!([{"type": "text", "text": "S", "cache_control": {"type": "ephemeral"}}]);
+    let extra = json!({"params": {"top_k": 5, "temperature": 0.5},
+        "passthrough": {"anthropic": {"body": {"thinking": {"type": "adaptive"},
+            "context_management": {"edits": []}, "system": system}}}});
+    let body = build(messages.clone(), extra).unwrap();
+    assert_eq!(body["thinking"], json!({"type": "adaptive"}));
+    assert_eq!(body["context_management"], json!({"edits": []}));
+    assert_eq!(body["top_k"], json!(5));
+    assert_eq!(
+        body["system"],
+        json!([{"type": "text", "text": "S", "cache_control": {"type": "ephemeral"}},
+            {"type": "text", "text": "Later"}])
+    );
+    assert_eq!(
+        body["messages"][0]["content"],
+        json!([{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}])
+    );
+    assert_eq!(
+        body["messages"][1]["content"],
+        json!([{"type": "thinking", "thinking": "t", "signature": "sig"},
+            {"type": "redacted_thinking", "data": "d"}, {"type": "text", "text": "Hello"}])
+    );
+    let user = json!([{"role": "user", "content": "x"}]);
+    let effort = |e: &str, max: Option<u32>| {
+        let extra =
+            json!({"params": {"reasoning_effort": e, "max_tokens": max, "temperature": 0.2}});
+        build(user.clone(), extra).unwrap()
+    };
+    let b = effort("low", None);
+    assert_eq!(
+        b["thinking"],
+        json!({"type": "enabled", "budget_tokens": 1024})
+    );
+    assert_eq!(b["max_tokens"], json!(1024 + DEFAULT_MAX_TOKENS));
+    assert!(b.get("temperature").is_none());
+    let b = effort("high", Some(8000));
+    assert_eq!(
+        b["thinking"],
+        json!({"type": "enabled", "budget_tokens": 7999})
+    );
+    assert_eq!(b["max_tokens"], json!(8000));
+    assert!(effort("medium", Some(500)).get("thinking").is_none());
+    assert!(effort("minimal", None).get("thinking").is_none());
+}
+
+#[test]
+fn tool_choice_mapping() {
+    let tools = json!([{"type": "function", "function": {"name": "w"}}]);
+    let user = json!([{"role": "user", "content": "x"}]);
+    let named = json!({"type": "function", "function": {"name": "w"}});
+    let cases = [
+        (json!("auto"), None, json!({"type": "auto"})),
+        (json!("none"), Some(false), json!({"type": "none"})),
+        (json!("required"), None, json!({"type": "any"})),
+        (
+            named,
+            Some(false),
+            json!({"type": "tool", "name": "w", "disable_parallel_tool_use": true}),
+        ),
+    ];
+    for (choice, parallel, expected) in cases {
+        let extra = json!({"tools": tools, "tool_choice": choice,
+            "params": {"parallel_tool_calls": parallel}});
+        assert_eq!(build(user.clone(), extra).unwrap()["tool_choice"], expected);
+    }
+    let extra = json!({"tools": tools, "params": {"parallel_tool_calls": false}});
+    let expected = json!({"type": "auto", "disable_parallel_tool_use": true});
+    assert_eq!(build(user.clone(), extra).unwrap()["tool_choice"], expected);
+    let err = build(user, json!({"tools": tools, "tool_choice": "sometimes"})).unwrap_err();
+    assert_eq!(err.param.as_deref(), Some("tool_choice"));
+}
+
+/// The `param` of the `invalid_request` error `build` fails with.
+fn rejected(messages: Value, extra: Value) -> Option<String> {
+    build(messages, extra)
+        .err()
+        .filter(|e| e.class == ErrorClass::InvalidRequest)?
+        .param
+}
+
+#[test]
+fn rejects_what_anthropic_cannot_do() {
+    let user = || json!([{"role": "user", "content": "x"}]);
+    assert_eq!(
+        rejected(user(), json!({"params": {"n": 2}})).as_deref(),
+        Some("n")
+    );
+    assert!(build(user(), json!({"params": {"n": 1}})).is_ok());
+    let rf = |kind: &str| json!({"params": {"response_format": {"type": kind}}});
+    assert_eq!(
+        rejected(user(), rf("json_object")).as_deref(),
+        Some("response_format")
+    );
+    assert_eq!(
+        rejected(user(), rf("json_schema")).as_deref(),
+        Some("response_format")
+    );
+    assert!(build(user(), rf("text")).is_ok());
+    let bad_args = json!([{"role": "assistant", "tool_calls": [
+        {"id": "t", "type": "function", "function": {"name": "w", "arguments": "{oops"}}]}]);
+    assert_eq!(rejected(bad_args, json!({})).as_deref(), Some("messages"));
+    let bad_image = json!([{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "ftp://x/y.png"}}]}]);
+    assert_eq!(rejected(bad_image, json!({})).as_deref(), Some("messages"));
+}
