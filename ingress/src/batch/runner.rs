@@ -99,16 +99,26 @@ pub async fn run(app: Arc<AppState>, store: Arc<BatchStore>, stop: CancellationT
     };
     let max = app.config.get().batch.max_in_flight.max(1);
     let permits = Arc::new(tokio::sync::Semaphore::new(max));
-    'outer: while !stop.is_cancelled() {
-        let messages = consumer
-            .stream()
-            .max_messages_per_batch(max)
-            .heartbeat(Duration::from_secs(5))
-            .expires(Duration::from_secs(30))
+    // Pull only as many items as there are free slots: a prefetched item waiting for a slot would
+    // outlive its `ack_wait` and be redelivered to another runner while still queued here.
+    while !stop.is_cancelled() {
+        let first = tokio::select! {
+            _ = stop.cancelled() => break,
+            p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+        };
+        let mut slots = vec![first];
+        while let Ok(p) = permits.clone().try_acquire_owned() {
+            slots.push(p);
+        }
+        yield_to_live(&app, &stop).await;
+        let batch = consumer
+            .fetch()
+            .max_messages(slots.len())
+            .expires(Duration::from_secs(5))
             .messages()
             .await;
-        let mut messages = match messages {
-            Ok(m) => m,
+        let mut batch = match batch {
+            Ok(b) => b,
             Err(e) => {
                 tracing::warn!(error = %e, "batch runner: pull failed; retrying");
                 tokio::select! {
@@ -118,22 +128,22 @@ pub async fn run(app: Arc<AppState>, store: Arc<BatchStore>, stop: CancellationT
             }
         };
         loop {
-            let permit = tokio::select! {
-                _ = stop.cancelled() => break 'outer,
-                p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break 'outer },
-            };
-            yield_to_live(&app, &stop).await;
             let msg = tokio::select! {
-                _ = stop.cancelled() => break 'outer,
-                m = messages.next() => m,
+                _ = stop.cancelled() => None,
+                m = batch.next() => m,
             };
             let msg = match msg {
                 Some(Ok(m)) => m,
                 Some(Err(e)) => {
-                    tracing::debug!(error = %e, "batch runner: pull stream error");
+                    tracing::debug!(error = %e, "batch runner: pull error");
                     break;
                 }
                 None => break,
+            };
+            let Some(permit) = slots.pop() else {
+                // More than asked for cannot arrive; give it back to be safe.
+                let _ = msg.ack_with(AckKind::Nak(None)).await;
+                break;
             };
             let (app, store) = (app.clone(), store.clone());
             tasks.spawn(async move {
