@@ -1,6 +1,8 @@
 //! `switchyard`: the CLI wiring Switchyard's services. `up` runs everything in one process; the
 //! other subcommands run one service each against a shared NATS (the distributed topology).
 
+use switchyard::nats::NatsArgs;
+use switchyard::nats_auth::{Credentials, Identity};
 use switchyard::{config, reload};
 mod batch_cmd;
 mod bench;
@@ -39,6 +41,9 @@ struct Common {
     /// NATS URL; overrides the config's `nats_url`.
     #[arg(long, env = "SWITCHYARD_NATS_URL")]
     nats_url: Option<String>,
+    /// NATS credentials and TLS (override the config's `nats:` section).
+    #[command(flatten)]
+    nats: NatsArgs,
 }
 
 #[derive(Subcommand)]
@@ -137,9 +142,17 @@ enum ConfigAction {
     Push {
         /// The YAML file.
         file: PathBuf,
+        /// NATS credentials and TLS: the `admin` identity (the embedded server's password is in
+        /// `<data_dir>/nats-credentials.json`).
+        #[command(flatten)]
+        nats: NatsArgs,
     },
     /// Print the live config text and its version.
-    Show,
+    Show {
+        /// NATS credentials and TLS.
+        #[command(flatten)]
+        nats: NatsArgs,
+    },
 }
 
 fn parse_provider(s: &str) -> Result<ProviderKind, String> {
@@ -223,15 +236,18 @@ fn load(common: &Common) -> Result<GatewayConfig, CliError> {
     if let Some(url) = &common.nats_url {
         c.nats_url = Some(url.clone());
     }
+    c.nats = common.nats.over(&c.nats);
+    c.nats.validate().map_err(msg)?;
     Ok(c)
 }
 
-async fn connect(url: &str, name: &str) -> Result<async_nats::Client, CliError> {
-    async_nats::ConnectOptions::new()
-        .name(name)
-        .connect(url)
-        .await
-        .map_err(|e| msg(format!("connecting to NATS at {url}: {e}")))
+/// Connects as `name` with `nats`'s credentials and TLS (`switchyard::nats::connect`).
+async fn connect(
+    url: &str,
+    name: &str,
+    nats: &switchyard_schemas::nats_config::NatsConfig,
+) -> Result<async_nats::Client, CliError> {
+    switchyard::nats::connect(url, name, nats).await.map_err(msg)
 }
 
 fn require_nats(c: &GatewayConfig) -> Result<String, CliError> {
@@ -269,7 +285,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             if let Some(l) = listen {
                 c.listen = l;
             }
-            let nats = connect(&require_nats(&c)?, "switchyard-ingress").await?;
+            let nats = connect(&require_nats(&c)?, "switchyard-ingress", &c.nats).await?;
             let subjects = Subjects::new(c.subject_prefix.clone());
             // Reload and the spool drainer outlive the HTTP drain; the spool is flushed last.
             let services = CancellationToken::new();
@@ -288,7 +304,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             local_model_url,
         } => {
             let c = load(&common)?;
-            let nats = connect(&require_nats(&c)?, "switchyard-worker").await?;
+            let nats = connect(&require_nats(&c)?, "switchyard-worker", &c.nats).await?;
             let subjects = Subjects::new(c.subject_prefix.clone());
             let services = CancellationToken::new();
             start_spool(&nats, &c, &new_id("worker"), &services);
@@ -315,14 +331,14 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             database_url,
         } => {
             let c = load(&common)?;
-            let nats = connect(&require_nats(&c)?, "switchyard-billing").await?;
+            let nats = connect(&require_nats(&c)?, "switchyard-billing", &c.nats).await?;
             run_billing(nats, &c, database_url, shutdown_token()).await
         }
         Command::Cache(args) => match args.action {
             Some(action) => cache_cmd::run_action(action).await.map_err(msg),
             None => {
                 let c = load(&args.common)?;
-                let nats = connect(&require_nats(&c)?, "switchyard-cache").await?;
+                let nats = connect(&require_nats(&c)?, "switchyard-cache", &c.nats).await?;
                 let semantic = args.model.on_demand();
                 args.model
                     .load_if_wanted(semantic.as_ref(), &c)
@@ -358,15 +374,16 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Batch(args) => batch_cmd::run(args).await.map_err(msg),
         Command::Config { action, nats_url } => {
             let url = nats_url.ok_or_else(|| msg("pass --nats-url (or SWITCHYARD_NATS_URL)"))?;
-            let nats = connect(&url, "switchyard-config").await?;
+            let (ConfigAction::Push { nats, .. } | ConfigAction::Show { nats }) = &action;
+            let nats = connect(&url, "switchyard-config", &nats.to_config()).await?;
             match action {
-                ConfigAction::Push { file } => {
+                ConfigAction::Push { file, .. } => {
                     let text = std::fs::read_to_string(&file)
                         .map_err(|e| msg(format!("reading {}: {e}", file.display())))?;
                     let version = reload::push(&nats, &text).await.map_err(msg)?;
                     println!("config version {version} is live");
                 }
-                ConfigAction::Show => {
+                ConfigAction::Show { .. } => {
                     let kv = reload::bucket(&nats).await.map_err(msg)?;
                     match kv.entry(reload::KEY).await.map_err(msg)? {
                         Some(e) => println!(
@@ -561,25 +578,46 @@ async fn up(
         .map_err(|e| msg(format!("creating {}: {e}", c.data_dir)))?;
     // The private nats-server lives as long as this binding (killed on drop).
     let mut _natsd = None;
+    // With the private server each service connects as its own identity; with an external one
+    // all use the configured credentials.
+    let mut creds = None;
     let url = match c.nats_url.clone() {
         Some(u) => u,
         None => {
             let store = PathBuf::from(&c.data_dir).join("nats");
-            let server = switchyard_natsd::NatsServer::start(&store, nats_port).map_err(msg)?;
-            tracing::info!(url = %server.url(), store = %store.display(), "started private nats-server");
+            let (generated, file) =
+                Credentials::load_or_create(std::path::Path::new(&c.data_dir)).map_err(msg)?;
+            let users = switchyard::nats_auth::users(&generated, &c.subject_prefix);
+            let server = switchyard_natsd::NatsServer::start_with_users(&store, nats_port, &users)
+                .map_err(msg)?;
+            tracing::info!(url = %server.url(), store = %store.display(),
+                credentials = %file.display(), "started private nats-server (authentication on)");
             let url = server.url();
             _natsd = Some(server);
+            creds = Some(generated);
             url
         }
     };
     c.nats_url = Some(url.clone());
+    let nats_as = |id: Identity| match &creds {
+        Some(creds) => creds.config_for(id),
+        None => c.nats.clone(),
+    };
+    let (ingress_nats, worker_nats, billing_nats, cache_nats, admin_nats) = (
+        nats_as(Identity::Ingress),
+        nats_as(Identity::Worker),
+        nats_as(Identity::Billing),
+        nats_as(Identity::Cache),
+        nats_as(Identity::Admin),
+    );
     // Shutdown order: `shutdown` (a signal, or any service stopping) stops ingress accepting and
     // drains it; only then `workers_stop` (in-flight streams need their worker), then the spool is
     // flushed, billing catches up, and `services` stops billing, cache, reload and the drainer.
     let shutdown = shutdown_token();
     let workers_stop = CancellationToken::new();
     let services = CancellationToken::new();
-    let spool_nats = connect(&url, "switchyard-spool").await?;
+    // The spool holds the usage events of this process's ingress and worker.
+    let spool_nats = connect(&url, "switchyard-spool", &ingress_nats).await?;
     start_spool(&spool_nats, &c, &new_id("up"), &services);
     // The local model server for `builtin:local-model` targets (removed from `c` when unavailable).
     let local_model = local_model::start(&mut c, local_model, services.clone()).await;
@@ -589,7 +627,9 @@ async fn up(
     // The embedding model loads only when a route uses the semantic cache (now or after a reload).
     let semantic = embedding.on_demand();
     {
-        let nats = connect(&url, "switchyard-config").await?;
+        let nats = connect(&url, "switchyard-config", &admin_nats).await?;
+        // The services' identities may read the config bucket but not create it.
+        reload::bucket(&nats).await.map_err(msg)?;
         // Without a running local model server, reloaded configs must not route to it either.
         let local_running = local_model.is_some();
         let semantic = semantic.clone();
@@ -646,7 +686,7 @@ async fn up(
     };
     // Billing first: it creates the usage stream the others publish to.
     let billing_js = {
-        let nats = connect(&url, "switchyard-billing").await?;
+        let nats = connect(&url, "switchyard-billing", &billing_nats).await?;
         let js = async_nats::jetstream::new(nats.clone());
         switchyard_billing::ensure_usage_stream(&js, &subjects)
             .await
@@ -654,7 +694,7 @@ async fn up(
         js
     };
     let billing = {
-        let nats = connect(&url, "switchyard-billing").await?;
+        let nats = connect(&url, "switchyard-billing", &billing_nats).await?;
         let config = config.clone();
         let token = services.clone();
         spawn(
@@ -663,7 +703,7 @@ async fn up(
         )
     };
     let cache = {
-        let nats = connect(&url, "switchyard-cache").await?;
+        let nats = connect(&url, "switchyard-cache", &cache_nats).await?;
         let subjects = subjects.clone();
         let token = services.clone();
         let config = config.clone();
@@ -682,7 +722,7 @@ async fn up(
         )
     };
     let worker = {
-        let nats = connect(&url, "switchyard-worker").await?;
+        let nats = connect(&url, "switchyard-worker", &worker_nats).await?;
         let opts = switchyard_workers::worker::WorkerOptions {
             worker_id: new_id("worker"),
             subjects: subjects.clone(),
@@ -702,7 +742,7 @@ async fn up(
         )
     };
     let ingress = {
-        let nats = connect(&url, "switchyard-ingress").await?;
+        let nats = connect(&url, "switchyard-ingress", &ingress_nats).await?;
         let handle = handle.clone();
         let token = shutdown.clone();
         spawn(

@@ -19,6 +19,9 @@ pub const BUCKET: &str = "SY_CONFIG";
 /// The key of the gateway config in [`BUCKET`].
 pub const KEY: &str = "gateway";
 
+/// How often a watcher that cannot open the config bucket looks again.
+const BUCKET_RETRY: Duration = Duration::from_secs(2);
+
 /// Adjusts a loaded config to this process before it is installed (e.g. `up` removes the local
 /// model's target when no local model server runs). `Arc::new(|_| {})` for none.
 pub type Fixup =
@@ -77,7 +80,24 @@ pub async fn watch_kv(
     shutdown: CancellationToken,
     fixup: Fixup,
 ) -> Result<(), ReloadError> {
-    let kv = bucket(&nats).await?;
+    // A service identity may read the bucket but not create it (docs/security.md): until an
+    // admin has pushed a config, keep looking for it.
+    let mut warned = false;
+    let kv = loop {
+        match bucket(&nats).await {
+            Ok(kv) => break kv,
+            Err(e) => {
+                if !warned {
+                    tracing::info!(error = %e, "no live config bucket yet; waiting for a push");
+                    warned = true;
+                }
+                tokio::select! {
+                    _ = shutdown.cancelled() => return Ok(()),
+                    _ = tokio::time::sleep(BUCKET_RETRY) => {}
+                }
+            }
+        }
+    };
     let mut updates = kv.watch_with_history(KEY).await.map_err(kv_err)?;
     loop {
         tokio::select! {
