@@ -16,6 +16,7 @@ mod field_cases_upstream;
 mod flow_control;
 mod limits_load;
 mod matrix;
+mod nats_auth;
 mod pipeline;
 mod probes;
 mod reload;

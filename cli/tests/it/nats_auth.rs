@@ -1,0 +1,294 @@
+//! NATS authentication and authorization (issue 13, docs/security.md) against the embedded
+//! server started the way `switchyard up` starts it: one user per identity with the permissions
+//! of `switchyard::nats_auth::users`. What an identity may not do must fail at the server.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use crate::common::*;
+use futures::{FutureExt as _, StreamExt as _};
+use std::time::Duration;
+use switchyard::nats_auth::{Credentials, Identity};
+use switchyard_schemas::publish::sync_with_server;
+use switchyard_schemas::usage::UsageKind;
+use switchyard_workers::mock_upstream::DEFAULT_TEXT;
+use tokio::sync::mpsc;
+
+const CONFIG_V1: &str = "targets:\n  - {id: mock, provider: openai, base_url: \"builtin:mock\", upstream_model: mock}\nmodels:\n  - {id: demo/mock, targets: [mock]}\n";
+const CONFIG_NO_KEYS: &str = "targets: []\nmodels: []\n";
+
+/// The embedded server with `up`'s users, and their passwords.
+fn server() -> (switchyard_natsd::NatsServer, Credentials) {
+    let creds = Credentials::generate();
+    let users = switchyard::nats_auth::users(&creds, "sy");
+    (
+        switchyard_natsd::NatsServer::start_temp_with_users(&users).unwrap(),
+        creds,
+    )
+}
+
+/// Connects as `id` and returns the client with a channel of the server's error messages
+/// (permission violations arrive there, e.g. `Permissions Violation for Publish to "x"`).
+async fn connect_watched(
+    url: &str,
+    creds: &Credentials,
+    id: Identity,
+) -> (async_nats::Client, mpsc::UnboundedReceiver<String>) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let client = switchyard::nats::options(id.name(), &creds.config_for(id))
+        .await
+        .unwrap()
+        .event_callback(move |event| {
+            let tx = tx.clone();
+            async move {
+                if let async_nats::Event::ServerError(async_nats::ServerError::Other(e)) = event {
+                    let _ = tx.send(e);
+                }
+            }
+        })
+        .connect(url)
+        .await
+        .unwrap();
+    (client, rx)
+}
+
+/// The next server error, waiting up to 5 s.
+async fn next_error(rx: &mut mpsc::UnboundedReceiver<String>) -> String {
+    tokio::time::timeout(Duration::from_secs(5), rx.recv())
+        .await
+        .expect("no server error within 5 s")
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_client_without_or_with_wrong_credentials_cannot_connect() {
+    let (nats, creds) = server();
+    let err = async_nats::connect(nats.url()).await.unwrap_err();
+    assert_eq!(
+        err.kind(),
+        async_nats::ConnectErrorKind::AuthorizationViolation
+    );
+    let mut wrong = creds.config_for(Identity::Worker);
+    wrong.password = Some(switchyard_schemas::Secret::new("guess"));
+    let err = switchyard::nats::connect(&nats.url(), "intruder", &wrong)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "connecting to NATS at {}: authorization violation: nats: authorization violation",
+            nats.url()
+        )
+    );
+    // The right password connects.
+    switchyard::nats::connect(&nats.url(), "worker", &creds.config_for(Identity::Worker))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_worker_cannot_write_the_config_bucket_or_publish_requests() {
+    let (nats, creds) = server();
+    let admin = connect_as(&nats.url(), Some(&creds), Identity::Admin).await;
+    let v1 = switchyard::reload::push(&admin, CONFIG_V1).await.unwrap();
+
+    let (worker, mut errors) = connect_watched(&nats.url(), &creds, Identity::Worker).await;
+    // `switchyard config push` with a worker's credentials: the put is refused by the server.
+    let pushed = switchyard::reload::push(&worker, CONFIG_NO_KEYS).await;
+    assert!(pushed.is_err(), "{pushed:?}");
+    assert_eq!(
+        next_error(&mut errors).await,
+        "Permissions Violation for Publish to \"$KV.SY_CONFIG.gateway\""
+    );
+    let kv = switchyard::reload::bucket(&admin).await.unwrap();
+    let entry = kv.entry(switchyard::reload::KEY).await.unwrap().unwrap();
+    assert_eq!(
+        (entry.revision, String::from_utf8_lossy(&entry.value).as_ref()),
+        (v1, CONFIG_V1)
+    );
+    // Nor can it delete or recreate the bucket's stream.
+    let js = async_nats::jetstream::new(worker.clone());
+    assert!(js.delete_stream("KV_SY_CONFIG").await.is_err());
+    assert_eq!(
+        next_error(&mut errors).await,
+        "Permissions Violation for Publish to \"$JS.API.STREAM.DELETE.KV_SY_CONFIG\""
+    );
+
+    // A worker's request never reaches the (other) workers subscribed to requests.
+    let listener = connect_as(&nats.url(), Some(&creds), Identity::Worker).await;
+    let mut requests = listener.subscribe("sy.req.>").await.unwrap();
+    assert!(sync_with_server(&listener).await);
+    worker
+        .publish("sy.req.chat.openai", "forged".into())
+        .await
+        .unwrap();
+    assert!(sync_with_server(&worker).await);
+    assert_eq!(
+        next_error(&mut errors).await,
+        "Permissions Violation for Publish to \"sy.req.chat.openai\""
+    );
+    let ingress = connect_as(&nats.url(), Some(&creds), Identity::Ingress).await;
+    ingress
+        .publish("sy.req.chat.openai", "genuine".into())
+        .await
+        .unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(5), requests.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.payload.as_ref(), b"genuine");
+}
+
+#[tokio::test]
+async fn ingress_cannot_subscribe_to_requests_and_only_admin_writes_config() {
+    let (nats, creds) = server();
+    let (ingress, mut errors) = connect_watched(&nats.url(), &creds, Identity::Ingress).await;
+    let mut snooped = ingress.subscribe("sy.req.>").await.unwrap();
+    assert_eq!(
+        next_error(&mut errors).await,
+        "Permissions Violation for Subscription to \"sy.req.>\""
+    );
+    let worker = connect_as(&nats.url(), Some(&creds), Identity::Worker).await;
+    let mut requests = worker.subscribe("sy.req.>").await.unwrap();
+    assert!(sync_with_server(&worker).await);
+    ingress
+        .publish("sy.req.chat.openai", "prompt".into())
+        .await
+        .unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(5), requests.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(got.payload.as_ref(), b"prompt");
+    // The server handled the publish before the echo: a delivery to `snooped` would be here.
+    assert!(sync_with_server(&ingress).await);
+    assert!(!matches!(snooped.next().now_or_never(), Some(Some(_))));
+
+    // Ingress (and cache, billing) may read the live config but not write it.
+    for id in [Identity::Ingress, Identity::Cache, Identity::Billing] {
+        let (client, mut errors) = connect_watched(&nats.url(), &creds, id).await;
+        assert!(
+            switchyard::reload::push(&client, CONFIG_NO_KEYS)
+                .await
+                .is_err()
+        );
+        // The bucket does not exist yet and may not be created by a service.
+        assert_eq!(
+            next_error(&mut errors).await,
+            "Permissions Violation for Publish to \"$JS.API.STREAM.CREATE.KV_SY_CONFIG\"",
+            "{id:?}"
+        );
+    }
+    let admin = connect_as(&nats.url(), Some(&creds), Identity::Admin).await;
+    let v = switchyard::reload::push(&admin, CONFIG_V1).await.unwrap();
+    let kv = switchyard::reload::bucket(&ingress).await.unwrap();
+    let entry = kv.entry(switchyard::reload::KEY).await.unwrap().unwrap();
+    assert_eq!(entry.revision, v);
+    assert_eq!(String::from_utf8_lossy(&entry.value), CONFIG_V1);
+}
+
+/// The whole pipeline with each component on its own identity: chat (non-streaming and
+/// streaming), embeddings, usage in the ledger, the usage query, stored responses and files.
+#[tokio::test]
+async fn the_pipeline_works_with_each_service_on_its_own_identity() {
+    let gw = start(Options {
+        billing: true,
+        auth: true,
+        ..Options::default()
+    })
+    .await;
+    let (status, headers, body) = post_json(&gw.base, &chat("demo/mock", "hello", false)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["choices"][0]["message"]["content"], DEFAULT_TEXT);
+    let id: uuid::Uuid = headers["x-request-id"].to_str().unwrap().parse().unwrap();
+    let rows = ledger_rows(gw.ledger.as_ref().unwrap(), id, 2).await;
+    let mut kinds: Vec<UsageKind> = rows.iter().map(|r| r.kind).collect();
+    kinds.sort_by_key(|k| format!("{k:?}"));
+    assert_eq!(kinds, vec![UsageKind::Charge, UsageKind::Upstream]);
+    for r in &rows {
+        assert_eq!(r.usage.prompt_tokens, 1);
+        assert_eq!(r.usage.completion_tokens, 13);
+    }
+
+    let sse = post_sse(&gw.base, &chat("demo/mock", "hello", true)).await;
+    assert_eq!(sse.status, 200);
+    assert_eq!(sse.content(), DEFAULT_TEXT);
+    assert_eq!(sse.done_count(), 1);
+
+    let http = reqwest::Client::new();
+    let resp = http
+        .post(format!("{}/v1/embeddings", gw.base))
+        .json(&serde_json::json!({"model": "demo/mock", "input": "hi"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let v: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(v["object"], "list");
+    assert_eq!(v["data"][0]["object"], "embedding");
+
+    // The usage query goes ingress → billing and back.
+    let usage: serde_json::Value = eventually(Duration::from_secs(10), || {
+        let http = http.clone();
+        let url = format!("{}/v1/usage", gw.base);
+        async move {
+            let v: serde_json::Value = http.get(url).send().await.ok()?.json().await.ok()?;
+            (v["totals"]["requests"].as_u64()? >= 3).then_some(v)
+        }
+    })
+    .await;
+    assert_eq!(usage["object"], "usage");
+
+    // Stored responses (SY_RESPONSES) and files (the SY_FILES object store).
+    let resp = http
+        .post(format!("{}/v1/responses", gw.base))
+        .json(&serde_json::json!({"model": "demo/mock", "input": "hi"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let created: serde_json::Value = resp.json().await.unwrap();
+    let rid = created["id"].as_str().unwrap();
+    let fetched: serde_json::Value = http
+        .get(format!("{}/v1/responses/{rid}", gw.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(fetched["id"], rid);
+    assert_eq!(fetched["status"], "completed");
+    let line = serde_json::json!({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+        "body": {"model": "demo/mock", "messages": [{"role": "user", "content": "hi"}]}});
+    let form = reqwest::multipart::Form::new().text("purpose", "batch").part(
+        "file",
+        reqwest::multipart::Part::bytes(format!("{line}\n").into_bytes()).file_name("a.jsonl"),
+    );
+    let resp = http
+        .post(format!("{}/v1/files", gw.base))
+        .multipart(form)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let file: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(file["status"], "processed");
+    let resp = http
+        .post(format!("{}/v1/batches", gw.base))
+        .json(&serde_json::json!({"input_file_id": file["id"], "endpoint": "/v1/chat/completions",
+            "completion_window": "24h"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let batch: serde_json::Value = resp.json().await.unwrap();
+    let bid = batch["id"].as_str().unwrap().to_owned();
+    let done: serde_json::Value = eventually(Duration::from_secs(20), || {
+        let (http, url) = (http.clone(), format!("{}/v1/batches/{bid}", gw.base));
+        async move {
+            let v: serde_json::Value = http.get(url).send().await.ok()?.json().await.ok()?;
+            (v["status"] == "completed").then_some(v)
+        }
+    })
+    .await;
+    assert_eq!(done["request_counts"]["completed"], 1);
+}
