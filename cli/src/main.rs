@@ -125,6 +125,17 @@ enum Command {
         #[command(subcommand)]
         action: key_cmd::KeyAction,
     },
+    /// Prints a nats-server config with Switchyard's identities and subject permissions, the
+    /// passwords read from `SWITCHYARD_NATS_PASSWORD_<ID>` (compose.yaml mounts it);
+    /// `--passwords` prints fresh random values for those variables (a `.env` file) instead.
+    NatsConfig {
+        /// Subject prefix.
+        #[arg(long, default_value = "sy")]
+        prefix: String,
+        /// Print `.env` lines with new random passwords instead of the config.
+        #[arg(long)]
+        passwords: bool,
+    },
     /// Live config: `push FILE` validates a YAML config and stores it in the NATS KV bucket every
     /// running service watches (they switch atomically, no restart); `show` prints the stored one.
     Config {
@@ -372,6 +383,17 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Key { action } => key_cmd::run(action).map_err(msg),
         Command::Bench(args) => bench::run(args).await.map_err(msg),
         Command::Batch(args) => batch_cmd::run(args).await.map_err(msg),
+        Command::NatsConfig { prefix, passwords } => {
+            if passwords {
+                print!("{}", switchyard::nats_auth::env_passwords());
+            } else {
+                print!(
+                    "{}",
+                    switchyard::nats_auth::server_config_with_env_passwords(&prefix)
+                );
+            }
+            Ok(())
+        }
         Command::Config { action, nats_url } => {
             let url = nats_url.ok_or_else(|| msg("pass --nats-url (or SWITCHYARD_NATS_URL)"))?;
             let (ConfigAction::Push { nats, .. } | ConfigAction::Show { nats }) = &action;

@@ -82,9 +82,10 @@ pub async fn watch_kv(
 ) -> Result<(), ReloadError> {
     // A service identity may read the bucket but not create it (docs/security.md): until an
     // admin has pushed a config, keep looking for it.
+    let js = async_nats::jetstream::new(nats.clone());
     let mut warned = false;
     let kv = loop {
-        match bucket(&nats).await {
+        match js.get_key_value(BUCKET).await.map_err(kv_err) {
             Ok(kv) => break kv,
             Err(e) => {
                 if !warned {

@@ -50,6 +50,9 @@ pub struct User {
     pub name: String,
     /// Password (written into the server's config file, mode 0600).
     pub password: String,
+    /// Instead of `password`: the environment variable the server reads it from when it loads
+    /// its config (`password: $VAR`), so the file holds no secret (compose.yaml).
+    pub password_env: Option<String>,
     /// What the user may publish and subscribe to.
     pub permissions: Permissions,
 }
@@ -59,6 +62,7 @@ impl std::fmt::Debug for User {
         f.debug_struct("User")
             .field("name", &self.name)
             .field("password", &"[redacted]")
+            .field("password_env", &self.password_env)
             .field("permissions", &self.permissions)
             .finish()
     }
@@ -89,26 +93,29 @@ pub struct Rule {
 
 /// The nats-server config text: `max_payload` and, with users, the `authorization` block.
 /// Strings are JSON-quoted (the config format accepts JSON strings; quoting keeps `$JS…`
-/// subjects from being read as variables).
-fn config_text(users: &[User]) -> String {
+/// subjects from being read as variables); a `password_env` is written as an unquoted
+/// `$VAR` reference, which nats-server resolves from its environment.
+pub fn config_text(users: &[User]) -> String {
     let q = |s: &str| serde_json::Value::String(s.to_owned()).to_string();
-    let list = |v: &[String]| {
-        let items: Vec<String> = v.iter().map(|s| q(s)).collect();
-        format!("[{}]", items.join(", "))
-    };
-    let rule = |r: &Rule| {
-        let mut parts = Vec::new();
-        if !r.allow.is_empty() {
-            parts.push(format!("allow: {}", list(&r.allow)));
-        }
-        if !r.deny.is_empty() {
-            parts.push(format!("deny: {}", list(&r.deny)));
-        }
-        if parts.is_empty() {
+    let rule = |name: &str, r: &Rule| {
+        let mut text = format!("        {name}: {{\n");
+        let mut lists = vec![("allow", r.allow.clone()), ("deny", r.deny.clone())];
+        if r.allow.is_empty() && r.deny.is_empty() {
             // Nothing allowed: an allow list that matches no real subject.
-            parts.push(format!("allow: {}", list(&["_NONE_".to_owned()])));
+            lists[0].1 = vec!["_NONE_".to_owned()];
         }
-        format!("{{ {} }}", parts.join(", "))
+        for (key, list) in lists {
+            if list.is_empty() {
+                continue;
+            }
+            text.push_str(&format!("          {key}: [\n"));
+            for subject in list {
+                text.push_str(&format!("            {}\n", q(&subject)));
+            }
+            text.push_str("          ]\n");
+        }
+        text.push_str("        }\n");
+        text
     };
     let mut text = String::from("max_payload: 8MB\n");
     if users.is_empty() {
@@ -116,18 +123,20 @@ fn config_text(users: &[User]) -> String {
     }
     text.push_str("authorization {\n  users: [\n");
     for u in users {
+        let password = u
+            .password_env
+            .as_ref()
+            .map_or_else(|| q(&u.password), |v| format!("${v}"));
         text.push_str(&format!(
-            "    {{ user: {}, password: {}, permissions: {{ publish: {}, subscribe: {}{} }} }}\n",
-            q(&u.name),
-            q(&u.password),
-            rule(&u.permissions.publish),
-            rule(&u.permissions.subscribe),
-            if u.permissions.allow_responses {
-                ", allow_responses: true"
-            } else {
-                ""
-            }
+            "    {{\n      user: {}\n      password: {password}\n      permissions: {{\n",
+            q(&u.name)
         ));
+        text.push_str(&rule("publish", &u.permissions.publish));
+        text.push_str(&rule("subscribe", &u.permissions.subscribe));
+        if u.permissions.allow_responses {
+            text.push_str("        allow_responses: true\n");
+        }
+        text.push_str("      }\n    }\n");
     }
     text.push_str("  ]\n}\n");
     text
@@ -377,6 +386,7 @@ mod tests {
         let users = vec![User {
             name: "ingress".into(),
             password: "pw\"x".into(),
+            password_env: None,
             permissions: Permissions {
                 publish: Rule {
                     allow: vec!["sy.req.>".into(), "$JS.API.INFO".into()],
@@ -388,9 +398,30 @@ mod tests {
         }];
         assert_eq!(
             config_text(&users),
-            "max_payload: 8MB\nauthorization {\n  users: [\n    { user: \"ingress\", password: \"pw\\\"x\", \
-             permissions: { publish: { allow: [\"sy.req.>\", \"$JS.API.INFO\"] }, subscribe: { allow: [\"_NONE_\"] }, \
-             allow_responses: true } }\n  ]\n}\n"
+            r#"max_payload: 8MB
+authorization {
+  users: [
+    {
+      user: "ingress"
+      password: "pw\"x"
+      permissions: {
+        publish: {
+          allow: [
+            "sy.req.>"
+            "$JS.API.INFO"
+          ]
+        }
+        subscribe: {
+          allow: [
+            "_NONE_"
+          ]
+        }
+        allow_responses: true
+      }
+    }
+  ]
+}
+"#
         );
         assert!(!format!("{users:?}").contains("pw"));
         let s = NatsServer::start_temp_with_users(&users).unwrap();
