@@ -217,6 +217,24 @@ fn kv_owner(bucket: &str) -> Vec<String> {
     v
 }
 
+/// Reads and writes KV bucket `bucket` by key (get, put, compare-and-set) and may create it,
+/// without consumers: a service that never watches or lists the bucket gets no way to have
+/// JetStream deliver its content elsewhere (docs/security.md, push consumers).
+fn kv_writer(bucket: &str) -> Vec<String> {
+    let stream = format!("KV_{bucket}");
+    [
+        "$JS.API.STREAM.INFO.{}",
+        "$JS.API.STREAM.CREATE.{}",
+        "$JS.API.STREAM.MSG.GET.{}",
+        "$JS.API.DIRECT.GET.{}",
+        "$JS.API.DIRECT.GET.{}.>",
+    ]
+    .iter()
+    .map(|t| t.replace("{}", &stream))
+    .chain([format!("$KV.{bucket}.>")])
+    .collect()
+}
+
 /// Owner of object store `bucket`.
 fn object_owner(bucket: &str) -> Vec<String> {
     let mut v = stream_owner(&format!("OBJ_{bucket}"));
@@ -274,7 +292,7 @@ pub fn users(creds: &Credentials, prefix: &str) -> Vec<User> {
                 Identity::Worker => {
                     publish.extend([p("inbox.>"), p("health.>"), p("usage.>")]);
                     subscribe.extend([p("req.>"), p("cancel.>"), p("credit.>")]);
-                    publish.extend(kv_owner(LIMITS_BUCKET));
+                    publish.extend(kv_writer(LIMITS_BUCKET));
                     // Embedding answers go to the requester's `_INBOX` reply subject.
                     allow_responses = true;
                 }
@@ -286,7 +304,7 @@ pub fn users(creds: &Credentials, prefix: &str) -> Vec<User> {
                     publish.extend(stream_owner(LEGACY_USAGE_STREAM));
                     publish.push(format!("$JS.API.STREAM.DELETE.{LEGACY_USAGE_STREAM}"));
                     // Applies the budget settlements ingress could not (`budget_owed`).
-                    publish.extend(kv_owner(switchyard_budgets::BUDGETS_BUCKET));
+                    publish.extend(kv_writer(switchyard_budgets::BUDGETS_BUCKET));
                     allow_responses = true;
                 }
                 Identity::Cache => {

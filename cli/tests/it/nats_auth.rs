@@ -189,7 +189,20 @@ async fn ingress_cannot_subscribe_to_requests_and_only_admin_writes_config() {
 /// streaming), embeddings, usage in the ledger, the usage query, stored responses and files.
 #[tokio::test]
 async fn the_pipeline_works_with_each_service_on_its_own_identity() {
+    // `demo/limited` takes RPM tokens from the workers' SY_LIMITS bucket.
+    let config = test_config(serde_json::json!({
+        "targets": [
+            {"id": "mock", "provider": "openai", "base_url": "builtin:mock", "upstream_model": "mock"},
+            {"id": "limited", "provider": "openai", "base_url": "builtin:mock",
+             "upstream_model": "mock", "limits": {"rpm": 100}}
+        ],
+        "models": [
+            {"id": "demo/mock", "targets": ["mock"]},
+            {"id": "demo/limited", "targets": ["limited"]}
+        ]
+    }));
     let gw = start(Options {
+        config,
         billing: true,
         auth: true,
         ..Options::default()
@@ -207,6 +220,15 @@ async fn the_pipeline_works_with_each_service_on_its_own_identity() {
         assert_eq!(r.usage.prompt_tokens, 1);
         assert_eq!(r.usage.completion_tokens, 13);
     }
+
+    let (status, _, body) = post_json(&gw.base, &chat("demo/limited", "hello", false)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["choices"][0]["message"]["content"], DEFAULT_TEXT);
+    let limits = async_nats::jetstream::new(gw.nats_as(Identity::Worker).await)
+        .get_key_value(switchyard_schemas::subjects::LIMITS_BUCKET)
+        .await
+        .unwrap();
+    assert!(limits.get("limited.rpm").await.unwrap().is_some());
 
     let sse = post_sse(&gw.base, &chat("demo/mock", "hello", true)).await;
     assert_eq!(sse.status, 200);
@@ -231,7 +253,7 @@ async fn the_pipeline_works_with_each_service_on_its_own_identity() {
         let url = format!("{}/v1/usage", gw.base);
         async move {
             let v: serde_json::Value = http.get(url).send().await.ok()?.json().await.ok()?;
-            (v["totals"]["requests"].as_u64()? >= 3).then_some(v)
+            (v["totals"]["requests"].as_u64()? >= 4).then_some(v)
         }
     })
     .await;
