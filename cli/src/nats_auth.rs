@@ -188,19 +188,16 @@ fn stream_reader(name: &str) -> Vec<String> {
     .collect()
 }
 
-/// API subjects that manage stream `name` and its durable consumers, and acknowledge its
-/// messages (a work queue's ack removes the message).
+/// API subjects that create stream `name` (when missing) and its durable consumers, and
+/// acknowledge its messages (a work queue's ack removes the message). Not `UPDATE` (it could
+/// add subjects, e.g. `<prefix>.req.>`, to the stream and so read them) nor `PURGE`: those
+/// are granted one by one where the code needs them ([`api`]).
 fn stream_owner(name: &str) -> Vec<String> {
     let mut v = stream_reader(name);
     v.extend(
         [
             "$JS.API.STREAM.CREATE.{}",
-            "$JS.API.STREAM.UPDATE.{}",
-            "$JS.API.STREAM.PURGE.{}",
-            "$JS.API.STREAM.MSG.DELETE.{}",
             "$JS.API.CONSUMER.DURABLE.CREATE.{}.>",
-            "$JS.API.CONSUMER.NAMES.{}",
-            "$JS.API.CONSUMER.LIST.{}",
             "$JS.ACK.{}.>",
             "$JS.ACK.*.*.{}.>",
         ]
@@ -208,6 +205,11 @@ fn stream_owner(name: &str) -> Vec<String> {
         .map(|t| t.replace("{}", name)),
     );
     v
+}
+
+/// `$JS.API.<op>.<stream>`, e.g. `api("STREAM.PURGE", "SY_BATCH_RESULTS")`.
+fn api(op: &str, stream: &str) -> String {
+    format!("$JS.API.{op}.{stream}")
 }
 
 /// Owner of KV bucket `bucket`: its stream and its writes.
@@ -288,6 +290,25 @@ pub fn users(creds: &Credentials, prefix: &str) -> Vec<User> {
                     publish.extend(stream_owner(
                         switchyard_ingress::batch::store::RESULTS_STREAM,
                     ));
+                    // Deleting a batch's results and a file's chunks; `responses.ttl_s`
+                    // changes the stored responses' age limit.
+                    publish.extend([
+                        api(
+                            "STREAM.PURGE",
+                            switchyard_ingress::batch::store::RESULTS_STREAM,
+                        ),
+                        api(
+                            "STREAM.PURGE",
+                            &format!("OBJ_{}", switchyard_ingress::batch::store::FILES_BUCKET),
+                        ),
+                        api(
+                            "STREAM.UPDATE",
+                            &format!(
+                                "KV_{}",
+                                switchyard_ingress::responses::store::RESPONSES_BUCKET
+                            ),
+                        ),
+                    ]);
                 }
                 Identity::Worker => {
                     publish.extend([p("inbox.>"), p("health.>"), p("usage.>")]);
@@ -301,8 +322,13 @@ pub fn users(creds: &Credentials, prefix: &str) -> Vec<User> {
                     publish.push(p("usage.>"));
                     subscribe.push(p("billing.usage"));
                     publish.extend(stream_owner(USAGE_STREAM));
-                    publish.extend(stream_owner(LEGACY_USAGE_STREAM));
-                    publish.push(format!("$JS.API.STREAM.DELETE.{LEGACY_USAGE_STREAM}"));
+                    // The legacy stream of earlier versions: moved off the usage subjects,
+                    // copied and deleted, never created.
+                    publish.extend(stream_reader(LEGACY_USAGE_STREAM));
+                    publish.extend([
+                        api("STREAM.UPDATE", LEGACY_USAGE_STREAM),
+                        api("STREAM.DELETE", LEGACY_USAGE_STREAM),
+                    ]);
                     // Applies the budget settlements ingress could not (`budget_owed`).
                     publish.extend(kv_writer(switchyard_budgets::BUDGETS_BUCKET));
                     allow_responses = true;

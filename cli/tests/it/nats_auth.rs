@@ -313,4 +313,53 @@ async fn the_pipeline_works_with_each_service_on_its_own_identity() {
     })
     .await;
     assert_eq!(done["request_counts"]["completed"], 1);
+    // Deleting a file purges its chunks from the object store.
+    let resp = http
+        .delete(format!("{}/v1/files/{}", gw.base, file["id"].as_str().unwrap()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let deleted: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(deleted["deleted"], true);
+}
+
+/// The answer cache on its own identity: a repeated question is a hit and skips the upstream.
+#[tokio::test]
+async fn the_cache_works_on_its_own_identity() {
+    let gw = start(Options {
+        config: test_config(serde_json::json!({
+            "models": [{"id": "demo/mock", "targets": ["mock"], "cache": {"threshold": 0.8}}]
+        })),
+        cache: true,
+        auth: true,
+        ..Options::default()
+    })
+    .await;
+    let body = chat("demo/mock", "How do I turn on dark mode?", false);
+    let ask = || async {
+        let resp = reqwest::Client::new()
+            .post(format!("{}/v1/chat/completions", gw.base))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let outcome = resp.headers()["x-switchyard-cache"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        let v: serde_json::Value = resp.json().await.unwrap();
+        assert_eq!(v["choices"][0]["message"]["content"], DEFAULT_TEXT);
+        outcome
+    };
+    assert_eq!(ask().await, "miss");
+    // The store is fire-and-forget: wait until it is served.
+    eventually(Duration::from_secs(10), || async {
+        (ask().await == "hit").then_some(())
+    })
+    .await;
+    let before = gw.mock.request_count();
+    assert_eq!(ask().await, "hit");
+    assert_eq!(gw.mock.request_count(), before);
 }
