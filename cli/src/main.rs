@@ -46,6 +46,8 @@ struct Common {
     nats: NatsArgs,
 }
 
+// Parsed once at start-up: the size of the largest variant (flags of `up`) does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Everything in one process: private nats-server (unless a NATS URL is set), built-in mock
@@ -258,7 +260,9 @@ async fn connect(
     name: &str,
     nats: &switchyard_schemas::nats_config::NatsConfig,
 ) -> Result<async_nats::Client, CliError> {
-    switchyard::nats::connect(url, name, nats).await.map_err(msg)
+    switchyard::nats::connect(url, name, nats)
+        .await
+        .map_err(msg)
 }
 
 fn require_nats(c: &GatewayConfig) -> Result<String, CliError> {

@@ -499,7 +499,9 @@ impl GatewayConfig {
                 "must be one NATS token (no '.', '*', '>', spaces)",
             ));
         }
-        self.nats.validate().map_err(|e| err("nats", e.to_string()))?;
+        self.nats
+            .validate()
+            .map_err(|e| err("nats", e.to_string()))?;
         let mut target_ids = HashSet::new();
         for (i, t) in self.targets.iter().enumerate() {
             if t.id.is_empty() || !target_ids.insert(t.id.as_str()) {

@@ -102,7 +102,9 @@ impl NatsConfig {
     /// `self` with every field `over` sets replacing ours (CLI flags and environment over the
     /// file). Setting an authentication method in `over` clears the others of `self`.
     pub fn overridden_by(mut self, over: NatsConfig) -> NatsConfig {
-        if over.user.is_some() || over.token.is_some() || over.nkey_seed.is_some()
+        if over.user.is_some()
+            || over.token.is_some()
+            || over.nkey_seed.is_some()
             || over.credentials_file.is_some()
         {
             self.user = None;
@@ -143,10 +145,9 @@ mod tests {
             serde_json::from_value(serde_json::json!({"user": "u", "password": "p"})).unwrap();
         assert_eq!(c.validate(), Ok(()));
         assert!(c.holds_secret());
-        let c: NatsConfig = serde_json::from_value(
-            serde_json::json!({"user": "u", "password": "p", "token": "t"}),
-        )
-        .unwrap();
+        let c: NatsConfig =
+            serde_json::from_value(serde_json::json!({"user": "u", "password": "p", "token": "t"}))
+                .unwrap();
         assert_eq!(
             c.validate(),
             Err(NatsConfigError::ManyMethods("user, token".into()))
@@ -156,16 +157,15 @@ mod tests {
         let c: NatsConfig =
             serde_json::from_value(serde_json::json!({"tls": {"cert_file": "c.pem"}})).unwrap();
         assert_eq!(c.validate(), Err(NatsConfigError::HalfClientCert));
-        assert!(
-            serde_json::from_value::<NatsConfig>(serde_json::json!({"pasword": "x"})).is_err()
-        );
+        assert!(serde_json::from_value::<NatsConfig>(serde_json::json!({"pasword": "x"})).is_err());
     }
 
     #[test]
     fn secrets_never_serialise_and_overrides_replace_the_method() {
-        let c: NatsConfig =
-            serde_json::from_value(serde_json::json!({"token": "s3cret", "tls": {"required": true}}))
-                .unwrap();
+        let c: NatsConfig = serde_json::from_value(
+            serde_json::json!({"token": "s3cret", "tls": {"required": true}}),
+        )
+        .unwrap();
         let text = serde_json::to_string(&c).unwrap();
         assert!(!text.contains("s3cret"), "{text}");
         let over = NatsConfig {

@@ -101,7 +101,10 @@ async fn a_worker_cannot_write_the_config_bucket_or_publish_requests() {
     let kv = switchyard::reload::bucket(&admin).await.unwrap();
     let entry = kv.entry(switchyard::reload::KEY).await.unwrap().unwrap();
     assert_eq!(
-        (entry.revision, String::from_utf8_lossy(&entry.value).as_ref()),
+        (
+            entry.revision,
+            String::from_utf8_lossy(&entry.value).as_ref()
+        ),
         (v1, CONFIG_V1)
     );
     // Nor can it delete or recreate the bucket's stream.
@@ -281,10 +284,12 @@ async fn the_pipeline_works_with_each_service_on_its_own_identity() {
     assert_eq!(fetched["status"], "completed");
     let line = serde_json::json!({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
         "body": {"model": "demo/mock", "messages": [{"role": "user", "content": "hi"}]}});
-    let form = reqwest::multipart::Form::new().text("purpose", "batch").part(
-        "file",
-        reqwest::multipart::Part::bytes(format!("{line}\n").into_bytes()).file_name("a.jsonl"),
-    );
+    let form = reqwest::multipart::Form::new()
+        .text("purpose", "batch")
+        .part(
+            "file",
+            reqwest::multipart::Part::bytes(format!("{line}\n").into_bytes()).file_name("a.jsonl"),
+        );
     let resp = http
         .post(format!("{}/v1/files", gw.base))
         .multipart(form)
@@ -296,8 +301,10 @@ async fn the_pipeline_works_with_each_service_on_its_own_identity() {
     assert_eq!(file["status"], "processed");
     let resp = http
         .post(format!("{}/v1/batches", gw.base))
-        .json(&serde_json::json!({"input_file_id": file["id"], "endpoint": "/v1/chat/completions",
-            "completion_window": "24h"}))
+        .json(
+            &serde_json::json!({"input_file_id": file["id"], "endpoint": "/v1/chat/completions",
+            "completion_window": "24h"}),
+        )
         .send()
         .await
         .unwrap();
@@ -315,7 +322,11 @@ async fn the_pipeline_works_with_each_service_on_its_own_identity() {
     assert_eq!(done["request_counts"]["completed"], 1);
     // Deleting a file purges its chunks from the object store.
     let resp = http
-        .delete(format!("{}/v1/files/{}", gw.base, file["id"].as_str().unwrap()))
+        .delete(format!(
+            "{}/v1/files/{}",
+            gw.base,
+            file["id"].as_str().unwrap()
+        ))
         .send()
         .await
         .unwrap();

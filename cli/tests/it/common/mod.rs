@@ -163,7 +163,14 @@ pub async fn start(opts: Options) -> Gateway {
     }
     if opts.worker {
         let c = connect_as(&nats.url(), creds.as_ref(), Identity::Worker).await;
-        spawn_worker_on(c, &mock, config.clone(), "worker-a", worker_shutdown.clone()).await;
+        spawn_worker_on(
+            c,
+            &mock,
+            config.clone(),
+            "worker-a",
+            worker_shutdown.clone(),
+        )
+        .await;
     }
     let cache_shutdown = CancellationToken::new();
     if opts.cache {
