@@ -148,3 +148,77 @@ def test_compose_topology_each_service_on_its_own_identity(procs, tmp_path, mock
     for p in services:
         assert "Permissions Violation" not in p.log(), p.name
         p.check_alive()
+
+
+def _openssl(*args: str, cwd) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def make_pki(d) -> None:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate (EC P-256)."""
+    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+             "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=test-ca",
+             cwd=d)
+    for name, ext in [("server", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n"),
+                      ("client", "extendedKeyUsage=clientAuth\n")]:
+        (d / f"{name}.ext").write_text("basicConstraints=CA:FALSE\n" + ext)
+        _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                 "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=d)
+        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+                 "-CAcreateserial", "-out", f"{name}.pem", "-days", "2", "-extfile", f"{name}.ext",
+                 cwd=d)
+
+
+def test_tls_with_ca_and_client_certificate(procs, tmp_path):
+    """--nats-tls-ca, --nats-tls-cert/--nats-tls-key and a token against a nats-server that
+    requires TLS with verified client certificates."""
+    pki = tmp_path / "pki"
+    pki.mkdir()
+    make_pki(pki)
+    port = pick_free_port()
+    conf = tmp_path / "tls.conf"
+    conf.write_text(
+        f'tls {{ cert_file: "{pki}/server.pem", key_file: "{pki}/server.key", '
+        f'ca_file: "{pki}/ca.pem", verify: true }}\n'
+        'authorization { token: "tls-test-token" }\n')
+    (tmp_path / "js").mkdir()
+    nats = procs.start("nats-server-tls", [nats_server_bin(), "-c", str(conf), "-a", "127.0.0.1",
+                                          "-p", str(port), "-js", "-sd", str(tmp_path / "js")])
+
+    def listening() -> bool:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+
+    wait_until("nats-server (TLS) to listen", listening, START_DEADLINE_S, [nats])
+    config = write_config(tmp_path, "127.0.0.1:1")
+    exe = switchyard_bin()
+    url = f"tls://127.0.0.1:{port}"
+    base = [exe, "config", "push", str(config), "--nats-url", url]
+    env = {**os.environ, "SWITCHYARD_NATS_TOKEN": "tls-test-token"}
+    tls = ["--nats-tls-ca", str(pki / "ca.pem"), "--nats-tls-cert", str(pki / "client.pem"),
+           "--nats-tls-key", str(pki / "client.key")]
+
+    def run(args: list[str], extra_env: dict | None = None):
+        return subprocess.run(args, env={**env, **(extra_env or {})}, capture_output=True,
+                              text=True, timeout=60)
+
+    ok = run(base + tls)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout == "config version 1 is live\n"
+    # Without the client certificate, or without the CA that signed the server's, no connection.
+    no_client_cert = run(base + tls[:2])
+    assert no_client_cert.returncode == 1
+    assert no_client_cert.stderr.startswith(f"switchyard: connecting to NATS at {url}:")
+    no_ca = run(base + tls[2:])
+    assert no_ca.returncode == 1
+    assert no_ca.stderr.startswith(f"switchyard: connecting to NATS at {url}:")
+    # The same settings from the environment; a wrong token is refused.
+    show = run([exe, "config", "show", "--nats-url", url], {
+        "SWITCHYARD_NATS_TLS_CA": str(pki / "ca.pem"),
+        "SWITCHYARD_NATS_TLS_CERT": str(pki / "client.pem"),
+        "SWITCHYARD_NATS_TLS_KEY": str(pki / "client.key")})
+    assert show.returncode == 0, show.stderr
+    assert show.stdout == f"# version 1\n{config.read_text()}\n"
+    wrong = run(base + tls, {"SWITCHYARD_NATS_TOKEN": "guess"})
+    assert wrong.returncode == 1
+    assert "authorization violation" in wrong.stderr
