@@ -36,6 +36,24 @@ pub enum ReloadError {
     /// NATS KV failed.
     #[error("config KV: {0}")]
     Kv(String),
+    /// The text holds a NATS credential itself (`nats.password`, `nats.token`,
+    /// `nats.nkey_seed` not written as `${ENV}`): every service may read the bucket.
+    #[error(
+        "`nats.{0}` is written literally: the pushed text is readable by every service; use \
+         ${{ENV}} or SWITCHYARD_NATS_* variables"
+    )]
+    LiteralNatsSecret(&'static str),
+}
+
+/// The first `nats:` credential field of `yaml` given as a literal value rather than a
+/// `${ENV}` reference.
+fn literal_nats_secret(yaml: &str) -> Option<&'static str> {
+    let v: serde_yaml_ng::Value = serde_yaml_ng::from_str(yaml).ok()?;
+    let nats = v.get("nats")?;
+    ["password", "token", "nkey_seed"].into_iter().find(|k| {
+        nats.get(*k)
+            .is_some_and(|s| !s.as_str().is_some_and(|s| s.contains("${")))
+    })
 }
 
 fn kv_err(e: impl std::fmt::Display) -> ReloadError {
@@ -64,6 +82,9 @@ pub async fn bucket(
 /// Validates `yaml` with this process's environment and stores it; returns the new version.
 pub async fn push(nats: &async_nats::Client, yaml: &str) -> Result<u64, ReloadError> {
     let c = config::parse("<push>", yaml, |k| std::env::var(k).ok())?;
+    if let Some(field) = literal_nats_secret(yaml) {
+        return Err(ReloadError::LiteralNatsSecret(field));
+    }
     c.validate()
         .map_err(|source| config::ConfigLoadError::Invalid {
             path: "<push>".into(),
@@ -177,5 +198,29 @@ pub async fn watch_file(
             },
             Err(e) => tracing::warn!(file = %path.display(), error = %e, "cannot read config file"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nats_credentials_are_pushed_only_as_references() {
+        assert_eq!(
+            literal_nats_secret("nats: {user: a, password: hunter2}\n"),
+            Some("password")
+        );
+        assert_eq!(literal_nats_secret("nats: {token: \"${T}\"}\n"), None);
+        assert_eq!(
+            literal_nats_secret("nats: {nkey_seed: SUABC}\n"),
+            Some("nkey_seed")
+        );
+        assert_eq!(literal_nats_secret("models: []\n"), None);
+        assert_eq!(
+            ReloadError::LiteralNatsSecret("token").to_string(),
+            "`nats.token` is written literally: the pushed text is readable by every service; \
+             use ${ENV} or SWITCHYARD_NATS_* variables"
+        );
     }
 }
