@@ -374,3 +374,68 @@ async fn the_cache_works_on_its_own_identity() {
     assert_eq!(ask().await, "hit");
     assert_eq!(gw.mock.request_count(), before);
 }
+
+/// A nats-server whose only user is an NKey: the seed (`nats.nkey_seed`) connects, another
+/// key does not; a missing `.creds` file is named in the error.
+#[tokio::test]
+async fn nkey_seed_connects_and_a_missing_creds_file_is_named() {
+    use switchyard_schemas::Secret;
+    use switchyard_schemas::nats_config::NatsConfig;
+    let user = nkeys::KeyPair::new_user();
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("nkey.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "authorization {{ users: [ {{ nkey: {} }} ] }}\n",
+            user.public_key()
+        ),
+    )
+    .unwrap();
+    let port = switchyard_natsd::free_port().unwrap();
+    let mut server = std::process::Command::new(switchyard_natsd::find_binary().unwrap())
+        .arg("-c")
+        .arg(&conf)
+        .args(["-a", "127.0.0.1", "-p", &port.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    eventually(Duration::from_secs(10), || async {
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()
+    })
+    .await;
+    let url = format!("nats://127.0.0.1:{port}");
+    let with_seed = |seed: String| NatsConfig {
+        nkey_seed: Some(Secret::new(seed)),
+        ..Default::default()
+    };
+    let client = switchyard::nats::connect(&url, "nkey-user", &with_seed(user.seed().unwrap()))
+        .await
+        .unwrap();
+    assert!(sync_with_server(&client).await);
+    let other = nkeys::KeyPair::new_user();
+    let refused = switchyard::nats::connect(&url, "other", &with_seed(other.seed().unwrap())).await;
+    assert_eq!(
+        refused.unwrap_err().to_string(),
+        format!(
+            "connecting to NATS at {url}: authorization violation: nats: authorization violation"
+        )
+    );
+    let missing = NatsConfig {
+        credentials_file: Some("/nonexistent/switchyard.creds".into()),
+        ..Default::default()
+    };
+    let err = switchyard::nats::connect(&url, "creds", &missing)
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("NATS credentials file /nonexistent/switchyard.creds: "),
+        "{err}"
+    );
+    server.kill().unwrap();
+    server.wait().unwrap();
+}
