@@ -136,6 +136,7 @@ impl Credentials {
                         return Err(invalid(format!("no password for `{}`", id.name())));
                     }
                 }
+                tighten(&path).map_err(io)?;
                 Ok((Self { passwords }, path))
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -163,6 +164,23 @@ impl Credentials {
             ..Default::default()
         }
     }
+}
+
+/// Makes `path` readable by its owner only again if someone widened its mode (Unix).
+fn tighten(path: &Path) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(path)?.permissions().mode() & 0o777;
+        if mode != 0o600 {
+            tracing::warn!(file = %path.display(), mode = format!("{mode:o}"),
+                "NATS credentials file was readable by others; set to 0600");
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = path;
+    Ok(())
 }
 
 fn s(v: &[&str]) -> Vec<String> {
@@ -422,6 +440,11 @@ mod tests {
     fn credentials_file_is_private_and_reused() {
         let dir = tempfile::tempdir().unwrap();
         let (a, path) = Credentials::load_or_create(dir.path()).unwrap();
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        }
         let (b, _) = Credentials::load_or_create(dir.path()).unwrap();
         assert_eq!(a, b);
         assert_eq!(a.password(Identity::Admin).len(), 32);
