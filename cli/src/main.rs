@@ -654,8 +654,11 @@ async fn up(
     let semantic = embedding.on_demand();
     {
         let nats = connect(&url, "switchyard-config", &admin_nats).await?;
-        // The services' identities may read the config bucket but not create it.
-        reload::bucket(&nats).await.map_err(msg)?;
+        // The services' identities may read the config bucket but not create it. (On an
+        // external NATS whose user may not either, the watchers wait for a push.)
+        if let Err(e) = reload::bucket(&nats).await {
+            tracing::warn!(error = %e, "cannot create the live config bucket");
+        }
         // Without a running local model server, reloaded configs must not route to it either.
         let local_running = local_model.is_some();
         let semantic = semantic.clone();
