@@ -227,6 +227,9 @@ pub enum CacheAction {
         /// Subject prefix.
         #[arg(long, default_value = "sy")]
         prefix: String,
+        /// NATS credentials and TLS (the `admin` identity on `up`'s embedded server).
+        #[command(flatten)]
+        nats: switchyard::nats::NatsArgs,
     },
     /// Lookup latency of the exact and semantic paths, embedding included.
     Bench {
@@ -329,6 +332,7 @@ pub async fn run_action(action: CacheAction) -> Result<(), String> {
             key_prefix,
             nats_url,
             prefix,
+            nats,
         } => {
             let req = PurgeRequest {
                 all,
@@ -340,9 +344,9 @@ pub async fn run_action(action: CacheAction) -> Result<(), String> {
                 return Err("name what to purge: --all, --route, --model or --key-prefix".into());
             }
             let url = nats_url.ok_or("pass --nats-url (or SWITCHYARD_NATS_URL)")?;
-            let nats = async_nats::connect(&url)
+            let nats = switchyard::nats::connect(&url, "switchyard-cache-purge", &nats.to_config())
                 .await
-                .map_err(|e| format!("connecting to NATS at {url}: {e}"))?;
+                .map_err(|e| e.to_string())?;
             let subject = purge_subject(&Subjects::new(prefix));
             let body = serde_json::to_vec(&req).map_err(|e| e.to_string())?;
             let msg = tokio::time::timeout(

@@ -1,5 +1,8 @@
-//! The `switchyard` binary's reusable parts: config loading and live config reload. The binary
-//! (`main.rs`) wires the services; tests use these directly.
+//! The `switchyard` binary's reusable parts: config loading, live config reload, NATS
+//! connections and the embedded server's permissions. The binary (`main.rs`) wires the services;
+//! tests use these directly.
 
 pub mod config;
+pub mod nats;
+pub mod nats_auth;
 pub mod reload;

@@ -1,6 +1,8 @@
 //! `switchyard`: the CLI wiring Switchyard's services. `up` runs everything in one process; the
 //! other subcommands run one service each against a shared NATS (the distributed topology).
 
+use switchyard::nats::NatsArgs;
+use switchyard::nats_auth::{Credentials, Identity};
 use switchyard::{config, reload};
 mod batch_cmd;
 mod bench;
@@ -39,8 +41,13 @@ struct Common {
     /// NATS URL; overrides the config's `nats_url`.
     #[arg(long, env = "SWITCHYARD_NATS_URL")]
     nats_url: Option<String>,
+    /// NATS credentials and TLS (override the config's `nats:` section).
+    #[command(flatten)]
+    nats: NatsArgs,
 }
 
+// Parsed once at start-up: the size of the largest variant (flags of `up`) does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Everything in one process: private nats-server (unless a NATS URL is set), built-in mock
@@ -136,6 +143,17 @@ enum Command {
         #[command(subcommand)]
         action: key_cmd::KeyAction,
     },
+    /// Prints a nats-server config with Switchyard's identities and subject permissions, the
+    /// passwords read from `SWITCHYARD_NATS_PASSWORD_<ID>` (compose.yaml mounts it);
+    /// `--passwords` prints fresh random values for those variables (a `.env` file) instead.
+    NatsConfig {
+        /// Subject prefix.
+        #[arg(long, default_value = "sy")]
+        prefix: String,
+        /// Print `.env` lines with new random passwords instead of the config.
+        #[arg(long)]
+        passwords: bool,
+    },
     /// Live config: `push FILE` validates a YAML config and stores it in the NATS KV bucket every
     /// running service watches (they switch atomically, no restart); `show` prints the stored one.
     Config {
@@ -153,9 +171,17 @@ enum ConfigAction {
     Push {
         /// The YAML file.
         file: PathBuf,
+        /// NATS credentials and TLS: the `admin` identity (the embedded server's password is in
+        /// `<data_dir>/nats-credentials.json`).
+        #[command(flatten)]
+        nats: NatsArgs,
     },
     /// Print the live config text and its version.
-    Show,
+    Show {
+        /// NATS credentials and TLS.
+        #[command(flatten)]
+        nats: NatsArgs,
+    },
 }
 
 fn parse_provider(s: &str) -> Result<ProviderKind, String> {
@@ -239,15 +265,20 @@ fn load(common: &Common) -> Result<GatewayConfig, CliError> {
     if let Some(url) = &common.nats_url {
         c.nats_url = Some(url.clone());
     }
+    c.nats = common.nats.over(&c.nats);
+    c.nats.validate().map_err(msg)?;
     Ok(c)
 }
 
-async fn connect(url: &str, name: &str) -> Result<async_nats::Client, CliError> {
-    async_nats::ConnectOptions::new()
-        .name(name)
-        .connect(url)
+/// Connects as `name` with `nats`'s credentials and TLS (`switchyard::nats::connect`).
+async fn connect(
+    url: &str,
+    name: &str,
+    nats: &switchyard_schemas::nats_config::NatsConfig,
+) -> Result<async_nats::Client, CliError> {
+    switchyard::nats::connect(url, name, nats)
         .await
-        .map_err(|e| msg(format!("connecting to NATS at {url}: {e}")))
+        .map_err(msg)
 }
 
 fn require_nats(c: &GatewayConfig) -> Result<String, CliError> {
@@ -285,7 +316,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             if let Some(l) = listen {
                 c.listen = l;
             }
-            let nats = connect(&require_nats(&c)?, "switchyard-ingress").await?;
+            let nats = connect(&require_nats(&c)?, "switchyard-ingress", &c.nats).await?;
             let subjects = Subjects::new(c.subject_prefix.clone());
             // Reload and the spool drainer outlive the HTTP drain; the spool is flushed last.
             let services = CancellationToken::new();
@@ -304,7 +335,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             local_model_url,
         } => {
             let c = load(&common)?;
-            let nats = connect(&require_nats(&c)?, "switchyard-worker").await?;
+            let nats = connect(&require_nats(&c)?, "switchyard-worker", &c.nats).await?;
             let subjects = Subjects::new(c.subject_prefix.clone());
             let services = CancellationToken::new();
             start_spool(&nats, &c, &new_id("worker"), &services);
@@ -331,7 +362,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             database_url,
         } => {
             let c = load(&common)?;
-            let nats = connect(&require_nats(&c)?, "switchyard-billing").await?;
+            let nats = connect(&require_nats(&c)?, "switchyard-billing", &c.nats).await?;
             run_billing(nats, &c, database_url, shutdown_token()).await
         }
         Command::Budgets {
@@ -365,7 +396,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             Some(action) => cache_cmd::run_action(action).await.map_err(msg),
             None => {
                 let c = load(&args.common)?;
-                let nats = connect(&require_nats(&c)?, "switchyard-cache").await?;
+                let nats = connect(&require_nats(&c)?, "switchyard-cache", &c.nats).await?;
                 let semantic = args.model.on_demand();
                 args.model
                     .load_if_wanted(semantic.as_ref(), &c)
@@ -399,17 +430,29 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Key { action } => key_cmd::run(action).map_err(msg),
         Command::Bench(args) => bench::run(args).await.map_err(msg),
         Command::Batch(args) => batch_cmd::run(args).await.map_err(msg),
+        Command::NatsConfig { prefix, passwords } => {
+            if passwords {
+                print!("{}", switchyard::nats_auth::env_passwords());
+            } else {
+                print!(
+                    "{}",
+                    switchyard::nats_auth::server_config_with_env_passwords(&prefix)
+                );
+            }
+            Ok(())
+        }
         Command::Config { action, nats_url } => {
             let url = nats_url.ok_or_else(|| msg("pass --nats-url (or SWITCHYARD_NATS_URL)"))?;
-            let nats = connect(&url, "switchyard-config").await?;
+            let (ConfigAction::Push { nats, .. } | ConfigAction::Show { nats }) = &action;
+            let nats = connect(&url, "switchyard-config", &nats.to_config()).await?;
             match action {
-                ConfigAction::Push { file } => {
+                ConfigAction::Push { file, .. } => {
                     let text = std::fs::read_to_string(&file)
                         .map_err(|e| msg(format!("reading {}: {e}", file.display())))?;
                     let version = reload::push(&nats, &text).await.map_err(msg)?;
                     println!("config version {version} is live");
                 }
-                ConfigAction::Show => {
+                ConfigAction::Show { .. } => {
                     let kv = reload::bucket(&nats).await.map_err(msg)?;
                     match kv.entry(reload::KEY).await.map_err(msg)? {
                         Some(e) => println!(
@@ -614,25 +657,46 @@ async fn up(
         .map_err(|e| msg(format!("creating {}: {e}", c.data_dir)))?;
     // The private nats-server lives as long as this binding (killed on drop).
     let mut _natsd = None;
+    // With the private server each service connects as its own identity; with an external one
+    // all use the configured credentials.
+    let mut creds = None;
     let url = match c.nats_url.clone() {
         Some(u) => u,
         None => {
             let store = PathBuf::from(&c.data_dir).join("nats");
-            let server = switchyard_natsd::NatsServer::start(&store, nats_port).map_err(msg)?;
-            tracing::info!(url = %server.url(), store = %store.display(), "started private nats-server");
+            let (generated, file) =
+                Credentials::load_or_create(std::path::Path::new(&c.data_dir)).map_err(msg)?;
+            let users = switchyard::nats_auth::users(&generated, &c.subject_prefix);
+            let server = switchyard_natsd::NatsServer::start_with_users(&store, nats_port, &users)
+                .map_err(msg)?;
+            tracing::info!(url = %server.url(), store = %store.display(),
+                credentials = %file.display(), "started private nats-server (authentication on)");
             let url = server.url();
             _natsd = Some(server);
+            creds = Some(generated);
             url
         }
     };
     c.nats_url = Some(url.clone());
+    let nats_as = |id: Identity| match &creds {
+        Some(creds) => creds.config_for(id),
+        None => c.nats.clone(),
+    };
+    let (ingress_nats, worker_nats, billing_nats, cache_nats, admin_nats) = (
+        nats_as(Identity::Ingress),
+        nats_as(Identity::Worker),
+        nats_as(Identity::Billing),
+        nats_as(Identity::Cache),
+        nats_as(Identity::Admin),
+    );
     // Shutdown order: `shutdown` (a signal, or any service stopping) stops ingress accepting and
     // drains it; only then `workers_stop` (in-flight streams need their worker), then the spool is
     // flushed, billing catches up, and `services` stops billing, cache, reload and the drainer.
     let shutdown = shutdown_token();
     let workers_stop = CancellationToken::new();
     let services = CancellationToken::new();
-    let spool_nats = connect(&url, "switchyard-spool").await?;
+    // The spool holds the usage events of this process's ingress and worker.
+    let spool_nats = connect(&url, "switchyard-spool", &ingress_nats).await?;
     start_spool(&spool_nats, &c, &new_id("up"), &services);
     // The local model server for `builtin:local-model` targets (removed from `c` when unavailable).
     let local_model = local_model::start(&mut c, local_model, services.clone()).await;
@@ -642,7 +706,12 @@ async fn up(
     // The embedding model loads only when a route uses the semantic cache (now or after a reload).
     let semantic = embedding.on_demand();
     {
-        let nats = connect(&url, "switchyard-config").await?;
+        let nats = connect(&url, "switchyard-config", &admin_nats).await?;
+        // The services' identities may read the config bucket but not create it. (On an
+        // external NATS whose user may not either, the watchers wait for a push.)
+        if let Err(e) = reload::bucket(&nats).await {
+            tracing::warn!(error = %e, "cannot create the live config bucket");
+        }
         // Without a running local model server, reloaded configs must not route to it either.
         let local_running = local_model.is_some();
         let semantic = semantic.clone();
@@ -699,7 +768,7 @@ async fn up(
     };
     // Billing first: it creates the usage stream the others publish to.
     let billing_js = {
-        let nats = connect(&url, "switchyard-billing").await?;
+        let nats = connect(&url, "switchyard-billing", &billing_nats).await?;
         let js = async_nats::jetstream::new(nats.clone());
         switchyard_billing::ensure_usage_stream(&js, &subjects)
             .await
@@ -707,7 +776,7 @@ async fn up(
         js
     };
     let billing = {
-        let nats = connect(&url, "switchyard-billing").await?;
+        let nats = connect(&url, "switchyard-billing", &billing_nats).await?;
         let config = config.clone();
         let token = services.clone();
         spawn(
@@ -716,7 +785,7 @@ async fn up(
         )
     };
     let cache = {
-        let nats = connect(&url, "switchyard-cache").await?;
+        let nats = connect(&url, "switchyard-cache", &cache_nats).await?;
         let subjects = subjects.clone();
         let token = services.clone();
         let config = config.clone();
@@ -735,7 +804,7 @@ async fn up(
         )
     };
     let worker = {
-        let nats = connect(&url, "switchyard-worker").await?;
+        let nats = connect(&url, "switchyard-worker", &worker_nats).await?;
         let opts = switchyard_workers::worker::WorkerOptions {
             worker_id: new_id("worker"),
             subjects: subjects.clone(),
@@ -755,7 +824,7 @@ async fn up(
         )
     };
     let ingress = {
-        let nats = connect(&url, "switchyard-ingress").await?;
+        let nats = connect(&url, "switchyard-ingress", &ingress_nats).await?;
         let handle = handle.clone();
         let token = shutdown.clone();
         spawn(

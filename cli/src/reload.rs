@@ -19,6 +19,9 @@ pub const BUCKET: &str = "SY_CONFIG";
 /// The key of the gateway config in [`BUCKET`].
 pub const KEY: &str = "gateway";
 
+/// How often a watcher that cannot open the config bucket looks again.
+const BUCKET_RETRY: Duration = Duration::from_secs(2);
+
 /// Adjusts a loaded config to this process before it is installed (e.g. `up` removes the local
 /// model's target when no local model server runs). `Arc::new(|_| {})` for none.
 pub type Fixup =
@@ -33,6 +36,24 @@ pub enum ReloadError {
     /// NATS KV failed.
     #[error("config KV: {0}")]
     Kv(String),
+    /// The text holds a NATS credential itself (`nats.password`, `nats.token`,
+    /// `nats.nkey_seed` not written as `${ENV}`): every service may read the bucket.
+    #[error(
+        "`nats.{0}` is written literally: the pushed text is readable by every service; use \
+         ${{ENV}} or SWITCHYARD_NATS_* variables"
+    )]
+    LiteralNatsSecret(&'static str),
+}
+
+/// The first `nats:` credential field of `yaml` given as a literal value rather than a
+/// `${ENV}` reference.
+fn literal_nats_secret(yaml: &str) -> Option<&'static str> {
+    let v: serde_yaml_ng::Value = serde_yaml_ng::from_str(yaml).ok()?;
+    let nats = v.get("nats")?;
+    ["password", "token", "nkey_seed"].into_iter().find(|k| {
+        nats.get(*k)
+            .is_some_and(|s| !s.as_str().is_some_and(|s| s.contains("${")))
+    })
 }
 
 fn kv_err(e: impl std::fmt::Display) -> ReloadError {
@@ -61,6 +82,9 @@ pub async fn bucket(
 /// Validates `yaml` with this process's environment and stores it; returns the new version.
 pub async fn push(nats: &async_nats::Client, yaml: &str) -> Result<u64, ReloadError> {
     let c = config::parse("<push>", yaml, |k| std::env::var(k).ok())?;
+    if let Some(field) = literal_nats_secret(yaml) {
+        return Err(ReloadError::LiteralNatsSecret(field));
+    }
     c.validate()
         .map_err(|source| config::ConfigLoadError::Invalid {
             path: "<push>".into(),
@@ -77,7 +101,25 @@ pub async fn watch_kv(
     shutdown: CancellationToken,
     fixup: Fixup,
 ) -> Result<(), ReloadError> {
-    let kv = bucket(&nats).await?;
+    // A service identity may read the bucket but not create it (docs/security.md): until an
+    // admin has pushed a config, keep looking for it.
+    let js = async_nats::jetstream::new(nats.clone());
+    let mut warned = false;
+    let kv = loop {
+        match js.get_key_value(BUCKET).await.map_err(kv_err) {
+            Ok(kv) => break kv,
+            Err(e) => {
+                if !warned {
+                    tracing::info!(error = %e, "no live config bucket yet; waiting for a push");
+                    warned = true;
+                }
+                tokio::select! {
+                    _ = shutdown.cancelled() => return Ok(()),
+                    _ = tokio::time::sleep(BUCKET_RETRY) => {}
+                }
+            }
+        }
+    };
     let mut updates = kv.watch_with_history(KEY).await.map_err(kv_err)?;
     loop {
         tokio::select! {
@@ -156,5 +198,29 @@ pub async fn watch_file(
             },
             Err(e) => tracing::warn!(file = %path.display(), error = %e, "cannot read config file"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nats_credentials_are_pushed_only_as_references() {
+        assert_eq!(
+            literal_nats_secret("nats: {user: a, password: hunter2}\n"),
+            Some("password")
+        );
+        assert_eq!(literal_nats_secret("nats: {token: \"${T}\"}\n"), None);
+        assert_eq!(
+            literal_nats_secret("nats: {nkey_seed: SUABC}\n"),
+            Some("nkey_seed")
+        );
+        assert_eq!(literal_nats_secret("models: []\n"), None);
+        assert_eq!(
+            ReloadError::LiteralNatsSecret("token").to_string(),
+            "`nats.token` is written literally: the pushed text is readable by every service; \
+             use ${ENV} or SWITCHYARD_NATS_* variables"
+        );
     }
 }

@@ -37,7 +37,109 @@ pub struct NatsServer {
     child: Child,
     port: u16,
     store_dir: PathBuf,
+    /// The `authorization` users it was started with (empty: open server).
+    users: Vec<User>,
     _tmp: Option<tempfile::TempDir>,
+}
+
+/// One user of the server's `authorization { users: [...] }` block (nats-server config,
+/// docs.nats.io "Authorization"): a name, a password and its subject permissions.
+#[derive(Clone, PartialEq, Eq)]
+pub struct User {
+    /// User name.
+    pub name: String,
+    /// Password (written into the server's config file, mode 0600).
+    pub password: String,
+    /// Instead of `password`: the environment variable the server reads it from when it loads
+    /// its config (`password: $VAR`), so the file holds no secret (compose.yaml).
+    pub password_env: Option<String>,
+    /// What the user may publish and subscribe to.
+    pub permissions: Permissions,
+}
+
+impl std::fmt::Debug for User {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("User")
+            .field("name", &self.name)
+            .field("password", &"[redacted]")
+            .field("password_env", &self.password_env)
+            .field("permissions", &self.permissions)
+            .finish()
+    }
+}
+
+/// A user's `permissions` block: `publish` and `subscribe` rules and `allow_responses` (may
+/// publish one reply to the reply subject of each message it received, without a publish
+/// permission on that subject).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Permissions {
+    /// Subjects the user may publish to.
+    pub publish: Rule,
+    /// Subjects the user may subscribe to (queue subscriptions included).
+    pub subscribe: Rule,
+    /// `allow_responses: true`.
+    pub allow_responses: bool,
+}
+
+/// An `allow`/`deny` pair of subject lists (wildcards `*` and `>`); a deny wins over an allow.
+/// An empty `allow` with a non-empty `deny` allows everything else; both empty allows nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Rule {
+    /// Allowed subjects.
+    pub allow: Vec<String>,
+    /// Denied subjects.
+    pub deny: Vec<String>,
+}
+
+/// The nats-server config text: `max_payload` and, with users, the `authorization` block.
+/// Strings are JSON-quoted (the config format accepts JSON strings; quoting keeps `$JS…`
+/// subjects from being read as variables); a `password_env` is written as an unquoted
+/// `$VAR` reference, which nats-server resolves from its environment.
+pub fn config_text(users: &[User]) -> String {
+    let q = |s: &str| serde_json::Value::String(s.to_owned()).to_string();
+    let rule = |name: &str, r: &Rule| {
+        let mut text = format!("        {name}: {{\n");
+        let mut lists = vec![("allow", r.allow.clone()), ("deny", r.deny.clone())];
+        if r.allow.is_empty() && r.deny.is_empty() {
+            // Nothing allowed: an allow list that matches no real subject.
+            lists[0].1 = vec!["_NONE_".to_owned()];
+        }
+        for (key, list) in lists {
+            if list.is_empty() {
+                continue;
+            }
+            text.push_str(&format!("          {key}: [\n"));
+            for subject in list {
+                text.push_str(&format!("            {}\n", q(&subject)));
+            }
+            text.push_str("          ]\n");
+        }
+        text.push_str("        }\n");
+        text
+    };
+    let mut text = String::from("max_payload: 8MB\n");
+    if users.is_empty() {
+        return text;
+    }
+    text.push_str("authorization {\n  users: [\n");
+    for u in users {
+        let password = u
+            .password_env
+            .as_ref()
+            .map_or_else(|| q(&u.password), |v| format!("${v}"));
+        text.push_str(&format!(
+            "    {{\n      user: {}\n      password: {password}\n      permissions: {{\n",
+            q(&u.name)
+        ));
+        text.push_str(&rule("publish", &u.permissions.publish));
+        text.push_str(&rule("subscribe", &u.permissions.subscribe));
+        if u.permissions.allow_responses {
+            text.push_str("        allow_responses: true\n");
+        }
+        text.push_str("      }\n    }\n");
+    }
+    text.push_str("  ]\n}\n");
+    text
 }
 
 /// Where `scripts/bootstrap` puts the binary, relative to the workspace root.
@@ -77,8 +179,14 @@ pub fn free_port() -> Result<u16, NatsdError> {
 impl NatsServer {
     /// Starts a server on a random port with a fresh temporary JetStream directory (for tests).
     pub fn start_temp() -> Result<Self, NatsdError> {
+        Self::start_temp_with_users(&[])
+    }
+
+    /// Like [`Self::start_temp`], with authentication: only `users` may connect, each with its
+    /// permissions (empty `users`: an open server).
+    pub fn start_temp_with_users(users: &[User]) -> Result<Self, NatsdError> {
         let tmp = tempfile::tempdir()?;
-        let mut s = Self::start(tmp.path(), None)?;
+        let mut s = Self::start_with_users(tmp.path(), None, users)?;
         s._tmp = Some(tmp);
         Ok(s)
     }
@@ -88,11 +196,23 @@ impl NatsServer {
     /// reports it through its ports file (no bind-then-release race between parallel tests).
     /// `max_payload` is raised to 8 MiB so large prompts fit.
     pub fn start(store_dir: &Path, port: Option<u16>) -> Result<Self, NatsdError> {
-        let (child, ports_dir) = spawn(store_dir, port)?;
+        Self::start_with_users(store_dir, port, &[])
+    }
+
+    /// Like [`Self::start`], with an `authorization` block of `users` in the generated config
+    /// file `<store_dir>/switchyard-nats.conf` (mode 0600: it holds the passwords). Empty
+    /// `users`: an open server.
+    pub fn start_with_users(
+        store_dir: &Path,
+        port: Option<u16>,
+        users: &[User],
+    ) -> Result<Self, NatsdError> {
+        let (child, ports_dir) = spawn(store_dir, port, users)?;
         let mut s = Self {
             child,
             port: port.unwrap_or(0),
             store_dir: store_dir.to_path_buf(),
+            users: users.to_vec(),
             _tmp: None,
         };
         s.wait_ready(&ports_dir, Duration::from_secs(10))?;
@@ -114,7 +234,7 @@ impl NatsServer {
     /// connections. Clients reconnect by themselves.
     pub fn restart(&mut self) -> Result<(), NatsdError> {
         self.stop()?;
-        let (child, ports_dir) = spawn(&self.store_dir, Some(self.port))?;
+        let (child, ports_dir) = spawn(&self.store_dir, Some(self.port), &self.users)?;
         self.child = child;
         self.wait_ready(&ports_dir, Duration::from_secs(10))
     }
@@ -127,11 +247,15 @@ impl NatsServer {
 
 /// Spawns nats-server on `port` (`None`: it picks one) with JetStream data under `store_dir`;
 /// returns the child and the directory its ports file appears in.
-fn spawn(store_dir: &Path, port: Option<u16>) -> Result<(Child, PathBuf), NatsdError> {
+fn spawn(
+    store_dir: &Path,
+    port: Option<u16>,
+    users: &[User],
+) -> Result<(Child, PathBuf), NatsdError> {
     let bin = find_binary()?;
     std::fs::create_dir_all(store_dir)?;
     let conf = store_dir.join("switchyard-nats.conf");
-    std::fs::write(&conf, "max_payload: 8MB\n")?;
+    write_private(&conf, &config_text(users))?;
     let ports_dir = store_dir.join("ports");
     std::fs::create_dir_all(&ports_dir)?;
     let port_arg = port.map_or_else(|| "-1".to_owned(), |p| p.to_string());
@@ -142,11 +266,33 @@ fn spawn(store_dir: &Path, port: Option<u16>) -> Result<(Child, PathBuf), NatsdE
         .arg(store_dir)
         .arg("--ports_file_dir")
         .arg(&ports_dir)
+        // A debugging aid: `SWITCHYARD_NATSD_LOG=<file>` keeps the server's log (permission
+        // violations are logged there).
+        .args(
+            std::env::var_os("SWITCHYARD_NATSD_LOG")
+                .map(|f| vec![std::ffi::OsString::from("-l"), f])
+                .unwrap_or_default(),
+        )
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()?;
     Ok((child, ports_dir))
+}
+
+/// Writes `text` to `path` readable by the owner only (0600 on Unix), replacing it.
+pub fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let tmp = path.with_extension("tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+    let mut f = opts.open(&tmp)?;
+    f.write_all(text.as_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
 }
 
 impl NatsServer {
@@ -233,6 +379,60 @@ mod tests {
         drop(s);
         // The port is free again once the child is gone.
         assert!(TcpListener::bind(("127.0.0.1", port)).is_ok());
+    }
+
+    #[test]
+    fn renders_users_and_writes_the_config_privately() {
+        let users = vec![User {
+            name: "ingress".into(),
+            password: "pw\"x".into(),
+            password_env: None,
+            permissions: Permissions {
+                publish: Rule {
+                    allow: vec!["sy.req.>".into(), "$JS.API.INFO".into()],
+                    deny: vec![],
+                },
+                subscribe: Rule::default(),
+                allow_responses: true,
+            },
+        }];
+        assert_eq!(
+            config_text(&users),
+            r#"max_payload: 8MB
+authorization {
+  users: [
+    {
+      user: "ingress"
+      password: "pw\"x"
+      permissions: {
+        publish: {
+          allow: [
+            "sy.req.>"
+            "$JS.API.INFO"
+          ]
+        }
+        subscribe: {
+          allow: [
+            "_NONE_"
+          ]
+        }
+        allow_responses: true
+      }
+    }
+  ]
+}
+"#
+        );
+        assert!(!format!("{users:?}").contains("pw"));
+        let s = NatsServer::start_temp_with_users(&users).unwrap();
+        let conf = s.store_dir().join("switchyard-nats.conf");
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt as _;
+            let mode = std::fs::metadata(&conf).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+        assert!(s.url().starts_with("nats://127.0.0.1:"));
     }
 
     #[test]

@@ -40,6 +40,9 @@ pub struct GatewayConfig {
     /// NATS server URL. `None` makes `switchyard up` start a private nats-server.
     #[serde(default)]
     pub nats_url: Option<String>,
+    /// NATS credentials and TLS (`nats:`); CLI flags and `SWITCHYARD_NATS_*` override it.
+    #[serde(default)]
+    pub nats: crate::nats_config::NatsConfig,
     /// Subject prefix (one NATS token), default `sy`.
     #[serde(default = "default_prefix")]
     pub subject_prefix: String,
@@ -502,6 +505,9 @@ impl GatewayConfig {
                 "must be one NATS token (no '.', '*', '>', spaces)",
             ));
         }
+        self.nats
+            .validate()
+            .map_err(|e| err("nats", e.to_string()))?;
         let mut target_ids = HashSet::new();
         for (i, t) in self.targets.iter().enumerate() {
             if t.id.is_empty() || !target_ids.insert(t.id.as_str()) {

@@ -17,6 +17,7 @@ mod field_cases_upstream;
 mod flow_control;
 mod limits_load;
 mod matrix;
+mod nats_auth;
 mod pipeline;
 mod probes;
 mod redaction;

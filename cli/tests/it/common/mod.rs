@@ -22,7 +22,31 @@ pub struct Gateway {
     pub config: ConfigHandle,
     /// The ingress state (health view, target stats, capability table, metrics).
     pub ingress: std::sync::Arc<switchyard_ingress::AppState>,
+    /// The per-identity NATS passwords when started with `Options::auth` (each component then
+    /// connects as its own identity; `None`: an open server).
+    pub creds: Option<switchyard::nats_auth::Credentials>,
     _tmp: tempfile::TempDir,
+}
+
+impl Gateway {
+    /// A new client of the gateway's NATS as `id` (anonymous on an open server).
+    pub async fn nats_as(&self, id: switchyard::nats_auth::Identity) -> async_nats::Client {
+        connect_as(&self.nats.url(), self.creds.as_ref(), id).await
+    }
+}
+
+/// Connects to `url` as `id` with `creds` (plain anonymous connect without).
+pub async fn connect_as(
+    url: &str,
+    creds: Option<&switchyard::nats_auth::Credentials>,
+    id: switchyard::nats_auth::Identity,
+) -> async_nats::Client {
+    match creds {
+        Some(c) => switchyard::nats::connect(url, id.name(), &c.config_for(id))
+            .await
+            .unwrap(),
+        None => async_nats::connect(url).await.unwrap(),
+    }
 }
 
 impl Drop for Gateway {
@@ -73,6 +97,9 @@ pub struct Options {
     pub cache: bool,
     /// Ledger URL for billing (default: SQLite in the temp dir), e.g. [`PgSchema::url`].
     pub billing_url: Option<String>,
+    /// Start the server with `up`'s identities and permissions (`switchyard::nats_auth`) and
+    /// connect every component as its own identity.
+    pub auth: bool,
 }
 
 impl Default for Options {
@@ -83,20 +110,31 @@ impl Default for Options {
             worker: true,
             cache: false,
             billing_url: None,
+            auth: false,
         }
     }
 }
 
 pub async fn start(opts: Options) -> Gateway {
+    use switchyard::nats_auth::{Credentials, Identity};
     let tmp = tempfile::tempdir().unwrap();
-    let nats = switchyard_natsd::NatsServer::start_temp().unwrap();
+    let creds = opts.auth.then(Credentials::generate);
+    let nats = match &creds {
+        Some(c) => {
+            let users = switchyard::nats_auth::users(c, &opts.config.subject_prefix);
+            switchyard_natsd::NatsServer::start_temp_with_users(&users).unwrap()
+        }
+        None => switchyard_natsd::NatsServer::start_temp().unwrap(),
+    };
     let mock = MockUpstream::start().await.unwrap();
     let config = ConfigHandle::new(opts.config);
     let subjects = Subjects::new(config.get().subject_prefix.clone());
     let shutdown = CancellationToken::new();
     let worker_shutdown = CancellationToken::new();
-    let client = async_nats::connect(nats.url()).await.unwrap();
-    let js = async_nats::jetstream::new(client.clone());
+    let client = connect_as(&nats.url(), creds.as_ref(), Identity::Ingress).await;
+    let js = async_nats::jetstream::new(
+        connect_as(&nats.url(), creds.as_ref(), Identity::Billing).await,
+    );
     switchyard_billing::ensure_usage_stream(&js, &subjects)
         .await
         .unwrap();
@@ -115,7 +153,7 @@ pub async fn start(opts: Options) -> Gateway {
             .unwrap()
             .with_catalog(catalog);
         ledger = Some(l.clone());
-        let c = async_nats::connect(nats.url()).await.unwrap();
+        let c = connect_as(&nats.url(), creds.as_ref(), Identity::Billing).await;
         tokio::spawn(switchyard_billing::run(
             c,
             subjects.clone(),
@@ -124,8 +162,9 @@ pub async fn start(opts: Options) -> Gateway {
         ));
     }
     if opts.worker {
-        spawn_worker(
-            &nats.url(),
+        let c = connect_as(&nats.url(), creds.as_ref(), Identity::Worker).await;
+        spawn_worker_on(
+            c,
             &mock,
             config.clone(),
             "worker-a",
@@ -135,7 +174,9 @@ pub async fn start(opts: Options) -> Gateway {
     }
     let cache_shutdown = CancellationToken::new();
     if opts.cache {
-        spawn_cache(&nats.url(), &subjects, cache_shutdown.clone()).await;
+        let c = connect_as(&nats.url(), creds.as_ref(), Identity::Cache).await;
+        let probe = connect_as(&nats.url(), creds.as_ref(), Identity::Ingress).await;
+        spawn_cache_on(c, probe, &subjects, cache_shutdown.clone()).await;
     }
     let state = switchyard_ingress::state(
         client,
@@ -164,6 +205,7 @@ pub async fn start(opts: Options) -> Gateway {
         cache_shutdown,
         config,
         ingress: state,
+        creds,
         _tmp: tmp,
     }
 }
@@ -171,7 +213,7 @@ pub async fn start(opts: Options) -> Gateway {
 /// Starts another ingress process's worth of state (own NATS connection, own id, own budget
 /// holder) on the gateway's NATS and config; returns its base URL and state.
 pub async fn spawn_ingress(gw: &Gateway) -> (String, std::sync::Arc<switchyard_ingress::AppState>) {
-    let client = async_nats::connect(gw.nats.url()).await.unwrap();
+    let client = gw.nats_as(switchyard::nats_auth::Identity::Ingress).await;
     let state = switchyard_ingress::state(
         client,
         gw.config.clone(),
@@ -206,8 +248,19 @@ pub fn embedder() -> std::sync::Arc<dyn switchyard_cache::embed::Embed> {
 
 /// Starts a cache instance on `url` and waits until it answers lookups.
 pub async fn spawn_cache(url: &str, subjects: &Subjects, shutdown: CancellationToken) {
-    let model = tokio::task::spawn_blocking(embedder).await.unwrap();
     let c = async_nats::connect(url).await.unwrap();
+    let probe = async_nats::connect(url).await.unwrap();
+    spawn_cache_on(c, probe, subjects, shutdown).await;
+}
+
+/// Starts a cache instance on connection `c` and waits until `probe` gets lookup answers.
+pub async fn spawn_cache_on(
+    c: async_nats::Client,
+    probe: async_nats::Client,
+    subjects: &Subjects,
+    shutdown: CancellationToken,
+) {
+    let model = tokio::task::spawn_blocking(embedder).await.unwrap();
     let opts = switchyard_cache::ServiceOptions::new(subjects.clone(), Some(model));
     tokio::spawn(async move {
         if let Err(e) = switchyard_cache::run(c, opts, shutdown.cancelled_owned()).await {
@@ -215,7 +268,6 @@ pub async fn spawn_cache(url: &str, subjects: &Subjects, shutdown: CancellationT
         }
     });
     // Ready when a lookup gets an answer (not "no responders").
-    let probe = async_nats::connect(url).await.unwrap();
     let body = serde_json::to_vec(&switchyard_schemas::cache::LookupRequest {
         key: switchyard_schemas::cache::CacheKey {
             route: "probe".into(),
@@ -245,6 +297,17 @@ pub async fn spawn_worker(
     shutdown: CancellationToken,
 ) {
     let c = async_nats::connect(url).await.unwrap();
+    spawn_worker_on(c, mock, config, id, shutdown).await;
+}
+
+/// Starts a worker `id` on connection `c` (the mock upstream for `builtin:mock` targets).
+pub async fn spawn_worker_on(
+    c: async_nats::Client,
+    mock: &MockUpstream,
+    config: ConfigHandle,
+    id: &str,
+    shutdown: CancellationToken,
+) {
     let opts = switchyard_workers::worker::WorkerOptions {
         worker_id: id.to_owned(),
         subjects: Subjects::new(config.get().subject_prefix.clone()),
