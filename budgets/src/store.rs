@@ -245,14 +245,14 @@ impl BudgetStore {
     /// Whether the bucket holds no entry at all (a lost bucket re-created empty, or a new
     /// installation): billing then rebuilds it from the ledger.
     pub async fn is_empty(&self) -> Result<bool, Unavailable> {
-        use futures::StreamExt;
-        let mut keys = self
+        // The bucket's stream info (no consumer: billing's NATS identity may not create one).
+        let status = self
             .scopes()?
             .store()
-            .keys()
+            .status()
             .await
             .map_err(|e| Unavailable(e.to_string()))?;
-        Ok(keys.next().await.is_none())
+        Ok(status.values() == 0)
     }
 
     /// Writes `spend` as the state of `key` (`key.<id>` / `tenant.<id>`), for a rebuild from the

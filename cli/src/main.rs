@@ -372,7 +372,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             action: _,
         } => {
             let c = load(&common)?;
-            let nats = connect(&require_nats(&c)?, "switchyard-budgets").await?;
+            let nats = connect(&require_nats(&c)?, "switchyard-budgets", &c.nats).await?;
             let ledger = open_ledger(&c, database_url).await?;
             let js = async_nats::jetstream::new(nats);
             let store = switchyard_budgets::BudgetStore::connect(&js, "budgets-rebuild").await;
