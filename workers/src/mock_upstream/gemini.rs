@@ -114,6 +114,11 @@ pub(crate) fn request_info(body: &Value, uri: &Uri) -> Result<RequestInfo, Strin
         prompt_words,
         assistant_turns: 0,
         logprobs: false,
+        forced_tool: None,
+        json_text: body
+            .pointer("/generationConfig/responseMimeType")
+            .and_then(Value::as_str)
+            == Some("application/json"),
     })
 }
 

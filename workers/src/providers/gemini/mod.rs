@@ -163,7 +163,8 @@ struct Turn {
 /// (+ `allowedFunctionNames` for a named function); `generationConfig` gets `temperature`,
 /// `topP`, `topK` (Anthropic door's `top_k`), `maxOutputTokens`, `stopSequences`, `candidateCount`, `seed`, `presencePenalty`,
 /// `frequencyPenalty`, and for `response_format` `json_object` → `responseMimeType:
-/// application/json`, `json_schema` → also `responseJsonSchema` (JSON Schema, a subset honoured).
+/// application/json`, `json_schema` → also `responseJsonSchema`, translated by [`gemini_schema`]; the JSON comes
+/// back as the text content.
 /// `user` and `parallel_tool_calls` have no Gemini equivalent and are not sent; neither are
 /// `reasoning_effort` (whether the model thinks is its own setting), `logprobs` and the
 /// provider passthrough fields, nor thinking blocks and `cache_control` of earlier turns. Errors (class
@@ -273,7 +274,7 @@ fn response_format(rf: &Value, config: &mut Map<String, Value>) -> Result<(), Er
                 invalid("response_format", "json_schema needs json_schema.schema")
             })?;
             config.insert("responseMimeType".into(), json!("application/json"));
-            config.insert("responseJsonSchema".into(), schema.clone());
+            config.insert("responseJsonSchema".into(), gemini_schema(schema));
         }
         other => {
             return Err(invalid(
@@ -283,6 +284,38 @@ fn response_format(rf: &Value, config: &mut Map<String, Value>) -> Result<(), Er
         }
     }
     Ok(())
+}
+
+/// Keywords [`gemini_schema`] strips: not in the JSON Schema subset Gemini's structured output
+/// takes (Gemini API docs, "Structured output": `type`, `format`, `title`, `description`,
+/// `enum`, `items`, `prefixItems`, `minItems`, `maxItems`, `minimum`, `maximum`, `anyOf`,
+/// `oneOf`, `properties`, `required`, `$ref`/`$defs`), or rejected by older models and Vertex
+/// AI's `responseSchema` (`additionalProperties`: "Unknown name … Cannot find field", LiteLLM
+/// and prism-php reports); `strict` is OpenAI's flag, not JSON Schema.
+pub const GEMINI_DROPPED_KEYWORDS: &[&str] = &[
+    "$schema",
+    "$id",
+    "$comment",
+    "$defs",
+    "definitions",
+    "additionalProperties",
+    "unevaluatedProperties",
+    "patternProperties",
+    "strict",
+];
+
+/// An OpenAI JSON schema as Gemini's `responseJsonSchema`: local `$ref`s inlined from
+/// `$defs`/`definitions` (recursion cut after a few levels, see
+/// [`crate::providers::shared::inline_refs`]), then every [`GEMINI_DROPPED_KEYWORDS`] entry
+/// removed at every level (property names are never touched). Without `additionalProperties`
+/// Gemini may not add keys the schema lacks; `required` still holds.
+pub fn gemini_schema(schema: &Value) -> Value {
+    let mut out = schema.clone();
+    crate::providers::shared::inline_refs(&mut out);
+    crate::providers::shared::walk_schema(&mut out, &mut |o| {
+        o.retain(|k, _| !GEMINI_DROPPED_KEYWORDS.contains(&k.as_str()));
+    });
+    out
 }
 
 /// `v` without its top-level `null` members (absent optional fields).
