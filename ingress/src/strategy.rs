@@ -869,10 +869,7 @@ mod tests {
             json_mode: true,
             ..Needs::default()
         };
-        assert_eq!(
-            no_json().order(p("priority"), &json, &pr),
-            ["b", "c", "a"]
-        );
+        assert_eq!(no_json().order(p("priority"), &json, &pr), ["b", "c", "a"]);
         let only_d = Preferences {
             only: Some(vec!["d".into()]),
             ..Preferences::default()

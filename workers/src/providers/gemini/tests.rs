@@ -447,3 +447,82 @@ fn url_shape() {
         "https://generativelanguage.googleapis.com/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse"
     );
 }
+
+#[test]
+fn gemini_schema_inlines_refs_and_strips_rejected_keywords() {
+    let schema = json!({
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "type": "object",
+        "additionalProperties": false,
+        "properties": {
+            // A property *named* like a dropped keyword stays.
+            "strict": {"type": "boolean"},
+            "place": {"$ref": "#/$defs/Place", "description": "where"},
+            "tags": {"type": "array", "items": {"$ref": "#/definitions/Tag"}},
+            "either": {"anyOf": [{"$ref": "#/$defs/Place"}, {"type": "null"}]}
+        },
+        "required": ["place"],
+        "$defs": {"Place": {"type": "object", "additionalProperties": false,
+            "properties": {"city": {"type": "string"}}, "required": ["city"]}},
+        "definitions": {"Tag": {"type": "string", "$comment": "short"}}
+    });
+    let place = json!({"type": "object", "properties": {"city": {"type": "string"}},
+        "required": ["city"]});
+    let mut described = place.clone();
+    described["description"] = json!("where");
+    assert_eq!(
+        gemini_schema(&schema),
+        json!({
+            "type": "object",
+            "properties": {
+                "strict": {"type": "boolean"},
+                "place": described,
+                "tags": {"type": "array", "items": {"type": "string"}},
+                "either": {"anyOf": [place, {"type": "null"}]}
+            },
+            "required": ["place"]
+        })
+    );
+    // A recursive schema is cut after a few levels instead of looping.
+    let tree = json!({"$ref": "#/$defs/Node", "$defs": {"Node": {"type": "object",
+        "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/Node"}}}}}});
+    let out = gemini_schema(&tree).to_string();
+    assert!(!out.contains("$ref") && !out.contains("$defs"), "{out}");
+}
+
+/// FC-41 (Gemini): the JSON comes back as text, and the upstream saw the translated schema.
+#[tokio::test]
+async fn fc41_json_schema_answer_is_text() {
+    let mock = MockUpstream::start().await.unwrap();
+    let t = target(&mock.base_url());
+    let schema = json!({"type": "object", "additionalProperties": false,
+        "properties": {"city": {"type": "string"}, "temp_c": {"type": "integer"}},
+        "required": ["city", "temp_c"]});
+    for stream in [true, false] {
+        let req = request(
+            super::super::test_support::directive_messages(
+                "tool_args=%7B%22city%22%3A%22Paris%22%2C%22temp_c%22%3A21%7D",
+            ),
+            json!({"stream": stream, "params": {"response_format": {"type": "json_schema",
+                "json_schema": {"name": "weather", "strict": true, "schema": schema}}}}),
+        );
+        let events = run_with(&t, &req).await.unwrap();
+        let texts: String = events
+            .iter()
+            .filter_map(|e| match e {
+                Ok(FrameBody::Text { text }) => Some(text.as_str()),
+                Ok(FrameBody::ToolCall { .. }) => panic!("tool call in {events:?}"),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(texts, r#"{"city":"Paris","temp_c":21}"#, "stream={stream}");
+        assert_eq!(events.last(), Some(&end(FinishReason::Stop)));
+    }
+    let sent = &mock.requests()[0].body;
+    assert_eq!(
+        sent["generationConfig"]["responseJsonSchema"],
+        json!({"type": "object",
+            "properties": {"city": {"type": "string"}, "temp_c": {"type": "integer"}},
+            "required": ["city", "temp_c"]})
+    );
+}
