@@ -282,7 +282,9 @@ async fn capability_filter_skips_targets_that_cannot_serve() {
     let mut no_json = Capabilities::of(ProviderKind::Anthropic);
     assert!(no_json.json_mode);
     no_json.json_mode = false;
-    gw.ingress.capabilities.set(ProviderKind::Anthropic, no_json);
+    gw.ingress
+        .capabilities
+        .set(ProviderKind::Anthropic, no_json);
     let mut body = chat("r/json", "#mock text=ok", false);
     body["response_format"] = json!({"type": "json_object"});
     let (status, h, _) = post_with(&gw.base, &[], &body).await;
