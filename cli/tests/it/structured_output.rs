@@ -269,3 +269,56 @@ async fn responses_text_format_on_claude() {
     assert_eq!(output[0]["content"][0]["text"], WEATHER);
     assert_eq!(b["status"], "completed");
 }
+
+/// Gemini with a user tool: no JSON mode upstream (Gemini 2.x rejects it with function
+/// calling) but the synthetic `json_tool_call` function; its call is the content, a real tool
+/// call comes back alone.
+#[tokio::test]
+async fn gemini_json_schema_alongside_user_tools() {
+    let gw = gateway().await;
+    let weather = "%7B%22city%22%3A%22Paris%22%2C%22temp_c%22%3A21%7D";
+    let mut body = weather_request(
+        "demo/gemini",
+        &format!("#mock call=json_tool_call:{weather}"),
+        false,
+    );
+    body["tools"] = get_weather();
+    let (status, _, b) = post_json(&gw.base, &body).await;
+    assert_eq!(status, 200, "{b}");
+    assert_eq!(b["choices"][0]["message"]["content"], WEATHER);
+    assert!(
+        b["choices"][0]["message"].get("tool_calls").is_none(),
+        "{b}"
+    );
+    assert_eq!(b["choices"][0]["finish_reason"], "stop");
+    let sent = upstream_body(&gw);
+    assert!(
+        sent["generationConfig"].get("responseMimeType").is_none(),
+        "{sent}"
+    );
+    assert_eq!(
+        sent["tools"][0]["functionDeclarations"][1]["parametersJsonSchema"],
+        json!({"title": "Weather", "type": "object",
+            "properties": {"city": {"title": "City", "type": "string"},
+                           "temp_c": {"title": "Temp C", "type": "integer"}},
+            "required": ["city", "temp_c"]})
+    );
+
+    let mut body = weather_request(
+        "demo/gemini",
+        "#mock call=get_weather:%7B%22city%22%3A%22Paris%22%7D",
+        true,
+    );
+    body["tools"] = get_weather();
+    let r = post_sse(&gw.base, &body).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.content(), "");
+    let names: Vec<String> = r
+        .json_events()
+        .iter()
+        .filter_map(|e| e.pointer("/choices/0/delta/tool_calls/0/function/name"))
+        .filter_map(|n| n.as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(names, ["get_weather"]);
+    assert_eq!(r.finish_reason().as_deref(), Some("tool_calls"));
+}

@@ -5,6 +5,15 @@ use serde_json::{Value, json};
 use switchyard_schemas::request::ToolCall;
 use switchyard_schemas::{ErrorClass, ErrorInfo};
 
+/// Name of the synthetic tool that carries a `response_format` JSON answer on providers that
+/// get it as a tool call (Anthropic always, Gemini alongside user tools); LiteLLM's name for it.
+pub const JSON_TOOL: &str = "json_tool_call";
+
+/// The system instruction added when user tools compete with [`JSON_TOOL`].
+pub const JSON_INSTRUCTION: &str = "When you answer without calling one of the other tools, \
+     give your final answer by calling the `json_tool_call` tool with it; do not answer in plain \
+     text.";
+
 /// An `invalid_request` error naming `param`.
 pub(crate) fn invalid(param: &str, message: impl Into<String>) -> ErrorInfo {
     ErrorInfo::new(ErrorClass::InvalidRequest, message).with_param(param)

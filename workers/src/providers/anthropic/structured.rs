@@ -31,13 +31,7 @@ use switchyard_schemas::FinishReason;
 use crate::provider::Answer;
 use crate::providers::shared::{invalid, walk_schema};
 
-/// Name of the synthetic tool that carries the JSON answer (LiteLLM's name for it).
-pub const JSON_TOOL: &str = "json_tool_call";
-
-/// The system instruction added when user tools compete with [`JSON_TOOL`].
-pub const JSON_INSTRUCTION: &str = "When you answer without calling one of the other tools, \
-     give your final answer by calling the `json_tool_call` tool with it; do not answer in plain \
-     text.";
+pub use crate::providers::shared::{JSON_INSTRUCTION, JSON_TOOL};
 
 /// The synthetic tool for the request's `response_format`, or `None` when it asks for text (or
 /// is absent). Errors (`invalid_request`): an unknown `response_format` type, `json_schema`
