@@ -55,8 +55,11 @@ impl Capabilities {
     pub const fn of(kind: ProviderKind) -> Self {
         let (json_mode, embeddings) = match kind {
             ProviderKind::Openai | ProviderKind::OpenaiCompatible => (true, true),
-            ProviderKind::AzureOpenai | ProviderKind::Gemini => (true, false),
-            ProviderKind::Anthropic | ProviderKind::Bedrock => (false, false),
+            // Anthropic: through a synthetic tool (workers' `anthropic::structured`).
+            ProviderKind::AzureOpenai | ProviderKind::Gemini | ProviderKind::Anthropic => {
+                (true, false)
+            }
+            ProviderKind::Bedrock => (false, false),
         };
         Self {
             streaming: true,
@@ -860,19 +863,18 @@ mod tests {
     #[test]
     fn capabilities_filter_targets() {
         let pr = Preferences::default();
+        // A deployment of d whose provider has no JSON mode (an override, as in CapabilityTable).
+        let no_json = || Fixture::new().set("d", |o| o.capabilities.json_mode = false);
         let json = Needs {
             json_mode: true,
             ..Needs::default()
         };
-        assert_eq!(
-            Fixture::new().order(p("priority"), &json, &pr),
-            ["b", "c", "a"]
-        );
+        assert_eq!(no_json().order(p("priority"), &json, &pr), ["b", "c", "a"]);
         let only_d = Preferences {
             only: Some(vec!["d".into()]),
             ..Preferences::default()
         };
-        let e = Fixture::new().error(p("priority"), &json, &only_d);
+        let e = no_json().error(p("priority"), &json, &only_d);
         assert_eq!(e.class, ErrorClass::InvalidRequest);
         assert_eq!(e.param.as_deref(), Some("response_format"));
         assert_eq!(
@@ -884,7 +886,7 @@ mod tests {
             only: Some(vec!["c".into(), "d".into()]),
             ..Preferences::default()
         };
-        let f = Fixture::new().set("c", |o| o.health = HealthState::Unhealthy);
+        let f = no_json().set("c", |o| o.health = HealthState::Unhealthy);
         let e = f.error(p("priority"), &json, &only_cd);
         assert_eq!(e.class, ErrorClass::NoCapacity);
         assert_eq!(

@@ -99,3 +99,25 @@ def test_embeddings(gateway):
     assert len(floats.data[0].embedding) == 4
     norm = sum(x * x for x in floats.data[0].embedding)
     assert abs(norm - 1.0) < 1e-5
+
+
+def test_structured_output_parse_anthropic_upstream(gateway):
+    """FC-41: `chat.completions.parse` with a Pydantic model against a Claude upstream: the
+    JSON comes back as content (Switchyard's synthetic `json_tool_call` tool), parsed by the
+    SDK, with no tool calls and finish `stop`."""
+    from pydantic import BaseModel
+
+    class Weather(BaseModel):
+        city: str
+        temp_c: int
+
+    client = client_for(gateway.base_url)
+    directive = "#mock tool_args=%7B%22city%22%3A%22Paris%22%2C%22temp_c%22%3A21%7D"
+    completion = client.chat.completions.parse(
+        model="demo/claude", response_format=Weather,
+        messages=[{"role": "user", "content": f"Weather in Paris?\n{directive}"}])
+    choice = completion.choices[0]
+    assert choice.message.parsed == Weather(city="Paris", temp_c=21)
+    assert choice.message.content == '{"city":"Paris","temp_c":21}'
+    assert not choice.message.tool_calls
+    assert choice.finish_reason == "stop"

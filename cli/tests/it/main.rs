@@ -27,3 +27,4 @@ mod responses;
 mod responses_upstream;
 mod routing;
 mod server_limits;
+mod structured_output;

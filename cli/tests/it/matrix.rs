@@ -35,7 +35,7 @@ const ROWS: &[Row] = &[
     },
     Row {
         model: "m/anthropic",
-        json_mode: false,
+        json_mode: true,
         image_url: true,
     },
     Row {

@@ -277,7 +277,14 @@ async fn capability_filter_skips_targets_that_cannot_serve() {
         "Model `r/caps`: no target can serve this request (m1: provider openai lacks tools; claude: unhealthy)."
     );
 
-    // JSON mode with the real table: Anthropic has none, so the OpenAI target serves.
+    // JSON mode: Anthropic has it (a synthetic tool, see structured_output.rs); test-only, a
+    // deployment whose Anthropic provider lacks it leaves the OpenAI target.
+    let mut no_json = Capabilities::of(ProviderKind::Anthropic);
+    assert!(no_json.json_mode);
+    no_json.json_mode = false;
+    gw.ingress
+        .capabilities
+        .set(ProviderKind::Anthropic, no_json);
     let mut body = chat("r/json", "#mock text=ok", false);
     body["response_format"] = json!({"type": "json_object"});
     let (status, h, _) = post_with(&gw.base, &[], &body).await;

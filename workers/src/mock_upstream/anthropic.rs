@@ -14,7 +14,7 @@ pub(crate) fn request_info(body: &Value) -> Result<RequestInfo, String> {
     let Some(max_tokens) = body.get("max_tokens").and_then(Value::as_u64) else {
         return Err("max_tokens: Field required".to_string());
     };
-    let tool_names = body
+    let tool_names: Vec<String> = body
         .get("tools")
         .and_then(Value::as_array)
         .map(|tools| {
@@ -35,10 +35,18 @@ pub(crate) fn request_info(body: &Value) -> Result<RequestInfo, String> {
         stream: body.get("stream").and_then(Value::as_bool).unwrap_or(false),
         include_usage: true,
         max_tokens: Some(max_tokens),
-        tool_names,
+        tool_names: tool_names.clone(),
         prompt_words: messages_words(body) + system_words,
         assistant_turns: 0,
         logprobs: false,
+        forced_tool: body
+            .get("tool_choice")
+            .filter(|c| c.get("type").and_then(Value::as_str) == Some("tool"))
+            .and_then(|c| c.get("name"))
+            .and_then(Value::as_str)
+            .filter(|name| tool_names.iter().any(|t| t == name))
+            .map(str::to_string),
+        json_text: false,
     })
 }
 

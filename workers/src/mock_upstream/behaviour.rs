@@ -42,7 +42,8 @@ pub(crate) struct Behaviour {
     pub(crate) crlf: bool,
     pub(crate) tool_calls: usize,
     /// `tool_args=<urlencoded JSON>`: the arguments of every generated tool call (default
-    /// `{"city": <a city>}`).
+    /// `{"city": <a city>}`), of a forced tool choice's call (default `{}`), and the text of
+    /// a JSON-mode answer.
     pub(crate) tool_args: Option<String>,
     pub(crate) prompt_tokens: Option<u64>,
     pub(crate) completion_tokens: Option<u64>,
@@ -197,6 +198,12 @@ pub(crate) struct RequestInfo {
     /// OpenAI `logprobs: true`: text chunks carry `logprobs.content` (one entry per chunk, the
     /// chunk as its token, `logprob` −0.5, no alternatives).
     pub(crate) logprobs: bool,
+    /// The tool a forced tool choice names (Anthropic `tool_choice: {"type":"tool","name"}`),
+    /// when the request declares it: answered with one call of it (see [`generate`]).
+    pub(crate) forced_tool: Option<String>,
+    /// The request asks for JSON text (Gemini `generationConfig.responseMimeType:
+    /// application/json`): the text is JSON (see [`generate`]).
+    pub(crate) json_text: bool,
 }
 
 /// One generated tool call.
@@ -292,10 +299,34 @@ pub(crate) fn generate(b: &Behaviour, info: &RequestInfo) -> Generation {
             .collect();
         let tokens = TOKENS_PER_TOOL_CALL * calls.len() as u64;
         (Output::Tools(calls), tokens)
+    } else if let Some(name) = &info.forced_tool {
+        // The model's JSON: `tool_args`, else a `text` that is a JSON object, else `{}`.
+        let text_json = b
+            .text
+            .clone()
+            .filter(|t| serde_json::from_str::<Value>(t).is_ok_and(|v| v.is_object()));
+        let arguments = b
+            .tool_args
+            .clone()
+            .or(text_json)
+            .unwrap_or_else(|| "{}".into());
+        let pieces = split_even(&arguments, b.chunks.unwrap_or(2).max(2));
+        let call = ToolCall {
+            name: name.clone(),
+            arguments,
+            pieces,
+            tag: None,
+        };
+        (Output::Tools(vec![call]), TOKENS_PER_TOOL_CALL)
     } else {
         let text = match (&b.text, b.text_len) {
             (Some(text), _) => text.clone(),
             (None, Some(len)) => lorem(len),
+            // JSON mode: `tool_args` is the JSON the model writes.
+            (None, None) if info.json_text => b
+                .tool_args
+                .clone()
+                .unwrap_or_else(|| serde_json::json!({ "text": DEFAULT_TEXT }).to_string()),
             (None, None) => DEFAULT_TEXT.to_string(),
         };
         let (text, truncated) = match info.max_tokens {

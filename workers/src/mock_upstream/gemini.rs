@@ -114,6 +114,19 @@ pub(crate) fn request_info(body: &Value, uri: &Uri) -> Result<RequestInfo, Strin
         prompt_words,
         assistant_turns: 0,
         logprobs: false,
+        // `toolConfig.functionCallingConfig` mode `ANY` allowing exactly one function.
+        forced_tool: body
+            .pointer("/toolConfig/functionCallingConfig")
+            .filter(|c| c.get("mode").and_then(Value::as_str) == Some("ANY"))
+            .and_then(|c| c.get("allowedFunctionNames"))
+            .and_then(Value::as_array)
+            .filter(|names| names.len() == 1)
+            .and_then(|names| names[0].as_str())
+            .map(str::to_string),
+        json_text: body
+            .pointer("/generationConfig/responseMimeType")
+            .and_then(Value::as_str)
+            == Some("application/json"),
     })
 }
 

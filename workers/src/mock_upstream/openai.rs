@@ -69,6 +69,8 @@ pub(crate) fn request_info(body: &Value) -> Result<RequestInfo, String> {
         prompt_words: messages_words(body),
         assistant_turns: 0,
         logprobs: false,
+        forced_tool: None,
+        json_text: false,
     })
 }
 

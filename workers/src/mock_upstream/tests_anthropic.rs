@@ -263,3 +263,43 @@ async fn count_tokens_endpoint() {
     let r: Value = resp.json().await.unwrap();
     assert_eq!(r["error"]["type"], "authentication_error");
 }
+
+/// A forced `tool_choice` is answered with one `tool_use` of that tool, its input from
+/// `tool_args` (else `{}`); `call=` of another declared tool still wins.
+#[tokio::test]
+async fn forced_tool_choice_answers_with_that_tool() {
+    let mock = MockUpstream::start().await.unwrap();
+    let body = |prompt: &str| {
+        json!({
+            "model": "claude-test", "max_tokens": 64,
+            "messages": [{ "role": "user", "content": prompt }],
+            "tools": [{"name": "get_weather", "input_schema": {"type": "object"}},
+                      {"name": "json_tool_call", "input_schema": {"type": "object"}}],
+            "tool_choice": {"type": "tool", "name": "json_tool_call"},
+        })
+    };
+    let resp = post(
+        &mock,
+        MESSAGES,
+        &[VERSION],
+        &body("x\n#mock tool_args=%7B%22a%22%3A1%7D"),
+    )
+    .await;
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["stop_reason"], "tool_use");
+    assert_eq!(v["content"].as_array().unwrap().len(), 1);
+    assert_eq!(v["content"][0]["name"], "json_tool_call");
+    assert_eq!(v["content"][0]["input"], json!({"a": 1}));
+    let resp = post(&mock, MESSAGES, &[VERSION], &body("x")).await;
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["content"][0]["input"], json!({}));
+    let resp = post(
+        &mock,
+        MESSAGES,
+        &[VERSION],
+        &body("x\n#mock call=get_weather:%7B%7D"),
+    )
+    .await;
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["content"][0]["name"], "get_weather");
+}

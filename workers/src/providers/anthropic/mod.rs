@@ -48,7 +48,8 @@ impl Provider for AnthropicProvider {
             streaming: true,
             tools: true,
             vision: true,
-            json_mode: false,
+            // Through the synthetic JSON tool (`structured`).
+            json_mode: true,
             embeddings: false,
         }
     }
@@ -61,6 +62,8 @@ impl Provider for AnthropicProvider {
         req: &ChatRequest,
     ) -> BoxFuture<'static, Result<EventStream, ErrorInfo>> {
         let body = build_request(target, req).map(|body| body.to_string());
+        // The synthetic JSON tool is in the request exactly when response_format asks for JSON.
+        let structured = matches!(structured::json_tool(req), Ok(Some(_)));
         let builder = post(
             http,
             target,
@@ -70,9 +73,18 @@ impl Provider for AnthropicProvider {
         Box::pin(async move {
             let resp = send_checked(builder?.body(body?)).await?;
             if is_json_answer(&resp) {
-                return Ok(translate_json(resp, parse_message));
+                let parse = if structured {
+                    parse_structured_message
+                } else {
+                    parse_message
+                };
+                return Ok(translate_json(resp, parse));
             }
-            Ok(translate_sse(resp, AnthropicTranslator::default()))
+            let translator = AnthropicTranslator {
+                structured,
+                ..AnthropicTranslator::default()
+            };
+            Ok(translate_sse(resp, translator))
         })
     }
 
@@ -151,6 +163,8 @@ fn post(
 
 use crate::providers::shared::{bad_message, invalid};
 
+pub mod structured;
+
 /// Translates a normalised request into an Anthropic Messages request body (JSON object).
 ///
 /// Mapping (Anthropic API reference, "Messages"): `system`/`developer` messages → top-level `system`
@@ -158,7 +172,9 @@ use crate::providers::shared::{bad_message, invalid};
 /// one role merged (Anthropic requires alternation); assistant `tool_calls` → `tool_use` blocks;
 /// `max_tokens` defaults to [`DEFAULT_MAX_TOKENS`]; `stop` → `stop_sequences`; `user` →
 /// `metadata.user_id`; `"stream": true` when the client streams. Errors (class `invalid_request`, with `param`):
-/// `n` > 1, a non-`text` `response_format`, unparsable tool-call arguments, unsupported image URLs.
+/// `n` > 1, unparsable tool-call arguments, unsupported image URLs, and the `response_format`
+/// errors of [`structured::json_tool`]. `response_format` `json_schema` / `json_object` becomes
+/// the synthetic [`structured::JSON_TOOL`] (see [`structured`] for the rule).
 /// `seed`, `presence_penalty` and `frequency_penalty` have no Anthropic equivalent and are not sent;
 /// `tool_choice` is only sent together with `tools`. `top_k` is sent as is; an assistant
 /// message's `thinking_blocks` go first in its content, unchanged (signatures included); a
@@ -186,15 +202,7 @@ pub fn build_request(target: &TargetConfig, req: &ChatRequest) -> Result<Value, 
             format!("n={n} is not supported by Anthropic (one choice only)"),
         ));
     }
-    if let Some(rf) = &p.response_format {
-        let kind = rf.get("type").and_then(Value::as_str).unwrap_or("");
-        if kind != "text" {
-            return Err(invalid(
-                "response_format",
-                format!("response_format `{kind}` is not supported by the Anthropic adapter yet"),
-            ));
-        }
-    }
+    let json_tool = structured::json_tool(req)?;
     let mut system: Vec<String> = Vec::new();
     let mut turns: Vec<(&'static str, Vec<Value>)> = Vec::new();
     for (i, m) in req.messages.iter().enumerate() {
@@ -224,6 +232,17 @@ pub fn build_request(target: &TargetConfig, req: &ChatRequest) -> Result<Value, 
             ),
         }
     }
+    let json_choice = match &json_tool {
+        Some(_) if req.tools.is_empty() => Some(structured::tool_choice(None, false)),
+        Some(_) => {
+            let user = tool_choice(req.tool_choice.as_ref(), p.parallel_tool_calls)?;
+            Some(structured::tool_choice(user, true))
+        }
+        None => None,
+    };
+    if let Some((_, true)) = json_choice {
+        system.push(structured::JSON_INSTRUCTION.to_owned());
+    }
     let messages: Vec<Value> = turns
         .into_iter()
         .map(|(role, content)| json!({ "role": role, "content": content }))
@@ -240,7 +259,7 @@ pub fn build_request(target: &TargetConfig, req: &ChatRequest) -> Result<Value, 
         "metadata": p.user.as_ref().map(|u| json!({ "user_id": u })),
         "top_k": p.top_k,
     }));
-    if !req.tools.is_empty() {
+    if !req.tools.is_empty() || json_tool.is_some() {
         let default_schema = json!({ "type": "object", "properties": {} });
         let tools = req.tools.iter().map(|t| {
             let f = &t.function;
@@ -250,12 +269,16 @@ pub fn build_request(target: &TargetConfig, req: &ChatRequest) -> Result<Value, 
                 "input_schema": f.parameters.as_ref().unwrap_or(&default_schema),
             }))
         });
+        let tools: Vec<Value> = tools.chain(json_tool).collect();
+        let choice = match json_choice {
+            Some((choice, _)) => Some(choice),
+            None => tool_choice(req.tool_choice.as_ref(), p.parallel_tool_calls)?,
+        };
         if let Some(obj) = body.as_object_mut() {
-            obj.insert("tools".into(), tools.collect());
-        }
-        let choice = tool_choice(req.tool_choice.as_ref(), p.parallel_tool_calls)?;
-        if let (Some(choice), Some(obj)) = (choice, body.as_object_mut()) {
-            obj.insert("tool_choice".into(), choice);
+            obj.insert("tools".into(), Value::Array(tools));
+            if let Some(choice) = choice {
+                obj.insert("tool_choice".into(), choice);
+            }
         }
     }
     if let Some(obj) = body.as_object_mut() {
@@ -507,6 +530,13 @@ struct AnthropicTranslator {
     tools: HashMap<u64, (u32, bool)>,
     /// Next tool index (counts only `tool_use` blocks, from 0).
     next_tool: u32,
+    /// The request carried [`structured::JSON_TOOL`]: its `tool_use` is the text answer, and
+    /// text blocks are held in `held` until the end (see [`structured`]).
+    structured: bool,
+    /// Block index of the [`structured::JSON_TOOL`] call, and whether any of its input was sent.
+    json_block: Option<(u64, bool)>,
+    /// Text written while `structured`, sent at `message_stop` unless the JSON tool answered.
+    held: String,
 }
 
 impl SseTranslator for AnthropicTranslator {
@@ -552,12 +582,16 @@ impl AnthropicTranslator {
                         v.ok_or_else(|| protocol(format!("tool_use content block without `{k}`")))
                     };
                     let (id, name) = (field("id")?, field("name")?);
+                    if self.structured && name == structured::JSON_TOOL {
+                        self.json_block = Some((block_index()?, false));
+                        return Ok(false);
+                    }
                     let index = self.next_tool;
                     self.next_tool += 1;
                     self.tools.insert(block_index()?, (index, false));
                     out.push_back(tool_frame(index, Some(id), Some(name), String::new()));
                 }
-                Some("text") => push_text(out, str_at(data, "/content_block/text")),
+                Some("text") => self.text(out, str_at(data, "/content_block/text")),
                 Some("thinking") => {
                     if let Some(t) =
                         str_at(data, "/content_block/thinking").filter(|t| !t.is_empty())
@@ -572,10 +606,17 @@ impl AnthropicTranslator {
                 _ => {}
             },
             "content_block_delta" => match str_at(data, "/delta/type") {
-                Some("text_delta") => push_text(out, str_at(data, "/delta/text")),
+                Some("text_delta") => self.text(out, str_at(data, "/delta/text")),
                 Some("input_json_delta") => {
                     let piece = str_at(data, "/delta/partial_json").unwrap_or("");
                     let at = block_index()?;
+                    if let Some((json_at, sent)) = &mut self.json_block
+                        && *json_at == at
+                    {
+                        *sent |= !piece.is_empty();
+                        push_text(out, Some(piece));
+                        return Ok(false);
+                    }
                     let not_tool = || protocol(format!("input_json_delta for non-tool block {at}"));
                     let (index, sent) = self.tools.get_mut(&at).ok_or_else(not_tool)?;
                     if !piece.is_empty() {
@@ -596,6 +637,12 @@ impl AnthropicTranslator {
                 _ => {}
             },
             "content_block_stop" => {
+                if let Some((json_at, sent @ false)) = &mut self.json_block
+                    && Some(*json_at) == at
+                {
+                    *sent = true;
+                    push_text(out, Some("{}"));
+                }
                 // A tool called without arguments still needs valid JSON arguments.
                 if let Some((index, sent @ false)) = at.and_then(|at| self.tools.get_mut(&at)) {
                     *sent = true;
@@ -604,11 +651,19 @@ impl AnthropicTranslator {
             }
             "message_delta" => {
                 if let Some(reason) = str_at(data, "/delta/stop_reason") {
-                    self.finish = Some(finish_reason(reason));
+                    let json_only = self.json_block.is_some() && self.next_tool == 0;
+                    self.finish = Some(match finish_reason(reason) {
+                        FinishReason::ToolCalls if json_only => FinishReason::Stop,
+                        other => other,
+                    });
                 }
                 self.merge_usage(data.get("usage"));
             }
             "message_stop" => {
+                if self.json_block.is_none() {
+                    let held = std::mem::take(&mut self.held);
+                    push_text(out, Some(&held));
+                }
                 out.push_back(Ok(FrameBody::Usage {
                     usage: self.usage(),
                 }));
@@ -621,6 +676,14 @@ impl AnthropicTranslator {
             _ => {}
         }
         Ok(false)
+    }
+
+    /// A text piece: sent now, or held while structured output may still replace it.
+    fn text(&mut self, out: &mut VecDeque<Item>, text: Option<&str>) {
+        match text {
+            Some(t) if self.structured => self.held.push_str(t),
+            _ => push_text(out, text),
+        }
     }
 
     /// Merges an Anthropic usage object. Counts are cumulative, so the larger value wins (this
@@ -719,6 +782,12 @@ pub fn parse_message(v: &Value) -> Result<Answer, ErrorInfo> {
     answer.usage = Some(t.usage());
     answer.finish_reason = str_at(v, "/stop_reason").map_or(FinishReason::Stop, finish_reason);
     Ok(answer)
+}
+
+/// [`parse_message`] for a request that carried [`structured::JSON_TOOL`]: its call becomes the
+/// text content ([`structured::into_content`]).
+pub fn parse_structured_message(v: &Value) -> Result<Answer, ErrorInfo> {
+    parse_message(v).map(structured::into_content)
 }
 
 /// An in-stream `{"type":"error","error":{"type","message"}}` event → a classified error (the

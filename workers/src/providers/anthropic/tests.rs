@@ -430,12 +430,15 @@ fn rejects_what_anthropic_cannot_do() {
     );
     assert!(build(user(), json!({"params": {"n": 1}})).is_ok());
     let rf = |kind: &str| json!({"params": {"response_format": {"type": kind}}});
+    // json_object is served (through the synthetic JSON tool); a schema-less json_schema and
+    // unknown types are not.
+    assert!(build(user(), rf("json_object")).is_ok());
     assert_eq!(
-        rejected(user(), rf("json_object")).as_deref(),
+        rejected(user(), rf("json_schema")).as_deref(),
         Some("response_format")
     );
     assert_eq!(
-        rejected(user(), rf("json_schema")).as_deref(),
+        rejected(user(), rf("xml")).as_deref(),
         Some("response_format")
     );
     assert!(build(user(), rf("text")).is_ok());
@@ -445,4 +448,234 @@ fn rejects_what_anthropic_cannot_do() {
     let bad_image = json!([{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "ftp://x/y.png"}}]}]);
     assert_eq!(rejected(bad_image, json!({})).as_deref(), Some("messages"));
+}
+
+// --- response_format through the synthetic JSON tool (FC-41) ---
+
+const WEATHER: &str = r#"{"city":"Paris","temp_c":21}"#;
+
+fn weather_format() -> Value {
+    json!({"type": "json_schema", "json_schema": {"name": "weather", "strict": true, "schema": {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "temp_c": {"type": "integer"},
+                       "strict": {"type": "boolean"}},
+        "required": ["city", "temp_c"], "additionalProperties": false}}})
+}
+
+fn get_weather_tool() -> Value {
+    json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])
+}
+
+/// The `#mock` line for the weather JSON (percent-encoded `tool_args`).
+fn weather_directive() -> String {
+    format!(
+        "tool_args={}",
+        WEATHER
+            .replace('{', "%7B")
+            .replace('}', "%7D")
+            .replace('"', "%22")
+            .replace(':', "%3A")
+            .replace(',', "%2C")
+    )
+}
+
+fn structured(directives: &str, extra: Value) -> ChatRequest {
+    let mut extra = extra;
+    extra["params"] = json!({ "response_format": weather_format() });
+    request(
+        super::super::test_support::directive_messages(directives),
+        extra,
+    )
+}
+
+#[test]
+fn anthropic_schema_strips_non_keywords_only() {
+    let out = structured::anthropic_schema(&weather_format()["json_schema"]["schema"]).unwrap();
+    assert_eq!(
+        out,
+        json!({"type": "object",
+            "properties": {"city": {"type": "string"}, "temp_c": {"type": "integer"},
+                           "strict": {"type": "boolean"}},
+            "required": ["city", "temp_c"], "additionalProperties": false})
+    );
+    let untyped = structured::anthropic_schema(&json!({"properties": {}})).unwrap();
+    assert_eq!(untyped, json!({"properties": {}, "type": "object"}));
+    let e = structured::anthropic_schema(&json!({"type": "array"})).unwrap_err();
+    assert_eq!(e.param.as_deref(), Some("response_format"));
+}
+
+#[test]
+fn json_schema_without_tools_forces_the_json_tool() {
+    let t = target("http://x");
+    let body = build_request(&t, &structured("", json!({}))).unwrap();
+    assert_eq!(
+        body["tools"],
+        json!([{"name": "json_tool_call",
+            "description": "Respond with a JSON object matching the `weather` schema.",
+            "input_schema": structured::anthropic_schema(&weather_format()["json_schema"]["schema"]).unwrap()}])
+    );
+    assert_eq!(
+        body["tool_choice"],
+        json!({"type": "tool", "name": "json_tool_call"})
+    );
+    assert!(body.get("system").is_none(), "{body}");
+    // json_object: an open object schema.
+    let mut req = structured("", json!({}));
+    req.params.response_format = Some(json!({"type": "json_object"}));
+    let body = build_request(&t, &req).unwrap();
+    assert_eq!(body["tools"][0]["input_schema"], json!({"type": "object"}));
+}
+
+#[test]
+fn json_schema_with_user_tools_is_auto_with_an_instruction() {
+    let t = target("http://x");
+    let body = build_request(&t, &structured("", json!({"tools": get_weather_tool()}))).unwrap();
+    let names: Vec<&str> = body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["get_weather", "json_tool_call"]);
+    assert_eq!(body["tool_choice"], json!({"type": "auto"}));
+    assert_eq!(body["system"], json!(structured::JSON_INSTRUCTION));
+    // `required` stays `any`; `none` forces the JSON answer.
+    let req = structured(
+        "",
+        json!({"tools": get_weather_tool(), "tool_choice": "required"}),
+    );
+    assert_eq!(
+        build_request(&t, &req).unwrap()["tool_choice"],
+        json!({"type": "any"})
+    );
+    let req = structured(
+        "",
+        json!({"tools": get_weather_tool(), "tool_choice": "none"}),
+    );
+    assert_eq!(
+        build_request(&t, &req).unwrap()["tool_choice"],
+        json!({"type": "tool", "name": "json_tool_call"})
+    );
+    // A user tool may not take the reserved name.
+    let clash = json!([{"type": "function", "function": {"name": "json_tool_call"}}]);
+    let e = build_request(&t, &structured("", json!({"tools": clash}))).unwrap_err();
+    assert_eq!(e.param.as_deref(), Some("tools"));
+}
+
+#[tokio::test]
+async fn fc41_streamed_json_tool_is_text_content() {
+    let mock = MockUpstream::start().await.unwrap();
+    let events = run(&mock, &structured(&weather_directive(), json!({})))
+        .await
+        .unwrap();
+    let texts: Vec<&str> = events
+        .iter()
+        .filter_map(|e| match e {
+            Ok(FrameBody::Text { text }) => Some(text.as_str()),
+            Ok(FrameBody::ToolCall { .. }) => panic!("tool call in {events:?}"),
+            _ => None,
+        })
+        .collect();
+    assert!(texts.len() >= 2, "streamed as deltas: {texts:?}");
+    assert_eq!(texts.concat(), WEATHER);
+    assert_eq!(events.last(), Some(&end(FinishReason::Stop)));
+    let sent = mock.requests()[0].body.clone();
+    assert_eq!(
+        sent["tool_choice"],
+        json!({"type": "tool", "name": "json_tool_call"})
+    );
+    assert!(
+        sent["tools"][0]["input_schema"].get("$schema").is_none(),
+        "{sent}"
+    );
+}
+
+#[tokio::test]
+async fn fc41_non_streamed_json_tool_is_text_content() {
+    let mock = MockUpstream::start().await.unwrap();
+    let req = structured(&weather_directive(), json!({"stream": false}));
+    let events = run(&mock, &req).await.unwrap();
+    let texts: String = events
+        .iter()
+        .filter_map(|e| match e {
+            Ok(FrameBody::Text { text }) => Some(text.as_str()),
+            Ok(FrameBody::ToolCall { .. }) => panic!("tool call in {events:?}"),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(texts, WEATHER);
+    assert_eq!(events.last(), Some(&end(FinishReason::Stop)));
+}
+
+#[tokio::test]
+async fn fc41_real_tool_call_instead_of_json() {
+    let mock = MockUpstream::start().await.unwrap();
+    for stream in [true, false] {
+        let directive = "call=get_weather:%7B%22city%22%3A%22Paris%22%7D";
+        let req = structured(
+            directive,
+            json!({"tools": get_weather_tool(), "stream": stream}),
+        );
+        let events = run(&mock, &req).await.unwrap();
+        let mut args = String::new();
+        for e in &events {
+            match e {
+                Ok(FrameBody::ToolCall {
+                    index,
+                    name,
+                    arguments,
+                    ..
+                }) => {
+                    assert_eq!(*index, 0);
+                    assert!(
+                        name.is_none() || name.as_deref() == Some("get_weather"),
+                        "{name:?}"
+                    );
+                    args.push_str(arguments);
+                }
+                Ok(FrameBody::Text { text }) => panic!("text {text:?} in {events:?}"),
+                _ => {}
+            }
+        }
+        assert_eq!(args, r#"{"city":"Paris"}"#, "stream={stream}");
+        assert_eq!(events.last(), Some(&end(FinishReason::ToolCalls)));
+    }
+}
+
+#[test]
+fn structured_preamble_text_is_dropped_for_the_json_tool() {
+    let body = sse(r#"
+        {"type":"message_start","message":{"usage":{"input_tokens":5,"output_tokens":1}}}
+        {"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}
+        {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Here you go:"}}
+        {"type":"content_block_stop","index":0}
+        {"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"t1","name":"json_tool_call","input":{}}}
+        {"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{\"a\":"}}
+        {"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"1}"}}
+        {"type":"content_block_stop","index":1}
+        {"type":"message_delta","delta":{"stop_reason":"tool_use"},"usage":{"output_tokens":7}}
+        {"type":"message_stop"}
+    "#);
+    let (mut parser, mut events) = (crate::sse::SseParser::new(), Vec::new());
+    parser.push(body.as_bytes(), &mut events).unwrap();
+    let mut tr = AnthropicTranslator {
+        structured: true,
+        ..AnthropicTranslator::default()
+    };
+    let mut out = VecDeque::new();
+    for ev in events {
+        tr.on_event(ev, &mut out);
+    }
+    let out: Vec<Item> = out.into_iter().collect();
+    assert_eq!(
+        out,
+        vec![
+            text("{\"a\":"),
+            text("1}"),
+            usage(5, 0, 0, 7),
+            end(FinishReason::Stop)
+        ]
+    );
 }

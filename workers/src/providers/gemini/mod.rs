@@ -64,6 +64,7 @@ impl Provider for GeminiProvider {
         req: &ChatRequest,
     ) -> BoxFuture<'static, Result<EventStream, ErrorInfo>> {
         let body = build_request(req).map(|body| body.to_string());
+        let structured = matches!(json_tool(req), Ok(Some(_)));
         let (url, accept) = if req.stream {
             (
                 stream_url(base_url, &target.upstream_model),
@@ -92,9 +93,18 @@ impl Provider for GeminiProvider {
             }
             let resp = send_checked(builder.body(body)).await?;
             if is_json_answer(&resp) {
-                return Ok(translate_json(resp, parse_response));
+                let parse = if structured {
+                    parse_structured_response
+                } else {
+                    parse_response
+                };
+                return Ok(translate_json(resp, parse));
             }
-            Ok(translate_sse(resp, GeminiTranslator::default()))
+            let translator = GeminiTranslator {
+                structured,
+                ..GeminiTranslator::default()
+            };
+            Ok(translate_sse(resp, translator))
         })
     }
 }
@@ -122,7 +132,19 @@ pub fn generate_url(base_url: &str, upstream_model: &str) -> String {
 /// translator, then collects it ([`Answer::from_frames`]). A JSON array of chunks (the stream
 /// without `alt=sse`) is read the same way.
 fn parse_response(v: &Value) -> Result<Answer, ErrorInfo> {
-    let mut t = GeminiTranslator::default();
+    parse_with(v, GeminiTranslator::default())
+}
+
+/// [`parse_response`] for a request that declared [`JSON_TOOL`].
+fn parse_structured_response(v: &Value) -> Result<Answer, ErrorInfo> {
+    let t = GeminiTranslator {
+        structured: true,
+        ..GeminiTranslator::default()
+    };
+    parse_with(v, t)
+}
+
+fn parse_with(v: &Value, mut t: GeminiTranslator) -> Result<Answer, ErrorInfo> {
     let mut out = VecDeque::new();
     match v.as_array() {
         Some(chunks) => {
@@ -136,7 +158,7 @@ fn parse_response(v: &Value) -> Result<Answer, ErrorInfo> {
     Answer::from_frames(out)
 }
 
-use crate::providers::shared::{bad_message, invalid};
+use crate::providers::shared::{JSON_INSTRUCTION, JSON_TOOL, bad_message, invalid};
 
 /// One `Content` being built: role, whether it holds tool results, parts.
 struct Turn {
@@ -163,7 +185,9 @@ struct Turn {
 /// (+ `allowedFunctionNames` for a named function); `generationConfig` gets `temperature`,
 /// `topP`, `topK` (Anthropic door's `top_k`), `maxOutputTokens`, `stopSequences`, `candidateCount`, `seed`, `presencePenalty`,
 /// `frequencyPenalty`, and for `response_format` `json_object` → `responseMimeType:
-/// application/json`, `json_schema` → also `responseJsonSchema` (JSON Schema, a subset honoured).
+/// application/json`, `json_schema` → also `responseJsonSchema`, translated by [`gemini_schema`]; the JSON comes
+/// back as the text content. With user tools a JSON `response_format` is the synthetic
+/// [`JSON_TOOL`] function instead (see [`json_tool`]; Gemini 2.x rejects JSON mode with tools).
 /// `user` and `parallel_tool_calls` have no Gemini equivalent and are not sent; neither are
 /// `reasoning_effort` (whether the model thinks is its own setting), `logprobs` and the
 /// provider passthrough fields, nor thinking blocks and `cache_control` of earlier turns. Errors (class
@@ -219,24 +243,31 @@ pub fn build_request(req: &ChatRequest) -> Result<Value, ErrorInfo> {
     if !system.is_empty() {
         body.insert("systemInstruction".into(), json!({ "parts": system }));
     }
+    let json_tool = json_tool(req)?;
     if !req.tools.is_empty() {
-        let declarations: Vec<Value> = req
-            .tools
-            .iter()
-            .map(|t| {
-                let f = &t.function;
-                without_nulls(json!({
-                    "name": f.name,
-                    "description": f.description,
-                    "parametersJsonSchema": f.parameters,
-                }))
-            })
-            .collect();
+        let declarations = req.tools.iter().map(|t| {
+            let f = &t.function;
+            without_nulls(json!({
+                "name": f.name,
+                "description": f.description,
+                "parametersJsonSchema": f.parameters,
+            }))
+        });
+        let declarations: Vec<Value> = declarations.chain(json_tool.clone()).collect();
         body.insert(
             "tools".into(),
             json!([{ "functionDeclarations": declarations }]),
         );
-        if let Some(config) = tool_config(req.tool_choice.as_ref())? {
+        let mut config = tool_config(req.tool_choice.as_ref())?;
+        if json_tool.is_some() {
+            let (json_config, instruct) = json_tool_config(config);
+            config = Some(json_config);
+            if instruct {
+                system.push(json!({ "text": JSON_INSTRUCTION }));
+                body.insert("systemInstruction".into(), json!({ "parts": system }));
+            }
+        }
+        if let Some(config) = config {
             body.insert("toolConfig".into(), config);
         }
     }
@@ -251,13 +282,69 @@ pub fn build_request(req: &ChatRequest) -> Result<Value, ErrorInfo> {
         "presencePenalty": p.presence_penalty,
         "frequencyPenalty": p.frequency_penalty,
     }));
-    if let (Some(rf), Some(obj)) = (&p.response_format, config.as_object_mut()) {
+    if let (Some(rf), Some(obj), None) = (&p.response_format, config.as_object_mut(), &json_tool) {
         response_format(rf, obj)?;
     }
     if config.as_object().is_some_and(|c| !c.is_empty()) {
         body.insert("generationConfig".into(), config);
     }
     Ok(Value::Object(body))
+}
+
+/// With user tools, Gemini 2.x answers 400 "Function calling with a response mime type:
+/// 'application/json' is unsupported" (googleapis/python-genai #867), so a JSON
+/// `response_format` then becomes the synthetic [`JSON_TOOL`] function instead (as on Anthropic,
+/// see `anthropic::structured`): `parametersJsonSchema` = [`gemini_schema`] of the schema
+/// (`{"type":"object"}` for `json_object`), and its `functionCall` comes back as the text
+/// content. `None` without user tools or without a JSON `response_format`.
+fn json_tool(req: &ChatRequest) -> Result<Option<Value>, ErrorInfo> {
+    let Some(rf) = req
+        .params
+        .response_format
+        .as_ref()
+        .filter(|_| !req.tools.is_empty())
+    else {
+        return Ok(None);
+    };
+    let schema =
+        match rf.get("type").and_then(Value::as_str).unwrap_or("") {
+            "json_object" => json!({ "type": "object" }),
+            "json_schema" => gemini_schema(rf.pointer("/json_schema/schema").ok_or_else(|| {
+                invalid("response_format", "json_schema needs json_schema.schema")
+            })?),
+            _ => return Ok(None),
+        };
+    if req.tools.iter().any(|t| t.function.name == JSON_TOOL) {
+        return Err(invalid(
+            "tools",
+            format!("the tool name `{JSON_TOOL}` is reserved for response_format with tools"),
+        ));
+    }
+    Ok(Some(json!({
+        "name": JSON_TOOL,
+        "description": "Respond with the final answer as a JSON object matching this schema.",
+        "parametersJsonSchema": schema,
+    })))
+}
+
+/// `toolConfig` with [`JSON_TOOL`] declared next to user tools, from the translated client
+/// choice: unset or `AUTO` stays `AUTO` and needs [`JSON_INSTRUCTION`] (the `bool`); `NONE`
+/// becomes `ANY` allowing only [`JSON_TOOL`]; `ANY` (with or without names) is kept.
+fn json_tool_config(user: Option<Value>) -> (Value, bool) {
+    let mode = user
+        .as_ref()
+        .and_then(|c| c.pointer("/functionCallingConfig/mode"))
+        .and_then(Value::as_str)
+        .unwrap_or("AUTO")
+        .to_owned();
+    match (mode.as_str(), user) {
+        ("NONE", _) => (
+            json!({ "functionCallingConfig": { "mode": "ANY", "allowedFunctionNames": [JSON_TOOL] } }),
+            false,
+        ),
+        ("ANY", Some(user)) => (user, false),
+        _ => (json!({ "functionCallingConfig": { "mode": "AUTO" } }), true),
+    }
 }
 
 /// OpenAI `response_format` → `generationConfig.responseMimeType` (+ `responseJsonSchema`).
@@ -273,7 +360,7 @@ fn response_format(rf: &Value, config: &mut Map<String, Value>) -> Result<(), Er
                 invalid("response_format", "json_schema needs json_schema.schema")
             })?;
             config.insert("responseMimeType".into(), json!("application/json"));
-            config.insert("responseJsonSchema".into(), schema.clone());
+            config.insert("responseJsonSchema".into(), gemini_schema(schema));
         }
         other => {
             return Err(invalid(
@@ -283,6 +370,38 @@ fn response_format(rf: &Value, config: &mut Map<String, Value>) -> Result<(), Er
         }
     }
     Ok(())
+}
+
+/// Keywords [`gemini_schema`] strips: not in the JSON Schema subset Gemini's structured output
+/// takes (Gemini API docs, "Structured output": `type`, `format`, `title`, `description`,
+/// `enum`, `items`, `prefixItems`, `minItems`, `maxItems`, `minimum`, `maximum`, `anyOf`,
+/// `oneOf`, `properties`, `required`, `$ref`/`$defs`), or rejected by older models and Vertex
+/// AI's `responseSchema` (`additionalProperties`: "Unknown name … Cannot find field", LiteLLM
+/// and prism-php reports); `strict` is OpenAI's flag, not JSON Schema.
+pub const GEMINI_DROPPED_KEYWORDS: &[&str] = &[
+    "$schema",
+    "$id",
+    "$comment",
+    "$defs",
+    "definitions",
+    "additionalProperties",
+    "unevaluatedProperties",
+    "patternProperties",
+    "strict",
+];
+
+/// An OpenAI JSON schema as Gemini's `responseJsonSchema`: local `$ref`s inlined from
+/// `$defs`/`definitions` (recursion cut after a few levels, see
+/// [`crate::providers::shared::inline_refs`]), then every [`GEMINI_DROPPED_KEYWORDS`] entry
+/// removed at every level (property names are never touched). Without `additionalProperties`
+/// Gemini may not add keys the schema lacks; `required` still holds.
+pub fn gemini_schema(schema: &Value) -> Value {
+    let mut out = schema.clone();
+    crate::providers::shared::inline_refs(&mut out);
+    crate::providers::shared::walk_schema(&mut out, &mut |o| {
+        o.retain(|k, _| !GEMINI_DROPPED_KEYWORDS.contains(&k.as_str()));
+    });
+    out
 }
 
 /// `v` without its top-level `null` members (absent optional fields).
@@ -450,6 +569,13 @@ struct GeminiTranslator {
     usage: Option<Usage>,
     /// Function calls seen so far (the next tool index).
     calls: u32,
+    /// The request declared [`JSON_TOOL`]: its call is the text answer, other text is held in
+    /// `held` until the end and dropped when [`JSON_TOOL`] answered (as on Anthropic).
+    structured: bool,
+    /// [`JSON_TOOL`] was called.
+    json_answered: bool,
+    /// Text written while `structured`.
+    held: String,
 }
 
 impl SseTranslator for GeminiTranslator {
@@ -482,6 +608,10 @@ impl SseTranslator for GeminiTranslator {
             )));
             return;
         };
+        if !self.json_answered && !self.held.is_empty() {
+            let text = std::mem::take(&mut self.held);
+            out.push_back(Ok(FrameBody::Text { text }));
+        }
         if let Some(usage) = self.usage {
             out.push_back(Ok(FrameBody::Usage { usage }));
         }
@@ -532,12 +662,25 @@ impl GeminiTranslator {
             if let Some(text) = part.get("text").and_then(Value::as_str)
                 && !text.is_empty()
             {
-                out.push_back(Ok(FrameBody::Text {
-                    text: text.to_owned(),
-                }));
+                if self.structured {
+                    self.held.push_str(text);
+                } else {
+                    out.push_back(Ok(FrameBody::Text {
+                        text: text.to_owned(),
+                    }));
+                }
             }
             if let Some(call) = part.get("functionCall") {
-                out.push_back(Ok(self.tool_call(call)?));
+                if self.structured && call.get("name").and_then(Value::as_str) == Some(JSON_TOOL) {
+                    self.json_answered = true;
+                    let text = match call.get("args") {
+                        Some(args @ Value::Object(_)) => args.to_string(),
+                        _ => "{}".to_owned(),
+                    };
+                    out.push_back(Ok(FrameBody::Text { text }));
+                } else {
+                    out.push_back(Ok(self.tool_call(call)?));
+                }
             }
         }
         if let Some(reason) = candidate.get("finishReason").and_then(Value::as_str)

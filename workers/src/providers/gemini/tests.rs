@@ -447,3 +447,159 @@ fn url_shape() {
         "https://generativelanguage.googleapis.com/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse"
     );
 }
+
+#[test]
+fn gemini_schema_inlines_refs_and_strips_rejected_keywords() {
+    let schema = json!({
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "type": "object",
+        "additionalProperties": false,
+        "properties": {
+            // A property *named* like a dropped keyword stays.
+            "strict": {"type": "boolean"},
+            "place": {"$ref": "#/$defs/Place", "description": "where"},
+            "tags": {"type": "array", "items": {"$ref": "#/definitions/Tag"}},
+            "either": {"anyOf": [{"$ref": "#/$defs/Place"}, {"type": "null"}]}
+        },
+        "required": ["place"],
+        "$defs": {"Place": {"type": "object", "additionalProperties": false,
+            "properties": {"city": {"type": "string"}}, "required": ["city"]}},
+        "definitions": {"Tag": {"type": "string", "$comment": "short"}}
+    });
+    let place = json!({"type": "object", "properties": {"city": {"type": "string"}},
+        "required": ["city"]});
+    let mut described = place.clone();
+    described["description"] = json!("where");
+    assert_eq!(
+        gemini_schema(&schema),
+        json!({
+            "type": "object",
+            "properties": {
+                "strict": {"type": "boolean"},
+                "place": described,
+                "tags": {"type": "array", "items": {"type": "string"}},
+                "either": {"anyOf": [place, {"type": "null"}]}
+            },
+            "required": ["place"]
+        })
+    );
+    // A recursive schema is cut after a few levels instead of looping.
+    let tree = json!({"$ref": "#/$defs/Node", "$defs": {"Node": {"type": "object",
+        "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/Node"}}}}}});
+    let out = gemini_schema(&tree).to_string();
+    assert!(!out.contains("$ref") && !out.contains("$defs"), "{out}");
+}
+
+/// FC-41 (Gemini): the JSON comes back as text, and the upstream saw the translated schema.
+#[tokio::test]
+async fn fc41_json_schema_answer_is_text() {
+    let mock = MockUpstream::start().await.unwrap();
+    let t = target(&mock.base_url());
+    let schema = json!({"type": "object", "additionalProperties": false,
+        "properties": {"city": {"type": "string"}, "temp_c": {"type": "integer"}},
+        "required": ["city", "temp_c"]});
+    for stream in [true, false] {
+        let req = request(
+            super::super::test_support::directive_messages(
+                "tool_args=%7B%22city%22%3A%22Paris%22%2C%22temp_c%22%3A21%7D",
+            ),
+            json!({"stream": stream, "params": {"response_format": {"type": "json_schema",
+                "json_schema": {"name": "weather", "strict": true, "schema": schema}}}}),
+        );
+        let events = run_with(&t, &req).await.unwrap();
+        let texts: String = events
+            .iter()
+            .filter_map(|e| match e {
+                Ok(FrameBody::Text { text }) => Some(text.as_str()),
+                Ok(FrameBody::ToolCall { .. }) => panic!("tool call in {events:?}"),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(texts, r#"{"city":"Paris","temp_c":21}"#, "stream={stream}");
+        assert_eq!(events.last(), Some(&end(FinishReason::Stop)));
+    }
+    let sent = &mock.requests()[0].body;
+    assert_eq!(
+        sent["generationConfig"]["responseJsonSchema"],
+        json!({"type": "object",
+            "properties": {"city": {"type": "string"}, "temp_c": {"type": "integer"}},
+            "required": ["city", "temp_c"]})
+    );
+}
+
+fn weather_tool_request(directives: &str, extra: Value) -> ChatRequest {
+    let mut extra = extra;
+    extra["tools"] = json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+    extra["params"] = json!({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "weather", "schema": {"type": "object", "additionalProperties": false,
+            "properties": {"city": {"type": "string"}, "temp_c": {"type": "integer"}}}}}});
+    request(
+        super::super::test_support::directive_messages(directives),
+        extra,
+    )
+}
+
+/// With user tools Gemini gets no JSON mode (2.x rejects it with function calling) but the
+/// synthetic `json_tool_call` function, whose call comes back as the text content.
+#[test]
+fn json_schema_with_user_tools_is_the_json_tool() {
+    let body = build_request(&weather_tool_request("", json!({}))).unwrap();
+    let decls = &body["tools"][0]["functionDeclarations"];
+    assert_eq!(decls[0]["name"], "get_weather");
+    assert_eq!(decls[1]["name"], "json_tool_call");
+    assert_eq!(
+        decls[1]["parametersJsonSchema"],
+        json!({"type": "object",
+            "properties": {"city": {"type": "string"}, "temp_c": {"type": "integer"}}})
+    );
+    assert_eq!(
+        body["toolConfig"],
+        json!({"functionCallingConfig": {"mode": "AUTO"}})
+    );
+    assert_eq!(
+        body["systemInstruction"],
+        json!({"parts": [{"text": JSON_INSTRUCTION}]})
+    );
+    assert!(body.get("generationConfig").is_none(), "{body}");
+    let none = build_request(&weather_tool_request("", json!({"tool_choice": "none"}))).unwrap();
+    assert_eq!(
+        none["toolConfig"],
+        json!({"functionCallingConfig": {"mode": "ANY", "allowedFunctionNames": ["json_tool_call"]}})
+    );
+}
+
+#[tokio::test]
+async fn json_tool_call_is_text_and_real_tool_stays_a_tool() {
+    let mock = MockUpstream::start().await.unwrap();
+    let t = target(&mock.base_url());
+    let weather = "%7B%22city%22%3A%22Paris%22%2C%22temp_c%22%3A21%7D";
+    for stream in [true, false] {
+        let req = weather_tool_request(
+            &format!("call=json_tool_call:{weather}"),
+            json!({"stream": stream}),
+        );
+        let events = run_with(&t, &req).await.unwrap();
+        assert_eq!(
+            events,
+            vec![
+                text(r#"{"city":"Paris","temp_c":21}"#),
+                events[1].clone(),
+                end(FinishReason::Stop)
+            ],
+            "stream={stream}"
+        );
+        assert!(matches!(events[1], Ok(FrameBody::Usage { .. })));
+        let req = weather_tool_request(
+            "call=get_weather:%7B%22city%22%3A%22Paris%22%7D",
+            json!({"stream": stream}),
+        );
+        let events = run_with(&t, &req).await.unwrap();
+        assert_eq!(
+            events[0],
+            call(0, "call_0", "get_weather", r#"{"city":"Paris"}"#)
+        );
+        assert_eq!(events.len(), 3, "{events:?}");
+        assert_eq!(events[2], end(FinishReason::ToolCalls));
+    }
+}
