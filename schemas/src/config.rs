@@ -96,10 +96,10 @@ pub struct BatchConfig {
     /// Run batch items in this process (every ingress does by default; the items stream is a
     /// work queue, so they spread over the replicas).
     pub run: bool,
-    /// Items one ingress runs at once. Default 16.
+    /// Items one ingress runs at once. Default 8.
     pub max_in_flight: usize,
     /// A new item waits while this ingress has more than this many live requests in flight, so
-    /// interactive traffic goes first. Default 64.
+    /// interactive traffic goes first (its bursts are what make the p99). Default 4.
     pub yield_above: u64,
 }
 
@@ -107,8 +107,8 @@ impl Default for BatchConfig {
     fn default() -> Self {
         Self {
             run: true,
-            max_in_flight: 16,
-            yield_above: 64,
+            max_in_flight: 8,
+            yield_above: 4,
         }
     }
 }
