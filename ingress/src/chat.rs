@@ -62,6 +62,7 @@ impl FrontDoor for OpenAiChat {
         OpenAiStream {
             meta: meta(m),
             usage: None,
+            logprobs: None,
         }
     }
 
@@ -79,6 +80,9 @@ pub struct OpenAiStream {
     meta: ResponseMeta,
     /// The usage frame, sent after the finish chunk when the client asked for it.
     usage: Option<Usage>,
+    /// Logprobs of the next text chunk (workers send them just before it), so they ride on that
+    /// chunk as in OpenAI's own stream.
+    logprobs: Option<Vec<serde_json::Value>>,
 }
 
 impl StreamEncode for OpenAiStream {
@@ -87,8 +91,17 @@ impl StreamEncode for OpenAiStream {
     }
 
     fn frame(&mut self, frame: FrameBody, out: &mut VecDeque<Bytes>) {
+        if let FrameBody::Text { text } = &frame {
+            let logprobs = self.logprobs.take();
+            out.push_back(self.meta.text_chunk_with(text, logprobs));
+            return;
+        }
+        // Logprobs no text followed (e.g. of a tool-call chunk): a chunk of their own.
+        if let Some(content) = self.logprobs.take() {
+            out.push_back(self.meta.logprobs_chunk(content));
+        }
         match frame {
-            FrameBody::Text { text } => out.push_back(self.meta.text_chunk(&text)),
+            FrameBody::Text { .. } => {}
             FrameBody::ToolCall {
                 index,
                 id,
@@ -110,7 +123,7 @@ impl StreamEncode for OpenAiStream {
                 let block = serde_json::json!({"type": "redacted_thinking", "data": data});
                 out.push_back(self.meta.thinking_block_chunk(block));
             }
-            FrameBody::Logprobs { content } => out.push_back(self.meta.logprobs_chunk(content)),
+            FrameBody::Logprobs { content } => self.logprobs = Some(content),
             FrameBody::Usage { usage } => self.usage = Some(usage),
             FrameBody::End { finish_reason } => {
                 out.push_back(self.meta.finish_chunk(finish_reason));

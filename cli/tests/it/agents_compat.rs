@@ -595,6 +595,20 @@ async fn logprobs_pass_through() {
         .map(|e| e["token"].as_str().unwrap().to_owned())
         .collect();
     assert_eq!(tokens, DEFAULT_TEXT);
+    // As in OpenAI's own stream, each chunk's logprobs ride on that chunk's content.
+    for e in openai_events(&text) {
+        if let Some(lp) = e
+            .pointer("/choices/0/logprobs/content")
+            .and_then(Value::as_array)
+        {
+            let token: String = lp.iter().map(|t| t["token"].as_str().unwrap()).collect();
+            assert_eq!(
+                e["choices"][0]["delta"]["content"].as_str(),
+                Some(token.as_str()),
+                "{e}"
+            );
+        }
+    }
 
     let mut claude = body.clone();
     claude["model"] = json!("demo/claude");

@@ -161,8 +161,34 @@ impl ResponseMeta {
         )
     }
 
-    /// A chunk with an empty delta carrying the upstream's `logprobs.content` entries (OpenAI
-    /// sends them on the content chunk itself; the SDKs accumulate either way).
+    /// A content chunk carrying the upstream's `logprobs.content` entries for that text, when
+    /// given (OpenAI API reference, "The chat completion chunk object": `choices[].logprobs`).
+    pub fn text_chunk_with(&self, text: &str, logprobs: Option<Vec<serde_json::Value>>) -> Bytes {
+        let Some(content) = logprobs else {
+            return self.text_chunk(text);
+        };
+        let choices = [ChunkChoice {
+            index: 0,
+            delta: Delta {
+                content: Some(text),
+                ..Delta::default()
+            },
+            logprobs: Some(serde_json::json!({"content": content, "refusal": null})),
+            finish_reason: None,
+        }];
+        sse(&Chunk {
+            id: &self.id,
+            object: "chat.completion.chunk",
+            created: self.created,
+            model: &self.model,
+            system_fingerprint: None,
+            choices: &choices,
+            usage: self.include_usage.then_some(None),
+        })
+    }
+
+    /// A chunk with an empty delta carrying `logprobs.content` entries no text followed (the
+    /// SDKs accumulate either way).
     pub fn logprobs_chunk(&self, content: Vec<serde_json::Value>) -> Bytes {
         let choices = [ChunkChoice {
             index: 0,

@@ -499,6 +499,10 @@ impl SseTranslator for OpenAiTranslator {
         else {
             return false;
         };
+        // Before the chunk's text: the OpenAI door puts them on that text's chunk, as OpenAI does.
+        if let Some(content) = logprob_content(choice) {
+            out.push_back(Ok(FrameBody::Logprobs { content }));
+        }
         if let Some(delta) = choice.get("delta") {
             // Reasoning text of compatible servers (DeepSeek, vLLM: `reasoning_content`;
             // OpenRouter, Ollama: `reasoning`).
@@ -536,9 +540,6 @@ impl SseTranslator for OpenAiTranslator {
                     }));
                 }
             }
-        }
-        if let Some(content) = logprob_content(choice) {
-            out.push_back(Ok(FrameBody::Logprobs { content }));
         }
         if let Some(fr) = choice.get("finish_reason").and_then(Value::as_str) {
             self.finish = Some(map_finish(fr));
