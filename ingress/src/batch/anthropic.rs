@@ -8,7 +8,7 @@ use super::records::{
     Api, BatchRecord, Counts, FileRecord, ItemResult, Outcome, Status, batch_key, tenant_token,
     valid_id,
 };
-use super::{FileSlot, Listing, new_id, not_found, store_error, store_of, submit};
+use super::{FileSlot, Listing, not_found, store_error, store_of, submit};
 use crate::AppState;
 use crate::error::ApiError;
 use axum::Json;
@@ -122,33 +122,16 @@ pub async fn create(
         }
     };
     let caller = crate::auth::current_caller();
-    let now = now_ms();
-    let record = BatchRecord {
-        id: new_id("msgbatch_"),
-        api: Api::Anthropic,
-        endpoint: "/v1/messages".into(),
-        tenant: caller.tenant.clone(),
-        key_id: caller.key_id.clone(),
-        input_file_id: None,
-        completion_window: "24h".into(),
-        metadata: None,
-        status: Status::Validating,
-        created_ms: now,
-        in_progress_at: None,
-        expires_at: now / 1000 + WINDOW_S,
-        finalizing_at: None,
-        completed_at: None,
-        failed_at: None,
-        expired_at: None,
-        cancelling_at: None,
-        cancelled_at: None,
-        expiring: false,
-        counts: Counts::default(),
-        output_file_id: None,
-        error_file_id: None,
-        errors: Vec::new(),
-        usage: Default::default(),
-    };
+    let record = BatchRecord::new(
+        Api::Anthropic,
+        "msgbatch_",
+        "/v1/messages".into(),
+        (caller.tenant, caller.key_id),
+        None,
+        "24h".into(),
+        WINDOW_S,
+        None,
+    );
     match submit(&app, &store, record, Ok(checked)).await {
         Ok(rec) => Json(batch_json(&rec, &rec.counts, &base_url(&headers))).into_response(),
         Err(e) => fail(e),

@@ -4,8 +4,8 @@
 //! Everything is scoped to the caller's tenant: another tenant's id is a 404.
 
 use super::records::{
-    Api, BatchRecord, Counts, FileRecord, ItemResult, Outcome, Status, batch_key, file_key,
-    tenant_token, valid_id,
+    Api, BatchRecord, Counts, FileRecord, ItemResult, Outcome, batch_key, file_key, tenant_token,
+    valid_id,
 };
 use super::{FileSlot, Listing, new_id, not_found, parse_window, store_error, submit};
 use crate::AppState;
@@ -307,33 +307,16 @@ pub async fn create(State(app): State<Arc<AppState>>, body: axum::body::Bytes) -
     };
     let checked = super::validate::openai_file(&app, &req.endpoint, &content);
     let caller = crate::auth::current_caller();
-    let now = now_ms();
-    let record = BatchRecord {
-        id: new_id("batch_"),
-        api: Api::OpenAi,
-        endpoint: req.endpoint,
-        tenant: caller.tenant.clone(),
-        key_id: caller.key_id.clone(),
-        input_file_id: Some(file.id),
-        completion_window: req.completion_window,
-        metadata: req.metadata,
-        status: Status::Validating,
-        created_ms: now,
-        in_progress_at: None,
-        expires_at: now / 1000 + window,
-        finalizing_at: None,
-        completed_at: None,
-        failed_at: None,
-        expired_at: None,
-        cancelling_at: None,
-        cancelled_at: None,
-        expiring: false,
-        counts: Counts::default(),
-        output_file_id: None,
-        error_file_id: None,
-        errors: Vec::new(),
-        usage: Default::default(),
-    };
+    let record = BatchRecord::new(
+        Api::OpenAi,
+        "batch_",
+        req.endpoint,
+        (caller.tenant, caller.key_id),
+        Some(file.id),
+        req.completion_window,
+        window,
+        req.metadata,
+    );
     match submit(&app, &store, record, checked).await {
         Ok(rec) => Json(batch_json(&rec, &rec.counts)).into_response(),
         Err(e) => e.into_response(),

@@ -184,6 +184,48 @@ pub struct BatchRecord {
 }
 
 impl BatchRecord {
+    /// A new batch (status `validating`) created now by `tenant`/`key_id`, ending its window
+    /// `window_s` seconds from now; `prefix` is `batch_` (OpenAI) or `msgbatch_` (Anthropic).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        api: Api,
+        prefix: &str,
+        endpoint: String,
+        caller: (Option<String>, Option<String>),
+        input_file_id: Option<String>,
+        completion_window: String,
+        window_s: u64,
+        metadata: Option<Value>,
+    ) -> Self {
+        let now = switchyard_schemas::now_ms();
+        Self {
+            id: format!("{prefix}{}", Uuid::now_v7().simple()),
+            api,
+            endpoint,
+            tenant: caller.0,
+            key_id: caller.1,
+            input_file_id,
+            completion_window,
+            metadata,
+            status: Status::Validating,
+            created_ms: now,
+            in_progress_at: None,
+            expires_at: now / 1000 + window_s,
+            finalizing_at: None,
+            completed_at: None,
+            failed_at: None,
+            expired_at: None,
+            cancelling_at: None,
+            cancelled_at: None,
+            expiring: false,
+            counts: Counts::default(),
+            output_file_id: None,
+            error_file_id: None,
+            errors: Vec::new(),
+            usage: BatchUsage::default(),
+        }
+    }
+
     /// Seconds since the Unix epoch of creation.
     pub fn created_at(&self) -> u64 {
         self.created_ms / 1000

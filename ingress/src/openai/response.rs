@@ -164,35 +164,25 @@ impl ResponseMeta {
     /// A content chunk carrying the upstream's `logprobs.content` entries for that text, when
     /// given (OpenAI API reference, "The chat completion chunk object": `choices[].logprobs`).
     pub fn text_chunk_with(&self, text: &str, logprobs: Option<Vec<serde_json::Value>>) -> Bytes {
-        let Some(content) = logprobs else {
-            return self.text_chunk(text);
-        };
-        let choices = [ChunkChoice {
-            index: 0,
-            delta: Delta {
-                content: Some(text),
-                ..Delta::default()
-            },
-            logprobs: Some(serde_json::json!({"content": content, "refusal": null})),
-            finish_reason: None,
-        }];
-        sse(&Chunk {
-            id: &self.id,
-            object: "chat.completion.chunk",
-            created: self.created,
-            model: &self.model,
-            system_fingerprint: None,
-            choices: &choices,
-            usage: self.include_usage.then_some(None),
-        })
+        match logprobs {
+            None => self.text_chunk(text),
+            Some(content) => self.logprobs_chunk_of(Some(text), content),
+        }
     }
 
     /// A chunk with an empty delta carrying `logprobs.content` entries no text followed (the
     /// SDKs accumulate either way).
     pub fn logprobs_chunk(&self, content: Vec<serde_json::Value>) -> Bytes {
+        self.logprobs_chunk_of(None, content)
+    }
+
+    fn logprobs_chunk_of(&self, text: Option<&str>, content: Vec<serde_json::Value>) -> Bytes {
         let choices = [ChunkChoice {
             index: 0,
-            delta: Delta::default(),
+            delta: Delta {
+                content: text,
+                ..Delta::default()
+            },
             logprobs: Some(serde_json::json!({"content": content, "refusal": null})),
             finish_reason: None,
         }];
