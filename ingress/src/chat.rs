@@ -25,19 +25,27 @@ pub async fn chat_completions(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    front_door::serve(OpenAiChat, app, &headers, &body).await
+    front_door::serve(OpenAiChat::default(), app, &headers, &body).await
 }
 
-/// The OpenAI Chat Completions protocol.
-#[derive(Debug, Clone, Copy)]
-pub struct OpenAiChat;
+/// The OpenAI Chat Completions protocol, for one request: [`FrontDoor::parse`] records whether
+/// the body used the legacy `functions`, so the answer comes back in that shape.
+#[derive(Debug, Default)]
+pub struct OpenAiChat {
+    legacy_functions: std::sync::atomic::AtomicBool,
+}
 
-fn meta(m: &ReplyMeta) -> ResponseMeta {
-    ResponseMeta {
-        id: format!("chatcmpl-{}", m.request_id.simple()),
-        created: now_ms() / 1000,
-        model: m.model.clone(),
-        include_usage: m.include_usage,
+impl OpenAiChat {
+    fn meta(&self, m: &ReplyMeta) -> ResponseMeta {
+        ResponseMeta {
+            id: format!("chatcmpl-{}", m.request_id.simple()),
+            created: now_ms() / 1000,
+            model: m.model.clone(),
+            include_usage: m.include_usage,
+            legacy_functions: self
+                .legacy_functions
+                .load(std::sync::atomic::Ordering::Relaxed),
+        }
     }
 }
 
@@ -46,6 +54,8 @@ impl FrontDoor for OpenAiChat {
 
     fn parse(&self, body: &[u8]) -> Result<Inbound, ApiError> {
         let p = request::parse(body)?;
+        self.legacy_functions
+            .store(p.legacy_functions, std::sync::atomic::Ordering::Relaxed);
         Ok(Inbound {
             model: p.model,
             messages: p.messages,
@@ -60,14 +70,14 @@ impl FrontDoor for OpenAiChat {
 
     fn stream(&self, m: &ReplyMeta) -> OpenAiStream {
         OpenAiStream {
-            meta: meta(m),
+            meta: self.meta(m),
             usage: None,
             logprobs: None,
         }
     }
 
     fn aggregate(&self, m: &ReplyMeta, agg: &Aggregate) -> Result<serde_json::Value, ApiError> {
-        Ok(response::completion(&meta(m), agg))
+        Ok(response::completion(&self.meta(m), agg))
     }
 
     fn error(&self, e: ApiError) -> Response {

@@ -124,11 +124,37 @@ async fn lenient_openai_door() {
         "messages": [{"role": "user", "content": "Weather?\n#mock tool_calls=1"}]});
     let (status, _, v) = send_json(&gw.base, "/v1/chat/completions", &[], &body).await;
     assert_eq!(status, 200, "{v}");
-    assert_eq!(
-        v["choices"][0]["message"]["tool_calls"][0]["function"]["name"],
-        "get_weather"
-    );
+    // Answered in the legacy shape the client spoke: `function_call`, no `tool_calls`.
+    let message = &v["choices"][0]["message"];
+    assert_eq!(message["function_call"]["name"], "get_weather");
+    assert!(message["function_call"]["arguments"].is_string());
+    assert!(message.get("tool_calls").is_none(), "{message}");
+    assert_eq!(v["choices"][0]["finish_reason"], "function_call");
     assert_eq!(gw.mock.requests()[2].body["tool_choice"], "auto");
+    // Streamed: `function_call` deltas and finish reason `function_call`.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let (status, _, text) = send(&gw.base, "/v1/chat/completions", &[], &streamed).await;
+    assert_eq!(status, 200, "{text}");
+    let events = openai_events(&text);
+    let name: String = events
+        .iter()
+        .filter_map(|e| {
+            e.pointer("/choices/0/delta/function_call/name")
+                .and_then(Value::as_str)
+        })
+        .collect();
+    assert_eq!(name, "get_weather");
+    assert!(
+        events
+            .iter()
+            .all(|e| e.pointer("/choices/0/delta/tool_calls").is_none())
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| e.pointer("/choices/0/finish_reason") == Some(&json!("function_call")))
+    );
 
     // Unknown fields are still OpenAI's 400.
     let body =

@@ -317,7 +317,8 @@ async fn execute(
     let fut = async move {
         match endpoint.as_str() {
             "/v1/chat/completions" => {
-                crate::front_door::serve(crate::chat::OpenAiChat, app2, &headers, &body).await
+                crate::front_door::serve(crate::chat::OpenAiChat::default(), app2, &headers, &body)
+                    .await
             }
             "/v1/messages" => {
                 crate::front_door::serve(

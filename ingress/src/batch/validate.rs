@@ -48,7 +48,7 @@ fn err(code: &str, message: String, param: Option<&str>, line: usize) -> LineErr
 pub fn check_body(app: &AppState, endpoint: &str, body: &Value) -> Result<(), (String, String)> {
     let bytes = serde_json::to_vec(body).map_err(|e| ("invalid_body".into(), e.to_string()))?;
     let parsed = match endpoint {
-        "/v1/chat/completions" => crate::chat::OpenAiChat
+        "/v1/chat/completions" => crate::chat::OpenAiChat::default()
             .parse(&bytes)
             .map(|i| (i.model, i.stream)),
         "/v1/messages" => crate::anthropic::AnthropicMessages { beta: None }

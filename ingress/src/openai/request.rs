@@ -117,6 +117,8 @@ pub struct ParsedChat {
     pub include_usage: bool,
     /// Fields for an OpenAI upstream only.
     pub passthrough: BTreeMap<String, Passthrough>,
+    /// The tools came as legacy `functions`: the answer uses `function_call`, not `tool_calls`.
+    pub legacy_functions: bool,
 }
 
 /// The body as JSON, or OpenAI's 400 for unparsable JSON.
@@ -246,6 +248,7 @@ pub fn parse(body: &[u8]) -> Result<ParsedChat, ApiError> {
         Some(Stop::Many(v)) => v,
     };
     // Legacy `functions` / `function_call` when the current names are absent.
+    let legacy_functions = b.tools.is_none() && b.functions.is_some();
     let tools = match (b.tools, b.functions) {
         (Some(t), _) => t,
         (None, Some(f)) => f
@@ -268,6 +271,7 @@ pub fn parse(body: &[u8]) -> Result<ParsedChat, ApiError> {
         passthrough.insert(Passthrough::OPENAI.to_owned(), openai);
     }
     Ok(ParsedChat {
+        legacy_functions,
         model: b.model,
         messages: b.messages,
         tools,

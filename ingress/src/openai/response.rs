@@ -18,6 +18,9 @@ pub struct ResponseMeta {
     pub model: String,
     /// Whether chunks carry `"usage": null` and a final usage chunk follows.
     pub include_usage: bool,
+    /// The request used legacy `functions`: the call is answered as `function_call` (one call,
+    /// finish reason `function_call`; OpenAI API reference, deprecated function calling).
+    pub legacy_functions: bool,
 }
 
 #[derive(Serialize)]
@@ -49,6 +52,9 @@ pub struct Delta<'a> {
     content: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tool_calls: Option<[ToolCallDelta<'a>; 1]>,
+    /// Legacy `function_call` delta (requests that sent `functions`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    function_call: Option<FunctionDelta<'a>>,
     /// Reasoning text (DeepSeek's and LiteLLM's name, read by the OpenAI SDKs as an extra field).
     #[serde(skip_serializing_if = "Option::is_none")]
     reasoning_content: Option<&'a str>,
@@ -125,7 +131,7 @@ impl ResponseMeta {
             index: 0,
             delta,
             logprobs: None,
-            finish_reason: finish.map(FinishReason::as_str),
+            finish_reason: finish.map(|f| self.finish_name(f)),
         }];
         sse(&Chunk {
             id: &self.id,
@@ -228,6 +234,19 @@ impl ResponseMeta {
         name: Option<&str>,
         arguments: &str,
     ) -> Bytes {
+        if self.legacy_functions {
+            // One function call per answer in the legacy shape; further calls are not shown.
+            if index != 0 {
+                return Bytes::new();
+            }
+            return self.chunk(
+                Delta {
+                    function_call: Some(FunctionDelta { name, arguments }),
+                    ..Delta::default()
+                },
+                None,
+            );
+        }
         let call = ToolCallDelta {
             index,
             id,
@@ -241,6 +260,15 @@ impl ResponseMeta {
             },
             None,
         )
+    }
+
+    /// `finish_reason` as sent: `function_call` instead of `tool_calls` for legacy requests.
+    fn finish_name(&self, f: FinishReason) -> &'static str {
+        if self.legacy_functions && f == FinishReason::ToolCalls {
+            "function_call"
+        } else {
+            f.as_str()
+        }
     }
 
     /// The chunk carrying `finish_reason` with an empty delta.
@@ -285,7 +313,12 @@ pub fn completion(meta: &ResponseMeta, agg: &crate::route::Aggregate) -> serde_j
         Some(agg.text.as_str())
     };
     let mut message = serde_json::json!({"role": "assistant", "content": content, "refusal": null});
-    if !calls.is_empty() {
+    if meta.legacy_functions {
+        if let Some(c) = agg.tool_calls.first() {
+            message["function_call"] =
+                serde_json::json!({"name": c.name, "arguments": c.arguments});
+        }
+    } else if !calls.is_empty() {
         message["tool_calls"] = serde_json::Value::Array(calls);
     }
     if !agg.thinking.is_empty() {
@@ -301,7 +334,7 @@ pub fn completion(meta: &ResponseMeta, agg: &crate::route::Aggregate) -> serde_j
         "created": meta.created,
         "model": meta.model,
         "system_fingerprint": null,
-        "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": agg.finish.as_str()}],
+        "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": meta.finish_name(agg.finish)}],
         "usage": serde_json::to_value(UsageOut::from(agg.usage.unwrap_or_default())).unwrap_or_default(),
     })
 }
@@ -317,6 +350,7 @@ mod tests {
             created: 7,
             model: "demo/mock".into(),
             include_usage,
+            legacy_functions: false,
         }
     }
 
