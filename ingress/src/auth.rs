@@ -142,6 +142,7 @@ fn unauthorized(message: impl Into<String>) -> ApiError {
         param: None,
         code: Some("invalid_api_key"),
         retry_after_s: None,
+        request_id: None,
     }
 }
 

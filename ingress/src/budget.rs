@@ -98,6 +98,7 @@ impl Scope {
             param: None,
             code: Some("insufficient_quota"),
             retry_after_s: retry,
+            request_id: None,
         }
     }
 }
@@ -275,6 +276,7 @@ fn unavailable() -> ApiError {
         param: None,
         code: Some("budget_store_unavailable"),
         retry_after_s: Some(1),
+        request_id: None,
     }
 }
 

@@ -92,6 +92,11 @@ impl Charge {
         }
     }
 
+    /// The request's id (`None` once published).
+    pub fn request_id(&self) -> Option<uuid::Uuid> {
+        self.event.as_ref().map(|e| e.request_id)
+    }
+
     /// Attaches the request's budget reservation: it is settled with the final charge (or
     /// released with $0 when the request fails before any upstream usage).
     pub fn reserved(&mut self, reservation: Reservation) {

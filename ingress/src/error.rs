@@ -23,6 +23,9 @@ pub struct ApiError {
     pub code: Option<&'static str>,
     /// `Retry-After` to send, seconds.
     pub retry_after_s: Option<u64>,
+    /// The request id when the request was admitted (sent as `x-request-id`, so a failed
+    /// request can be found in the ledger and the logs).
+    pub request_id: Option<uuid::Uuid>,
 }
 
 impl ApiError {
@@ -35,6 +38,7 @@ impl ApiError {
             param,
             code: None,
             retry_after_s: None,
+            request_id: None,
         }
     }
 
@@ -47,6 +51,7 @@ impl ApiError {
             param: Some("model".into()),
             code: Some("model_not_found"),
             retry_after_s: None,
+            request_id: None,
         }
     }
 
@@ -96,6 +101,11 @@ impl ApiError {
             && let Ok(v) = HeaderValue::from_str(&s.to_string())
         {
             resp.headers_mut().insert("retry-after", v);
+        }
+        if let Some(id) = self.request_id
+            && let Ok(v) = HeaderValue::from_str(&id.to_string())
+        {
+            resp.headers_mut().insert("x-request-id", v);
         }
         resp
     }
@@ -193,6 +203,7 @@ impl From<ErrorInfo> for ApiError {
             param: e.param,
             code,
             retry_after_s: e.retry_after_ms.map(|ms| ms.div_ceil(1000)),
+            request_id: None,
         }
     }
 }

@@ -383,6 +383,7 @@ fn overloaded(limit: usize, anthropic: bool) -> Response<Body> {
         param: None,
         code: Some("server_overloaded"),
         retry_after_s: Some(1),
+        request_id: None,
     };
     if anthropic {
         e.into_anthropic_response()
@@ -403,6 +404,7 @@ fn body_timeout(limit: Duration) -> Response<Body> {
         param: None,
         code: Some("request_timeout"),
         retry_after_s: None,
+        request_id: None,
     };
     let mut resp = axum::response::IntoResponse::into_response(e);
     resp.headers_mut()
@@ -427,6 +429,7 @@ async fn reject_connection(
             param: None,
             code: Some("server_overloaded"),
             retry_after_s: Some(1),
+            request_id: None,
         };
         Ok::<_, Infallible>(axum::response::IntoResponse::into_response(e))
     });

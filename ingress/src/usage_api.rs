@@ -308,6 +308,7 @@ fn forbidden(message: String, param: &str) -> ApiError {
         param: Some(param.to_owned()),
         code: Some("permission_denied"),
         retry_after_s: None,
+        request_id: None,
     }
 }
 
@@ -319,6 +320,7 @@ fn unavailable(message: &str) -> ApiError {
         param: None,
         code: Some("billing_unavailable"),
         retry_after_s: Some(1),
+        request_id: None,
     }
 }
 
@@ -330,6 +332,7 @@ fn internal(message: String) -> ApiError {
         param: None,
         code: Some("usage_query_failed"),
         retry_after_s: None,
+        request_id: None,
     }
 }
 

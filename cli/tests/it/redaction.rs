@@ -46,12 +46,20 @@ async fn upstream_errors_never_carry_the_credential() {
         "#mock status=400 error_message={}\nhi",
         echo.replace(' ', "+").replace('=', "%3D")
     );
-    let (status, _, body) = post_json(
+    let (status, headers, body) = post_json(
         &gw.base,
         &json!({"model": "demo/keyed", "messages": [{"role": "user", "content": directive}]}),
     )
     .await;
     assert_eq!(status, 400, "{body}");
+    // A failed admitted request still names its id, which finds its ledger rows.
+    let id: uuid::Uuid = headers["x-request-id"].to_str().unwrap().parse().unwrap();
+    assert_eq!(
+        crate::common::ledger_rows(gw.ledger.as_ref().unwrap(), id, 2)
+            .await
+            .len(),
+        2
+    );
     assert_eq!(
         body["error"]["message"],
         "upstream returned HTTP 400: Invalid value for api_key=[redacted]"

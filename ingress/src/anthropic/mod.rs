@@ -54,6 +54,7 @@ pub async fn unknown_path(uri: axum::http::Uri) -> Response {
         param: None,
         code: Some("unknown_url"),
         retry_after_s: None,
+        request_id: None,
     }
     .into_anthropic_response()
 }

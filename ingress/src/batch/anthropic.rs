@@ -259,6 +259,7 @@ pub async fn results(State(app): State<Arc<AppState>>, Path(id): Path<String>) -
                 param: None,
                 code: None,
                 retry_after_s: None,
+                request_id: None,
             });
         };
         store_of(&app)?

@@ -79,6 +79,7 @@ pub fn store_of(app: &AppState) -> Result<Arc<BatchStore>, ApiError> {
         param: None,
         code: Some("batch_store_unavailable"),
         retry_after_s: Some(5),
+        request_id: None,
     })
 }
 
@@ -92,6 +93,7 @@ pub fn store_error(e: StoreError) -> ApiError {
         param: None,
         code: Some("batch_store_unavailable"),
         retry_after_s: Some(1),
+        request_id: None,
     }
 }
 
@@ -104,6 +106,7 @@ pub fn not_found(what: &str, id: &str) -> ApiError {
         param: Some("id".into()),
         code: None,
         retry_after_s: None,
+        request_id: None,
     }
 }
 
@@ -241,6 +244,7 @@ pub async fn cancel(
                     param: None,
                     code: None,
                     retry_after_s: None,
+                    request_id: None,
                 });
             }
             _ => {}

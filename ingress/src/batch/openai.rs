@@ -130,6 +130,7 @@ pub async fn upload(State(app): State<Arc<AppState>>, mut form: Multipart) -> Re
             param: Some("file".into()),
             code: Some("file_too_large"),
             retry_after_s: None,
+            request_id: None,
         }
         .into_response();
     }

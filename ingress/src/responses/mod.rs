@@ -68,6 +68,7 @@ pub async fn create(State(app): State<Arc<AppState>>, headers: HeaderMap, body: 
                     param: Some("previous_response_id".into()),
                     code: Some("previous_response_not_found"),
                     retry_after_s: None,
+                    request_id: None,
                 }
                 .into_response();
             }
@@ -231,6 +232,7 @@ fn not_found(id: &str) -> Response {
         param: None,
         code: None,
         retry_after_s: None,
+        request_id: None,
     }
     .into_response()
 }
@@ -243,6 +245,7 @@ fn store_failed(e: StoreError) -> Response {
         param: None,
         code: Some("store_unavailable"),
         retry_after_s: Some(1),
+        request_id: None,
     }
     .into_response()
 }

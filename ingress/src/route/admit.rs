@@ -31,8 +31,10 @@ impl Ledger {
             charge,
             mut outcome,
         } = self;
+        let request_id = charge.request_id();
         charge.finish(Some(error.class));
-        let api = ApiError::from(error);
+        let mut api = ApiError::from(error);
+        api.request_id = request_id;
         outcome.finish(api.status.as_u16());
         api
     }

@@ -235,6 +235,7 @@ pub fn check_size(app: &AppState, body_len: usize) -> Result<(), ApiError> {
         param: None,
         code: Some("request_too_large"),
         retry_after_s: None,
+        request_id: None,
     })
 }
 
