@@ -107,14 +107,22 @@ async fn call(
 }
 
 async fn create_batch(base: &str, key: &str, file_id: &str, window: &str) -> Value {
+    create_batch_for(base, key, file_id, window, "/v1/chat/completions").await
+}
+
+async fn create_batch_for(
+    base: &str,
+    key: &str,
+    file_id: &str,
+    window: &str,
+    endpoint: &str,
+) -> Value {
     let (status, b) = call(
         reqwest::Method::POST,
         format!("{base}/v1/batches"),
         key,
-        Some(
-            json!({"input_file_id": file_id, "endpoint": "/v1/chat/completions",
-                    "completion_window": window, "metadata": {"job": "nightly"}}),
-        ),
+        Some(json!({"input_file_id": file_id, "endpoint": endpoint,
+                    "completion_window": window, "metadata": {"job": "nightly"}})),
     )
     .await;
     assert_eq!(status, 200, "{b}");
@@ -702,14 +710,14 @@ async fn embeddings_batch_returns_live_bodies() {
         .collect::<Vec<_>>()
         .join("\n");
     let file = upload(&gw.base, KEY_A, &input).await;
-    let (status, batch) = call(
-        reqwest::Method::POST,
-        format!("{}/v1/batches", gw.base),
+    let batch = create_batch_for(
+        &gw.base,
         KEY_A,
-        Some(json!({"input_file_id": file["id"], "endpoint": "/v1/embeddings", "completion_window": "24h"})),
+        file["id"].as_str().unwrap(),
+        "24h",
+        "/v1/embeddings",
     )
     .await;
-    assert_eq!(status, 200, "{batch}");
     let id = batch["id"].as_str().unwrap();
     let done = wait_status(&gw.base, KEY_A, id, "completed").await;
     assert_eq!(
@@ -745,14 +753,14 @@ async fn responses_batch_returns_response_objects() {
         .collect::<Vec<_>>()
         .join("\n");
     let file = upload(&gw.base, KEY_A, &input).await;
-    let (status, batch) = call(
-        reqwest::Method::POST,
-        format!("{}/v1/batches", gw.base),
+    let batch = create_batch_for(
+        &gw.base,
         KEY_A,
-        Some(json!({"input_file_id": file["id"], "endpoint": "/v1/responses", "completion_window": "24h"})),
+        file["id"].as_str().unwrap(),
+        "24h",
+        "/v1/responses",
     )
     .await;
-    assert_eq!(status, 200, "{batch}");
     let id = batch["id"].as_str().unwrap();
     let done = wait_status(&gw.base, KEY_A, id, "completed").await;
     assert_eq!(

@@ -23,13 +23,11 @@ use switchyard_schemas::now_ms;
 /// Anthropic batches end within 24 hours.
 const WINDOW_S: u64 = 24 * 3600;
 
+/// Seconds since the epoch as Anthropic's RFC 3339 timestamps (the usage API's formatter).
 fn rfc3339(secs: Option<u64>) -> Value {
-    secs.and_then(|s| time::OffsetDateTime::from_unix_timestamp(s as i64).ok())
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .map_or(Value::Null, Value::String)
+    secs.map_or(Value::Null, |s| {
+        Value::String(crate::usage_api::rfc3339(s.saturating_mul(1000)))
+    })
 }
 
 /// The `message_batch` object; `base` is the gateway's URL as the client reached it (for
