@@ -292,15 +292,18 @@ impl BillingService {
         }
     }
 
-    /// Decodes, stores and acks one batch. Returns false when the insert failed (batch nak'ed).
+    /// Decodes, stores and acks one batch. Returns false when an insert failed (its messages
+    /// nak'ed). A message may carry several events (a JSON array, see
+    /// `switchyard_schemas::publish_batch`); it is acked once every row it carries committed.
     async fn process(&mut self, batch: Vec<jetstream::Message>) -> bool {
-        let mut rows = Vec::with_capacity(batch.len());
-        let mut good = Vec::with_capacity(batch.len());
+        let mut rows: Vec<(UsageRow, Owed, usize)> = Vec::with_capacity(batch.len());
+        let mut messages = Vec::with_capacity(batch.len());
         for message in batch {
             match decode(&message.payload) {
-                Ok((row, owed)) => {
-                    rows.push(row);
-                    good.push((message, owed));
+                Ok(events) => {
+                    let i = messages.len();
+                    rows.extend(events.into_iter().map(|(row, owed)| (row, owed, i)));
+                    messages.push(message);
                 }
                 Err(reason) => {
                     self.stats.terminated += 1;
@@ -315,72 +318,70 @@ impl BillingService {
                 }
             }
         }
-        if rows.is_empty() {
-            return true;
-        }
         let writers = match self.ledger.backend() {
             Backend::Sqlite => 1,
             Backend::Postgres => self.config.writers.max(1),
         };
         // Parts by request id: concurrent transactions never share a key.
         let mut parts: Vec<Part> = (0..writers).map(|_| (Vec::new(), Vec::new())).collect();
-        for (row, message) in rows.into_iter().zip(good) {
+        for (row, owed, i) in rows {
             if let Some(part) = parts.get_mut(row.lane(writers)) {
                 part.0.push(row);
-                part.1.push(message);
+                part.1.push((i, owed));
             }
         }
         parts.retain(|(rows, _)| !rows.is_empty());
         let results =
             futures::future::join_all(parts.iter().map(|(rows, _)| self.ledger.insert_rows(rows)))
                 .await;
+        // A message is acked only when every part holding one of its rows committed and every
+        // budget settlement it carries was applied.
+        let mut ok = vec![true; messages.len()];
         let mut all_ok = true;
-        for ((rows, messages), result) in parts.iter().zip(results) {
-            all_ok &= self.settle(rows.len(), messages, result).await;
+        for ((rows, owners), result) in parts.iter().zip(results) {
+            let committed = self.record(rows.len(), result);
+            all_ok &= committed;
+            for (i, owed) in owners {
+                let settled = match owed {
+                    Some((request_id, owed)) if committed => {
+                        self.settle_budget(request_id, owed).await
+                    }
+                    _ => committed,
+                };
+                if let Some(slot) = ok.get_mut(*i) {
+                    *slot &= settled;
+                }
+            }
+        }
+        for (message, ok) in messages.iter().zip(ok) {
+            // A lost ack means a redelivery, which the primary key absorbs.
+            let result = if ok {
+                message.ack().await
+            } else {
+                message
+                    .ack_with(AckKind::Nak(Some(self.config.retry_delay)))
+                    .await
+            };
+            if let Err(e) = result {
+                tracing::warn!(subject = %message.subject, error = %e, "ack/nak failed");
+            }
         }
         all_ok
     }
 
-    /// Acks `messages` after their rows committed, or naks them for redelivery when the insert
-    /// failed. Returns whether it committed.
-    async fn settle(
-        &mut self,
-        rows: usize,
-        messages: &[(jetstream::Message, Owed)],
-        result: Result<u64, BillingError>,
-    ) -> bool {
+    /// Counts one part's insert; returns whether it committed.
+    fn record(&mut self, rows: usize, result: Result<u64, BillingError>) -> bool {
         match result {
             Ok(inserted) => {
                 self.stats.batches += 1;
                 self.stats.inserted += inserted;
                 self.stats.duplicates += (rows as u64).saturating_sub(inserted);
                 tracing::debug!(events = rows, inserted, "usage batch stored");
-                for (message, owed) in messages {
-                    if let Some((request_id, owed)) = owed
-                        && !self.settle_budget(request_id, owed).await
-                    {
-                        let nak = AckKind::Nak(Some(self.config.retry_delay));
-                        if let Err(e) = message.ack_with(nak).await {
-                            tracing::warn!(subject = %message.subject, error = %e, "nak failed");
-                        }
-                        continue;
-                    }
-                    // A lost ack means a redelivery, which the primary key absorbs.
-                    if let Err(e) = message.ack().await {
-                        tracing::warn!(subject = %message.subject, error = %e, "ack failed");
-                    }
-                }
                 true
             }
             Err(e) => {
                 self.stats.failed_batches += 1;
                 tracing::error!(error = %e, events = rows, "storing usage batch failed; nak");
-                let nak = AckKind::Nak(Some(self.config.retry_delay));
-                for (message, _) in messages {
-                    if let Err(e) = message.ack_with(nak).await {
-                        tracing::warn!(subject = %message.subject, error = %e, "nak failed");
-                    }
-                }
                 false
             }
         }
@@ -412,17 +413,28 @@ impl BillingService {
 /// A `charge` event's unwritten budget settlement: its request id and what it owes.
 type Owed = Option<(String, BudgetOwed)>;
 
-/// One writer's share of a batch: rows and their messages.
-type Part = (Vec<UsageRow>, Vec<(jetstream::Message, Owed)>);
+/// One writer's share of a batch: rows, and per row the index of its message and its owed
+/// settlement.
+type Part = (Vec<UsageRow>, Vec<(usize, Owed)>);
 
-/// Parses and checks one payload; the error says why it can never be stored.
-fn decode(payload: &[u8]) -> Result<(UsageRow, Owed), String> {
+/// Parses and checks one payload — one event, or a JSON array of events — into rows; the error
+/// says why it can never be stored (one bad event makes the whole message unstorable: producers
+/// never batch an event they could not encode).
+fn decode(payload: &[u8]) -> Result<Vec<(UsageRow, Owed)>, String> {
+    let one = |event: UsageEvent, raw: Option<String>| {
+        let row = UsageRow::from_event(&event, raw).map_err(|e| e.to_string())?;
+        let owed = event.budget_owed.map(|o| (event.request_id.to_string(), o));
+        Ok((row, owed))
+    };
+    if payload.trim_ascii_start().starts_with(b"[") {
+        let events: Vec<UsageEvent> =
+            serde_json::from_slice(payload).map_err(|e| format!("bad JSON: {e}"))?;
+        return events.into_iter().map(|e| one(e, None)).collect();
+    }
     let event: UsageEvent =
         serde_json::from_slice(payload).map_err(|e| format!("bad JSON: {e}"))?;
     let raw = std::str::from_utf8(payload).ok().map(str::to_owned);
-    let row = UsageRow::from_event(&event, raw).map_err(|e| e.to_string())?;
-    let owed = event.budget_owed.map(|o| (event.request_id.to_string(), o));
-    Ok((row, owed))
+    Ok(vec![one(event, raw)?])
 }
 
 /// Pull errors after which the message stream yields nothing more.

@@ -9,6 +9,7 @@ use common::{NatsServer, wait_until};
 use std::time::Duration;
 use switchyard_billing::{BillingService, Ledger, ensure_usage_stream};
 use switchyard_schemas::publish::publish_usage_event;
+use switchyard_schemas::publish_batch::UsagePublisher;
 use switchyard_schemas::subjects::{BILLING_CONSUMER, LEGACY_USAGE_STREAM, Subjects, USAGE_STREAM};
 use switchyard_schemas::usage::{Usage, UsageEvent, UsageKind, UsageStatus};
 use tokio::sync::oneshot;
@@ -135,6 +136,53 @@ async fn subjects_stay_bounded_and_stored_events_leave_the_stream() {
     assert_eq!(state.last_sequence, 2 * N);
     let info = stream.consumer_info(BILLING_CONSUMER).await.unwrap();
     assert_eq!((info.num_pending, info.num_ack_pending), (0, 0));
+}
+
+/// Two producers' [`UsagePublisher`]s (as two ingress or worker processes) publishing 2,000
+/// events each, 4,000 at once: the stream holds far fewer messages than events (JSON arrays of
+/// up to 256), billing stores every event exactly once, and a closed publisher still stores.
+#[tokio::test]
+async fn batched_publishers_store_every_event_once_in_few_messages() {
+    const N: u64 = 1_000;
+    let nats = NatsServer::start();
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let js = jetstream::new(client.clone());
+    let subjects = Subjects::default();
+    let mut stream = ensure_usage_stream(&js, &subjects).await.unwrap();
+    let producers = [
+        UsagePublisher::start(js.clone(), subjects.clone()),
+        UsagePublisher::start(js.clone(), subjects.clone()),
+    ];
+    let all = events(2 * N);
+    let stored = futures::future::join_all(
+        all.iter()
+            .enumerate()
+            .map(|(i, e)| producers[i % 2].publish(e.clone())),
+    )
+    .await;
+    assert!(stored.iter().all(|s| *s), "every event stored");
+    let messages = stream.info().await.unwrap().state.messages;
+    assert!(
+        messages <= 4 * N / 20,
+        "{messages} messages for {} events",
+        4 * N
+    );
+    for p in &producers {
+        p.close().await;
+    }
+    // After close an event is published on its own, still stored.
+    let late = events(1);
+    assert!(producers[0].publish(late[0].clone()).await);
+
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = sqlite_ledger(&dir).await;
+    bill_until_drained(client, &ledger, &stream, 4 * N + 1).await;
+    let info = stream.consumer_info(BILLING_CONSUMER).await.unwrap();
+    assert_eq!((info.num_pending, info.num_ack_pending), (0, 0));
+    for e in all.iter().step_by(397) {
+        let rows = ledger.usage_for(e.request_id).await.unwrap();
+        assert_eq!(rows.len(), 2, "charge and upstream of {}", e.request_id);
+    }
 }
 
 /// An existing deployment's `SY_USAGE` (limits retention, a subject per request) whose

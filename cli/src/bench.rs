@@ -98,19 +98,35 @@ fn free_port() -> Result<u16, String> {
     Ok(l.local_addr().map_err(|e| e.to_string())?.port())
 }
 
-fn spawn(args: &[&str], log: &Path) -> Result<Proc, String> {
+fn spawn(args: &[&str], log: &Path, monitor: Option<u16>) -> Result<Proc, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let out = std::fs::File::create(log).map_err(|e| e.to_string())?;
     let err = out.try_clone().map_err(|e| e.to_string())?;
     let child = Command::new(exe)
         .args(args)
         .env("RUST_LOG", "warn")
+        .envs(monitor.map(|p| ("SWITCHYARD_NATS_MONITOR_PORT", p.to_string())))
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err)
         .spawn()
         .map_err(|e| e.to_string())?;
     Ok(Proc(child))
+}
+
+/// `in_msgs` and `out_msgs` of the `up` tree's nats-server (its `/varz` monitoring endpoint):
+/// every message a client published to it and every message it delivered, JetStream
+/// acknowledgements and KV operations included.
+async fn nats_counts(http: &reqwest::Client, monitor: u16) -> Option<(u64, u64)> {
+    let v: serde_json::Value = http
+        .get(format!("http://127.0.0.1:{monitor}/varz"))
+        .send()
+        .await
+        .ok()?
+        .json()
+        .await
+        .ok()?;
+    Some((v["in_msgs"].as_u64()?, v["out_msgs"].as_u64()?))
 }
 
 /// The gateway's config: one JSON and one streaming model on the mock, a budgeted key, limits.
@@ -346,11 +362,12 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
     let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
     let dir = args.dir.clone().unwrap_or_else(|| tmp.path().to_owned());
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let (mock_port, port) = (free_port()?, free_port()?);
+    let (mock_port, port, monitor) = (free_port()?, free_port()?, free_port()?);
     let mock_listen = format!("127.0.0.1:{mock_port}");
     let _mock = spawn(
         &["mock-upstream", "--listen", &mock_listen],
         &dir.join("mock.log"),
+        None,
     )?;
     std::fs::write(dir.join("prices.yaml"), PRICES).map_err(|e| e.to_string())?;
     let config = dir.join("bench.yaml");
@@ -360,6 +377,7 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
     let up = spawn(
         &["up", "--config", &config_arg, "--no-local-model"],
         &dir.join("up.log"),
+        Some(monitor),
     )?;
     let up_pid = up.0.id();
 
@@ -460,6 +478,7 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         let length = Duration::from_secs_f64(args.seconds as f64 / f64::from(args.slices.max(1)));
         let mut peak_rss = 0;
         let mut cpu_ticks = 0;
+        let mut nats_msgs = (0, 0);
         let (dp, vp) = if stream {
             (&direct_stream, &via_stream)
         } else {
@@ -468,6 +487,7 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         for _ in 0..args.slices.max(1) {
             slice(&http, dp, rate, length, stream, &counter, &direct).await;
             let (_, cpu0) = tree_usage(up_pid);
+            let msgs0 = nats_counts(&http, monitor).await;
             let sampling = Arc::new(AtomicU64::new(0));
             let sampler = {
                 let sampling = sampling.clone();
@@ -484,6 +504,10 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
             sampling.store(1, Ordering::Relaxed);
             peak_rss = peak_rss.max(sampler.await.unwrap_or(0));
             cpu_ticks += tree_usage(up_pid).1.saturating_sub(cpu0);
+            if let (Some(a), Some(b)) = (msgs0, nats_counts(&http, monitor).await) {
+                nats_msgs.0 += b.0.saturating_sub(a.0);
+                nats_msgs.1 += b.1.saturating_sub(a.1);
+            }
         }
         let (d, v) = (direct.lock(), via.lock());
         let ms = |us: u64| us as f64 / 1000.0;
@@ -509,10 +533,11 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         let added = |q: f64, a: &Histogram<u64>, b: &Histogram<u64>| {
             (b.value_at_quantile(q) as f64 - a.value_at_quantile(q) as f64) / 1000.0
         };
-        let cpu_ms = cpu_ticks as f64 / TICKS_PER_S * 1000.0 / (v.ok + v.errors).max(1) as f64;
+        let requests = (v.ok + v.errors).max(1) as f64;
+        let cpu_ms = cpu_ticks as f64 / TICKS_PER_S * 1000.0 / requests;
         summary.push(format!(
             "{name}: added {what} p50 {:+.3} ms, p99 {:+.3} ms{}; CPU of the up tree {:.3} ms/request; \
-             peak RSS {} MB; errors direct {} / switchyard {}{}",
+             NATS messages/request {:.1} in, {:.1} out; peak RSS {} MB; errors direct {} / switchyard {}{}",
             added(0.5, &d.latency, &v.latency),
             added(0.99, &d.latency, &v.latency),
             if stream {
@@ -524,6 +549,8 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
                 String::new()
             },
             cpu_ms,
+            nats_msgs.0 as f64 / requests,
+            nats_msgs.1 as f64 / requests,
             peak_rss / 1024,
             d.errors,
             v.errors,

@@ -6,7 +6,6 @@ use crate::AppState;
 use crate::budget::{self, Demand, Reservation};
 use std::sync::Arc;
 use std::time::Instant;
-use switchyard_schemas::publish::publish_usage_event;
 use switchyard_schemas::usage::{BudgetOwed, UsageStatus};
 use switchyard_schemas::{ChatRequest, ErrorClass, Usage, UsageEvent, UsageKind, now_ms};
 
@@ -200,7 +199,7 @@ impl Charge {
                     });
                 }
             }
-            publish_usage_event(&app.js, &app.subjects, &e).await;
+            app.usage.publish(e).await;
         });
     }
 }

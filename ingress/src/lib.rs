@@ -83,6 +83,8 @@ pub struct AppState {
     pub batches: Option<Arc<batch::store::BatchStore>>,
     /// Stored responses of `POST /v1/responses` (KV bucket `SY_RESPONSES`).
     pub responses: responses::store::ResponseStore,
+    /// Usage events (`charge`), batched into few JetStream messages; closed after `tasks`.
+    pub usage: switchyard_schemas::publish_batch::UsagePublisher,
 }
 
 impl AppState {
@@ -138,7 +140,10 @@ pub async fn state(
         responses::store::ResponseStore::connect(&js, config.get().responses.ttl_s).await;
     // Loading the tokenizer takes a moment: do it now, off the request path.
     tokio::task::spawn_blocking(trim::warm_up);
+    let usage =
+        switchyard_schemas::publish_batch::UsagePublisher::start(js.clone(), subjects.clone());
     Ok(Arc::new(AppState {
+        usage,
         config,
         dispatcher,
         js,
@@ -238,6 +243,7 @@ pub async fn serve(
             "background tasks still running after the drain; exiting without them"
         );
     }
+    state.usage.close().await;
     state.budgets.store().close().await;
     Ok(())
 }

@@ -268,6 +268,13 @@ fn spawn(
         .arg(&ports_dir)
         // A debugging aid: `SWITCHYARD_NATSD_LOG=<file>` keeps the server's log (permission
         // violations are logged there).
+        // `SWITCHYARD_NATS_MONITOR_PORT=<port>` turns on the HTTP monitoring endpoint (`/varz`):
+        // `switchyard bench` reads it to count NATS messages per request.
+        .args(
+            std::env::var_os("SWITCHYARD_NATS_MONITOR_PORT")
+                .map(|p| vec![std::ffi::OsString::from("-m"), p])
+                .unwrap_or_default(),
+        )
         .args(
             std::env::var_os("SWITCHYARD_NATSD_LOG")
                 .map(|f| vec![std::ffi::OsString::from("-l"), f])

@@ -20,6 +20,8 @@ pub mod nats_config;
 pub mod pricing;
 #[cfg(feature = "nats")]
 pub mod publish;
+#[cfg(feature = "nats")]
+pub mod publish_batch;
 pub mod request;
 pub mod routing;
 pub mod secret;

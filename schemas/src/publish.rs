@@ -66,13 +66,32 @@ pub async fn publish_usage_event(
         return false;
     };
     let subject = subject_of(subjects, event);
-    let msg_id = msg_id_of(event);
+    let entry = Entry {
+        subject: subject.clone(),
+        msg_id: msg_id_of(event),
+        event: event.clone(),
+    };
+    let msg_id = entry.msg_id.clone();
+    store(js, &subject, &msg_id, payload, vec![entry]).await
+}
+
+/// Publishes `payload` (one event, or a JSON array of events, all on `subject`) with `msg_id`,
+/// retrying as [`publish_usage_event`] documents; when every attempt fails, appends `entries`
+/// (the events it carries, each with its own subject and `Nats-Msg-Id`) to the spool. Returns
+/// whether the events are stored (acknowledged or spooled).
+pub(crate) async fn store(
+    js: &async_nats::jetstream::Context,
+    subject: &str,
+    msg_id: &str,
+    payload: Vec<u8>,
+    entries: Vec<Entry>,
+) -> bool {
     let mut delay = Duration::from_millis(50);
     for attempt in 0..PUBLISH_ATTEMPTS {
         // While disconnected a publish would only wait for the acknowledgement timeout (5 s by
         // default); failing the attempt at once gets the event onto disk within ~0.75 s.
         let result = if connected(js) {
-            publish_once(js, &subject, &msg_id, &payload).await
+            publish_once(js, subject, msg_id, &payload).await
         } else {
             Err("NATS is not connected".to_owned())
         };
@@ -86,30 +105,26 @@ pub async fn publish_usage_event(
         }
     }
     let Some(spool) = current_spool() else {
-        tracing::error!(%subject, "usage event could not be stored in JetStream and no spool is configured; dropped");
+        tracing::error!(%subject, events = entries.len(), "usage events could not be stored in JetStream and no spool is configured; dropped");
         return false;
     };
-    let entry = Entry {
-        subject: subject.clone(),
-        msg_id,
-        event: event.clone(),
-    };
+    let events = entries.len();
     let appended = {
         let spool = spool.clone();
-        tokio::task::spawn_blocking(move || spool.append(&entry)).await
+        tokio::task::spawn_blocking(move || entries.iter().try_for_each(|e| spool.append(e))).await
     };
     match appended {
         Ok(Ok(())) => {
-            tracing::warn!(%subject, spool = %spool.dir().display(),
-                "usage event not acknowledged by JetStream; spooled locally for later delivery");
+            tracing::warn!(%subject, events, spool = %spool.dir().display(),
+                "usage events not acknowledged by JetStream; spooled locally for later delivery");
             true
         }
         Ok(Err(e)) => {
-            tracing::error!(%subject, error = %e, "usage event could not be spooled; dropped");
+            tracing::error!(%subject, events, error = %e, "usage events could not be spooled; dropped");
             false
         }
         Err(e) => {
-            tracing::error!(%subject, error = %e, "usage event spool task failed; dropped");
+            tracing::error!(%subject, events, error = %e, "usage event spool task failed; dropped");
             false
         }
     }
@@ -121,7 +136,7 @@ fn connected(js: &async_nats::jetstream::Context) -> bool {
 }
 
 /// The subject an event is published on: one per kind, never per request.
-fn subject_of(subjects: &Subjects, event: &UsageEvent) -> String {
+pub(crate) fn subject_of(subjects: &Subjects, event: &UsageEvent) -> String {
     subjects.usage_kind(event.kind.as_str())
 }
 
@@ -137,7 +152,7 @@ fn ours(subjects: &Subjects, entry: &Entry) -> bool {
 }
 
 /// The `Nats-Msg-Id` of an event: `<request-id>:<kind>:<attempt>`.
-fn msg_id_of(event: &UsageEvent) -> String {
+pub(crate) fn msg_id_of(event: &UsageEvent) -> String {
     format!(
         "{}:{}:{}",
         event.request_id,
@@ -175,10 +190,10 @@ async fn send(
 
 /// One spooled event: where and with which `Nats-Msg-Id` it is to be published.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct Entry {
-    subject: String,
-    msg_id: String,
-    event: UsageEvent,
+pub(crate) struct Entry {
+    pub(crate) subject: String,
+    pub(crate) msg_id: String,
+    pub(crate) event: UsageEvent,
 }
 
 /// Counters of one [`Spool`].

@@ -4,7 +4,6 @@ use crate::worker::{Shared, adapter, base_url};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use switchyard_schemas::embed::{EmbedReply, EmbedRequest};
-use switchyard_schemas::publish::publish_usage_event;
 use switchyard_schemas::usage::UsageStatus;
 use switchyard_schemas::{ErrorClass, ErrorInfo, Usage, UsageEvent, UsageKind, now_ms};
 
@@ -104,5 +103,5 @@ pub(crate) async fn handle(shared: Arc<Shared>, msg: async_nats::Message) {
         budget_owed: None,
         batch_id: req.batch_id,
     };
-    publish_usage_event(&shared.js, &shared.opts.subjects, &event).await;
+    shared.usage.publish(event).await;
 }

@@ -12,7 +12,6 @@ use futures::StreamExt;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use switchyard_schemas::publish::publish_usage_event;
 use switchyard_schemas::request::{Content, Message, Role, SamplingParams, TargetRef};
 use switchyard_schemas::usage::UsageStatus;
 use switchyard_schemas::{
@@ -169,6 +168,6 @@ async fn probe_once(
         budget_owed: None,
         batch_id: None,
     };
-    publish_usage_event(&shared.js, &shared.opts.subjects, &event).await;
+    shared.usage.publish(event).await;
     healthy
 }

@@ -44,7 +44,7 @@ use switchyard_schemas::config::{
     TargetConfig,
 };
 use switchyard_schemas::frame::{Credit, WINDOW_HEADER};
-use switchyard_schemas::publish::publish_usage_event;
+use switchyard_schemas::publish_batch::UsagePublisher;
 use switchyard_schemas::subjects::{CAP_CHAT, CAP_COUNT, CAP_EMBED, Subjects};
 use switchyard_schemas::usage::UsageStatus;
 use switchyard_schemas::{
@@ -99,7 +99,6 @@ pub fn adapter(kind: ProviderKind) -> Arc<dyn Provider> {
 /// What every request task of one worker shares.
 pub(crate) struct Shared {
     pub(crate) nats: async_nats::Client,
-    pub(crate) js: async_nats::jetstream::Context,
     pub(crate) opts: WorkerOptions,
     pub(crate) http: reqwest::Client,
     /// HTTP clients by connect timeout (ms), for targets overriding `timeouts.connect_ms`.
@@ -111,6 +110,8 @@ pub(crate) struct Shared {
     pub(crate) breakers: Breakers,
     /// Usage publications still running; [`Worker::serve`] waits for them before it returns.
     usage_tasks: TaskTracker,
+    /// Batches usage events into few JetStream messages; closed after `usage_tasks`.
+    pub(crate) usage: UsagePublisher,
 }
 
 impl Shared {
@@ -216,8 +217,9 @@ impl Worker {
             tracing::warn!("could not confirm the worker's subscriptions with the NATS server");
         }
         tracing::info!(worker = %opts.worker_id, providers = ?kinds, "worker serving");
+        let usage = UsagePublisher::start(js.clone(), opts.subjects.clone());
         let shared = Arc::new(Shared {
-            js,
+            usage,
             nats,
             opts,
             http,
@@ -290,6 +292,7 @@ impl Worker {
         tracker.wait().await;
         shared.usage_tasks.close();
         shared.usage_tasks.wait().await;
+        shared.usage.close().await;
         // TPM corrections of the last requests may still be in a batch.
         shared.limiter.close().await;
     }
@@ -942,8 +945,8 @@ fn publish_usage(
         budget_owed: None,
         batch_id: req.batch_id.clone(),
     };
-    let (js, subjects) = (shared.js.clone(), shared.opts.subjects.clone());
+    let usage = shared.usage.clone();
     shared.usage_tasks.spawn(async move {
-        publish_usage_event(&js, &subjects, &event).await;
+        usage.publish(event).await;
     });
 }
