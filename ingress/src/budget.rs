@@ -35,7 +35,6 @@ use switchyard_budgets::{BudgetStore, ReserveError};
 use switchyard_schemas::config::{GatewayConfig, ModelConfig};
 use switchyard_schemas::now_ms;
 use switchyard_schemas::pricing::Catalog;
-use switchyard_schemas::request::{Message, Tool};
 use switchyard_schemas::tenancy::Budget;
 use switchyard_schemas::usage::Usage;
 
@@ -306,33 +305,8 @@ pub async fn choose_model<'a>(
     Ok((model, None))
 }
 
-/// Reserves the estimated charge of a request on `model` for `scopes` (none: `Ok(None)`, no
-/// tokenizer work). `max_tokens` is the request's output cap; the hold lasts until
-/// `deadline_ms` plus `budgets.hold_grace_ms`. Long prompts are tokenized on the blocking pool
-/// ([`crate::trim::Estimate::of_async`]).
-#[allow(clippy::too_many_arguments)]
-pub async fn reserve_for(
-    app: &AppState,
-    config: &GatewayConfig,
-    model: &ModelConfig,
-    scopes: Vec<Scope>,
-    messages: &[Message],
-    tools: &[Tool],
-    max_tokens: Option<u32>,
-    deadline_ms: u64,
-) -> Result<Option<Reservation>, ApiError> {
-    if scopes.is_empty() {
-        return Ok(None);
-    }
-    let prompt = crate::trim::Estimate::of_async(messages, tools)
-        .await
-        .total();
-    let output = max_tokens.map_or(config.budgets.default_max_tokens, u64::from);
-    reserve_tokens(app, config, model, scopes, prompt, output, deadline_ms).await
-}
-
 /// Reserves `prompt_tokens` input and `output_tokens` output on `model` for `scopes` (none:
-/// `Ok(None)`); used directly where the input size is known without a tokenizer (embeddings).
+/// `Ok(None)`). Chat admission passes the tokenizer's estimate; embeddings the input size.
 pub async fn reserve_tokens(
     app: &AppState,
     config: &GatewayConfig,

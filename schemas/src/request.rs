@@ -55,6 +55,12 @@ pub struct ChatRequest {
     /// adapter's docs say what it maps instead). Absent in older payloads.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub passthrough: BTreeMap<String, Passthrough>,
+    /// Ingress's estimate of the prompt, tokens ([`crate::tokens`]: o200k of `messages` and
+    /// `tools` plus framing), when admission computed one (a budgeted caller): workers charge
+    /// TPM with it instead of tokenizing the prompt again. `None` after the messages changed
+    /// (context trimming) and in older payloads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens: Option<u64>,
 }
 
 /// Fields and headers passed unchanged to one provider family (see [`ChatRequest::passthrough`]).

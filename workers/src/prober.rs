@@ -62,6 +62,7 @@ async fn probe_once(
         return false;
     };
     let req = ChatRequest {
+        prompt_tokens: None,
         id: uuid::Uuid::now_v7(),
         tenant: Some(PROBE_TENANT.into()),
         key_id: None,

@@ -88,6 +88,7 @@ async fn handle(
         let caller = crate::auth::current_caller();
         let first_byte = Duration::from_millis(config.timeouts.first_byte_ms);
         let req = ChatRequest {
+            prompt_tokens: None,
             id: uuid::Uuid::now_v7(),
             tenant: caller.tenant,
             key_id: caller.key_id,

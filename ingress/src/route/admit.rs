@@ -59,7 +59,7 @@ pub struct Admitted<'c> {
 }
 
 /// Admits `inbound`: the routed model (`x-switchyard-route` or the body's), the cost-priority
-/// downgrade ([`budget::choose_model`]) and the budget reservation ([`budget::reserve_for`]).
+/// downgrade ([`budget::choose_model`]) and the budget reservation ([`budget::reserve_tokens`]).
 /// A refusal is counted in the metrics but leaves no usage record.
 pub async fn admit<'c>(
     app: &Arc<AppState>,
@@ -83,14 +83,28 @@ pub async fn admit<'c>(
     let timeouts = RequestTimeouts::of(config, policy);
     let deadline = admitted + timeouts.total;
     let deadline_ms = now_ms() + timeouts.total.as_millis() as u64;
-    let reservation = budget::reserve_for(
+    // Tokenized only for a budgeted caller; the estimate travels with the request so workers
+    // do not tokenize it again for TPM.
+    let prompt_tokens = if scopes.is_empty() {
+        None
+    } else {
+        Some(
+            crate::trim::Estimate::of_async(&inbound.messages, &inbound.tools)
+                .await
+                .total(),
+        )
+    };
+    let output = inbound
+        .params
+        .max_tokens
+        .map_or(config.budgets.default_max_tokens, u64::from);
+    let reservation = budget::reserve_tokens(
         app,
         config,
         model,
         scopes,
-        &inbound.messages,
-        &inbound.tools,
-        inbound.params.max_tokens,
+        prompt_tokens.unwrap_or(0),
+        output,
         deadline_ms,
     )
     .await
@@ -116,6 +130,7 @@ pub async fn admit<'c>(
         attempt: 0,
         batch_id: hints.batch.as_ref().map(|b| b.batch_id.clone()),
         passthrough: inbound.passthrough,
+        prompt_tokens,
     };
     let mut charge = Charge::new(app.clone(), &req, admitted);
     if let Some(r) = reservation {

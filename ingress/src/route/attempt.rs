@@ -200,11 +200,13 @@ impl ChatStream<'_> {
                 tracing::info!(request = %self.req.id, target = %target.id, dropped = cut.dropped,
                     tokens = cut.tokens, "trimmed the conversation to the context window");
                 self.req.messages = cut.messages;
+                self.req.prompt_tokens = None;
                 Some(cut.dropped)
             }
             None => {
                 if self.req.messages.len() != t.original.len() {
                     self.req.messages = t.original.clone();
+                    self.req.prompt_tokens = None;
                 }
                 None
             }
