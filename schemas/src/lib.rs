@@ -20,6 +20,7 @@ pub mod nats_config;
 pub mod pricing;
 #[cfg(feature = "nats")]
 pub mod publish;
+pub mod ready;
 pub mod request;
 pub mod routing;
 pub mod secret;
