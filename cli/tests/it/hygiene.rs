@@ -48,14 +48,19 @@ async fn kill_9_of_up_leaves_no_nats_server_behind() {
     assert!(alive(pid), "nats-server {pid} should run beside `up`");
     first.child.start_kill().unwrap(); // SIGKILL: no drop, no shutdown code runs
     let status = first.child.wait().await.unwrap();
-    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(9));
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(9)
+    );
     assert!(
         switchyard_natsd::sys::wait_gone(pid, Duration::from_secs(10)),
         "nats-server {pid} outlived its `up` by 10 s"
     );
     // The data dir is free again: a new `up` starts on it and answers.
     let second = start(tmp.path()).await;
-    let r = reqwest::get(format!("{}/healthz", second.base)).await.unwrap();
+    let r = reqwest::get(format!("{}/healthz", second.base))
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     second.stop().await;
 }
@@ -86,7 +91,9 @@ async fn second_up_on_a_used_data_dir_exits_at_once_naming_the_first() {
         )
     );
     // Only the first one's nats-server runs on the store, and the first still answers.
-    let r = reqwest::get(format!("{}/healthz", first.base)).await.unwrap();
+    let r = reqwest::get(format!("{}/healthz", first.base))
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     first.stop().await;
 }
@@ -104,7 +111,10 @@ async fn a_nats_server_left_by_an_old_crash_is_stopped_before_start() {
         .wait_log("left running on this store", Duration::from_secs(1))
         .await;
     assert!(line.contains(&format!("pid={orphan_pid}")), "{line}");
-    assert!(!alive(orphan_pid), "the stale server {orphan_pid} still runs");
+    assert!(
+        !alive(orphan_pid),
+        "the stale server {orphan_pid} still runs"
+    );
     assert_ne!(nats_pid(&up.data_dir), orphan_pid);
     let r = reqwest::Client::new()
         .post(format!("{}/v1/chat/completions", up.base))
@@ -128,7 +138,8 @@ async fn readyz_is_503_until_billing_has_its_database_then_200() {
     let db_dir = tmp.path().join("later");
     std::fs::write(&db_dir, "not a directory").unwrap();
     let mut config = mock_config();
-    config["billing"] = json!({"database_url": format!("sqlite://{}/ledger.db?mode=rwc", db_dir.display())});
+    config["billing"] =
+        json!({"database_url": format!("sqlite://{}/ledger.db?mode=rwc", db_dir.display())});
     let file = write_config(tmp.path(), &config);
     let data = tmp.path().join("data");
     let up = up::spawn(up::command(&data, "127.0.0.1:0", Some(&file)), &data).await;
@@ -143,8 +154,11 @@ async fn readyz_is_503_until_billing_has_its_database_then_200() {
             let others = ["ingress", "worker", "cache"]
                 .iter()
                 .all(|n| c[n]["ready"] == json!(true));
-            (others && c["billing"]["detail"].as_str()?.starts_with("waiting for database: "))
-                .then_some(body)
+            (others
+                && c["billing"]["detail"]
+                    .as_str()?
+                    .starts_with("waiting for database: "))
+            .then_some(body)
         }
     })
     .await;
@@ -153,7 +167,10 @@ async fn readyz_is_503_until_billing_has_its_database_then_200() {
     assert_eq!(body["components"]["billing"]["ready"], json!(false));
     // Liveness is not readiness.
     let (status, health) = get_json(&format!("{}/healthz", up.base)).await;
-    assert_eq!((status, health), (200, json!({"status": "ok", "nats": true})));
+    assert_eq!(
+        (status, health),
+        (200, json!({"status": "ok", "nats": true}))
+    );
     std::fs::remove_file(&db_dir).unwrap();
     let body = crate::common::eventually(Duration::from_secs(20), || {
         let readyz = readyz.clone();

@@ -10,6 +10,7 @@ mod budgets;
 mod budgets_load;
 mod cache;
 mod common;
+mod config_precedence;
 mod embeddings;
 mod field_cases;
 mod field_cases_resilience;

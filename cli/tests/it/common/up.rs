@@ -21,9 +21,15 @@ pub struct Up {
 /// with a clean environment (no `SWITCHYARD_CONFIG` / `SWITCHYARD_NATS_URL`), log on stderr.
 pub fn command(data_dir: &Path, listen: &str, config: Option<&Path>) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"));
-    cmd.args(["up", "--no-local-model", "--no-semantic", "--listen", listen])
-        .arg("--data-dir")
-        .arg(data_dir);
+    cmd.args([
+        "up",
+        "--no-local-model",
+        "--no-semantic",
+        "--listen",
+        listen,
+    ])
+    .arg("--data-dir")
+    .arg(data_dir);
     if let Some(f) = config {
         cmd.arg("--config").arg(f);
     }
@@ -81,9 +87,24 @@ impl Up {
         lines.iter().find(|l| l.contains(needle)).cloned().unwrap()
     }
 
+    /// Waits up to 30 s for `GET /readyz` to answer 200 (every service ready, billing's
+    /// database migrated).
+    pub async fn wait_ready(&self) {
+        let url = format!("{}/readyz", self.base);
+        super::eventually(Duration::from_secs(30), || {
+            let url = url.clone();
+            async move { (reqwest::get(&url).await.ok()?.status() == 200).then_some(()) }
+        })
+        .await;
+    }
+
     /// The number of log lines containing `needle` so far.
     pub fn log_count(&self, needle: &str) -> usize {
-        self.log.borrow().iter().filter(|l| l.contains(needle)).count()
+        self.log
+            .borrow()
+            .iter()
+            .filter(|l| l.contains(needle))
+            .count()
     }
 
     /// The private nats-server's client URL (from the start-up log).
