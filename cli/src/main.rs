@@ -775,7 +775,7 @@ async fn up(
         nats_as(Identity::Admin),
     );
     // Which config is live: `--config FILE` when it differs from KV's (pushed), else KV's, with
-    // this process's local settings (listen, data dir, NATS) kept (docs/configuration.md).
+    // this process's local settings (listen, data dir, NATS) kept (docs/deploy.md).
     let admin = connect(&url, "switchyard-config", &admin_nats).await?;
     let file = match &common.config {
         Some(p) => Some((

@@ -7,7 +7,7 @@
 //! and ignored with an error log by any replica that still cannot load it. For one box,
 //! [`watch_file`] pushes the config file to KV whenever it changes.
 //!
-//! Precedence (docs/configuration.md, "Which config wins"): the process-local settings
+//! Precedence (docs/deploy.md, "Which config wins"): the process-local settings
 //! ([`keep_local`]: listen address, data dir, NATS URL and credentials) come from this process's
 //! flags and local file only and are never taken from KV; everything else (models, targets,
 //! keys, prices, ...) is shared and comes from the live KV config. `switchyard up --config FILE`

@@ -1,4 +1,4 @@
-//! Which config wins (issue 14, Deliver 3; docs/configuration.md "Which config wins"): a config
+//! Which config wins (issue 14, Deliver 3; docs/deploy.md "Which config wins"): a config
 //! pushed to KV does not override the next `up`'s `--listen` (process-local settings come from
 //! flags and the local file only) and `up --config FILE` makes FILE the live config when it
 //! differs; a pushed price change is charged on the next request; `config history` and
