@@ -53,7 +53,16 @@ impl Backend {
 pub struct Ledger {
     pool: AnyPool,
     backend: Backend,
-    catalog: std::sync::Arc<Catalog>,
+    catalog: CatalogSource,
+}
+
+/// Where the ledger's prices come from.
+#[derive(Debug, Clone)]
+enum CatalogSource {
+    /// One catalog for the ledger's life.
+    Fixed(std::sync::Arc<Catalog>),
+    /// The live config's: each row is priced with the snapshot current when it is stored.
+    Live(switchyard_schemas::config::ConfigHandle),
 }
 
 /// One [`UsageEvent`] checked and converted to the ledger's column types, plus its original JSON.
@@ -376,19 +385,32 @@ impl Ledger {
         Ok(Self {
             pool,
             backend,
-            catalog,
+            catalog: CatalogSource::Fixed(catalog),
         })
     }
 
     /// Uses `catalog` to price events from now on (default: the bundled catalog).
     pub fn with_catalog(mut self, catalog: Catalog) -> Self {
-        self.catalog = std::sync::Arc::new(catalog);
+        self.catalog = CatalogSource::Fixed(std::sync::Arc::new(catalog));
         self
     }
 
-    /// The pricing catalog in use.
-    pub fn catalog(&self) -> &Catalog {
-        &self.catalog
+    /// Prices each event with the catalog of `config`'s current snapshot
+    /// ([`ConfigHandle::catalog`](switchyard_schemas::config::ConfigHandle::catalog)), so a pushed
+    /// `pricing_file` change prices the next usage row; an unreadable catalog prices nothing.
+    pub fn with_live_catalog(mut self, config: switchyard_schemas::config::ConfigHandle) -> Self {
+        self.catalog = CatalogSource::Live(config);
+        self
+    }
+
+    /// The pricing catalog in use now.
+    pub fn catalog(&self) -> std::sync::Arc<Catalog> {
+        match &self.catalog {
+            CatalogSource::Fixed(c) => c.clone(),
+            CatalogSource::Live(h) => h
+                .catalog()
+                .unwrap_or_else(|| std::sync::Arc::new(Catalog::empty())),
+        }
     }
 
     /// Prices one row: cost price for `upstream` events, charge for `charge` events.
@@ -396,14 +418,13 @@ impl Ledger {
         let usage = row.usage();
         // Batch items are priced at the catalog's batch rate (`batch_discount`).
         let batch = row.batch_id.is_some();
+        let catalog = self.catalog();
         match row.kind {
-            "upstream" => self
-                .catalog
-                .upstream_cost(row.upstream_model.as_deref()?, &usage, batch),
+            "upstream" => catalog.upstream_cost(row.upstream_model.as_deref()?, &usage, batch),
             // Cache pricing policy: a cache hit is free to the tenant (no upstream call was made);
             // its row keeps the original usage, which prices the savings in reports.
             _ if row.cache_hit => Some(Cost::default()),
-            _ => self.catalog.charge(&row.model, &usage, batch),
+            _ => catalog.charge(&row.model, &usage, batch),
         }
     }
 

@@ -24,7 +24,7 @@ pub mod onnx_rows;
 pub mod service;
 pub mod verify;
 
-pub use service::{CacheError, Service, ServiceOptions, run};
+pub use service::{CacheError, Service, ServiceOptions, run, run_with_ready};
 
 /// The queue group every cache instance joins, so NATS spreads requests across instances.
 pub const QUEUE_GROUP: &str = "cache";

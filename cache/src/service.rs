@@ -521,6 +521,17 @@ pub async fn run(
     opts: ServiceOptions,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), CacheError> {
+    run_with_ready(nats, opts, shutdown, || {}).await
+}
+
+/// Like [`run`], calling `on_ready` once the index is rebuilt and the subscription is registered
+/// with the server (the moment lookups are answered).
+pub async fn run_with_ready(
+    nats: async_nats::Client,
+    opts: ServiceOptions,
+    shutdown: impl std::future::Future<Output = ()>,
+    on_ready: impl FnOnce(),
+) -> Result<(), CacheError> {
     let js = async_nats::jetstream::new(nats.clone());
     let kv = bucket(&js, &opts.bucket, opts.max_ttl_s).await?;
     let subjects = opts.subjects.clone();
@@ -571,6 +582,7 @@ pub async fn run(
         tracing::warn!(error = %e, "flush after subscribe failed");
     }
     tracing::info!("cache service ready");
+    on_ready();
     tokio::pin!(shutdown);
     let result = loop {
         tokio::select! {

@@ -3,6 +3,7 @@
 //! tests use these directly.
 
 pub mod config;
+pub mod data_lock;
 pub mod nats;
 pub mod nats_auth;
 pub mod reload;

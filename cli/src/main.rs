@@ -17,6 +17,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use switchyard_schemas::config::{BUILTIN_MOCK_URL, ConfigHandle, GatewayConfig, ProviderKind};
+use switchyard_schemas::ready::{Readiness, ReadyFlag};
 use switchyard_schemas::subjects::Subjects;
 use tokio_util::sync::CancellationToken;
 
@@ -182,6 +183,21 @@ enum ConfigAction {
         #[command(flatten)]
         nats: NatsArgs,
     },
+    /// List the stored versions of the live config (the bucket keeps the last 10): version,
+    /// time stored (UTC), size, and which one is live.
+    History {
+        /// NATS credentials and TLS.
+        #[command(flatten)]
+        nats: NatsArgs,
+    },
+    /// Make the text of VERSION the live config again (stored as a new version).
+    Rollback {
+        /// The version to return to (from `config history`).
+        version: u64,
+        /// NATS credentials and TLS: the `admin` identity.
+        #[command(flatten)]
+        nats: NatsArgs,
+    },
 }
 
 fn parse_provider(s: &str) -> Result<ProviderKind, String> {
@@ -323,7 +339,8 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             start_spool(&nats, &c, &new_id("ingress"), &services);
             let handle = ConfigHandle::new(c);
             spawn_reload(&nats, &handle, &services, Arc::new(|_| {}));
-            let result = run_ingress(nats.clone(), handle, shutdown_token()).await;
+            let result =
+                run_ingress(nats.clone(), handle, shutdown_token(), Readiness::default()).await;
             flush_spool(&nats, &subjects).await;
             services.cancel();
             result
@@ -363,7 +380,13 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         } => {
             let c = load(&common)?;
             let nats = connect(&require_nats(&c)?, "switchyard-billing", &c.nats).await?;
-            run_billing(nats, &c, database_url, shutdown_token()).await
+            // Live config: a pushed `pricing_file` prices the next usage row.
+            let handle = ConfigHandle::new(c);
+            let services = CancellationToken::new();
+            spawn_reload(&nats, &handle, &services, Arc::new(|_| {}));
+            let result = run_billing(nats, handle, database_url, shutdown_token(), None).await;
+            services.cancel();
+            result
         }
         Command::Budgets {
             common,
@@ -443,7 +466,10 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         }
         Command::Config { action, nats_url } => {
             let url = nats_url.ok_or_else(|| msg("pass --nats-url (or SWITCHYARD_NATS_URL)"))?;
-            let (ConfigAction::Push { nats, .. } | ConfigAction::Show { nats }) = &action;
+            let (ConfigAction::Push { nats, .. }
+            | ConfigAction::Show { nats }
+            | ConfigAction::History { nats }
+            | ConfigAction::Rollback { nats, .. }) = &action;
             let nats = connect(&url, "switchyard-config", &nats.to_config()).await?;
             match action {
                 ConfigAction::Push { file, .. } => {
@@ -462,6 +488,30 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                         ),
                         None => println!("# no live config pushed yet"),
                     }
+                }
+                ConfigAction::History { .. } => {
+                    let revisions = reload::history(&nats).await.map_err(msg)?;
+                    if revisions.is_empty() {
+                        println!("# no live config pushed yet");
+                    }
+                    let live = revisions.last().map(|r| r.version);
+                    for r in &revisions {
+                        let mark = if Some(r.version) == live {
+                            "  (live)"
+                        } else {
+                            ""
+                        };
+                        println!(
+                            "{:>6}  {}  {:>6} bytes{mark}",
+                            r.version,
+                            r.created,
+                            r.text.len()
+                        );
+                    }
+                }
+                ConfigAction::Rollback { version, .. } => {
+                    let new = reload::rollback(&nats, version).await.map_err(msg)?;
+                    println!("config version {new} is live (the text of version {version})");
                 }
             }
             Ok(())
@@ -570,15 +620,17 @@ async fn run_ingress(
     nats: async_nats::Client,
     handle: ConfigHandle,
     shutdown: CancellationToken,
+    readiness: Readiness,
 ) -> Result<(), CliError> {
     let c = handle.get();
     let listener = switchyard_ingress::server::bind(&c.listen)
         .await
         .map_err(|e| msg(format!("binding {}: {e}", c.listen)))?;
     let addr = listener.local_addr().map_err(msg)?;
-    let state = switchyard_ingress::state(nats, handle, &new_id("ingress"))
-        .await
-        .map_err(msg)?;
+    let state =
+        switchyard_ingress::state_with_readiness(nats, handle, &new_id("ingress"), readiness)
+            .await
+            .map_err(msg)?;
     if c.keys.is_empty() {
         tracing::warn!(
             "authentication is off: no `keys` configured, any bearer token is accepted (docs/budgets.md)"
@@ -621,13 +673,42 @@ async fn open_ledger(
     Ok(ledger)
 }
 
+/// Longest pause between attempts to open the ledger database.
+const LEDGER_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The billing consumer: opens (and migrates) the ledger, retrying until it can (`ready` says
+/// what it waits for), then stores usage events priced with `handle`'s live catalog until
+/// `shutdown`.
 async fn run_billing(
     nats: async_nats::Client,
-    c: &GatewayConfig,
+    handle: ConfigHandle,
     database_url: Option<String>,
     shutdown: CancellationToken,
+    ready: Option<ReadyFlag>,
 ) -> Result<(), CliError> {
-    let ledger = open_ledger(c, database_url).await?;
+    let c = handle.get();
+    let mut pause = std::time::Duration::from_millis(100);
+    let ledger = loop {
+        match open_ledger(&c, database_url.clone()).await {
+            Ok(l) => break l,
+            Err(e) => {
+                tracing::error!(error = %e, retry_ms = pause.as_millis() as u64,
+                    "billing cannot open its database; retrying");
+                if let Some(r) = &ready {
+                    r.waiting(format!("waiting for database: {e}"));
+                }
+                tokio::select! {
+                    _ = shutdown.cancelled() => return Ok(()),
+                    _ = tokio::time::sleep(pause) => {}
+                }
+                pause = (pause * 2).min(LEDGER_RETRY_MAX);
+            }
+        }
+    };
+    let ledger = ledger.with_live_catalog(handle);
+    if let Some(r) = &ready {
+        r.ready();
+    }
     switchyard_billing::run(
         nats,
         Subjects::new(c.subject_prefix.clone()),
@@ -655,6 +736,9 @@ async fn up(
     }
     std::fs::create_dir_all(&c.data_dir)
         .map_err(|e| msg(format!("creating {}: {e}", c.data_dir)))?;
+    // One `up` per data dir, held until this process exits (even on kill -9).
+    let _lock = switchyard::data_lock::DataDirLock::acquire(std::path::Path::new(&c.data_dir))
+        .map_err(msg)?;
     // The private nats-server lives as long as this binding (killed on drop).
     let mut _natsd = None;
     // With the private server each service connects as its own identity; with an external one
@@ -667,7 +751,8 @@ async fn up(
             let (generated, file) =
                 Credentials::load_or_create(std::path::Path::new(&c.data_dir)).map_err(msg)?;
             let users = switchyard::nats_auth::users(&generated, &c.subject_prefix);
-            let server = switchyard_natsd::NatsServer::start_with_users(&store, nats_port, &users)
+            // Stops a server an old crash left on this store; the new one dies with us.
+            let server = switchyard_natsd::NatsServer::start_owned(&store, nats_port, &users)
                 .map_err(msg)?;
             tracing::info!(url = %server.url(), store = %store.display(),
                 credentials = %file.display(), "started private nats-server (authentication on)");
@@ -689,6 +774,25 @@ async fn up(
         nats_as(Identity::Cache),
         nats_as(Identity::Admin),
     );
+    // Which config is live: `--config FILE` when it differs from KV's (pushed), else KV's, with
+    // this process's local settings (listen, data dir, NATS) kept (docs/deploy.md).
+    let admin = connect(&url, "switchyard-config", &admin_nats).await?;
+    let file = match &common.config {
+        Some(p) => Some((
+            p.clone(),
+            std::fs::read_to_string(p).map_err(|e| msg(format!("reading {}: {e}", p.display())))?,
+        )),
+        None => None,
+    };
+    let file_ref = file.as_ref().map(|(p, t)| (p.as_path(), t.as_str()));
+    let (version, mut c) = match reload::startup(&admin, c.clone(), file_ref).await {
+        Ok(v) => v,
+        Err(e) => {
+            // On an external NATS whose user may not create the bucket.
+            tracing::warn!(error = %e, "cannot read or write the live config bucket");
+            (0, c)
+        }
+    };
     // Shutdown order: `shutdown` (a signal, or any service stopping) stops ingress accepting and
     // drains it; only then `workers_stop` (in-flight streams need their worker), then the spool is
     // flushed, billing catches up, and `services` stops billing, cache, reload and the drainer.
@@ -700,18 +804,15 @@ async fn up(
     start_spool(&spool_nats, &c, &new_id("up"), &services);
     // The local model server for `builtin:local-model` targets (removed from `c` when unavailable).
     let local_model = local_model::start(&mut c, local_model, services.clone()).await;
-    let handle = ConfigHandle::new(c);
+    let handle = ConfigHandle::new_at(version, c);
     let config = handle.get();
     let subjects = Subjects::new(config.subject_prefix.clone());
     // The embedding model loads only when a route uses the semantic cache (now or after a reload).
     let semantic = embedding.on_demand();
+    // `/readyz` is 200 once every service below has reported ready.
+    let readiness = Readiness::default();
     {
-        let nats = connect(&url, "switchyard-config", &admin_nats).await?;
-        // The services' identities may read the config bucket but not create it. (On an
-        // external NATS whose user may not either, the watchers wait for a push.)
-        if let Err(e) = reload::bucket(&nats).await {
-            tracing::warn!(error = %e, "cannot create the live config bucket");
-        }
+        let nats = admin;
         // Without a running local model server, reloaded configs must not route to it either.
         let local_running = local_model.is_some();
         let semantic = semantic.clone();
@@ -777,11 +878,12 @@ async fn up(
     };
     let billing = {
         let nats = connect(&url, "switchyard-billing", &billing_nats).await?;
-        let config = config.clone();
+        let handle = handle.clone();
         let token = services.clone();
+        let ready = readiness.register("billing", "opening database");
         spawn(
             "billing",
-            Box::pin(async move { run_billing(nats, &config, None, token).await }),
+            Box::pin(async move { run_billing(nats, handle, None, token, Some(ready)).await }),
         )
     };
     let cache = {
@@ -789,6 +891,15 @@ async fn up(
         let subjects = subjects.clone();
         let token = services.clone();
         let config = config.clone();
+        let wanted = semantic.is_some() && switchyard_cache::semantic_wanted(&config);
+        let ready = readiness.register(
+            "cache",
+            if wanted {
+                "loading embedding model"
+            } else {
+                "starting"
+            },
+        );
         spawn(
             "cache",
             Box::pin(async move {
@@ -796,10 +907,13 @@ async fn up(
                     .load_if_wanted(semantic.as_ref(), &config)
                     .await
                     .map_err(msg)?;
+                ready.waiting("rebuilding index");
                 let opts = cache_cmd::ServiceArgs::default().options_on_demand(subjects, semantic);
-                switchyard_cache::run(nats, opts, token.cancelled_owned())
-                    .await
-                    .map_err(msg)
+                switchyard_cache::run_with_ready(nats, opts, token.cancelled_owned(), || {
+                    ready.ready()
+                })
+                .await
+                .map_err(msg)
             }),
         )
     };
@@ -814,12 +928,16 @@ async fn up(
             builtin_local_model_url: local_model.as_ref().map(local_model::LocalModel::api_url),
         };
         let token = workers_stop.clone();
+        let ready = readiness.register("worker", "subscribing");
         spawn(
             "worker",
             Box::pin(async move {
-                switchyard_workers::worker::run(nats, opts, token)
+                let worker = switchyard_workers::worker::Worker::subscribe(nats, opts)
                     .await
-                    .map_err(msg)
+                    .map_err(msg)?;
+                ready.ready();
+                worker.serve(token).await;
+                Ok(())
             }),
         )
     };
@@ -827,9 +945,10 @@ async fn up(
         let nats = connect(&url, "switchyard-ingress", &ingress_nats).await?;
         let handle = handle.clone();
         let token = shutdown.clone();
+        let readiness = readiness.clone();
         spawn(
             "ingress",
-            Box::pin(async move { run_ingress(nats, handle, token).await }),
+            Box::pin(async move { run_ingress(nats, handle, token, readiness).await }),
         )
     };
     for m in &config.models {

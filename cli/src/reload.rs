@@ -6,12 +6,18 @@
 //! [`ConfigHandle`]. An invalid push is rejected by `switchyard config push` before it reaches KV,
 //! and ignored with an error log by any replica that still cannot load it. For one box,
 //! [`watch_file`] pushes the config file to KV whenever it changes.
+//!
+//! Precedence (docs/deploy.md, "Which config wins"): the process-local settings
+//! ([`keep_local`]: listen address, data dir, NATS URL and credentials) come from this process's
+//! flags and local file only and are never taken from KV; everything else (models, targets,
+//! keys, prices, ...) is shared and comes from the live KV config. `switchyard up --config FILE`
+//! makes FILE the live config when its text differs from the stored one ([`startup`]).
 
 use crate::config;
 use futures::StreamExt;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
-use switchyard_schemas::config::ConfigHandle;
+use switchyard_schemas::config::{ConfigHandle, GatewayConfig};
 use tokio_util::sync::CancellationToken;
 
 /// The KV bucket holding the live config.
@@ -43,6 +49,9 @@ pub enum ReloadError {
          ${{ENV}} or SWITCHYARD_NATS_* variables"
     )]
     LiteralNatsSecret(&'static str),
+    /// `config rollback` to a version the bucket does not hold.
+    #[error("config version {0} is not in the history (`switchyard config history` lists them)")]
+    NoSuchVersion(u64),
 }
 
 /// The first `nats:` credential field of `yaml` given as a literal value rather than a
@@ -142,20 +151,12 @@ pub async fn watch_kv(
     }
 }
 
-/// Parses, validates and installs one stored revision; a bad one is logged and skipped.
+/// Parses, validates and installs one stored revision (keeping this process's local settings);
+/// a bad one is logged and skipped.
 fn apply(handle: &ConfigHandle, revision: u64, value: &[u8], fixup: &Fixup) {
-    let text = String::from_utf8_lossy(value);
-    let name = format!("{BUCKET}/{KEY}@{revision}");
-    let loaded = config::parse(&name, &text, |k| std::env::var(k).ok()).and_then(|c| {
-        c.validate()
-            .map_err(|source| config::ConfigLoadError::Invalid {
-                path: name.clone(),
-                source,
-            })?;
-        Ok(c)
-    });
-    match loaded {
+    match load_stored(revision, &String::from_utf8_lossy(value)) {
         Ok(mut c) => {
+            keep_local(&mut c, &handle.get());
             fixup(&mut c);
             if handle.set(revision, c) {
                 tracing::info!(version = revision, "config reloaded");
@@ -165,6 +166,143 @@ fn apply(handle: &ConfigHandle, revision: u64, value: &[u8], fixup: &Fixup) {
             tracing::error!(error = %e, "ignoring invalid config revision; keeping the current one")
         }
     }
+}
+
+/// Copies the process-local settings from `local` (this process's flags and file) over `c` (a
+/// config read from KV): `listen`, `data_dir`, `nats_url` and `nats` (credentials and TLS).
+pub fn keep_local(c: &mut GatewayConfig, local: &GatewayConfig) {
+    c.listen.clone_from(&local.listen);
+    c.data_dir.clone_from(&local.data_dir);
+    c.nats_url.clone_from(&local.nats_url);
+    c.nats = local.nats.clone();
+}
+
+/// The config's `pricing_file` must load: a revision whose prices cannot be read is refused
+/// rather than pricing everything at $0.
+fn check_catalog(name: &str, c: &GatewayConfig) -> Result<(), config::ConfigLoadError> {
+    switchyard_schemas::pricing::Catalog::load(c.pricing_file.as_deref())
+        .map(|_| ())
+        .map_err(|e| config::ConfigLoadError::Invalid {
+            path: name.to_owned(),
+            source: switchyard_schemas::config::ConfigError {
+                field: "pricing_file".into(),
+                message: e.to_string(),
+            },
+        })
+}
+
+/// Parses and validates stored text `yaml` (revision `revision`) with this process's environment.
+fn load_stored(revision: u64, yaml: &str) -> Result<GatewayConfig, config::ConfigLoadError> {
+    let name = format!("{BUCKET}/{KEY}@{revision}");
+    let c = config::parse(&name, yaml, |k| std::env::var(k).ok())?;
+    c.validate()
+        .map_err(|source| config::ConfigLoadError::Invalid {
+            path: name.clone(),
+            source,
+        })?;
+    check_catalog(&name, &c)?;
+    Ok(c)
+}
+
+/// The config `switchyard up` starts with, and its version:
+/// - `file` given (its path and text) and different from the stored text: FILE is pushed and
+///   becomes the live config (logged, with both versions);
+/// - `file` given and equal to the stored text: the stored version;
+/// - no `file` and a stored config: the stored one, with `local`'s process-local settings
+///   ([`keep_local`]);
+/// - nothing stored (or the stored text no longer loads): `local`, version 0.
+///
+/// Errors: KV failures, or FILE's text failing validation.
+pub async fn startup(
+    nats: &async_nats::Client,
+    local: GatewayConfig,
+    file: Option<(&std::path::Path, &str)>,
+) -> Result<(u64, GatewayConfig), ReloadError> {
+    let kv = bucket(nats).await?;
+    let stored = kv.entry(KEY).await.map_err(kv_err)?;
+    let stored = stored.filter(|e| e.operation == async_nats::jetstream::kv::Operation::Put);
+    if let Some((path, text)) = file {
+        if let Some(e) = &stored
+            && e.value == text.as_bytes()
+        {
+            tracing::info!(file = %path.display(), version = e.revision,
+                "config file is the live config");
+            return Ok((e.revision, local));
+        }
+        let version = push(nats, text).await?;
+        match &stored {
+            Some(e) => tracing::info!(file = %path.display(), was = e.revision, version,
+                "config file differs from the live config in KV; made it the live config"),
+            None => tracing::info!(file = %path.display(), version,
+                "no live config in KV yet; pushed the config file"),
+        }
+        return Ok((version, local));
+    }
+    let Some(e) = stored else {
+        return Ok((0, local));
+    };
+    match load_stored(e.revision, &String::from_utf8_lossy(&e.value)) {
+        Ok(mut c) => {
+            keep_local(&mut c, &local);
+            tracing::info!(
+                version = e.revision,
+                "using the live config from KV (`up --config FILE` replaces it; `switchyard config history` lists versions)"
+            );
+            Ok((e.revision, c))
+        }
+        Err(err) => {
+            tracing::error!(error = %err, "the live config in KV does not load; starting with the local one");
+            Ok((0, local))
+        }
+    }
+}
+
+/// One stored revision of the live config.
+#[derive(Debug, Clone)]
+pub struct Revision {
+    /// The config version (KV revision).
+    pub version: u64,
+    /// When it was stored, RFC 3339 UTC.
+    pub created: String,
+    /// The YAML text.
+    pub text: String,
+}
+
+/// Every revision the bucket still holds (its `history`, oldest first).
+pub async fn history(nats: &async_nats::Client) -> Result<Vec<Revision>, ReloadError> {
+    let kv = bucket(nats).await?;
+    let mut entries = kv.history(KEY).await.map_err(kv_err)?;
+    let mut out = Vec::new();
+    while let Some(e) = entries.next().await {
+        let e = e.map_err(kv_err)?;
+        if e.operation != async_nats::jetstream::kv::Operation::Put {
+            continue;
+        }
+        let created = e
+            .created
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap_or_default();
+        out.push(Revision {
+            version: e.revision,
+            created,
+            text: String::from_utf8_lossy(&e.value).into_owned(),
+        });
+    }
+    Ok(out)
+}
+
+/// Makes the text of `version` the live config again, as a new version (validated like a push);
+/// returns the new version. Errors: [`ReloadError::NoSuchVersion`] when the bucket no longer
+/// holds it, or the push's errors.
+pub async fn rollback(nats: &async_nats::Client, version: u64) -> Result<u64, ReloadError> {
+    let kv = bucket(nats).await?;
+    let entry = kv
+        .entry_for_revision(KEY, version)
+        .await
+        .map_err(kv_err)?
+        .filter(|e| e.operation == async_nats::jetstream::kv::Operation::Put)
+        .ok_or(ReloadError::NoSuchVersion(version))?;
+    push(nats, &String::from_utf8_lossy(&entry.value)).await
 }
 
 /// Pushes `path` to KV whenever its modification time changes (checked every `every`), until

@@ -147,7 +147,7 @@ fn unauthorized(message: impl Into<String>) -> ApiError {
 }
 
 /// Middleware: authenticates `/v1/*` and makes the caller available to handlers through
-/// [`current_caller`]. `/healthz`, `/metrics` and unknown routes pass unauthenticated.
+/// [`current_caller`]. `/healthz`, `/readyz`, `/metrics` and unknown routes pass unauthenticated.
 pub async fn authenticate(State(app): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     if !req.uri().path().starts_with("/v1/") {
         return next.run(req).await;

@@ -321,7 +321,7 @@ pub async fn reserve_tokens(
     }
     let settings = &config.budgets;
     let demand = estimate(
-        app.catalog.as_deref(),
+        app.catalog().as_deref(),
         &model.id,
         prompt_tokens,
         output_tokens,

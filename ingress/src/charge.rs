@@ -181,7 +181,7 @@ impl Charge {
                 } else {
                     Demand {
                         usd: budget::charge_of(
-                            app.catalog.as_deref(),
+                            app.catalog().as_deref(),
                             &e.model,
                             &e.usage,
                             e.batch_id.is_some(),

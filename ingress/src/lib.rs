@@ -7,7 +7,7 @@
 //! Anthropic's shape), `POST /v1/responses` and the stored-response routes under
 //! `/v1/responses/{id}` (OpenAI Responses, see [`responses`]), the batch routes ([`batch`]),
 //! `POST /v1/embeddings`, `GET /v1/models`, `GET /v1/models/{id}`,
-//! `GET /v1/usage` (ledger queries, see [`usage_api`]), `GET /healthz`, `GET /metrics`
+//! `GET /v1/usage` (ledger queries, see [`usage_api`]), `GET /healthz` (liveness), `GET /readyz` (readiness of this process's services), `GET /metrics`
 //! (Prometheus text, see [`metrics`]). API keys and budgets: [`auth`], [`budget`].
 //!
 //! Candidate ordering is in [`strategy`], target health and load in [`health`], prompt estimates
@@ -42,6 +42,7 @@ use axum::routing::{get, post};
 use std::sync::Arc;
 use switchyard_schemas::config::ConfigHandle;
 use switchyard_schemas::pricing::Catalog;
+use switchyard_schemas::ready::Readiness;
 use switchyard_schemas::subjects::Subjects;
 
 /// Everything a handler needs.
@@ -62,8 +63,6 @@ pub struct AppState {
     pub stats: Arc<health::TargetStats>,
     /// Provider capabilities used to filter candidates.
     pub capabilities: strategy::CapabilityTable,
-    /// The bundled pricing catalog, for `lowest_cost` and `composite` (`None` if unreadable).
-    pub catalog: Option<Arc<Catalog>>,
     /// Prometheus metrics.
     pub metrics: metrics::Metrics,
     /// The answer cache client (lookup timeout).
@@ -85,9 +84,20 @@ pub struct AppState {
     pub responses: responses::store::ResponseStore,
     /// Usage events (`charge`), batched into few JetStream messages; closed after `tasks`.
     pub usage: switchyard_schemas::publish_batch::UsagePublisher,
+    /// This process's services for `GET /readyz` (ingress itself is component `ingress`,
+    /// ready once [`serve`] accepts connections).
+    pub readiness: Readiness,
+    ingress_ready: switchyard_schemas::ready::ReadyFlag,
 }
 
 impl AppState {
+    /// The pricing catalog of the live config (for `lowest_cost`, `composite` and budget
+    /// reservations; `None` if its `pricing_file` did not load): read per request, so a pushed
+    /// price change applies to the next one.
+    pub fn catalog(&self) -> Option<Arc<Catalog>> {
+        self.config.catalog()
+    }
+
     /// [`Self::probe_per_mille`] as a share in [0, 1].
     pub fn probe_share(&self) -> f64 {
         f64::from(
@@ -109,24 +119,32 @@ pub enum IngressError {
 }
 
 /// Builds the state: subscribes this process's reply inbox (`ingress_id` must be unique per
-/// process) and the target health subjects.
+/// process) and the target health subjects. `/readyz` reports ingress alone.
 pub async fn state(
     nats: async_nats::Client,
     config: ConfigHandle,
     ingress_id: &str,
 ) -> Result<Arc<AppState>, IngressError> {
+    state_with_readiness(nats, config, ingress_id, Readiness::default()).await
+}
+
+/// Like [`state`], with `/readyz` reporting `readiness` (the other services of this process,
+/// registered by the caller) plus component `ingress`.
+pub async fn state_with_readiness(
+    nats: async_nats::Client,
+    config: ConfigHandle,
+    ingress_id: &str,
+    readiness: Readiness,
+) -> Result<Arc<AppState>, IngressError> {
+    let ingress_ready = readiness.register("ingress", "starting");
     let subjects = Subjects::new(config.get().subject_prefix.clone());
     let dispatcher =
         dispatch::Dispatcher::start(nats.clone(), subjects.clone(), ingress_id).await?;
     let health = Arc::new(health::HealthView::new(health::HealthSettings::default()));
     health.subscribe(&nats, &subjects).await?;
-    let catalog = match Catalog::load(config.get().pricing_file.as_deref()) {
-        Ok(c) => Some(Arc::new(c)),
-        Err(e) => {
-            tracing::error!(error = %e, "pricing catalog unreadable; lowest_cost cannot rank targets and budgets reserve $0");
-            None
-        }
-    };
+    if let Err(e) = Catalog::load(config.get().pricing_file.as_deref()) {
+        tracing::error!(error = %e, "pricing catalog unreadable; lowest_cost cannot rank targets and budgets reserve $0");
+    }
     let js = async_nats::jetstream::new(nats.clone());
     let budgets = budget::Budgets::connect(&js, ingress_id).await;
     let batches = match batch::store::BatchStore::open(&js, subjects.prefix()).await {
@@ -152,7 +170,6 @@ pub async fn state(
         health,
         stats: Arc::new(health::TargetStats::default()),
         capabilities: strategy::CapabilityTable::default(),
-        catalog,
         metrics: metrics::Metrics::new(),
         cache: cache_client::CacheClient::default(),
         keys: auth::KeyTable::default(),
@@ -161,6 +178,8 @@ pub async fn state(
         tasks: tokio_util::task::TaskTracker::new(),
         batches,
         responses,
+        readiness,
+        ingress_ready,
     }))
 }
 
@@ -192,6 +211,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models/{*id}", get(model))
         .route("/v1/usage", get(usage))
         .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))
         .merge(batch::routes())
         .fallback(not_found)
@@ -226,6 +246,7 @@ pub async fn serve(
         shutdown.await;
         drain.cancel();
     };
+    state.ingress_ready.ready();
     server::run(listener, router(state.clone()), limits, shutdown).await;
     stop.cancel();
     if let Some(r) = runner
@@ -292,6 +313,22 @@ async fn healthz(State(app): State<Arc<AppState>>) -> Response {
     };
     let body =
         serde_json::json!({"status": if connected { "ok" } else { "degraded" }, "nats": connected});
+    (status, axum::Json(body)).into_response()
+}
+
+/// `GET /readyz`: 200 when every service of this process is ready (and NATS is connected), else
+/// 503; the body is `{"ready": bool, "nats": bool, "components": {NAME: {"ready": bool,
+/// "detail": "..."}}}`.
+async fn readyz(State(app): State<Arc<AppState>>) -> Response {
+    let connected = app.nats.connection_state() == async_nats::connection::State::Connected;
+    let (all, components) = app.readiness.report();
+    let ready = all && connected;
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = serde_json::json!({"ready": ready, "nats": connected, "components": components});
     (status, axum::Json(body)).into_response()
 }
 

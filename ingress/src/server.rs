@@ -339,7 +339,7 @@ async fn handle(
     active: Arc<watch::Sender<usize>>,
     req: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
-    let counted = !matches!(req.uri().path(), "/healthz" | "/metrics");
+    let counted = !matches!(req.uri().path(), "/healthz" | "/readyz" | "/metrics");
     let permit = if counted {
         match shared.in_flight.clone().try_acquire_owned() {
             Ok(p) => Some(p),

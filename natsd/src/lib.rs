@@ -10,6 +10,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod sys;
+
+/// The pid file every server started here writes in its store directory (nats-server `-P`).
+pub const PID_FILE: &str = "nats-server.pid";
+
 /// Why the server could not be started.
 #[derive(Debug, thiserror::Error)]
 pub enum NatsdError {
@@ -39,6 +44,8 @@ pub struct NatsServer {
     store_dir: PathBuf,
     /// The `authorization` users it was started with (empty: open server).
     users: Vec<User>,
+    /// Started by [`NatsServer::start_owned`]: dies with this process ([`sys::die_with_parent`]).
+    owned: bool,
     _tmp: Option<tempfile::TempDir>,
 }
 
@@ -207,16 +214,46 @@ impl NatsServer {
         port: Option<u16>,
         users: &[User],
     ) -> Result<Self, NatsdError> {
-        let (child, ports_dir) = spawn(store_dir, port, users)?;
+        Self::start_inner(store_dir, port, users, false)
+    }
+
+    /// Like [`Self::start_with_users`], for the server a long-running process owns (`switchyard
+    /// up`): a server an earlier crash left running on `store_dir` is stopped first
+    /// ([`sys::stop_stale`]), and the new one dies with this process even on `kill -9`
+    /// ([`sys::die_with_parent`]; call it from the main thread). Needs no other lock: the caller
+    /// holds one on its data dir.
+    pub fn start_owned(
+        store_dir: &Path,
+        port: Option<u16>,
+        users: &[User],
+    ) -> Result<Self, NatsdError> {
+        std::fs::create_dir_all(store_dir)?;
+        sys::stop_stale(store_dir)?;
+        Self::start_inner(store_dir, port, users, true)
+    }
+
+    fn start_inner(
+        store_dir: &Path,
+        port: Option<u16>,
+        users: &[User],
+        owned: bool,
+    ) -> Result<Self, NatsdError> {
+        let (child, ports_dir) = spawn(store_dir, port, users, owned)?;
         let mut s = Self {
             child,
             port: port.unwrap_or(0),
             store_dir: store_dir.to_path_buf(),
             users: users.to_vec(),
+            owned,
             _tmp: None,
         };
         s.wait_ready(&ports_dir, Duration::from_secs(10))?;
         Ok(s)
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Kills the server (SIGKILL: a crash, nothing is flushed or handed over) and waits for it to
@@ -234,7 +271,7 @@ impl NatsServer {
     /// connections. Clients reconnect by themselves.
     pub fn restart(&mut self) -> Result<(), NatsdError> {
         self.stop()?;
-        let (child, ports_dir) = spawn(&self.store_dir, Some(self.port), &self.users)?;
+        let (child, ports_dir) = spawn(&self.store_dir, Some(self.port), &self.users, self.owned)?;
         self.child = child;
         self.wait_ready(&ports_dir, Duration::from_secs(10))
     }
@@ -246,11 +283,13 @@ impl NatsServer {
 }
 
 /// Spawns nats-server on `port` (`None`: it picks one) with JetStream data under `store_dir`;
-/// returns the child and the directory its ports file appears in.
+/// returns the child and the directory its ports file appears in. The server writes its pid to
+/// `<store_dir>/`[`PID_FILE`]; `owned` makes it die with this process.
 fn spawn(
     store_dir: &Path,
     port: Option<u16>,
     users: &[User],
+    owned: bool,
 ) -> Result<(Child, PathBuf), NatsdError> {
     let bin = find_binary()?;
     std::fs::create_dir_all(store_dir)?;
@@ -259,13 +298,19 @@ fn spawn(
     let ports_dir = store_dir.join("ports");
     std::fs::create_dir_all(&ports_dir)?;
     let port_arg = port.map_or_else(|| "-1".to_owned(), |p| p.to_string());
-    let child = Command::new(&bin)
+    let mut cmd = Command::new(&bin);
+    if owned {
+        sys::die_with_parent(&mut cmd);
+    }
+    let child = cmd
         .arg("-c")
         .arg(&conf)
         .args(["-a", "127.0.0.1", "-p", &port_arg, "-js", "-sd"])
         .arg(store_dir)
         .arg("--ports_file_dir")
         .arg(&ports_dir)
+        .arg("-P")
+        .arg(store_dir.join(PID_FILE))
         // A debugging aid: `SWITCHYARD_NATSD_LOG=<file>` keeps the server's log (permission
         // violations are logged there).
         // `SWITCHYARD_NATS_MONITOR_PORT=<port>` turns on the HTTP monitoring endpoint (`/varz`):

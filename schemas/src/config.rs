@@ -771,24 +771,44 @@ pub struct ConfigHandle {
     inner: std::sync::Arc<arc_swap::ArcSwap<Versioned>>,
 }
 
-/// A config with the version it was published under (0 = the start-up file).
+/// A config with the version it was published under (0 = the start-up file) and the pricing
+/// catalog its `pricing_file` named when it was installed.
 #[derive(Debug)]
 pub struct Versioned {
     /// Monotonic version (the NATS KV revision when distributed).
     pub version: u64,
     /// The config.
     pub config: std::sync::Arc<GatewayConfig>,
+    /// `Catalog::load(config.pricing_file)` (the bundled catalog without one); `None` when the
+    /// file did not load (costs are then unknown: budgets reserve $0, the ledger stores NULL).
+    pub catalog: Option<std::sync::Arc<crate::pricing::Catalog>>,
+}
+
+impl Versioned {
+    fn new(version: u64, config: GatewayConfig) -> Self {
+        let catalog = crate::pricing::Catalog::load(config.pricing_file.as_deref())
+            .ok()
+            .map(std::sync::Arc::new);
+        Self {
+            version,
+            config: std::sync::Arc::new(config),
+            catalog,
+        }
+    }
 }
 
 impl ConfigHandle {
     /// A handle starting at `config`, version 0.
     pub fn new(config: GatewayConfig) -> Self {
-        let v = Versioned {
-            version: 0,
-            config: std::sync::Arc::new(config),
-        };
+        Self::new_at(0, config)
+    }
+
+    /// A handle starting at `config` as `version` (a live config read from KV at start-up).
+    pub fn new_at(version: u64, config: GatewayConfig) -> Self {
         Self {
-            inner: std::sync::Arc::new(arc_swap::ArcSwap::from_pointee(v)),
+            inner: std::sync::Arc::new(arc_swap::ArcSwap::from_pointee(Versioned::new(
+                version, config,
+            ))),
         }
     }
 
@@ -797,18 +817,24 @@ impl ConfigHandle {
         self.inner.load().config.clone()
     }
 
+    /// The pricing catalog of the current snapshot (a pushed `pricing_file` change applies to
+    /// the next request's reservation and the next usage row); `None` if it did not load.
+    pub fn catalog(&self) -> Option<std::sync::Arc<crate::pricing::Catalog>> {
+        self.inner.load().catalog.clone()
+    }
+
     /// The current version.
     pub fn version(&self) -> u64 {
         self.inner.load().version
     }
 
     /// Installs `config` as `version` if it is newer than the current one; returns whether it did.
-    /// The caller validates first.
+    /// The caller validates first; the catalog of its `pricing_file` is (re)read here.
     pub fn set(&self, version: u64, config: GatewayConfig) -> bool {
-        let new = std::sync::Arc::new(Versioned {
-            version,
-            config: std::sync::Arc::new(config),
-        });
+        if version <= self.version() {
+            return false;
+        }
+        let new = std::sync::Arc::new(Versioned::new(version, config));
         let prev = self.inner.rcu(|cur| {
             if version > cur.version {
                 new.clone()

@@ -22,6 +22,7 @@ pub mod pricing;
 pub mod publish;
 #[cfg(feature = "nats")]
 pub mod publish_batch;
+pub mod ready;
 pub mod request;
 pub mod routing;
 pub mod secret;

@@ -209,7 +209,7 @@ pub fn observe(app: &AppState, target: &TargetConfig) -> Observed {
         ttft_ms: app.stats.ttft_ms(&target.id),
         in_flight: app.stats.in_flight(&target.id),
         cost: app
-            .catalog
+            .catalog()
             .as_deref()
             .and_then(|c| strategy::cost_per_million(c, &target.upstream_model)),
         capabilities: app.capabilities.get(target.provider),

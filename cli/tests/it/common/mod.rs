@@ -3,6 +3,8 @@
 //! cache service with the real embedding model (`Options::cache`).
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+pub mod up;
+
 use std::time::Duration;
 use switchyard_schemas::config::{ConfigHandle, GatewayConfig};
 use switchyard_schemas::subjects::Subjects;

@@ -1,0 +1,192 @@
+//! Which config wins (issue 14, Deliver 3; docs/deploy.md "Which config wins"): a config
+//! pushed to KV does not override the next `up`'s `--listen` (process-local settings come from
+//! flags and the local file only) and `up --config FILE` makes FILE the live config when it
+//! differs; a pushed price change is charged on the next request; `config history` and
+//! `config rollback`.
+
+use crate::common::up::{self, admin_cli};
+use rust_decimal::Decimal;
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+use switchyard_schemas::UsageKind;
+
+/// A catalog pricing `demo/*` at `input`/`output` USD per 1M tokens.
+fn catalog(dir: &Path, name: &str, input: &str, output: &str) -> PathBuf {
+    let path = dir.join(name);
+    let models = ["demo/mock", "demo/first", "demo/pushed", "demo/third"]
+        .iter()
+        .map(|m| format!("  {m}: {{input: {input}, output: {output}}}\n"))
+        .collect::<String>();
+    std::fs::write(
+        &path,
+        format!("currency: USD\nupstream:\n  mock: {{input: 0.5, output: 1}}\nstandard:\n{models}"),
+    )
+    .unwrap();
+    path
+}
+
+/// A config with `demo/mock` plus `extra_model`, both on a mock answering 100,000 prompt and
+/// 50,000 completion tokens, priced by `pricing`.
+fn write_config(dir: &Path, name: &str, extra_model: &str, pricing: &Path, more: Value) -> PathBuf {
+    let mut c = json!({
+        "pricing_file": pricing.display().to_string(),
+        "targets": [{"id": "mock", "provider": "openai",
+            "base_url": "builtin:mock/x/prompt_tokens=100000,completion_tokens=50000",
+            "upstream_model": "mock"}],
+        "models": [{"id": "demo/mock", "targets": ["mock"]}, {"id": extra_model, "targets": ["mock"]}]
+    });
+    if let (Some(c), Some(more)) = (c.as_object_mut(), more.as_object()) {
+        c.extend(more.clone());
+    }
+    let path = dir.join(name);
+    std::fs::write(&path, serde_json::to_string_pretty(&c).unwrap()).unwrap();
+    path
+}
+
+async fn model_ids(base: &str) -> Vec<String> {
+    let v: Value = reqwest::get(format!("{base}/v1/models"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let mut ids: Vec<String> = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap().to_owned())
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// Sends one chat request (a new prompt each time: a cache hit would be free) and returns the
+/// charge stored for it, USD.
+async fn charge_of_next_request(up: &up::Up) -> Decimal {
+    // Billing has migrated the ledger once ready (no concurrent migration from here).
+    up.wait_ready().await;
+    let (base, data_dir) = (&up.base, &up.data_dir);
+    let r = reqwest::Client::new()
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&crate::common::chat(
+            "demo/mock",
+            &format!("price me {}", uuid::Uuid::now_v7()),
+            false,
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let id: uuid::Uuid = r.headers()["x-request-id"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let ledger =
+        switchyard_billing::Ledger::connect(&format!("sqlite://{}/ledger.db", data_dir.display()))
+            .await
+            .unwrap();
+    crate::common::eventually(Duration::from_secs(10), || {
+        let ledger = ledger.clone();
+        async move { ledger.cost_of(id, UsageKind::Charge, 0).await.unwrap() }
+    })
+    .await
+}
+
+fn usd(s: &str) -> Decimal {
+    Decimal::from_str(s).unwrap()
+}
+
+#[tokio::test]
+async fn flag_and_file_win_over_kv_and_a_pushed_price_is_charged_on_the_next_request() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let data = dir.join("data");
+    let cheap = catalog(dir, "cheap.yaml", "1", "2");
+    let dear = catalog(dir, "dear.yaml", "3", "4");
+
+    // First run: its file becomes the live config; then someone pushes another config that
+    // names another listen address and other models.
+    let first = write_config(dir, "first.yaml", "demo/first", &cheap, json!({}));
+    let mut up1 = up::spawn(up::command(&data, "127.0.0.1:0", Some(&first)), &data).await;
+    let url = up1.nats_url().await;
+    up1.wait_log(
+        "no live config in KV yet; pushed the config file",
+        Duration::from_secs(5),
+    )
+    .await;
+    let pushed = write_config(
+        dir,
+        "pushed.yaml",
+        "demo/pushed",
+        &cheap,
+        json!({"listen": "127.0.0.1:1", "data_dir": "/nonexistent"}),
+    );
+    let (ok, out, err) =
+        admin_cli(&data, &url, &["config", "push", pushed.to_str().unwrap()]).await;
+    assert!(ok, "{err}");
+    assert_eq!(out, "config version 2 is live\n");
+    up1.wait_log("config reloaded version=2", Duration::from_secs(10))
+        .await;
+    // Shared settings apply live; the pushed listen address and data dir do not.
+    assert_eq!(model_ids(&up1.base).await, ["demo/mock", "demo/pushed"]);
+    assert_eq!(charge_of_next_request(&up1).await, usd("0.20"));
+    up1.stop().await;
+
+    // Restart with another port and another file: the flag and the file win.
+    let port = switchyard_natsd::free_port().unwrap();
+    let third = write_config(dir, "third.yaml", "demo/third", &cheap, json!({}));
+    let listen = format!("127.0.0.1:{port}");
+    let mut up2 = up::spawn(up::command(&data, &listen, Some(&third)), &data).await;
+    assert_eq!(up2.base, format!("http://{listen}"));
+    let line = up2
+        .wait_log(
+            "config file differs from the live config in KV; made it the live config",
+            Duration::from_secs(5),
+        )
+        .await;
+    assert!(line.contains("was=2 version=3"), "{line}");
+    assert_eq!(model_ids(&up2.base).await, ["demo/mock", "demo/third"]);
+    // 100,000 prompt tokens at $1/M + 50,000 completion tokens at $2/M.
+    assert_eq!(charge_of_next_request(&up2).await, usd("0.20"));
+
+    // A price change pushed while it runs is charged on the very next request.
+    let url = up2.nats_url().await;
+    let repriced = write_config(dir, "repriced.yaml", "demo/third", &dear, json!({}));
+    let (ok, out, err) =
+        admin_cli(&data, &url, &["config", "push", repriced.to_str().unwrap()]).await;
+    assert!(ok, "{err}");
+    assert_eq!(out, "config version 4 is live\n");
+    up2.wait_log("config reloaded version=4", Duration::from_secs(10))
+        .await;
+    // 100,000 at $3/M + 50,000 at $4/M.
+    assert_eq!(charge_of_next_request(&up2).await, usd("0.50"));
+
+    // History lists every version, the last one live; a rollback re-publishes version 3.
+    let (ok, out, err) = admin_cli(&data, &url, &["config", "history"]).await;
+    assert!(ok, "{err}");
+    let versions: Vec<(&str, bool)> = out
+        .lines()
+        .map(|l| (l.split_whitespace().next().unwrap(), l.ends_with("(live)")))
+        .collect();
+    assert_eq!(
+        versions,
+        [("1", false), ("2", false), ("3", false), ("4", true)],
+        "{out}"
+    );
+    let (ok, out, err) = admin_cli(&data, &url, &["config", "rollback", "3"]).await;
+    assert!(ok, "{err}");
+    assert_eq!(out, "config version 5 is live (the text of version 3)\n");
+    up2.wait_log("config reloaded version=5", Duration::from_secs(10))
+        .await;
+    assert_eq!(charge_of_next_request(&up2).await, usd("0.20"));
+    let (ok, _, err) = admin_cli(&data, &url, &["config", "rollback", "99"]).await;
+    assert!(!ok);
+    assert!(
+        err.contains("config version 99 is not in the history"),
+        "{err}"
+    );
+    up2.stop().await;
+}

@@ -1,0 +1,191 @@
+//! Process hygiene and readiness of `switchyard up` (issue 14, Deliver 4): its nats-server dies
+//! with it even on `kill -9`, a second `up` on the same data dir is refused at once naming the
+//! first, a nats-server an old crash left on the store is stopped, and `/readyz` is 503 until
+//! billing has its database (then 200) while `/healthz` stays liveness.
+
+use crate::common::up::{self, Up};
+use serde_json::{Value, json};
+use std::path::Path;
+use std::time::Duration;
+
+fn write_config(dir: &Path, config: &Value) -> std::path::PathBuf {
+    let file = dir.join("config.yaml");
+    std::fs::write(&file, serde_json::to_string_pretty(config).unwrap()).unwrap();
+    file
+}
+
+fn mock_config() -> Value {
+    json!({
+        "targets": [{"id": "mock", "provider": "openai", "base_url": "builtin:mock", "upstream_model": "mock"}],
+        "models": [{"id": "demo/mock", "targets": ["mock"]}]
+    })
+}
+
+fn nats_pid(data_dir: &Path) -> u32 {
+    let file = data_dir.join("nats").join(switchyard_natsd::PID_FILE);
+    std::fs::read_to_string(&file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+fn alive(pid: u32) -> bool {
+    !switchyard_natsd::sys::wait_gone(pid, Duration::ZERO)
+}
+
+async fn start(dir: &Path) -> Up {
+    let file = write_config(dir, &mock_config());
+    let data = dir.join("data");
+    up::spawn(up::command(&data, "127.0.0.1:0", Some(&file)), &data).await
+}
+
+#[tokio::test]
+async fn kill_9_of_up_leaves_no_nats_server_behind() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut first = start(tmp.path()).await;
+    let pid = nats_pid(&first.data_dir);
+    assert!(alive(pid), "nats-server {pid} should run beside `up`");
+    first.child.start_kill().unwrap(); // SIGKILL: no drop, no shutdown code runs
+    let status = first.child.wait().await.unwrap();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(9)
+    );
+    assert!(
+        switchyard_natsd::sys::wait_gone(pid, Duration::from_secs(10)),
+        "nats-server {pid} outlived its `up` by 10 s"
+    );
+    // The data dir is free again: a new `up` starts on it and answers.
+    let second = start(tmp.path()).await;
+    let r = reqwest::get(format!("{}/healthz", second.base))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    second.stop().await;
+}
+
+#[tokio::test]
+async fn second_up_on_a_used_data_dir_exits_at_once_naming_the_first() {
+    let tmp = tempfile::tempdir().unwrap();
+    let first = start(tmp.path()).await;
+    let first_pid = first.child.id().unwrap();
+    let file = tmp.path().join("config.yaml");
+    let started = std::time::Instant::now();
+    let out = tokio::time::timeout(
+        Duration::from_secs(10),
+        up::command(&first.data_dir, "127.0.0.1:0", Some(&file)).output(),
+    )
+    .await
+    .expect("a second `up` on a used data dir must exit at once")
+    .unwrap();
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stderr.trim_end(),
+        format!(
+            "switchyard: data dir {} is in use by another `switchyard up` (pid {first_pid}); stop \
+             it first, or pass another --data-dir",
+            first.data_dir.display()
+        )
+    );
+    // Only the first one's nats-server runs on the store, and the first still answers.
+    let r = reqwest::get(format!("{}/healthz", first.base))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    first.stop().await;
+}
+
+#[tokio::test]
+async fn a_nats_server_left_by_an_old_crash_is_stopped_before_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("data").join("nats");
+    // What a crash of an older `up` left: a server on the store nobody owns.
+    let orphan = switchyard_natsd::NatsServer::start(&store, None).unwrap();
+    let orphan_pid = orphan.pid();
+    std::mem::forget(orphan);
+    let mut up = start(tmp.path()).await;
+    let line = up
+        .wait_log("left running on this store", Duration::from_secs(1))
+        .await;
+    assert!(line.contains(&format!("pid={orphan_pid}")), "{line}");
+    assert!(
+        !alive(orphan_pid),
+        "the stale server {orphan_pid} still runs"
+    );
+    assert_ne!(nats_pid(&up.data_dir), orphan_pid);
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", up.base))
+        .json(&crate::common::chat("demo/mock", "hi", false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    up.stop().await;
+}
+
+async fn get_json(url: &str) -> (u16, Value) {
+    let r = reqwest::get(url).await.unwrap();
+    (r.status().as_u16(), r.json().await.unwrap())
+}
+
+#[tokio::test]
+async fn readyz_is_503_until_billing_has_its_database_then_200() {
+    let tmp = tempfile::tempdir().unwrap();
+    // The ledger's directory is a plain file for now: billing cannot open its database.
+    let db_dir = tmp.path().join("later");
+    std::fs::write(&db_dir, "not a directory").unwrap();
+    let mut config = mock_config();
+    config["billing"] =
+        json!({"database_url": format!("sqlite://{}/ledger.db?mode=rwc", db_dir.display())});
+    let file = write_config(tmp.path(), &config);
+    let data = tmp.path().join("data");
+    let up = up::spawn(up::command(&data, "127.0.0.1:0", Some(&file)), &data).await;
+    let readyz = format!("{}/readyz", up.base);
+    // Everything but billing becomes ready; billing says what it waits for.
+    let body = crate::common::eventually(Duration::from_secs(20), || {
+        let readyz = readyz.clone();
+        async move {
+            let (status, body) = get_json(&readyz).await;
+            assert_eq!(status, 503, "{body}");
+            let c = &body["components"];
+            let others = ["ingress", "worker", "cache"]
+                .iter()
+                .all(|n| c[n]["ready"] == json!(true));
+            (others
+                && c["billing"]["detail"]
+                    .as_str()?
+                    .starts_with("waiting for database: "))
+            .then_some(body)
+        }
+    })
+    .await;
+    assert_eq!(body["ready"], json!(false));
+    assert_eq!(body["nats"], json!(true));
+    assert_eq!(body["components"]["billing"]["ready"], json!(false));
+    // Liveness is not readiness.
+    let (status, health) = get_json(&format!("{}/healthz", up.base)).await;
+    assert_eq!(
+        (status, health),
+        (200, json!({"status": "ok", "nats": true}))
+    );
+    std::fs::remove_file(&db_dir).unwrap();
+    let body = crate::common::eventually(Duration::from_secs(20), || {
+        let readyz = readyz.clone();
+        async move {
+            let (status, body) = get_json(&readyz).await;
+            (status == 200).then_some(body)
+        }
+    })
+    .await;
+    let ready = json!({"ready": true, "detail": "ready"});
+    assert_eq!(
+        body,
+        json!({"ready": true, "nats": true, "components": {
+            "billing": ready, "cache": ready, "ingress": ready, "worker": ready
+        }})
+    );
+    up.stop().await;
+}
