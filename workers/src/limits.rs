@@ -62,8 +62,9 @@ use switchyard_schemas::subjects::LIMITS_BUCKET;
 use switchyard_schemas::tokens;
 use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, now_ms};
 
-/// `max_tokens` assumed for the TPM estimate when the request sets none, tokens.
-pub const DEFAULT_MAX_TOKENS: u64 = 256;
+/// `max_tokens` assumed for the TPM estimate when the request sets none, tokens (shared with
+/// ingress's key limits).
+pub use switchyard_schemas::tokens::DEFAULT_MAX_TOKENS;
 /// How long a batch retries compare-and-set conflicts with other replicas before admitting
 /// (fail-open, as for an unreachable store). With group commit the contenders are worker
 /// processes, so this is only reached when the store is effectively unusable.
