@@ -254,10 +254,13 @@ impl Batch for Scope {
                     } else if let Some(limit) = limits.tpm
                         && s.tokens.saturating_add(tokens) > limit
                     {
-                        Some((Refusal::Tokens {
-                            limit,
-                            need: tokens,
-                        }, to_minute_end))
+                        Some((
+                            Refusal::Tokens {
+                                limit,
+                                need: tokens,
+                            },
+                            to_minute_end,
+                        ))
                     } else {
                         None
                     };
@@ -507,7 +510,10 @@ mod tests {
         ));
         assert_eq!((v.requests, v.tokens, v.in_flight()), (1, 10, 1));
         // From the cached copy a refusal is confirmed by a fresh read first.
-        assert!(matches!(s.apply(&mut v, &[admit(limits)], false), Plan::Refresh));
+        assert!(matches!(
+            s.apply(&mut v, &[admit(limits)], false),
+            Plan::Refresh
+        ));
         let minute = v.minute;
         let settle = Op::Settle {
             minute,
@@ -553,13 +559,7 @@ mod tests {
             minute: 1,
             requests: 9,
             tokens: 9,
-            held: BTreeMap::from([(
-                "gone".into(),
-                InFlight {
-                    n: 3,
-                    until_ms: 5,
-                },
-            )]),
+            held: BTreeMap::from([("gone".into(), InFlight { n: 3, until_ms: 5 })]),
         };
         assert_eq!(old.at(now_ms()).requests, 0);
         assert_eq!(old.at(now_ms()).in_flight(), 0);

@@ -94,8 +94,7 @@ pub async fn serve_inbound<D: FrontDoor>(
     headers: &HeaderMap,
     inbound: Inbound,
 ) -> Response {
-    let (out, rates) =
-        crate::rate_limit::reporting(pipeline(&door, app, headers, inbound)).await;
+    let (out, rates) = crate::rate_limit::reporting(pipeline(&door, app, headers, inbound)).await;
     let mut resp = match out {
         Ok(r) => r,
         Err(e) => door.error(e),

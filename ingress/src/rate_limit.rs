@@ -261,7 +261,12 @@ pub async fn admit(
     let mut key_window: Option<(RateLimits, Window)> = None;
     for scope in &scopes {
         let key = scope.kv_key();
-        match app.rates.store.admit(&key, scope.limits, tokens, until_ms).await {
+        match app
+            .rates
+            .store
+            .admit(&key, scope.limits, tokens, until_ms)
+            .await
+        {
             Ok(w) => {
                 if scope.kind == "key" {
                     key_window = Some((scope.limits, w));
