@@ -214,7 +214,7 @@ impl Batch for Scope {
 
     fn apply(&mut self, value: &mut RateState, ops: &[Op], fresh: bool) -> Plan<Self::Answer> {
         let now = now_ms();
-        let mut s = std::mem::take(value).at(now);
+        let mut s = value.clone().at(now);
         let others = s.in_flight_of_others(&self.holder);
         let (mut mine, mut until) = (self.mine, self.until_ms);
         let mut refused = false;
@@ -561,7 +561,7 @@ mod tests {
             tokens: 9,
             held: BTreeMap::from([("gone".into(), InFlight { n: 3, until_ms: 5 })]),
         };
-        assert_eq!(old.at(now_ms()).requests, 0);
-        assert_eq!(old.at(now_ms()).in_flight(), 0);
+        let now = old.at(now_ms());
+        assert_eq!((now.requests, now.tokens, now.in_flight()), (0, 0, 0));
     }
 }

@@ -191,7 +191,7 @@ pub fn openai_duration(ms: u64) -> String {
     }
     let (h, m) = (ms / 3_600_000, (ms / 60_000) % 60);
     let rest = ms % 60_000;
-    let secs = if rest % 1000 == 0 {
+    let secs = if rest.is_multiple_of(1000) {
         (rest / 1000).to_string()
     } else {
         let s = format!("{}.{:03}", rest / 1000, rest % 1000);
