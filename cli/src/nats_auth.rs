@@ -297,6 +297,7 @@ pub fn users(creds: &Credentials, prefix: &str) -> Vec<User> {
                     subscribe.extend([p("inbox.>"), p("health.>")]);
                     for b in [
                         switchyard_budgets::BUDGETS_BUCKET,
+                        switchyard_budgets::RATES_BUCKET,
                         switchyard_ingress::responses::store::RESPONSES_BUCKET,
                         switchyard_ingress::batch::store::RECORDS_BUCKET,
                         switchyard_ingress::batch::store::ACTIVE_BUCKET,

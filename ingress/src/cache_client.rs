@@ -333,7 +333,7 @@ impl Capture {
             | FrameBody::ReasoningSignature { .. }
             | FrameBody::RedactedReasoning { .. }
             | FrameBody::Logprobs { .. } => self.failed = true,
-            FrameBody::Start { .. } | FrameBody::Heartbeat => {}
+            FrameBody::Start { .. } | FrameBody::Heartbeat | FrameBody::UpstreamHeaders { .. } => {}
         }
     }
 

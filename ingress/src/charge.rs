@@ -4,6 +4,7 @@
 
 use crate::AppState;
 use crate::budget::{self, Demand, Reservation};
+use crate::rate_limit::RateHold;
 use std::sync::Arc;
 use std::time::Instant;
 use switchyard_schemas::usage::{BudgetOwed, UsageStatus};
@@ -30,6 +31,8 @@ pub struct Charge {
     output_bytes: usize,
     /// The budget reservation settled with this record's charge when it is published.
     reservation: Option<Reservation>,
+    /// The key/tenant rate-limit hold, settled (and refunded after a 429) when it is published.
+    rate: Option<RateHold>,
 }
 
 impl Charge {
@@ -88,6 +91,7 @@ impl Charge {
             prompt_bytes,
             output_bytes: 0,
             reservation: None,
+            rate: None,
         }
     }
 
@@ -100,6 +104,12 @@ impl Charge {
     /// released with $0 when the request fails before any upstream usage).
     pub fn reserved(&mut self, reservation: Reservation) {
         self.reservation = Some(reservation);
+    }
+
+    /// Attaches the request's rate-limit hold: released with the actual tokens when the record
+    /// is published, its request and tokens given back when the request ended as a 429.
+    pub fn rate_limited(&mut self, hold: RateHold) {
+        self.rate = Some(hold);
     }
 
     /// Records the attempt now being tried.
@@ -172,8 +182,14 @@ impl Charge {
         }
         let app = self.app.clone();
         let reservation = self.reservation.take();
+        let rate = self.rate.take();
         // Tracked: shutdown waits for the settlement and the acknowledged publish.
         self.app.tasks.spawn(async move {
+            if let Some(h) = rate {
+                let refund = e.error_class == Some(ErrorClass::RateLimited);
+                h.settle(e.usage.prompt_tokens + e.usage.completion_tokens, refund)
+                    .await;
+            }
             if let Some(r) = reservation {
                 // Cache hits are free (billing charges them $0), so they settle at zero too.
                 let actual = if e.cache_hit {

@@ -145,7 +145,7 @@ impl StreamEncode for OpenAiStream {
             FrameBody::Error { error, .. } => {
                 out.push_back(response::error_event(&error.into()));
             }
-            FrameBody::Start { .. } | FrameBody::Heartbeat => {}
+            FrameBody::Start { .. } | FrameBody::Heartbeat | FrameBody::UpstreamHeaders { .. } => {}
         }
     }
 }

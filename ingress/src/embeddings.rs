@@ -156,6 +156,7 @@ async fn handle(app: Arc<AppState>, body: &[u8]) -> Result<Response, ApiError> {
         fallbacks: won.fallbacks,
         trimmed: None,
         downgraded_from: None,
+        upstream_headers: Vec::new(),
     };
     // The response echoes the body's model, also when `x-switchyard-route` routed it.
     let mut resp =

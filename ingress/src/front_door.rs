@@ -94,10 +94,15 @@ pub async fn serve_inbound<D: FrontDoor>(
     headers: &HeaderMap,
     inbound: Inbound,
 ) -> Response {
-    match pipeline(&door, app, headers, inbound).await {
+    let (out, rates) = crate::rate_limit::reporting(pipeline(&door, app, headers, inbound)).await;
+    let mut resp = match out {
         Ok(r) => r,
         Err(e) => door.error(e),
+    };
+    if let Some(r) = rates {
+        r.apply(&mut resp);
     }
+    resp
 }
 
 async fn pipeline<D: FrontDoor>(

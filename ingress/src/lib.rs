@@ -7,8 +7,9 @@
 //! Anthropic's shape), `POST /v1/responses` and the stored-response routes under
 //! `/v1/responses/{id}` (OpenAI Responses, see [`responses`]), the batch routes ([`batch`]),
 //! `POST /v1/embeddings`, `GET /v1/models`, `GET /v1/models/{id}`,
-//! `GET /v1/usage` (ledger queries, see [`usage_api`]), `GET /healthz` (liveness), `GET /readyz` (readiness of this process's services), `GET /metrics`
-//! (Prometheus text, see [`metrics`]). API keys and budgets: [`auth`], [`budget`].
+//! `GET /v1/usage` (ledger queries, see [`usage_api`]), `GET /healthz` (liveness), `GET /readyz`
+//! (readiness of this process's services), `GET /metrics` (Prometheus text, see [`metrics`]).
+//! API keys, budgets and rate limits: [`auth`], [`budget`], [`rate_limit`].
 //!
 //! Candidate ordering is in [`strategy`], target health and load in [`health`], prompt estimates
 //! and context trimming in [`trim`]; [`route`] ties them together.
@@ -27,6 +28,7 @@ pub mod front_door;
 pub mod health;
 pub mod metrics;
 pub mod openai;
+pub mod rate_limit;
 pub mod responses;
 pub mod route;
 pub mod server;
@@ -71,6 +73,8 @@ pub struct AppState {
     pub keys: auth::KeyTable,
     /// The shared budget store (reservations and settlement).
     pub budgets: budget::Budgets,
+    /// The shared key and tenant rate limits ([`rate_limit`]).
+    pub rates: rate_limit::Rates,
     /// Share of requests that probe a degraded target first, in per mille (default 50 = 5 %,
     /// [`strategy::PROBE_SHARE`]); tests set 0 to make routing order deterministic.
     pub probe_per_mille: std::sync::atomic::AtomicU32,
@@ -147,6 +151,7 @@ pub async fn state_with_readiness(
     }
     let js = async_nats::jetstream::new(nats.clone());
     let budgets = budget::Budgets::connect(&js, ingress_id).await;
+    let rates = rate_limit::Rates::connect(&js, ingress_id).await;
     let batches = match batch::store::BatchStore::open(&js, subjects.prefix()).await {
         Ok(s) => Some(Arc::new(s)),
         Err(e) => {
@@ -174,6 +179,7 @@ pub async fn state_with_readiness(
         cache: cache_client::CacheClient::default(),
         keys: auth::KeyTable::default(),
         budgets,
+        rates,
         probe_per_mille: std::sync::atomic::AtomicU32::new((strategy::PROBE_SHARE * 1000.0) as u32),
         tasks: tokio_util::task::TaskTracker::new(),
         batches,
@@ -266,6 +272,7 @@ pub async fn serve(
     }
     state.usage.close().await;
     state.budgets.store().close().await;
+    state.rates.store().close().await;
     Ok(())
 }
 

@@ -349,6 +349,21 @@ fn validate_budget(field: &str, b: &crate::tenancy::Budget) -> Result<(), Config
     Ok(())
 }
 
+fn validate_rates(field: &str, l: &crate::tenancy::RateLimits) -> Result<(), ConfigError> {
+    let zero = [
+        ("rpm", l.rpm == Some(0)),
+        ("tpm", l.tpm == Some(0)),
+        ("max_concurrent", l.max_concurrent == Some(0)),
+    ];
+    match zero.iter().find(|(_, z)| *z) {
+        Some((name, _)) => Err(err(
+            format!("{field}.{name}"),
+            "must be at least 1 (omit it for no limit)",
+        )),
+        None => Ok(()),
+    }
+}
+
 /// A model (standard id or route tag) clients name in `model`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -691,6 +706,7 @@ impl GatewayConfig {
                 ));
             }
             validate_budget(&format!("tenants[{i}].budget"), &t.budget)?;
+            validate_rates(&format!("tenants[{i}].limits"), &t.limits)?;
         }
         let mut key_ids = HashSet::new();
         let mut hashes = HashSet::new();
@@ -739,6 +755,7 @@ impl GatewayConfig {
                 ));
             }
             validate_budget(&format!("keys[{i}].budget"), &k.budget)?;
+            validate_rates(&format!("keys[{i}].limits"), &k.limits)?;
         }
         let b = &self.budgets;
         if b.safety_margin > rust_decimal::Decimal::from(10) {

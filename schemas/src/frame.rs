@@ -152,8 +152,33 @@ pub enum FrameBody {
         /// Whether content frames preceded this error.
         content_sent: bool,
     },
+    /// The upstream's rate-limit response headers of the call now streaming (names lower-case,
+    /// as received: `x-ratelimit-*`, `anthropic-ratelimit-*`), sent before its first content;
+    /// ingress forwards them to the client under `x-upstream-` ([`upstream_header_name`]).
+    UpstreamHeaders {
+        /// `(name, value)` pairs, at most [`MAX_UPSTREAM_HEADERS`].
+        headers: Vec<(String, String)>,
+    },
     /// The worker is alive and waiting on a silent upstream.
     Heartbeat,
+}
+
+/// Most upstream rate-limit headers one [`FrameBody::UpstreamHeaders`] carries.
+pub const MAX_UPSTREAM_HEADERS: usize = 24;
+
+/// Whether an upstream response header is a rate-limit header that is forwarded:
+/// `x-ratelimit-*` (OpenAI, Azure OpenAI and most OpenAI-compatible servers) and
+/// `anthropic-ratelimit-*` (Anthropic API reference, "Rate limits" → "Response headers").
+pub fn is_upstream_rate_header(name: &str) -> bool {
+    name.starts_with("x-ratelimit-") || name.starts_with("anthropic-ratelimit-")
+}
+
+/// The name an upstream rate-limit header is forwarded under: `x-upstream-` + the name without
+/// a leading `x-` (`x-ratelimit-remaining-requests` → `x-upstream-ratelimit-remaining-requests`,
+/// `anthropic-ratelimit-requests-limit` → `x-upstream-anthropic-ratelimit-requests-limit`), so
+/// the gateway's own `x-ratelimit-*` headers are never confused with the upstream's.
+pub fn upstream_header_name(name: &str) -> String {
+    format!("x-upstream-{}", name.strip_prefix("x-").unwrap_or(name))
 }
 
 impl FrameBody {

@@ -32,6 +32,9 @@ pub struct KeyConfig {
     /// Spend limits and token quotas of this key.
     #[serde(default)]
     pub budget: Budget,
+    /// Request-rate limits of this key (RPM, TPM, concurrent requests).
+    #[serde(default, skip_serializing_if = "RateLimits::is_none")]
+    pub limits: RateLimits,
 }
 
 impl KeyConfig {
@@ -54,6 +57,38 @@ pub struct TenantConfig {
     /// Spend limits and token quotas shared by all the tenant's keys.
     #[serde(default)]
     pub budget: Budget,
+    /// Request-rate limits shared by all the tenant's keys.
+    #[serde(default, skip_serializing_if = "RateLimits::is_none")]
+    pub limits: RateLimits,
+}
+
+/// Request-rate limits of a key or tenant (`limits:` of a `keys:` / `tenants:` entry), enforced
+/// by ingress at admission across every replica (docs/limits.md). Each is off when absent.
+/// RPM and TPM count per UTC clock minute (the window resets at every `hh:mm:00`), like the
+/// budgets' `tokens_per_minute`; a request over any of them is answered 429
+/// `rate_limit_exceeded` with `Retry-After`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RateLimits {
+    /// Requests admitted per clock minute (≥ 1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rpm: Option<u64>,
+    /// Tokens per clock minute (≥ 1): each request is charged its estimate at admission (o200k
+    /// prompt tokens + `max_tokens`, 256 when absent) and corrected to the tokens the upstream
+    /// reported when it ends within the same minute.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tpm: Option<u64>,
+    /// Requests in flight at once across every ingress replica (≥ 1); a stream counts until its
+    /// last byte.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_concurrent: Option<u32>,
+}
+
+impl RateLimits {
+    /// Whether no limit is set.
+    pub fn is_none(&self) -> bool {
+        self.rpm.is_none() && self.tpm.is_none() && self.max_concurrent.is_none()
+    }
 }
 
 /// Limits of a key or tenant; each is off when absent. Windows are calendar UTC: the day

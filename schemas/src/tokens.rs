@@ -22,6 +22,9 @@ pub const PER_MESSAGE: u64 = 3;
 pub const REPLY_PRIMING: u64 = 3;
 /// Tokens counted per image (a low-detail image on OpenAI).
 pub const PER_IMAGE: u64 = 85;
+/// Output tokens a TPM limit charges at admission when the request sets no `max_tokens` (the
+/// target limits of the workers and the key/tenant limits of ingress alike).
+pub const DEFAULT_MAX_TOKENS: u64 = 256;
 /// Prompts with more text than this are tokenized on the blocking pool by [`estimate`], bytes.
 pub const BLOCKING_BYTES: usize = 16 * 1024;
 

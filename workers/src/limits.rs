@@ -31,15 +31,16 @@
 //! # Concurrency
 //!
 //! `max_concurrency` counts in-flight requests per target in this worker process; beyond it a
-//! request is rejected at once (no queueing).
+//! request is rejected at once (no queueing), as `rate_limited` with a 1 s `retry_after_ms`.
 //!
 //! # Rejections
 //!
 //! A request rejected by one limit consumes nothing of the others: admission takes a concurrency
 //! slot, then RPM and TPM in parallel (each in its key's batch, at the same time), and gives back
 //! what it took when another one says no. Rejections are
-//! retryable errors (`no_capacity` for concurrency, `rate_limited` with `retry_after_ms` for the
-//! buckets), so ingress moves on to the next target.
+//! retryable `rate_limited` errors with `retry_after_ms` and no upstream status, so ingress moves
+//! on to the next target without counting it against the target's health, and a model whose
+//! every target is saturated by its own limits is answered 429 with `Retry-After` (not 503).
 //!
 //! # Failure of the shared store
 //!
@@ -62,8 +63,11 @@ use switchyard_schemas::subjects::LIMITS_BUCKET;
 use switchyard_schemas::tokens;
 use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, now_ms};
 
-/// `max_tokens` assumed for the TPM estimate when the request sets none, tokens.
-pub const DEFAULT_MAX_TOKENS: u64 = 256;
+/// `max_tokens` assumed for the TPM estimate when the request sets none, tokens (shared with
+/// ingress's key limits).
+pub use switchyard_schemas::tokens::DEFAULT_MAX_TOKENS;
+/// `retry_after_ms` of a concurrency refusal (a slot frees when any call ends), ms.
+pub const CONCURRENCY_RETRY_MS: u64 = 1_000;
 /// How long a batch retries compare-and-set conflicts with other replicas before admitting
 /// (fail-open, as for an unreachable store). With group commit the contenders are worker
 /// processes, so this is only reached when the store is effectively unusable.
@@ -441,15 +445,19 @@ impl Limiter {
         let limits = &target.limits;
         let batch = req.batch_id.is_some();
         let permit = match limits.max_concurrency {
-            Some(max) => Some(self.try_concurrency(&target.id, batch_cap(max, batch)).ok_or_else(|| {
-                ErrorInfo::new(
-                    ErrorClass::NoCapacity,
+            Some(max) => Some(
+                self.try_concurrency(&target.id, batch_cap(max, batch))
+                    .ok_or_else(|| {
+                        ErrorInfo::new(
+                    ErrorClass::RateLimited,
                     format!(
                         "target `{}`: {max} requests in flight on this worker (max_concurrency)",
                         target.id
                     ),
                 )
-            })?),
+                .with_retry_after_ms(Some(CONCURRENCY_RETRY_MS))
+                    })?,
+            ),
             None => None,
         };
         let mut admission = Admission {
@@ -833,8 +841,10 @@ mod tests {
         assert_eq!(a.tpm_estimate(), 58);
         // Concurrency is full while `a` lives.
         let e = l.admit(&t, &r).await.unwrap_err();
-        assert_eq!(e.class, ErrorClass::NoCapacity);
+        assert_eq!(e.class, ErrorClass::RateLimited);
+        assert_eq!(e.retry_after_ms, Some(CONCURRENCY_RETRY_MS));
         assert!(e.retryable);
+        assert!(e.message.contains("max_concurrency"), "{}", e.message);
         drop(a);
         let e = l.admit(&t, &r).await.unwrap_err();
         assert_eq!(e.class, ErrorClass::RateLimited);
@@ -868,7 +878,7 @@ mod tests {
         let t = target(serde_json::json!({"max_concurrency": 2}));
         let b = l.admit(&t, &batch).await.unwrap();
         let e = l.admit(&t, &batch).await.unwrap_err();
-        assert_eq!(e.class, ErrorClass::NoCapacity);
+        assert_eq!(e.class, ErrorClass::RateLimited);
         let l1 = l.admit(&t, &live).await.unwrap();
         drop((b, l1));
     }

@@ -179,6 +179,7 @@ pub trait SseTranslator: Send + 'static {
 pub fn translate_sse<T: SseTranslator>(resp: reqwest::Response, translator: T) -> EventStream {
     use futures::StreamExt;
     use std::collections::VecDeque;
+    let first = rate_headers(resp.headers());
     let events = Box::pin(crate::sse::sse_stream(resp.bytes_stream()));
     let state = (
         events,
@@ -186,7 +187,7 @@ pub fn translate_sse<T: SseTranslator>(resp: reqwest::Response, translator: T) -
         VecDeque::<Result<FrameBody, ErrorInfo>>::new(),
         false,
     );
-    futures::stream::unfold(
+    let frames = futures::stream::unfold(
         state,
         |(mut events, mut tr, mut pending, mut done)| async move {
             loop {
@@ -218,8 +219,26 @@ pub fn translate_sse<T: SseTranslator>(resp: reqwest::Response, translator: T) -
                 }
             }
         },
-    )
-    .boxed()
+    );
+    futures::stream::iter(first.map(Ok)).chain(frames).boxed()
+}
+
+/// The upstream's rate-limit headers ([`switchyard_schemas::frame::is_upstream_rate_header`]) as
+/// the frame that goes before the answer's first content, if it sent any (at most
+/// [`switchyard_schemas::frame::MAX_UPSTREAM_HEADERS`]; values that are not visible ASCII or
+/// longer than 256 bytes are dropped).
+pub fn rate_headers(headers: &HeaderMap) -> Option<FrameBody> {
+    use switchyard_schemas::frame::{MAX_UPSTREAM_HEADERS, is_upstream_rate_header};
+    let found: Vec<(String, String)> = headers
+        .iter()
+        .filter(|(name, _)| is_upstream_rate_header(name.as_str()))
+        .filter_map(|(name, value)| {
+            let v = value.to_str().ok().filter(|v| v.len() <= 256)?;
+            Some((name.as_str().to_owned(), v.to_owned()))
+        })
+        .take(MAX_UPSTREAM_HEADERS)
+        .collect();
+    (!found.is_empty()).then_some(FrameBody::UpstreamHeaders { headers: found })
 }
 
 /// A complete (non-streamed) answer, read from a provider's JSON body. [`Answer::frames`] turns
@@ -350,6 +369,7 @@ pub fn translate_json(
     parse: fn(&serde_json::Value) -> Result<Answer, ErrorInfo>,
 ) -> EventStream {
     use futures::StreamExt;
+    let first = rate_headers(resp.headers());
     let read = async move {
         let mut resp = resp;
         let mut body = Vec::new();
@@ -393,7 +413,7 @@ pub fn translate_json(
             return vec![Err(crate::providers::classify::stream_error(&v))];
         }
         match parse(&v) {
-            Ok(answer) => answer.frames().into_iter().map(Ok).collect(),
+            Ok(answer) => first.into_iter().chain(answer.frames()).map(Ok).collect(),
             Err(e) => vec![Err(e)],
         }
     };

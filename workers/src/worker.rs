@@ -15,7 +15,8 @@
 //!
 //! Before the upstream call the worker admits the request: circuit breaker and provider cooldown
 //! ([`crate::breaker`]), then concurrency, RPM and TPM ([`crate::limits`]). A rejection is answered
-//! at once with a retryable `error` frame (`no_capacity` or `rate_limited`, with `retry_after_ms`),
+//! at once with a retryable `error` frame (`no_capacity` for an open breaker or cooldown,
+//! `rate_limited` with `retry_after_ms` for a target limit, concurrency included),
 //! without `start` and without an upstream call, so ingress moves to the next target. Failed calls
 //! are retried inside the worker while nothing reached the client ([`crate::retry`]); each retry
 //! asks the breaker and the RPM bucket again. Timeouts are the global `timeouts` with the target's

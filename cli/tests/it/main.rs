@@ -17,6 +17,7 @@ mod field_cases_resilience;
 mod field_cases_upstream;
 mod flow_control;
 mod hygiene;
+mod key_limits;
 mod limits_load;
 mod matrix;
 mod nats_auth;

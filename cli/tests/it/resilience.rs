@@ -232,7 +232,8 @@ async fn rpm_limit_holds_across_two_worker_replicas() {
     assert_eq!(a.status, 200, "{}", a.body);
 }
 
-/// `max_concurrency` rejects at once, without queueing and without an upstream call.
+/// `max_concurrency` rejects at once, without queueing and without an upstream call: a 429
+/// `rate_limit_exceeded` with `Retry-After: 1` (the target is saturated by its own limit).
 #[tokio::test]
 async fn concurrency_limit_rejects_at_once() {
     let gw = start(config(
@@ -245,10 +246,11 @@ async fn concurrency_limit_rejects_at_once() {
     .await;
     let answers = burst(&gw.base, &chat("demo/conc", "hi", false), 5).await;
     let ok: Vec<_> = answers.iter().filter(|a| a.status == 200).collect();
-    let rejected: Vec<_> = answers.iter().filter(|a| a.status == 503).collect();
+    let rejected: Vec<_> = answers.iter().filter(|a| a.status == 429).collect();
     assert_eq!((ok.len(), rejected.len()), (2, 3));
     for a in &rejected {
-        assert_eq!(a.body["error"]["code"], "no_capacity");
+        assert_eq!(a.body["error"]["code"], "rate_limit_exceeded");
+        assert_eq!(header(a, "retry-after"), "1");
         assert!(a.elapsed < Duration::from_millis(500), "{:?}", a.elapsed);
     }
     assert!(ok.iter().all(|a| a.elapsed >= Duration::from_millis(800)));

@@ -232,7 +232,10 @@ impl StreamEncoder {
             }
             FrameBody::Error { error, .. } => out.push_back(error_event(&error.into())),
             // Anthropic has no log probabilities.
-            FrameBody::Start { .. } | FrameBody::Heartbeat | FrameBody::Logprobs { .. } => {}
+            FrameBody::Start { .. }
+            | FrameBody::Heartbeat
+            | FrameBody::Logprobs { .. }
+            | FrameBody::UpstreamHeaders { .. } => {}
         }
     }
 

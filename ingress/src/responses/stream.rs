@@ -324,7 +324,7 @@ impl StreamEncode for ResponsesStream {
                 let r = self.snapshot(self.final_output());
                 self.event("response.failed", json!({"response": r}), out);
             }
-            FrameBody::Start { .. } | FrameBody::Heartbeat => {}
+            FrameBody::Start { .. } | FrameBody::Heartbeat | FrameBody::UpstreamHeaders { .. } => {}
         }
     }
 

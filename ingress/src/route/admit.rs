@@ -1,4 +1,5 @@
-//! The admit stage: which model serves the request, and whether the caller's budgets admit it.
+//! The admit stage: which model serves the request, and whether the caller's rate limits
+//! ([`crate::rate_limit`]) and budgets admit it.
 
 use super::timeouts::RequestTimeouts;
 use super::{Inbound, RequestHints, routed_model};
@@ -59,7 +60,8 @@ pub struct Admitted<'c> {
 }
 
 /// Admits `inbound`: the routed model (`x-switchyard-route` or the body's), the cost-priority
-/// downgrade ([`budget::choose_model`]) and the budget reservation ([`budget::reserve_tokens`]).
+/// downgrade ([`budget::choose_model`]), the key/tenant rate limits ([`crate::rate_limit::admit`])
+/// and the budget reservation ([`budget::reserve_tokens`]).
 /// A refusal is counted in the metrics but leaves no usage record.
 pub async fn admit<'c>(
     app: &Arc<AppState>,
@@ -83,9 +85,9 @@ pub async fn admit<'c>(
     let timeouts = RequestTimeouts::of(config, policy);
     let deadline = admitted + timeouts.total;
     let deadline_ms = now_ms() + timeouts.total.as_millis() as u64;
-    // Tokenized only for a budgeted caller; the estimate travels with the request so workers
-    // do not tokenize it again for TPM.
-    let prompt_tokens = if scopes.is_empty() {
+    // Tokenized once, only for a caller with a budget or a TPM limit; the estimate travels
+    // with the request so workers do not tokenize it again for their TPM limits.
+    let prompt_tokens = if scopes.is_empty() && !crate::rate_limit::counts_tokens(config, &caller) {
         None
     } else {
         Some(
@@ -94,11 +96,22 @@ pub async fn admit<'c>(
                 .total(),
         )
     };
+    let rate = crate::rate_limit::admit(
+        app,
+        config,
+        &caller,
+        prompt_tokens,
+        inbound.params.max_tokens,
+        deadline_ms + config.budgets.hold_grace_ms,
+        hints.batch.is_some(),
+    )
+    .await
+    .map_err(|e| reject(model, e))?;
     let output = inbound
         .params
         .max_tokens
         .map_or(config.budgets.default_max_tokens, u64::from);
-    let reservation = budget::reserve_tokens(
+    let reservation = match budget::reserve_tokens(
         app,
         config,
         model,
@@ -108,7 +121,16 @@ pub async fn admit<'c>(
         deadline_ms,
     )
     .await
-    .map_err(|e| reject(model, e))?;
+    {
+        Ok(r) => r,
+        Err(e) => {
+            // Refused by the budget: the rate limits' charge is given back.
+            if let Some(h) = rate {
+                h.settle(0, true).await;
+            }
+            return Err(reject(model, e));
+        }
+    };
     let req = ChatRequest {
         id,
         tenant: caller.tenant,
@@ -135,6 +157,9 @@ pub async fn admit<'c>(
     let mut charge = Charge::new(app.clone(), &req, admitted);
     if let Some(r) = reservation {
         charge.reserved(r);
+    }
+    if let Some(h) = rate {
+        charge.rate_limited(h);
     }
     let outcome = Outcome::new(&app.metrics, &model.id, admitted);
     Ok(Admitted {

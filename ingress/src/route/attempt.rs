@@ -59,7 +59,8 @@ pub struct Won<'c, C> {
 /// Tries `targets` in order with `dispatch` until one commits. Each attempt is recorded in
 /// `ledger` (target, fallbacks) and the in-flight counts; a success marks the target healthy.
 /// The error (the first that allows no fallback, else the last) is the request's; the caller
-/// records it with [`Ledger::fail`].
+/// records it with [`Ledger::fail`]. When the last is a 429 (e.g. every target saturated by its
+/// own limits) it carries the soonest `retry_after_ms` of every 429 seen.
 pub async fn attempts<'c, D: Dispatch>(
     app: &AppState,
     request: Uuid,
@@ -67,7 +68,9 @@ pub async fn attempts<'c, D: Dispatch>(
     targets: Vec<&'c TargetConfig>,
     dispatch: &mut D,
 ) -> Result<Won<'c, D::Committed>, ErrorInfo> {
-    let mut last_err = None;
+    let mut last_err: Option<ErrorInfo> = None;
+    // The soonest retry any 429 failure (a target's own limits, or the upstream's) suggested.
+    let mut soonest: Option<u64> = None;
     for (n, target) in (0u32..).zip(targets) {
         if let Some(e) = dispatch.expired(target) {
             last_err = Some(e);
@@ -92,13 +95,26 @@ pub async fn attempts<'c, D: Dispatch>(
                 }
                 tracing::info!(request = %request, target = %target.id, error = %error,
                     "attempt failed, trying next target");
+                if error.class == ErrorClass::RateLimited {
+                    soonest = match (soonest, error.retry_after_ms) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                }
                 last_err = Some(error);
             }
         }
     }
-    Err(last_err.unwrap_or_else(|| {
-        ErrorInfo::new(ErrorClass::NoCapacity, "no enabled target for this model")
-    }))
+    Err(match last_err {
+        // Every target saturated (by its own limits or its upstream's): a 429 with the soonest
+        // retry any of them suggested, not a 503.
+        Some(mut e) if e.class == ErrorClass::RateLimited => {
+            e.retry_after_ms = soonest;
+            e
+        }
+        Some(e) => e,
+        None => ErrorInfo::new(ErrorClass::NoCapacity, "no enabled target for this model"),
+    })
 }
 
 /// What `error` on `target` means, decided once for every path (before commit and after content
@@ -148,6 +164,15 @@ pub(super) async fn chat(
         fallbacks: won.fallbacks,
         trimmed: opened.trimmed,
         downgraded_from,
+        upstream_headers: opened
+            .buffered
+            .iter()
+            .rev()
+            .find_map(|f| match f {
+                FrameBody::UpstreamHeaders { headers } => Some(headers.clone()),
+                _ => None,
+            })
+            .unwrap_or_default(),
     };
     Ok(FrameFeed::new(
         app.clone(),

@@ -100,7 +100,9 @@ impl FrameFeed {
                 }
             }
             match &frame {
-                FrameBody::Start { .. } | FrameBody::Heartbeat => continue,
+                FrameBody::Start { .. }
+                | FrameBody::Heartbeat
+                | FrameBody::UpstreamHeaders { .. } => continue,
                 FrameBody::End { .. } => {
                     self.done = true;
                     if let Some(c) = self.charge.take() {
@@ -160,7 +162,9 @@ impl FrameFeed {
                 FrameBody::Usage { usage } => agg.usage = Some(usage),
                 FrameBody::End { finish_reason } => agg.finish = finish_reason,
                 FrameBody::Error { error, .. } => return Err(error),
-                FrameBody::Start { .. } | FrameBody::Heartbeat => {}
+                FrameBody::Start { .. }
+                | FrameBody::Heartbeat
+                | FrameBody::UpstreamHeaders { .. } => {}
             }
         }
         Ok(agg)

@@ -41,7 +41,10 @@
 //! error event) and the deadline workers are given.
 //!
 //! Response headers: `x-request-id`, `x-switchyard-target`, `x-switchyard-worker`,
-//! `x-switchyard-fallbacks`, and `x-switchyard-trimmed` (messages dropped by `trim_context`).
+//! `x-switchyard-fallbacks`, `x-switchyard-trimmed` (messages dropped by `trim_context`), the
+//! serving upstream's rate-limit headers renamed `x-upstream-ratelimit-…` /
+//! `x-upstream-anthropic-ratelimit-…`, and the caller's own `x-ratelimit-*`
+//! ([`crate::rate_limit`]).
 
 pub mod admit;
 pub mod attempt;
@@ -277,11 +280,17 @@ pub struct Served {
     pub trimmed: Option<usize>,
     /// The model the client asked for, when cost-priority routing served a cheaper one.
     pub downgraded_from: Option<String>,
+    /// The serving upstream's rate-limit headers ([`FrameBody::UpstreamHeaders`]), forwarded
+    /// under [`switchyard_schemas::frame::upstream_header_name`].
+    ///
+    /// [`FrameBody::UpstreamHeaders`]: switchyard_schemas::FrameBody::UpstreamHeaders
+    pub upstream_headers: Vec<(String, String)>,
 }
 
 impl Served {
-    /// Adds `x-request-id`, `x-switchyard-target`, `x-switchyard-worker`, `x-switchyard-fallbacks`
-    /// and, after trimming, `x-switchyard-trimmed`.
+    /// Adds `x-request-id`, `x-switchyard-target`, `x-switchyard-worker`, `x-switchyard-fallbacks`,
+    /// after trimming `x-switchyard-trimmed`, and the upstream's rate-limit headers under
+    /// `x-upstream-` (never as the gateway's own `x-ratelimit-*`).
     pub fn apply(&self, resp: &mut Response) {
         let h = resp.headers_mut();
         let mut put = |k: &'static str, v: &str| {
@@ -298,6 +307,15 @@ impl Served {
         }
         if let Some(m) = &self.downgraded_from {
             put(HEADER_DOWNGRADED, m);
+        }
+        for (name, value) in &self.upstream_headers {
+            let name = switchyard_schemas::frame::upstream_header_name(name);
+            if let (Ok(k), Ok(v)) = (
+                axum::http::HeaderName::from_bytes(name.as_bytes()),
+                HeaderValue::from_str(value),
+            ) {
+                h.insert(k, v);
+            }
         }
     }
 }

@@ -71,6 +71,8 @@ pub(crate) struct Behaviour {
     /// loop goes on while each tool result asks for the next call (a result holding a
     /// `#mock call=…` line) and ends with a text answer when it does not.
     pub(crate) call: Option<(String, String)>,
+    /// `rate_headers=1`: successful answers carry the provider's rate-limit headers.
+    pub(crate) rate_headers: bool,
 }
 
 impl Behaviour {
@@ -155,6 +157,7 @@ impl Behaviour {
                 "error_message" => b.error_message = Some(percent_decode(v)?),
                 "json_for_stream" => b.json_for_stream = flag(key, v)?,
                 "reject_stream_options" => b.reject_stream_options = flag(key, v)?,
+                "rate_headers" => b.rate_headers = flag(key, v)?,
                 "call" => {
                     let (name, input) = v
                         .split_once(':')

@@ -185,6 +185,35 @@ impl Provider {
         response
     }
 
+    /// `rate_headers=1`: the rate-limit headers a real upstream sends with its answers: OpenAI's
+    /// `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` (OpenAI API docs, "Rate limits"),
+    /// Anthropic's `anthropic-ratelimit-requests-{limit,remaining,reset}` (Anthropic API
+    /// reference, "Rate limits"); fixed values (limit 10000 requests / 30000000 tokens, one
+    /// request and 1000 tokens used).
+    fn rate_headers(self, response: &mut Response) {
+        let pairs: &[(&'static str, &'static str)] = match self {
+            Provider::OpenAi | Provider::Azure | Provider::Responses => &[
+                ("x-ratelimit-limit-requests", "10000"),
+                ("x-ratelimit-remaining-requests", "9999"),
+                ("x-ratelimit-reset-requests", "6ms"),
+                ("x-ratelimit-limit-tokens", "30000000"),
+                ("x-ratelimit-remaining-tokens", "29999000"),
+                ("x-ratelimit-reset-tokens", "2ms"),
+            ],
+            Provider::Anthropic => &[
+                ("anthropic-ratelimit-requests-limit", "4000"),
+                ("anthropic-ratelimit-requests-remaining", "3999"),
+                ("anthropic-ratelimit-requests-reset", "2026-01-01T00:00:00Z"),
+            ],
+            Provider::Gemini | Provider::Bedrock => &[],
+        };
+        for (name, value) in pairs {
+            response
+                .headers_mut()
+                .insert(*name, HeaderValue::from_static(value));
+        }
+    }
+
     /// A provider-shaped error response.
     fn error(self, status: u16, message: Option<&str>, retry_after: Option<&str>) -> Response {
         let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -500,6 +529,9 @@ async fn handle(
         response
             .headers_mut()
             .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        if behaviour.rate_headers {
+            provider.rate_headers(&mut response);
+        }
         return response;
     }
 
@@ -553,7 +585,11 @@ async fn handle(
         ),
         None => Body::from(bytes),
     };
-    provider.response(StatusCode::OK, "application/json", body)
+    let mut response = provider.response(StatusCode::OK, "application/json", body);
+    if behaviour.rate_headers {
+        provider.rate_headers(&mut response);
+    }
+    response
 }
 
 /// Records an early close when dropped before [`EarlyClose::finish`].

@@ -69,6 +69,7 @@
 //! | `error_message=<urlencoded>` | message of the `status` error body |
 //! | `json_for_stream=1` | a stream request gets the complete non-stream JSON answer (`application/json`), as some OpenAI-compatible servers send |
 //! | `reject_stream_options=1` | a request with `stream_options` gets 400 `Unrecognized request argument supplied: stream_options` (older Azure api-versions) |
+//! | `rate_headers=1` | successful answers carry the provider's rate-limit headers (OpenAI `x-ratelimit-*`: limit 10000 requests / 30000000 tokens, remaining 9999 / 29999000; Anthropic `anthropic-ratelimit-requests-*`) |
 //!
 //! Notes:
 //!
