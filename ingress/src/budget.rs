@@ -307,7 +307,9 @@ pub async fn choose_model<'a>(
 }
 
 /// Reserves the estimated charge of a request on `model` for `scopes` (none: `Ok(None)`, no
-/// tokenizer work). `max_tokens` is the request's output cap; the hold lasts until
+/// tokenizer work). `max_tokens` is the request's output cap per choice (`budgets.default_max_tokens`
+/// when absent) and `choices` its `n` (at least 1): the output estimate is their product, as the
+/// upstream bills each choice's output; the hold lasts until
 /// `deadline_ms` plus `budgets.hold_grace_ms`. Long prompts are tokenized on the blocking pool
 /// ([`crate::trim::Estimate::of_async`]).
 #[allow(clippy::too_many_arguments)]
@@ -319,6 +321,7 @@ pub async fn reserve_for(
     messages: &[Message],
     tools: &[Tool],
     max_tokens: Option<u32>,
+    choices: u32,
     deadline_ms: u64,
 ) -> Result<Option<Reservation>, ApiError> {
     if scopes.is_empty() {
@@ -327,7 +330,8 @@ pub async fn reserve_for(
     let prompt = crate::trim::Estimate::of_async(messages, tools)
         .await
         .total();
-    let output = max_tokens.map_or(config.budgets.default_max_tokens, u64::from);
+    let output = max_tokens.map_or(config.budgets.default_max_tokens, u64::from)
+        * u64::from(choices.max(1));
     reserve_tokens(app, config, model, scopes, prompt, output, deadline_ms).await
 }
 

@@ -9,6 +9,7 @@ mod billing_faults;
 mod budgets;
 mod budgets_load;
 mod cache;
+mod choices;
 mod common;
 mod embeddings;
 mod field_cases;

@@ -232,7 +232,12 @@ impl StreamEncoder {
             }
             FrameBody::Error { error, .. } => out.push_back(error_event(&error.into())),
             // Anthropic has no log probabilities.
-            FrameBody::Start { .. } | FrameBody::Heartbeat | FrameBody::Logprobs { .. } => {}
+            // One choice on this door (no `n`).
+            FrameBody::Start { .. }
+            | FrameBody::Heartbeat
+            | FrameBody::Logprobs { .. }
+            | FrameBody::Choice { .. }
+            | FrameBody::ChoiceEnd { .. } => {}
         }
     }
 

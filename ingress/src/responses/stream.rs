@@ -324,7 +324,11 @@ impl StreamEncode for ResponsesStream {
                 let r = self.snapshot(self.final_output());
                 self.event("response.failed", json!({"response": r}), out);
             }
-            FrameBody::Start { .. } | FrameBody::Heartbeat => {}
+            // One choice on this door (the Responses API has no `n`).
+            FrameBody::Start { .. }
+            | FrameBody::Heartbeat
+            | FrameBody::Choice { .. }
+            | FrameBody::ChoiceEnd { .. } => {}
         }
     }
 

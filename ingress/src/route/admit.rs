@@ -91,6 +91,7 @@ pub async fn admit<'c>(
         &inbound.messages,
         &inbound.tools,
         inbound.params.max_tokens,
+        inbound.params.n.unwrap_or(1),
         deadline_ms,
     )
     .await

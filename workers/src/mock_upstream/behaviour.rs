@@ -71,6 +71,10 @@ pub(crate) struct Behaviour {
     /// loop goes on while each tool result asks for the next call (a result holding a
     /// `#mock call=…` line) and ends with a text answer when it does not.
     pub(crate) call: Option<(String, String)>,
+    /// `texts=<urlencoded>|<urlencoded>|…`: the text of each choice of an `n > 1` OpenAI
+    /// request (choice `k` takes entry `k` modulo their number); without it every choice
+    /// answers what one choice would.
+    pub(crate) texts: Option<Vec<String>>,
 }
 
 impl Behaviour {
@@ -155,6 +159,13 @@ impl Behaviour {
                 "error_message" => b.error_message = Some(percent_decode(v)?),
                 "json_for_stream" => b.json_for_stream = flag(key, v)?,
                 "reject_stream_options" => b.reject_stream_options = flag(key, v)?,
+                "texts" => {
+                    let texts = v
+                        .split('|')
+                        .map(percent_decode)
+                        .collect::<Result<Vec<_>, _>>()?;
+                    b.texts = Some(texts);
+                }
                 "call" => {
                     let (name, input) = v
                         .split_once(':')
@@ -204,6 +215,11 @@ pub(crate) struct RequestInfo {
     /// The request asks for JSON text (Gemini `generationConfig.responseMimeType:
     /// application/json`): the text is JSON (see [`generate`]).
     pub(crate) json_text: bool,
+    /// OpenAI `n`: choices to answer with (see [`generate_choices`]); 0 or 1 is one.
+    pub(crate) n: usize,
+    /// OpenAI `top_logprobs`: alternatives per logprobs entry (the token itself at −0.5, then
+    /// `alt1`, `alt2`, … at −1.5, −2.5, …).
+    pub(crate) top_logprobs: usize,
 }
 
 /// One generated tool call.
@@ -346,6 +362,22 @@ pub(crate) fn generate(b: &Behaviour, info: &RequestInfo) -> Generation {
         cached: b.cached_tokens.unwrap_or(0),
     };
     Generation { output, usage }
+}
+
+/// The choices of an OpenAI request (`n`, at least one): choice `k` answers `texts[k]` when
+/// `texts` is set, else what [`generate`] answers. Each has its own finish reason (`max_tokens`
+/// applies per choice); usage is reported once by the caller, with the completions summed.
+pub(crate) fn generate_choices(b: &Behaviour, info: &RequestInfo) -> Vec<Generation> {
+    (0..info.n.max(1))
+        .map(|k| match &b.texts {
+            Some(texts) if !texts.is_empty() => {
+                let mut one = b.clone();
+                one.text = texts.get(k % texts.len()).cloned();
+                generate(&one, info)
+            }
+            _ => generate(b, info),
+        })
+        .collect()
 }
 
 /// Number of whitespace-separated words.

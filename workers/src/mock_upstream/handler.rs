@@ -12,7 +12,7 @@ use axum::routing::{get, post};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::behaviour::{Behaviour, RequestInfo, generate};
+use super::behaviour::{Behaviour, RequestInfo, generate, generate_choices};
 use super::wire::{self, Item, Plan, SseFormat};
 use super::{MockState, RecordedRequest, anthropic, bedrock, gemini, openai, responses};
 
@@ -459,16 +459,23 @@ async fn handle(
         .and_then(Value::as_array)
         .map_or(0, |m| m.iter().filter(|m| m["role"] == "assistant").count());
     info.logprobs = body.get("logprobs") == Some(&Value::Bool(true));
-    let generation = generate(&behaviour, &info);
+    if matches!(provider, Provider::OpenAi | Provider::Azure) {
+        let num = |k: &str| body.get(k).and_then(Value::as_u64).unwrap_or(0) as usize;
+        info.n = num("n").max(1);
+        info.top_logprobs = num("top_logprobs");
+    }
+    // OpenAI-style answers have `n` choices; the other providers one.
+    let choices = generate_choices(&behaviour, &info);
+    let generation = choices.first().cloned().unwrap_or_else(|| generate(&behaviour, &info));
     let fmt = SseFormat::new(&behaviour);
     let id = behaviour.id.clone().unwrap_or_else(|| provider.new_id());
     let created = behaviour.created.unwrap_or_else(now_secs);
 
     if info.stream && !behaviour.json_for_stream {
         let script = match provider {
-            Provider::OpenAi => openai::stream_script(&id, created, &info, &generation, fmt),
+            Provider::OpenAi => openai::stream_script(&id, created, &info, &choices, fmt),
             Provider::Azure => {
-                let mut script = openai::stream_script(&id, created, &info, &generation, fmt);
+                let mut script = openai::stream_script(&id, created, &info, &choices, fmt);
                 script
                     .body
                     .insert(0, Item::Frame(openai::azure_prompt_filter_chunk(fmt)));
@@ -530,9 +537,9 @@ async fn handle(
         return provider.error(500, None, behaviour.retry_after.as_deref());
     }
     let value = match provider {
-        Provider::OpenAi => openai::completion(&id, created, &info, &generation),
+        Provider::OpenAi => openai::completion(&id, created, &info, &choices),
         Provider::Azure => {
-            let mut value = openai::completion(&id, created, &info, &generation);
+            let mut value = openai::completion(&id, created, &info, &choices);
             value["prompt_filter_results"] = openai::azure_prompt_filter_results();
             value
         }

@@ -51,6 +51,7 @@ impl Provider for AnthropicProvider {
             // Through the synthetic JSON tool (`structured`).
             json_mode: true,
             embeddings: false,
+            choices: false,
         }
     }
 
