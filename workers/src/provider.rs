@@ -334,6 +334,7 @@ impl Answer {
                 ThinkingBlock::RedactedThinking { data } => {
                     out.push(FrameBody::RedactedReasoning { data });
                 }
+                ThinkingBlock::Reasoning { .. } => {}
             }
         }
         if !self.text.is_empty() {

@@ -25,6 +25,7 @@ mod redaction;
 mod reload;
 mod resilience;
 mod responses;
+mod responses_pin;
 mod responses_upstream;
 mod routing;
 mod server_limits;

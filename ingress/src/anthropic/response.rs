@@ -99,6 +99,10 @@ pub fn thinking_block(block: &ThinkingBlock) -> Value {
         ThinkingBlock::RedactedThinking { data } => {
             json!({"type": "redacted_thinking", "data": data})
         }
+        // Never produced by an answer (an input-only OpenAI item); shown as redacted.
+        ThinkingBlock::Reasoning {
+            encrypted_content, ..
+        } => json!({"type": "redacted_thinking", "data": encrypted_content}),
     }
 }
 

@@ -75,6 +75,10 @@ pub(crate) struct Behaviour {
     /// request (choice `k` takes entry `k` modulo their number); without it every choice
     /// answers what one choice would.
     pub(crate) texts: Option<Vec<String>>,
+    /// `accept_encrypted=<prefix>`: Responses requests whose input `reasoning` item has an
+    /// `encrypted_content` not starting with `<prefix>` get OpenAI's 400
+    /// `invalid_encrypted_content` (another deployment's encrypted reasoning).
+    pub(crate) accept_encrypted: Option<String>,
 }
 
 impl Behaviour {
@@ -159,6 +163,7 @@ impl Behaviour {
                 "error_message" => b.error_message = Some(percent_decode(v)?),
                 "json_for_stream" => b.json_for_stream = flag(key, v)?,
                 "reject_stream_options" => b.reject_stream_options = flag(key, v)?,
+                "accept_encrypted" => b.accept_encrypted = Some(percent_decode(v)?),
                 "texts" => {
                     let texts = v
                         .split('|')

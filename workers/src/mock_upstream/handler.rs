@@ -206,6 +206,14 @@ impl Provider {
         }
         response
     }
+
+    /// An OpenAI-shaped error with an explicit `code` (e.g. `invalid_encrypted_content`).
+    fn error_with_code(self, status: u16, message: &str, code: &str) -> Response {
+        let mut value = self.error_body(status, Some(message));
+        value["error"]["code"] = Value::String(code.to_owned());
+        let code = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
+        self.response(code, "application/json", Body::from(value.to_string()))
+    }
 }
 
 async fn chat_completions(
@@ -426,6 +434,19 @@ async fn handle(
                 behaviour.error_message.as_deref(),
                 behaviour.retry_after.as_deref(),
             );
+        }
+    }
+    if let (Provider::Responses, Some(prefix)) = (provider, &behaviour.accept_encrypted) {
+        let foreign = body["input"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|i| i["type"] == "reasoning")
+            .filter_map(|i| i["encrypted_content"].as_str())
+            .any(|c| !c.starts_with(prefix.as_str()));
+        if foreign {
+            let message = "The encrypted content for item could not be verified.";
+            return provider.error_with_code(400, message, "invalid_encrypted_content");
         }
     }
     if behaviour.reject_stream_options && body.get("stream_options").is_some() {

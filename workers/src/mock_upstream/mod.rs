@@ -69,6 +69,7 @@
 //! | `error_message=<urlencoded>` | message of the `status` error body |
 //! | `json_for_stream=1` | a stream request gets the complete non-stream JSON answer (`application/json`), as some OpenAI-compatible servers send |
 //! | `reject_stream_options=1` | a request with `stream_options` gets 400 `Unrecognized request argument supplied: stream_options` (older Azure api-versions) |
+//! | `accept_encrypted=<prefix>` | Responses: an input `reasoning` item whose `encrypted_content` does not start with the prefix gets 400 `invalid_encrypted_content` (another deployment's encrypted reasoning) |
 //! | `texts=<urlencoded>\|<urlencoded>…` | OpenAI/Azure `n > 1`: the text of each choice (choice `k` takes entry `k` modulo their number); without it every choice answers the same |
 //!
 //! Notes:
