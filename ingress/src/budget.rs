@@ -330,8 +330,8 @@ pub async fn reserve_for(
     let prompt = crate::trim::Estimate::of_async(messages, tools)
         .await
         .total();
-    let output = max_tokens.map_or(config.budgets.default_max_tokens, u64::from)
-        * u64::from(choices.max(1));
+    let output =
+        max_tokens.map_or(config.budgets.default_max_tokens, u64::from) * u64::from(choices.max(1));
     reserve_tokens(app, config, model, scopes, prompt, output, deadline_ms).await
 }
 

@@ -29,7 +29,9 @@ use rand::distr::weighted::WeightedIndex;
 use rust_decimal::Decimal;
 use rust_decimal::prelude::ToPrimitive;
 use std::collections::HashMap;
-use switchyard_schemas::config::{GatewayConfig, ModelConfig, OpenAiApi, ProviderKind, TargetConfig};
+use switchyard_schemas::config::{
+    GatewayConfig, ModelConfig, OpenAiApi, ProviderKind, TargetConfig,
+};
 use switchyard_schemas::health::HealthState;
 use switchyard_schemas::request::{ContentPart, Message, Role, SamplingParams, Tool};
 use switchyard_schemas::routing::{Policy, Strategy};

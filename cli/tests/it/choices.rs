@@ -91,7 +91,11 @@ async fn n3_with_logprobs_not_streamed() {
     let expect = [
         ("Red", vec!["Red"], "stop"),
         ("Blue sky", vec!["Blue ", "sky"], "stop"),
-        ("Green grass grows", vec!["Green ", "grass ", "grows"], "length"),
+        (
+            "Green grass grows",
+            vec!["Green ", "grass ", "grows"],
+            "length",
+        ),
     ];
     for (i, (c, (text, tokens, finish))) in choices.iter().zip(expect).enumerate() {
         let entries: Vec<Value> = tokens.iter().map(|t| entry(t)).collect();
@@ -188,7 +192,10 @@ async fn n3_with_logprobs_streamed_like_the_upstream() {
         ]
     );
     let usage = &ours.last().unwrap()["usage"];
-    assert_eq!((&usage["prompt_tokens"], &usage["total_tokens"]), (&json!(1000), &json!(1006)));
+    assert_eq!(
+        (&usage["prompt_tokens"], &usage["total_tokens"]),
+        (&json!(1000), &json!(1006))
+    );
     assert_billed(&gw, request_id(&sse.headers)).await;
 }
 
@@ -213,7 +220,9 @@ async fn n_needs_a_native_provider() {
         assert_eq!(v["error"]["type"], "invalid_request_error");
         assert_eq!(
             v["error"]["message"],
-            format!("Model `{model}` has no target that supports n ({target}: provider {provider} lacks n).")
+            format!(
+                "Model `{model}` has no target that supports n ({target}: provider {provider} lacks n)."
+            )
         );
     }
     assert_eq!(gw.mock.request_count(), 0);
@@ -270,10 +279,9 @@ async fn reservation_counts_every_choice() {
     assert_eq!(status, 429, "{v}");
     assert_eq!(v["error"]["type"], "insufficient_quota");
     assert!(
-        v["error"]["message"]
-            .as_str()
-            .unwrap()
-            .starts_with("The per-minute token quota of key `k1` would be exceeded: 0 of 1000 tokens"),
+        v["error"]["message"].as_str().unwrap().starts_with(
+            "The per-minute token quota of key `k1` would be exceeded: 0 of 1000 tokens"
+        ),
         "{v}"
     );
     assert_eq!(gw.mock.request_count(), 0);

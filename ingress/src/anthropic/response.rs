@@ -495,6 +495,7 @@ mod tests {
     #[test]
     fn message_object_and_bad_arguments() {
         let mut agg = Aggregate {
+            more_choices: Vec::new(),
             text: String::new(),
             tool_calls: vec![ToolCallAcc {
                 id: "c".into(),

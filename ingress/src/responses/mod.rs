@@ -103,12 +103,16 @@ pub async fn create(State(app): State<Arc<AppState>>, headers: HeaderMap, body: 
         persist,
     };
     let mut hints = route::current_hints();
-    if let Some((id, target)) = pin {
-        if let Err(e) = pin_to(&app, &inbound.model, &mut hints, &id, &target) {
-            return e.into_response();
-        }
+    if let Some((id, target)) = pin
+        && let Err(e) = pin_to(&app, &inbound.model, &mut hints, &id, &target)
+    {
+        return e.into_response();
     }
-    route::with_hints(hints, front_door::serve_inbound(door, app, &headers, inbound)).await
+    route::with_hints(
+        hints,
+        front_door::serve_inbound(door, app, &headers, inbound),
+    )
+    .await
 }
 
 /// Whether `history` holds an encrypted `reasoning` item (readable by one deployment only).

@@ -30,8 +30,8 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use std::collections::HashMap;
 use switchyard_schemas::request::{
-    Content, ContentPart, FunctionCall, FunctionDef, ImageUrl, Message, Role, SamplingParams, Tool,
-    ThinkingBlock, ToolCall,
+    Content, ContentPart, FunctionCall, FunctionDef, ImageUrl, Message, Role, SamplingParams,
+    ThinkingBlock, Tool, ToolCall,
 };
 
 /// The parts of a Responses body Switchyard understands; every field may be `null`.

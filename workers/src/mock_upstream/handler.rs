@@ -487,7 +487,10 @@ async fn handle(
     }
     // OpenAI-style answers have `n` choices; the other providers one.
     let choices = generate_choices(&behaviour, &info);
-    let generation = choices.first().cloned().unwrap_or_else(|| generate(&behaviour, &info));
+    let generation = choices
+        .first()
+        .cloned()
+        .unwrap_or_else(|| generate(&behaviour, &info));
     let fmt = SseFormat::new(&behaviour);
     let id = behaviour.id.clone().unwrap_or_else(|| provider.new_id());
     let created = behaviour.created.unwrap_or_else(now_secs);

@@ -219,8 +219,11 @@ pub fn build_request(target: &TargetConfig, req: &ChatRequest) -> Result<Value, 
                 push_turn(&mut turns, "user", blocks);
             }
             Role::Assistant => {
-                let mut blocks: Vec<Value> =
-                    m.thinking_blocks.iter().filter_map(thinking_block).collect();
+                let mut blocks: Vec<Value> = m
+                    .thinking_blocks
+                    .iter()
+                    .filter_map(thinking_block)
+                    .collect();
                 blocks.extend(content_blocks(m.content.as_ref(), i)?);
                 for call in &m.tool_calls {
                     blocks.push(tool_use_block(call, i)?);
