@@ -739,7 +739,9 @@ mod tests {
                     {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA", "detail": "low"}}]},
                 {"role": "assistant", "content": "Calling", "tool_calls": [
                     {"id": "c1", "type": "function", "function": {"name": "w", "arguments": "{}"}},
-                    {"id": "c2", "type": "function", "function": {"name": "w", "arguments": "{\"a\":1}"}}]},
+                    {"id": "c2", "type": "function", "function": {"name": "w", "arguments": "{\"a\":1}"}}],
+                    // The encrypted reasoning item rides on the turn it led to.
+                    "thinking_blocks": [{"type": "reasoning", "id": "rs_1", "encrypted_content": "xyz", "summary": []}]},
                 {"role": "tool", "content": "sunny", "tool_call_id": "c1"},
                 {"role": "tool", "content": "rain", "tool_call_id": "c2"}
             ])
