@@ -333,6 +333,8 @@ impl Capture {
             | FrameBody::ReasoningSignature { .. }
             | FrameBody::RedactedReasoning { .. }
             | FrameBody::Logprobs { .. } => self.failed = true,
+            // Nor for several choices (`n > 1` bypasses the cache anyway).
+            FrameBody::Choice { .. } | FrameBody::ChoiceEnd { .. } => self.failed = true,
             FrameBody::Start { .. } | FrameBody::Heartbeat | FrameBody::UpstreamHeaders { .. } => {}
         }
     }
@@ -418,6 +420,7 @@ pub(crate) fn replay_frames(answer: &CachedAnswer) -> Vec<FrameBody> {
 
 pub(crate) fn aggregate(answer: &CachedAnswer) -> Aggregate {
     Aggregate {
+        more_choices: Vec::new(),
         text: answer.text(),
         tool_calls: answer
             .tool_calls

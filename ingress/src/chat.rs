@@ -45,6 +45,7 @@ impl OpenAiChat {
             legacy_functions: self
                 .legacy_functions
                 .load(std::sync::atomic::Ordering::Relaxed),
+            choice: 0,
         }
     }
 }
@@ -73,6 +74,8 @@ impl FrontDoor for OpenAiChat {
             meta: self.meta(m),
             usage: None,
             logprobs: None,
+            started: vec![true],
+            choices_ended: false,
         }
     }
 
@@ -93,6 +96,28 @@ pub struct OpenAiStream {
     /// Logprobs of the next text chunk (workers send them just before it), so they ride on that
     /// chunk as in OpenAI's own stream.
     logprobs: Option<Vec<serde_json::Value>>,
+    /// Per choice: whether its role chunk went out (choice 0's at the start).
+    started: Vec<bool>,
+    /// Choices ended with their own finish chunks (`n > 1`): `end` adds none.
+    choices_ended: bool,
+}
+
+impl OpenAiStream {
+    /// Switches to choice `index`; its first chunk is a role chunk, as OpenAI sends for every
+    /// choice.
+    fn switch(&mut self, index: u32, out: &mut VecDeque<Bytes>) {
+        self.meta.choice = index;
+        let i = index as usize;
+        if self.started.len() <= i {
+            self.started.resize(i + 1, false);
+        }
+        if let Some(started) = self.started.get_mut(i)
+            && !*started
+        {
+            *started = true;
+            out.push_back(self.meta.role_chunk());
+        }
+    }
 }
 
 impl StreamEncode for OpenAiStream {
@@ -135,8 +160,19 @@ impl StreamEncode for OpenAiStream {
             }
             FrameBody::Logprobs { content } => self.logprobs = Some(content),
             FrameBody::Usage { usage } => self.usage = Some(usage),
-            FrameBody::End { finish_reason } => {
+            FrameBody::Choice { index } => self.switch(index, out),
+            FrameBody::ChoiceEnd {
+                index,
+                finish_reason,
+            } => {
+                self.switch(index, out);
+                self.choices_ended = true;
                 out.push_back(self.meta.finish_chunk(finish_reason));
+            }
+            FrameBody::End { finish_reason } => {
+                if !self.choices_ended {
+                    out.push_back(self.meta.finish_chunk(finish_reason));
+                }
                 if self.meta.include_usage {
                     out.push_back(self.meta.usage_chunk(self.usage.unwrap_or_default()));
                 }

@@ -35,6 +35,8 @@ pub struct ReplyMeta {
     pub model: String,
     /// The client asked for a final usage chunk (OpenAI `stream_options.include_usage`).
     pub include_usage: bool,
+    /// The target that served (`None` for a cache hit).
+    pub target: Option<String>,
 }
 
 /// Turns frames into one protocol's SSE bytes.
@@ -68,7 +70,11 @@ pub trait FrontDoor: Send + Sync + 'static {
     fn headers(&self, _meta: &ReplyMeta, _resp: &mut Response) {}
     /// Work awaited after a complete answer's body was made and before it is returned (see
     /// [`StreamEncode::finish`]). Default: nothing.
-    fn finish(&self, _body: &serde_json::Value) -> Option<BoxFuture<'static, ()>> {
+    fn finish(
+        &self,
+        _meta: &ReplyMeta,
+        _body: &serde_json::Value,
+    ) -> Option<BoxFuture<'static, ()>> {
         None
     }
 }
@@ -121,6 +127,7 @@ async fn pipeline<D: FrontDoor>(
             request_id,
             model,
             include_usage,
+            target: None,
         };
         let mut resp = if stream {
             let mut encoder = door.stream(&meta);
@@ -138,7 +145,7 @@ async fn pipeline<D: FrontDoor>(
         } else {
             match door.aggregate(&meta, &cache_client::aggregate(answer)) {
                 Ok(v) => {
-                    if let Some(work) = door.finish(&v) {
+                    if let Some(work) = door.finish(&meta, &v) {
                         work.await;
                     }
                     axum::Json(v).into_response()
@@ -161,6 +168,7 @@ async fn pipeline<D: FrontDoor>(
         request_id: served.request_id,
         model,
         include_usage,
+        target: Some(served.target.clone()),
     };
 
     // Relay, then settle (the feed publishes the charge as it ends; the capture stores).
@@ -174,7 +182,7 @@ async fn pipeline<D: FrontDoor>(
                     if let Some(c) = capture {
                         c.aggregate(&agg);
                     }
-                    if let Some(work) = door.finish(&v) {
+                    if let Some(work) = door.finish(&meta, &v) {
                         work.await;
                     }
                     axum::Json(v).into_response()

@@ -243,6 +243,7 @@ pub async fn admit(
     caller: &Caller,
     prompt_tokens: Option<u64>,
     max_tokens: Option<u32>,
+    choices: u32,
     until_ms: u64,
     batch: bool,
 ) -> Result<Option<RateHold>, ApiError> {
@@ -251,7 +252,8 @@ pub async fn admit(
         return Ok(None);
     }
     let tokens = if scopes.iter().any(|s| s.limits.tpm.is_some()) {
-        prompt_tokens.unwrap_or(0) + max_tokens.map_or(DEFAULT_MAX_TOKENS, u64::from)
+        prompt_tokens.unwrap_or(0)
+            + max_tokens.map_or(DEFAULT_MAX_TOKENS, u64::from) * u64::from(choices.max(1))
     } else {
         0
     };

@@ -7,7 +7,8 @@
 //! 1. **Client filters**: `x-switchyard-only` keeps only the listed targets, `x-switchyard-ignore`
 //!    drops the listed ones.
 //! 2. **Eligibility**, first failing check wins: the target is `enabled`; its provider has every
-//!    capability the request uses ([`Capabilities`]: tools, vision, JSON mode, embeddings); the
+//!    capability the request uses ([`Capabilities`]: tools, vision, JSON mode, embeddings,
+//!    several choices); the
 //!    estimated prompt plus `max_tokens` fits its `context_window` (with `trim_context`, the part
 //!    trimming can never drop must fit); it is not `unhealthy`.
 //! 3. **Strategy** of the model's policy orders the eligible targets (ties always go to the lower
@@ -18,7 +19,7 @@
 //!
 //! When nothing is eligible the error says why. If the request itself is what no target can take,
 //! it is a 400: `context_length_exceeded` when every target was too small, `invalid_request_error`
-//! naming the parameter (`response_format`, `messages`, `tools`, or `model` for embeddings) when
+//! naming the parameter (`response_format`, `messages`, `tools`, `n`, or `model` for embeddings) when
 //! every enabled target lacks a capability the request uses. Otherwise (some target unhealthy)
 //! it is a 503 `no_capacity` listing each target's reason.
 
@@ -28,7 +29,9 @@ use rand::distr::weighted::WeightedIndex;
 use rust_decimal::Decimal;
 use rust_decimal::prelude::ToPrimitive;
 use std::collections::HashMap;
-use switchyard_schemas::config::{GatewayConfig, ModelConfig, ProviderKind, TargetConfig};
+use switchyard_schemas::config::{
+    GatewayConfig, ModelConfig, OpenAiApi, ProviderKind, TargetConfig,
+};
 use switchyard_schemas::health::HealthState;
 use switchyard_schemas::request::{ContentPart, Message, Role, SamplingParams, Tool};
 use switchyard_schemas::routing::{Policy, Strategy};
@@ -48,6 +51,9 @@ pub struct Capabilities {
     pub json_mode: bool,
     /// An embeddings endpoint.
     pub embeddings: bool,
+    /// Several choices in one call (OpenAI `n > 1`): the upstream samples them and bills the
+    /// prompt once. Only the OpenAI-style Chat Completions APIs (a Responses-API target has none).
+    pub choices: bool,
 }
 
 impl Capabilities {
@@ -61,12 +67,17 @@ impl Capabilities {
             }
             ProviderKind::Bedrock => (false, false),
         };
+        let choices = matches!(
+            kind,
+            ProviderKind::Openai | ProviderKind::OpenaiCompatible | ProviderKind::AzureOpenai
+        );
         Self {
             streaming: true,
             tools: true,
             vision: true,
             json_mode,
             embeddings,
+            choices,
         }
     }
 
@@ -77,6 +88,7 @@ impl Capabilities {
             (needs.vision && !self.vision, "vision"),
             (needs.json_mode && !self.json_mode, "json_mode"),
             (needs.embeddings && !self.embeddings, "embeddings"),
+            (needs.choices && !self.choices, "n"),
         ]
         .into_iter()
         .find_map(|(lacks, name)| lacks.then_some(name))
@@ -117,6 +129,8 @@ pub struct Needs {
     pub json_mode: bool,
     /// An embeddings request.
     pub embeddings: bool,
+    /// Several choices (`n > 1`).
+    pub choices: bool,
     /// Estimated prompt tokens; `None` when not measured because the prompt fits every window.
     pub prompt_tokens: Option<u64>,
     /// With `trim_context`: the estimated tokens trimming can never drop (system prompts and the
@@ -147,6 +161,7 @@ impl Needs {
             tools,
             vision,
             json_mode,
+            choices: params.n.is_some_and(|n| n > 1),
             max_tokens: params.max_tokens.map(u64::from).unwrap_or(0),
             ..Self::default()
         }
@@ -412,6 +427,10 @@ fn exclusion(target: &TargetConfig, obs: &Observed, needs: &Needs) -> Option<Exc
     if let Some(what) = obs.capabilities.missing(needs) {
         return Some(Exclusion::Lacks(target.provider, what));
     }
+    // The Responses API has no `n`, whatever the provider's Chat Completions API has.
+    if needs.choices && target.api == OpenAiApi::Responses {
+        return Some(Exclusion::Lacks(target.provider, "n"));
+    }
     if let (Some(window), Some(prompt)) = (target.context_window, needs.prompt_tokens) {
         let needed = needs.min_prompt_tokens.unwrap_or(prompt) + needs.max_tokens;
         if needed > window {
@@ -467,6 +486,7 @@ fn nothing_eligible(
             "json_mode" => "response_format",
             "vision" => "messages",
             "tools" => "tools",
+            "n" => "n",
             _ => "model",
         };
         let reasons: Vec<String> = excluded

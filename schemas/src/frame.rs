@@ -6,6 +6,14 @@
 //! ends with `error` instead of `end`. `seq` starts at 0 and increases by one per frame, so the reader
 //! can detect a gap (a lost message) and fail the request rather than return a damaged answer.
 //!
+//! Several choices (OpenAI `n > 1`): content frames belong to choice 0 until a `choice` frame
+//! names another; every following content frame belongs to that choice until the next `choice`
+//! frame (the upstream's own interleaving is kept, one switch per change). Each choice's end is a
+//! non-terminal `choice_end` frame with its own finish reason, sent where the upstream ended that
+//! choice; the one `usage` covers all choices (the upstream's: prompt counted once) and the
+//! terminal `end` repeats choice 0's finish reason. A one-choice answer has neither frame, so its
+//! stream is what it always was.
+//!
 //! Flow control: ingress puts a window `W` (frames) in the request's [`WINDOW_HEADER`]. The worker
 //! may send frame `seq` only while `seq < upto`, where `upto` starts at `W` and rises with every
 //! [`Credit`] ingress publishes on `<prefix>.credit.<worker>` as it consumes frames (cumulative, so
@@ -134,6 +142,20 @@ pub enum FrameBody {
         /// The entries, in token order.
         content: Vec<serde_json::Value>,
     },
+    /// The content frames that follow belong to choice `index` (0-based; OpenAI
+    /// `choices[].index`), until the next `choice` frame. Only answers with `n > 1` send it.
+    Choice {
+        /// The choice.
+        index: u32,
+    },
+    /// Choice `index` ended (non-terminal; the attempt's `end` still follows). Only answers with
+    /// `n > 1` send it, one per choice, where the upstream ended that choice.
+    ChoiceEnd {
+        /// The choice.
+        index: u32,
+        /// Why that choice stopped.
+        finish_reason: FinishReason,
+    },
     /// Final token usage as reported by the upstream (normalised; see [`Usage`]).
     Usage {
         /// The counts.
@@ -253,6 +275,18 @@ mod tests {
         assert_eq!(s, r#"{"seq":3,"type":"text","text":"Hi"}"#);
         let back: Frame = serde_json::from_str(&s).unwrap();
         assert_eq!(back, f);
+        let f = Frame {
+            seq: 4,
+            body: FrameBody::ChoiceEnd {
+                index: 2,
+                finish_reason: FinishReason::Length,
+            },
+        };
+        let s = serde_json::to_string(&f).unwrap();
+        assert_eq!(
+            s,
+            r#"{"seq":4,"type":"choice_end","index":2,"finish_reason":"length"}"#
+        );
     }
 
     #[test]

@@ -181,6 +181,21 @@ pub enum ThinkingBlock {
         /// Opaque encrypted data.
         data: String,
     },
+    /// An OpenAI Responses `reasoning` item passed back with its `encrypted_content` (OpenAI API
+    /// reference, "Reasoning" input item; `include: ["reasoning.encrypted_content"]`): only the
+    /// upstream deployment that produced it can decrypt it. Sent unchanged to Responses-API
+    /// targets only (every other adapter drops it); a conversation holding one is pinned to the
+    /// target that first accepted it (the Responses door, docs/routing.md).
+    Reasoning {
+        /// The item id, e.g. `rs_…`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<String>,
+        /// Opaque encrypted reasoning.
+        encrypted_content: String,
+        /// The readable summary parts as sent (`[{"type":"summary_text","text"}]`).
+        #[serde(default)]
+        summary: Vec<serde_json::Value>,
+    },
 }
 
 impl ThinkingBlock {
@@ -188,8 +203,13 @@ impl ThinkingBlock {
     pub fn text(&self) -> &str {
         match self {
             Self::Thinking { thinking, .. } => thinking,
-            Self::RedactedThinking { .. } => "",
+            Self::RedactedThinking { .. } | Self::Reasoning { .. } => "",
         }
+    }
+
+    /// Whether this is an OpenAI encrypted `reasoning` item (readable by one deployment only).
+    pub fn is_encrypted_reasoning(&self) -> bool {
+        matches!(self, Self::Reasoning { .. })
     }
 }
 

@@ -201,3 +201,59 @@ def test_fc03_compact_sse(gateway):
     upstream = [r for r in gateway.mock.requests() if "compact=1" in str(r["body"])]
     assert len(upstream) == 1
     assert upstream[0]["body"].get("stream") is True
+
+
+# n > 1 --------------------------------------------------------------------------------------
+
+N2_PROMPT = "Two answers please\n#mock texts=Hi+there|Bye"
+
+
+def test_n2_with_logprobs(gateway):
+    """`n=2, logprobs=True, top_logprobs=2`: two choices with their own index, content, finish
+    reason and logprob tokens (the mock's alternatives: the token itself, then `alt1`)."""
+    client = client_for(gateway.base_url)
+    resp = client.chat.completions.create(
+        model=MODEL, messages=user(N2_PROMPT), n=2, logprobs=True, top_logprobs=2
+    )
+    assert len(resp.choices) == 2
+    assert [c.index for c in resp.choices] == [0, 1]
+    assert [c.message.content for c in resp.choices] == ["Hi there", "Bye"]
+    assert [c.finish_reason for c in resp.choices] == ["stop", "stop"]
+    tokens = [[t.token for t in c.logprobs.content] for c in resp.choices]
+    assert tokens == [["Hi ", "there"], ["Bye"]]
+    assert [[a.token for a in t.top_logprobs] for t in resp.choices[0].logprobs.content] == [
+        ["Hi ", "alt1"],
+        ["there", "alt1"],
+    ]
+    assert resp.choices[1].logprobs.content[0].logprob == -0.5
+    assert resp.usage.prompt_tokens == prompt_words(N2_PROMPT)
+    assert resp.usage.completion_tokens == 3
+
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=user(N2_PROMPT),
+        n=2,
+        logprobs=True,
+        top_logprobs=2,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    text: dict[int, str] = {}
+    lp_tokens: dict[int, list[str]] = {}
+    finishes: dict[int, str] = {}
+    chunks = list(stream)
+    for chunk in chunks[:-1]:
+        assert len(chunk.choices) == 1, "OpenAI streams one choice per chunk"
+        c = chunk.choices[0]
+        text[c.index] = text.get(c.index, "") + (c.delta.content or "")
+        if c.logprobs is not None and c.logprobs.content:
+            lp_tokens.setdefault(c.index, []).extend(t.token for t in c.logprobs.content)
+            assert all(len(t.top_logprobs) == 2 for t in c.logprobs.content)
+        if c.finish_reason is not None:
+            finishes[c.index] = c.finish_reason
+    assert len(text) == 2
+    assert text == {0: "Hi there", 1: "Bye"}
+    assert lp_tokens == {0: ["Hi ", "there"], 1: ["Bye"]}
+    assert finishes == {0: "stop", 1: "stop"}
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage.completion_tokens == 3

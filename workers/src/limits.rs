@@ -644,17 +644,17 @@ pub fn count_tokens(text: &str) -> u64 {
 /// The TPM charge of a request before its call: the prompt estimate of
 /// [`switchyard_schemas::tokens`] (o200k tokens of the messages and tool definitions,
 /// [`tokens::PER_MESSAGE`] per message, [`tokens::REPLY_PRIMING`] for the reply), plus
-/// `max_tokens` ([`DEFAULT_MAX_TOKENS`] when absent). Ingress's estimate
-/// ([`ChatRequest::prompt_tokens`], the same formula) is used when the request carries one.
-/// Large prompts, and the first one (which loads the tokenizer), are tokenized off the async
-/// threads.
+/// `max_tokens` ([`DEFAULT_MAX_TOKENS`] when absent) per choice (`n`, default 1). Ingress's
+/// estimate of the prompt ([`ChatRequest::prompt_tokens`], the same formula) is used when the
+/// request carries one. Large prompts, and the first one (which loads the tokenizer), are
+/// tokenized off the async threads.
 pub async fn estimate_tokens(req: &ChatRequest) -> u64 {
     let prompt = match req.prompt_tokens {
         Some(p) => p,
         None => tokens::estimate(&req.messages, &req.tools).await.total(),
     };
     let max = req.params.max_tokens.map_or(DEFAULT_MAX_TOKENS, u64::from);
-    prompt + max
+    prompt + max * u64::from(req.params.n.unwrap_or(1).max(1))
 }
 
 #[cfg(test)]

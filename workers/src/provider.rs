@@ -29,6 +29,8 @@ pub struct Capabilities {
     pub json_mode: bool,
     /// An embeddings endpoint.
     pub embeddings: bool,
+    /// Several choices in one call (OpenAI `n > 1`).
+    pub choices: bool,
 }
 
 /// One provider family (OpenAI, Anthropic, …). Implementations are stateless apart from config.
@@ -258,6 +260,9 @@ pub struct Answer {
     pub thinking: Vec<switchyard_schemas::request::ThinkingBlock>,
     /// OpenAI `logprobs.content` entries of the text, when asked for.
     pub logprobs: Vec<serde_json::Value>,
+    /// Choices 1.. of an answer with several (OpenAI `n > 1`), in `index` order; their `usage`
+    /// is unused (the answer's own covers every choice).
+    pub more_choices: Vec<Answer>,
 }
 
 impl Answer {
@@ -297,10 +302,41 @@ impl Answer {
         Ok(a)
     }
 
-    /// The normalised events of the answer, in stream order.
-    pub fn frames(self) -> Vec<FrameBody> {
-        use switchyard_schemas::request::ThinkingBlock;
+    /// The normalised events of the answer, in stream order. With several choices each one's
+    /// content is followed by its [`FrameBody::ChoiceEnd`], choices 1.. each opened by a
+    /// [`FrameBody::Choice`]; then the one `usage` and `end` (choice 0's finish reason).
+    pub fn frames(mut self) -> Vec<FrameBody> {
+        let more = std::mem::take(&mut self.more_choices);
+        let (usage, finish_reason) = (self.usage.take(), self.finish_reason);
         let mut out = Vec::with_capacity(3 + self.tool_calls.len() + 2 * self.thinking.len());
+        let multi = !more.is_empty();
+        self.push_content(&mut out);
+        if multi {
+            out.push(FrameBody::ChoiceEnd {
+                index: 0,
+                finish_reason,
+            });
+        }
+        for (i, choice) in more.into_iter().enumerate() {
+            let index = i as u32 + 1;
+            out.push(FrameBody::Choice { index });
+            let finish_reason = choice.finish_reason;
+            choice.push_content(&mut out);
+            out.push(FrameBody::ChoiceEnd {
+                index,
+                finish_reason,
+            });
+        }
+        if let Some(usage) = usage {
+            out.push(FrameBody::Usage { usage });
+        }
+        out.push(FrameBody::End { finish_reason });
+        out
+    }
+
+    /// The content frames of this one choice: thinking, text, logprobs, tool calls.
+    fn push_content(self, out: &mut Vec<FrameBody>) {
+        use switchyard_schemas::request::ThinkingBlock;
         for block in self.thinking {
             match block {
                 ThinkingBlock::Thinking {
@@ -317,6 +353,7 @@ impl Answer {
                 ThinkingBlock::RedactedThinking { data } => {
                     out.push(FrameBody::RedactedReasoning { data });
                 }
+                ThinkingBlock::Reasoning { .. } => {}
             }
         }
         if !self.text.is_empty() {
@@ -335,13 +372,6 @@ impl Answer {
                 arguments,
             });
         }
-        if let Some(usage) = self.usage {
-            out.push(FrameBody::Usage { usage });
-        }
-        out.push(FrameBody::End {
-            finish_reason: self.finish_reason,
-        });
-        out
     }
 }
 

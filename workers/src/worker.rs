@@ -782,8 +782,8 @@ impl Call<'_> {
             };
         let mut usage: Option<Usage> = None;
         let mut got_content = false;
-        // Per tool-call index: whether any non-blank argument piece went out (FC-38).
-        let mut tool_args: Vec<Option<bool>> = Vec::new();
+        // Per choice, per tool-call index: whether any non-blank argument piece went out (FC-38).
+        let mut bare = BareArgs::default();
         let end = loop {
             // The window is used up: stop reading the upstream until ingress grants more.
             if !sink.credit().await {
@@ -800,18 +800,8 @@ impl Call<'_> {
                 Waited::Ready(Some(Ok(end @ FrameBody::End { .. }))) => {
                     // FC-38: a tool called without arguments gets `{}`, streamed or not, from
                     // every provider (some stream no argument piece at all, or only "").
-                    let bare = tool_args
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, s)| **s == Some(false));
-                    for (index, _) in bare {
-                        sink.send(FrameBody::ToolCall {
-                            index: index as u32,
-                            id: None,
-                            name: None,
-                            arguments: "{}".into(),
-                        })
-                        .await;
+                    for frame in bare.flush_all() {
+                        sink.send(frame).await;
                     }
                     add_usage(out, usage.take());
                     if let Some(usage) = out.usage {
@@ -833,16 +823,9 @@ impl Call<'_> {
                     if let FrameBody::Text { text } = &body {
                         out.output_chars += text.len();
                     }
-                    if let FrameBody::ToolCall {
-                        index, arguments, ..
-                    } = &body
-                    {
-                        let i = *index as usize;
-                        if tool_args.len() <= i {
-                            tool_args.resize(i + 1, None);
-                        }
-                        let sent = tool_args[i].unwrap_or(false);
-                        tool_args[i] = Some(sent || !arguments.trim().is_empty());
+                    // A choice's bare calls get their `{}` before that choice ends.
+                    for frame in bare.observe(&body) {
+                        sink.send(frame).await;
                     }
                     sink.send(body).await;
                 }
@@ -860,6 +843,75 @@ impl Call<'_> {
         };
         add_usage(out, usage);
         end
+    }
+}
+
+/// FC-38 bookkeeping: per choice and tool-call index, whether a non-blank argument piece went
+/// out; a call without one gets an `arguments: "{}"` piece before its choice ends (its
+/// `choice_end`, or the attempt's `end`).
+#[derive(Debug, Default)]
+struct BareArgs {
+    /// The choice frames belong to now.
+    current: u32,
+    /// Per choice: per call index, `Some(had arguments)` once the call was seen.
+    calls: std::collections::BTreeMap<u32, Vec<Option<bool>>>,
+}
+
+impl BareArgs {
+    /// Records `body`; returns the `{}` pieces to send before it (at a `choice_end`).
+    fn observe(&mut self, body: &FrameBody) -> Vec<FrameBody> {
+        match body {
+            FrameBody::Choice { index } => self.current = *index,
+            FrameBody::ToolCall {
+                index, arguments, ..
+            } => {
+                let calls = self.calls.entry(self.current).or_default();
+                let i = *index as usize;
+                if calls.len() <= i {
+                    calls.resize(i + 1, None);
+                }
+                let sent = calls.get(i).copied().flatten().unwrap_or(false);
+                if let Some(c) = calls.get_mut(i) {
+                    *c = Some(sent || !arguments.trim().is_empty());
+                }
+            }
+            FrameBody::ChoiceEnd { index, .. } => return self.pieces(*index, false),
+            _ => {}
+        }
+        Vec::new()
+    }
+
+    /// The `{}` pieces of `choice` (cleared), opened by a `choice` frame when `switch` and the
+    /// frames are elsewhere.
+    fn pieces(&mut self, choice: u32, switch: bool) -> Vec<FrameBody> {
+        let Some(calls) = self.calls.remove(&choice) else {
+            return Vec::new();
+        };
+        let mut out: Vec<FrameBody> = calls
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| **s == Some(false))
+            .map(|(index, _)| FrameBody::ToolCall {
+                index: index as u32,
+                id: None,
+                name: None,
+                arguments: "{}".into(),
+            })
+            .collect();
+        if switch && !out.is_empty() && choice != self.current {
+            self.current = choice;
+            out.insert(0, FrameBody::Choice { index: choice });
+        }
+        out
+    }
+
+    /// The `{}` pieces of every choice not ended yet (at the attempt's `end`).
+    fn flush_all(&mut self) -> Vec<FrameBody> {
+        let choices: Vec<u32> = self.calls.keys().copied().collect();
+        choices
+            .into_iter()
+            .flat_map(|c| self.pieces(c, true))
+            .collect()
     }
 }
 

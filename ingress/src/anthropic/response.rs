@@ -99,6 +99,10 @@ pub fn thinking_block(block: &ThinkingBlock) -> Value {
         ThinkingBlock::RedactedThinking { data } => {
             json!({"type": "redacted_thinking", "data": data})
         }
+        // Never produced by an answer (an input-only OpenAI item); shown as redacted.
+        ThinkingBlock::Reasoning {
+            encrypted_content, ..
+        } => json!({"type": "redacted_thinking", "data": encrypted_content}),
     }
 }
 
@@ -232,10 +236,13 @@ impl StreamEncoder {
             }
             FrameBody::Error { error, .. } => out.push_back(error_event(&error.into())),
             // Anthropic has no log probabilities.
+            // One choice on this door (no `n`).
             FrameBody::Start { .. }
             | FrameBody::Heartbeat
             | FrameBody::Logprobs { .. }
-            | FrameBody::UpstreamHeaders { .. } => {}
+            | FrameBody::UpstreamHeaders { .. }
+            | FrameBody::Choice { .. }
+            | FrameBody::ChoiceEnd { .. } => {}
         }
     }
 
@@ -489,6 +496,7 @@ mod tests {
     #[test]
     fn message_object_and_bad_arguments() {
         let mut agg = Aggregate {
+            more_choices: Vec::new(),
             text: String::new(),
             tool_calls: vec![ToolCallAcc {
                 id: "c".into(),

@@ -5,7 +5,8 @@
 //! What each one does here:
 //! - translated: `messages` (also replayed `model_dump()` history: `tool_calls: null`, tool calls
 //!   without `type`, `refusal`/`audio`/`annotations` ignored), `tools`, `tool_choice`,
-//!   `temperature`, `top_p`, `max_tokens`/`max_completion_tokens`, `stop`, `n` (1), `seed`,
+//!   `temperature`, `top_p`, `max_tokens`/`max_completion_tokens`, `stop`, `n` (1–128; more
+//!   than 1 only on targets that answer several choices natively, see docs/routing.md), `seed`,
 //!   penalties, `response_format`, `parallel_tool_calls`, `user`, `stream`,
 //!   `stream_options.include_usage`, `reasoning_effort`, `logprobs`, `top_logprobs` (see
 //!   the OpenAI adapter's `build_object` for which providers get them);
@@ -94,6 +95,9 @@ const OPENAI_PASSTHROUGH: &[&str] = &[
     "prompt_cache_key",
     "safety_identifier",
 ];
+
+/// Largest `n` OpenAI accepts ("Create chat completion": `n`, 1 to 128).
+pub const MAX_CHOICES: u32 = 128;
 
 /// `reasoning_effort` values OpenAI accepts.
 const EFFORTS: &[&str] = &["none", "minimal", "low", "medium", "high", "xhigh"];
@@ -216,10 +220,10 @@ pub fn parse(body: &[u8]) -> Result<ParsedChat, ApiError> {
     check_range("presence_penalty", b.presence_penalty, -2.0, 2.0)?;
     check_range("frequency_penalty", b.frequency_penalty, -2.0, 2.0)?;
     if let Some(n) = b.n
-        && n != 1
+        && !(1..=MAX_CHOICES).contains(&n)
     {
         return Err(ApiError::invalid(
-            format!("`n` = {n} is not supported yet: only one choice per request."),
+            format!("`n` = {n} is out of range: expected 1 to {MAX_CHOICES}."),
             Some("n".into()),
         ));
     }

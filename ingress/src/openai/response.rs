@@ -21,6 +21,9 @@ pub struct ResponseMeta {
     /// The request used legacy `functions`: the call is answered as `function_call` (one call,
     /// finish reason `function_call`; OpenAI API reference, deprecated function calling).
     pub legacy_functions: bool,
+    /// The choice (`choices[0].index`) the next chunks belong to: 0 unless the request asked
+    /// for several (`n > 1`; OpenAI streams one choice per chunk).
+    pub choice: u32,
 }
 
 #[derive(Serialize)]
@@ -128,7 +131,7 @@ fn sse(value: &impl Serialize) -> Bytes {
 impl ResponseMeta {
     fn chunk(&self, delta: Delta<'_>, finish: Option<FinishReason>) -> Bytes {
         let choices = [ChunkChoice {
-            index: 0,
+            index: self.choice,
             delta,
             logprobs: None,
             finish_reason: finish.map(|f| self.finish_name(f)),
@@ -184,7 +187,7 @@ impl ResponseMeta {
 
     fn logprobs_chunk_of(&self, text: Option<&str>, content: Vec<serde_json::Value>) -> Bytes {
         let choices = [ChunkChoice {
-            index: 0,
+            index: self.choice,
             delta: Delta {
                 content: text,
                 ..Delta::default()
@@ -298,8 +301,30 @@ pub fn error_event(err: &crate::error::ApiError) -> Bytes {
     sse(&err.body())
 }
 
-/// The aggregated `chat.completion` object.
+/// The aggregated `chat.completion` object: `choices` 0..n-1 (choice 0 is `agg` itself, the
+/// others [`Aggregate::more_choices`]), each with its own `message`, `logprobs` and
+/// `finish_reason`; one `usage` for all.
+///
+/// [`Aggregate::more_choices`]: crate::route::Aggregate::more_choices
 pub fn completion(meta: &ResponseMeta, agg: &crate::route::Aggregate) -> serde_json::Value {
+    let choices: Vec<serde_json::Value> = std::iter::once(agg)
+        .chain(&agg.more_choices)
+        .enumerate()
+        .map(|(index, c)| choice(meta, index, c))
+        .collect();
+    serde_json::json!({
+        "id": meta.id,
+        "object": "chat.completion",
+        "created": meta.created,
+        "model": meta.model,
+        "system_fingerprint": null,
+        "choices": choices,
+        "usage": serde_json::to_value(UsageOut::from(agg.usage.unwrap_or_default())).unwrap_or_default(),
+    })
+}
+
+/// One entry of a `chat.completion`'s `choices`.
+fn choice(meta: &ResponseMeta, index: usize, agg: &crate::route::Aggregate) -> serde_json::Value {
     let calls: Vec<serde_json::Value> = agg
         .tool_calls
         .iter()
@@ -328,15 +353,7 @@ pub fn completion(meta: &ResponseMeta, agg: &crate::route::Aggregate) -> serde_j
     }
     let logprobs = (!agg.logprobs.is_empty())
         .then(|| serde_json::json!({"content": agg.logprobs, "refusal": null}));
-    serde_json::json!({
-        "id": meta.id,
-        "object": "chat.completion",
-        "created": meta.created,
-        "model": meta.model,
-        "system_fingerprint": null,
-        "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": meta.finish_name(agg.finish)}],
-        "usage": serde_json::to_value(UsageOut::from(agg.usage.unwrap_or_default())).unwrap_or_default(),
-    })
+    serde_json::json!({"index": index, "message": message, "logprobs": logprobs, "finish_reason": meta.finish_name(agg.finish)})
 }
 
 #[cfg(test)]
@@ -351,6 +368,7 @@ mod tests {
             model: "demo/mock".into(),
             include_usage,
             legacy_functions: false,
+            choice: 0,
         }
     }
 

@@ -56,10 +56,14 @@ pub async fn create(State(app): State<Arc<AppState>>, headers: HeaderMap, body: 
         Err(e) => return e.into_response(),
     };
     let tenant = auth::current_caller().tenant;
+    let mut pin = None;
     let history = match &parsed.previous_response_id {
         None => Vec::new(),
         Some(id) => match app.responses.get(id, tenant.as_deref()).await {
-            Ok(Some(prev)) => prev.history,
+            Ok(Some(prev)) => {
+                pin = prev.pinned_target.map(|t| (id.clone(), t));
+                prev.history
+            }
             Ok(None) | Err(StoreError::Unavailable) => {
                 return ApiError {
                     status: StatusCode::BAD_REQUEST,
@@ -98,7 +102,69 @@ pub async fn create(State(app): State<Arc<AppState>>, headers: HeaderMap, body: 
         namespaces: Arc::new(parsed.namespaces),
         persist,
     };
-    front_door::serve_inbound(door, app, &headers, inbound).await
+    let mut hints = route::current_hints();
+    if let Some((id, target)) = pin
+        && let Err(e) = pin_to(&app, &inbound.model, &mut hints, &id, &target)
+    {
+        return e.into_response();
+    }
+    route::with_hints(
+        hints,
+        front_door::serve_inbound(door, app, &headers, inbound),
+    )
+    .await
+}
+
+/// Whether `history` holds an encrypted `reasoning` item (readable by one deployment only).
+fn holds_encrypted_reasoning(history: &[Message]) -> bool {
+    history
+        .iter()
+        .flat_map(|m| &m.thinking_blocks)
+        .any(|b| b.is_encrypted_reasoning())
+}
+
+/// Restricts `hints` to `target`, the one deployment that can read the encrypted reasoning of
+/// the stored response `id`; a 400 `pinned_target_unavailable` when the request cannot go
+/// there (the model does not list it, it is disabled, or the client's `x-switchyard-only` /
+/// `x-switchyard-ignore` exclude it) — never a call to a deployment that would reject the state.
+fn pin_to(
+    app: &AppState,
+    body_model: &str,
+    hints: &mut route::RequestHints,
+    id: &str,
+    target: &str,
+) -> Result<(), ApiError> {
+    let config = app.config.get();
+    let model = route::routed_model(&config, body_model, hints)?;
+    let why = if !model.targets.iter().any(|t| t == target) {
+        Some(format!("model `{}` does not list it", model.id))
+    } else if config.target(target).is_none_or(|t| !t.enabled) {
+        Some("it is disabled".to_owned())
+    } else if hints.ignore.iter().any(|t| t == target)
+        || hints
+            .only
+            .as_ref()
+            .is_some_and(|only| !only.iter().any(|t| t == target))
+    {
+        Some("the request's x-switchyard-only / x-switchyard-ignore exclude it".to_owned())
+    } else {
+        None
+    };
+    if let Some(why) = why {
+        return Err(ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: format!(
+                "Previous response '{id}' holds encrypted reasoning that only target `{target}` can read, and this request cannot go there: {why}."
+            ),
+            kind: "invalid_request_error",
+            param: Some("previous_response_id".into()),
+            code: Some("pinned_target_unavailable"),
+            retry_after_s: None,
+            request_id: None,
+        });
+    }
+    hints.only = Some(vec![target.to_owned()]);
+    Ok(())
 }
 
 /// Validates a `POST /v1/responses` body as [`create`] would (without resolving
@@ -138,6 +204,7 @@ impl Responses {
             created_at: now_ms() / 1000,
             model: m.model.clone(),
             namespaces: self.namespaces.clone(),
+            target: m.target.clone(),
         }
     }
 }
@@ -167,9 +234,11 @@ impl FrontDoor for Responses {
         e.into_response()
     }
 
-    fn finish(&self, body: &Value) -> Option<BoxFuture<'static, ()>> {
+    fn finish(&self, meta: &ReplyMeta, body: &Value) -> Option<BoxFuture<'static, ()>> {
         let answer = answer_of(body);
-        self.persist.as_ref()?.finish(body.clone(), &answer)
+        self.persist
+            .as_ref()?
+            .finish(body.clone(), &answer, meta.target.clone())
     }
 }
 
@@ -205,15 +274,29 @@ struct Persist {
 }
 
 impl Finish for Persist {
-    fn finish(&self, response: Value, answer: &Answer) -> Option<BoxFuture<'static, ()>> {
+    fn finish(
+        &self,
+        response: Value,
+        answer: &Answer,
+        target: Option<String>,
+    ) -> Option<BoxFuture<'static, ()>> {
         let id = response["id"].as_str()?.to_owned();
         let mut history = self.history.clone();
         history.push(response::as_message(answer));
+        // Only a Responses-API target read the items (the others drop them).
+        let config = self.app.config.get();
+        let pinned_target = target.filter(|t| {
+            holds_encrypted_reasoning(&history)
+                && config
+                    .target(t)
+                    .is_some_and(|c| c.api == switchyard_schemas::config::OpenAiApi::Responses)
+        });
         let entry = StoredResponse {
             tenant: self.tenant.clone(),
             response,
             input_items: self.input_items.clone(),
             history,
+            pinned_target,
         };
         let store = self.app.responses.clone();
         Some(Box::pin(async move {

@@ -11,7 +11,7 @@
 //! | `message` item (`role` user/assistant/system/developer, string or `input_text`/`input_image`/`output_text`/`refusal` parts) | a message of that role |
 //! | `function_call` item | a tool call on the assistant message before it (consecutive calls form one turn) |
 //! | `function_call_output` item | a `tool` message |
-//! | `reasoning` item | dropped: no provider-neutral way to replay it (listed in `input_items`) |
+//! | `reasoning` item | with `encrypted_content`: kept on the next assistant turn, sent unchanged to Responses-API targets only, and the conversation is pinned to the target that accepted it (see [`super`]); otherwise dropped (listed in `input_items`) |
 //! | `tools` (`{"type":"function","name",…}`) | function tools; hosted tools → 400 naming the type |
 //! | `namespace` tool (a named group of function tools, Codex CLI) | its function tools, flattened; calls come back with `namespace` |
 //! | `tool_choice` `{"type":"function","name"}` | `{"type":"function","function":{"name"}}` |
@@ -30,8 +30,8 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use std::collections::HashMap;
 use switchyard_schemas::request::{
-    Content, ContentPart, FunctionCall, FunctionDef, ImageUrl, Message, Role, SamplingParams, Tool,
-    ToolCall,
+    Content, ContentPart, FunctionCall, FunctionDef, ImageUrl, Message, Role, SamplingParams,
+    ThinkingBlock, Tool, ToolCall,
 };
 
 /// The parts of a Responses body Switchyard understands; every field may be `null`.
@@ -377,6 +377,8 @@ fn str_field<'a>(v: &'a Value, key: &str, path: &str) -> Result<&'a str, ApiErro
 fn input_items(items: Vec<Value>, ids: &mut IdGen) -> Result<(Vec<Message>, Vec<Value>), ApiError> {
     let mut messages: Vec<Message> = Vec::new();
     let mut stored = Vec::with_capacity(items.len());
+    // Encrypted reasoning items waiting for the assistant turn they led to.
+    let mut reasoning: Vec<ThinkingBlock> = Vec::new();
     for (i, item) in items.into_iter().enumerate() {
         let path = format!("input[{i}]");
         let kind = match item.get("type") {
@@ -391,7 +393,10 @@ fn input_items(items: Vec<Value>, ids: &mut IdGen) -> Result<(Vec<Message>, Vec<
         };
         match kind {
             "message" => {
-                let (m, s) = message_item(&item, &path, ids)?;
+                let (mut m, s) = message_item(&item, &path, ids)?;
+                if m.role == Role::Assistant {
+                    m.thinking_blocks.append(&mut reasoning);
+                }
                 messages.push(m);
                 stored.push(s);
             }
@@ -414,7 +419,9 @@ fn input_items(items: Vec<Value>, ids: &mut IdGen) -> Result<(Vec<Message>, Vec<
                 };
                 // Consecutive calls (and a text message just before them) are one assistant turn.
                 match messages.last_mut() {
-                    Some(m) if m.role == Role::Assistant => m.tool_calls.push(call),
+                    Some(m) if m.role == Role::Assistant && reasoning.is_empty() => {
+                        m.tool_calls.push(call)
+                    }
                     _ => messages.push(Message {
                         role: Role::Assistant,
                         content: None,
@@ -422,7 +429,7 @@ fn input_items(items: Vec<Value>, ids: &mut IdGen) -> Result<(Vec<Message>, Vec<
                         tool_calls: vec![call],
                         tool_call_id: None,
                         cache_control: None,
-                        thinking_blocks: Vec::new(),
+                        thinking_blocks: std::mem::take(&mut reasoning),
                     }),
                 }
                 stored.push(
@@ -463,9 +470,22 @@ fn input_items(items: Vec<Value>, ids: &mut IdGen) -> Result<(Vec<Message>, Vec<
                 stored.push(json!({"id": id, "type": "function_call_output",
                     "status": "completed", "call_id": call_id, "output": item["output"]}));
             }
-            // Reasoning is model- and provider-specific (often encrypted): kept in the stored
-            // input items, not replayed upstream.
+            // Reasoning is model- and provider-specific: kept in the stored input items; an
+            // encrypted one also rides on the next assistant turn (for Responses-API targets).
             "reasoning" => {
+                if let Some(enc) = item.get("encrypted_content").and_then(Value::as_str)
+                    && !enc.is_empty()
+                {
+                    reasoning.push(ThinkingBlock::Reasoning {
+                        id: item.get("id").and_then(Value::as_str).map(str::to_owned),
+                        encrypted_content: enc.to_owned(),
+                        summary: item
+                            .get("summary")
+                            .and_then(Value::as_array)
+                            .cloned()
+                            .unwrap_or_default(),
+                    });
+                }
                 let mut r = item.clone();
                 if r.get("id").and_then(Value::as_str).is_none() {
                     r["id"] = json!(ids.next("rs"));
@@ -719,7 +739,9 @@ mod tests {
                     {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA", "detail": "low"}}]},
                 {"role": "assistant", "content": "Calling", "tool_calls": [
                     {"id": "c1", "type": "function", "function": {"name": "w", "arguments": "{}"}},
-                    {"id": "c2", "type": "function", "function": {"name": "w", "arguments": "{\"a\":1}"}}]},
+                    {"id": "c2", "type": "function", "function": {"name": "w", "arguments": "{\"a\":1}"}}],
+                    // The encrypted reasoning item rides on the turn it led to.
+                    "thinking_blocks": [{"type": "reasoning", "id": "rs_1", "encrypted_content": "xyz", "summary": []}]},
                 {"role": "tool", "content": "sunny", "tool_call_id": "c1"},
                 {"role": "tool", "content": "rain", "tool_call_id": "c2"}
             ])

@@ -26,6 +26,9 @@ pub struct Ident {
     pub model: String,
     /// Function name → `namespace` of the tool group it was sent in.
     pub namespaces: std::sync::Arc<std::collections::HashMap<String, String>>,
+    /// The target that served (`None` for a cache hit): the pin of a stored conversation that
+    /// holds encrypted reasoning.
+    pub target: Option<String>,
 }
 
 impl Ident {

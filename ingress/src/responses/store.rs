@@ -5,7 +5,9 @@
 //! An entry is [`StoredResponse`] as JSON: the owning tenant (reads by another tenant answer 404),
 //! the final `response` object, this request's input items (for `GET …/input_items`) and the
 //! whole conversation as normalised messages (instructions excluded, output included), so a
-//! `previous_response_id` follow-up reads one entry and may go to any provider. An entry is
+//! `previous_response_id` follow-up reads one entry and may go to any provider — unless the
+//! conversation holds encrypted reasoning, when the entry names the one target that can read it
+//! (`pinned_target`). An entry is
 //! bounded by the NATS server's `max_payload`; a larger one is not stored (logged), and a
 //! follow-up naming it gets `previous_response_not_found`.
 
@@ -30,6 +32,11 @@ pub struct StoredResponse {
     pub input_items: Vec<Value>,
     /// The conversation so far: predecessors' turns, this input, this output.
     pub history: Vec<Message>,
+    /// The target a `previous_response_id` follow-up must go to: set when `history` holds
+    /// encrypted reasoning (readable by one upstream deployment only), to the target that
+    /// accepted it. Absent in older entries and in conversations any target can continue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pinned_target: Option<String>,
 }
 
 /// Why a store operation did not happen.

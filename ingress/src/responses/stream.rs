@@ -25,9 +25,14 @@ use switchyard_schemas::FrameBody;
 
 /// What the stream persists when it ends (see [`super::Persist`]).
 pub trait Finish: Send + Sync + 'static {
-    /// The work to await before the final event is sent, given the final `response` object and
-    /// the answer it was built from.
-    fn finish(&self, response: Value, answer: &Answer) -> Option<BoxFuture<'static, ()>>;
+    /// The work to await before the final event is sent, given the final `response` object,
+    /// the answer it was built from and the target that served (`None`: a cache hit).
+    fn finish(
+        &self,
+        response: Value,
+        answer: &Answer,
+        target: Option<String>,
+    ) -> Option<BoxFuture<'static, ()>>;
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -324,12 +329,19 @@ impl StreamEncode for ResponsesStream {
                 let r = self.snapshot(self.final_output());
                 self.event("response.failed", json!({"response": r}), out);
             }
-            FrameBody::Start { .. } | FrameBody::Heartbeat | FrameBody::UpstreamHeaders { .. } => {}
+            // One choice on this door (the Responses API has no `n`).
+            FrameBody::Start { .. }
+            | FrameBody::Heartbeat
+            | FrameBody::UpstreamHeaders { .. }
+            | FrameBody::Choice { .. }
+            | FrameBody::ChoiceEnd { .. } => {}
         }
     }
 
     fn finish(&mut self) -> Option<BoxFuture<'static, ()>> {
         let r = self.final_response.take()?;
-        self.finish.as_ref()?.finish(r, &self.answer)
+        self.finish
+            .as_ref()?
+            .finish(r, &self.answer, self.ident.target.clone())
     }
 }

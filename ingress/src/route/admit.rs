@@ -102,15 +102,18 @@ pub async fn admit<'c>(
         &caller,
         prompt_tokens,
         inbound.params.max_tokens,
+        inbound.params.n.unwrap_or(1),
         deadline_ms + config.budgets.hold_grace_ms,
         hints.batch.is_some(),
     )
     .await
     .map_err(|e| reject(model, e))?;
+    // Each choice (`n`) is billed its own output.
     let output = inbound
         .params
         .max_tokens
-        .map_or(config.budgets.default_max_tokens, u64::from);
+        .map_or(config.budgets.default_max_tokens, u64::from)
+        * u64::from(inbound.params.n.unwrap_or(1).max(1));
     let reservation = match budget::reserve_tokens(
         app,
         config,

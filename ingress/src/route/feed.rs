@@ -128,43 +128,22 @@ impl FrameFeed {
         }
     }
 
-    /// Reads the whole answer (non-streaming clients).
+    /// Reads the whole answer (non-streaming clients): choice 0 in the aggregate itself, the
+    /// others (`n > 1`) in [`Aggregate::more_choices`], each by its [`FrameBody::Choice`].
     pub async fn collect(mut self) -> Result<Aggregate, ErrorInfo> {
         let mut agg = Aggregate::default();
+        let mut current = 0;
         while let Some(f) = self.next().await {
             match f {
-                FrameBody::Text { text } => agg.text.push_str(&text),
-                FrameBody::ToolCall {
+                FrameBody::Choice { index } => current = index,
+                FrameBody::ChoiceEnd {
                     index,
-                    id,
-                    name,
-                    arguments,
-                } => {
-                    let i = index as usize;
-                    if agg.tool_calls.len() <= i {
-                        agg.tool_calls.resize(i + 1, ToolCallAcc::default());
-                    }
-                    let call = &mut agg.tool_calls[i];
-                    if let Some(id) = id {
-                        call.id = id;
-                    }
-                    if let Some(name) = name {
-                        call.name = name;
-                    }
-                    call.arguments.push_str(&arguments);
-                }
-                FrameBody::Reasoning { .. }
-                | FrameBody::ReasoningSignature { .. }
-                | FrameBody::RedactedReasoning { .. } => {
-                    f.accumulate_thinking(&mut agg.thinking);
-                }
-                FrameBody::Logprobs { content } => agg.logprobs.extend(content),
+                    finish_reason,
+                } => agg.choice(index).finish = finish_reason,
                 FrameBody::Usage { usage } => agg.usage = Some(usage),
                 FrameBody::End { finish_reason } => agg.finish = finish_reason,
                 FrameBody::Error { error, .. } => return Err(error),
-                FrameBody::Start { .. }
-                | FrameBody::Heartbeat
-                | FrameBody::UpstreamHeaders { .. } => {}
+                other => agg.choice(current).add(other),
             }
         }
         Ok(agg)
@@ -197,4 +176,52 @@ pub struct Aggregate {
     pub thinking: Vec<switchyard_schemas::request::ThinkingBlock>,
     /// OpenAI `logprobs.content` entries, in token order (when the upstream sent them).
     pub logprobs: Vec<serde_json::Value>,
+    /// Choices 1.. of an answer with several (`n > 1`), in index order, each with its own
+    /// text, tool calls, finish reason, thinking and logprobs; `usage` (all choices) is only on
+    /// the aggregate itself.
+    pub more_choices: Vec<Aggregate>,
+}
+
+impl Aggregate {
+    /// Choice `index`: the aggregate itself for 0, else an entry of `more_choices` (added as
+    /// needed).
+    pub fn choice(&mut self, index: u32) -> &mut Aggregate {
+        let Some(i) = (index as usize).checked_sub(1) else {
+            return self;
+        };
+        if self.more_choices.len() <= i {
+            self.more_choices.resize_with(i + 1, Aggregate::default);
+        }
+        &mut self.more_choices[i]
+    }
+
+    /// Adds one content frame (text, tool-call piece, reasoning, logprobs) of this choice.
+    pub fn add(&mut self, f: FrameBody) {
+        match f {
+            FrameBody::Text { text } => self.text.push_str(&text),
+            FrameBody::ToolCall {
+                index,
+                id,
+                name,
+                arguments,
+            } => {
+                let i = index as usize;
+                if self.tool_calls.len() <= i {
+                    self.tool_calls.resize(i + 1, ToolCallAcc::default());
+                }
+                let call = &mut self.tool_calls[i];
+                if let Some(id) = id {
+                    call.id = id;
+                }
+                if let Some(name) = name {
+                    call.name = name;
+                }
+                call.arguments.push_str(&arguments);
+            }
+            FrameBody::Logprobs { content } => self.logprobs.extend(content),
+            other => {
+                other.accumulate_thinking(&mut self.thinking);
+            }
+        }
+    }
 }

@@ -39,6 +39,8 @@ pub(crate) fn request_info(body: &Value) -> Result<RequestInfo, String> {
         prompt_words: messages_words(body) + system_words,
         assistant_turns: 0,
         logprobs: false,
+        n: 1,
+        top_logprobs: 0,
         forced_tool: body
             .get("tool_choice")
             .filter(|c| c.get("type").and_then(Value::as_str) == Some("tool"))

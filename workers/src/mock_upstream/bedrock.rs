@@ -70,6 +70,8 @@ pub(crate) fn request_info(body: &Value, uri: &Uri) -> Result<RequestInfo, Strin
         prompt_words: messages_words(body) + system_words,
         assistant_turns: 0,
         logprobs: false,
+        n: 1,
+        top_logprobs: 0,
         forced_tool: None,
         json_text: false,
     })

@@ -73,6 +73,14 @@ pub(crate) struct Behaviour {
     pub(crate) call: Option<(String, String)>,
     /// `rate_headers=1`: successful answers carry the provider's rate-limit headers.
     pub(crate) rate_headers: bool,
+    /// `texts=<urlencoded>|<urlencoded>|…`: the text of each choice of an `n > 1` OpenAI
+    /// request (choice `k` takes entry `k` modulo their number); without it every choice
+    /// answers what one choice would.
+    pub(crate) texts: Option<Vec<String>>,
+    /// `accept_encrypted=<prefix>`: Responses requests whose input `reasoning` item has an
+    /// `encrypted_content` not starting with `<prefix>` get OpenAI's 400
+    /// `invalid_encrypted_content` (another deployment's encrypted reasoning).
+    pub(crate) accept_encrypted: Option<String>,
 }
 
 impl Behaviour {
@@ -158,6 +166,14 @@ impl Behaviour {
                 "json_for_stream" => b.json_for_stream = flag(key, v)?,
                 "reject_stream_options" => b.reject_stream_options = flag(key, v)?,
                 "rate_headers" => b.rate_headers = flag(key, v)?,
+                "accept_encrypted" => b.accept_encrypted = Some(percent_decode(v)?),
+                "texts" => {
+                    let texts = v
+                        .split('|')
+                        .map(percent_decode)
+                        .collect::<Result<Vec<_>, _>>()?;
+                    b.texts = Some(texts);
+                }
                 "call" => {
                     let (name, input) = v
                         .split_once(':')
@@ -207,6 +223,11 @@ pub(crate) struct RequestInfo {
     /// The request asks for JSON text (Gemini `generationConfig.responseMimeType:
     /// application/json`): the text is JSON (see [`generate`]).
     pub(crate) json_text: bool,
+    /// OpenAI `n`: choices to answer with (see [`generate_choices`]); 0 or 1 is one.
+    pub(crate) n: usize,
+    /// OpenAI `top_logprobs`: alternatives per logprobs entry (the token itself at −0.5, then
+    /// `alt1`, `alt2`, … at −1.5, −2.5, …).
+    pub(crate) top_logprobs: usize,
 }
 
 /// One generated tool call.
@@ -349,6 +370,22 @@ pub(crate) fn generate(b: &Behaviour, info: &RequestInfo) -> Generation {
         cached: b.cached_tokens.unwrap_or(0),
     };
     Generation { output, usage }
+}
+
+/// The choices of an OpenAI request (`n`, at least one): choice `k` answers `texts[k]` when
+/// `texts` is set, else what [`generate`] answers. Each has its own finish reason (`max_tokens`
+/// applies per choice); usage is reported once by the caller, with the completions summed.
+pub(crate) fn generate_choices(b: &Behaviour, info: &RequestInfo) -> Vec<Generation> {
+    (0..info.n.max(1))
+        .map(|k| match &b.texts {
+            Some(texts) if !texts.is_empty() => {
+                let mut one = b.clone();
+                one.text = texts.get(k % texts.len()).cloned();
+                generate(&one, info)
+            }
+            _ => generate(b, info),
+        })
+        .collect()
 }
 
 /// Number of whitespace-separated words.

@@ -114,6 +114,8 @@ pub(crate) fn request_info(body: &Value, uri: &Uri) -> Result<RequestInfo, Strin
         prompt_words,
         assistant_turns: 0,
         logprobs: false,
+        n: 1,
+        top_logprobs: 0,
         // `toolConfig.functionCallingConfig` mode `ANY` allowing exactly one function.
         forced_tool: body
             .pointer("/toolConfig/functionCallingConfig")

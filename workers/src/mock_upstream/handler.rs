@@ -12,7 +12,7 @@ use axum::routing::{get, post};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::behaviour::{Behaviour, RequestInfo, generate};
+use super::behaviour::{Behaviour, RequestInfo, generate, generate_choices};
 use super::wire::{self, Item, Plan, SseFormat};
 use super::{MockState, RecordedRequest, anthropic, bedrock, gemini, openai, responses};
 
@@ -234,6 +234,14 @@ impl Provider {
             response.headers_mut().insert(name, value);
         }
         response
+    }
+
+    /// An OpenAI-shaped error with an explicit `code` (e.g. `invalid_encrypted_content`).
+    fn error_with_code(self, status: u16, message: &str, code: &str) -> Response {
+        let mut value = self.error_body(status, Some(message));
+        value["error"]["code"] = Value::String(code.to_owned());
+        let code = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
+        self.response(code, "application/json", Body::from(value.to_string()))
     }
 }
 
@@ -457,6 +465,19 @@ async fn handle(
             );
         }
     }
+    if let (Provider::Responses, Some(prefix)) = (provider, &behaviour.accept_encrypted) {
+        let foreign = body["input"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|i| i["type"] == "reasoning")
+            .filter_map(|i| i["encrypted_content"].as_str())
+            .any(|c| !c.starts_with(prefix.as_str()));
+        if foreign {
+            let message = "The encrypted content for item could not be verified.";
+            return provider.error_with_code(400, message, "invalid_encrypted_content");
+        }
+    }
     if behaviour.reject_stream_options && body.get("stream_options").is_some() {
         let message = "Unrecognized request argument supplied: stream_options";
         return provider.error(400, Some(message), None);
@@ -488,16 +509,26 @@ async fn handle(
         .and_then(Value::as_array)
         .map_or(0, |m| m.iter().filter(|m| m["role"] == "assistant").count());
     info.logprobs = body.get("logprobs") == Some(&Value::Bool(true));
-    let generation = generate(&behaviour, &info);
+    if matches!(provider, Provider::OpenAi | Provider::Azure) {
+        let num = |k: &str| body.get(k).and_then(Value::as_u64).unwrap_or(0) as usize;
+        info.n = num("n").max(1);
+        info.top_logprobs = num("top_logprobs");
+    }
+    // OpenAI-style answers have `n` choices; the other providers one.
+    let choices = generate_choices(&behaviour, &info);
+    let generation = choices
+        .first()
+        .cloned()
+        .unwrap_or_else(|| generate(&behaviour, &info));
     let fmt = SseFormat::new(&behaviour);
     let id = behaviour.id.clone().unwrap_or_else(|| provider.new_id());
     let created = behaviour.created.unwrap_or_else(now_secs);
 
     if info.stream && !behaviour.json_for_stream {
         let script = match provider {
-            Provider::OpenAi => openai::stream_script(&id, created, &info, &generation, fmt),
+            Provider::OpenAi => openai::stream_script(&id, created, &info, &choices, fmt),
             Provider::Azure => {
-                let mut script = openai::stream_script(&id, created, &info, &generation, fmt);
+                let mut script = openai::stream_script(&id, created, &info, &choices, fmt);
                 script
                     .body
                     .insert(0, Item::Frame(openai::azure_prompt_filter_chunk(fmt)));
@@ -562,9 +593,9 @@ async fn handle(
         return provider.error(500, None, behaviour.retry_after.as_deref());
     }
     let value = match provider {
-        Provider::OpenAi => openai::completion(&id, created, &info, &generation),
+        Provider::OpenAi => openai::completion(&id, created, &info, &choices),
         Provider::Azure => {
-            let mut value = openai::completion(&id, created, &info, &generation);
+            let mut value = openai::completion(&id, created, &info, &choices);
             value["prompt_filter_results"] = openai::azure_prompt_filter_results();
             value
         }

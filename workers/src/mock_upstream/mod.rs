@@ -70,6 +70,8 @@
 //! | `json_for_stream=1` | a stream request gets the complete non-stream JSON answer (`application/json`), as some OpenAI-compatible servers send |
 //! | `reject_stream_options=1` | a request with `stream_options` gets 400 `Unrecognized request argument supplied: stream_options` (older Azure api-versions) |
 //! | `rate_headers=1` | successful answers carry the provider's rate-limit headers (OpenAI `x-ratelimit-*`: limit 10000 requests / 30000000 tokens, remaining 9999 / 29999000; Anthropic `anthropic-ratelimit-requests-*`) |
+//! | `accept_encrypted=<prefix>` | Responses: an input `reasoning` item whose `encrypted_content` does not start with the prefix gets 400 `invalid_encrypted_content` (another deployment's encrypted reasoning) |
+//! | `texts=<urlencoded>\|<urlencoded>…` | OpenAI/Azure `n > 1`: the text of each choice (choice `k` takes entry `k` modulo their number); without it every choice answers the same |
 //!
 //! Notes:
 //!
@@ -86,6 +88,12 @@
 //! * Ids are `chatcmpl-mock-<uuid>` / `msg_mock_<uuid>` / Gemini `responseId` `mock<uuid>`; tool
 //!   call ids `call_mock_<i>` / `toolu_mock_<i>` (Gemini function calls carry none); the
 //!   response `model` (Gemini `modelVersion`) echoes the request.
+//! * OpenAI / Azure honour `n` as OpenAI does: `n` choices (`index` 0..n-1), each with its own
+//!   `message`, `finish_reason` (`max_tokens` truncates each) and `logprobs`; streamed one choice
+//!   per chunk, round robin (all role chunks first), each choice's `finish_reason` chunk after its
+//!   last content, then one usage chunk; usage counts the prompt once and sums the completions.
+//!   `logprobs: true` gives one entry per text chunk (`logprob` −0.5) with `top_logprobs`
+//!   alternatives: the token itself (−0.5), then `alt1`, `alt2`, … (−1.5, −2.5, …).
 //! * Gemini: directives are read from the last `user` content with text; `maxOutputTokens`
 //!   truncates like `max_tokens`; each function call is streamed whole in its own chunk; the
 //!   in-stream error is `{"error":{"code":503,…,"status":"UNAVAILABLE"}}`.

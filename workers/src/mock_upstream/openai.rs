@@ -69,6 +69,8 @@ pub(crate) fn request_info(body: &Value) -> Result<RequestInfo, String> {
         prompt_words: messages_words(body),
         assistant_turns: 0,
         logprobs: false,
+        n: 1,
+        top_logprobs: 0,
         forced_tool: None,
         json_text: false,
     })
@@ -149,18 +151,37 @@ fn call_id(key: &str) -> String {
     format!("call_mock_{key}")
 }
 
-/// `logprobs.content` entries of text `pieces` (see [`RequestInfo::logprobs`]).
-fn logprob_entries(pieces: &[String]) -> Value {
+/// `logprobs.content` entries of text `pieces` (see [`RequestInfo::logprobs`] and
+/// [`RequestInfo::top_logprobs`]).
+fn logprob_entries(pieces: &[String], top: usize) -> Value {
     let entries: Vec<Value> = pieces
         .iter()
-        .map(|p| json!({ "token": p, "logprob": -0.5, "bytes": p.as_bytes(), "top_logprobs": [] }))
+        .map(|p| {
+            let alternatives: Vec<Value> = (0..top)
+                .map(|j| {
+                    let token = if j == 0 { p.clone() } else { format!("alt{j}") };
+                    json!({ "token": token, "logprob": -0.5 - j as f64, "bytes": token.as_bytes() })
+                })
+                .collect();
+            json!({ "token": p, "logprob": -0.5, "bytes": p.as_bytes(), "top_logprobs": alternatives })
+        })
         .collect();
     json!({ "content": entries, "refusal": null })
 }
 
-/// The non-streaming `chat.completion` object.
-pub(crate) fn completion(id: &str, created: u64, info: &RequestInfo, g: &Generation) -> Value {
-    let message = match &g.output {
+/// The usage of all `choices`: the prompt once, the completions summed (as OpenAI counts `n`).
+fn choices_usage(choices: &[Generation]) -> Usage {
+    let first = choices.first().map(|g| g.usage);
+    Usage {
+        prompt: first.map_or(0, |u| u.prompt),
+        cached: first.map_or(0, |u| u.cached),
+        completion: choices.iter().map(|g| g.usage.completion).sum(),
+    }
+}
+
+/// The `message` of one choice.
+fn message(g: &Generation) -> Value {
+    match &g.output {
         Output::Text { chunks, .. } => json!({
             "role": "assistant",
             "content": chunks.concat(),
@@ -187,22 +208,38 @@ pub(crate) fn completion(id: &str, created: u64, info: &RequestInfo, g: &Generat
                 "annotations": [],
             })
         }
-    };
+    }
+}
+
+/// The non-streaming `chat.completion` object: one entry of `choices` per generation.
+pub(crate) fn completion(
+    id: &str,
+    created: u64,
+    info: &RequestInfo,
+    choices: &[Generation],
+) -> Value {
+    let entries: Vec<Value> = choices
+        .iter()
+        .enumerate()
+        .map(|(index, g)| {
+            json!({
+                "index": index,
+                "message": message(g),
+                "logprobs": match &g.output {
+                    Output::Text { chunks, .. } if info.logprobs => logprob_entries(chunks, info.top_logprobs),
+                    _ => Value::Null,
+                },
+                "finish_reason": finish_reason(g),
+            })
+        })
+        .collect();
     json!({
         "id": id,
         "object": "chat.completion",
         "created": created,
         "model": info.model,
-        "choices": [{
-            "index": 0,
-            "message": message,
-            "logprobs": match &g.output {
-                Output::Text { chunks, .. } if info.logprobs => logprob_entries(chunks),
-                _ => Value::Null,
-            },
-            "finish_reason": finish_reason(g),
-        }],
-        "usage": usage(g.usage),
+        "choices": entries,
+        "usage": usage(choices_usage(choices)),
         "system_fingerprint": FINGERPRINT,
     })
 }
@@ -230,29 +267,81 @@ impl Chunker<'_> {
         chunk
     }
 
-    fn chunk(&self, delta: Value, finish_reason: Option<&str>) -> bytes::Bytes {
+    fn chunk(&self, index: usize, delta: Value, finish_reason: Option<&str>) -> bytes::Bytes {
         let logprobs = match delta.get("content").and_then(Value::as_str) {
             Some(piece) if self.info.logprobs && !piece.is_empty() => {
-                logprob_entries(&[piece.to_owned()])
+                logprob_entries(&[piece.to_owned()], self.info.top_logprobs)
             }
             _ => Value::Null,
         };
         let choices = json!([{
-            "index": 0,
+            "index": index,
             "delta": delta,
             "logprobs": logprobs,
             "finish_reason": finish_reason,
         }]);
         self.fmt.data(&self.base(choices).to_string())
     }
+
+    /// The events of choice `index`: its role chunk, its content, its finish chunk.
+    fn choice(&self, index: usize, g: &Generation) -> Vec<Item> {
+        let mut items = Vec::new();
+        match &g.output {
+            Output::Text { chunks, .. } => {
+                items.push(Item::Frame(self.chunk(
+                    index,
+                    json!({ "role": "assistant", "content": "" }),
+                    None,
+                )));
+                for piece in chunks {
+                    items.push(Item::Content(self.chunk(
+                        index,
+                        json!({ "content": piece }),
+                        None,
+                    )));
+                }
+            }
+            Output::Tools(calls) => {
+                items.push(Item::Frame(self.chunk(
+                    index,
+                    json!({ "role": "assistant", "content": null }),
+                    None,
+                )));
+                for (i, call) in calls.iter().enumerate() {
+                    let header = json!({ "tool_calls": [{
+                        "index": i,
+                        "id": call_id(&call.key(i)),
+                        "type": "function",
+                        "function": { "name": call.name, "arguments": "" },
+                    }]});
+                    items.push(Item::Frame(self.chunk(index, header, None)));
+                    for piece in &call.pieces {
+                        let delta = json!({ "tool_calls": [{
+                            "index": i,
+                            "function": { "arguments": piece },
+                        }]});
+                        items.push(Item::Content(self.chunk(index, delta, None)));
+                    }
+                }
+            }
+        }
+        items.push(Item::Frame(self.chunk(
+            index,
+            json!({}),
+            Some(finish_reason(g)),
+        )));
+        items
+    }
 }
 
-/// The SSE events of a streamed answer.
+/// The SSE events of a streamed answer. With several choices (`n > 1`) they interleave as in
+/// OpenAI's stream: one choice per chunk, round robin (every role chunk first), each choice's
+/// `finish_reason` chunk right after its last content, then one usage chunk for all.
 pub(crate) fn stream_script(
     id: &str,
     created: u64,
     info: &RequestInfo,
-    g: &Generation,
+    choices: &[Generation],
     fmt: SseFormat,
 ) -> Script {
     let c = Chunker {
@@ -261,42 +350,29 @@ pub(crate) fn stream_script(
         info,
         fmt,
     };
+    let mut lists: Vec<std::collections::VecDeque<Item>> = choices
+        .iter()
+        .enumerate()
+        .map(|(i, g)| c.choice(i, g).into())
+        .collect();
     let mut body = Vec::new();
-    match &g.output {
-        Output::Text { chunks, .. } => {
-            body.push(Item::Frame(
-                c.chunk(json!({ "role": "assistant", "content": "" }), None),
-            ));
-            for piece in chunks {
-                body.push(Item::Content(c.chunk(json!({ "content": piece }), None)));
-            }
+    let mut trailer = Vec::new();
+    if let [only] = lists.as_mut_slice() {
+        // One choice: the finish chunk is the trailer's first event (after `error_after`).
+        if let Some(Item::Frame(finish)) = only.pop_back() {
+            trailer.push(finish);
         }
-        Output::Tools(calls) => {
-            body.push(Item::Frame(
-                c.chunk(json!({ "role": "assistant", "content": null }), None),
-            ));
-            for (i, call) in calls.iter().enumerate() {
-                let header = json!({ "tool_calls": [{
-                    "index": i,
-                    "id": call_id(&call.key(i)),
-                    "type": "function",
-                    "function": { "name": call.name, "arguments": "" },
-                }]});
-                body.push(Item::Frame(c.chunk(header, None)));
-                for piece in &call.pieces {
-                    let delta = json!({ "tool_calls": [{
-                        "index": i,
-                        "function": { "arguments": piece },
-                    }]});
-                    body.push(Item::Content(c.chunk(delta, None)));
-                }
+    }
+    while lists.iter().any(|l| !l.is_empty()) {
+        for list in &mut lists {
+            if let Some(item) = list.pop_front() {
+                body.push(item);
             }
         }
     }
-    let mut trailer = vec![c.chunk(json!({}), Some(finish_reason(g)))];
     if info.include_usage {
         let mut last = c.base(json!([]));
-        last["usage"] = usage(g.usage);
+        last["usage"] = usage(choices_usage(choices));
         trailer.push(fmt.data(&last.to_string()));
     }
     trailer.push(fmt.data("[DONE]"));

@@ -77,6 +77,8 @@ pub(crate) fn request_info(body: &Value) -> Result<RequestInfo, String> {
         prompt_words: messages_words(&chat_view(body)),
         assistant_turns: 0,
         logprobs: false,
+        n: 1,
+        top_logprobs: 0,
         forced_tool: None,
         json_text: false,
     })

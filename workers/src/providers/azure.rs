@@ -50,6 +50,7 @@ impl Provider for AzureOpenAiProvider {
             json_mode: true,
             // Azure has an embeddings endpoint; this adapter does not implement `embed` yet.
             embeddings: false,
+            choices: true,
         }
     }
 
@@ -79,6 +80,9 @@ impl Provider for AzureOpenAiProvider {
         let key =
             (!target.api_key.is_empty()).then(|| HeaderValue::from_str(target.api_key.expose()));
         let memo = format!("{}|{base_url}", target.id);
+        let translator = AzureTranslator {
+            inner: OpenAiTranslator::for_request(req),
+        };
         Box::pin(async move {
             let key = match key {
                 Some(key) => {
@@ -102,7 +106,7 @@ impl Provider for AzureOpenAiProvider {
                 builder
             };
             let resp = send_chat(body, &memo, make).await?;
-            Ok(read_answer(resp, AzureTranslator::default()))
+            Ok(read_answer(resp, translator))
         })
     }
 }

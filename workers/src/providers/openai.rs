@@ -63,6 +63,7 @@ impl Provider for OpenAiProvider {
             vision: true,
             json_mode: true,
             embeddings: true,
+            choices: true,
         }
     }
 
@@ -93,9 +94,10 @@ impl Provider for OpenAiProvider {
             rb
         };
         let memo = format!("{}|{base_url}", target.id);
+        let translator = OpenAiTranslator::for_request(req);
         async move {
             let resp = send_chat(body, &memo, make).await?;
-            Ok(read_answer(resp, OpenAiTranslator::default()))
+            Ok(read_answer(resp, translator))
         }
         .boxed()
     }
@@ -340,20 +342,32 @@ pub fn read_answer<T: SseTranslator>(resp: reqwest::Response, translator: T) -> 
     }
 }
 
-/// Reads a `chat.completion` object (OpenAI API reference, "The chat completion object"): the
-/// first choice's `message.content` (a string, or text parts), `message.tool_calls`,
-/// `finish_reason`, and `usage`.
+/// Reads a `chat.completion` object (OpenAI API reference, "The chat completion object"): each
+/// choice's `message.content` (a string, or text parts), `message.tool_calls`, `finish_reason`
+/// and `logprobs.content`, ordered by `index` (choice 0 in the answer itself, the others, for
+/// `n > 1`, in [`Answer::more_choices`]), and the one `usage`.
 pub fn parse_completion(v: &Value) -> Result<Answer, ErrorInfo> {
-    let choice = v
+    let mut choices: Vec<&Value> = v
         .get("choices")
         .and_then(Value::as_array)
-        .and_then(|c| c.first())
-        .ok_or_else(|| {
-            ErrorInfo::new(
-                ErrorClass::Protocol,
-                "upstream JSON answer has no `choices`",
-            )
-        })?;
+        .map(|c| c.iter().collect())
+        .unwrap_or_default();
+    if choices.is_empty() {
+        return Err(ErrorInfo::new(
+            ErrorClass::Protocol,
+            "upstream JSON answer has no `choices`",
+        ));
+    }
+    choices.sort_by_key(|c| c.get("index").and_then(Value::as_u64).unwrap_or(0));
+    let mut answers = choices.into_iter().map(parse_choice);
+    let mut first = answers.next().unwrap_or_default();
+    first.more_choices = answers.collect();
+    first.usage = v.get("usage").and_then(parse_usage);
+    Ok(first)
+}
+
+/// One choice of a `chat.completion` object, without usage.
+fn parse_choice(choice: &Value) -> Answer {
     let message = choice.get("message").unwrap_or(&Value::Null);
     let text = match message.get("content") {
         Some(Value::String(s)) => s.clone(),
@@ -389,17 +403,18 @@ pub fn parse_completion(v: &Value) -> Result<Answer, ErrorInfo> {
         })
         .into_iter()
         .collect();
-    Ok(Answer {
+    Answer {
         logprobs: logprob_content(choice).unwrap_or_default(),
         thinking,
         text,
         tool_calls,
-        usage: v.get("usage").and_then(parse_usage),
+        usage: None,
         finish_reason: choice
             .get("finish_reason")
             .and_then(Value::as_str)
             .map_or(FinishReason::Stop, map_finish),
-    })
+        more_choices: Vec::new(),
+    }
 }
 
 /// A choice's non-empty `logprobs.content` entries.
@@ -411,11 +426,35 @@ fn logprob_content(choice: &Value) -> Option<Vec<Value>> {
         .cloned()
 }
 
-/// Translates `chat.completion.chunk` events.
+/// Translates `chat.completion.chunk` events. Every chunk's choices are read, each by its
+/// `index`: a change of index becomes a [`FrameBody::Choice`] frame, and with `n > 1` each
+/// choice's `finish_reason` a [`FrameBody::ChoiceEnd`] (OpenAI streams one choice per chunk,
+/// interleaved, each ending with its own `finish_reason` chunk, then one usage chunk).
 #[derive(Debug, Default)]
 pub struct OpenAiTranslator {
     finish: Option<FinishReason>,
     usage: Option<Usage>,
+    /// The request asked for several choices (`n > 1`).
+    multi: bool,
+    /// The choice the last content frame belonged to.
+    current: u32,
+}
+
+impl OpenAiTranslator {
+    /// The translator of `req`'s answer (several choices when `params.n > 1`).
+    pub fn for_request(req: &ChatRequest) -> Self {
+        Self {
+            multi: req.params.n.is_some_and(|n| n > 1),
+            ..Self::default()
+        }
+    }
+
+    fn switch_to(&mut self, index: u32, out: &mut VecDeque<Result<FrameBody, ErrorInfo>>) {
+        if index != self.current {
+            self.current = index;
+            out.push_back(Ok(FrameBody::Choice { index }));
+        }
+    }
 }
 
 fn map_finish(s: &str) -> FinishReason {
@@ -443,6 +482,54 @@ pub fn parse_usage(u: &Value) -> Option<Usage> {
 }
 
 impl OpenAiTranslator {
+    /// The content of one choice of a chunk: its `logprobs.content`, then `delta`'s reasoning,
+    /// text and tool-call pieces.
+    fn on_choice(&mut self, choice: &Value, out: &mut VecDeque<Result<FrameBody, ErrorInfo>>) {
+        // Before the chunk's text: the OpenAI door puts them on that text's chunk, as OpenAI does.
+        if let Some(content) = logprob_content(choice) {
+            out.push_back(Ok(FrameBody::Logprobs { content }));
+        }
+        let Some(delta) = choice.get("delta") else {
+            return;
+        };
+        // Reasoning text of compatible servers (DeepSeek, vLLM: `reasoning_content`;
+        // OpenRouter, Ollama: `reasoning`).
+        let reasoning = delta
+            .get("reasoning_content")
+            .or_else(|| delta.get("reasoning"))
+            .and_then(Value::as_str);
+        if let Some(text) = reasoning.filter(|t| !t.is_empty()) {
+            out.push_back(Ok(FrameBody::Reasoning {
+                text: text.to_owned(),
+            }));
+        }
+        if let Some(text) = delta.get("content").and_then(Value::as_str)
+            && !text.is_empty()
+        {
+            out.push_back(Ok(FrameBody::Text {
+                text: text.to_owned(),
+            }));
+        }
+        if let Some(calls) = delta.get("tool_calls").and_then(Value::as_array) {
+            for (i, c) in calls.iter().enumerate() {
+                let f = c.get("function");
+                out.push_back(Ok(FrameBody::ToolCall {
+                    index: c.get("index").and_then(Value::as_u64).unwrap_or(i as u64) as u32,
+                    id: c.get("id").and_then(Value::as_str).map(str::to_owned),
+                    name: f
+                        .and_then(|f| f.get("name"))
+                        .and_then(Value::as_str)
+                        .map(str::to_owned),
+                    arguments: f
+                        .and_then(|f| f.get("arguments"))
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .to_owned(),
+                }));
+            }
+        }
+    }
+
     fn finish(&mut self, out: &mut VecDeque<Result<FrameBody, ErrorInfo>>) {
         if let Some(usage) = self.usage {
             out.push_back(Ok(FrameBody::Usage { usage }));
@@ -492,57 +579,27 @@ impl SseTranslator for OpenAiTranslator {
                 return true;
             }
         }
-        let Some(choice) = v
-            .get("choices")
-            .and_then(Value::as_array)
-            .and_then(|c| c.first())
-        else {
-            return false;
-        };
-        // Before the chunk's text: the OpenAI door puts them on that text's chunk, as OpenAI does.
-        if let Some(content) = logprob_content(choice) {
-            out.push_back(Ok(FrameBody::Logprobs { content }));
-        }
-        if let Some(delta) = choice.get("delta") {
-            // Reasoning text of compatible servers (DeepSeek, vLLM: `reasoning_content`;
-            // OpenRouter, Ollama: `reasoning`).
-            let reasoning = delta
-                .get("reasoning_content")
-                .or_else(|| delta.get("reasoning"))
-                .and_then(Value::as_str);
-            if let Some(text) = reasoning.filter(|t| !t.is_empty()) {
-                out.push_back(Ok(FrameBody::Reasoning {
-                    text: text.to_owned(),
-                }));
-            }
-            if let Some(text) = delta.get("content").and_then(Value::as_str)
-                && !text.is_empty()
-            {
-                out.push_back(Ok(FrameBody::Text {
-                    text: text.to_owned(),
-                }));
-            }
-            if let Some(calls) = delta.get("tool_calls").and_then(Value::as_array) {
-                for (i, c) in calls.iter().enumerate() {
-                    let f = c.get("function");
-                    out.push_back(Ok(FrameBody::ToolCall {
-                        index: c.get("index").and_then(Value::as_u64).unwrap_or(i as u64) as u32,
-                        id: c.get("id").and_then(Value::as_str).map(str::to_owned),
-                        name: f
-                            .and_then(|f| f.get("name"))
-                            .and_then(Value::as_str)
-                            .map(str::to_owned),
-                        arguments: f
-                            .and_then(|f| f.get("arguments"))
-                            .and_then(Value::as_str)
-                            .unwrap_or("")
-                            .to_owned(),
+        let choices = v.get("choices").and_then(Value::as_array);
+        for (i, choice) in choices.into_iter().flatten().enumerate() {
+            let index = choice
+                .get("index")
+                .and_then(Value::as_u64)
+                .unwrap_or(i as u64) as u32;
+            self.switch_to(index, out);
+            self.on_choice(choice, out);
+            if let Some(fr) = choice.get("finish_reason").and_then(Value::as_str) {
+                let finish_reason = map_finish(fr);
+                if self.multi {
+                    out.push_back(Ok(FrameBody::ChoiceEnd {
+                        index,
+                        finish_reason,
                     }));
                 }
+                // `end` carries choice 0's reason.
+                if index == 0 || self.finish.is_none() {
+                    self.finish = Some(finish_reason);
+                }
             }
-        }
-        if let Some(fr) = choice.get("finish_reason").and_then(Value::as_str) {
-            self.finish = Some(map_finish(fr));
         }
         false
     }

@@ -7,8 +7,11 @@
 //! `input_image` parts); an assistant message → its text as an assistant message plus one
 //! `function_call` item per tool call; a `tool` message → `function_call_output`; tools →
 //! `{"type":"function","name",…}`; `max_tokens` → `max_output_tokens`; `response_format` →
-//! `text.format`. Always `store: false`: the conversation lives in Switchyard (a stored upstream
-//! id would tie a follow-up to one deployment). Not sent (the Responses API has no such
+//! `text.format`; an assistant message's encrypted `reasoning` items
+//! ([`ThinkingBlock::Reasoning`](switchyard_schemas::request::ThinkingBlock::Reasoning)) →
+//! those items, unchanged, before its content. Always `store: false`: the conversation lives in
+//! Switchyard (a stored upstream id would tie a follow-up to one deployment; encrypted reasoning
+//! does, and the Responses door pins such a conversation to the target that accepted it). Not sent (the Responses API has no such
 //! parameter): `stop`, `seed`, `presence_penalty`, `frequency_penalty`, `n`.
 //!
 //! Reading the stream (FC-31): content is taken from the item events, never from the terminal
@@ -100,6 +103,14 @@ pub fn build_object(upstream_model: &str, req: &ChatRequest) -> Map<String, Valu
             Role::Tool => input.push(json!({"type": "function_call_output",
                 "call_id": m.tool_call_id.clone().unwrap_or_default(), "output": text})),
             Role::Assistant => {
+                // Encrypted reasoning items go back unchanged, before the turn they led to.
+                let reasoning: Vec<Value> = m
+                    .thinking_blocks
+                    .iter()
+                    .filter(|b| b.is_encrypted_reasoning())
+                    .filter_map(|b| serde_json::to_value(b).ok())
+                    .collect();
+                input.extend(reasoning);
                 if !text.is_empty() || m.tool_calls.is_empty() {
                     input.push(json!({"role": "assistant", "content": text}));
                 }

@@ -51,6 +51,7 @@ impl Provider for AnthropicProvider {
             // Through the synthetic JSON tool (`structured`).
             json_mode: true,
             embeddings: false,
+            choices: false,
         }
     }
 
@@ -218,7 +219,11 @@ pub fn build_request(target: &TargetConfig, req: &ChatRequest) -> Result<Value, 
                 push_turn(&mut turns, "user", blocks);
             }
             Role::Assistant => {
-                let mut blocks: Vec<Value> = m.thinking_blocks.iter().map(thinking_block).collect();
+                let mut blocks: Vec<Value> = m
+                    .thinking_blocks
+                    .iter()
+                    .filter_map(thinking_block)
+                    .collect();
                 blocks.extend(content_blocks(m.content.as_ref(), i)?);
                 for call in &m.tool_calls {
                     blocks.push(tool_use_block(call, i)?);
@@ -303,9 +308,10 @@ fn cached(mut blocks: Vec<Value>, m: &Message) -> Vec<Value> {
     blocks
 }
 
-/// A normalised thinking block as an Anthropic content block, unchanged.
-fn thinking_block(b: &ThinkingBlock) -> Value {
-    match b {
+/// A normalised thinking block as an Anthropic content block, unchanged; an OpenAI encrypted
+/// `reasoning` item has none (dropped).
+fn thinking_block(b: &ThinkingBlock) -> Option<Value> {
+    Some(match b {
         ThinkingBlock::Thinking {
             thinking,
             signature,
@@ -315,7 +321,8 @@ fn thinking_block(b: &ThinkingBlock) -> Value {
         ThinkingBlock::RedactedThinking { data } => {
             json!({ "type": "redacted_thinking", "data": data })
         }
-    }
+        ThinkingBlock::Reasoning { .. } => return None,
+    })
 }
 
 /// The Anthropic front door's own fields, over the translated ones (see [`build_request`]).

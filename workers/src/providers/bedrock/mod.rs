@@ -89,6 +89,7 @@ impl Provider for BedrockProvider {
             vision: true,
             json_mode: false,
             embeddings: false,
+            choices: false,
         }
     }
 

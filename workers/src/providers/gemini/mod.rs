@@ -53,6 +53,7 @@ impl Provider for GeminiProvider {
             vision: true,
             json_mode: true,
             embeddings: false,
+            choices: false,
         }
     }
 
