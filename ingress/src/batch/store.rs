@@ -7,11 +7,13 @@
 //! | file and batch records | KV [`RECORDS_BUCKET`], keys `f.<tenant>.<id>` / `b.<tenant>.<id>` ([`super::records::batch_key`]) |
 //! | batches not yet terminal | KV [`ACTIVE_BUCKET`], key = batch id, value = the record's key |
 //! | items to run | work-queue stream [`ITEMS_STREAM`] on `<prefix>.batch.item.<batch>`, removed when acknowledged |
-//! | item results | stream [`RESULTS_STREAM`] on `<prefix>.batch.result.<batch>.<outcome>`, `Nats-Msg-Id` = `<batch>.<index>` |
+//! | item results | stream [`RESULTS_STREAM`] on `<prefix>.batch.result.<batch>.<outcome>.<index>`, `Nats-Msg-Id` = `<batch>.<index>` |
 //!
 //! The results stream's duplicate window ([`RESULT_DEDUP`]) is longer than an item's
 //! redelivery delay, so an item that ran twice (its runner died before acknowledging) stores one
-//! result; per-subject message counts give the live progress without reading the results.
+//! result; per-subject message counts give the live progress without reading the results, and
+//! the index in the subject lets a runner see that a redelivered item already has its result
+//! ([`BatchStore::has_result`]) before it dispatches it again.
 
 use super::records::{BatchRecord, FileRecord, Item, ItemResult, Outcome};
 use async_nats::jetstream::{self, kv, object_store, stream};
@@ -349,6 +351,25 @@ impl BatchStore {
         format!("{}.batch.result.{batch_id}", self.prefix)
     }
 
+    fn result_subject(&self, batch_id: &str, outcome: Outcome, index: u64) -> String {
+        format!(
+            "{}.{}.{index}",
+            self.result_prefix(batch_id),
+            outcome.as_str()
+        )
+    }
+
+    /// Whether item `index` of `batch_id` has a stored result (one stream lookup of the last
+    /// message on `<prefix>.batch.result.<batch>.*.<index>`).
+    pub async fn has_result(&self, batch_id: &str, index: u64) -> Result<bool, StoreError> {
+        let subject = format!("{}.*.{index}", self.result_prefix(batch_id));
+        match self.results.get_last_raw_message_by_subject(&subject).await {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => Ok(false),
+            Err(e) => Err(nats(e)),
+        }
+    }
+
     /// Stores an item's result (acknowledged; a second result for the same index within
     /// [`RESULT_DEDUP`] is dropped by the stream).
     pub async fn append_result(
@@ -362,11 +383,7 @@ impl BatchStore {
             "Nats-Msg-Id",
             format!("{batch_id}.{}", result.index).as_str(),
         );
-        let subject = format!(
-            "{}.{}",
-            self.result_prefix(batch_id),
-            result.outcome.as_str()
-        );
+        let subject = self.result_subject(batch_id, result.outcome, result.index);
         self.js
             .publish_with_headers(subject, headers, payload.into())
             .await
@@ -386,8 +403,12 @@ impl BatchStore {
             .await
             .map_err(nats)?;
         let mut out = HashMap::new();
+        let head = format!("{}.", self.result_prefix(batch_id));
         while let Some((subject, count)) = info.try_next().await.map_err(nats)? {
-            let outcome = match subject.rsplit('.').next() {
+            let token = subject
+                .strip_prefix(&head)
+                .and_then(|rest| rest.split('.').next());
+            let outcome = match token {
                 Some("succeeded") => Outcome::Succeeded,
                 Some("errored") => Outcome::Errored,
                 Some("canceled") => Outcome::Canceled,

@@ -68,6 +68,8 @@ pub async fn attempts<'c, D: Dispatch>(
     dispatch: &mut D,
 ) -> Result<Won<'c, D::Committed>, ErrorInfo> {
     let mut last_err = None;
+    // A batch item's later try numbers its attempts after the earlier tries' (same request id).
+    let base = crate::route::current_attempt_base();
     for (n, target) in (0u32..).zip(targets) {
         if let Some(e) = dispatch.expired(target) {
             last_err = Some(e);
@@ -76,7 +78,7 @@ pub async fn attempts<'c, D: Dispatch>(
         ledger.charge.attempt(&target.id, &target.upstream_model, n);
         ledger.outcome.attempt(&target.id);
         let in_flight = app.stats.start(&target.id, &app.metrics);
-        match dispatch.attempt(target, n).await {
+        match dispatch.attempt(target, base.saturating_add(n)).await {
             Ok(committed) => {
                 app.health.success(&target.id);
                 return Ok(Won {
