@@ -23,6 +23,9 @@ pub struct FileRecord {
     pub purpose: String,
     /// Owning tenant (`None` while authentication is off).
     pub tenant: Option<String>,
+    /// Position in the tenant's file listing (1, 2, …; set by the store when it is written).
+    #[serde(default)]
+    pub list_seq: u64,
 }
 
 /// Which API created a batch, and so how it is rendered.
@@ -181,6 +184,10 @@ pub struct BatchRecord {
     /// Token totals of the items that ran.
     #[serde(default)]
     pub usage: BatchUsage,
+    /// Position in the tenant's batch listing of its API (1, 2, …; set by the store when it is
+    /// created).
+    #[serde(default)]
+    pub list_seq: u64,
 }
 
 impl BatchRecord {
@@ -223,6 +230,7 @@ impl BatchRecord {
             error_file_id: None,
             errors: Vec::new(),
             usage: BatchUsage::default(),
+            list_seq: 0,
         }
     }
 
@@ -339,6 +347,20 @@ pub fn tenant_token(tenant: Option<&str>) -> String {
             d[..8].iter().map(|b| format!("{b:02x}")).collect()
         }
     }
+}
+
+/// The listing index of `tenant`'s files ([`super::store::BatchStore::page`]).
+pub fn file_list(tenant: Option<&str>) -> String {
+    format!("{}.f", tenant_token(tenant))
+}
+
+/// The listing index of `tenant`'s batches of `api` (each API lists only its own).
+pub fn batch_list(tenant: Option<&str>, api: Api) -> String {
+    let kind = match api {
+        Api::OpenAi => "batch",
+        Api::Anthropic => "msgbatch",
+    };
+    format!("{}.{kind}", tenant_token(tenant))
 }
 
 /// KV key of a batch record.
