@@ -188,7 +188,13 @@ pub(crate) async fn assert_billed_once(gw: &Gateway, batch_id: &str, out: &[Valu
         rows.iter().map(|r| r.0.parse().unwrap()).collect();
     let answered: std::collections::BTreeSet<uuid::Uuid> = out
         .iter()
-        .map(|l| l["response"]["request_id"].as_str().unwrap().parse().unwrap())
+        .map(|l| {
+            l["response"]["request_id"]
+                .as_str()
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
         .collect();
     assert_eq!(charged, answered);
     let sum: Decimal = rows
@@ -199,7 +205,11 @@ pub(crate) async fn assert_billed_once(gw: &Gateway, batch_id: &str, out: &[Valu
 }
 
 /// Charges (USD) the ledger holds for `batch_id`, once it holds `n` charge rows.
-pub(crate) async fn batch_charges(gw: &Gateway, batch_id: &str, n: usize) -> Vec<(String, String, Decimal)> {
+pub(crate) async fn batch_charges(
+    gw: &Gateway,
+    batch_id: &str,
+    n: usize,
+) -> Vec<(String, String, Decimal)> {
     let ledger = gw.ledger.clone().unwrap();
     let batch_id = batch_id.to_owned();
     eventually(Duration::from_secs(20), || {

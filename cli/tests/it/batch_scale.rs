@@ -170,7 +170,11 @@ async fn reads_and_creates_at_scale_through_two_ingress() {
         let req = client.get(url).bearer_auth(KEY_A);
         async move {
             let resp = req.send().await.unwrap();
-            (i % 4 < 2, resp.status().as_u16(), resp.text().await.unwrap())
+            (
+                i % 4 < 2,
+                resp.status().as_u16(),
+                resp.text().await.unwrap(),
+            )
         }
     });
     let answers = futures::future::join_all(reads).await;
@@ -198,7 +202,11 @@ async fn reads_and_creates_at_scale_through_two_ingress() {
     let creates = (0..40).map(|i| {
         let (key, base) = (
             if i % 2 == 0 { KEY_A } else { KEY_B },
-            if i % 4 < 2 { gw.base.clone() } else { second.clone() },
+            if i % 4 < 2 {
+                gw.base.clone()
+            } else {
+                second.clone()
+            },
         );
         async move {
             let f = upload(&base, key, &line(&format!("c{i}"), "hello")).await;
@@ -255,14 +263,22 @@ async fn lists_page_with_exact_cursors() {
     let (gw, _dir) = gateway(json!({})).await;
     let (mut files, mut batches) = (Vec::new(), Vec::new());
     for i in 0..5 {
-        let f = upload(&gw.base, KEY_A, &line(&format!("p{i}"), "#mock ttft_ms=5000\nslow")).await;
+        let f = upload(
+            &gw.base,
+            KEY_A,
+            &line(&format!("p{i}"), "#mock ttft_ms=5000\nslow"),
+        )
+        .await;
         let id = f["id"].as_str().unwrap().to_owned();
         let b = create_batch(&gw.base, KEY_A, &id, "24h").await;
         files.push(id);
         batches.push(b["id"].as_str().unwrap().to_owned());
     }
     let page = |list: &Value, want: &[&String], more: bool| {
-        assert_eq!(ids(list), want.iter().map(|s| (*s).clone()).collect::<Vec<_>>());
+        assert_eq!(
+            ids(list),
+            want.iter().map(|s| (*s).clone()).collect::<Vec<_>>()
+        );
         assert_eq!(list["first_id"], json!(want.first()));
         assert_eq!(list["last_id"], json!(want.last()));
         assert_eq!(list["has_more"], more);
@@ -270,11 +286,26 @@ async fn lists_page_with_exact_cursors() {
     let b = &batches;
     let l = get(&gw.base, KEY_A, "/v1/batches?limit=2").await;
     page(&l, &[&b[4], &b[3]], true);
-    let l = get(&gw.base, KEY_A, &format!("/v1/batches?limit=2&after={}", b[3])).await;
+    let l = get(
+        &gw.base,
+        KEY_A,
+        &format!("/v1/batches?limit=2&after={}", b[3]),
+    )
+    .await;
     page(&l, &[&b[2], &b[1]], true);
-    let l = get(&gw.base, KEY_A, &format!("/v1/batches?limit=2&after={}", b[1])).await;
+    let l = get(
+        &gw.base,
+        KEY_A,
+        &format!("/v1/batches?limit=2&after={}", b[1]),
+    )
+    .await;
     page(&l, &[&b[0]], false);
-    let l = get(&gw.base, KEY_A, &format!("/v1/batches?limit=2&after={}", b[0])).await;
+    let l = get(
+        &gw.base,
+        KEY_A,
+        &format!("/v1/batches?limit=2&after={}", b[0]),
+    )
+    .await;
     page(&l, &[], false);
     let l = get(&gw.base, KEY_A, "/v1/batches").await;
     page(&l, &[&b[4], &b[3], &b[2], &b[1], &b[0]], false);
@@ -289,9 +320,18 @@ async fn lists_page_with_exact_cursors() {
     page(&l, &[&f[4], &f[3]], true);
     let l = get(&gw.base, KEY_A, "/v1/files?purpose=batch&order=asc&limit=2").await;
     page(&l, &[&f[0], &f[1]], true);
-    let asc_after = |after: &String| format!("/v1/files?purpose=batch&order=asc&limit=2&after={after}");
-    page(&get(&gw.base, KEY_A, &asc_after(&f[1])).await, &[&f[2], &f[3]], true);
-    page(&get(&gw.base, KEY_A, &asc_after(&f[3])).await, &[&f[4]], false);
+    let asc_after =
+        |after: &String| format!("/v1/files?purpose=batch&order=asc&limit=2&after={after}");
+    page(
+        &get(&gw.base, KEY_A, &asc_after(&f[1])).await,
+        &[&f[2], &f[3]],
+        true,
+    );
+    page(
+        &get(&gw.base, KEY_A, &asc_after(&f[3])).await,
+        &[&f[4]],
+        false,
+    );
     // A deleted file leaves the listing; the pages around it close up.
     let (status, _) = call(
         reqwest::Method::DELETE,
@@ -301,7 +341,11 @@ async fn lists_page_with_exact_cursors() {
     )
     .await;
     assert_eq!(status, 200);
-    page(&get(&gw.base, KEY_A, &asc_after(&f[1])).await, &[&f[3], &f[4]], false);
+    page(
+        &get(&gw.base, KEY_A, &asc_after(&f[1])).await,
+        &[&f[3], &f[4]],
+        false,
+    );
 
     // Anthropic message batches: their own listing, `after_id` and `before_id`.
     let mut m = Vec::new();
@@ -310,9 +354,11 @@ async fn lists_page_with_exact_cursors() {
             reqwest::Method::POST,
             format!("{}/v1/messages/batches", gw.base),
             KEY_A,
-            Some(json!({"requests": [{"custom_id": format!("m{i}"), "params": {
+            Some(
+                json!({"requests": [{"custom_id": format!("m{i}"), "params": {
                 "model": "demo/claude", "max_tokens": 16,
-                "messages": [{"role": "user", "content": "#mock ttft_ms=5000\nslow"}]}}]})),
+                "messages": [{"role": "user", "content": "#mock ttft_ms=5000\nslow"}]}}]}),
+            ),
         )
         .await;
         assert_eq!(status, 200, "{v}");
@@ -320,11 +366,26 @@ async fn lists_page_with_exact_cursors() {
     }
     let l = get(&gw.base, KEY_A, "/v1/messages/batches?limit=2").await;
     page(&l, &[&m[2], &m[1]], true);
-    let l = get(&gw.base, KEY_A, &format!("/v1/messages/batches?limit=2&after_id={}", m[1])).await;
+    let l = get(
+        &gw.base,
+        KEY_A,
+        &format!("/v1/messages/batches?limit=2&after_id={}", m[1]),
+    )
+    .await;
     page(&l, &[&m[0]], false);
-    let l = get(&gw.base, KEY_A, &format!("/v1/messages/batches?limit=1&before_id={}", m[0])).await;
+    let l = get(
+        &gw.base,
+        KEY_A,
+        &format!("/v1/messages/batches?limit=1&before_id={}", m[0]),
+    )
+    .await;
     page(&l, &[&m[1]], true);
-    let l = get(&gw.base, KEY_A, &format!("/v1/messages/batches?limit=5&before_id={}", m[0])).await;
+    let l = get(
+        &gw.base,
+        KEY_A,
+        &format!("/v1/messages/batches?limit=5&before_id={}", m[0]),
+    )
+    .await;
     page(&l, &[&m[2], &m[1]], false);
     // Each API lists only its own batches.
     let l = get(&gw.base, KEY_A, "/v1/batches?limit=100").await;

@@ -256,6 +256,7 @@ async fn run_item(
     // the item meanwhile): an item that has its result is not dispatched again.
     let redelivered = msg.info().map(|i| i.delivered > 1).unwrap_or(true);
     if (redelivered || item.try_no > 0) && store.has_result(&batch.id, item.index).await? {
+        tracing::info!(batch = %batch.id, index = item.index, "batch item already has its result; not run again");
         return Ok(Step::Done);
     }
     let request_id = item.request_id(batch.created_ms);
