@@ -93,6 +93,20 @@ async fn nats_restart_mid_batch_bills_once_and_reruns_at_most_the_window() {
     assert_eq!((out.len(), cids.len()), (ITEMS, ITEMS));
     // 400 × (10 × 2.5 + 2 × 10) / 1M × 50 %.
     assert_billed_once(&gw, &id, &out, "0.009").await;
+    // Every upstream row (the lost answers' included) joins its item's one charge row:
+    // reconciliation finds nothing.
+    let ledger = gw.ledger.clone().unwrap();
+    let r = eventually(Duration::from_secs(30), || {
+        let ledger = ledger.clone();
+        async move {
+            let r = switchyard_billing::reconcile(&ledger, 0, u64::MAX, 1000)
+                .await
+                .unwrap();
+            (r.counts.total() == 0).then_some(r)
+        }
+    })
+    .await;
+    assert_eq!(r.requests, ITEMS as u64);
     let calls = gw.mock.request_count();
     assert!(
         (ITEMS..=ITEMS + 16).contains(&calls),
