@@ -1,5 +1,6 @@
 //! Batch jobs under restarts and load: nats-server restarted in the middle of a batch (each
-//! item billed once, provider calls bounded by the in-flight window), a finished batch read
+//! item billed once, provider calls bounded by the in-flight window), the ingress running a
+//! batch restarted in the middle of it (every item run and billed once), a finished batch read
 //! 1,000 times at once through two ingress processes (never billed again), concurrent creates
 //! from two ingress processes for two tenants (each sees only its own), and list pages with exact
 //! cursors (`after`, `limit`, `has_more`, `first_id` / `last_id`, `before_id`, `order=asc`).
@@ -112,6 +113,87 @@ async fn nats_restart_mid_batch_bills_once_and_reruns_at_most_the_window() {
         (ITEMS..=ITEMS + 16).contains(&calls),
         "{calls} upstream calls for {ITEMS} items"
     );
+}
+
+/// Starts an ingress process's worth of state that runs batch items (its own config handle
+/// with `batch.run` on, while the gateway's own ingress has it off), served until `stop`; the
+/// handle ends once its drain (and its runner's items in flight) finished.
+async fn spawn_runner_ingress(
+    gw: &Gateway,
+    stop: tokio_util::sync::CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let mut config = (*gw.config.get()).clone();
+    config.batch.run = true;
+    let client = gw.nats_as(switchyard::nats_auth::Identity::Ingress).await;
+    let state = switchyard_ingress::state(
+        client,
+        switchyard_schemas::config::ConfigHandle::new(config),
+        &format!("ingress-{}", uuid::Uuid::now_v7().simple()),
+    )
+    .await
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    tokio::spawn(async move {
+        switchyard_ingress::serve(listener, state, stop.cancelled_owned())
+            .await
+            .unwrap();
+    })
+}
+
+/// The only ingress running a 300-item batch is restarted (drained and replaced by a new one)
+/// a third of the way through: the batch completes with 300 results, each item billed exactly
+/// once, and the provider saw exactly 300 calls — a drain lets the items in flight finish and
+/// leaves the rest on the queue for the next runner. (A SIGKILLed ingress: the e2e chaos test.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ingress_restart_mid_batch_runs_every_item_once() {
+    const ITEMS: usize = 300;
+    let (gw, _dir) =
+        gateway(json!({"batch": {"run": false, "max_in_flight": 16, "ack_wait_s": 3}})).await;
+    let first = tokio_util::sync::CancellationToken::new();
+    let runner = spawn_runner_ingress(&gw, first.clone()).await;
+    let input: Vec<String> = (0..ITEMS)
+        .map(|i| {
+            line(
+                &format!("g{i}"),
+                "#mock ttft_ms=20 prompt_tokens=10 completion_tokens=2\nhi",
+            )
+        })
+        .collect();
+    let file = upload(&gw.base, KEY_A, &input.join("\n")).await;
+    let batch = create_batch(&gw.base, KEY_A, file["id"].as_str().unwrap(), "24h").await;
+    let id = batch["id"].as_str().unwrap().to_owned();
+    eventually(Duration::from_secs(60), || {
+        let (base, id) = (gw.base.clone(), id.clone());
+        async move {
+            let b = try_retrieve(&base, KEY_A, &id).await?;
+            (b["request_counts"]["completed"].as_u64().unwrap() >= 100).then_some(())
+        }
+    })
+    .await;
+    first.cancel();
+    tokio::time::timeout(Duration::from_secs(60), runner)
+        .await
+        .unwrap()
+        .unwrap();
+    let stopped = crate::batch::retrieve(&gw.base, KEY_A, &id).await;
+    assert_eq!(stopped["status"], "in_progress");
+    let second = tokio_util::sync::CancellationToken::new();
+    let _runner = spawn_runner_ingress(&gw, second.clone()).await;
+    let done = crate::batch::wait_status(&gw.base, KEY_A, &id, "completed").await;
+    assert_eq!(
+        done["request_counts"],
+        json!({"total": ITEMS, "completed": ITEMS, "failed": 0})
+    );
+    let out = lines(&content(&gw.base, KEY_A, done["output_file_id"].as_str().unwrap()).await);
+    let cids: BTreeSet<&str> = out
+        .iter()
+        .map(|l| l["custom_id"].as_str().unwrap())
+        .collect();
+    assert_eq!((out.len(), cids.len()), (ITEMS, ITEMS));
+    // 300 × (10 × 2.5 + 2 × 10) / 1M × 50 %.
+    assert_billed_once(&gw, &id, &out, "0.00675").await;
+    assert_eq!(gw.mock.request_count(), ITEMS);
+    second.cancel();
 }
 
 async fn key_spend(gw: &Gateway, key_id: &str) -> Decimal {
