@@ -21,6 +21,40 @@ pub struct Caller {
     pub admin: bool,
 }
 
+/// The hand-over of a batch item's `charge` event: the request's [`Charge`] takes the sender
+/// when it starts and, once settled, sends the event here instead of publishing it; the batch
+/// runner publishes it when the try is the item's last and drops it when the item is retried
+/// (so a retried item leaves one `charge` row, its last try's, under its one request id).
+#[derive(Clone, Default)]
+pub struct ChargeSlot(Arc<parking_lot::Mutex<Option<tokio::sync::oneshot::Sender<UsageEvent>>>>);
+
+impl ChargeSlot {
+    /// A new slot and the receiver of the event its charge sends.
+    pub fn new() -> (Self, tokio::sync::oneshot::Receiver<UsageEvent>) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        (Self(Arc::new(parking_lot::Mutex::new(Some(tx)))), rx)
+    }
+
+    /// Takes the sender (`None` once taken).
+    pub fn take(&self) -> Option<tokio::sync::oneshot::Sender<UsageEvent>> {
+        self.0.lock().take()
+    }
+}
+
+impl PartialEq for ChargeSlot {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for ChargeSlot {}
+
+impl std::fmt::Debug for ChargeSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ChargeSlot")
+    }
+}
+
 /// Accumulates what the tenant is charged for one request; publishes once.
 pub struct Charge {
     app: Arc<AppState>,
@@ -33,6 +67,8 @@ pub struct Charge {
     reservation: Option<Reservation>,
     /// The key/tenant rate-limit hold, settled (and refunded after a 429) when it is published.
     rate: Option<RateHold>,
+    /// A batch item's: the event goes to its runner, not to JetStream ([`ChargeSlot`]).
+    sink: Option<tokio::sync::oneshot::Sender<UsageEvent>>,
 }
 
 impl Charge {
@@ -92,6 +128,7 @@ impl Charge {
             output_bytes: 0,
             reservation: None,
             rate: None,
+            sink: crate::route::take_batch_charge(),
         }
     }
 
@@ -183,6 +220,7 @@ impl Charge {
         let app = self.app.clone();
         let reservation = self.reservation.take();
         let rate = self.rate.take();
+        let sink = self.sink.take();
         // Tracked: shutdown waits for the settlement and the acknowledged publish.
         self.app.tasks.spawn(async move {
             if let Some(h) = rate {
@@ -215,7 +253,17 @@ impl Charge {
                     });
                 }
             }
-            app.usage.publish(e).await;
+            match sink {
+                // Never published from here: only the item's last try may write its charge key.
+                Some(tx) => {
+                    if tx.send(e).is_err() {
+                        tracing::warn!("batch item charge not taken (its runner gave up on the try; the item runs again)");
+                    }
+                }
+                None => {
+                    app.usage.publish(e).await;
+                }
+            }
         });
     }
 }

@@ -101,6 +101,11 @@ pub struct BatchConfig {
     /// A new item waits while this ingress has more than this many live requests in flight, so
     /// interactive traffic goes first (its bursts are what make the p99). Default 4.
     pub yield_above: u64,
+    /// How long a runner may hold an item without acknowledging it before JetStream hands it to
+    /// another runner (the items consumer's `ack_wait`, set when the consumer is created),
+    /// seconds. A running item reports progress every third of it, so only a dead runner's items
+    /// move. Default 60.
+    pub ack_wait_s: u64,
 }
 
 impl Default for BatchConfig {
@@ -109,6 +114,7 @@ impl Default for BatchConfig {
             run: true,
             max_in_flight: 8,
             yield_above: 4,
+            ack_wait_s: 60,
         }
     }
 }

@@ -11,10 +11,10 @@ use serde_json::{Value, json};
 use std::str::FromStr;
 use std::time::Duration;
 
-const KEY_A: &str = "sk-batch-tenant-a-0001";
-const KEY_B: &str = "sk-batch-tenant-b-0002";
+pub(crate) const KEY_A: &str = "sk-batch-tenant-a-0001";
+pub(crate) const KEY_B: &str = "sk-batch-tenant-b-0002";
 
-fn write_catalog(dir: &std::path::Path) -> String {
+pub(crate) fn write_catalog(dir: &std::path::Path) -> String {
     let path = dir.join("catalog.yaml");
     std::fs::write(
         &path,
@@ -26,7 +26,7 @@ fn write_catalog(dir: &std::path::Path) -> String {
     path.display().to_string()
 }
 
-async fn gateway(extra: Value) -> (Gateway, tempfile::TempDir) {
+pub(crate) async fn gateway(extra: Value) -> (Gateway, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = json!({
         "pricing_file": write_catalog(dir.path()),
@@ -58,14 +58,14 @@ async fn gateway(extra: Value) -> (Gateway, tempfile::TempDir) {
     (gw, dir)
 }
 
-fn line(custom_id: &str, content: &str) -> String {
+pub(crate) fn line(custom_id: &str, content: &str) -> String {
     json!({"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
            "body": {"model": "gpt-t", "messages": [{"role": "user", "content": content}]}})
     .to_string()
 }
 
 /// `POST /v1/files` as multipart/form-data (the SDKs' encoding), returns the file object.
-async fn upload(base: &str, key: &str, content: &str) -> Value {
+pub(crate) async fn upload(base: &str, key: &str, content: &str) -> Value {
     let boundary = "sybatchboundary42";
     let body = format!(
         "--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n\
@@ -87,7 +87,7 @@ async fn upload(base: &str, key: &str, content: &str) -> Value {
     resp.json().await.unwrap()
 }
 
-async fn call(
+pub(crate) async fn call(
     method: reqwest::Method,
     url: String,
     key: &str,
@@ -106,7 +106,7 @@ async fn call(
     )
 }
 
-async fn create_batch(base: &str, key: &str, file_id: &str, window: &str) -> Value {
+pub(crate) async fn create_batch(base: &str, key: &str, file_id: &str, window: &str) -> Value {
     create_batch_for(base, key, file_id, window, "/v1/chat/completions").await
 }
 
@@ -129,7 +129,7 @@ async fn create_batch_for(
     b
 }
 
-async fn retrieve(base: &str, key: &str, id: &str) -> Value {
+pub(crate) async fn retrieve(base: &str, key: &str, id: &str) -> Value {
     let (status, b) = call(
         reqwest::Method::GET,
         format!("{base}/v1/batches/{id}"),
@@ -141,7 +141,7 @@ async fn retrieve(base: &str, key: &str, id: &str) -> Value {
     b
 }
 
-async fn wait_status(base: &str, key: &str, id: &str, want: &str) -> Value {
+pub(crate) async fn wait_status(base: &str, key: &str, id: &str, want: &str) -> Value {
     eventually(Duration::from_secs(60), || async move {
         let b = retrieve(base, key, id).await;
         (b["status"] == want).then_some(b)
@@ -149,7 +149,7 @@ async fn wait_status(base: &str, key: &str, id: &str, want: &str) -> Value {
     .await
 }
 
-async fn content(base: &str, key: &str, file_id: &str) -> String {
+pub(crate) async fn content(base: &str, key: &str, file_id: &str) -> String {
     let resp = reqwest::Client::new()
         .get(format!("{base}/v1/files/{file_id}/content"))
         .bearer_auth(key)
@@ -160,14 +160,56 @@ async fn content(base: &str, key: &str, file_id: &str) -> String {
     resp.text().await.unwrap()
 }
 
-fn lines(text: &str) -> Vec<Value> {
+pub(crate) fn lines(text: &str) -> Vec<Value> {
     text.lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect()
 }
 
+/// Exactly one `charge` row per line of `out` (the output file's lines) for `batch_id`: every
+/// charge row of the batch is `ok` and under the request id its line names, and they sum to
+/// `total` USD. Waits for the rows to arrive, then checks no more than those exist.
+pub(crate) async fn assert_billed_once(gw: &Gateway, batch_id: &str, out: &[Value], total: &str) {
+    let rows = eventually(Duration::from_secs(30), || async move {
+        let rows = sqlx::query_as::<_, (String, String, Option<String>)>(
+            "SELECT request_id, status, cost_usd FROM usage_events \
+             WHERE batch_id = $1 AND kind = 'charge'",
+        )
+        .bind(batch_id)
+        .fetch_all(gw.ledger.as_ref().unwrap().pool())
+        .await
+        .unwrap();
+        (rows.len() >= out.len()).then_some(rows)
+    })
+    .await;
+    assert_eq!(rows.len(), out.len(), "charge rows of {batch_id}");
+    assert!(rows.iter().all(|r| r.1 == "ok"), "a charge row is not ok");
+    let charged: std::collections::BTreeSet<uuid::Uuid> =
+        rows.iter().map(|r| r.0.parse().unwrap()).collect();
+    let answered: std::collections::BTreeSet<uuid::Uuid> = out
+        .iter()
+        .map(|l| {
+            l["response"]["request_id"]
+                .as_str()
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(charged, answered);
+    let sum: Decimal = rows
+        .iter()
+        .map(|r| Decimal::from_str(r.2.as_deref().unwrap()).unwrap())
+        .sum();
+    assert_eq!(sum, Decimal::from_str(total).unwrap());
+}
+
 /// Charges (USD) the ledger holds for `batch_id`, once it holds `n` charge rows.
-async fn batch_charges(gw: &Gateway, batch_id: &str, n: usize) -> Vec<(String, String, Decimal)> {
+pub(crate) async fn batch_charges(
+    gw: &Gateway,
+    batch_id: &str,
+    n: usize,
+) -> Vec<(String, String, Decimal)> {
     let ledger = gw.ledger.clone().unwrap();
     let batch_id = batch_id.to_owned();
     eventually(Duration::from_secs(20), || {
@@ -492,8 +534,8 @@ async fn completion_window_expires_the_rest() {
 }
 
 /// The worker is stopped a third of the way through a 1,000-item batch and a new one started:
-/// the batch completes with 1,000 results, each item billed exactly once (one `ok` charge per
-/// item in the ledger, at the batch rate).
+/// the batch completes with 1,000 results, each item billed exactly once (exactly one charge
+/// row per item in the ledger — none for the tries that failed meanwhile — at the batch rate).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn worker_restart_mid_batch_loses_and_doubles_nothing() {
     let (mut gw, _dir) = gateway(json!({"batch": {"max_in_flight": 32}})).await;
@@ -538,31 +580,9 @@ async fn worker_restart_mid_batch_loses_and_doubles_nothing() {
         .map(|l| l["custom_id"].as_str().unwrap().to_owned())
         .collect();
     assert_eq!((out.len(), ids.len()), (1000, 1000));
-    // One `ok` charge per item; a try that failed while the worker was away is its own
-    // (error, $0) record under another request id.
-    let ledger = gw.ledger.clone().unwrap();
-    let ok: Vec<(String, Option<String>)> = eventually(Duration::from_secs(30), || {
-        let (ledger, id) = (ledger.clone(), id.clone());
-        async move {
-            let rows = sqlx::query_as::<_, (String, Option<String>)>(
-                "SELECT request_id, cost_usd FROM usage_events \
-                 WHERE batch_id = $1 AND kind = 'charge' AND status = 'ok'",
-            )
-            .bind(&id)
-            .fetch_all(ledger.pool())
-            .await
-            .unwrap();
-            (rows.len() >= 1000).then_some(rows)
-        }
-    })
-    .await;
-    assert_eq!(ok.len(), 1000);
-    let total: Decimal = ok
-        .iter()
-        .map(|(_, c)| Decimal::from_str(c.as_deref().unwrap()).unwrap())
-        .sum();
-    // 1,000 × (10 × 2.5 + 2 × 10) / 1M × 50 %.
-    assert_eq!(total, Decimal::from_str("0.0225").unwrap());
+    // Exactly one charge row per item (a try that failed while the worker was away left none),
+    // the one its result names, at the batch rate: 1,000 × (10 × 2.5 + 2 × 10) / 1M × 50 %.
+    assert_billed_once(&gw, &id, &out, "0.0225").await;
 }
 
 /// Anthropic Message Batches on the same machinery: create, retrieve, results as JSONL matched

@@ -5,6 +5,7 @@
 mod agents_compat;
 mod anthropic_front_door;
 mod batch;
+mod batch_scale;
 mod billing_faults;
 mod budgets;
 mod budgets_load;

@@ -5,10 +5,10 @@
 //! Anthropic's envelope.
 
 use super::records::{
-    Api, BatchRecord, Counts, FileRecord, ItemResult, Outcome, Status, batch_key, tenant_token,
+    Api, BatchRecord, Counts, FileRecord, ItemResult, Outcome, Status, batch_key, batch_list,
     valid_id,
 };
-use super::{FileSlot, Listing, not_found, store_error, store_of, submit};
+use super::{Cursor, FileSlot, not_found, store_error, store_of, submit};
 use crate::AppState;
 use crate::error::ApiError;
 use axum::Json;
@@ -181,47 +181,44 @@ pub async fn list(
     headers: HeaderMap,
     Query(q): Query<ListQuery>,
 ) -> Response {
-    let store = match store_of(&app) {
-        Ok(s) => s,
-        Err(e) => return fail(e),
-    };
-    let caller = crate::auth::current_caller();
-    let prefix = format!("b.{}.msgbatch_", tenant_token(caller.tenant.as_deref()));
-    let keys = match store.keys(&prefix).await {
-        Ok(k) => k,
-        Err(e) => return fail(store_error(e)),
-    };
-    let strip = |s: &Option<String>| {
-        s.as_deref()
-            .map(|a| a.trim_start_matches("msgbatch_").to_owned())
-    };
-    let page = match strip(&q.before_id) {
-        Some(before) => {
-            let mut p = Listing::page(keys, &prefix, Some(&before), q.limit, 1000, true);
-            p.keys.reverse();
-            p
+    let result = async {
+        let store = store_of(&app)?;
+        let tenant = crate::auth::current_caller().tenant;
+        let (id, ascending) = match &q.before_id {
+            Some(before) => (Some(before.as_str()), true),
+            None => (q.after_id.as_deref(), false),
+        };
+        let cursor = Cursor::of(&store, id, |id| batch_key(tenant.as_deref(), id)).await?;
+        let (mut batches, has_more) = cursor
+            .page::<BatchRecord>(
+                &store,
+                &batch_list(tenant.as_deref(), Api::Anthropic),
+                ascending,
+                q.limit.unwrap_or(20).clamp(1, 1000),
+                |b| b.list_seq,
+                |b| b.api == Api::Anthropic,
+            )
+            .await?;
+        if ascending {
+            batches.reverse();
         }
-        None => Listing::page(
-            keys,
-            &prefix,
-            strip(&q.after_id).as_deref(),
-            q.limit,
-            1000,
-            false,
-        ),
-    };
-    let base = base_url(&headers);
-    let mut data = Vec::new();
-    for key in &page.keys {
-        if let Ok(Some((b, _))) = store.batch(key).await {
-            let c = super::live_counts(&app, &b).await.unwrap_or(b.counts);
-            data.push(batch_json(&b, &c, &base));
+        let base = base_url(&headers);
+        let mut data = Vec::with_capacity(batches.len());
+        for b in &batches {
+            let c = super::live_counts(&app, b).await.unwrap_or(b.counts);
+            data.push(batch_json(b, &c, &base));
         }
+        let first = data.first().map(|d| d["id"].clone());
+        let last = data.last().map(|d| d["id"].clone());
+        Ok::<_, ApiError>(
+            json!({"data": data, "has_more": has_more, "first_id": first, "last_id": last}),
+        )
     }
-    let first = data.first().map(|d| d["id"].clone());
-    let last = data.last().map(|d| d["id"].clone());
-    Json(json!({"data": data, "has_more": page.has_more, "first_id": first, "last_id": last}))
-        .into_response()
+    .await;
+    match result {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => fail(e),
+    }
 }
 
 /// `POST /v1/messages/batches/{id}/cancel`.
@@ -333,6 +330,7 @@ pub fn result_files(
         filename: format!("{}_results.jsonl", b.id),
         purpose: "batch_output".into(),
         tenant: b.tenant.clone(),
+        list_seq: 0,
     };
     vec![(FileSlot::Output, file, out)]
 }

@@ -273,57 +273,67 @@ fn status_name(s: Status) -> String {
         .unwrap_or_default()
 }
 
-/// One page of a keyed listing.
-#[derive(Debug)]
-pub struct Listing {
-    /// Record keys of the page, in page order.
-    pub keys: Vec<String>,
-    /// More follow.
-    pub has_more: bool,
+/// Where a page starts, from the client's cursor id (`after`, `after_id`, `before_id`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cursor {
+    /// No cursor: from the newest (or the oldest).
+    Start,
+    /// After the record at this listing position.
+    At(u64),
+    /// The id is not one of the caller's records (another tenant's, deleted, malformed): an
+    /// empty page.
+    Unknown,
 }
 
-impl Listing {
-    /// The page after `after` (an id, compared without the key prefix) of `keys` (sorted
-    /// ascending), newest first unless `ascending`; `limit` defaults to 20, at most `max`.
-    pub fn page(
-        keys: Vec<String>,
-        prefix: &str,
-        after: Option<&str>,
-        limit: Option<usize>,
-        max: usize,
-        ascending: bool,
-    ) -> Self {
-        let limit = limit.unwrap_or(20).clamp(1, max);
-        let mut keys = keys;
-        if !ascending {
-            keys.reverse();
-        }
-        let start = match after {
-            None => 0,
-            Some(a) => keys
-                .iter()
-                .position(|k| {
-                    let id = k.strip_prefix(prefix).unwrap_or(k);
-                    if ascending { id > a } else { id < a }
-                })
-                .unwrap_or(keys.len()),
+impl Cursor {
+    /// The listing position of the caller's record `id` (KV key `key_of(id)`).
+    pub async fn of(
+        store: &BatchStore,
+        id: Option<&str>,
+        key_of: impl Fn(&str) -> String,
+    ) -> Result<Self, ApiError> {
+        let Some(id) = id else {
+            return Ok(Self::Start);
         };
-        let rest = &keys[start..];
-        Self {
-            keys: rest.iter().take(limit).cloned().collect(),
-            has_more: rest.len() > limit,
+        if !records::valid_id(id) {
+            return Ok(Self::Unknown);
+        }
+        match store.list_seq_of(&key_of(id)).await.map_err(store_error)? {
+            Some(n) => Ok(Self::At(n)),
+            None => Ok(Self::Unknown),
         }
     }
 
-    /// The OpenAI list object around `data`.
-    pub fn openai_list(&self, data: Vec<serde_json::Value>) -> serde_json::Value {
-        let first = data.first().map(|d| d["id"].clone());
-        let last = data.last().map(|d| d["id"].clone());
-        serde_json::json!({
-            "object": "list", "data": data, "first_id": first, "last_id": last,
-            "has_more": self.has_more,
-        })
+    /// One page of `list` from this cursor ([`BatchStore::page`]); empty for [`Self::Unknown`].
+    pub async fn page<T: serde::de::DeserializeOwned>(
+        self,
+        store: &BatchStore,
+        list: &str,
+        ascending: bool,
+        limit: usize,
+        seq_of: impl Fn(&T) -> u64,
+        keep: impl Fn(&T) -> bool,
+    ) -> Result<(Vec<T>, bool), ApiError> {
+        let after = match self {
+            Self::Start => None,
+            Self::At(n) => Some(n),
+            Self::Unknown => return Ok((Vec::new(), false)),
+        };
+        store
+            .page(list, after, ascending, limit, seq_of, keep)
+            .await
+            .map_err(store_error)
     }
+}
+
+/// The OpenAI list object around `data` (`first_id` / `last_id` from its ends).
+pub fn openai_list(data: Vec<serde_json::Value>, has_more: bool) -> serde_json::Value {
+    let first = data.first().map(|d| d["id"].clone());
+    let last = data.last().map(|d| d["id"].clone());
+    serde_json::json!({
+        "object": "list", "data": data, "first_id": first, "last_id": last,
+        "has_more": has_more,
+    })
 }
 
 /// Starts the batch runner of this ingress when `batch.run` is on and the store opened.
@@ -350,18 +360,5 @@ mod tests {
         assert!(parse_window("0h").is_err());
         assert!(parse_window("24").is_err());
         assert!(parse_window("200h").is_err());
-    }
-
-    #[test]
-    fn pages_newest_first_with_cursor() {
-        let keys: Vec<String> = (1..=5).map(|i| format!("p.{i}")).collect();
-        let p = Listing::page(keys.clone(), "p.", None, Some(2), 100, false);
-        assert_eq!(p.keys, vec!["p.5", "p.4"]);
-        assert!(p.has_more);
-        let p = Listing::page(keys.clone(), "p.", Some("4"), Some(2), 100, false);
-        assert_eq!(p.keys, vec!["p.3", "p.2"]);
-        let p = Listing::page(keys, "p.", Some("2"), Some(2), 100, false);
-        assert_eq!(p.keys, vec!["p.1"]);
-        assert!(!p.has_more);
     }
 }

@@ -4,10 +4,10 @@
 //! Everything is scoped to the caller's tenant: another tenant's id is a 404.
 
 use super::records::{
-    Api, BatchRecord, Counts, FileRecord, ItemResult, Outcome, batch_key, file_key, tenant_token,
-    valid_id,
+    Api, BatchRecord, Counts, FileRecord, ItemResult, Outcome, batch_key, batch_list, file_key,
+    file_list, valid_id,
 };
-use super::{FileSlot, Listing, new_id, not_found, parse_window, store_error, submit};
+use super::{Cursor, FileSlot, new_id, not_found, openai_list, parse_window, store_error, submit};
 use crate::AppState;
 use crate::error::ApiError;
 use axum::Json;
@@ -142,6 +142,7 @@ pub async fn upload(State(app): State<Arc<AppState>>, mut form: Multipart) -> Re
         filename: filename.unwrap_or_default(),
         purpose,
         tenant: caller.tenant.clone(),
+        list_seq: 0,
     };
     let key = file_key(caller.tenant.as_deref(), &record.id);
     match store.put_file(&key, &record, &content).await {
@@ -159,36 +160,32 @@ pub struct ListQuery {
     order: Option<String>,
 }
 
-/// `GET /v1/files`.
+/// `GET /v1/files` (newest first; `order=asc` oldest first; `purpose` filters).
 pub async fn list_files(State(app): State<Arc<AppState>>, Query(q): Query<ListQuery>) -> Response {
-    let store = match super::store_of(&app) {
-        Ok(s) => s,
-        Err(e) => return e.into_response(),
-    };
-    let caller = crate::auth::current_caller();
-    let prefix = format!("f.{}.", tenant_token(caller.tenant.as_deref()));
-    let keys = match store.keys(&prefix).await {
-        Ok(k) => k,
-        Err(e) => return store_error(e).into_response(),
-    };
-    let ascending = q.order.as_deref() == Some("asc");
-    let page = Listing::page(
-        keys,
-        &prefix,
-        q.after.as_deref(),
-        q.limit,
-        10_000,
-        ascending,
-    );
-    let mut data = Vec::new();
-    for key in &page.keys {
-        if let Ok(Some(f)) = store.file(key).await
-            && q.purpose.as_deref().is_none_or(|p| p == f.purpose)
-        {
-            data.push(file_json(&f));
-        }
+    let result = async {
+        let store = super::store_of(&app)?;
+        let tenant = crate::auth::current_caller().tenant;
+        let cursor = Cursor::of(&store, q.after.as_deref(), |id| {
+            file_key(tenant.as_deref(), id)
+        })
+        .await?;
+        let (files, has_more) = cursor
+            .page::<FileRecord>(
+                &store,
+                &file_list(tenant.as_deref()),
+                q.order.as_deref() == Some("asc"),
+                q.limit.unwrap_or(20).clamp(1, 10_000),
+                |f| f.list_seq,
+                |f| q.purpose.as_deref().is_none_or(|p| p == f.purpose),
+            )
+            .await?;
+        Ok::<_, ApiError>(openai_list(files.iter().map(file_json).collect(), has_more))
     }
-    Json(page.openai_list(data)).into_response()
+    .await;
+    match result {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
 }
 
 async fn owned_file(app: &AppState, id: &str) -> Result<FileRecord, ApiError> {
@@ -350,26 +347,35 @@ pub async fn retrieve(State(app): State<Arc<AppState>>, Path(id): Path<String>) 
 
 /// `GET /v1/batches?after&limit` (newest first).
 pub async fn list(State(app): State<Arc<AppState>>, Query(q): Query<ListQuery>) -> Response {
-    let store = match super::store_of(&app) {
-        Ok(s) => s,
-        Err(e) => return e.into_response(),
-    };
-    let caller = crate::auth::current_caller();
-    let prefix = format!("b.{}.batch_", tenant_token(caller.tenant.as_deref()));
-    let keys = match store.keys(&prefix).await {
-        Ok(k) => k,
-        Err(e) => return store_error(e).into_response(),
-    };
-    let after = q.after.as_deref().and_then(|a| a.strip_prefix("batch_"));
-    let page = Listing::page(keys, &prefix, after, q.limit, 100, false);
-    let mut data = Vec::new();
-    for key in &page.keys {
-        if let Ok(Some((b, _))) = store.batch(key).await {
-            let c = super::live_counts(&app, &b).await.unwrap_or(b.counts);
-            data.push(batch_json(&b, &c));
+    let result = async {
+        let store = super::store_of(&app)?;
+        let tenant = crate::auth::current_caller().tenant;
+        let cursor = Cursor::of(&store, q.after.as_deref(), |id| {
+            batch_key(tenant.as_deref(), id)
+        })
+        .await?;
+        let (batches, has_more) = cursor
+            .page::<BatchRecord>(
+                &store,
+                &batch_list(tenant.as_deref(), Api::OpenAi),
+                false,
+                q.limit.unwrap_or(20).clamp(1, 100),
+                |b| b.list_seq,
+                |b| b.api == Api::OpenAi,
+            )
+            .await?;
+        let mut data = Vec::with_capacity(batches.len());
+        for b in &batches {
+            let c = super::live_counts(&app, b).await.unwrap_or(b.counts);
+            data.push(batch_json(b, &c));
         }
+        Ok::<_, ApiError>(openai_list(data, has_more))
     }
-    Json(page.openai_list(data)).into_response()
+    .await;
+    match result {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
 }
 
 /// `POST /v1/batches/{id}/cancel`: status `cancelling`; in-flight items finish, the rest are
@@ -443,6 +449,7 @@ pub fn result_files(
         ),
         purpose: "batch_output".into(),
         tenant: b.tenant.clone(),
+        list_seq: 0,
     };
     let mut files = Vec::new();
     if !out.is_empty() {

@@ -23,6 +23,9 @@ pub struct FileRecord {
     pub purpose: String,
     /// Owning tenant (`None` while authentication is off).
     pub tenant: Option<String>,
+    /// Position in the tenant's file listing (1, 2, …; set by the store when it is written).
+    #[serde(default)]
+    pub list_seq: u64,
 }
 
 /// Which API created a batch, and so how it is rendered.
@@ -181,6 +184,10 @@ pub struct BatchRecord {
     /// Token totals of the items that ran.
     #[serde(default)]
     pub usage: BatchUsage,
+    /// Position in the tenant's batch listing of its API (1, 2, …; set by the store when it is
+    /// created).
+    #[serde(default)]
+    pub list_seq: u64,
 }
 
 impl BatchRecord {
@@ -223,6 +230,7 @@ impl BatchRecord {
             error_file_id: None,
             errors: Vec::new(),
             usage: BatchUsage::default(),
+            list_seq: 0,
         }
     }
 
@@ -257,20 +265,29 @@ pub struct Item {
     pub not_before_ms: u64,
 }
 
+/// Wire attempt numbers reserved per try of an item: try `t`'s attempts (one per target it
+/// tries) are numbered from `t × ATTEMPTS_PER_TRY`, so every upstream call of every try keeps its
+/// own `upstream` ledger key (request id, kind, attempt) under the item's one request id.
+pub const ATTEMPTS_PER_TRY: u32 = 100;
+
 impl Item {
     /// The item's request id: a UUIDv7 at the batch's creation time whose random bits are a hash
-    /// of (batch id, `custom_id`, try number). A redelivered message (a runner died after the
-    /// upstream call) re-runs with the same id, so the ledger keeps one usage record of it.
+    /// of (batch id, `custom_id`) — the same for every try and every redelivery, so the item has
+    /// one `charge` ledger key (request id, `charge`, 0) and so at most one charge row.
     pub fn request_id(&self, batch_created_ms: u64) -> Uuid {
         let mut h = Sha256::new();
         h.update(self.batch_id.as_bytes());
         h.update([0]);
         h.update(self.custom_id.as_bytes());
-        h.update(self.try_no.to_be_bytes());
         let digest = h.finalize();
         let mut random = [0u8; 10];
         random.copy_from_slice(&digest[..10]);
         uuid::Builder::from_unix_timestamp_millis(batch_created_ms, &random).into_uuid()
+    }
+
+    /// The first wire attempt number of this try ([`ATTEMPTS_PER_TRY`]).
+    pub fn attempt_base(&self) -> u32 {
+        self.try_no.saturating_mul(ATTEMPTS_PER_TRY)
     }
 }
 
@@ -330,6 +347,20 @@ pub fn tenant_token(tenant: Option<&str>) -> String {
             d[..8].iter().map(|b| format!("{b:02x}")).collect()
         }
     }
+}
+
+/// The listing index of `tenant`'s files ([`super::store::BatchStore::page`]).
+pub fn file_list(tenant: Option<&str>) -> String {
+    format!("{}.f", tenant_token(tenant))
+}
+
+/// The listing index of `tenant`'s batches of `api` (each API lists only its own).
+pub fn batch_list(tenant: Option<&str>, api: Api) -> String {
+    let kind = match api {
+        Api::OpenAi => "batch",
+        Api::Anthropic => "msgbatch",
+    };
+    format!("{}.{kind}", tenant_token(tenant))
 }
 
 /// KV key of a batch record.
@@ -396,7 +427,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn request_ids_are_stable_per_try_and_differ_between_tries() {
+    fn request_ids_are_stable_across_tries_and_attempts_are_not() {
         let item = |try_no| Item {
             batch_id: "batch_1".into(),
             batch_key: "b._.batch_1".into(),
@@ -409,8 +440,9 @@ mod tests {
         };
         let t = 1_764_000_000_000;
         assert_eq!(item(0).request_id(t), item(0).request_id(t));
-        assert_ne!(item(0).request_id(t), item(1).request_id(t));
+        assert_eq!(item(0).request_id(t), item(1).request_id(t));
         assert_eq!(item(0).request_id(t).get_version_num(), 7);
+        assert_eq!((item(0).attempt_base(), item(2).attempt_base()), (0, 200));
     }
 
     #[test]

@@ -12,14 +12,21 @@
 //! while this ingress has more than `batch.yield_above` live requests in flight, so interactive
 //! traffic goes first and batches use what is left.
 //!
-//! **Exactly once.** The item message is acknowledged only after its result is stored; a runner
-//! that dies before leaves the message to be redelivered (after the consumer's `ack_wait`), which
-//! re-runs it with the same request id: the ledger keeps one record per (request id, kind,
-//! attempt) and the results stream one result per index. A retryable failure (429, 5xx, timeout)
-//! is not a result: the item is queued again as try `n + 1` after a backoff (a new request id, so
-//! its usage is its own) — for a 429 (workers refuse batch items beyond half of each target
-//! limit, `switchyard_workers::limits::BATCH_SHARE`) until the window ends, for the others up to
-//! [`MAX_TRIES`]; then its error is the result.
+//! **Exactly once.** An item has one request id for all its tries and redeliveries
+//! ([`Item::request_id`]); try `t` numbers its upstream attempts from `t × ATTEMPTS_PER_TRY`, so
+//! every upstream call keeps its own `upstream` ledger row under that id. The request's `charge`
+//! event comes back to the runner ([`ChargeSlot`]) instead of going out: a retryable failure
+//! (429, 408, 5xx) is not a result — the item is queued again as try `n + 1` after a backoff
+//! and this try's charge is dropped — for a 429 (workers refuse batch items beyond half of each
+//! target limit, `switchyard_workers::limits::BATCH_SHARE`) until the window ends, for the others
+//! up to [`MAX_TRIES`]. The last try publishes its charge, then stores the result, then
+//! acknowledges the message, so each executed item leaves exactly one `charge` row whatever
+//! dies when. A runner that dies before the acknowledgement leaves the message to be redelivered
+//! (after the consumer's `ack_wait`); a redelivered message, or a later try, whose item already
+//! has a stored result ([`BatchStore::has_result`]) is acknowledged without running. What can
+//! still reach the provider twice is a call in flight when its answer was lost (the worker or
+//! nats-server died after the upstream answered): at most the items in flight then
+//! (`batch.max_in_flight` per ingress) — billed once all the same.
 //!
 //! **Sweeper** (every [`SWEEP_EVERY`]): for each active batch, marks it expiring once
 //! `expires_at` passes (items still queued then end as `expired` without running), and when no
@@ -29,7 +36,7 @@
 use super::records::{BatchRecord, Item, ItemResult, Outcome, Status, usage_of};
 use super::store::{BatchStore, RUNNER_CONSUMER, StoreError};
 use crate::AppState;
-use crate::charge::Caller;
+use crate::charge::{Caller, ChargeSlot};
 use crate::route::{BatchItem, RequestHints};
 use async_nats::jetstream::{AckKind, consumer};
 use axum::http::HeaderMap;
@@ -38,22 +45,20 @@ use bytes::Bytes;
 use futures::StreamExt;
 use std::sync::Arc;
 use std::time::Duration;
-use switchyard_schemas::now_ms;
+use switchyard_schemas::{UsageEvent, now_ms};
 use tokio_util::sync::CancellationToken;
 
 /// Tries per item before a retryable error becomes its result.
 pub const MAX_TRIES: u32 = 5;
 /// How often the sweeper looks at active batches.
 pub const SWEEP_EVERY: Duration = Duration::from_millis(500);
-/// The consumer's `ack_wait`: a runner that died leaves its items to others after this.
-const ACK_WAIT: Duration = Duration::from_secs(60);
-/// A running item tells JetStream it is alive this often (`+WPI`), so long items are not
-/// redelivered while they run.
-const PROGRESS_EVERY: Duration = Duration::from_secs(20);
 /// A batch stuck in `finalizing` this long (its finalizer died) is finalized again.
 const REFINALIZE_AFTER_S: u64 = 30;
 /// A batch still `validating` this long after creation was abandoned by its submitter.
 const ABANDONED_AFTER_S: u64 = 300;
+/// Longest wait for an item's charge event after its answer was read (its budget settlement
+/// runs first); beyond it the try counts as unfinished and runs again.
+const CHARGE_WAIT: Duration = Duration::from_secs(30);
 /// Largest response body kept as a result, bytes.
 const MAX_RESULT_BYTES: usize = 64 * 1024 * 1024;
 
@@ -66,7 +71,7 @@ pub async fn run(app: Arc<AppState>, store: Arc<BatchStore>, stop: CancellationT
             consumer::pull::Config {
                 durable_name: Some(RUNNER_CONSUMER.into()),
                 ack_policy: consumer::AckPolicy::Explicit,
-                ack_wait: ACK_WAIT,
+                ack_wait: ack_wait(&app),
                 max_ack_pending: 100_000,
                 ..Default::default()
             },
@@ -157,6 +162,12 @@ pub async fn run(app: Arc<AppState>, store: Arc<BatchStore>, stop: CancellationT
     tasks.wait().await;
 }
 
+/// The items consumer's `ack_wait` (`batch.ack_wait_s`, at least 1 s): a runner that died
+/// leaves its items to others after this.
+fn ack_wait(app: &AppState) -> Duration {
+    Duration::from_secs(app.config.get().batch.ack_wait_s.max(1))
+}
+
 /// Waits while this ingress serves more live requests than `batch.yield_above` (the in-flight
 /// count includes up to `max_in_flight` batch items of its own).
 async fn yield_to_live(app: &AppState, stop: &CancellationToken) {
@@ -239,14 +250,24 @@ async fn run_item(
         // Not yet: give the slot back and come back after the backoff.
         return Ok(Step::Later(Duration::from_millis(wait)));
     }
+    // A redelivered message (its runner died, or its acknowledgement was lost with nats-server,
+    // after the result was stored) or a later try (an earlier one's redelivery may have ended
+    // the item meanwhile): an item that has its result is not dispatched again.
+    let redelivered = msg.info().map(|i| i.delivered > 1).unwrap_or(true);
+    if (redelivered || item.try_no > 0) && store.has_result(&batch.id, item.index).await? {
+        tracing::info!(batch = %batch.id, index = item.index, "batch item already has its result; not run again");
+        return Ok(Step::Done);
+    }
     let request_id = item.request_id(batch.created_ms);
     let run = execute(app, &batch, item, request_id);
     tokio::pin!(run);
-    let mut progress = tokio::time::interval(PROGRESS_EVERY);
+    // A running item tells JetStream it is alive (`+WPI`) three times per `ack_wait`, so long
+    // items are not redelivered while they run.
+    let mut progress = tokio::time::interval(ack_wait(app) / 3);
     progress.tick().await;
-    let (status, body) = loop {
+    let (status, body, charge) = loop {
         tokio::select! {
-            r = &mut run => break r,
+            r = &mut run => break r?,
             _ = progress.tick() => { let _ = msg.ack_with(AckKind::Progress).await; }
         }
     };
@@ -267,7 +288,19 @@ async fn run_item(
         };
         next.not_before_ms = now_ms() + backoff_ms;
         store.enqueue(&next).await?;
+        // This try's charge is dropped: the item's one charge is its last try's. (Its budget
+        // reservation was settled at this try's usage — $0 for a 429, 408 or 5xx answer.)
+        drop(charge);
         return Ok(Step::Done);
+    }
+    // The charge first, then the result: a crash in between re-runs the item under the same
+    // request id, whose charge the ledger already holds (one row per item either way).
+    if let Some(event) = charge
+        && !app.usage.publish(event.clone()).await
+    {
+        return Err(StoreError::Nats(
+            "batch item charge neither acknowledged nor spooled".into(),
+        ));
     }
     let outcome = if status == 200 {
         Outcome::Succeeded
@@ -291,13 +324,16 @@ async fn run_item(
     Ok(Step::Done)
 }
 
-/// Runs one item through its endpoint's live handler as the batch's owner; (HTTP status, body).
+/// Runs one item through its endpoint's live handler as the batch's owner: (HTTP status, body,
+/// the request's charge event — `None` when it was refused before admission, so never charged).
+/// Fails when the charge did not arrive within [`CHARGE_WAIT`] (the item runs again).
 async fn execute(
     app: &Arc<AppState>,
     batch: &BatchRecord,
     item: &Item,
     request_id: uuid::Uuid,
-) -> (u16, serde_json::Value) {
+) -> Result<(u16, serde_json::Value, Option<UsageEvent>), StoreError> {
+    let (slot, charge) = ChargeSlot::new();
     let caller = Caller {
         tenant: batch.tenant.clone(),
         key_id: batch.key_id.clone(),
@@ -307,6 +343,8 @@ async fn execute(
         batch: Some(BatchItem {
             batch_id: batch.id.clone(),
             request_id,
+            attempt_base: item.attempt_base(),
+            charge: slot.clone(),
         }),
         ..RequestHints::default()
     };
@@ -336,7 +374,19 @@ async fn execute(
         }
     };
     let resp = crate::auth::as_caller(caller, crate::route::with_hints(hints, fut)).await;
-    read_response(resp).await
+    let (status, body) = read_response(resp).await;
+    // No charge started: the sender is still here; dropping it ends the wait at once.
+    drop(slot.take());
+    let charge = match tokio::time::timeout(CHARGE_WAIT, charge).await {
+        Ok(Ok(event)) => Some(event),
+        Ok(Err(_)) => None,
+        Err(_) => {
+            return Err(StoreError::Nats(format!(
+                "batch item charge not settled within {CHARGE_WAIT:?}"
+            )));
+        }
+    };
+    Ok((status, body, charge))
 }
 
 async fn read_response(resp: Response) -> (u16, serde_json::Value) {

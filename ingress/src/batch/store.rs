@@ -5,13 +5,16 @@
 //! |---|---|
 //! | file contents | object store [`FILES_BUCKET`], object name = file id |
 //! | file and batch records | KV [`RECORDS_BUCKET`], keys `f.<tenant>.<id>` / `b.<tenant>.<id>` ([`super::records::batch_key`]) |
+//! | listings (per tenant: files, OpenAI batches, Anthropic batches) | KV [`RECORDS_BUCKET`]: counter `n.<list>`, entries `i.<list>.<n>` = record key ([`BatchStore::page`]) |
 //! | batches not yet terminal | KV [`ACTIVE_BUCKET`], key = batch id, value = the record's key |
 //! | items to run | work-queue stream [`ITEMS_STREAM`] on `<prefix>.batch.item.<batch>`, removed when acknowledged |
-//! | item results | stream [`RESULTS_STREAM`] on `<prefix>.batch.result.<batch>.<outcome>`, `Nats-Msg-Id` = `<batch>.<index>` |
+//! | item results | stream [`RESULTS_STREAM`] on `<prefix>.batch.result.<batch>.<outcome>.<index>`, `Nats-Msg-Id` = `<batch>.<index>` |
 //!
 //! The results stream's duplicate window ([`RESULT_DEDUP`]) is longer than an item's
 //! redelivery delay, so an item that ran twice (its runner died before acknowledging) stores one
-//! result; per-subject message counts give the live progress without reading the results.
+//! result; per-subject message counts give the live progress without reading the results, and
+//! the index in the subject lets a runner see that a redelivered item already has its result
+//! ([`BatchStore::has_result`]) before it dispatches it again.
 
 use super::records::{BatchRecord, FileRecord, Item, ItemResult, Outcome};
 use async_nats::jetstream::{self, kv, object_store, stream};
@@ -175,7 +178,9 @@ impl BatchStore {
         self.get_json(key).await
     }
 
-    /// Stores a new file: content first, then its record (a record never points at nothing).
+    /// Stores a file: content first, then its record (a record never points at nothing), listed
+    /// in its tenant's file listing (a file written again, e.g. by a re-finalization, keeps its
+    /// place).
     pub async fn put_file(
         &self,
         key: &str,
@@ -187,7 +192,15 @@ impl BatchStore {
             .put(record.id.as_str(), &mut reader)
             .await
             .map_err(nats)?;
-        let json = serde_json::to_vec(record).map_err(nats)?;
+        let mut record = record.clone();
+        record.list_seq = match self.file(key).await? {
+            Some(old) if old.list_seq > 0 => old.list_seq,
+            _ => {
+                let list = super::records::file_list(record.tenant.as_deref());
+                self.list_add(&list, key).await?
+            }
+        };
+        let json = serde_json::to_vec(&record).map_err(nats)?;
         self.records.put(key, json.into()).await.map_err(nats)?;
         Ok(())
     }
@@ -200,7 +213,8 @@ impl BatchStore {
         Ok(out.into())
     }
 
-    /// Deletes a file's record and content.
+    /// Deletes a file's record and content (its listing entry then points at nothing and is
+    /// skipped).
     pub async fn delete_file(&self, key: &str, id: &str) -> Result<(), StoreError> {
         self.records.delete(key).await.map_err(nats)?;
         if let Err(e) = self.files.delete(id).await {
@@ -214,25 +228,135 @@ impl BatchStore {
         self.records.delete(key).await.map_err(nats)
     }
 
-    /// Record keys starting with `prefix` (e.g. `b.<tenant>.`), sorted.
-    pub async fn keys(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
-        let mut keys: Vec<String> = self
-            .records
-            .keys()
-            .await
-            .map_err(nats)?
-            .try_filter(|k| futures::future::ready(k.starts_with(prefix)))
-            .try_collect()
-            .await
-            .map_err(nats)?;
-        keys.sort();
-        Ok(keys)
+    /// Creates a batch record (fails when the key exists), listed in its tenant's batch
+    /// listing of its API; returns its revision.
+    pub async fn create_batch(&self, key: &str, record: &BatchRecord) -> Result<u64, StoreError> {
+        let mut record = record.clone();
+        let list = super::records::batch_list(record.tenant.as_deref(), record.api);
+        record.list_seq = self.list_add(&list, key).await?;
+        let json = serde_json::to_vec(&record).map_err(nats)?;
+        self.records.create(key, json.into()).await.map_err(nats)
     }
 
-    /// Creates a batch record (fails when the key exists).
-    pub async fn create_batch(&self, key: &str, record: &BatchRecord) -> Result<u64, StoreError> {
-        let json = serde_json::to_vec(record).map_err(nats)?;
-        self.records.create(key, json.into()).await.map_err(nats)
+    // ---- listings ----
+
+    /// The `list_seq` of the record under `key` (`None` when there is none).
+    pub async fn list_seq_of(&self, key: &str) -> Result<Option<u64>, StoreError> {
+        Ok(self
+            .get_json::<serde_json::Value>(key)
+            .await?
+            .map(|(v, _)| v["list_seq"].as_u64().unwrap_or(0)))
+    }
+
+    /// Appends record `key` to listing `list`: allocates the next position `n` (a counter under
+    /// `n.<list>`, compare-and-set) and writes `i.<list>.<n>` = `key`; returns `n`. The record
+    /// must then be written with `list_seq = n`: an entry whose record is missing or carries
+    /// another position (deleted, or a writer that died in between) is skipped by [`Self::page`].
+    async fn list_add(&self, list: &str, key: &str) -> Result<u64, StoreError> {
+        let counter = format!("n.{list}");
+        let n = loop {
+            match self.records.entry(&counter).await.map_err(nats)? {
+                Some(e) if e.operation == kv::Operation::Put => {
+                    let n = std::str::from_utf8(&e.value)
+                        .ok()
+                        .and_then(|v| v.parse::<u64>().ok())
+                        .ok_or_else(|| StoreError::Corrupt {
+                            key: counter.clone(),
+                            reason: "not a number".into(),
+                        })?
+                        + 1;
+                    match self
+                        .records
+                        .update(&counter, n.to_string().into(), e.revision)
+                        .await
+                    {
+                        Ok(_) => break n,
+                        Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => continue,
+                        Err(e) => return Err(nats(e)),
+                    }
+                }
+                _ => match self.records.create(&counter, "1".into()).await {
+                    Ok(_) => break 1,
+                    Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => continue,
+                    Err(e) => return Err(nats(e)),
+                },
+            }
+        };
+        self.records
+            .put(format!("i.{list}.{n}"), key.to_owned().into())
+            .await
+            .map_err(nats)?;
+        Ok(n)
+    }
+
+    /// One page of listing `list`: up to `limit` records that `keep` accepts, newest first
+    /// (`ascending`: oldest first), starting after position `after` (a record's `list_seq`;
+    /// `None`: from the newest, or the oldest), and whether more follow. Reads the counter, then
+    /// the entries and records of the page (plus one, to know `has_more`) — the cost is the
+    /// page's, not the listing's (entries skipped as deleted or filtered out add to it).
+    pub async fn page<T: serde::de::DeserializeOwned>(
+        &self,
+        list: &str,
+        after: Option<u64>,
+        ascending: bool,
+        limit: usize,
+        seq_of: impl Fn(&T) -> u64,
+        keep: impl Fn(&T) -> bool,
+    ) -> Result<(Vec<T>, bool), StoreError> {
+        let head = match self.records.get(format!("n.{list}")).await.map_err(nats)? {
+            Some(v) => std::str::from_utf8(&v)
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0),
+            None => 0,
+        };
+        // The next position to look at (positions run 1..=head); 0 or beyond head: none left.
+        let mut next = match (ascending, after) {
+            (false, None) => head,
+            (false, Some(a)) => a.saturating_sub(1).min(head),
+            (true, None) => 1,
+            (true, Some(a)) => a.saturating_add(1),
+        };
+        let mut out = Vec::new();
+        let want = limit + 1;
+        loop {
+            let mut seqs = Vec::new();
+            while seqs.len() < want - out.len() && (1..=head).contains(&next) {
+                seqs.push(next);
+                next = if ascending { next + 1 } else { next - 1 };
+            }
+            if seqs.is_empty() {
+                break;
+            }
+            let found = futures::future::join_all(seqs.iter().map(|n| async move {
+                let Some(key) = self
+                    .records
+                    .get(format!("i.{list}.{n}"))
+                    .await
+                    .map_err(nats)?
+                else {
+                    return Ok(None);
+                };
+                let key = String::from_utf8_lossy(&key).into_owned();
+                Ok::<_, StoreError>(self.get_json::<T>(&key).await?.map(|(v, _)| v))
+            }))
+            .await;
+            for (n, r) in seqs.iter().zip(found) {
+                if let Some(v) = r?
+                    && seq_of(&v) == *n
+                    && keep(&v)
+                    && out.len() < want
+                {
+                    out.push(v);
+                }
+            }
+            if out.len() >= want {
+                break;
+            }
+        }
+        let has_more = out.len() > limit;
+        out.truncate(limit);
+        Ok((out, has_more))
     }
 
     /// Writes `record` if the stored revision is still `revision`: `Ok(None)` when another
@@ -349,6 +473,25 @@ impl BatchStore {
         format!("{}.batch.result.{batch_id}", self.prefix)
     }
 
+    fn result_subject(&self, batch_id: &str, outcome: Outcome, index: u64) -> String {
+        format!(
+            "{}.{}.{index}",
+            self.result_prefix(batch_id),
+            outcome.as_str()
+        )
+    }
+
+    /// Whether item `index` of `batch_id` has a stored result (one stream lookup of the last
+    /// message on `<prefix>.batch.result.<batch>.*.<index>`).
+    pub async fn has_result(&self, batch_id: &str, index: u64) -> Result<bool, StoreError> {
+        let subject = format!("{}.*.{index}", self.result_prefix(batch_id));
+        match self.results.get_last_raw_message_by_subject(&subject).await {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => Ok(false),
+            Err(e) => Err(nats(e)),
+        }
+    }
+
     /// Stores an item's result (acknowledged; a second result for the same index within
     /// [`RESULT_DEDUP`] is dropped by the stream).
     pub async fn append_result(
@@ -362,11 +505,7 @@ impl BatchStore {
             "Nats-Msg-Id",
             format!("{batch_id}.{}", result.index).as_str(),
         );
-        let subject = format!(
-            "{}.{}",
-            self.result_prefix(batch_id),
-            result.outcome.as_str()
-        );
+        let subject = self.result_subject(batch_id, result.outcome, result.index);
         self.js
             .publish_with_headers(subject, headers, payload.into())
             .await
@@ -386,8 +525,12 @@ impl BatchStore {
             .await
             .map_err(nats)?;
         let mut out = HashMap::new();
+        let head = format!("{}.", self.result_prefix(batch_id));
         while let Some((subject, count)) = info.try_next().await.map_err(nats)? {
-            let outcome = match subject.rsplit('.').next() {
+            let token = subject
+                .strip_prefix(&head)
+                .and_then(|rest| rest.split('.').next());
+            let outcome = match token {
                 Some("succeeded") => Outcome::Succeeded,
                 Some("errored") => Outcome::Errored,
                 Some("canceled") => Outcome::Canceled,

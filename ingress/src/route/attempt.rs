@@ -71,6 +71,8 @@ pub async fn attempts<'c, D: Dispatch>(
     let mut last_err: Option<ErrorInfo> = None;
     // The soonest retry any 429 failure (a target's own limits, or the upstream's) suggested.
     let mut soonest: Option<u64> = None;
+    // A batch item's later try numbers its attempts after the earlier tries' (same request id).
+    let base = crate::route::current_attempt_base();
     for (n, target) in (0u32..).zip(targets) {
         if let Some(e) = dispatch.expired(target) {
             last_err = Some(e);
@@ -79,7 +81,7 @@ pub async fn attempts<'c, D: Dispatch>(
         ledger.charge.attempt(&target.id, &target.upstream_model, n);
         ledger.outcome.attempt(&target.id);
         let in_flight = app.stats.start(&target.id, &app.metrics);
-        match dispatch.attempt(target, n).await {
+        match dispatch.attempt(target, base.saturating_add(n)).await {
             Ok(committed) => {
                 app.health.success(&target.id);
                 return Ok(Won {

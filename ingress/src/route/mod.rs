@@ -105,9 +105,16 @@ pub struct RequestHints {
 pub struct BatchItem {
     /// The batch id (`batch_…` or `msgbatch_…`).
     pub batch_id: String,
-    /// The item's request id, derived from the batch id, the `custom_id` and the try number, so
-    /// a redelivered item that already ran writes the same usage keys (the ledger keeps one).
+    /// The item's request id, derived from the batch id and the `custom_id` (the same for every
+    /// try of the item), so a re-run writes the same usage keys (the ledger keeps one).
     pub request_id: Uuid,
+    /// Added to the wire attempt numbers of this try (`try_no ×
+    /// crate::batch::records::ATTEMPTS_PER_TRY`), so each try's `upstream` rows keep their own
+    /// ledger keys under the item's one request id.
+    pub attempt_base: u32,
+    /// Where the request's `charge` event goes instead of JetStream: the runner publishes it
+    /// once it knows this try is the item's last ([`crate::charge::ChargeSlot`]).
+    pub charge: crate::charge::ChargeSlot,
 }
 
 impl RequestHints {
@@ -179,6 +186,23 @@ pub fn current_hints() -> RequestHints {
 pub fn current_batch_id() -> Option<String> {
     HINTS
         .try_with(|h| h.batch.as_ref().map(|b| b.batch_id.clone()))
+        .ok()
+        .flatten()
+}
+
+/// The offset of the wire attempt numbers of the request being handled (0 for live traffic;
+/// see [`BatchItem::attempt_base`]).
+pub fn current_attempt_base() -> u32 {
+    HINTS
+        .try_with(|h| h.batch.as_ref().map_or(0, |b| b.attempt_base))
+        .unwrap_or(0)
+}
+
+/// Takes the charge sender of the batch item being handled (`None` for live traffic, or when
+/// a charge of this request already took it).
+pub fn take_batch_charge() -> Option<tokio::sync::oneshot::Sender<switchyard_schemas::UsageEvent>> {
+    HINTS
+        .try_with(|h| h.batch.as_ref().and_then(|b| b.charge.take()))
         .ok()
         .flatten()
 }

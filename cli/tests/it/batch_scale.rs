@@ -1,0 +1,489 @@
+//! Batch jobs under restarts and load: nats-server restarted in the middle of a batch (each
+//! item billed once, provider calls bounded by the in-flight window), the ingress running a
+//! batch restarted in the middle of it (every item run and billed once), a finished batch read
+//! 1,000 times at once through two ingress processes (never billed again), concurrent creates
+//! from two ingress processes for two tenants (each sees only its own), and list pages with exact
+//! cursors (`after`, `limit`, `has_more`, `first_id` / `last_id`, `before_id`, `order=asc`).
+
+use crate::batch::{
+    KEY_A, KEY_B, assert_billed_once, call, content, create_batch, gateway, line, lines, upload,
+};
+use crate::common::{Gateway, eventually, spawn_ingress};
+use rust_decimal::Decimal;
+use serde_json::{Value, json};
+use std::collections::BTreeSet;
+use std::str::FromStr;
+use std::time::Duration;
+use switchyard_ingress::budget::Scope;
+use switchyard_schemas::tenancy::Budget;
+
+/// The batch, or `None` while the gateway cannot answer (nats-server restarting).
+async fn try_retrieve(base: &str, key: &str, id: &str) -> Option<Value> {
+    let (status, b) = call(
+        reqwest::Method::GET,
+        format!("{base}/v1/batches/{id}"),
+        key,
+        None,
+    )
+    .await;
+    (status == 200).then_some(b)
+}
+
+async fn get(base: &str, key: &str, path: &str) -> Value {
+    let (status, v) = call(reqwest::Method::GET, format!("{base}{path}"), key, None).await;
+    assert_eq!(status, 200, "{path}: {v}");
+    v
+}
+
+fn ids(list: &Value) -> Vec<String> {
+    list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// nats-server is killed and restarted (same port, same JetStream store) a quarter of the way
+/// through a 400-item batch: the batch completes with 400 results, the ledger holds exactly one
+/// `ok` charge per item (the one its result names) summing to the exact batch-rate cost, and the
+/// provider saw at most the items plus the in-flight window (`batch.max_in_flight` = 16): an
+/// item whose result was stored before the restart is not dispatched again when its message is
+/// redelivered; only calls whose answers were in flight may run twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn nats_restart_mid_batch_bills_once_and_reruns_at_most_the_window() {
+    const ITEMS: usize = 400;
+    let (mut gw, _dir) = gateway(json!({"batch": {"max_in_flight": 16, "ack_wait_s": 3}})).await;
+    let input: Vec<String> = (0..ITEMS)
+        .map(|i| {
+            line(
+                &format!("n{i}"),
+                "#mock ttft_ms=20 prompt_tokens=10 completion_tokens=2\nhi",
+            )
+        })
+        .collect();
+    let file = upload(&gw.base, KEY_A, &input.join("\n")).await;
+    let batch = create_batch(&gw.base, KEY_A, file["id"].as_str().unwrap(), "24h").await;
+    let id = batch["id"].as_str().unwrap().to_owned();
+    eventually(Duration::from_secs(60), || {
+        let (base, id) = (gw.base.clone(), id.clone());
+        async move {
+            let b = try_retrieve(&base, KEY_A, &id).await?;
+            (b["request_counts"]["completed"].as_u64().unwrap() >= 100).then_some(())
+        }
+    })
+    .await;
+    gw.nats.restart().unwrap();
+    let done = eventually(Duration::from_secs(90), || {
+        let (base, id) = (gw.base.clone(), id.clone());
+        async move {
+            let b = try_retrieve(&base, KEY_A, &id).await?;
+            (b["status"] == "completed").then_some(b)
+        }
+    })
+    .await;
+    assert_eq!(
+        done["request_counts"],
+        json!({"total": ITEMS, "completed": ITEMS, "failed": 0})
+    );
+    let out = lines(&content(&gw.base, KEY_A, done["output_file_id"].as_str().unwrap()).await);
+    let cids: BTreeSet<&str> = out
+        .iter()
+        .map(|l| l["custom_id"].as_str().unwrap())
+        .collect();
+    assert_eq!((out.len(), cids.len()), (ITEMS, ITEMS));
+    // 400 × (10 × 2.5 + 2 × 10) / 1M × 50 %.
+    assert_billed_once(&gw, &id, &out, "0.009").await;
+    // Every upstream row (the lost answers' included) joins its item's one charge row:
+    // reconciliation finds nothing.
+    let ledger = gw.ledger.clone().unwrap();
+    let r = eventually(Duration::from_secs(30), || {
+        let ledger = ledger.clone();
+        async move {
+            let r = switchyard_billing::reconcile(&ledger, 0, u64::MAX, 1000)
+                .await
+                .unwrap();
+            (r.counts.total() == 0).then_some(r)
+        }
+    })
+    .await;
+    assert_eq!(r.requests, ITEMS as u64);
+    let calls = gw.mock.request_count();
+    assert!(
+        (ITEMS..=ITEMS + 16).contains(&calls),
+        "{calls} upstream calls for {ITEMS} items"
+    );
+}
+
+/// Starts an ingress process's worth of state that runs batch items (its own config handle
+/// with `batch.run` on, while the gateway's own ingress has it off), served until `stop`; the
+/// handle ends once its drain (and its runner's items in flight) finished.
+async fn spawn_runner_ingress(
+    gw: &Gateway,
+    stop: tokio_util::sync::CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let mut config = (*gw.config.get()).clone();
+    config.batch.run = true;
+    let client = gw.nats_as(switchyard::nats_auth::Identity::Ingress).await;
+    let state = switchyard_ingress::state(
+        client,
+        switchyard_schemas::config::ConfigHandle::new(config),
+        &format!("ingress-{}", uuid::Uuid::now_v7().simple()),
+    )
+    .await
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    tokio::spawn(async move {
+        switchyard_ingress::serve(listener, state, stop.cancelled_owned())
+            .await
+            .unwrap();
+    })
+}
+
+/// The only ingress running a 300-item batch is restarted (drained and replaced by a new one)
+/// a third of the way through: the batch completes with 300 results, each item billed exactly
+/// once, and the provider saw exactly 300 calls — a drain lets the items in flight finish and
+/// leaves the rest on the queue for the next runner. (A SIGKILLed ingress: the e2e chaos test.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ingress_restart_mid_batch_runs_every_item_once() {
+    const ITEMS: usize = 300;
+    let (gw, _dir) =
+        gateway(json!({"batch": {"run": false, "max_in_flight": 16, "ack_wait_s": 3}})).await;
+    let first = tokio_util::sync::CancellationToken::new();
+    let runner = spawn_runner_ingress(&gw, first.clone()).await;
+    let input: Vec<String> = (0..ITEMS)
+        .map(|i| {
+            line(
+                &format!("g{i}"),
+                "#mock ttft_ms=20 prompt_tokens=10 completion_tokens=2\nhi",
+            )
+        })
+        .collect();
+    let file = upload(&gw.base, KEY_A, &input.join("\n")).await;
+    let batch = create_batch(&gw.base, KEY_A, file["id"].as_str().unwrap(), "24h").await;
+    let id = batch["id"].as_str().unwrap().to_owned();
+    eventually(Duration::from_secs(60), || {
+        let (base, id) = (gw.base.clone(), id.clone());
+        async move {
+            let b = try_retrieve(&base, KEY_A, &id).await?;
+            (b["request_counts"]["completed"].as_u64().unwrap() >= 100).then_some(())
+        }
+    })
+    .await;
+    first.cancel();
+    tokio::time::timeout(Duration::from_secs(60), runner)
+        .await
+        .unwrap()
+        .unwrap();
+    let stopped = crate::batch::retrieve(&gw.base, KEY_A, &id).await;
+    assert_eq!(stopped["status"], "in_progress");
+    let second = tokio_util::sync::CancellationToken::new();
+    let _runner = spawn_runner_ingress(&gw, second.clone()).await;
+    let done = crate::batch::wait_status(&gw.base, KEY_A, &id, "completed").await;
+    assert_eq!(
+        done["request_counts"],
+        json!({"total": ITEMS, "completed": ITEMS, "failed": 0})
+    );
+    let out = lines(&content(&gw.base, KEY_A, done["output_file_id"].as_str().unwrap()).await);
+    let cids: BTreeSet<&str> = out
+        .iter()
+        .map(|l| l["custom_id"].as_str().unwrap())
+        .collect();
+    assert_eq!((out.len(), cids.len()), (ITEMS, ITEMS));
+    // 300 × (10 × 2.5 + 2 × 10) / 1M × 50 %.
+    assert_billed_once(&gw, &id, &out, "0.00675").await;
+    assert_eq!(gw.mock.request_count(), ITEMS);
+    second.cancel();
+}
+
+async fn key_spend(gw: &Gateway, key_id: &str) -> Decimal {
+    let scope = Scope {
+        kind: "key",
+        id: key_id.into(),
+        budget: Budget::default(),
+    };
+    eventually(Duration::from_secs(10), || {
+        let (app, scope) = (gw.ingress.clone(), scope.clone());
+        async move {
+            let s = app.budgets.peek(&scope).await.unwrap();
+            s.held.is_empty().then_some(s.day_usd)
+        }
+    })
+    .await
+}
+
+/// FC-33 at scale: a finished 3-item batch is read 1,000 times at once — the batch object and
+/// its output file's content, half through each of two ingress processes — and every read is a
+/// 200 with the same body; the key's spend stays exactly what the three items cost and the
+/// ledger gains no row. Then 2 tenants × 20 one-item batches are created at once, alternating
+/// ingress processes: each tenant's list pages through exactly its own 20, the other tenant's
+/// ids are 404 for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reads_and_creates_at_scale_through_two_ingress() {
+    let (gw, _dir) = gateway(json!({
+        "keys": [
+            {"id": "ka", "tenant": "a", "key": KEY_A, "budget": {"daily_usd": "100"}},
+            {"id": "kb", "tenant": "b", "key": KEY_B}
+        ]
+    }))
+    .await;
+    let (second, _) = spawn_ingress(&gw).await;
+    let input: Vec<String> = (0..3)
+        .map(|i| {
+            line(
+                &format!("r{i}"),
+                "#mock prompt_tokens=10 completion_tokens=2\nhi",
+            )
+        })
+        .collect();
+    let file = upload(&gw.base, KEY_A, &input.join("\n")).await;
+    let batch = create_batch(&second, KEY_A, file["id"].as_str().unwrap(), "24h").await;
+    let id = batch["id"].as_str().unwrap().to_owned();
+    let done = crate::batch::wait_status(&gw.base, KEY_A, &id, "completed").await;
+    let out_id = done["output_file_id"].as_str().unwrap().to_owned();
+    let out = lines(&content(&gw.base, KEY_A, &out_id).await);
+    // 3 × (10 × 2.5 + 2 × 10) / 1M × 50 %.
+    assert_billed_once(&gw, &id, &out, "0.0000675").await;
+    let spend = key_spend(&gw, "ka").await;
+    assert_eq!(spend, Decimal::from_str("0.0000675").unwrap());
+    let ledger_rows = || async {
+        sqlx::query_as::<_, (i64,)>("SELECT COUNT(*) FROM usage_events")
+            .fetch_one(gw.ledger.as_ref().unwrap().pool())
+            .await
+            .unwrap()
+            .0
+    };
+    let rows_before = ledger_rows().await;
+
+    let client = reqwest::Client::new();
+    let reads = (0..1000).map(|i| {
+        let base = if i % 2 == 0 { &gw.base } else { &second };
+        let url = if i % 4 < 2 {
+            format!("{base}/v1/batches/{id}")
+        } else {
+            format!("{base}/v1/files/{out_id}/content")
+        };
+        let req = client.get(url).bearer_auth(KEY_A);
+        async move {
+            let resp = req.send().await.unwrap();
+            (
+                i % 4 < 2,
+                resp.status().as_u16(),
+                resp.text().await.unwrap(),
+            )
+        }
+    });
+    let answers = futures::future::join_all(reads).await;
+    let mut bodies = (BTreeSet::new(), BTreeSet::new());
+    for (is_batch, status, body) in &answers {
+        assert_eq!(*status, 200, "{body}");
+        if *is_batch {
+            bodies.0.insert(body.clone());
+        } else {
+            bodies.1.insert(body.clone());
+        }
+    }
+    assert_eq!((bodies.0.len(), bodies.1.len()), (1, 1));
+    let read: Value = serde_json::from_str(bodies.0.first().unwrap()).unwrap();
+    assert_eq!(read["status"], "completed");
+    assert_eq!(
+        read["request_counts"],
+        json!({"total": 3, "completed": 3, "failed": 0})
+    );
+    assert_eq!(lines(bodies.1.first().unwrap()).len(), 3);
+    assert_eq!(key_spend(&gw, "ka").await, spend);
+    assert_eq!(ledger_rows().await, rows_before);
+
+    // Concurrent creates: 2 tenants × 20, alternating ingress processes.
+    let creates = (0..40).map(|i| {
+        let (key, base) = (
+            if i % 2 == 0 { KEY_A } else { KEY_B },
+            if i % 4 < 2 {
+                gw.base.clone()
+            } else {
+                second.clone()
+            },
+        );
+        async move {
+            let f = upload(&base, key, &line(&format!("c{i}"), "hello")).await;
+            let b = create_batch(&base, key, f["id"].as_str().unwrap(), "24h").await;
+            (key, b["id"].as_str().unwrap().to_owned())
+        }
+    });
+    let created = futures::future::join_all(creates).await;
+    for (key, other, base) in [(KEY_A, KEY_B, &gw.base), (KEY_B, KEY_A, &second)] {
+        let own: BTreeSet<String> = created
+            .iter()
+            .filter(|c| c.0 == key)
+            .map(|c| c.1.clone())
+            .collect();
+        let mut seen = Vec::new();
+        let mut after = String::new();
+        loop {
+            let page = get(base, key, &format!("/v1/batches?limit=7{after}")).await;
+            let page_ids = ids(&page);
+            assert_eq!(page["first_id"], json!(page_ids.first()));
+            assert_eq!(page["last_id"], json!(page_ids.last()));
+            seen.extend(page_ids.clone());
+            if !page["has_more"].as_bool().unwrap() {
+                break;
+            }
+            after = format!("&after={}", page_ids.last().unwrap());
+        }
+        let mut want: Vec<String> = own.iter().cloned().collect();
+        if key == KEY_A {
+            want.push(id.clone());
+        }
+        // Every own batch once (A also has the read batch above), nothing else.
+        assert_eq!(seen.len(), want.len());
+        assert_eq!(
+            seen.iter().cloned().collect::<BTreeSet<_>>(),
+            want.into_iter().collect::<BTreeSet<_>>()
+        );
+        let foreign = created.iter().find(|c| c.0 == other).unwrap();
+        let (status, _) = call(
+            reqwest::Method::GET,
+            format!("{base}/v1/batches/{}", foreign.1),
+            key,
+            None,
+        )
+        .await;
+        assert_eq!(status, 404);
+    }
+}
+
+/// Lists page from a per-tenant index, newest first, with exact cursors: five batches and
+/// their five input files of tenant A, three Anthropic message batches; tenant B sees none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lists_page_with_exact_cursors() {
+    let (gw, _dir) = gateway(json!({})).await;
+    let (mut files, mut batches) = (Vec::new(), Vec::new());
+    for i in 0..5 {
+        let f = upload(
+            &gw.base,
+            KEY_A,
+            &line(&format!("p{i}"), "#mock ttft_ms=5000\nslow"),
+        )
+        .await;
+        let id = f["id"].as_str().unwrap().to_owned();
+        let b = create_batch(&gw.base, KEY_A, &id, "24h").await;
+        files.push(id);
+        batches.push(b["id"].as_str().unwrap().to_owned());
+    }
+    let page = |list: &Value, want: &[&String], more: bool| {
+        assert_eq!(
+            ids(list),
+            want.iter().map(|s| (*s).clone()).collect::<Vec<_>>()
+        );
+        assert_eq!(list["first_id"], json!(want.first()));
+        assert_eq!(list["last_id"], json!(want.last()));
+        assert_eq!(list["has_more"], more);
+    };
+    let b = &batches;
+    let l = get(&gw.base, KEY_A, "/v1/batches?limit=2").await;
+    page(&l, &[&b[4], &b[3]], true);
+    let l = get(
+        &gw.base,
+        KEY_A,
+        &format!("/v1/batches?limit=2&after={}", b[3]),
+    )
+    .await;
+    page(&l, &[&b[2], &b[1]], true);
+    let l = get(
+        &gw.base,
+        KEY_A,
+        &format!("/v1/batches?limit=2&after={}", b[1]),
+    )
+    .await;
+    page(&l, &[&b[0]], false);
+    let l = get(
+        &gw.base,
+        KEY_A,
+        &format!("/v1/batches?limit=2&after={}", b[0]),
+    )
+    .await;
+    page(&l, &[], false);
+    let l = get(&gw.base, KEY_A, "/v1/batches").await;
+    page(&l, &[&b[4], &b[3], &b[2], &b[1], &b[0]], false);
+    // Another tenant's cursor and list: nothing.
+    let l = get(&gw.base, KEY_B, &format!("/v1/batches?after={}", b[3])).await;
+    page(&l, &[], false);
+    page(&get(&gw.base, KEY_B, "/v1/batches").await, &[], false);
+    page(&get(&gw.base, KEY_B, "/v1/files").await, &[], false);
+
+    let f = &files;
+    let l = get(&gw.base, KEY_A, "/v1/files?purpose=batch&limit=2").await;
+    page(&l, &[&f[4], &f[3]], true);
+    let l = get(&gw.base, KEY_A, "/v1/files?purpose=batch&order=asc&limit=2").await;
+    page(&l, &[&f[0], &f[1]], true);
+    let asc_after =
+        |after: &String| format!("/v1/files?purpose=batch&order=asc&limit=2&after={after}");
+    page(
+        &get(&gw.base, KEY_A, &asc_after(&f[1])).await,
+        &[&f[2], &f[3]],
+        true,
+    );
+    page(
+        &get(&gw.base, KEY_A, &asc_after(&f[3])).await,
+        &[&f[4]],
+        false,
+    );
+    // A deleted file leaves the listing; the pages around it close up.
+    let (status, _) = call(
+        reqwest::Method::DELETE,
+        format!("{}/v1/files/{}", gw.base, f[2]),
+        KEY_A,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    page(
+        &get(&gw.base, KEY_A, &asc_after(&f[1])).await,
+        &[&f[3], &f[4]],
+        false,
+    );
+
+    // Anthropic message batches: their own listing, `after_id` and `before_id`.
+    let mut m = Vec::new();
+    for i in 0..3 {
+        let (status, v) = call(
+            reqwest::Method::POST,
+            format!("{}/v1/messages/batches", gw.base),
+            KEY_A,
+            Some(
+                json!({"requests": [{"custom_id": format!("m{i}"), "params": {
+                "model": "demo/claude", "max_tokens": 16,
+                "messages": [{"role": "user", "content": "#mock ttft_ms=5000\nslow"}]}}]}),
+            ),
+        )
+        .await;
+        assert_eq!(status, 200, "{v}");
+        m.push(v["id"].as_str().unwrap().to_owned());
+    }
+    let l = get(&gw.base, KEY_A, "/v1/messages/batches?limit=2").await;
+    page(&l, &[&m[2], &m[1]], true);
+    let l = get(
+        &gw.base,
+        KEY_A,
+        &format!("/v1/messages/batches?limit=2&after_id={}", m[1]),
+    )
+    .await;
+    page(&l, &[&m[0]], false);
+    let l = get(
+        &gw.base,
+        KEY_A,
+        &format!("/v1/messages/batches?limit=1&before_id={}", m[0]),
+    )
+    .await;
+    page(&l, &[&m[1]], true);
+    let l = get(
+        &gw.base,
+        KEY_A,
+        &format!("/v1/messages/batches?limit=5&before_id={}", m[0]),
+    )
+    .await;
+    page(&l, &[&m[2], &m[1]], false);
+    // Each API lists only its own batches.
+    let l = get(&gw.base, KEY_A, "/v1/batches?limit=100").await;
+    assert_eq!(ids(&l).len(), 5);
+}
