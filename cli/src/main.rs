@@ -79,6 +79,13 @@ enum Command {
         /// HTTP listen address (overrides the config's `listen`).
         #[arg(long)]
         listen: Option<String>,
+        /// NATS user the admin API writes the live config as (the `admin` identity; default:
+        /// the ingress connection, which an authenticated NATS refuses).
+        #[arg(long, env = "SWITCHYARD_ADMIN_NATS_USER")]
+        admin_nats_user: Option<String>,
+        /// Password of --admin-nats-user.
+        #[arg(long, env = "SWITCHYARD_ADMIN_NATS_PASSWORD", hide_env_values = true)]
+        admin_nats_password: Option<String>,
     },
     /// A provider worker (joins the queue groups of the given providers; default all configured).
     Worker {
@@ -311,7 +318,12 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             )
             .await
         }
-        Command::Ingress { common, listen } => {
+        Command::Ingress {
+            common,
+            listen,
+            admin_nats_user,
+            admin_nats_password,
+        } => {
             let mut c = load(&common)?;
             if let Some(l) = listen {
                 c.listen = l;
@@ -322,8 +334,31 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             let services = CancellationToken::new();
             start_spool(&nats, &c, &new_id("ingress"), &services);
             let handle = ConfigHandle::new(c);
-            spawn_reload(&nats, &handle, &services, Arc::new(|_| {}));
-            let result = run_ingress(nats.clone(), handle, shutdown_token()).await;
+            spawn_reload(&nats, &handle, &services, Arc::new(|_| Ok(())));
+            let writer = match &admin_nats_user {
+                Some(user) => {
+                    let mut n = handle.get().nats.clone();
+                    n.user = Some(user.clone());
+                    n.password = admin_nats_password
+                        .clone()
+                        .map(switchyard_schemas::Secret::new);
+                    n.inbox_prefix = Some(Identity::Admin.inbox_prefix());
+                    Some(
+                        connect(
+                            &require_nats(&handle.get())?,
+                            "switchyard-ingress-admin",
+                            &n,
+                        )
+                        .await?,
+                    )
+                }
+                None => None,
+            };
+            let admin = AdminWiring {
+                writer,
+                startup_text: startup_text(&common)?,
+            };
+            let result = run_ingress(nats.clone(), handle, admin, shutdown_token()).await;
             flush_spool(&nats, &subjects).await;
             services.cancel();
             result
@@ -334,13 +369,15 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             mock_url,
             local_model_url,
         } => {
-            let c = load(&common)?;
+            let mut c = load(&common)?;
+            // Provider credentials are decrypted here, in the process that uses them only.
+            config::resolve_secrets(&mut c).map_err(msg)?;
             let nats = connect(&require_nats(&c)?, "switchyard-worker", &c.nats).await?;
             let subjects = Subjects::new(c.subject_prefix.clone());
             let services = CancellationToken::new();
             start_spool(&nats, &c, &new_id("worker"), &services);
             let handle = ConfigHandle::new(c);
-            spawn_reload(&nats, &handle, &services, Arc::new(|_| {}));
+            spawn_reload(&nats, &handle, &services, Arc::new(config::resolve_secrets));
             let opts = switchyard_workers::worker::WorkerOptions {
                 worker_id: new_id("worker"),
                 subjects: subjects.clone(),
@@ -407,8 +444,10 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                     .options_on_demand(Subjects::new(c.subject_prefix.clone()), semantic.clone());
                 let token = shutdown_token();
                 // A reload that turns semantic caching on loads the model then.
-                let fixup: reload::Fixup =
-                    Arc::new(move |c| cache_cmd::semantic_reloaded(semantic.as_ref(), c));
+                let fixup: reload::Fixup = Arc::new(move |c| {
+                    cache_cmd::semantic_reloaded(semantic.as_ref(), c);
+                    Ok(())
+                });
                 spawn_reload(&nats, &ConfigHandle::new(c), &token, fixup);
                 switchyard_cache::run(nats, opts, token.cancelled_owned())
                     .await
@@ -566,9 +605,28 @@ fn spawn_reload(
     });
 }
 
+/// What the admin API of an ingress needs from its process.
+struct AdminWiring {
+    /// The connection config writes go through (the `admin` identity), if not the ingress's.
+    writer: Option<async_nats::Client>,
+    /// The config text the process started from.
+    startup_text: String,
+}
+
+/// The text of the start-up config file (or the built-in default).
+fn startup_text(common: &Common) -> Result<String, CliError> {
+    match &common.config {
+        Some(p) => {
+            std::fs::read_to_string(p).map_err(|e| msg(format!("reading {}: {e}", p.display())))
+        }
+        None => Ok(config::DEFAULT_CONFIG.to_owned()),
+    }
+}
+
 async fn run_ingress(
     nats: async_nats::Client,
     handle: ConfigHandle,
+    admin: AdminWiring,
     shutdown: CancellationToken,
 ) -> Result<(), CliError> {
     let c = handle.get();
@@ -579,6 +637,13 @@ async fn run_ingress(
     let state = switchyard_ingress::state(nats, handle, &new_id("ingress"))
         .await
         .map_err(msg)?;
+    if let Some(w) = admin.writer {
+        state.admin.set_writer(w);
+    }
+    state.admin.set_startup_text(admin.startup_text);
+    if c.admin.keys.is_empty() {
+        tracing::info!("admin API off: no `admin.keys` configured (docs/security.md)");
+    }
     if c.keys.is_empty() {
         tracing::warn!(
             "authentication is off: no `keys` configured, any bearer token is accepted (docs/budgets.md)"
@@ -647,6 +712,7 @@ async fn up(
     embedding: cache_cmd::ModelArgs,
 ) -> Result<(), CliError> {
     let mut c = load(&common)?;
+    config::resolve_secrets(&mut c).map_err(msg)?;
     if let Some(l) = listen {
         c.listen = l;
     }
@@ -720,6 +786,8 @@ async fn up(
                 local_model::remove_from_config(c);
             }
             cache_cmd::semantic_reloaded(semantic.as_ref(), c);
+            // `up` runs a worker: it needs the provider credentials in clear.
+            config::resolve_secrets(c)
         });
         spawn_reload(&nats, &handle, &services, fixup);
         if let Some(file) = common.config.clone() {
@@ -825,11 +893,15 @@ async fn up(
     };
     let ingress = {
         let nats = connect(&url, "switchyard-ingress", &ingress_nats).await?;
+        let admin = AdminWiring {
+            writer: Some(connect(&url, "switchyard-ingress-admin", &admin_nats).await?),
+            startup_text: startup_text(&common)?,
+        };
         let handle = handle.clone();
         let token = shutdown.clone();
         spawn(
             "ingress",
-            Box::pin(async move { run_ingress(nats, handle, token).await }),
+            Box::pin(async move { run_ingress(nats, handle, admin, token).await }),
         )
     };
     for m in &config.models {

@@ -8,11 +8,14 @@
 //! `/v1/responses/{id}` (OpenAI Responses, see [`responses`]), the batch routes ([`batch`]),
 //! `POST /v1/embeddings`, `GET /v1/models`, `GET /v1/models/{id}`,
 //! `GET /v1/usage` (ledger queries, see [`usage_api`]), `GET /healthz`, `GET /metrics`
-//! (Prometheus text, see [`metrics`]). API keys and budgets: [`auth`], [`budget`].
+//! (Prometheus text, see [`metrics`]), `GET /openapi.json` (OpenAPI 3.1 of the public and admin
+//! routes, [`OPENAPI`]), and the admin API under `/admin/…` ([`admin`]). API keys and budgets:
+//! [`auth`], [`budget`].
 //!
 //! Candidate ordering is in [`strategy`], target health and load in [`health`], prompt estimates
 //! and context trimming in [`trim`]; [`route`] ties them together.
 
+pub mod admin;
 pub mod anthropic;
 pub mod auth;
 pub mod batch;
@@ -83,7 +86,14 @@ pub struct AppState {
     pub batches: Option<Arc<batch::store::BatchStore>>,
     /// Stored responses of `POST /v1/responses` (KV bucket `SY_RESPONSES`).
     pub responses: responses::store::ResponseStore,
+    /// The admin API's config-writer connection, start-up text and admin key table.
+    pub admin: admin::AdminState,
 }
+
+/// The OpenAPI 3.1 document served at `GET /openapi.json`: hand-written (one file,
+/// `ingress/src/openapi.json`), covering every public and admin route; a unit test checks that
+/// it parses and lists every route the router serves.
+pub const OPENAPI: &str = include_str!("openapi.json");
 
 impl AppState {
     /// [`Self::probe_per_mille`] as a share in [0, 1].
@@ -156,6 +166,7 @@ pub async fn state(
         tasks: tokio_util::task::TaskTracker::new(),
         batches,
         responses,
+        admin: admin::AdminState::default(),
     }))
 }
 
@@ -188,7 +199,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/usage", get(usage))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics_text))
+        .route("/openapi.json", get(openapi))
         .merge(batch::routes())
+        .merge(admin::routes(state.clone()))
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
@@ -298,13 +311,21 @@ async fn metrics_text(State(app): State<Arc<AppState>>) -> Response {
         .into_response()
 }
 
+async fn openapi() -> Response {
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        OPENAPI,
+    )
+        .into_response()
+}
+
 async fn not_found() -> Response {
     let e = error::ApiError {
         status: StatusCode::NOT_FOUND,
         message:
             "Unknown route. Switchyard serves /v1/chat/completions, /v1/completions, /v1/messages, \
              /v1/responses, /v1/embeddings, /v1/models, /v1/files, /v1/batches, \
-             /v1/messages/batches and /v1/usage."
+             /v1/messages/batches and /v1/usage (admin: /admin/…, see /openapi.json)."
                 .into(),
         kind: "invalid_request_error",
         param: None,
