@@ -11,6 +11,7 @@ mod cache_cmd;
 mod key_cmd;
 mod local_model;
 mod report_cmd;
+mod secret_cmd;
 
 use clap::{Args, Parser, Subcommand};
 use std::net::SocketAddr;
@@ -144,11 +145,18 @@ enum Command {
     /// Batch jobs on a running gateway: `submit FILE.jsonl [--wait]` (progress bar), `status ID`,
     /// `list`, `cancel ID`, `results ID --out FILE`.
     Batch(batch_cmd::BatchArgs),
-    /// API keys: `new --id ID --tenant T` mints one and prints its config entry; `hash` prints
-    /// the SHA-256 of a key read from stdin.
+    /// API keys: `create`, `list`, `get`, `revoke`, `rotate`, `expire`, `delete` through a
+    /// running gateway's admin API (`--admin-key` / `SWITCHYARD_ADMIN_KEY`); offline, `new`
+    /// mints one and prints its config entry and `hash` prints the SHA-256 of a key from stdin.
     Key {
         #[command(subcommand)]
         action: key_cmd::KeyAction,
+    },
+    /// Credentials in config: `keygen` (a master key), `encrypt` (stdin → `enc:v1:…` under
+    /// `SWITCHYARD_MASTER_KEY`), `rotate --old-key-env A --new-key-env B --file F / --live`.
+    Secret {
+        #[command(subcommand)]
+        action: secret_cmd::SecretAction,
     },
     /// Prints a nats-server config with Switchyard's identities and subject permissions, the
     /// passwords read from `SWITCHYARD_NATS_PASSWORD_<ID>` (compose.yaml mounts it);
@@ -183,7 +191,7 @@ enum ConfigAction {
         #[command(flatten)]
         nats: NatsArgs,
     },
-    /// Print the live config text and its version.
+    /// Print the live config text (literal credentials redacted) and its version.
     Show {
         /// NATS credentials and TLS.
         #[command(flatten)]
@@ -466,7 +474,8 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             }
         }
         Command::Report(args) => report_cmd::run(args).await.map_err(msg),
-        Command::Key { action } => key_cmd::run(action).map_err(msg),
+        Command::Key { action } => key_cmd::run(action).await.map_err(msg),
+        Command::Secret { action } => secret_cmd::run(action).await.map_err(msg),
         Command::Bench(args) => bench::run(args).await.map_err(msg),
         Command::Batch(args) => batch_cmd::run(args).await.map_err(msg),
         Command::NatsConfig { prefix, passwords } => {
@@ -488,20 +497,16 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                 ConfigAction::Push { file, .. } => {
                     let text = std::fs::read_to_string(&file)
                         .map_err(|e| msg(format!("reading {}: {e}", file.display())))?;
-                    let version = reload::push(&nats, &text).await.map_err(msg)?;
-                    println!("config version {version} is live");
-                }
-                ConfigAction::Show { .. } => {
-                    let kv = reload::bucket(&nats).await.map_err(msg)?;
-                    match kv.entry(reload::KEY).await.map_err(msg)? {
-                        Some(e) => println!(
-                            "# version {}\n{}",
-                            e.revision,
-                            String::from_utf8_lossy(&e.value)
-                        ),
-                        None => println!("# no live config pushed yet"),
+                    let pushed = reload::push_reporting(&nats, &text).await.map_err(msg)?;
+                    for w in &pushed.warnings {
+                        eprintln!("warning: {w}");
                     }
+                    println!("config version {} is live", pushed.version);
                 }
+                ConfigAction::Show { .. } => match reload::show(&nats).await.map_err(msg)? {
+                    Some((version, text)) => println!("# version {version}\n{text}"),
+                    None => println!("# no live config pushed yet"),
+                },
             }
             Ok(())
         }

@@ -115,6 +115,41 @@ pub async fn push_reporting(nats: &async_nats::Client, yaml: &str) -> Result<Pus
     })
 }
 
+/// Re-encrypts every `enc:v1:` value of the live config from `old` to `new` (compare-and-set
+/// on the revision; the text is otherwise unchanged). Returns the new version and the count.
+pub async fn rotate_live(
+    nats: &async_nats::Client,
+    old: &MasterKey,
+    new: &MasterKey,
+) -> Result<(u64, usize), ReloadError> {
+    let kv = bucket(nats).await?;
+    let entry = kv
+        .entry(KEY)
+        .await
+        .map_err(kv_err)?
+        .ok_or_else(|| ReloadError::Kv("no live config pushed yet".into()))?;
+    let text = String::from_utf8_lossy(&entry.value);
+    let (rotated, n) = switchyard_schemas::sealed::rotate_text(&text, old, new)?;
+    if n == 0 {
+        return Ok((entry.revision, 0));
+    }
+    let version = kv
+        .update(KEY, rotated.into(), entry.revision)
+        .await
+        .map_err(kv_err)?;
+    Ok((version, n))
+}
+
+/// The live config text with every literal credential redacted, and its version (`None` when
+/// nothing was pushed): what `switchyard config show` prints.
+pub async fn show(nats: &async_nats::Client) -> Result<Option<(u64, String)>, ReloadError> {
+    let kv = bucket(nats).await?;
+    Ok(kv.entry(KEY).await.map_err(kv_err)?.map(|e| {
+        let text = String::from_utf8_lossy(&e.value);
+        (e.revision, config_text::redact_text(&text))
+    }))
+}
+
 /// Whether `e` says the stream does not exist (an authoritative "no live config").
 fn is_not_found(e: &async_nats::jetstream::context::GetStreamError) -> bool {
     use async_nats::jetstream::context::GetStreamErrorKind;
