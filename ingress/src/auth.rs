@@ -75,7 +75,6 @@ impl Table {
                     tenant: Some(k.tenant.clone()),
                     key_id: Some(k.id.clone()),
                     admin: k.admin,
-                    ..Default::default()
                 };
                 let entry = Entry {
                     caller,

@@ -335,3 +335,60 @@ async fn not_found() -> Response {
     };
     e.into_response()
 }
+
+#[cfg(test)]
+mod openapi_tests {
+    #![allow(clippy::unwrap_used)]
+
+    #[test]
+    fn the_document_parses_and_lists_every_route() {
+        let doc: serde_json::Value = serde_json::from_str(super::OPENAPI).unwrap();
+        assert_eq!(doc["openapi"], "3.1.0");
+        let routes = [
+            "/v1/chat/completions",
+            "/v1/completions",
+            "/v1/messages",
+            "/v1/messages/count_tokens",
+            "/v1/responses",
+            "/v1/responses/{id}",
+            "/v1/responses/{id}/input_items",
+            "/v1/embeddings",
+            "/v1/models",
+            "/v1/models/{id}",
+            "/v1/usage",
+            "/v1/files",
+            "/v1/files/{id}",
+            "/v1/files/{id}/content",
+            "/v1/batches",
+            "/v1/batches/{id}",
+            "/v1/batches/{id}/cancel",
+            "/v1/messages/batches",
+            "/v1/messages/batches/{id}",
+            "/v1/messages/batches/{id}/cancel",
+            "/v1/messages/batches/{id}/results",
+            "/healthz",
+            "/metrics",
+            "/openapi.json",
+            "/admin/keys",
+            "/admin/keys/{id}",
+            "/admin/keys/{id}/revoke",
+            "/admin/keys/{id}/rotate",
+            "/admin/tenants",
+            "/admin/tenants/{id}",
+            "/admin/config",
+            "/admin/config/validate",
+            "/admin/health",
+            "/admin/cache/purge",
+            "/admin/usage",
+        ];
+        let paths = doc["paths"].as_object().unwrap();
+        for r in routes {
+            assert!(paths.contains_key(r), "{r} missing from openapi.json");
+        }
+        assert_eq!(
+            paths.len(),
+            routes.len(),
+            "a documented route the router does not serve"
+        );
+    }
+}

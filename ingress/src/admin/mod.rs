@@ -35,7 +35,7 @@ use switchyard_schemas::tenancy::sha256_hex;
 pub struct AdminState {
     writer: OnceLock<async_nats::Client>,
     startup_text: OnceLock<String>,
-    table: Mutex<Option<(u64, Arc<Vec<(String, AdminCaller)>>)>>,
+    table: Mutex<Option<(u64, Arc<AdminTable>)>>,
 }
 
 impl AdminState {
@@ -55,6 +55,9 @@ impl AdminState {
         self.writer.get().unwrap_or(&app.nats)
     }
 }
+
+/// Admin key hash → caller, for one config version.
+type AdminTable = Vec<(String, AdminCaller)>;
 
 /// Who called: an admin key's id and, for a tenant admin, its tenant.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -160,7 +163,7 @@ async fn authenticate(State(app): State<Arc<AppState>>, req: Request, next: Next
 }
 
 /// The configured admin keys' hashes, rebuilt when the config version changes.
-fn table(app: &AppState) -> Arc<Vec<(String, AdminCaller)>> {
+fn table(app: &AppState) -> Arc<AdminTable> {
     let version = app.config.version();
     let mut built = app.admin.table.lock();
     if let Some((v, t)) = built.as_ref()
@@ -169,7 +172,7 @@ fn table(app: &AppState) -> Arc<Vec<(String, AdminCaller)>> {
         return t.clone();
     }
     let env = |k: &str| std::env::var(k).ok();
-    let t: Vec<(String, AdminCaller)> = app
+    let t: AdminTable = app
         .config
         .get()
         .admin
