@@ -228,9 +228,10 @@ pub async fn watch_kv(
                 if entry.operation != async_nats::jetstream::kv::Operation::Put {
                     continue;
                 }
-                apply(&handle, entry.revision, &entry.value, &fixup);
+                let latest = entry.delta == 0;
+                install(&handle, entry.revision, &entry.value, &fixup);
                 // Delivered with no pending newer ones: this is the latest.
-                if entry.delta == 0 {
+                if latest {
                     handle.live().confirm(entry.revision);
                 }
             }
@@ -283,16 +284,21 @@ async fn confirm(kv: &async_nats::jetstream::kv::Store, handle: &ConfigHandle, f
         handle.live().confirm(0);
         return;
     };
-    if entry.revision > handle.version() && !apply(handle, entry.revision, &entry.value, fixup) {
-        // Stored but not loadable here: refuse the keys it changes until one is.
-        let text = String::from_utf8_lossy(&entry.value);
+    if entry.revision > handle.version() {
+        install(handle, entry.revision, &entry.value, fixup);
+    }
+    handle.live().confirm(entry.revision);
+}
+
+/// [`apply`]; a revision newer than the current one that does not load here makes the keys it
+/// changes unconfirmed (ingress refuses them until a later revision loads).
+fn install(handle: &ConfigHandle, revision: u64, value: &[u8], fixup: &Fixup) {
+    if !apply(handle, revision, value, fixup) {
+        let text = String::from_utf8_lossy(value);
         handle
             .live()
             .set_unconfirmed(changed_keys(&handle.get(), &text));
-    } else if entry.revision <= handle.version() {
-        handle.live().set_unconfirmed(HashSet::new());
     }
-    handle.live().confirm(entry.revision);
 }
 
 /// Hashes of the keys whose entry differs between `current` and the stored `text` (added,

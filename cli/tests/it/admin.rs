@@ -485,8 +485,11 @@ async fn created_keys_work_at_once_everywhere_and_revocations_reach_every_replic
 
 #[tokio::test]
 async fn a_replica_that_cannot_confirm_its_config_fails_closed() {
+    const OTHER: &str = "sk-client-test-b2-0123456789abc";
     let (text, c) = config(json!({"admin": {"keys": [
-        {"id": "ops", "key_sha256": sha256_hex(ADMIN_KEY)}], "stale_after_ms": 300}}));
+        {"id": "ops", "key_sha256": sha256_hex(ADMIN_KEY)}], "stale_after_ms": 300},
+        "keys": [{"id": "b-1", "tenant": "team-b", "key_sha256": sha256_hex(CLIENT_KEY)},
+                 {"id": "b-2", "tenant": "team-b", "key_sha256": sha256_hex(OTHER)}]}));
     let gw = start(Options {
         config: c.clone(),
         ..Default::default()
@@ -526,6 +529,35 @@ async fn a_replica_that_cannot_confirm_its_config_fails_closed() {
     let again = CancellationToken::new();
     watch(&gw, &handle, &again).await;
     until_status(&b, CLIENT_KEY, 200, Duration::from_secs(3)).await;
+
+    // A stored revision this replica cannot load (an unset ${VAR}; written around push's
+    // validation): the keys it changes are refused, the others still served.
+    const NEW: &str = "sk-client-test-new-0123456789ab";
+    let mut v: Value = serde_json::from_str(&text).unwrap();
+    v["keys"][0]["enabled"] = json!(false);
+    v["keys"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"id": "new-1", "tenant": "team-a", "key_sha256": sha256_hex(NEW)}));
+    v["targets"][0]["upstream_model"] = json!("${SY_TEST_NEVER_SET}");
+    let kv = switchyard::reload::bucket(&admin).await.unwrap();
+    kv.put(switchyard::reload::KEY, v.to_string().into())
+        .await
+        .unwrap();
+    until_status(&b, CLIENT_KEY, 503, Duration::from_secs(1)).await;
+    let (s, body) = call(
+        reqwest::Method::GET,
+        format!("{b}/v1/models"),
+        Some(NEW),
+        None,
+    )
+    .await;
+    assert_eq!(s, 503);
+    assert_eq!(
+        body["error"]["message"],
+        "This API key changed in a config revision this replica could not load yet."
+    );
+    assert_eq!(models_status(&b, OTHER).await, 200);
     again.cancel();
 }
 
