@@ -1,5 +1,6 @@
-//! Loads the YAML config: `${VAR}` / `${VAR:-default}` interpolation in string values (for secrets),
-//! serde errors that name the field (serde_path_to_error), then start-up validation.
+//! Loads the YAML config: `${VAR}` / `${VAR:-default}` interpolation in string values and serde
+//! errors that name the field ([`switchyard_schemas::config_text`]), then start-up validation;
+//! [`resolve_secrets`] turns `env:`/`enc:v1:` provider credentials into usable ones.
 
 use std::path::Path;
 use switchyard_schemas::config::GatewayConfig;
@@ -8,34 +9,7 @@ use switchyard_schemas::config::GatewayConfig;
 /// routes added at start-up when `OPENAI_API_KEY` / `ANTHROPIC_API_KEY` are set.
 pub const DEFAULT_CONFIG: &str = include_str!("../../config/default.yaml");
 
-/// Config loading failures; each names the file and the field.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigLoadError {
-    /// Reading the file failed.
-    #[error("reading config {path}: {source}")]
-    Read {
-        /// File.
-        path: String,
-        /// Cause.
-        source: std::io::Error,
-    },
-    /// YAML syntax or a field of the wrong shape.
-    #[error("config {path}: {message}")]
-    Parse {
-        /// File.
-        path: String,
-        /// What and where.
-        message: String,
-    },
-    /// A rule from [`GatewayConfig::validate`].
-    #[error("config {path}: {source}")]
-    Invalid {
-        /// File.
-        path: String,
-        /// The broken rule.
-        source: switchyard_schemas::config::ConfigError,
-    },
-}
+pub use switchyard_schemas::config_text::{ConfigLoadError, parse};
 
 /// Loads `path`, or the built-in default when `None`.
 pub fn load(path: Option<&Path>) -> Result<GatewayConfig, ConfigLoadError> {
@@ -75,71 +49,14 @@ pub fn load(path: Option<&Path>) -> Result<GatewayConfig, ConfigLoadError> {
     Ok(config)
 }
 
-/// Parses YAML text with `env` as the variable source.
-pub fn parse(
-    name: &str,
-    text: &str,
-    env: impl Fn(&str) -> Option<String>,
-) -> Result<GatewayConfig, ConfigLoadError> {
-    let perr = |message: String| ConfigLoadError::Parse {
-        path: name.to_owned(),
-        message,
-    };
-    let mut value: serde_yaml_ng::Value =
-        serde_yaml_ng::from_str(text).map_err(|e| perr(e.to_string()))?;
-    interpolate(&mut value, &env).map_err(perr)?;
-    serde_path_to_error::deserialize(value).map_err(|e| {
-        let path = e.path().to_string();
-        perr(format!("field `{path}`: {}", e.into_inner()))
-    })
-}
-
-fn interpolate(
-    v: &mut serde_yaml_ng::Value,
-    env: &impl Fn(&str) -> Option<String>,
-) -> Result<(), String> {
-    use serde_yaml_ng::Value;
-    match v {
-        Value::String(s) if s.contains("${") => *s = expand(s, env)?,
-        Value::Sequence(items) => {
-            for i in items {
-                interpolate(i, env)?;
-            }
-        }
-        Value::Mapping(m) => {
-            for (_, val) in m.iter_mut() {
-                interpolate(val, env)?;
-            }
-        }
-        _ => {}
-    }
-    Ok(())
-}
-
-/// Expands `${VAR}` (an error when unset) and `${VAR:-default}`.
-fn expand(s: &str, env: &impl Fn(&str) -> Option<String>) -> Result<String, String> {
-    let mut out = String::with_capacity(s.len());
-    let mut rest = s;
-    while let Some(start) = rest.find("${") {
-        out.push_str(&rest[..start]);
-        let after = &rest[start + 2..];
-        let end = after
-            .find('}')
-            .ok_or_else(|| format!("unclosed `${{` in `{s}`"))?;
-        let expr = &after[..end];
-        let (var, default) = match expr.split_once(":-") {
-            Some((v, d)) => (v, Some(d)),
-            None => (expr, None),
-        };
-        match (env(var), default) {
-            (Some(val), _) if !val.is_empty() => out.push_str(&val),
-            (_, Some(d)) => out.push_str(d),
-            (_, None) => return Err(format!("environment variable `{var}` is not set")),
-        }
-        rest = &after[end + 1..];
-    }
-    out.push_str(rest);
-    Ok(out)
+/// Resolves the provider credentials of `config` (`env:NAME`, `enc:v1:` under
+/// `SWITCHYARD_MASTER_KEY`) in place: done only by processes that call upstreams (workers,
+/// `up`). A wrong or missing master key is an error naming the field.
+pub fn resolve_secrets(config: &mut GatewayConfig) -> Result<(), String> {
+    use switchyard_schemas::sealed::{MASTER_KEY_ENV, MasterKey, resolve_provider_secrets};
+    let master = MasterKey::from_env(MASTER_KEY_ENV).map_err(|e| e.to_string())?;
+    resolve_provider_secrets(config, &|k| std::env::var(k).ok(), master.as_ref())
+        .map_err(|e| e.to_string())
 }
 
 fn add_env_provider_routes(config: &mut GatewayConfig) {
@@ -174,14 +91,6 @@ mod tests {
         let c = parse("d", DEFAULT_CONFIG, |_| None).unwrap();
         c.validate().unwrap();
         assert!(c.model("demo/mock").is_some());
-    }
-
-    #[test]
-    fn env_interpolation() {
-        let env = |k: &str| (k == "KEY").then(|| "sk-1".to_string());
-        assert_eq!(expand("a ${KEY} b", &env).unwrap(), "a sk-1 b");
-        assert_eq!(expand("${NOPE:-x}", &env).unwrap(), "x");
-        assert!(expand("${NOPE}", &env).unwrap_err().contains("NOPE"));
     }
 
     #[test]

@@ -11,6 +11,7 @@ mod cache_cmd;
 mod key_cmd;
 mod local_model;
 mod report_cmd;
+mod secret_cmd;
 
 use clap::{Args, Parser, Subcommand};
 use std::net::SocketAddr;
@@ -80,6 +81,13 @@ enum Command {
         /// HTTP listen address (overrides the config's `listen`).
         #[arg(long)]
         listen: Option<String>,
+        /// NATS user the admin API writes the live config as (the `admin` identity; default:
+        /// the ingress connection, which an authenticated NATS refuses).
+        #[arg(long, env = "SWITCHYARD_ADMIN_NATS_USER")]
+        admin_nats_user: Option<String>,
+        /// Password of --admin-nats-user.
+        #[arg(long, env = "SWITCHYARD_ADMIN_NATS_PASSWORD", hide_env_values = true)]
+        admin_nats_password: Option<String>,
     },
     /// A provider worker (joins the queue groups of the given providers; default all configured).
     Worker {
@@ -138,11 +146,18 @@ enum Command {
     /// Batch jobs on a running gateway: `submit FILE.jsonl [--wait]` (progress bar), `status ID`,
     /// `list`, `cancel ID`, `results ID --out FILE`.
     Batch(batch_cmd::BatchArgs),
-    /// API keys: `new --id ID --tenant T` mints one and prints its config entry; `hash` prints
-    /// the SHA-256 of a key read from stdin.
+    /// API keys: `create`, `list`, `get`, `revoke`, `rotate`, `expire`, `delete` through a
+    /// running gateway's admin API (`--admin-key` / `SWITCHYARD_ADMIN_KEY`); offline, `new`
+    /// mints one and prints its config entry and `hash` prints the SHA-256 of a key from stdin.
     Key {
         #[command(subcommand)]
         action: key_cmd::KeyAction,
+    },
+    /// Credentials in config: `keygen` (a master key), `encrypt` (stdin → `enc:v1:…` under
+    /// `SWITCHYARD_MASTER_KEY`), `rotate --old-key-env A --new-key-env B --file F / --live`.
+    Secret {
+        #[command(subcommand)]
+        action: secret_cmd::SecretAction,
     },
     /// Prints a nats-server config with Switchyard's identities and subject permissions, the
     /// passwords read from `SWITCHYARD_NATS_PASSWORD_<ID>` (compose.yaml mounts it);
@@ -177,7 +192,7 @@ enum ConfigAction {
         #[command(flatten)]
         nats: NatsArgs,
     },
-    /// Print the live config text and its version.
+    /// Print the live config text (literal credentials redacted) and its version.
     Show {
         /// NATS credentials and TLS.
         #[command(flatten)]
@@ -327,7 +342,12 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             )
             .await
         }
-        Command::Ingress { common, listen } => {
+        Command::Ingress {
+            common,
+            listen,
+            admin_nats_user,
+            admin_nats_password,
+        } => {
             let mut c = load(&common)?;
             if let Some(l) = listen {
                 c.listen = l;
@@ -338,9 +358,38 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             let services = CancellationToken::new();
             start_spool(&nats, &c, &new_id("ingress"), &services);
             let handle = ConfigHandle::new(c);
-            spawn_reload(&nats, &handle, &services, Arc::new(|_| {}));
-            let result =
-                run_ingress(nats.clone(), handle, shutdown_token(), Readiness::default()).await;
+            spawn_reload(&nats, &handle, &services, Arc::new(|_| Ok(())));
+            let writer = match &admin_nats_user {
+                Some(user) => {
+                    let mut n = handle.get().nats.clone();
+                    n.user = Some(user.clone());
+                    n.password = admin_nats_password
+                        .clone()
+                        .map(switchyard_schemas::Secret::new);
+                    n.inbox_prefix = Some(Identity::Admin.inbox_prefix());
+                    Some(
+                        connect(
+                            &require_nats(&handle.get())?,
+                            "switchyard-ingress-admin",
+                            &n,
+                        )
+                        .await?,
+                    )
+                }
+                None => None,
+            };
+            let admin = AdminWiring {
+                writer,
+                startup_text: startup_text(&common)?,
+            };
+            let result = run_ingress(
+                nats.clone(),
+                handle,
+                admin,
+                shutdown_token(),
+                Readiness::default(),
+            )
+            .await;
             flush_spool(&nats, &subjects).await;
             services.cancel();
             result
@@ -351,13 +400,15 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             mock_url,
             local_model_url,
         } => {
-            let c = load(&common)?;
+            let mut c = load(&common)?;
+            // Provider credentials are decrypted here, in the process that uses them only.
+            config::resolve_secrets(&mut c).map_err(msg)?;
             let nats = connect(&require_nats(&c)?, "switchyard-worker", &c.nats).await?;
             let subjects = Subjects::new(c.subject_prefix.clone());
             let services = CancellationToken::new();
             start_spool(&nats, &c, &new_id("worker"), &services);
             let handle = ConfigHandle::new(c);
-            spawn_reload(&nats, &handle, &services, Arc::new(|_| {}));
+            spawn_reload(&nats, &handle, &services, Arc::new(config::resolve_secrets));
             let opts = switchyard_workers::worker::WorkerOptions {
                 worker_id: new_id("worker"),
                 subjects: subjects.clone(),
@@ -383,7 +434,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             // Live config: a pushed `pricing_file` prices the next usage row.
             let handle = ConfigHandle::new(c);
             let services = CancellationToken::new();
-            spawn_reload(&nats, &handle, &services, Arc::new(|_| {}));
+            spawn_reload(&nats, &handle, &services, Arc::new(|_| Ok(())));
             let result = run_billing(nats, handle, database_url, shutdown_token(), None).await;
             services.cancel();
             result
@@ -430,8 +481,10 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                     .options_on_demand(Subjects::new(c.subject_prefix.clone()), semantic.clone());
                 let token = shutdown_token();
                 // A reload that turns semantic caching on loads the model then.
-                let fixup: reload::Fixup =
-                    Arc::new(move |c| cache_cmd::semantic_reloaded(semantic.as_ref(), c));
+                let fixup: reload::Fixup = Arc::new(move |c| {
+                    cache_cmd::semantic_reloaded(semantic.as_ref(), c);
+                    Ok(())
+                });
                 spawn_reload(&nats, &ConfigHandle::new(c), &token, fixup);
                 switchyard_cache::run(nats, opts, token.cancelled_owned())
                     .await
@@ -450,7 +503,8 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             }
         }
         Command::Report(args) => report_cmd::run(args).await.map_err(msg),
-        Command::Key { action } => key_cmd::run(action).map_err(msg),
+        Command::Key { action } => key_cmd::run(action).await.map_err(msg),
+        Command::Secret { action } => secret_cmd::run(action).await.map_err(msg),
         Command::Bench(args) => bench::run(args).await.map_err(msg),
         Command::Batch(args) => batch_cmd::run(args).await.map_err(msg),
         Command::NatsConfig { prefix, passwords } => {
@@ -475,20 +529,16 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                 ConfigAction::Push { file, .. } => {
                     let text = std::fs::read_to_string(&file)
                         .map_err(|e| msg(format!("reading {}: {e}", file.display())))?;
-                    let version = reload::push(&nats, &text).await.map_err(msg)?;
-                    println!("config version {version} is live");
-                }
-                ConfigAction::Show { .. } => {
-                    let kv = reload::bucket(&nats).await.map_err(msg)?;
-                    match kv.entry(reload::KEY).await.map_err(msg)? {
-                        Some(e) => println!(
-                            "# version {}\n{}",
-                            e.revision,
-                            String::from_utf8_lossy(&e.value)
-                        ),
-                        None => println!("# no live config pushed yet"),
+                    let pushed = reload::push_reporting(&nats, &text).await.map_err(msg)?;
+                    for w in &pushed.warnings {
+                        eprintln!("warning: {w}");
                     }
+                    println!("config version {} is live", pushed.version);
                 }
+                ConfigAction::Show { .. } => match reload::show(&nats).await.map_err(msg)? {
+                    Some((version, text)) => println!("# version {version}\n{text}"),
+                    None => println!("# no live config pushed yet"),
+                },
                 ConfigAction::History { .. } => {
                     let revisions = reload::history(&nats).await.map_err(msg)?;
                     if revisions.is_empty() {
@@ -616,9 +666,28 @@ fn spawn_reload(
     });
 }
 
+/// What the admin API of an ingress needs from its process.
+struct AdminWiring {
+    /// The connection config writes go through (the `admin` identity), if not the ingress's.
+    writer: Option<async_nats::Client>,
+    /// The config text the process started from.
+    startup_text: String,
+}
+
+/// The text of the start-up config file (or the built-in default).
+fn startup_text(common: &Common) -> Result<String, CliError> {
+    match &common.config {
+        Some(p) => {
+            std::fs::read_to_string(p).map_err(|e| msg(format!("reading {}: {e}", p.display())))
+        }
+        None => Ok(config::DEFAULT_CONFIG.to_owned()),
+    }
+}
+
 async fn run_ingress(
     nats: async_nats::Client,
     handle: ConfigHandle,
+    admin: AdminWiring,
     shutdown: CancellationToken,
     readiness: Readiness,
 ) -> Result<(), CliError> {
@@ -631,6 +700,13 @@ async fn run_ingress(
         switchyard_ingress::state_with_readiness(nats, handle, &new_id("ingress"), readiness)
             .await
             .map_err(msg)?;
+    if let Some(w) = admin.writer {
+        state.admin.set_writer(w);
+    }
+    state.admin.set_startup_text(admin.startup_text);
+    if c.admin.keys.is_empty() {
+        tracing::info!("admin API off: no `admin.keys` configured (docs/security.md)");
+    }
     if c.keys.is_empty() {
         tracing::warn!(
             "authentication is off: no `keys` configured, any bearer token is accepted (docs/budgets.md)"
@@ -728,6 +804,7 @@ async fn up(
     embedding: cache_cmd::ModelArgs,
 ) -> Result<(), CliError> {
     let mut c = load(&common)?;
+    config::resolve_secrets(&mut c).map_err(msg)?;
     if let Some(l) = listen {
         c.listen = l;
     }
@@ -821,6 +898,8 @@ async fn up(
                 local_model::remove_from_config(c);
             }
             cache_cmd::semantic_reloaded(semantic.as_ref(), c);
+            // `up` runs a worker: it needs the provider credentials in clear.
+            config::resolve_secrets(c)
         });
         spawn_reload(&nats, &handle, &services, fixup);
         if let Some(file) = common.config.clone() {
@@ -943,12 +1022,16 @@ async fn up(
     };
     let ingress = {
         let nats = connect(&url, "switchyard-ingress", &ingress_nats).await?;
+        let admin = AdminWiring {
+            writer: Some(connect(&url, "switchyard-ingress-admin", &admin_nats).await?),
+            startup_text: startup_text(&common)?,
+        };
         let handle = handle.clone();
         let token = shutdown.clone();
         let readiness = readiness.clone();
         spawn(
             "ingress",
-            Box::pin(async move { run_ingress(nats, handle, token, readiness).await }),
+            Box::pin(async move { run_ingress(nats, handle, admin, token, readiness).await }),
         )
     };
     for m in &config.models {

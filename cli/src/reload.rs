@@ -15,23 +15,29 @@
 
 use crate::config;
 use futures::StreamExt;
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 use switchyard_schemas::config::{ConfigHandle, GatewayConfig};
+use switchyard_schemas::config_text::{self, PrepareError};
+use switchyard_schemas::sealed::{MASTER_KEY_ENV, MasterKey};
 use tokio_util::sync::CancellationToken;
 
-/// The KV bucket holding the live config.
-pub const BUCKET: &str = "SY_CONFIG";
-/// The key of the gateway config in [`BUCKET`].
-pub const KEY: &str = "gateway";
+pub use switchyard_schemas::config_text::{BUCKET, KEY};
 
 /// How often a watcher that cannot open the config bucket looks again.
 const BUCKET_RETRY: Duration = Duration::from_secs(2);
+/// How often the watcher confirms, by reading the latest revision, that it holds it (a broken
+/// watch is noticed and healed within this; `admin.stale_after_ms` must be larger).
+pub const CONFIRM_EVERY: Duration = Duration::from_millis(250);
+/// Shortest gap between two confirmations asked for by ingress (unknown keys).
+const CONFIRM_MIN_GAP: Duration = Duration::from_millis(20);
 
 /// Adjusts a loaded config to this process before it is installed (e.g. `up` removes the local
-/// model's target when no local model server runs). `Arc::new(|_| {})` for none.
-pub type Fixup =
-    std::sync::Arc<dyn Fn(&mut switchyard_schemas::config::GatewayConfig) + Send + Sync>;
+/// model's target when no local model server runs; workers resolve `env:`/`enc:v1:` provider
+/// credentials). An error rejects the revision (logged; the current config stays).
+/// `Arc::new(|_| Ok(()))` for none.
+pub type Fixup = std::sync::Arc<dyn Fn(&mut GatewayConfig) -> Result<(), String> + Send + Sync>;
 
 /// Reload failures.
 #[derive(Debug, thiserror::Error)]
@@ -52,17 +58,18 @@ pub enum ReloadError {
     /// `config rollback` to a version the bucket does not hold.
     #[error("config version {0} is not in the history (`switchyard config history` lists them)")]
     NoSuchVersion(u64),
+    /// `SWITCHYARD_MASTER_KEY` (or a rotation key) is unusable.
+    #[error(transparent)]
+    Seal(#[from] switchyard_schemas::sealed::SealError),
 }
 
-/// The first `nats:` credential field of `yaml` given as a literal value rather than a
-/// `${ENV}` reference.
-fn literal_nats_secret(yaml: &str) -> Option<&'static str> {
-    let v: serde_yaml_ng::Value = serde_yaml_ng::from_str(yaml).ok()?;
-    let nats = v.get("nats")?;
-    ["password", "token", "nkey_seed"].into_iter().find(|k| {
-        nats.get(*k)
-            .is_some_and(|s| !s.as_str().is_some_and(|s| s.contains("${")))
-    })
+impl From<PrepareError> for ReloadError {
+    fn from(e: PrepareError) -> Self {
+        match e {
+            PrepareError::Invalid(e) => Self::Invalid(e),
+            PrepareError::LiteralNatsSecret(f) => Self::LiteralNatsSecret(f),
+        }
+    }
 }
 
 fn kv_err(e: impl std::fmt::Display) -> ReloadError {
@@ -88,53 +95,138 @@ pub async fn bucket(
     }
 }
 
-/// Validates `yaml` with this process's environment and stores it; returns the new version.
+/// A pushed config: its version and what was done with literal credentials.
+#[derive(Debug)]
+pub struct Pushed {
+    /// The new version (KV revision).
+    pub version: u64,
+    /// One line per literal credential (hashed, encrypted, or stored in clear).
+    pub warnings: Vec<String>,
+}
+
+/// Validates `yaml` with this process's environment and stores it (literal keys as hashes,
+/// literal provider credentials encrypted under `SWITCHYARD_MASTER_KEY` when set); returns the
+/// new version.
 pub async fn push(nats: &async_nats::Client, yaml: &str) -> Result<u64, ReloadError> {
-    let c = config::parse("<push>", yaml, |k| std::env::var(k).ok())?;
-    if let Some(field) = literal_nats_secret(yaml) {
-        return Err(ReloadError::LiteralNatsSecret(field));
-    }
-    c.validate()
-        .map_err(|source| config::ConfigLoadError::Invalid {
-            path: "<push>".into(),
-            source,
-        })?;
+    push_reporting(nats, yaml).await.map(|p| p.version)
+}
+
+/// [`push`], also returning the warnings about literal credentials.
+pub async fn push_reporting(nats: &async_nats::Client, yaml: &str) -> Result<Pushed, ReloadError> {
+    let master = MasterKey::from_env(MASTER_KEY_ENV)?;
+    let prepared =
+        config_text::prepare_for_store("<push>", yaml, |k| std::env::var(k).ok(), master.as_ref())?;
     let kv = bucket(nats).await?;
-    kv.put(KEY, yaml.to_owned().into()).await.map_err(kv_err)
+    let version = kv.put(KEY, prepared.text.into()).await.map_err(kv_err)?;
+    Ok(Pushed {
+        version,
+        warnings: prepared.warnings,
+    })
+}
+
+/// Re-encrypts every `enc:v1:` value of the live config from `old` to `new` (compare-and-set
+/// on the revision; the text is otherwise unchanged). Returns the new version and the count.
+pub async fn rotate_live(
+    nats: &async_nats::Client,
+    old: &MasterKey,
+    new: &MasterKey,
+) -> Result<(u64, usize), ReloadError> {
+    let kv = bucket(nats).await?;
+    let entry = kv
+        .entry(KEY)
+        .await
+        .map_err(kv_err)?
+        .ok_or_else(|| ReloadError::Kv("no live config pushed yet".into()))?;
+    let text = String::from_utf8_lossy(&entry.value);
+    let (rotated, n) = switchyard_schemas::sealed::rotate_text(&text, old, new)?;
+    if n == 0 {
+        return Ok((entry.revision, 0));
+    }
+    let version = kv
+        .update(KEY, rotated.into(), entry.revision)
+        .await
+        .map_err(kv_err)?;
+    Ok((version, n))
+}
+
+/// The live config text with every literal credential redacted, and its version (`None` when
+/// nothing was pushed): what `switchyard config show` prints.
+pub async fn show(nats: &async_nats::Client) -> Result<Option<(u64, String)>, ReloadError> {
+    let kv = bucket(nats).await?;
+    Ok(kv.entry(KEY).await.map_err(kv_err)?.map(|e| {
+        let text = String::from_utf8_lossy(&e.value);
+        (e.revision, config_text::redact_text(&text))
+    }))
+}
+
+/// Whether `e` says the stream does not exist (an authoritative "no live config").
+fn is_not_found(e: &async_nats::jetstream::context::GetStreamError) -> bool {
+    use async_nats::jetstream::context::GetStreamErrorKind;
+    matches!(e.kind(), GetStreamErrorKind::JetStream(je)
+        if je.error_code() == async_nats::jetstream::ErrorCode::STREAM_NOT_FOUND)
 }
 
 /// Applies the stored config (if any) and then every later push to `handle`, until `shutdown`.
+///
+/// It also confirms, every [`CONFIRM_EVERY`] and whenever ingress asks
+/// ([`switchyard_schemas::config::LiveStatus::request_check`]), that the revision it holds is
+/// the bucket's latest, reading the latest entry directly: a newer one the watch did not
+/// deliver is applied from that read. Ingress fails closed when confirmations stop.
 pub async fn watch_kv(
     nats: async_nats::Client,
     handle: ConfigHandle,
     shutdown: CancellationToken,
     fixup: Fixup,
 ) -> Result<(), ReloadError> {
+    handle.live().mark_watched();
     // A service identity may read the bucket but not create it (docs/security.md): until an
     // admin has pushed a config, keep looking for it.
     let js = async_nats::jetstream::new(nats.clone());
     let mut warned = false;
     let kv = loop {
-        match js.get_key_value(BUCKET).await.map_err(kv_err) {
-            Ok(kv) => break kv,
+        match js.get_stream(format!("KV_{BUCKET}")).await {
+            Ok(_) => {
+                if let Ok(kv) = js.get_key_value(BUCKET).await {
+                    break kv;
+                }
+            }
             Err(e) => {
+                if is_not_found(&e) {
+                    // No live config exists: the start-up file is the latest.
+                    handle.live().confirm(0);
+                }
                 if !warned {
                     tracing::info!(error = %e, "no live config bucket yet; waiting for a push");
                     warned = true;
                 }
-                tokio::select! {
-                    _ = shutdown.cancelled() => return Ok(()),
-                    _ = tokio::time::sleep(BUCKET_RETRY) => {}
-                }
             }
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            _ = tokio::time::sleep(BUCKET_RETRY.min(CONFIRM_EVERY)) => {}
+            _ = handle.live().check_requested() => {}
         }
     };
     let mut updates = kv.watch_with_history(KEY).await.map_err(kv_err)?;
+    let mut tick = tokio::time::interval(CONFIRM_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_check = tokio::time::Instant::now();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return Ok(()),
             entry = updates.next() => {
-                let Some(entry) = entry else { return Ok(()) };
+                let Some(entry) = entry else {
+                    // The watch ended: keep confirming by reads (they heal and apply).
+                    updates = match kv.watch_with_history(KEY).await {
+                        Ok(w) => w,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "config watch ended and cannot restart");
+                            confirm_loop(&kv, &handle, &shutdown, &fixup).await;
+                            return Ok(());
+                        }
+                    };
+                    continue;
+                };
                 let entry = match entry {
                     Ok(e) => e,
                     Err(e) => {
@@ -145,25 +237,136 @@ pub async fn watch_kv(
                 if entry.operation != async_nats::jetstream::kv::Operation::Put {
                     continue;
                 }
-                apply(&handle, entry.revision, &entry.value, &fixup);
+                let latest = entry.delta == 0;
+                install(&handle, entry.revision, &entry.value, &fixup);
+                // Delivered with no pending newer ones: this is the latest.
+                if latest {
+                    handle.live().confirm(entry.revision);
+                }
+            }
+            _ = tick.tick() => {
+                confirm(&kv, &handle, &fixup).await;
+                last_check = tokio::time::Instant::now();
+            }
+            _ = handle.live().check_requested() => {
+                tokio::time::sleep_until(last_check + CONFIRM_MIN_GAP).await;
+                confirm(&kv, &handle, &fixup).await;
+                last_check = tokio::time::Instant::now();
             }
         }
     }
 }
 
-/// Parses, validates and installs one stored revision (keeping this process's local settings);
-/// a bad one is logged and skipped.
-fn apply(handle: &ConfigHandle, revision: u64, value: &[u8], fixup: &Fixup) {
-    match load_stored(revision, &String::from_utf8_lossy(value)) {
-        Ok(mut c) => {
-            keep_local(&mut c, &handle.get());
-            fixup(&mut c);
-            if handle.set(revision, c) {
-                tracing::info!(version = revision, "config reloaded");
+/// Confirms by reads only, until `shutdown` (when the watch cannot be restarted).
+async fn confirm_loop(
+    kv: &async_nats::jetstream::kv::Store,
+    handle: &ConfigHandle,
+    shutdown: &CancellationToken,
+    fixup: &Fixup,
+) {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(CONFIRM_EVERY) => {}
+            _ = handle.live().check_requested() => {}
+        }
+        confirm(kv, handle, fixup).await;
+    }
+}
+
+/// Reads the latest entry: applies it when newer than what `handle` holds, then records the
+/// confirmation (and the keys a revision this process cannot apply would change). A failed read
+/// records nothing, so ingress's staleness limit runs.
+async fn confirm(kv: &async_nats::jetstream::kv::Store, handle: &ConfigHandle, fixup: &Fixup) {
+    let entry = match tokio::time::timeout(CONFIRM_EVERY * 4, kv.entry(KEY)).await {
+        Ok(Ok(e)) => e,
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "cannot confirm the live config");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!("confirming the live config timed out");
+            return;
+        }
+    };
+    let Some(entry) = entry else {
+        handle.live().confirm(0);
+        return;
+    };
+    if entry.revision > handle.version() {
+        install(handle, entry.revision, &entry.value, fixup);
+    }
+    handle.live().confirm(entry.revision);
+}
+
+/// [`apply`]; a revision newer than the current one that does not load here makes the keys it
+/// changes unconfirmed (ingress refuses them until a later revision loads).
+fn install(handle: &ConfigHandle, revision: u64, value: &[u8], fixup: &Fixup) {
+    if !apply(handle, revision, value, fixup) {
+        let text = String::from_utf8_lossy(value);
+        handle
+            .live()
+            .set_unconfirmed(changed_keys(&handle.get(), &text));
+    }
+}
+
+/// Hashes of the keys whose entry differs between `current` and the stored `text` (added,
+/// removed, re-hashed, disabled, expiry or tenant changed), read leniently from `text`'s `keys`.
+fn changed_keys(current: &GatewayConfig, text: &str) -> HashSet<String> {
+    let state = |k: &switchyard_schemas::tenancy::KeyConfig| {
+        (k.sha256(), k.enabled, k.expires_at, k.tenant.clone())
+    };
+    let mut out = HashSet::new();
+    let new: Vec<switchyard_schemas::tenancy::KeyConfig> =
+        serde_yaml_ng::from_str::<serde_yaml_ng::Value>(text)
+            .ok()
+            .and_then(|v| v.get("keys").cloned())
+            .and_then(|k| serde_yaml_ng::from_value(k).ok())
+            .unwrap_or_default();
+    let old: std::collections::HashMap<String, _> = current
+        .keys
+        .iter()
+        .map(|k| (k.id.clone(), state(k)))
+        .collect();
+    for k in &new {
+        if old.get(&k.id) != Some(&state(k)) {
+            out.extend(k.sha256());
+            if let Some((Some(h), ..)) = old.get(&k.id) {
+                out.insert(h.clone());
             }
         }
+    }
+    for k in &current.keys {
+        if !new.iter().any(|n| n.id == k.id) {
+            out.extend(k.sha256());
+        }
+    }
+    out
+}
+
+/// Parses, validates and installs one stored revision (keeping this process's local settings);
+/// a bad one is logged and skipped. Returns whether this process now holds `revision` (or a
+/// newer one).
+fn apply(handle: &ConfigHandle, revision: u64, value: &[u8], fixup: &Fixup) -> bool {
+    let name = format!("{BUCKET}/{KEY}@{revision}");
+    let loaded = load_stored(revision, &String::from_utf8_lossy(value))
+        .map_err(|e| e.to_string())
+        .and_then(|mut c| {
+            keep_local(&mut c, &handle.get());
+            fixup(&mut c).map_err(|e| format!("{name}: {e}"))?;
+            Ok(c)
+        });
+    match loaded {
+        Ok(c) => {
+            if handle.set(revision, c) {
+                tracing::info!(version = revision, "config reloaded");
+                handle.live().set_unconfirmed(HashSet::new());
+            }
+            true
+        }
         Err(e) => {
-            tracing::error!(error = %e, "ignoring invalid config revision; keeping the current one")
+            tracing::error!(error = %e, "ignoring invalid config revision; keeping the current one");
+            handle.version() >= revision
         }
     }
 }
@@ -194,12 +397,7 @@ fn check_catalog(name: &str, c: &GatewayConfig) -> Result<(), config::ConfigLoad
 /// Parses and validates stored text `yaml` (revision `revision`) with this process's environment.
 fn load_stored(revision: u64, yaml: &str) -> Result<GatewayConfig, config::ConfigLoadError> {
     let name = format!("{BUCKET}/{KEY}@{revision}");
-    let c = config::parse(&name, yaml, |k| std::env::var(k).ok())?;
-    c.validate()
-        .map_err(|source| config::ConfigLoadError::Invalid {
-            path: name.clone(),
-            source,
-        })?;
+    let c = config_text::parse_valid(&name, yaml, |k| std::env::var(k).ok())?;
     check_catalog(&name, &c)?;
     Ok(c)
 }
@@ -341,20 +539,40 @@ pub async fn watch_file(
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn changed_keys_are_found_by_id() {
+        use switchyard_schemas::tenancy::sha256_hex;
+        let cur: GatewayConfig = serde_yaml_ng::from_str(
+            "keys: [{id: a, tenant: t, key: aaaaaaaaaa}, {id: b, tenant: t, key: bbbbbbbbbb}]",
+        )
+        .unwrap();
+        let next = "keys: [{id: a, tenant: t, key: aaaaaaaaaa, enabled: false}, {id: c, tenant: t, key: cccccccccc}]";
+        let got = changed_keys(&cur, next);
+        let want: HashSet<String> = ["aaaaaaaaaa", "bbbbbbbbbb", "cccccccccc"]
+            .iter()
+            .map(|k| sha256_hex(k))
+            .collect();
+        assert_eq!(got, want);
+    }
 
     #[test]
     fn nats_credentials_are_pushed_only_as_references() {
         assert_eq!(
-            literal_nats_secret("nats: {user: a, password: hunter2}\n"),
+            config_text::literal_nats_secret("nats: {user: a, password: hunter2}\n"),
             Some("password")
         );
-        assert_eq!(literal_nats_secret("nats: {token: \"${T}\"}\n"), None);
         assert_eq!(
-            literal_nats_secret("nats: {nkey_seed: SUABC}\n"),
+            config_text::literal_nats_secret("nats: {token: \"${T}\"}\n"),
+            None
+        );
+        assert_eq!(
+            config_text::literal_nats_secret("nats: {nkey_seed: SUABC}\n"),
             Some("nkey_seed")
         );
-        assert_eq!(literal_nats_secret("models: []\n"), None);
+        assert_eq!(config_text::literal_nats_secret("models: []\n"), None);
         assert_eq!(
             ReloadError::LiteralNatsSecret("token").to_string(),
             "`nats.token` is written literally: the pushed text is readable by every service; \

@@ -4,7 +4,14 @@
 //! `/v1/*` requires `Authorization: Bearer <key>` (OpenAI SDKs) or `x-api-key: <key>`
 //! (Anthropic SDKs); a missing, unknown or disabled key gets 401 in the front door's error shape
 //! (OpenAI: `invalid_request_error` / `invalid_api_key`; Anthropic: `authentication_error`).
-//! Keys are matched by SHA-256, so the table never holds a usable key.
+//! Keys are matched by SHA-256, so the table never holds a usable key. An expired key
+//! (`expires_at`) gets 401 too.
+//!
+//! Key changes across replicas (docs/security.md): an unknown key makes this replica confirm
+//! with the config bucket that it holds the latest revision first (a key created through the
+//! admin API on another replica works at once); a replica whose live config could not be
+//! confirmed for `admin.stale_after_ms` refuses every key with 503 `config_unconfirmed`, and one
+//! that saw a revision it could not apply refuses the keys that revision changes.
 
 use crate::AppState;
 use crate::charge::Caller;
@@ -42,8 +49,18 @@ pub struct KeyTable {
 #[derive(Debug, Default)]
 struct Table {
     /// `None` = authentication off.
-    by_hash: Option<HashMap<String, (Caller, bool)>>,
+    by_hash: Option<HashMap<String, Entry>>,
 }
+
+#[derive(Debug)]
+struct Entry {
+    caller: Caller,
+    enabled: bool,
+    expires_at: Option<u64>,
+}
+
+/// Longest wait of an unknown key for the replica to confirm it holds the latest config.
+const UNKNOWN_KEY_CONFIRM: std::time::Duration = std::time::Duration::from_millis(500);
 
 impl Table {
     fn build(config: &GatewayConfig) -> Self {
@@ -59,7 +76,12 @@ impl Table {
                     key_id: Some(k.id.clone()),
                     admin: k.admin,
                 };
-                k.sha256().map(|h| (h, (caller, k.enabled)))
+                let entry = Entry {
+                    caller,
+                    enabled: k.enabled,
+                    expires_at: k.expires_at,
+                };
+                k.sha256().map(|h| (h, entry))
             })
             .collect();
         Self {
@@ -83,23 +105,54 @@ impl KeyTable {
     }
 
     /// Resolves the key in `headers`: `Ok(anonymous)` when authentication is off.
-    pub fn resolve(&self, app: &AppState, headers: &HeaderMap) -> Result<Caller, ApiError> {
+    pub async fn resolve(&self, app: &AppState, headers: &HeaderMap) -> Result<Caller, ApiError> {
         let table = self.table(app);
-        let Some(by_hash) = &table.by_hash else {
+        if table.by_hash.is_none() {
             return Ok(Caller::default());
-        };
+        }
         let Some(key) = presented_key(headers) else {
             return Err(unauthorized(
                 "You didn't provide an API key. Send it as `Authorization: Bearer <key>` \
                  (or `x-api-key: <key>`).",
             ));
         };
-        match by_hash.get(&sha256_hex(key)) {
-            Some((caller, true)) => Ok(caller.clone()),
-            Some((_, false)) => Err(unauthorized(format!(
+        let live = app.config.live();
+        let stale_after = std::time::Duration::from_millis(app.config.get().admin.stale_after_ms);
+        if live.is_stale(stale_after) {
+            return Err(unconfirmed(
+                "This replica could not confirm its API key list is current; retry shortly.",
+            ));
+        }
+        let hash = sha256_hex(key);
+        if live.is_unconfirmed(&hash) {
+            return Err(unconfirmed(
+                "This API key changed in a config revision this replica could not load yet.",
+            ));
+        }
+        let mut table = table;
+        let known = table
+            .by_hash
+            .as_ref()
+            .is_some_and(|t| t.contains_key(&hash));
+        if !known && live.is_watched() {
+            // Maybe created a moment ago on another replica: confirm the latest config first.
+            let asked = std::time::Instant::now();
+            live.request_check();
+            if live.wait_confirmed_after(asked, UNKNOWN_KEY_CONFIRM).await {
+                table = self.table(app);
+            }
+        }
+        let now_s = switchyard_schemas::now_ms() / 1000;
+        match table.by_hash.as_ref().and_then(|t| t.get(&hash)) {
+            Some(e) if !e.enabled => Err(unauthorized(format!(
                 "The API key {} is disabled.",
                 masked(key)
             ))),
+            Some(e) if e.expires_at.is_some_and(|at| now_s >= at) => Err(unauthorized(format!(
+                "The API key {} has expired.",
+                masked(key)
+            ))),
+            Some(e) => Ok(e.caller.clone()),
             None => Err(unauthorized(format!(
                 "Incorrect API key provided: {}.",
                 masked(key)
@@ -108,8 +161,22 @@ impl KeyTable {
     }
 }
 
+/// 503 `config_unconfirmed` with `Retry-After: 1`: the replica fails closed on a key it cannot
+/// vouch for.
+fn unconfirmed(message: &str) -> ApiError {
+    ApiError {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        message: message.into(),
+        kind: "service_unavailable_error",
+        param: None,
+        code: Some("config_unconfirmed"),
+        retry_after_s: Some(1),
+        request_id: None,
+    }
+}
+
 /// The key from `Authorization: Bearer …` or `x-api-key`.
-fn presented_key(headers: &HeaderMap) -> Option<&str> {
+pub(crate) fn presented_key(headers: &HeaderMap) -> Option<&str> {
     let bearer = headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -124,7 +191,7 @@ fn presented_key(headers: &HeaderMap) -> Option<&str> {
 }
 
 /// `sk-a…wxyz`: enough to tell keys apart in an error, never enough to use.
-fn masked(key: &str) -> String {
+pub(crate) fn masked(key: &str) -> String {
     let chars: Vec<char> = key.chars().collect();
     if chars.len() < 12 {
         return "***".into();
@@ -152,7 +219,7 @@ pub async fn authenticate(State(app): State<Arc<AppState>>, req: Request, next: 
     if !req.uri().path().starts_with("/v1/") {
         return next.run(req).await;
     }
-    match app.keys.resolve(&app, req.headers()) {
+    match app.keys.resolve(&app, req.headers()).await {
         Ok(caller) => CALLER.scope(caller, next.run(req)).await,
         Err(e) if req.uri().path().starts_with("/v1/messages") => e.into_anthropic_response(),
         Err(e) => e.into_response(),

@@ -8,12 +8,15 @@
 //! `/v1/responses/{id}` (OpenAI Responses, see [`responses`]), the batch routes ([`batch`]),
 //! `POST /v1/embeddings`, `GET /v1/models`, `GET /v1/models/{id}`,
 //! `GET /v1/usage` (ledger queries, see [`usage_api`]), `GET /healthz` (liveness), `GET /readyz`
-//! (readiness of this process's services), `GET /metrics` (Prometheus text, see [`metrics`]).
-//! API keys, budgets and rate limits: [`auth`], [`budget`], [`rate_limit`].
+//! (readiness of this process's services), `GET /metrics` (Prometheus text, see [`metrics`]),
+//! `GET /openapi.json` (OpenAPI 3.1 of the public and admin routes, [`OPENAPI`]), and the admin
+//! API under `/admin/…` ([`admin`]). API keys, budgets and rate limits: [`auth`], [`budget`],
+//! [`rate_limit`].
 //!
 //! Candidate ordering is in [`strategy`], target health and load in [`health`], prompt estimates
 //! and context trimming in [`trim`]; [`route`] ties them together.
 
+pub mod admin;
 pub mod anthropic;
 pub mod auth;
 pub mod batch;
@@ -92,7 +95,14 @@ pub struct AppState {
     /// ready once [`serve`] accepts connections).
     pub readiness: Readiness,
     ingress_ready: switchyard_schemas::ready::ReadyFlag,
+    /// The admin API's config-writer connection, start-up text and admin key table.
+    pub admin: admin::AdminState,
 }
+
+/// The OpenAPI 3.1 document served at `GET /openapi.json`: hand-written (one file,
+/// `ingress/src/openapi.json`), covering every public and admin route; a unit test checks that
+/// it parses and lists every route the router serves.
+pub const OPENAPI: &str = include_str!("openapi.json");
 
 impl AppState {
     /// The pricing catalog of the live config (for `lowest_cost`, `composite` and budget
@@ -186,6 +196,7 @@ pub async fn state_with_readiness(
         responses,
         readiness,
         ingress_ready,
+        admin: admin::AdminState::default(),
     }))
 }
 
@@ -219,7 +230,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))
+        .route("/openapi.json", get(openapi))
         .merge(batch::routes())
+        .merge(admin::routes(state.clone()))
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
@@ -348,13 +361,21 @@ async fn metrics_text(State(app): State<Arc<AppState>>) -> Response {
         .into_response()
 }
 
+async fn openapi() -> Response {
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        OPENAPI,
+    )
+        .into_response()
+}
+
 async fn not_found() -> Response {
     let e = error::ApiError {
         status: StatusCode::NOT_FOUND,
         message:
             "Unknown route. Switchyard serves /v1/chat/completions, /v1/completions, /v1/messages, \
              /v1/responses, /v1/embeddings, /v1/models, /v1/files, /v1/batches, \
-             /v1/messages/batches and /v1/usage."
+             /v1/messages/batches and /v1/usage (admin: /admin/…, see /openapi.json)."
                 .into(),
         kind: "invalid_request_error",
         param: None,
@@ -363,4 +384,61 @@ async fn not_found() -> Response {
         request_id: None,
     };
     e.into_response()
+}
+
+#[cfg(test)]
+mod openapi_tests {
+    #![allow(clippy::unwrap_used)]
+
+    #[test]
+    fn the_document_parses_and_lists_every_route() {
+        let doc: serde_json::Value = serde_json::from_str(super::OPENAPI).unwrap();
+        assert_eq!(doc["openapi"], "3.1.0");
+        let routes = [
+            "/v1/chat/completions",
+            "/v1/completions",
+            "/v1/messages",
+            "/v1/messages/count_tokens",
+            "/v1/responses",
+            "/v1/responses/{id}",
+            "/v1/responses/{id}/input_items",
+            "/v1/embeddings",
+            "/v1/models",
+            "/v1/models/{id}",
+            "/v1/usage",
+            "/v1/files",
+            "/v1/files/{id}",
+            "/v1/files/{id}/content",
+            "/v1/batches",
+            "/v1/batches/{id}",
+            "/v1/batches/{id}/cancel",
+            "/v1/messages/batches",
+            "/v1/messages/batches/{id}",
+            "/v1/messages/batches/{id}/cancel",
+            "/v1/messages/batches/{id}/results",
+            "/healthz",
+            "/metrics",
+            "/openapi.json",
+            "/admin/keys",
+            "/admin/keys/{id}",
+            "/admin/keys/{id}/revoke",
+            "/admin/keys/{id}/rotate",
+            "/admin/tenants",
+            "/admin/tenants/{id}",
+            "/admin/config",
+            "/admin/config/validate",
+            "/admin/health",
+            "/admin/cache/purge",
+            "/admin/usage",
+        ];
+        let paths = doc["paths"].as_object().unwrap();
+        for r in routes {
+            assert!(paths.contains_key(r), "{r} missing from openapi.json");
+        }
+        assert_eq!(
+            paths.len(),
+            routes.len(),
+            "a documented route the router does not serve"
+        );
+    }
 }

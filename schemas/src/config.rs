@@ -74,6 +74,9 @@ pub struct GatewayConfig {
     /// Tenants with budgets shared by their keys.
     #[serde(default)]
     pub tenants: Vec<crate::tenancy::TenantConfig>,
+    /// Admin API keys and the replica staleness limit (`/admin/…`, docs/security.md).
+    #[serde(default)]
+    pub admin: crate::tenancy::AdminConfig,
     /// How admission estimates the cost it reserves against budgets.
     #[serde(default)]
     pub budgets: crate::tenancy::BudgetSettings,
@@ -763,6 +766,49 @@ impl GatewayConfig {
             validate_budget(&format!("keys[{i}].budget"), &k.budget)?;
             validate_rates(&format!("keys[{i}].limits"), &k.limits)?;
         }
+        let mut admin_ids = HashSet::new();
+        for (i, k) in self.admin.keys.iter().enumerate() {
+            if !valid_id(&k.id) || !admin_ids.insert(k.id.as_str()) {
+                return Err(err(
+                    format!("admin.keys[{i}].id"),
+                    format!("`{}` is repeated or not 1-64 of [A-Za-z0-9_-]", k.id),
+                ));
+            }
+            match (&k.key_sha256, &k.key) {
+                (Some(h), None) if h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()) => {
+                    if hashes.contains(&h.to_ascii_lowercase()) {
+                        return Err(err(
+                            format!("admin.keys[{i}]"),
+                            "an admin key must not also be a client key",
+                        ));
+                    }
+                }
+                (Some(_), None) => {
+                    return Err(err(
+                        format!("admin.keys[{i}].key_sha256"),
+                        "must be 64 hex digits (the SHA-256 of the key)",
+                    ));
+                }
+                (None, Some(_)) => {}
+                _ => {
+                    return Err(err(
+                        format!("admin.keys[{i}]"),
+                        "needs exactly one of `key_sha256` and `key`",
+                    ));
+                }
+            }
+            if let Some(t) = &k.tenant
+                && !valid_id(t)
+            {
+                return Err(err(
+                    format!("admin.keys[{i}].tenant"),
+                    format!("`{t}` is not 1-64 of [A-Za-z0-9_-]"),
+                ));
+            }
+        }
+        if self.admin.stale_after_ms == 0 {
+            return Err(err("admin.stale_after_ms", "must be > 0"));
+        }
         let b = &self.budgets;
         if b.safety_margin > rust_decimal::Decimal::from(10) {
             return Err(err("budgets.safety_margin", "must be between 0 and 10"));
@@ -792,6 +838,105 @@ impl GatewayConfig {
 #[derive(Debug, Clone)]
 pub struct ConfigHandle {
     inner: std::sync::Arc<arc_swap::ArcSwap<Versioned>>,
+    live: std::sync::Arc<LiveStatus>,
+}
+
+/// When the live-config watcher last confirmed that this process holds the latest revision of
+/// the config bucket, and which keys changed in a revision it could not apply. Ingress fails
+/// closed on both (docs/security.md, "Key changes across replicas").
+#[derive(Debug)]
+pub struct LiveStatus {
+    watched: std::sync::atomic::AtomicBool,
+    confirmed: tokio::sync::watch::Sender<Confirmation>,
+    check: tokio::sync::Notify,
+    unconfirmed: parking_lot::Mutex<HashSet<String>>,
+}
+
+/// One confirmation: the latest revision the bucket had, and when that was read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Confirmation {
+    /// Latest revision of the config key (0 = none stored).
+    pub revision: u64,
+    /// When it was confirmed.
+    pub at: std::time::Instant,
+}
+
+impl LiveStatus {
+    fn new() -> Self {
+        Self {
+            watched: std::sync::atomic::AtomicBool::new(false),
+            confirmed: tokio::sync::watch::Sender::new(Confirmation {
+                revision: 0,
+                at: std::time::Instant::now(),
+            }),
+            check: tokio::sync::Notify::new(),
+            unconfirmed: parking_lot::Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// Called by the watcher when it starts: from now on staleness counts.
+    pub fn mark_watched(&self) {
+        self.confirm(0);
+        self.watched
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether a live-config watcher runs for this handle (no watcher: never stale).
+    pub fn is_watched(&self) -> bool {
+        self.watched.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Records that `revision` is the bucket's latest, now.
+    pub fn confirm(&self, revision: u64) {
+        self.confirmed.send_replace(Confirmation {
+            revision,
+            at: std::time::Instant::now(),
+        });
+    }
+
+    /// The last confirmation.
+    pub fn confirmation(&self) -> Confirmation {
+        *self.confirmed.borrow()
+    }
+
+    /// Whether the watcher runs and has not confirmed within `limit`.
+    pub fn is_stale(&self, limit: std::time::Duration) -> bool {
+        self.is_watched() && self.confirmation().at.elapsed() > limit
+    }
+
+    /// Asks the watcher to confirm now (coalesced: many asks, one check).
+    pub fn request_check(&self) {
+        self.check.notify_one();
+    }
+
+    /// Resolves when [`Self::request_check`] was called (the watcher's side).
+    pub async fn check_requested(&self) {
+        self.check.notified().await;
+    }
+
+    /// Waits up to `limit` for a confirmation made after `after`; whether one came.
+    pub async fn wait_confirmed_after(
+        &self,
+        after: std::time::Instant,
+        limit: std::time::Duration,
+    ) -> bool {
+        let mut rx = self.confirmed.subscribe();
+        tokio::time::timeout(limit, rx.wait_for(|c| c.at > after))
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+
+    /// Replaces the set of key hashes (lower-case hex SHA-256) changed in a stored revision this
+    /// process could not apply; ingress refuses them until one is applied.
+    pub fn set_unconfirmed(&self, hashes: HashSet<String>) {
+        *self.unconfirmed.lock() = hashes;
+    }
+
+    /// Whether `hash` is in [`Self::set_unconfirmed`]'s set.
+    pub fn is_unconfirmed(&self, hash: &str) -> bool {
+        let set = self.unconfirmed.lock();
+        !set.is_empty() && set.contains(hash)
+    }
 }
 
 /// A config with the version it was published under (0 = the start-up file) and the pricing
@@ -832,7 +977,13 @@ impl ConfigHandle {
             inner: std::sync::Arc::new(arc_swap::ArcSwap::from_pointee(Versioned::new(
                 version, config,
             ))),
+            live: std::sync::Arc::new(LiveStatus::new()),
         }
+    }
+
+    /// The watcher's confirmations (shared by every clone of this handle).
+    pub fn live(&self) -> &LiveStatus {
+        &self.live
     }
 
     /// The current snapshot.

@@ -11,6 +11,7 @@
 
 pub mod cache;
 pub mod config;
+pub mod config_text;
 pub mod count;
 pub mod embed;
 pub mod error;
@@ -25,6 +26,7 @@ pub mod publish_batch;
 pub mod ready;
 pub mod request;
 pub mod routing;
+pub mod sealed;
 pub mod secret;
 pub mod subjects;
 pub mod tenancy;

@@ -35,14 +35,77 @@ pub struct KeyConfig {
     /// Request-rate limits of this key (RPM, TPM, concurrent requests).
     #[serde(default, skip_serializing_if = "RateLimits::is_none")]
     pub limits: RateLimits,
+    /// Unix time, seconds (UTC), from which the key is refused with 401 (`None` = never).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<u64>,
 }
 
 impl KeyConfig {
+    /// Whether the key has expired at `now_s` (Unix seconds).
+    pub fn expired(&self, now_s: u64) -> bool {
+        self.expires_at.is_some_and(|at| now_s >= at)
+    }
+
     /// The lower-case hex SHA-256 this key is matched by.
     pub fn sha256(&self) -> Option<String> {
         match (&self.key_sha256, &self.key) {
             (Some(h), _) => Some(h.to_ascii_lowercase()),
             (None, Some(k)) => Some(sha256_hex(k.expose())),
+            (None, None) => None,
+        }
+    }
+}
+
+/// The `admin:` section: who may call the admin API (`/admin/…`), and how long a replica trusts
+/// its copy of the live config.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// Admin keys, separate from client `keys` (a client key never opens `/admin`).
+    pub keys: Vec<AdminKeyConfig>,
+    /// A replica that could not confirm for this long (ms) that its live config is the latest
+    /// refuses every API key with 503 `config_unconfirmed` (fail closed) until it can
+    /// (docs/security.md, "Key changes across replicas"). Default 1000.
+    pub stale_after_ms: u64,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self {
+            keys: Vec::new(),
+            stale_after_ms: 1000,
+        }
+    }
+}
+
+/// One admin key.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminKeyConfig {
+    /// Id (`[A-Za-z0-9_-]`, ≤ 64), named in logs.
+    pub id: String,
+    /// Lower-case hex SHA-256 of the key. Exactly one of `key_sha256` / `key`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_sha256: Option<String>,
+    /// The key as a reference: `env:NAME` (read by ingress) or `${NAME}`. A literal is stored
+    /// as its hash by `config push`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<Secret>,
+    /// Limits the key to one tenant's keys, tenant and usage (`None` = the whole gateway).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+}
+
+impl AdminKeyConfig {
+    /// The SHA-256 the key is matched by, resolving an `env:NAME` reference with `env`; `None`
+    /// when the variable is unset.
+    pub fn sha256(&self, env: &impl Fn(&str) -> Option<String>) -> Option<String> {
+        match (&self.key_sha256, &self.key) {
+            (Some(h), _) => Some(h.to_ascii_lowercase()),
+            (None, Some(k)) => crate::sealed::resolve(k, env, None)
+                .ok()
+                .filter(|k| !k.is_empty())
+                .map(|k| sha256_hex(k.expose())),
             (None, None) => None,
         }
     }
@@ -167,6 +230,18 @@ pub fn sha256_hex(key: &str) -> String {
     use sha2::Digest as _;
     let digest = sha2::Sha256::digest(key.as_bytes());
     digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A new random API key: `sk-sy-` + 40 letters and digits (~238 bits), from the OS-seeded
+/// thread RNG.
+pub fn new_api_key() -> String {
+    use rand::Rng as _;
+    let secret: String = rand::rng()
+        .sample_iter(rand::distr::Alphanumeric)
+        .take(40)
+        .map(char::from)
+        .collect();
+    format!("sk-sy-{secret}")
 }
 
 /// Whether `id` is usable as a key or tenant id (it becomes part of KV keys and subjects).

@@ -2,6 +2,8 @@
 //! disk instead of one per file (CI once ran out of disk linking a dozen test binaries).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod admin;
+mod admin_secrets;
 mod agents_compat;
 mod anthropic_front_door;
 mod batch;

@@ -18,7 +18,7 @@ async fn pushed_config_applies_without_restart_and_spares_in_flight_requests() {
         client.clone(),
         gw.config.clone(),
         stop.clone(),
-        std::sync::Arc::new(|_| {}),
+        std::sync::Arc::new(|_| Ok(())),
     ));
 
     // A slow stream starts on the old config (version 0).

@@ -215,10 +215,18 @@ pub async fn start(opts: Options) -> Gateway {
 /// Starts another ingress process's worth of state (own NATS connection, own id, own budget
 /// holder) on the gateway's NATS and config; returns its base URL and state.
 pub async fn spawn_ingress(gw: &Gateway) -> (String, std::sync::Arc<switchyard_ingress::AppState>) {
+    spawn_ingress_with(gw, gw.config.clone()).await
+}
+
+/// [`spawn_ingress`] with its own config handle (a replica with its own live-config watch).
+pub async fn spawn_ingress_with(
+    gw: &Gateway,
+    config: ConfigHandle,
+) -> (String, std::sync::Arc<switchyard_ingress::AppState>) {
     let client = gw.nats_as(switchyard::nats_auth::Identity::Ingress).await;
     let state = switchyard_ingress::state(
         client,
-        gw.config.clone(),
+        config,
         &format!("ingress-{}", uuid::Uuid::now_v7().simple()),
     )
     .await
