@@ -424,18 +424,16 @@ fn content_blocks(content: Option<&Content>, i: usize) -> Result<Vec<Value>, Err
     }
 }
 
-/// `data:<media>;base64,<data>` → a base64 image source; `http(s)://` → a URL image source.
+/// `data:<media>;base64,<data>` → a base64 image source; `http(s)://` → a URL image source
+/// (`data:` syntax: [`switchyard_schemas::input::parse_data_url`]).
 fn image_block(url: &str, i: usize) -> Result<Value, ErrorInfo> {
-    if let Some(rest) = url.strip_prefix("data:") {
-        let parsed = rest
-            .split_once(',')
-            .and_then(|(meta, data)| meta.strip_suffix(";base64").map(|media| (media, data)));
-        return match parsed {
-            Some((media, data)) if !media.is_empty() => Ok(json!({
+    if switchyard_schemas::input::is_data_url(url) {
+        return match switchyard_schemas::input::parse_data_url(url) {
+            Some(d) => Ok(json!({
                 "type": "image",
-                "source": { "type": "base64", "media_type": media, "data": data },
+                "source": { "type": "base64", "media_type": d.media_type, "data": d.data },
             })),
-            _ => Err(bad_message(
+            None => Err(bad_message(
                 i,
                 "image data URLs must be data:<media type>;base64,<data>",
             )),
