@@ -702,7 +702,10 @@ impl AnthropicTranslator {
     /// added into `prompt_tokens` (see [`Usage`]).
     fn usage(&self) -> Usage {
         Usage {
-            prompt_tokens: self.input + self.cache_read + self.cache_creation,
+            prompt_tokens: self
+                .input
+                .saturating_add(self.cache_read)
+                .saturating_add(self.cache_creation),
             cached_tokens: self.cache_read,
             cache_write_tokens: self.cache_creation,
             completion_tokens: self.output,

@@ -721,7 +721,7 @@ fn parse_usage(u: &Value) -> Usage {
         prompt_tokens: n("promptTokenCount"),
         cached_tokens: n("cachedContentTokenCount"),
         cache_write_tokens: 0,
-        completion_tokens: n("candidatesTokenCount") + thoughts,
+        completion_tokens: n("candidatesTokenCount").saturating_add(thoughts),
         reasoning_tokens: thoughts,
     }
 }
