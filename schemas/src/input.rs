@@ -163,7 +163,9 @@ impl ImageFormat {
             Some(Self::Jpeg)
         } else if bytes.starts_with(b"GIF87a") || bytes.starts_with(b"GIF89a") {
             Some(Self::Gif)
-        } else if bytes.len() >= 12 && bytes.starts_with(b"RIFF") && bytes.get(8..12) == Some(b"WEBP")
+        } else if bytes.len() >= 12
+            && bytes.starts_with(b"RIFF")
+            && bytes.get(8..12) == Some(b"WEBP")
         {
             Some(Self::Webp)
         } else {
@@ -199,7 +201,8 @@ pub fn parse_data_url(url: &str) -> Option<DataUrl<'_>> {
 
 /// Whether the URL is a `data:` URL (scheme case-insensitive).
 pub fn is_data_url(url: &str) -> bool {
-    url.get(..5).is_some_and(|s| s.eq_ignore_ascii_case("data:"))
+    url.get(..5)
+        .is_some_and(|s| s.eq_ignore_ascii_case("data:"))
 }
 
 /// An image URL every door accepts: `https://` or `http://` to a public host, or a base64
@@ -431,14 +434,23 @@ mod tests {
             assert!(image_url(bad).is_err(), "{bad}");
         }
         let e = image_url("data:image/jpeg;base64,iVBORw0KGgoAAAAN").unwrap_err();
-        assert_eq!(e, "the image data is image/png, not the declared image/jpeg.");
+        assert_eq!(
+            e,
+            "the image data is image/png, not the declared image/jpeg."
+        );
     }
 
     #[test]
     fn sniffing() {
         assert_eq!(ImageFormat::sniff(b"GIF89a..."), Some(ImageFormat::Gif));
-        assert_eq!(ImageFormat::sniff(&[0xFF, 0xD8, 0xFF, 0xE0]), Some(ImageFormat::Jpeg));
-        assert_eq!(ImageFormat::sniff(b"RIFF\0\0\0\0WEBPVP8 "), Some(ImageFormat::Webp));
+        assert_eq!(
+            ImageFormat::sniff(&[0xFF, 0xD8, 0xFF, 0xE0]),
+            Some(ImageFormat::Jpeg)
+        );
+        assert_eq!(
+            ImageFormat::sniff(b"RIFF\0\0\0\0WEBPVP8 "),
+            Some(ImageFormat::Webp)
+        );
         assert_eq!(ImageFormat::sniff(b"RIFF\0\0\0\0WAVE"), None);
         assert_eq!(ImageFormat::sniff(b""), None);
     }

@@ -131,7 +131,10 @@ async fn chat_door_refuses_bad_tools_tool_results_and_images() {
         openai_400(
             &gw,
             path,
-            chat(json!([{"role": "user", "content": "w?"}, call, result]), None),
+            chat(
+                json!([{"role": "user", "content": "w?"}, call, result]),
+                None,
+            ),
             "messages[2].tool_call_id",
         )
         .await;
@@ -139,7 +142,13 @@ async fn chat_door_refuses_bad_tools_tool_results_and_images() {
     for url in bad_urls() {
         let m = json!([{"role": "user", "content": [{"type": "text", "text": "what is it"},
             {"type": "image_url", "image_url": {"url": url}}]}]);
-        openai_400(&gw, path, chat(m, None), "messages[0].content[1].image_url.url").await;
+        openai_400(
+            &gw,
+            path,
+            chat(m, None),
+            "messages[0].content[1].image_url.url",
+        )
+        .await;
     }
     // A long model name is not echoed whole.
     let long = format!("x/{}", "m".repeat(10_000));
@@ -221,11 +230,10 @@ async fn responses_door_refuses_bad_tools_tool_results_and_images() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn anthropic_door_refuses_bad_tools_tool_results_and_images() {
     let gw = start(Options::default()).await;
-    let msg = |messages: Value| json!({"model": "demo/claude", "max_tokens": 16, "messages": messages});
+    let msg =
+        |messages: Value| json!({"model": "demo/claude", "max_tokens": 16, "messages": messages});
     let user_hi = json!([{"role": "user", "content": "hi"}]);
-    let with_tool = |t: Value| {
-        json!({"model": "demo/claude", "max_tokens": 16, "messages": user_hi, "tools": [t]})
-    };
+    let with_tool = |t: Value| json!({"model": "demo/claude", "max_tokens": 16, "messages": user_hi, "tools": [t]});
     anthropic_400(
         &gw,
         with_tool(json!({"name": "bad name!", "input_schema": {"type": "object"}})),
@@ -274,8 +282,10 @@ async fn anthropic_door_refuses_bad_tools_tool_results_and_images() {
     )
     .await;
     let image = |source: Value| {
-        msg(json!([{"role": "user", "content": [{"type": "text", "text": "what"},
-            {"type": "image", "source": source}]}]))
+        msg(
+            json!([{"role": "user", "content": [{"type": "text", "text": "what"},
+            {"type": "image", "source": source}]}]),
+        )
     };
     anthropic_400(
         &gw,
@@ -283,7 +293,11 @@ async fn anthropic_door_refuses_bad_tools_tool_results_and_images() {
         "messages[0].content[1].source.media_type",
     )
     .await;
-    for (media, data) in [("image/png", GIF), ("image/gif", HTML), ("image/webp", "!!")] {
+    for (media, data) in [
+        ("image/png", GIF),
+        ("image/gif", HTML),
+        ("image/webp", "!!"),
+    ] {
         anthropic_400(
             &gw,
             image(json!({"type": "base64", "media_type": media, "data": data})),

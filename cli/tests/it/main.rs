@@ -15,6 +15,7 @@ mod field_cases;
 mod field_cases_resilience;
 mod field_cases_upstream;
 mod flow_control;
+mod fuzz;
 mod input_hardening;
 mod limits_load;
 mod matrix;

@@ -172,10 +172,7 @@ pub fn parse(body: &[u8], item_prefix: &str) -> Result<ParsedResponses, ApiError
         } else {
             format!("Unknown parameter: '{}'.", input::echo(name))
         };
-        return Err(ApiError::invalid(
-            msg,
-            Some(input::echo(name).into_owned()),
-        ));
+        return Err(ApiError::invalid(msg, Some(input::echo(name).into_owned())));
     }
     if b.model.trim().is_empty() {
         return Err(invalid("`model` must not be empty.", "model"));

@@ -513,7 +513,7 @@ fn protocol(message: impl Into<String>) -> ErrorInfo {
 /// Anthropic stream → normalised events: `Text`, `ToolCall`, one `Usage` right before `End` (at
 /// `message_stop`), or an error; the byte stream ending before `message_stop` is a `protocol` error.
 #[derive(Debug, Default)]
-struct AnthropicTranslator {
+pub struct AnthropicTranslator {
     /// `usage.input_tokens` (excludes cache reads and writes).
     input: u64,
     /// `usage.cache_read_input_tokens`.

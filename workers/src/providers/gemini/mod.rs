@@ -557,7 +557,7 @@ fn protocol(message: impl Into<String>) -> ErrorInfo {
 /// stream, Gemini has no end marker) one `Usage` and `End`; a stream that ends without any
 /// `finishReason` is a `protocol` error.
 #[derive(Debug, Default)]
-struct GeminiTranslator {
+pub struct GeminiTranslator {
     /// From `candidates[0].finishReason`.
     finish: Option<FinishReason>,
     /// The last `usageMetadata` (cumulative).
