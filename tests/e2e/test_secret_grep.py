@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import socket
 import sqlite3
 import threading
 from pathlib import Path
@@ -44,8 +45,8 @@ class EchoUpstream(http.server.BaseHTTPRequestHandler):
         if "/messages" in self.path:
             body = {"type": "error", "error": {"type": "authentication_error", "message": message}}
         else:
-            body = {"error": {"message": message, "type": "invalid_request_error",
-                              "param": None, "code": "invalid_api_key"}}
+            body = {"error": {"message": message, "type": "invalid_request_error", "param": None,
+                              "code": None if status == 400 else "invalid_api_key"}}
         raw = json.dumps(body).encode()
         self.send_response(status)
         self.send_header("content-type", "application/json")
@@ -57,6 +58,46 @@ class EchoUpstream(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, *args):
         pass
+
+
+class NatsTap:
+    """A raw NATS client that records every byte the server sends it for `subjects` (with the
+    generated credentials of `identity`): the messages of the run as they flow. Subjects the
+    identity may not subscribe to are answered with a permissions error, recorded too."""
+
+    def __init__(self, port: int, user: str, password: str, subjects: list[str]):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        self.sock.recv(4096)  # INFO
+        connect = {"verbose": False, "pedantic": False, "headers": True, "protocol": 1,
+                   "user": user, "pass": password, "name": f"secret-tap-{user}"}
+        cmds = f"CONNECT {json.dumps(connect)}\r\n"
+        cmds += "".join(f"SUB {s} {i}\r\n" for i, s in enumerate(subjects, 1))
+        self.sock.sendall((cmds + "PING\r\n").encode())
+        self.buf = bytearray()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        self.sock.settimeout(0.2)
+        while not self.stop.is_set():
+            try:
+                chunk = self.sock.recv(65536)
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            if not chunk:
+                return
+            self.buf += chunk
+            if b"PING\r\n" in chunk:
+                self.sock.sendall(b"PONG\r\n")
+
+    def close(self) -> bytes:
+        self.stop.set()
+        self.thread.join(timeout=5)
+        self.sock.close()
+        return bytes(self.buf)
 
 
 def config(echo_port: int) -> str:
@@ -75,7 +116,6 @@ models:
   - {{id: demo/echo, targets: [echo]}}
   - {{id: demo/echo-bad, targets: [echo-bad]}}
   - {{id: demo/echo-claude, targets: [echo-claude]}}
-  - {{id: demo/echo-then-mock, targets: [echo, mock]}}
 keys:
   - {{id: team-a, tenant: a, key: "${{SY_E2E_CLIENT_KEY}}"}}
   - {{id: ops, tenant: ops, key: "${{SY_E2E_ADMIN_KEY}}", admin: true}}
@@ -96,11 +136,11 @@ def run(procs, tmp_path: Path, echo_port: int) -> None:
     cfg = tmp_path / "secrets.yaml"
     cfg.write_text(config(echo_port))
     data = tmp_path / "up-data"
-    port = pick_free_port()
+    port, nats_port = pick_free_port(), pick_free_port()
     base = f"http://127.0.0.1:{port}"
     up = procs.start("switchyard-up", [
         switchyard_bin(), "up", "--config", str(cfg), "--data-dir", str(data),
-        "--listen", f"127.0.0.1:{port}", "--no-local-model",
+        "--listen", f"127.0.0.1:{port}", "--no-local-model", "--nats-port", str(nats_port),
     ], env={
         "SY_E2E_CLIENT_KEY": CLIENT_KEY, "SY_E2E_ADMIN_KEY": ADMIN_KEY,
         "SY_E2E_PROVIDER_KEY": PROVIDER_KEY,
@@ -111,6 +151,12 @@ def run(procs, tmp_path: Path, echo_port: int) -> None:
     wait_until("a chat with the client key", lambda: chat_ok(base, api_key=CLIENT_KEY),
                READY_DEADLINE_S, [up])
 
+    # Taps on every subject: the admin identity sees all but requests and replies, a worker's
+    # the requests, ingress's the replies (frames).
+    creds = json.loads((data / "nats-credentials.json").read_text())
+    taps = [NatsTap(nats_port, "admin", creds["admin"], [">"]),
+            NatsTap(nats_port, "worker", creds["worker"], ["sy.req.>"]),
+            NatsTap(nats_port, "ingress", creds["ingress"], ["sy.inbox.>", "_INBOX.ingress.>"])]
     produced: list[str] = []
     http = httpx.Client(base_url=base, timeout=30.0)
 
@@ -133,13 +179,12 @@ def run(procs, tmp_path: Path, echo_port: int) -> None:
     assert call("POST", "/v1/messages", anthropic=True, json={**msg, "stream": True}).status_code == 200
     assert call("POST", "/v1/responses", json={"model": "demo/mock", "input": "hi"}).status_code == 200
 
-    # Upstream 401 echoing the key: non-streamed, streamed, fallback, Anthropic door and provider.
+    # Upstream 401 echoing the key: non-streamed, streamed, Anthropic door and provider, Responses.
     r = call("POST", "/v1/chat/completions", json=chat("demo/echo"))
     assert r.status_code == 502, r.text
     assert r.json()["error"]["code"] == "upstream_auth_failed"
     r = call("POST", "/v1/chat/completions", json=chat("demo/echo", stream=True))
     assert r.status_code == 502, r.text
-    assert call("POST", "/v1/chat/completions", json=chat("demo/echo-then-mock")).status_code == 200
     r = call("POST", "/v1/messages", anthropic=True, json={**msg, "model": "demo/echo-claude"})
     assert r.status_code == 502, r.text
     assert r.json()["type"] == "error"
@@ -154,10 +199,14 @@ def run(procs, tmp_path: Path, echo_port: int) -> None:
     assert call("POST", "/v1/messages", key=WRONG_KEY, anthropic=True, json=msg).status_code == 401
     usage = wait_for_usage(call)
     assert usage.status_code == 200, usage.text
+    tapped = b"".join(t.close() for t in taps)
     # Graceful stop: every buffered log line and ledger row is written.
     up.stop(grace_s=20.0)
 
-    hits: list[str] = []
+    hits: list[str] = [f"nats message: {s}" for s in SECRETS if s.encode() in tapped]
+    # Positive control: the taps saw this run's requests (prompt "hi") and usage (key id).
+    assert b"team-a" in tapped and b'"hi"' in tapped, tapped[:2000]
+    assert b"MSG sy.req." in tapped and b"Permissions Violation" not in tapped
     for i, text in enumerate(produced):
         hits += [f"response {i}: {s}" for s in SECRETS if s in text]
     log = up.log()
@@ -168,21 +217,21 @@ def run(procs, tmp_path: Path, echo_port: int) -> None:
     assert ledger.exists()
     db = sqlite3.connect(ledger)
     tables = [t for (t,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")]
-    rows = 0
+    # Positive controls: the searches do read what this run wrote (the key id, the echo target).
+    seen_in_ledger = seen_in_files = False
     for t in tables:
         for row in db.execute(f'SELECT * FROM "{t}"'):
-            rows += 1
             text = " ".join(str(c) for c in row)
+            seen_in_ledger |= "team-a" in text and "echo" in text
             hits += [f"ledger {t}: {s}" for s in SECRETS if s in text]
     db.close()
-    assert rows > 0
-    files = 0
+    assert seen_in_ledger, "no ledger row of this run found"
     for f in data.rglob("*"):
         if f.is_file():
-            files += 1
             raw = f.read_bytes()
+            seen_in_files |= b"demo/mock" in raw
             hits += [f"file {f.relative_to(data)}: {s}" for s in SECRETS if s.encode() in raw]
-    assert files > 0
+    assert seen_in_files, "no KV value of this run found in the JetStream store"
     assert not hits, "\n".join(hits)
 
 
