@@ -394,8 +394,11 @@ async fn seeds() -> Seeds {
     }
 }
 
+/// Seed inputs of one target.
+type Corpus = Vec<Vec<u8>>;
+
 /// Front-door bodies: the Claude Code request, and one of every feature per door.
-fn door_seeds() -> (Vec<Vec<u8>>, Vec<Vec<u8>>, Vec<Vec<u8>>) {
+fn door_seeds() -> (Corpus, Corpus, Corpus) {
     let png = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==";
     let chat = vec![
         json!({"model": "demo/mock", "messages": [{"role": "system", "content": "s"},
