@@ -72,10 +72,10 @@ pub async fn spend_from_ledger(
             s.month_usd += usd;
             if row_day == day {
                 s.day_usd += usd;
-                s.day_tokens += tokens;
+                s.day_tokens = s.day_tokens.saturating_add(tokens);
             }
             if row_minute == minute {
-                s.minute_tokens += tokens;
+                s.minute_tokens = s.minute_tokens.saturating_add(tokens);
             }
         }
     }

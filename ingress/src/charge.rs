@@ -240,7 +240,7 @@ impl Charge {
                             &e.usage,
                             e.batch_id.is_some(),
                         ),
-                        tokens: e.usage.prompt_tokens + e.usage.completion_tokens,
+                        tokens: e.usage.total_tokens(),
                     }
                 };
                 if let Some(owed) = r.settle(actual).await {

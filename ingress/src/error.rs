@@ -42,8 +42,17 @@ impl ApiError {
         }
     }
 
-    /// 404 for a model or route nobody configured (OpenAI's `model_not_found`).
+    /// A 400 `invalid_request_error` about `param`, worded like OpenAI's:
+    /// `Invalid '<param>': <problem>`.
+    pub fn invalid_field(param: impl Into<String>, problem: impl std::fmt::Display) -> Self {
+        let param = param.into();
+        Self::invalid(format!("Invalid '{param}': {problem}"), Some(param))
+    }
+
+    /// 404 for a model or route nobody configured (OpenAI's `model_not_found`); a long model
+    /// name is cut (see [`switchyard_schemas::input::echo`]).
     pub fn model_not_found(model: &str) -> Self {
+        let model = switchyard_schemas::input::echo(model);
         Self {
             status: StatusCode::NOT_FOUND,
             message: format!("The model `{model}` does not exist or you do not have access to it."),
@@ -118,6 +127,12 @@ impl ApiError {
             "param": self.param,
             "code": self.code,
         }})
+    }
+}
+
+impl From<switchyard_schemas::input::Invalid> for ApiError {
+    fn from(e: switchyard_schemas::input::Invalid) -> Self {
+        Self::invalid_field(e.param, e.message)
     }
 }
 

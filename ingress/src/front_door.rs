@@ -94,12 +94,20 @@ pub async fn serve<D: FrontDoor>(
 }
 
 /// Serves one request `door` has already parsed (and size-checked with [`route::check_size`]).
+///
+/// Every door's request passes [`switchyard_schemas::input::check_conversation`] here (tools,
+/// tool results, images), whatever its parser already checked: a bad one is a 400 in the door's
+/// shape before any cache lookup, admission or upstream call.
 pub async fn serve_inbound<D: FrontDoor>(
     door: D,
     app: Arc<AppState>,
     headers: &HeaderMap,
     inbound: Inbound,
 ) -> Response {
+    if let Err(e) = switchyard_schemas::input::check_conversation(&inbound.messages, &inbound.tools)
+    {
+        return door.error(e.into());
+    }
     let (out, rates) = crate::rate_limit::reporting(pipeline(&door, app, headers, inbound)).await;
     let mut resp = match out {
         Ok(r) => r,

@@ -144,7 +144,7 @@ impl HealthView {
         let probe_at = match event.state {
             HealthState::Unhealthy => event
                 .retry_after_ms
-                .map(|ms| now + Duration::from_millis(ms)),
+                .and_then(|ms| now.checked_add(Duration::from_millis(ms))),
             _ => None,
         };
         e.reports.insert(

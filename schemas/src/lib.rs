@@ -17,6 +17,7 @@ pub mod embed;
 pub mod error;
 pub mod frame;
 pub mod health;
+pub mod input;
 pub mod nats_config;
 pub mod pricing;
 #[cfg(feature = "nats")]

@@ -31,7 +31,7 @@ pub struct Usage {
 impl Usage {
     /// `prompt_tokens + completion_tokens`.
     pub fn total_tokens(&self) -> u64 {
-        self.prompt_tokens + self.completion_tokens
+        self.prompt_tokens.saturating_add(self.completion_tokens)
     }
 }
 

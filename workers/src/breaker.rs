@@ -429,7 +429,7 @@ impl Breakers {
         let pause = cfg.cooldown_ms.max(longest);
         let count = cd.recent.len();
         cd.recent.clear();
-        cd.until = Some(now + Duration::from_millis(pause));
+        cd.until = now.checked_add(Duration::from_millis(pause));
         cd.generation += 1;
         let generation = cd.generation;
         let targets: Vec<String> = config

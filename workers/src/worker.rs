@@ -918,11 +918,11 @@ impl BareArgs {
 fn add_usage(out: &mut Outcome, usage: Option<Usage>) {
     let Some(u) = usage else { return };
     let sum = out.usage.get_or_insert_with(Usage::default);
-    sum.prompt_tokens += u.prompt_tokens;
-    sum.cached_tokens += u.cached_tokens;
-    sum.cache_write_tokens += u.cache_write_tokens;
-    sum.completion_tokens += u.completion_tokens;
-    sum.reasoning_tokens += u.reasoning_tokens;
+    sum.prompt_tokens = sum.prompt_tokens.saturating_add(u.prompt_tokens);
+    sum.cached_tokens = sum.cached_tokens.saturating_add(u.cached_tokens);
+    sum.cache_write_tokens = sum.cache_write_tokens.saturating_add(u.cache_write_tokens);
+    sum.completion_tokens = sum.completion_tokens.saturating_add(u.completion_tokens);
+    sum.reasoning_tokens = sum.reasoning_tokens.saturating_add(u.reasoning_tokens);
 }
 
 fn timed_out(what: &str) -> CallEnd {

@@ -127,7 +127,7 @@ mod tests {
             "system": [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
             "messages": [
                 {"role": "user", "content": [{"type": "text", "text": "Look"},
-                    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA"}}]},
+                    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]},
                 {"role": "assistant", "content": [{"type": "text", "text": "Calling"},
                     {"type": "tool_use", "id": "t1", "name": "w", "input": {"city": "Paris"},
                         "caller": {"type": "direct"}}]},
@@ -150,7 +150,7 @@ mod tests {
             json!([
                 {"role": "system", "content": "Be brief."},
                 {"role": "user", "content": [{"type": "text", "text": "Look"},
-                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}]},
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]},
                 {"role": "assistant", "content": "Calling", "tool_calls": [{"id": "t1", "type": "function",
                     "function": {"name": "w", "arguments": "{\"city\":\"Paris\"}"}}]},
                 {"role": "tool", "content": "a\nb", "tool_call_id": "t1"},

@@ -31,6 +31,7 @@ use serde::Deserialize;
 use serde::de::{DeserializeOwned, IgnoredAny};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
+use switchyard_schemas::input;
 use switchyard_schemas::request::{
     Content, ContentPart, FunctionCall, FunctionDef, ImageUrl, Message, Passthrough, Role,
     SamplingParams, ThinkingBlock, Tool, ToolCall,
@@ -390,7 +391,7 @@ fn check_thinking(t: &Value) -> Result<(), ApiError> {
 fn check_fields(obj: &Map<String, Value>) -> Result<(), ApiError> {
     for key in obj.keys() {
         if !KNOWN.contains(&key.as_str()) && !PASSTHROUGH.contains(&key.as_str()) {
-            return Err(invalid(key, "Extra inputs are not permitted"));
+            return Err(invalid(&input::echo(key), "Extra inputs are not permitted"));
         }
     }
     match REQUIRED.iter().find(|k| !obj.contains_key(**k)) {
@@ -483,15 +484,33 @@ fn system_message(system: Value, at: &str) -> Result<Option<Message>, ApiError> 
     Ok((!parts.is_empty()).then(|| plain(Role::System, Some(parts_content(parts)))))
 }
 
-/// An image source → an OpenAI-style `image_url` part (base64 → `data:` URL).
-fn image_part(source: ImageSource) -> ContentPart {
+/// An image source (the block at `at`) → an OpenAI-style `image_url` part (base64 → `data:`
+/// URL), checked by [`input::image_url`]: an allowed media type whose bytes are of that type, or
+/// an http(s) URL to a public host.
+fn image_part(source: ImageSource, at: &str) -> Result<ContentPart, ApiError> {
     let url = match source {
-        ImageSource::Base64 { media_type, data } => format!("data:{media_type};base64,{data}"),
-        ImageSource::Url { url } => url,
+        ImageSource::Base64 { media_type, data } => {
+            if input::ImageFormat::from_media_type(&media_type).is_none() {
+                return Err(invalid(
+                    &format!("{at}.source.media_type"),
+                    format!(
+                        "Input should be 'image/jpeg', 'image/png', 'image/gif' or 'image/webp', not `{}`",
+                        input::echo(&media_type)
+                    ),
+                ));
+            }
+            let url = format!("data:{media_type};base64,{data}");
+            input::image_url(&url).map_err(|e| invalid(&format!("{at}.source.data"), e))?;
+            url
+        }
+        ImageSource::Url { url } => {
+            input::image_url(&url).map_err(|e| invalid(&format!("{at}.source.url"), e))?;
+            url
+        }
     };
-    ContentPart::ImageUrl {
+    Ok(ContentPart::ImageUrl {
         image_url: ImageUrl { url, detail: None },
-    }
+    })
 }
 
 /// A user turn. Blocks keep their order: each `tool_result` becomes a `role: tool` message, and
@@ -525,7 +544,7 @@ fn user_turn(content: Value, at: &str, out: &mut Vec<Message>) -> Result<(), Api
                 pending_cache = cache.or(pending_cache);
             }
             Block::Image { source, .. } => {
-                pending.push(image_part(source));
+                pending.push(image_part(source, &format!("{at_content}[{j}]"))?);
                 pending_cache = cache.or(pending_cache);
             }
             Block::ToolResult {
@@ -534,6 +553,8 @@ fn user_turn(content: Value, at: &str, out: &mut Vec<Message>) -> Result<(), Api
                 ..
             } => {
                 flush(&mut pending, &mut pending_cache, out);
+                input::tool_call_id(Some(&tool_use_id))
+                    .map_err(|e| invalid(&format!("{at_content}[{j}].tool_use_id"), e))?;
                 let at = format!("{at_content}[{j}].content");
                 let mut m = plain(Role::Tool, Some(tool_result_content(content, &at)?));
                 m.tool_call_id = Some(tool_use_id);
@@ -562,7 +583,7 @@ fn tool_result_content(content: Option<Value>, at: &str) -> Result<Content, ApiE
     for (j, block) in content_blocks(content, at)?.into_iter().enumerate() {
         match block {
             Block::Text { text, .. } => parts.push(ContentPart::Text { text }),
-            Block::Image { source, .. } => parts.push(image_part(source)),
+            Block::Image { source, .. } => parts.push(image_part(source, &format!("{at}[{j}]"))?),
             _ => {
                 return Err(invalid(
                     &format!("{at}[{j}]"),
@@ -614,6 +635,10 @@ fn assistant_turn(content: Value, at: &str) -> Result<Message, ApiError> {
                         "Input should be a valid dictionary",
                     ));
                 }
+                input::tool_name(&name)
+                    .map_err(|e| invalid(&format!("{at_content}[{j}].name"), e))?;
+                input::tool_call_id(Some(&id))
+                    .map_err(|e| invalid(&format!("{at_content}[{j}].id"), e))?;
                 calls.push(ToolCall {
                     id,
                     kind: "function".into(),
@@ -674,6 +699,15 @@ fn tool(v: Value, at: &str) -> Result<Option<Tool>, ApiError> {
         }
     }
     let t: InTool = from_value_at(v, at)?;
+    input::tool_name(&t.name).map_err(|e| invalid(&format!("{at}.name"), e))?;
+    if !t.input_schema.is_object() {
+        return Err(invalid(
+            &format!("{at}.input_schema"),
+            "Input should be a valid dictionary",
+        ));
+    }
+    input::tool_parameters(Some(&t.input_schema))
+        .map_err(|e| invalid(&format!("{at}.input_schema"), e))?;
     Ok(Some(Tool {
         kind: "function".into(),
         function: FunctionDef {

@@ -54,7 +54,7 @@ pub fn batch_json(b: &BatchRecord, c: &Counts) -> Value {
             "input_tokens_details": {"cached_tokens": usage.cached_tokens},
             "output_tokens": usage.output_tokens,
             "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
-            "total_tokens": usage.input_tokens + usage.output_tokens,
+            "total_tokens": usage.input_tokens.saturating_add(usage.output_tokens),
         },
     })
 }

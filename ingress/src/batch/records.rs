@@ -100,10 +100,10 @@ pub struct BatchUsage {
 impl BatchUsage {
     /// Adds one item's usage.
     pub fn add(&mut self, u: &Usage) {
-        self.input_tokens += u.prompt_tokens;
-        self.cached_tokens += u.cached_tokens;
-        self.output_tokens += u.completion_tokens;
-        self.reasoning_tokens += u.reasoning_tokens;
+        self.input_tokens = self.input_tokens.saturating_add(u.prompt_tokens);
+        self.cached_tokens = self.cached_tokens.saturating_add(u.cached_tokens);
+        self.output_tokens = self.output_tokens.saturating_add(u.completion_tokens);
+        self.reasoning_tokens = self.reasoning_tokens.saturating_add(u.reasoning_tokens);
     }
 }
 

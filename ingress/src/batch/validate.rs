@@ -71,7 +71,7 @@ pub fn check_body(app: &AppState, endpoint: &str, body: &Value) -> Result<(), (S
     if app.config.get().model(&model).is_none() {
         return Err((
             "model_not_found".into(),
-            format!("The model `{model}` does not exist or you do not have access to it."),
+            crate::error::ApiError::model_not_found(&model).message,
         ));
     }
     Ok(())

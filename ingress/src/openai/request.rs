@@ -174,9 +174,15 @@ pub fn parse(body: &[u8]) -> Result<ParsedChat, ApiError> {
         let msg = if UNSUPPORTED.contains(&name.as_str()) {
             format!("The parameter `{name}` is not supported by Switchyard yet.")
         } else {
-            format!("Unrecognized request argument supplied: {name}")
+            format!(
+                "Unrecognized request argument supplied: {}",
+                switchyard_schemas::input::echo(name)
+            )
         };
-        return Err(ApiError::invalid(msg, Some(name.clone())));
+        return Err(ApiError::invalid(
+            msg,
+            Some(switchyard_schemas::input::echo(name).into_owned()),
+        ));
     }
     if b.model.trim().is_empty() {
         return Err(ApiError::invalid(
@@ -270,6 +276,16 @@ pub fn parse(body: &[u8]) -> Result<ParsedChat, ApiError> {
             other => other,
         })
     });
+    switchyard_schemas::input::check_conversation(&b.messages, &tools).map_err(|mut e| {
+        if legacy_functions {
+            // The client sent `functions[i]`, not `tools[i].function`.
+            e.param = e
+                .param
+                .replacen("tools[", "functions[", 1)
+                .replacen("].function.", "].", 1);
+        }
+        ApiError::from(e)
+    })?;
     let mut passthrough = BTreeMap::new();
     if !openai.is_empty() {
         passthrough.insert(Passthrough::OPENAI.to_owned(), openai);
@@ -364,7 +380,7 @@ mod tests {
 
     #[test]
     fn minimal_and_multipart() {
-        let p = parse(br#"{"model":"demo/mock","messages":[{"role":"user","content":[{"type":"text","text":"hi"},{"type":"image_url","image_url":{"url":"data:image/png;base64,AA"}}]}],"stream":true,"stream_options":{"include_usage":true},"max_tokens":5,"stop":"x"}"#).unwrap();
+        let p = parse(br#"{"model":"demo/mock","messages":[{"role":"user","content":[{"type":"text","text":"hi"},{"type":"image_url","image_url":{"url":"data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="}}]}],"stream":true,"stream_options":{"include_usage":true},"max_tokens":5,"stop":"x"}"#).unwrap();
         assert!(p.stream && p.include_usage);
         assert_eq!(p.params.max_tokens, Some(5));
         assert_eq!(p.params.stop, vec!["x".to_string()]);

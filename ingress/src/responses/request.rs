@@ -29,6 +29,7 @@ use crate::error::ApiError;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use std::collections::HashMap;
+use switchyard_schemas::input;
 use switchyard_schemas::request::{
     Content, ContentPart, FunctionCall, FunctionDef, ImageUrl, Message, Role, SamplingParams,
     ThinkingBlock, Tool, ToolCall,
@@ -169,9 +170,9 @@ pub fn parse(body: &[u8], item_prefix: &str) -> Result<ParsedResponses, ApiError
         let msg = if UNSUPPORTED.contains(&name.as_str()) {
             format!("The parameter `{name}` is not supported by Switchyard yet.")
         } else {
-            format!("Unknown parameter: '{name}'.")
+            format!("Unknown parameter: '{}'.", input::echo(name))
         };
-        return Err(ApiError::invalid(msg, Some(name.clone())));
+        return Err(ApiError::invalid(msg, Some(input::echo(name).into_owned())));
     }
     if b.model.trim().is_empty() {
         return Err(invalid("`model` must not be empty.", "model"));
@@ -402,7 +403,11 @@ fn input_items(items: Vec<Value>, ids: &mut IdGen) -> Result<(Vec<Message>, Vec<
             }
             "function_call" => {
                 let call_id = str_field(&item, "call_id", &path)?.to_owned();
+                input::tool_call_id(Some(&call_id))
+                    .map_err(|e| ApiError::invalid_field(format!("{path}.call_id"), e))?;
                 let name = str_field(&item, "name", &path)?.to_owned();
+                input::tool_name(&name)
+                    .map_err(|e| ApiError::invalid_field(format!("{path}.name"), e))?;
                 let arguments = str_field(&item, "arguments", &path)?.to_owned();
                 let id = item
                     .get("id")
@@ -439,6 +444,8 @@ fn input_items(items: Vec<Value>, ids: &mut IdGen) -> Result<(Vec<Message>, Vec<
             }
             "function_call_output" => {
                 let call_id = str_field(&item, "call_id", &path)?.to_owned();
+                input::tool_call_id(Some(&call_id))
+                    .map_err(|e| ApiError::invalid_field(format!("{path}.call_id"), e))?;
                 let output = match item.get("output") {
                     Some(Value::String(s)) => s.clone(),
                     Some(Value::Array(parts)) => parts
@@ -566,6 +573,9 @@ fn message_item(item: &Value, path: &str, ids: &mut IdGen) -> Result<(Message, V
                                 Some(format!("{ppath}.image_url")),
                             ));
                         };
+                        input::image_url(url).map_err(|e| {
+                            ApiError::invalid_field(format!("{ppath}.image_url"), e)
+                        })?;
                         out.push(ContentPart::ImageUrl {
                             image_url: ImageUrl {
                                 url: url.into(),
@@ -634,6 +644,10 @@ fn tool(path: &str, t: &Value) -> Result<Tool, ApiError> {
         return Err(ApiError::invalid(msg, Some(format!("{path}.type"))));
     }
     let name = str_field(t, "name", path)?.to_owned();
+    input::tool_name(&name).map_err(|e| ApiError::invalid_field(format!("{path}.name"), e))?;
+    let parameters = t.get("parameters").filter(|p| !p.is_null()).cloned();
+    input::tool_parameters(parameters.as_ref())
+        .map_err(|e| ApiError::invalid_field(format!("{path}.parameters"), e))?;
     Ok(Tool {
         kind: "function".into(),
         function: FunctionDef {
@@ -642,7 +656,7 @@ fn tool(path: &str, t: &Value) -> Result<Tool, ApiError> {
                 .get("description")
                 .and_then(Value::as_str)
                 .map(str::to_owned),
-            parameters: t.get("parameters").filter(|p| !p.is_null()).cloned(),
+            parameters,
             strict: t.get("strict").and_then(Value::as_bool),
         },
     })
@@ -717,7 +731,7 @@ mod tests {
         let p = parse_json(json!({"model": "m", "instructions": "Be brief.", "input": [
             {"role": "developer", "content": "Use tools."},
             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Look"},
-                {"type": "input_image", "image_url": "data:image/png;base64,AA", "detail": "low"}]},
+                {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo=", "detail": "low"}]},
             {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "xyz"},
             {"type": "message", "role": "assistant", "id": "msg_9", "status": "completed",
                 "content": [{"type": "output_text", "text": "Calling", "annotations": []}]},
@@ -736,7 +750,7 @@ mod tests {
                 {"role": "system", "content": "Be brief."},
                 {"role": "developer", "content": "Use tools."},
                 {"role": "user", "content": [{"type": "text", "text": "Look"},
-                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA", "detail": "low"}}]},
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo=", "detail": "low"}}]},
                 {"role": "assistant", "content": "Calling", "tool_calls": [
                     {"id": "c1", "type": "function", "function": {"name": "w", "arguments": "{}"}},
                     {"id": "c2", "type": "function", "function": {"name": "w", "arguments": "{\"a\":1}"}}],

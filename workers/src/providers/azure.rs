@@ -190,7 +190,7 @@ pub fn build_map(deployment: &str, api_version: &str, req: &ChatRequest) -> Map<
 /// `content_filter` ends the answer as `content_filter` instead of failing it (shape
 /// `{"error":{"code":"content_filter",…}}` as in Azure's HTTP 400 filter errors).
 #[derive(Debug, Default)]
-struct AzureTranslator {
+pub struct AzureTranslator {
     inner: OpenAiTranslator,
 }
 

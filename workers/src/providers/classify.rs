@@ -183,7 +183,7 @@ pub fn read_facts(body: &Value) -> ErrorFacts {
             .and_then(|s| s.strip_suffix('s'))
             .and_then(|s| s.parse::<f64>().ok())
         {
-            f.retry_delay_ms = Some((secs.max(0.0) * 1000.0) as u64);
+            f.retry_delay_ms = Some(crate::provider::delay_ms_from_secs(secs));
         }
     }
     let take = |v: Option<&Value>, f: &mut ErrorFacts| match v {

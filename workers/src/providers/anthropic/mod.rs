@@ -431,18 +431,16 @@ fn content_blocks(content: Option<&Content>, i: usize) -> Result<Vec<Value>, Err
     }
 }
 
-/// `data:<media>;base64,<data>` → a base64 image source; `http(s)://` → a URL image source.
+/// `data:<media>;base64,<data>` → a base64 image source; `http(s)://` → a URL image source
+/// (`data:` syntax: [`switchyard_schemas::input::parse_data_url`]).
 fn image_block(url: &str, i: usize) -> Result<Value, ErrorInfo> {
-    if let Some(rest) = url.strip_prefix("data:") {
-        let parsed = rest
-            .split_once(',')
-            .and_then(|(meta, data)| meta.strip_suffix(";base64").map(|media| (media, data)));
-        return match parsed {
-            Some((media, data)) if !media.is_empty() => Ok(json!({
+    if switchyard_schemas::input::is_data_url(url) {
+        return match switchyard_schemas::input::parse_data_url(url) {
+            Some(d) => Ok(json!({
                 "type": "image",
-                "source": { "type": "base64", "media_type": media, "data": data },
+                "source": { "type": "base64", "media_type": d.media_type, "data": d.data },
             })),
-            _ => Err(bad_message(
+            None => Err(bad_message(
                 i,
                 "image data URLs must be data:<media type>;base64,<data>",
             )),
@@ -522,7 +520,7 @@ fn protocol(message: impl Into<String>) -> ErrorInfo {
 /// Anthropic stream → normalised events: `Text`, `ToolCall`, one `Usage` right before `End` (at
 /// `message_stop`), or an error; the byte stream ending before `message_stop` is a `protocol` error.
 #[derive(Debug, Default)]
-struct AnthropicTranslator {
+pub struct AnthropicTranslator {
     /// `usage.input_tokens` (excludes cache reads and writes).
     input: u64,
     /// `usage.cache_read_input_tokens`.
@@ -711,7 +709,10 @@ impl AnthropicTranslator {
     /// added into `prompt_tokens` (see [`Usage`]).
     fn usage(&self) -> Usage {
         Usage {
-            prompt_tokens: self.input + self.cache_read + self.cache_creation,
+            prompt_tokens: self
+                .input
+                .saturating_add(self.cache_read)
+                .saturating_add(self.cache_creation),
             cached_tokens: self.cache_read,
             cache_write_tokens: self.cache_creation,
             completion_tokens: self.output,

@@ -566,32 +566,37 @@ fn content_blocks(content: Option<&Content>, i: usize) -> Result<Vec<Value>, Err
 /// `data:image/<type>;base64,<data>` → `{"image":{"format","source":{"bytes"}}}` (Amazon Bedrock
 /// API Reference, "ImageBlock": formats `png | jpeg | gif | webp`).
 fn image_block(url: &str, i: usize) -> Result<Value, ErrorInfo> {
-    let Some(rest) = url.strip_prefix("data:") else {
+    if !switchyard_schemas::input::is_data_url(url) {
         let what = if url.starts_with("http://") || url.starts_with("https://") {
             "image URLs must be data: URLs for Bedrock (Converse takes image bytes, not web URLs)"
         } else {
             "image URLs must be data:<media type>;base64,<data> URLs"
         };
         return Err(bad_message(i, what));
-    };
-    let parsed = rest
-        .split_once(',')
-        .and_then(|(meta, data)| meta.strip_suffix(";base64").map(|mime| (mime, data)));
-    let Some((mime, data)) = parsed else {
+    }
+    let Some(switchyard_schemas::input::DataUrl {
+        media_type: mime,
+        data,
+    }) = switchyard_schemas::input::parse_data_url(url)
+    else {
         return Err(bad_message(
             i,
             "image data URLs must be data:<media type>;base64,<data>",
         ));
     };
-    let format = match mime.to_ascii_lowercase().as_str() {
-        "image/png" => "png",
-        "image/jpeg" | "image/jpg" => "jpeg",
-        "image/gif" => "gif",
-        "image/webp" => "webp",
-        other => {
+    use switchyard_schemas::input::ImageFormat;
+    let format = match ImageFormat::from_media_type(mime) {
+        Some(ImageFormat::Png) => "png",
+        Some(ImageFormat::Jpeg) => "jpeg",
+        Some(ImageFormat::Gif) => "gif",
+        Some(ImageFormat::Webp) => "webp",
+        None => {
             return Err(bad_message(
                 i,
-                format!("image type `{other}` is not supported by Bedrock (png, jpeg, gif, webp)"),
+                format!(
+                    "image type `{}` is not supported by Bedrock (png, jpeg, gif, webp)",
+                    mime.to_ascii_lowercase()
+                ),
             ));
         }
     };

@@ -454,15 +454,10 @@ fn parts(content: Option<&Content>, i: usize) -> Result<Vec<Value>, ErrorInfo> {
 /// `data:<mime>;base64,<data>` → `inlineData`; `http(s)://` → `fileData` (Gemini API reference,
 /// "Content" → `Blob` / `FileData`).
 fn image_part(url: &str, i: usize) -> Result<Value, ErrorInfo> {
-    if let Some(rest) = url.strip_prefix("data:") {
-        let parsed = rest
-            .split_once(',')
-            .and_then(|(meta, data)| meta.strip_suffix(";base64").map(|mime| (mime, data)));
-        return match parsed {
-            Some((mime, data)) if !mime.is_empty() => {
-                Ok(json!({ "inlineData": { "mimeType": mime, "data": data } }))
-            }
-            _ => Err(bad_message(
+    if switchyard_schemas::input::is_data_url(url) {
+        return match switchyard_schemas::input::parse_data_url(url) {
+            Some(d) => Ok(json!({ "inlineData": { "mimeType": d.media_type, "data": d.data } })),
+            None => Err(bad_message(
                 i,
                 "image data URLs must be data:<media type>;base64,<data>",
             )),
@@ -563,7 +558,7 @@ fn protocol(message: impl Into<String>) -> ErrorInfo {
 /// stream, Gemini has no end marker) one `Usage` and `End`; a stream that ends without any
 /// `finishReason` is a `protocol` error.
 #[derive(Debug, Default)]
-struct GeminiTranslator {
+pub struct GeminiTranslator {
     /// From `candidates[0].finishReason`.
     finish: Option<FinishReason>,
     /// The last `usageMetadata` (cumulative).
@@ -727,7 +722,7 @@ fn parse_usage(u: &Value) -> Usage {
         prompt_tokens: n("promptTokenCount"),
         cached_tokens: n("cachedContentTokenCount"),
         cache_write_tokens: 0,
-        completion_tokens: n("candidatesTokenCount") + thoughts,
+        completion_tokens: n("candidatesTokenCount").saturating_add(thoughts),
         reasoning_tokens: thoughts,
     }
 }
