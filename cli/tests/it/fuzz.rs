@@ -495,6 +495,7 @@ fn translate_request(req: &ChatRequest) {
 
 fn inbound_request(i: switchyard_ingress::route::Inbound) -> ChatRequest {
     ChatRequest {
+        prompt_tokens: None,
         id: uuid::Uuid::nil(),
         tenant: None,
         key_id: None,
