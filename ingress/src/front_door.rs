@@ -108,7 +108,8 @@ pub async fn serve_inbound<D: FrontDoor>(
     {
         return door.error(e.into());
     }
-    let (out, rates) = crate::rate_limit::reporting(pipeline(&door, app, headers, inbound)).await;
+    let (out, rates) =
+        crate::rate_limit::reporting(Box::pin(pipeline(&door, app, headers, inbound))).await;
     let mut resp = match out {
         Ok(r) => r,
         Err(e) => door.error(e),
