@@ -18,6 +18,7 @@ pub mod frame;
 pub mod health;
 pub mod nats_config;
 pub mod pricing;
+pub mod pricing_import;
 #[cfg(feature = "nats")]
 pub mod publish;
 pub mod request;

@@ -867,6 +867,10 @@ fn add_usage(out: &mut Outcome, usage: Option<Usage>) {
     sum.cache_write_tokens += u.cache_write_tokens;
     sum.completion_tokens += u.completion_tokens;
     sum.reasoning_tokens += u.reasoning_tokens;
+    sum.cache_write_1h_tokens += u.cache_write_1h_tokens;
+    sum.audio_input_tokens += u.audio_input_tokens;
+    sum.audio_output_tokens += u.audio_output_tokens;
+    sum.service_tier = sum.service_tier.or(u.service_tier);
 }
 
 fn timed_out(what: &str) -> CallEnd {

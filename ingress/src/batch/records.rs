@@ -368,6 +368,7 @@ pub fn usage_of(body: &Value) -> Usage {
             cache_write_tokens: 0,
             completion_tokens: n(&u["output_tokens"]),
             reasoning_tokens: n(&u["output_tokens_details"]["reasoning_tokens"]),
+            ..Default::default()
         };
     }
     if u.get("input_tokens").is_some() {
@@ -379,6 +380,7 @@ pub fn usage_of(body: &Value) -> Usage {
             cache_write_tokens: written,
             completion_tokens: n(&u["output_tokens"]),
             reasoning_tokens: 0,
+            ..Default::default()
         };
     }
     Usage {
@@ -387,6 +389,7 @@ pub fn usage_of(body: &Value) -> Usage {
         cache_write_tokens: 0,
         completion_tokens: n(&u["completion_tokens"]),
         reasoning_tokens: n(&u["completion_tokens_details"]["reasoning_tokens"]),
+        ..Default::default()
     }
 }
 

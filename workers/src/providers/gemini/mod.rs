@@ -728,6 +728,7 @@ fn parse_usage(u: &Value) -> Usage {
         cache_write_tokens: 0,
         completion_tokens: n("candidatesTokenCount") + thoughts,
         reasoning_tokens: thoughts,
+        ..Default::default()
     }
 }
 
