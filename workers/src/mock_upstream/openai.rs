@@ -188,7 +188,7 @@ pub(crate) fn completion(id: &str, created: u64, info: &RequestInfo, g: &Generat
             })
         }
     };
-    json!({
+    let mut body = json!({
         "id": id,
         "object": "chat.completion",
         "created": created,
@@ -202,9 +202,13 @@ pub(crate) fn completion(id: &str, created: u64, info: &RequestInfo, g: &Generat
             },
             "finish_reason": finish_reason(g),
         }],
-        "usage": usage(g.usage),
+        "usage": g.raw_usage.clone().unwrap_or_else(|| usage(g.usage)),
         "system_fingerprint": FINGERPRINT,
-    })
+    });
+    if let Some(tier) = &g.service_tier {
+        body["service_tier"] = json!(tier);
+    }
+    body
 }
 
 struct Chunker<'a> {
@@ -296,7 +300,10 @@ pub(crate) fn stream_script(
     let mut trailer = vec![c.chunk(json!({}), Some(finish_reason(g)))];
     if info.include_usage {
         let mut last = c.base(json!([]));
-        last["usage"] = usage(g.usage);
+        last["usage"] = g.raw_usage.clone().unwrap_or_else(|| usage(g.usage));
+        if let Some(tier) = &g.service_tier {
+            last["service_tier"] = json!(tier);
+        }
         trailer.push(fmt.data(&last.to_string()));
     }
     trailer.push(fmt.data("[DONE]"));
