@@ -125,7 +125,9 @@ pub fn run(args: PricingArgs) -> Result<(), String> {
             let as_of = as_of.unwrap_or_else(today);
             let imported = import_litellm(&text, Some(&as_of)).map_err(|e| e.to_string())?;
             let mut catalog = match &base {
-                Some(b) => Catalog::load(Some(&b.display().to_string())).map_err(|e| e.to_string())?,
+                Some(b) => {
+                    Catalog::load(Some(&b.display().to_string())).map_err(|e| e.to_string())?
+                }
                 None => Catalog::empty(),
             };
             catalog.as_of = Some(as_of.clone());
@@ -145,8 +147,9 @@ pub fn run(args: PricingArgs) -> Result<(), String> {
             // What was written must load as a catalog.
             Catalog::parse("<import>", &yaml).map_err(|e| e.to_string())?;
             match out {
-                Some(p) => std::fs::write(&p, yaml)
-                    .map_err(|e| format!("writing {}: {e}", p.display()))?,
+                Some(p) => {
+                    std::fs::write(&p, yaml).map_err(|e| format!("writing {}: {e}", p.display()))?
+                }
                 None => print!("{yaml}"),
             }
             eprintln!(

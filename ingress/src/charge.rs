@@ -226,12 +226,12 @@ impl Charge {
         };
         let policy = self.app.config.get().unpriced.clone();
         let charge = missing(catalog.charge_with(&e.model, &e.usage, batch, policy.as_ref()));
-        let cost = e.upstream_model.as_deref().map(|m| {
-            (m, missing(catalog.upstream_cost(m, &e.usage, batch)))
-        });
-        let sides = std::iter::once(("charge", e.model.as_str(), charge)).chain(
-            cost.map(|(m, c)| ("cost", m, c)),
-        );
+        let cost = e
+            .upstream_model
+            .as_deref()
+            .map(|m| (m, missing(catalog.upstream_cost(m, &e.usage, batch))));
+        let sides = std::iter::once(("charge", e.model.as_str(), charge))
+            .chain(cost.map(|(m, c)| ("cost", m, c)));
         for (side, model, components) in sides {
             for c in &components {
                 self.app.metrics.unpriced(side, model, c);

@@ -12,6 +12,7 @@ mod cache;
 mod common;
 mod embeddings;
 mod field_cases;
+mod field_cases_pricing;
 mod field_cases_resilience;
 mod field_cases_upstream;
 mod flow_control;

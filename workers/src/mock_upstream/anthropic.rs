@@ -179,7 +179,10 @@ pub(crate) fn stream_script(
     let start_usage = match &g.raw_usage {
         Some(raw) => {
             let mut u = raw.clone();
-            let out = raw.get("output_tokens").and_then(Value::as_u64).unwrap_or(0);
+            let out = raw
+                .get("output_tokens")
+                .and_then(Value::as_u64)
+                .unwrap_or(0);
             u["output_tokens"] = json!(out.min(1));
             u
         }
