@@ -830,6 +830,9 @@ mod tests {
         assert!(r.rows.is_empty() && r.truncated);
         let names = DiscrepancyClass::ALL.map(|c| c.as_str()).join(",");
         let expected = "upstream_without_charge,admitted_not_settled,charge_without_upstream,";
-        assert_eq!(names, format!("{expected}usage_mismatch,estimated"));
+        assert_eq!(
+            names,
+            format!("{expected}usage_mismatch,estimated,unpriced_component")
+        );
     }
 }
