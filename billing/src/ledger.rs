@@ -8,7 +8,7 @@
 //! migration directory, embedded at compile time.
 
 use crate::BillingError;
-use crate::pricing::{Catalog, Cost};
+use crate::pricing::{Catalog, Cost, UnpricedPolicy};
 use rust_decimal::Decimal;
 use serde::de::DeserializeOwned;
 use sqlx::any::{AnyPoolOptions, AnyRow};
@@ -16,9 +16,12 @@ use sqlx::migrate::Migrator;
 use sqlx::{AnyPool, Row};
 use std::collections::HashSet;
 use std::time::Duration;
-use switchyard_schemas::usage::{Usage, UsageEvent, UsageStatus};
+use switchyard_schemas::usage::{ServiceTier, Usage, UsageEvent, UsageStatus};
 use switchyard_schemas::{ErrorClass, UsageKind};
 use uuid::Uuid;
+
+pub use crate::ledger_url::ScratchSchema;
+use crate::ledger_url::{connect_options, prepare_sqlite_url};
 
 static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("./migrations/sqlite");
 static POSTGRES_MIGRATIONS: Migrator = sqlx::migrate!("./migrations/postgres");
@@ -54,6 +57,7 @@ pub struct Ledger {
     pool: AnyPool,
     backend: Backend,
     catalog: CatalogSource,
+    unpriced: Option<UnpricedPolicy>,
 }
 
 /// Where the ledger's prices come from.
@@ -82,6 +86,10 @@ pub(crate) struct UsageRow {
     cache_write_tokens: i64,
     completion_tokens: i64,
     reasoning_tokens: i64,
+    cache_write_1h_tokens: i64,
+    audio_input_tokens: i64,
+    audio_output_tokens: i64,
+    service_tier: Option<&'static str>,
     estimated: bool,
     status: &'static str,
     error_class: Option<&'static str>,
@@ -139,6 +147,10 @@ impl UsageRow {
             cache_write_tokens: int("cache_write_tokens", usage.cache_write_tokens)?,
             completion_tokens: int("completion_tokens", usage.completion_tokens)?,
             reasoning_tokens: int("reasoning_tokens", usage.reasoning_tokens)?,
+            cache_write_1h_tokens: int("cache_write_1h_tokens", usage.cache_write_1h_tokens)?,
+            audio_input_tokens: int("audio_input_tokens", usage.audio_input_tokens)?,
+            audio_output_tokens: int("audio_output_tokens", usage.audio_output_tokens)?,
+            service_tier: usage.service_tier.map(ServiceTier::as_str),
             estimated: event.estimated,
             status: status_str(event.status),
             error_class: event.error_class.map(ErrorClass::as_str),
@@ -172,6 +184,10 @@ impl UsageRow {
             cache_write_tokens: u(self.cache_write_tokens),
             completion_tokens: u(self.completion_tokens),
             reasoning_tokens: u(self.reasoning_tokens),
+            cache_write_1h_tokens: u(self.cache_write_1h_tokens),
+            audio_input_tokens: u(self.audio_input_tokens),
+            audio_output_tokens: u(self.audio_output_tokens),
+            service_tier: self.service_tier.and_then(ServiceTier::from_provider),
         }
     }
 }
@@ -188,9 +204,10 @@ fn status_str(status: UsageStatus) -> &'static str {
 const INSERT_HEAD: &str = "INSERT INTO usage_events (request_id, kind, attempt, ts_ms, tenant, \
      key_id, model, target, upstream_model, prompt_tokens, cached_tokens, cache_write_tokens, \
      completion_tokens, reasoning_tokens, estimated, status, error_class, ttft_ms, latency_ms, \
-     fallbacks, cache_hit, batch_id, raw, ingested_at_ms, cost_usd) VALUES ";
+     fallbacks, cache_hit, batch_id, raw, ingested_at_ms, cost_usd, cache_write_1h_tokens, \
+     audio_input_tokens, audio_output_tokens, service_tier, unpriced) VALUES ";
 /// Values bound per `usage_events` row.
-const EVENT_COLUMNS: usize = 25;
+const EVENT_COLUMNS: usize = 30;
 /// The keys of the rows an event insert stored (a conflicting row returns nothing).
 const INSERT_TAIL: &str = " ON CONFLICT DO NOTHING RETURNING request_id, kind, attempt";
 
@@ -202,7 +219,7 @@ const LINE_COLUMNS: usize = 7;
 /// Tail of the line insert when a line may already exist (see [`Ledger::insert_rows`]).
 const LINE_TAIL_TOLERANT: &str = " ON CONFLICT DO NOTHING";
 
-/// Most events in one INSERT statement, rows (a power of two; 512 × 24 = 12,288 bind values,
+/// Most events in one INSERT statement, rows (a power of two; 512 × 30 = 15,360 bind values,
 /// below SQLite's 32,766 and PostgreSQL's 65,535).
 const EVENTS_PER_STATEMENT: usize = 512;
 /// Most ledger lines in one INSERT statement, rows (a power of two; 2,048 × 7 = 14,336 values).
@@ -332,7 +349,8 @@ struct LineValues<'a> {
 const SELECT_COLUMNS: &str = "request_id, kind, attempt, ts_ms, tenant, key_id, model, target, \
      upstream_model, prompt_tokens, cached_tokens, cache_write_tokens, completion_tokens, \
      reasoning_tokens, CASE WHEN estimated THEN 1 ELSE 0 END AS estimated, status, error_class, \
-     ttft_ms, latency_ms, fallbacks, CASE WHEN cache_hit THEN 1 ELSE 0 END AS cache_hit, batch_id";
+     ttft_ms, latency_ms, fallbacks, CASE WHEN cache_hit THEN 1 ELSE 0 END AS cache_hit, batch_id, \
+     cache_write_1h_tokens, audio_input_tokens, audio_output_tokens, service_tier";
 
 impl Ledger {
     /// Connects to the ledger at `url` and applies pending migrations.
@@ -386,6 +404,7 @@ impl Ledger {
             pool,
             backend,
             catalog: CatalogSource::Fixed(catalog),
+            unpriced: None,
         })
     }
 
@@ -413,19 +432,38 @@ impl Ledger {
         }
     }
 
-    /// Prices one row: cost price for `upstream` events, charge for `charge` events.
-    fn price(&self, row: &UsageRow) -> Option<Cost> {
+    /// Charges what has no price by `policy` (the config's `unpriced:`; default `None`: $0,
+    /// recorded). Only [`UnpricedPolicy::ChargeAt`] changes amounts; every policy records the
+    /// gap in the row's `unpriced` column.
+    pub fn with_unpriced(mut self, policy: Option<UnpricedPolicy>) -> Self {
+        self.unpriced = policy;
+        self
+    }
+
+    /// Prices one row: cost price for `upstream` events, charge for `charge` events, with what
+    /// had no price (see [`Cost::unpriced`]; `model` when the model has no card at all and the
+    /// row has tokens to price). Nothing is unpriced on a row without tokens or a cache hit.
+    fn price(&self, row: &UsageRow) -> (Option<Cost>, Vec<&'static str>) {
         let usage = row.usage();
         // Batch items are priced at the catalog's batch rate (`batch_discount`).
         let batch = row.batch_id.is_some();
         let catalog = self.catalog();
-        match row.kind {
-            "upstream" => catalog.upstream_cost(row.upstream_model.as_deref()?, &usage, batch),
+        let cost = match row.kind {
+            "upstream" => match row.upstream_model.as_deref() {
+                Some(m) => catalog.upstream_cost(m, &usage, batch),
+                None => return (None, Vec::new()),
+            },
             // Cache pricing policy: a cache hit is free to the tenant (no upstream call was made);
             // its row keeps the original usage, which prices the savings in reports.
-            _ if row.cache_hit => Some(Cost::default()),
-            _ => catalog.charge(&row.model, &usage, batch),
-        }
+            _ if row.cache_hit => return (Some(Cost::default()), Vec::new()),
+            _ => catalog.charge_with(&row.model, &usage, batch, self.unpriced.as_ref()),
+        };
+        let unpriced = match &cost {
+            Some(c) => c.unpriced.clone(),
+            None if usage.total_tokens() > 0 => vec!["model"],
+            None => Vec::new(),
+        };
+        (cost, unpriced)
     }
 
     /// The database this ledger runs on.
@@ -493,16 +531,23 @@ impl Ledger {
             lines_sql
         };
         let ingested_at_ms = i64::try_from(switchyard_schemas::now_ms()).unwrap_or(i64::MAX);
-        let costs: Vec<Option<Cost>> = rows.iter().map(|row| self.price(row)).collect();
+        let priced: Vec<(Option<Cost>, Vec<&'static str>)> =
+            rows.iter().map(|row| self.price(row)).collect();
+        let costs: Vec<Option<Cost>> = priced.iter().map(|(c, _)| c.clone()).collect();
+        let unpriced: Vec<Option<String>> = priced
+            .iter()
+            .map(|(_, u)| (!u.is_empty()).then(|| u.join(",")))
+            .collect();
         let mut tx = self.pool.begin().await?;
         let mut stored: HashSet<(String, String, i64)> = HashSet::with_capacity(rows.len());
         let mut offset = 0;
         for size in statement_sizes(rows.len(), EVENTS_PER_STATEMENT) {
             let sql = events_sql.get(size);
             let mut query = sqlx::query(&sql);
-            for (row, cost) in rows[offset..offset + size]
+            for ((row, cost), unpriced) in rows[offset..offset + size]
                 .iter()
                 .zip(&costs[offset..offset + size])
+                .zip(&unpriced[offset..offset + size])
             {
                 query = query
                     .bind(row.request_id.as_str())
@@ -529,7 +574,12 @@ impl Ledger {
                     .bind(row.batch_id.as_deref())
                     .bind(row.raw.as_str())
                     .bind(ingested_at_ms)
-                    .bind(cost.as_ref().map(|c| c.total.to_string()));
+                    .bind(cost.as_ref().map(|c| c.total.to_string()))
+                    .bind(row.cache_write_1h_tokens)
+                    .bind(row.audio_input_tokens)
+                    .bind(row.audio_output_tokens)
+                    .bind(row.service_tier)
+                    .bind(unpriced.as_deref());
             }
             for key in query.fetch_all(&mut *tx).await? {
                 stored.insert((key.try_get(0)?, key.try_get(1)?, key.try_get(2)?));
@@ -604,6 +654,27 @@ impl Ledger {
         Ok(v.flatten().and_then(|s| s.parse().ok()))
     }
 
+    /// What had no price on one event (the `unpriced` column split at commas; empty when
+    /// everything was priced or the event is missing).
+    pub async fn unpriced_of(
+        &self,
+        request_id: Uuid,
+        kind: UsageKind,
+        attempt: u32,
+    ) -> Result<Vec<String>, BillingError> {
+        let v: Option<Option<String>> = sqlx::query_scalar(
+            "SELECT unpriced FROM usage_events WHERE request_id = $1 AND kind = $2 AND attempt = $3",
+        )
+        .bind(request_id.to_string())
+        .bind(kind.as_str())
+        .bind(i64::from(attempt))
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(v.flatten()
+            .map(|s| s.split(',').map(str::to_owned).collect())
+            .unwrap_or_default())
+    }
+
     /// The ledger lines of one event as (billing type, tokens, amount USD), in billing-type order.
     pub async fn lines_of(
         &self,
@@ -664,107 +735,6 @@ impl Ledger {
     }
 }
 
-/// A throwaway PostgreSQL schema `<prefix>_<uuid>` for benchmarks: created empty by
-/// [`ScratchSchema::create`]; [`ScratchSchema::url`] points a [`Ledger`] at it (through
-/// `search_path`), and [`ScratchSchema::drop_schema`] removes it with everything in it, so a
-/// benchmark never writes into the database's real ledger tables.
-#[derive(Debug)]
-pub struct ScratchSchema {
-    url: String,
-    base: String,
-    name: String,
-}
-
-impl ScratchSchema {
-    /// Creates the schema on the database of `base_url` (`postgres://…`, without a
-    /// `search_path` option). `prefix` must be a plain SQL identifier (letters, digits, `_`).
-    pub async fn create(base_url: &str, prefix: &str) -> Result<Self, BillingError> {
-        use sqlx::Connection;
-        sqlx::any::install_default_drivers();
-        if Backend::from_url(base_url) != Some(Backend::Postgres)
-            || !prefix
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_')
-        {
-            return Err(BillingError::UnsupportedUrl(base_url.to_owned()));
-        }
-        let name = format!("{prefix}_{}", Uuid::now_v7().simple());
-        let mut conn = sqlx::AnyConnection::connect(base_url).await?;
-        sqlx::query(&format!("CREATE SCHEMA {name}"))
-            .execute(&mut conn)
-            .await?;
-        conn.close().await?;
-        let sep = if base_url.contains('?') { '&' } else { '?' };
-        let url = format!("{base_url}{sep}options=-c%20search_path%3D{name}");
-        Ok(Self {
-            url,
-            base: base_url.to_owned(),
-            name,
-        })
-    }
-
-    /// The URL to [`Ledger::connect`] with: the base URL plus `options=-c search_path=<schema>`.
-    pub fn url(&self) -> &str {
-        &self.url
-    }
-
-    /// The schema's name, `<prefix>_<uuid>`.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// Drops the schema and everything in it (`DROP SCHEMA … CASCADE`).
-    pub async fn drop_schema(self) -> Result<(), BillingError> {
-        use sqlx::Connection;
-        let mut conn = sqlx::AnyConnection::connect(&self.base).await?;
-        sqlx::query(&format!("DROP SCHEMA IF EXISTS {} CASCADE", self.name))
-            .execute(&mut conn)
-            .await?;
-        conn.close().await?;
-        Ok(())
-    }
-}
-
-/// The options of `url` with sqlx's statement logging off: the batched inserts are statements of
-/// up to ~100 KB of SQL text, which sqlx would log whole at DEBUG for every batch and at WARN
-/// whenever one takes over a second. Failures are still logged by the callers.
-fn connect_options(url: &str) -> Result<sqlx::any::AnyConnectOptions, BillingError> {
-    use sqlx::ConnectOptions as _;
-    use std::str::FromStr as _;
-    Ok(sqlx::any::AnyConnectOptions::from_str(url)?.disable_statement_logging())
-}
-
-/// Splits off the SQLite path of `url`, creates its parent directory and adds `mode=rwc` unless
-/// a mode is given. Returns the URL to connect with and whether the database is in memory.
-fn prepare_sqlite_url(url: &str) -> Result<(String, bool), BillingError> {
-    let rest = url
-        .strip_prefix("sqlite://")
-        .or_else(|| url.strip_prefix("sqlite:"))
-        .unwrap_or_default();
-    let (path, query) = match rest.split_once('?') {
-        Some((path, query)) => (path, Some(query)),
-        None => (rest, None),
-    };
-    let in_memory = path.is_empty()
-        || path == ":memory:"
-        || query.is_some_and(|q| q.split('&').any(|kv| kv == "mode=memory"));
-    if in_memory {
-        return Ok((url.to_owned(), true));
-    }
-    if let Some(parent) = std::path::Path::new(path).parent()
-        && !parent.as_os_str().is_empty()
-    {
-        std::fs::create_dir_all(parent)?;
-    }
-    let has_mode = query.is_some_and(|q| q.split('&').any(|kv| kv.starts_with("mode=")));
-    let url = match (query, has_mode) {
-        (_, true) => url.to_owned(),
-        (Some(_), false) => format!("{url}&mode=rwc"),
-        (None, false) => format!("{url}?mode=rwc"),
-    };
-    Ok((url, false))
-}
-
 fn event_from_row(row: &AnyRow) -> Result<UsageEvent, BillingError> {
     let request_id: String = row.try_get("request_id")?;
     let request_id = Uuid::parse_str(&request_id)
@@ -790,6 +760,13 @@ fn event_from_row(row: &AnyRow) -> Result<UsageEvent, BillingError> {
             cache_write_tokens: uint(row, "cache_write_tokens")?,
             completion_tokens: uint(row, "completion_tokens")?,
             reasoning_tokens: uint(row, "reasoning_tokens")?,
+            cache_write_1h_tokens: uint(row, "cache_write_1h_tokens")?,
+            audio_input_tokens: uint(row, "audio_input_tokens")?,
+            audio_output_tokens: uint(row, "audio_output_tokens")?,
+            service_tier: row
+                .try_get::<Option<String>, _>("service_tier")?
+                .as_deref()
+                .and_then(ServiceTier::from_provider),
         },
         estimated: row.try_get::<i64, _>("estimated")? != 0,
         status: parse_enum("status", &row.try_get::<String, _>("status")?)?,
@@ -822,247 +799,5 @@ fn parse_enum<T: DeserializeOwned>(column: &str, value: &str) -> Result<T, Billi
 }
 
 #[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-    use super::*;
-
-    fn event(kind: UsageKind, attempt: u32) -> UsageEvent {
-        UsageEvent {
-            request_id: Uuid::now_v7(),
-            kind,
-            attempt,
-            ts_ms: 1_700_000_000_123,
-            tenant: Some("acme".into()),
-            key_id: None,
-            model: "gpt-4o".into(),
-            target: Some("openai-east".into()),
-            upstream_model: Some("gpt-4o-2024-08-06".into()),
-            usage: Usage {
-                prompt_tokens: 1200,
-                cached_tokens: 1000,
-                cache_write_tokens: 0,
-                completion_tokens: 300,
-                reasoning_tokens: 100,
-            },
-            estimated: true,
-            status: UsageStatus::Error,
-            error_class: Some(ErrorClass::RateLimited),
-            ttft_ms: Some(250),
-            latency_ms: 1234,
-            fallbacks: 2,
-            cache_hit: false,
-            budget_owed: None,
-            batch_id: None,
-        }
-    }
-
-    #[tokio::test]
-    async fn sqlite_roundtrip_and_idempotent_insert() {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}/nested/dir/ledger.db", dir.path().display());
-        let ledger = Ledger::connect(&url).await.unwrap();
-        assert_eq!(ledger.backend(), Backend::Sqlite);
-        let a = event(UsageKind::Upstream, 1);
-        let mut b = a.clone();
-        b.kind = UsageKind::Charge;
-        b.attempt = 0;
-        b.error_class = None;
-        b.status = UsageStatus::Ok;
-        b.ttft_ms = None;
-        b.estimated = false;
-        b.cache_hit = true;
-        // Duplicate inside one batch and across batches: stored once.
-        assert_eq!(
-            ledger
-                .insert_batch(&[a.clone(), b.clone(), a.clone()])
-                .await
-                .unwrap(),
-            2
-        );
-        assert_eq!(
-            ledger.insert_batch(&[b.clone(), a.clone()]).await.unwrap(),
-            0
-        );
-        assert_eq!(ledger.count().await.unwrap(), 2);
-        assert_eq!(
-            ledger.usage_for(a.request_id).await.unwrap(),
-            vec![b.clone(), a.clone()]
-        );
-        let raw = ledger
-            .raw_for(a.request_id, UsageKind::Upstream, 1)
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(serde_json::from_str::<UsageEvent>(&raw).unwrap(), a);
-        ledger.close().await;
-
-        // Reopening runs the (already applied) migrations again and sees the same rows.
-        let ledger = Ledger::connect(&url).await.unwrap();
-        assert_eq!(ledger.count().await.unwrap(), 2);
-        let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
-            .fetch_one(ledger.pool())
-            .await
-            .unwrap();
-        assert_eq!(mode, "wal");
-    }
-
-    #[tokio::test]
-    async fn unstorable_event_rejects_whole_batch() {
-        let ledger = Ledger::connect("sqlite::memory:").await.unwrap();
-        let ok = event(UsageKind::Upstream, 0);
-        let mut huge = event(UsageKind::Upstream, 0);
-        huge.usage.prompt_tokens = u64::MAX;
-        let mut nul = event(UsageKind::Charge, 0);
-        nul.model = "gpt\0".into();
-        for bad in [huge, nul] {
-            let err = ledger.insert_batch(&[ok.clone(), bad]).await.unwrap_err();
-            assert!(matches!(err, BillingError::InvalidEvent { .. }), "{err}");
-        }
-        assert_eq!(ledger.count().await.unwrap(), 0);
-    }
-
-    #[test]
-    fn statement_sizes_are_powers_of_two() {
-        let sizes = |n, max| statement_sizes(n, max).collect::<Vec<_>>();
-        assert_eq!(sizes(500, 256), vec![256, 128, 64, 32, 16, 4]);
-        assert_eq!(sizes(1000, 512), vec![512, 256, 128, 64, 32, 8]);
-        assert_eq!(sizes(600, 256), vec![256, 256, 64, 16, 8]);
-        assert_eq!(sizes(1, 256), vec![1]);
-        assert!(sizes(0, 256).is_empty());
-        let pg = Backend::Postgres;
-        assert_eq!(
-            multi_row_sql(pg, "I ", 2, 2, " T"),
-            "I ($1, $2), ($3, $4) T"
-        );
-        assert_eq!(
-            multi_row_sql(Backend::Sqlite, "I ", 2, 2, " T"),
-            "I (?, ?), (?, ?) T"
-        );
-        let texts = StatementTexts::build(pg, "I ", 1, 4, "");
-        assert_eq!(texts.texts.len(), 3);
-        assert_eq!(texts.get(4), "I ($1), ($2), ($3), ($4)");
-        assert_eq!(texts.get(3), "I ($1), ($2), ($3)");
-        assert_eq!(texts.get(8), multi_row_sql(pg, "I ", 1, 8, ""));
-    }
-
-    /// A batch spanning several statements, with a key repeated (different counts) inside it and
-    /// one already stored: each key is stored once, the first occurrence wins, and only newly
-    /// stored events get lines.
-    #[tokio::test]
-    async fn large_batch_with_duplicates_stores_each_key_once() {
-        let ledger = Ledger::connect("sqlite::memory:").await.unwrap();
-        let priced = |prompt| {
-            let mut e = event(UsageKind::Upstream, 0);
-            e.upstream_model = Some("gpt-4o".into());
-            e.usage = Usage {
-                prompt_tokens: prompt,
-                completion_tokens: 10,
-                ..Usage::default()
-            };
-            e
-        };
-        let old = priced(5);
-        assert_eq!(
-            ledger
-                .insert_batch(std::slice::from_ref(&old))
-                .await
-                .unwrap(),
-            1
-        );
-        let mut batch: Vec<UsageEvent> = (0..300).map(|i| priced(100 + i)).collect();
-        let mut twin = batch[7].clone();
-        twin.usage.prompt_tokens = 999_999;
-        batch.insert(290, twin);
-        let mut replay = old.clone();
-        replay.usage.prompt_tokens = 777;
-        batch.push(replay);
-        assert_eq!(ledger.insert_batch(&batch).await.unwrap(), 300);
-        assert_eq!(ledger.count().await.unwrap(), 301);
-        let first = &ledger.usage_for(batch[7].request_id).await.unwrap()[0];
-        assert_eq!(first.usage.prompt_tokens, 107);
-        assert_eq!(ledger.usage_for(old.request_id).await.unwrap()[0], old);
-        let lines: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM ledger_lines")
-            .fetch_one(ledger.pool())
-            .await
-            .unwrap();
-        // new_input and output per event.
-        assert_eq!(lines, 2 * 301);
-        let amount = ledger
-            .lines_of(batch[7].request_id, UsageKind::Upstream, 0)
-            .await
-            .unwrap();
-        assert_eq!(amount[0].1, 107);
-    }
-
-    #[tokio::test]
-    async fn rejects_unknown_url() {
-        let err = Ledger::connect("mysql://x").await.unwrap_err();
-        assert!(matches!(err, BillingError::UnsupportedUrl(_)));
-    }
-
-    #[test]
-    fn sqlite_url_gets_create_mode() {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}/a/b.db", dir.path().display());
-        let (out, mem) = prepare_sqlite_url(&url).unwrap();
-        assert_eq!(out, format!("{url}?mode=rwc"));
-        assert!(!mem);
-        assert!(dir.path().join("a").is_dir());
-        let (out, _) = prepare_sqlite_url(&format!("{url}?mode=ro")).unwrap();
-        assert!(out.ends_with("?mode=ro"));
-        assert!(prepare_sqlite_url("sqlite::memory:").unwrap().1);
-    }
-
-    /// FC-11 through the ledger: the upstream row costs $0.005615 and carries one line per
-    /// billing type; a replay of the same event adds neither rows nor lines.
-    #[tokio::test]
-    async fn fc11_cost_and_lines_are_stored_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}/ledger.db", dir.path().display());
-        let ledger = Ledger::connect(&url).await.unwrap();
-        let mut e = event(UsageKind::Upstream, 0);
-        e.upstream_model = Some("gpt-4o".into());
-        e.usage = Usage {
-            prompt_tokens: 2006,
-            cached_tokens: 1920,
-            completion_tokens: 300,
-            ..Usage::default()
-        };
-        assert_eq!(ledger.insert_batch(&[e.clone()]).await.unwrap(), 1);
-        assert_eq!(ledger.insert_batch(&[e.clone()]).await.unwrap(), 0);
-        let cost = ledger
-            .cost_of(e.request_id, UsageKind::Upstream, 0)
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(cost.to_string(), "0.005615");
-        let lines = ledger
-            .lines_of(e.request_id, UsageKind::Upstream, 0)
-            .await
-            .unwrap();
-        let got: Vec<(String, u64, String)> = lines
-            .into_iter()
-            .map(|(t, n, a)| (t, n, a.normalize().to_string()))
-            .collect();
-        assert_eq!(
-            got,
-            vec![
-                ("cached_input".to_string(), 1920, "0.0024".to_string()),
-                ("new_input".to_string(), 86, "0.000215".to_string()),
-                ("output".to_string(), 300, "0.003".to_string()),
-            ]
-        );
-        // An unpriced model stores NULL cost, not zero.
-        let mut u = event(UsageKind::Upstream, 0);
-        u.upstream_model = Some("unknown-model".into());
-        ledger.insert_batch(&[u.clone()]).await.unwrap();
-        assert_eq!(
-            ledger
-                .cost_of(u.request_id, UsageKind::Upstream, 0)
-                .await
-                .unwrap(),
-            None
-        );
-    }
-}
+#[path = "ledger_tests.rs"]
+mod tests;

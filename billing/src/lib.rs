@@ -17,6 +17,7 @@
 pub mod budget_rebuild;
 mod error;
 pub mod ledger;
+mod ledger_url;
 pub use switchyard_schemas::pricing;
 pub mod query;
 pub mod reconcile;

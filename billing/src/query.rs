@@ -273,6 +273,7 @@ mod tests {
                 cache_write_tokens: 0,
                 completion_tokens: 5,
                 reasoning_tokens: 1,
+                ..Default::default()
             },
             estimated: false,
             status: UsageStatus::Ok,

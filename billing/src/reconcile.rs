@@ -57,6 +57,9 @@ pub struct LedgerRow {
     pub cost_usd: Option<Decimal>,
     /// The batch job the request was an item of (`None` for live traffic).
     pub batch_id: Option<String>,
+    /// What had no price when billing priced the row (comma-separated components: `model`,
+    /// `cache_write_1h`, `audio_input`, `audio_output`, `service_tier`); `None` = all priced.
+    pub unpriced: Option<String>,
 }
 
 impl LedgerRow {
@@ -79,6 +82,7 @@ impl LedgerRow {
             cache_hit: event.cache_hit,
             cost_usd,
             batch_id: event.batch_id.clone(),
+            unpriced: None,
         }
     }
 }
@@ -156,16 +160,21 @@ pub enum DiscrepancyClass {
     UsageMismatch,
     /// The charge row or any upstream row of the request has `estimated = true`.
     Estimated,
+    /// The charge row or an upstream row had tokens with no price: the model has no card, or
+    /// the card lacks a component the usage has (1-hour cache writes, audio, a service tier).
+    /// What was charged for them follows the `unpriced:` policy (docs/pricing.md).
+    UnpricedComponent,
 }
 
 impl DiscrepancyClass {
     /// Every class, in the order reports list them.
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::UpstreamWithoutCharge,
         Self::AdmittedNotSettled,
         Self::ChargeWithoutUpstream,
         Self::UsageMismatch,
         Self::Estimated,
+        Self::UnpricedComponent,
     ];
 
     /// The snake_case name used in every output format.
@@ -176,6 +185,7 @@ impl DiscrepancyClass {
             Self::ChargeWithoutUpstream => "charge_without_upstream",
             Self::UsageMismatch => "usage_mismatch",
             Self::Estimated => "estimated",
+            Self::UnpricedComponent => "unpriced_component",
         }
     }
 
@@ -191,6 +201,7 @@ impl DiscrepancyClass {
                 "charge ok, its usage differs from the serving upstream attempt's usage"
             }
             Self::Estimated => "charge or upstream row has estimated = true",
+            Self::UnpricedComponent => "charge or upstream row has tokens without a price",
         }
     }
 }
@@ -227,6 +238,9 @@ pub struct DiscrepancyCounts {
     pub usage_mismatch: u64,
     /// [`DiscrepancyClass::Estimated`], requests.
     pub estimated: u64,
+    /// [`DiscrepancyClass::UnpricedComponent`], requests.
+    #[serde(default)]
+    pub unpriced_component: u64,
 }
 
 impl DiscrepancyCounts {
@@ -237,6 +251,7 @@ impl DiscrepancyCounts {
             DiscrepancyClass::ChargeWithoutUpstream => &mut self.charge_without_upstream,
             DiscrepancyClass::UsageMismatch => &mut self.usage_mismatch,
             DiscrepancyClass::Estimated => &mut self.estimated,
+            DiscrepancyClass::UnpricedComponent => &mut self.unpriced_component,
         }
     }
 
@@ -364,6 +379,27 @@ pub fn classify(req: &RequestRows) -> Vec<Discrepancy> {
         }
         found.push((DiscrepancyClass::Estimated, details));
     }
+    let unpriced: Vec<String> = (req.charge.iter())
+        .chain(&req.upstream)
+        .filter_map(|r| {
+            let what = r.unpriced.as_deref()?;
+            let side = match r.kind {
+                UsageKind::Charge => "charge".to_owned(),
+                UsageKind::Upstream => format!(
+                    "upstream attempt {} ({})",
+                    r.attempt,
+                    r.upstream_model.as_deref().unwrap_or("-")
+                ),
+            };
+            Some(format!("{side}: {what}"))
+        })
+        .collect();
+    if !unpriced.is_empty() {
+        found.push((
+            DiscrepancyClass::UnpricedComponent,
+            format!("no price for {}", unpriced.join("; ")),
+        ));
+    }
     let (tenant, model, target) = match (&req.charge, req.upstream.last()) {
         (Some(c), _) => (c.tenant.clone(), c.model.clone(), c.target.clone()),
         (None, Some(u)) => (u.tenant.clone(), u.model.clone(), u.target.clone()),
@@ -475,7 +511,8 @@ macro_rules! load_columns {
         "SELECT request_id, kind, attempt, ts_ms, tenant, key_id, model, target, \
          upstream_model, prompt_tokens, cached_tokens, cache_write_tokens, completion_tokens, \
          reasoning_tokens, CASE WHEN estimated THEN 1 ELSE 0 END AS estimated, status, \
-         fallbacks, CASE WHEN cache_hit THEN 1 ELSE 0 END AS cache_hit, cost_usd, batch_id \
+         fallbacks, CASE WHEN cache_hit THEN 1 ELSE 0 END AS cache_hit, cost_usd, batch_id, \
+         cache_write_1h_tokens, audio_input_tokens, audio_output_tokens, service_tier, unpriced \
          FROM usage_events "
     };
 }
@@ -517,6 +554,13 @@ fn row_from_sql(row: &AnyRow) -> Result<LedgerRow, BillingError> {
             cache_write_tokens: uint(row, "cache_write_tokens")?,
             completion_tokens: uint(row, "completion_tokens")?,
             reasoning_tokens: uint(row, "reasoning_tokens")?,
+            cache_write_1h_tokens: uint(row, "cache_write_1h_tokens")?,
+            audio_input_tokens: uint(row, "audio_input_tokens")?,
+            audio_output_tokens: uint(row, "audio_output_tokens")?,
+            service_tier: row
+                .try_get::<Option<String>, _>("service_tier")?
+                .as_deref()
+                .and_then(switchyard_schemas::usage::ServiceTier::from_provider),
         },
         estimated: row.try_get::<i64, _>("estimated")? != 0,
         status: parse_enum("status", &row.try_get::<String, _>("status")?)?,
@@ -524,6 +568,7 @@ fn row_from_sql(row: &AnyRow) -> Result<LedgerRow, BillingError> {
         cache_hit: row.try_get::<i64, _>("cache_hit")? != 0,
         cost_usd,
         batch_id: row.try_get("batch_id")?,
+        unpriced: row.try_get("unpriced")?,
         request_id,
     })
 }
@@ -567,14 +612,27 @@ fn attempts(rows: &[LedgerRow]) -> String {
 }
 
 fn usage_str(u: &Usage) -> String {
-    format!(
+    let mut s = format!(
         "prompt={} cached={} cache_write={} completion={} reasoning={}",
         u.prompt_tokens,
         u.cached_tokens,
         u.cache_write_tokens,
         u.completion_tokens,
         u.reasoning_tokens
-    )
+    );
+    for (name, v) in [
+        ("cache_write_1h", u.cache_write_1h_tokens),
+        ("audio_input", u.audio_input_tokens),
+        ("audio_output", u.audio_output_tokens),
+    ] {
+        if v > 0 {
+            s.push_str(&format!(" {name}={v}"));
+        }
+    }
+    if let Some(t) = u.service_tier {
+        s.push_str(&format!(" service_tier={}", t.as_str()));
+    }
+    s
 }
 
 #[cfg(test)]
@@ -606,6 +664,7 @@ mod tests {
             cache_hit: false,
             cost_usd: None,
             batch_id: None,
+            unpriced: None,
         }
     }
 
@@ -771,6 +830,9 @@ mod tests {
         assert!(r.rows.is_empty() && r.truncated);
         let names = DiscrepancyClass::ALL.map(|c| c.as_str()).join(",");
         let expected = "upstream_without_charge,admitted_not_settled,charge_without_upstream,";
-        assert_eq!(names, format!("{expected}usage_mismatch,estimated"));
+        assert_eq!(
+            names,
+            format!("{expected}usage_mismatch,estimated,unpriced_component")
+        );
     }
 }

@@ -734,6 +734,7 @@ mod tests {
             cache_write_tokens: 5,
             completion_tokens: 4,
             reasoning_tokens: 9,
+            ..Default::default()
         });
         assert_eq!(
             t,

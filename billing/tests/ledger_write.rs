@@ -27,6 +27,7 @@ fn event(prompt: u64) -> UsageEvent {
             cache_write_tokens: 0,
             completion_tokens: 20,
             reasoning_tokens: 0,
+            ..Default::default()
         },
         estimated: false,
         status: UsageStatus::Ok,

@@ -35,6 +35,7 @@ fn usage(prompt: u64, cached: u64, completion: u64, reasoning: u64) -> Usage {
         cache_write_tokens: 0,
         completion_tokens: completion,
         reasoning_tokens: reasoning,
+        ..Default::default()
     }
 }
 

@@ -33,6 +33,7 @@ fn event(kind: UsageKind, attempt: u32, prompt: u64, completion: u64) -> UsageEv
             cache_write_tokens: 7,
             completion_tokens: completion,
             reasoning_tokens: completion / 3,
+            ..Default::default()
         },
         estimated: false,
         status: UsageStatus::Ok,

@@ -122,6 +122,7 @@ fn events(n: u64) -> Vec<UsageEvent> {
                 cache_write_tokens: 0,
                 completion_tokens: 300 + i % 100,
                 reasoning_tokens: i % 3 * 10,
+                ..Usage::default()
             },
             estimated: false,
             status: UsageStatus::Ok,

@@ -10,6 +10,7 @@ mod bench_billing;
 mod cache_cmd;
 mod key_cmd;
 mod local_model;
+mod pricing_cmd;
 mod report_cmd;
 mod secret_cmd;
 
@@ -141,6 +142,10 @@ enum Command {
     /// Reports from the usage ledger: `daily` (per tenant/model/target, cost, charge and margin in
     /// USD, reconciliation) and `import-usage` (a provider's usage export vs the ledger).
     Report(report_cmd::ReportArgs),
+    /// The pricing catalog: `check` lists configured targets and models without a price or a
+    /// priced component; `import FILE` converts a LiteLLM `model_prices_and_context_window.json`
+    /// into a catalog YAML (offline).
+    Pricing(pricing_cmd::PricingArgs),
     /// Measures the latency Switchyard adds (p50/p99, direct to the mock vs through the gateway).
     Bench(bench::BenchArgs),
     /// Batch jobs on a running gateway: `submit FILE.jsonl [--wait]` (progress bar), `status ID`,
@@ -503,6 +508,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             }
         }
         Command::Report(args) => report_cmd::run(args).await.map_err(msg),
+        Command::Pricing(args) => pricing_cmd::run(args).map_err(msg),
         Command::Key { action } => key_cmd::run(action).await.map_err(msg),
         Command::Secret { action } => secret_cmd::run(action).await.map_err(msg),
         Command::Bench(args) => bench::run(args).await.map_err(msg),
@@ -746,7 +752,7 @@ async fn open_ledger(
             switchyard_schemas::pricing::Catalog::load(c.pricing_file.as_deref()).map_err(msg)?;
         ledger = ledger.with_catalog(catalog);
     }
-    Ok(ledger)
+    Ok(ledger.with_unpriced(c.unpriced.clone()))
 }
 
 /// Longest pause between attempts to open the ledger database.

@@ -34,7 +34,7 @@ use rust_decimal::Decimal;
 use switchyard_budgets::{BudgetStore, ReserveError};
 use switchyard_schemas::config::{GatewayConfig, ModelConfig};
 use switchyard_schemas::now_ms;
-use switchyard_schemas::pricing::Catalog;
+use switchyard_schemas::pricing::{Catalog, Cost, UnpricedPolicy};
 use switchyard_schemas::tenancy::Budget;
 use switchyard_schemas::usage::Usage;
 
@@ -133,11 +133,70 @@ pub fn scopes(config: &GatewayConfig, caller: &Caller) -> Vec<Scope> {
 }
 
 /// The charge of `usage` on `model` at sale price, USD (zero when the model is unpriced); `batch`
-/// applies the model's batch rate (the same price billing's ledger writes).
-pub fn charge_of(catalog: Option<&Catalog>, model: &str, usage: &Usage, batch: bool) -> Decimal {
-    catalog
-        .and_then(|c| c.charge(model, usage, batch))
-        .map_or(Decimal::ZERO, |c| c.total)
+/// applies the model's batch rate and `policy` prices what has no price (the same
+/// [`Catalog::charge_with`] billing's ledger writes).
+pub fn charge_of(
+    catalog: Option<&Catalog>,
+    model: &str,
+    usage: &Usage,
+    batch: bool,
+    policy: Option<&UnpricedPolicy>,
+) -> Decimal {
+    priced(catalog, model, usage, batch, policy).map_or(Decimal::ZERO, |c| c.total)
+}
+
+/// [`Catalog::charge_with`] on an optional catalog.
+pub fn priced(
+    catalog: Option<&Catalog>,
+    model: &str,
+    usage: &Usage,
+    batch: bool,
+    policy: Option<&UnpricedPolicy>,
+) -> Option<Cost> {
+    catalog.and_then(|c| c.charge_with(model, usage, batch, policy))
+}
+
+/// Admission's unpriced check (docs/pricing.md): a request to a model without a sale price (and
+/// no `charge_at` fallback) is refused when the policy is `reject`, or when no policy is set and
+/// one of `scopes` has a USD budget (whose spend could not be counted). A 400
+/// `invalid_request_error`, code `model_not_priced`, naming the model; the front door renders it
+/// in its own error shape.
+pub fn check_priced(
+    catalog: Option<&Catalog>,
+    config: &GatewayConfig,
+    model: &str,
+    scopes: &[Scope],
+) -> Result<(), ApiError> {
+    let policy = config.unpriced.as_ref();
+    let usd_budget = scopes
+        .iter()
+        .any(|s| s.budget.daily_usd.is_some() || s.budget.monthly_usd.is_some());
+    let refuse = match policy {
+        Some(UnpricedPolicy::Reject) => true,
+        None => usd_budget,
+        Some(UnpricedPolicy::Zero | UnpricedPolicy::ChargeAt(_)) => false,
+    };
+    let priced = catalog.is_some_and(|c| c.sale_priced(model, policy));
+    if !refuse || priced {
+        return Ok(());
+    }
+    let why = if usd_budget {
+        "a USD budget cannot count its spend"
+    } else {
+        "the `unpriced: reject` policy refuses it"
+    };
+    Err(ApiError {
+        status: StatusCode::BAD_REQUEST,
+        message: format!(
+            "The model `{model}` has no price in the pricing catalog, and {why}. Add it to the \
+             catalog (`standard:` in the pricing file), or set `unpriced: {{charge_at: <model>}}`."
+        ),
+        kind: "invalid_request_error",
+        param: Some("model".into()),
+        code: Some("model_not_priced"),
+        retry_after_s: None,
+        request_id: None,
+    })
 }
 
 /// The reservation for a request: `prompt_tokens` estimated input, `max_output` output tokens,
@@ -148,13 +207,14 @@ pub fn estimate(
     prompt_tokens: u64,
     max_output: u64,
     margin: Decimal,
+    policy: Option<&UnpricedPolicy>,
 ) -> Demand {
     let usage = Usage {
         prompt_tokens,
         completion_tokens: max_output,
         ..Usage::default()
     };
-    let base = charge_of(catalog, model, &usage, false);
+    let base = charge_of(catalog, model, &usage, false, policy);
     Demand {
         usd: base * (Decimal::ONE + margin),
         tokens: prompt_tokens + max_output,
@@ -307,6 +367,7 @@ pub async fn choose_model<'a>(
 
 /// Reserves `prompt_tokens` input and `output_tokens` output on `model` for `scopes` (none:
 /// `Ok(None)`). Chat admission passes the tokenizer's estimate; embeddings the input size.
+/// Refuses an unpriced model first ([`check_priced`]).
 pub async fn reserve_tokens(
     app: &AppState,
     config: &GatewayConfig,
@@ -316,6 +377,7 @@ pub async fn reserve_tokens(
     output_tokens: u64,
     deadline_ms: u64,
 ) -> Result<Option<Reservation>, ApiError> {
+    check_priced(app.catalog().as_deref(), config, &model.id, &scopes)?;
     if scopes.is_empty() {
         return Ok(None);
     }
@@ -326,6 +388,7 @@ pub async fn reserve_tokens(
         prompt_tokens,
         output_tokens,
         settings.safety_margin,
+        config.unpriced.as_ref(),
     );
     let until = deadline_ms + settings.hold_grace_ms;
     app.budgets.reserve(scopes, demand, until).await.map(Some)

@@ -217,7 +217,9 @@ impl Charge {
             e.usage.completion_tokens = self.output_bytes.div_ceil(4) as u64;
             e.estimated = true;
         }
+        self.alarm_unpriced(&e);
         let app = self.app.clone();
+        let policy = app.config.get().unpriced.clone();
         let reservation = self.reservation.take();
         let rate = self.rate.take();
         let sink = self.sink.take();
@@ -239,6 +241,7 @@ impl Charge {
                             &e.model,
                             &e.usage,
                             e.batch_id.is_some(),
+                            policy.as_ref(),
                         ),
                         tokens: e.usage.total_tokens(),
                     }
@@ -265,6 +268,43 @@ impl Charge {
                 }
             }
         });
+    }
+}
+
+impl Charge {
+    /// The `unpriced_component` alarm (metric [`crate::metrics::UNPRICED`] and a warning) for
+    /// what of `e`'s usage has no sale price (`charge`) or no cost price on its upstream model
+    /// (`cost`); billing records the same in the ledger.
+    fn alarm_unpriced(&self, e: &UsageEvent) {
+        let catalog = self.app.catalog();
+        let Some(catalog) = catalog.as_deref() else {
+            return;
+        };
+        if e.cache_hit || e.usage.total_tokens() == 0 {
+            return;
+        }
+        let batch = e.batch_id.is_some();
+        let missing = |cost: Option<switchyard_schemas::pricing::Cost>| match cost {
+            Some(c) => c.unpriced,
+            None => vec!["model"],
+        };
+        let policy = self.app.config.get().unpriced.clone();
+        let charge = missing(catalog.charge_with(&e.model, &e.usage, batch, policy.as_ref()));
+        let cost = e
+            .upstream_model
+            .as_deref()
+            .map(|m| (m, missing(catalog.upstream_cost(m, &e.usage, batch))));
+        let sides = std::iter::once(("charge", e.model.as_str(), charge))
+            .chain(cost.map(|(m, c)| ("cost", m, c)));
+        for (side, model, components) in sides {
+            for c in &components {
+                self.app.metrics.unpriced(side, model, c);
+            }
+            if !components.is_empty() {
+                tracing::warn!(request_id = %e.request_id, side, model,
+                    components = %components.join(","), "usage with no price (unpriced_component)");
+            }
+        }
     }
 }
 

@@ -36,6 +36,10 @@ pub const DURATION: &str = "switchyard_request_duration_seconds";
 pub const IN_FLIGHT: &str = "switchyard_in_flight";
 /// Batches submitted, by the status they started in.
 pub const BATCHES: &str = "switchyard_batches_total";
+/// Counter: requests with tokens that had no price, by `side` (`charge` = sale price,
+/// `cost` = the upstream model's cost price), `model` (standard or upstream id) and `component`
+/// (`model`, `cache_write_1h`, `audio_input`, `audio_output`, `service_tier`).
+pub const UNPRICED: &str = "switchyard_unpriced_total";
 
 const TTFT_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -99,6 +103,10 @@ impl Metrics {
                 metrics::Unit::Seconds,
                 "Time from admission to the end of the request."
             );
+            metrics::describe_counter!(
+                UNPRICED,
+                "Requests with tokens that had no price, by side, model and component."
+            );
             metrics::describe_gauge!(
                 IN_FLIGHT,
                 "Requests in flight per target from this ingress."
@@ -148,6 +156,16 @@ impl Metrics {
     pub fn duration(&self, model: &str, d: Duration) {
         let labels = [("model", model.to_owned())];
         self.with(|| metrics::histogram!(DURATION, &labels).record(d.as_secs_f64()));
+    }
+
+    /// Counts one request whose `component` had no price on `side` (`charge` / `cost`).
+    pub fn unpriced(&self, side: &'static str, model: &str, component: &str) {
+        let labels = [
+            ("side", side.to_owned()),
+            ("model", model.to_owned()),
+            ("component", component.to_owned()),
+        ];
+        self.with(|| metrics::counter!(UNPRICED, &labels).increment(1));
     }
 
     /// Moves the in-flight gauge of `target` by `delta`.

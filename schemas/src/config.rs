@@ -68,6 +68,11 @@ pub struct GatewayConfig {
     /// the bundled catalog. Read by ingress (budget reservations, cost routing) and billing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pricing_file: Option<String>,
+    /// What a request whose model, or a component of whose usage, has no price is charged
+    /// (`reject`, `zero` or `{charge_at: <standard model>}`); `None`: `reject` for callers with a
+    /// USD budget, `zero` (with the `unpriced_component` alarm) otherwise. See docs/pricing.md.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unpriced: Option<crate::pricing::UnpricedPolicy>,
     /// API keys. Empty = no authentication (every request is anonymous and unlimited).
     #[serde(default)]
     pub keys: Vec<crate::tenancy::KeyConfig>,

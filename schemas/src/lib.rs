@@ -20,6 +20,7 @@ pub mod health;
 pub mod input;
 pub mod nats_config;
 pub mod pricing;
+pub mod pricing_import;
 #[cfg(feature = "nats")]
 pub mod publish;
 #[cfg(feature = "nats")]

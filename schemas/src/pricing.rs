@@ -8,6 +8,7 @@
 //! cache reads and writes are priced separately from base input (Anthropic docs, "Prompt caching").
 
 use crate::Usage;
+use crate::usage::ServiceTier;
 use rust_decimal::Decimal;
 use serde::{Deserialize, Deserializer, Serialize};
 use std::collections::HashMap;
@@ -70,23 +71,104 @@ pub struct PriceCard {
     #[serde(deserialize_with = "price")]
     pub output: Decimal,
     /// Input read from the provider's prompt cache; default `input`.
-    #[serde(default, deserialize_with = "opt_price")]
+    #[serde(
+        default,
+        deserialize_with = "opt_price",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub cached_input: Option<Decimal>,
-    /// Input written to the provider's prompt cache; default `input`.
-    #[serde(default, deserialize_with = "opt_price")]
+    /// Input written to the provider's prompt cache with the 5-minute TTL (Anthropic's default
+    /// write; every other provider's only one); default `input`.
+    #[serde(
+        default,
+        deserialize_with = "opt_price",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub cache_write: Option<Decimal>,
+    /// Input written to the prompt cache with the 1-hour TTL (Anthropic `ttl: "1h"`). No
+    /// default: 1-hour writes on a card without it are an unpriced component.
+    #[serde(
+        default,
+        deserialize_with = "opt_price",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub cache_write_1h: Option<Decimal>,
     /// Reasoning tokens, when priced apart from output; default `output`.
-    #[serde(default, deserialize_with = "opt_price")]
+    #[serde(
+        default,
+        deserialize_with = "opt_price",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub reasoning: Option<Decimal>,
+    /// Audio input tokens (OpenAI audio models). No default: audio input on a card without it
+    /// is an unpriced component.
+    #[serde(
+        default,
+        deserialize_with = "opt_price",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub audio_input: Option<Decimal>,
+    /// Audio output tokens. No default (unpriced component when missing).
+    #[serde(
+        default,
+        deserialize_with = "opt_price",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub audio_output: Option<Decimal>,
     /// Fraction taken off for batch jobs, e.g. 0.5.
-    #[serde(default, deserialize_with = "opt_price")]
+    #[serde(
+        default,
+        deserialize_with = "opt_price",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub batch_discount: Option<Decimal>,
+    /// Prices of the `priority` service tier (OpenAI "Priority processing"); a priority call on
+    /// a card without them is an unpriced component (`service_tier`), billed at the base prices.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<Rates>,
+    /// Prices of the `flex` service tier (OpenAI "Flex processing"); as `priority`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flex: Option<Rates>,
     /// Prices above a prompt size (e.g. Gemini's > 200k tier); the highest matching tier applies.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tiers: Vec<Tier>,
     /// The date this price was taken (ISO 8601).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub as_of: Option<String>,
+}
+
+/// The prices of a service tier, USD per 1M tokens; the optional ones default as on the card
+/// (`cached_input`, `cache_write` → this tier's `input`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rates {
+    /// New input.
+    #[serde(deserialize_with = "price")]
+    pub input: Decimal,
+    /// Output.
+    #[serde(deserialize_with = "price")]
+    pub output: Decimal,
+    /// Cached input; default this tier's `input`.
+    #[serde(
+        default,
+        deserialize_with = "opt_price",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub cached_input: Option<Decimal>,
+    /// 5-minute cache write; default this tier's `input`.
+    #[serde(
+        default,
+        deserialize_with = "opt_price",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub cache_write: Option<Decimal>,
+    /// 1-hour cache write; default the card's `cache_write_1h`.
+    #[serde(
+        default,
+        deserialize_with = "opt_price",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub cache_write_1h: Option<Decimal>,
 }
 
 /// Prices that replace the base ones when `prompt_tokens > above_prompt_tokens`.
@@ -102,27 +184,48 @@ pub struct Tier {
     #[serde(deserialize_with = "price")]
     pub output: Decimal,
     /// Cached input; default this tier's `input`.
-    #[serde(default, deserialize_with = "opt_price")]
+    #[serde(
+        default,
+        deserialize_with = "opt_price",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub cached_input: Option<Decimal>,
-    /// Cache write; default this tier's `input`.
-    #[serde(default, deserialize_with = "opt_price")]
+    /// 5-minute cache write; default this tier's `input`.
+    #[serde(
+        default,
+        deserialize_with = "opt_price",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub cache_write: Option<Decimal>,
+    /// 1-hour cache write; default the card's `cache_write_1h`.
+    #[serde(
+        default,
+        deserialize_with = "opt_price",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub cache_write_1h: Option<Decimal>,
 }
 
 /// The billing type of a ledger line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BillingType {
-    /// Uncached input.
+    /// Uncached text input.
     NewInput,
     /// Input read from cache.
     CachedInput,
-    /// Input written to cache.
+    /// Input written to cache, 5-minute TTL.
     CacheWrite,
-    /// Output excluding reasoning.
+    /// Input written to cache, 1-hour TTL.
+    CacheWrite1h,
+    /// Audio input.
+    AudioInput,
+    /// Output excluding reasoning and audio.
     Output,
     /// Reasoning output.
     Reasoning,
+    /// Audio output.
+    AudioOutput,
 }
 
 impl BillingType {
@@ -132,8 +235,11 @@ impl BillingType {
             Self::NewInput => "new_input",
             Self::CachedInput => "cached_input",
             Self::CacheWrite => "cache_write",
+            Self::CacheWrite1h => "cache_write_1h",
+            Self::AudioInput => "audio_input",
             Self::Output => "output",
             Self::Reasoning => "reasoning",
+            Self::AudioOutput => "audio_output",
         }
     }
 }
@@ -158,65 +264,226 @@ pub struct Cost {
     pub lines: Vec<CostLine>,
     /// Sum of the lines, USD.
     pub total: Decimal,
+    /// What had no price (empty when everything was priced): the billing types (`as_str`) with
+    /// tokens but no price on the card, `service_tier` when the serving tier has no prices on
+    /// the card (billed at the base prices), `model` when the whole card came from the
+    /// [`UnpricedPolicy::ChargeAt`] fallback. Unpriced lines are priced by the fallback card,
+    /// else at $0.
+    pub unpriced: Vec<&'static str>,
+}
+
+/// What to charge for a request whose model, or a component of whose usage, has no price
+/// (config `unpriced:`). Absent: [`UnpricedPolicy::Reject`] for callers with a USD budget,
+/// [`UnpricedPolicy::Zero`] for the others; either way billing records the gap (ledger column
+/// `unpriced`, reconciliation finding `unpriced_component`, metric).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "PolicyRepr", into = "PolicyRepr")]
+pub enum UnpricedPolicy {
+    /// Refuse requests to a model without a sale price at admission (400 naming the model).
+    /// Components found unpriced after the call are recorded at $0.
+    Reject,
+    /// Price what has no price with this standard model's card (`charge_at: openai/gpt-4o`).
+    ChargeAt(String),
+    /// Admit, and record what has no price at $0 (with the alarm).
+    Zero,
+}
+
+/// How [`UnpricedPolicy`] is written: `reject`, `zero` or `{charge_at: <model>}`.
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+enum PolicyRepr {
+    Word(String),
+    ChargeAt(ChargeAt),
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ChargeAt {
+    charge_at: String,
+}
+
+impl TryFrom<PolicyRepr> for UnpricedPolicy {
+    type Error = String;
+    fn try_from(r: PolicyRepr) -> Result<Self, String> {
+        match r {
+            PolicyRepr::Word(w) if w == "reject" => Ok(Self::Reject),
+            PolicyRepr::Word(w) if w == "zero" => Ok(Self::Zero),
+            PolicyRepr::Word(w) => Err(format!(
+                "unpriced: `{w}` is not `reject`, `zero` or `{{charge_at: <model>}}`"
+            )),
+            PolicyRepr::ChargeAt(c) => Ok(Self::ChargeAt(c.charge_at)),
+        }
+    }
+}
+
+impl From<UnpricedPolicy> for PolicyRepr {
+    fn from(p: UnpricedPolicy) -> Self {
+        match p {
+            UnpricedPolicy::Reject => Self::Word("reject".into()),
+            UnpricedPolicy::Zero => Self::Word("zero".into()),
+            UnpricedPolicy::ChargeAt(m) => Self::ChargeAt(ChargeAt { charge_at: m }),
+        }
+    }
+}
+
+/// The unit prices one call is billed at, after tier selection; `None` = no price.
+struct Applied {
+    input: Decimal,
+    output: Decimal,
+    cached: Decimal,
+    write: Decimal,
+    write_1h: Option<Decimal>,
+    reasoning: Decimal,
+    audio_in: Option<Decimal>,
+    audio_out: Option<Decimal>,
+    /// The serving service tier has no prices on the card.
+    tier_unpriced: bool,
 }
 
 impl PriceCard {
-    /// Prices `usage`. `batch` applies the batch discount. Token parts are clamped so a malformed
-    /// usage (cached > prompt) can never produce a negative line.
-    pub fn cost(&self, usage: &Usage, batch: bool) -> Cost {
-        let tier = self
+    /// A card of just input and output prices (everything else at its default).
+    pub fn flat(input: Decimal, output: Decimal) -> Self {
+        Self {
+            input,
+            output,
+            cached_input: None,
+            cache_write: None,
+            cache_write_1h: None,
+            reasoning: None,
+            audio_input: None,
+            audio_output: None,
+            batch_discount: None,
+            priority: None,
+            flex: None,
+            tiers: Vec::new(),
+            as_of: None,
+        }
+    }
+
+    /// The prices applying to `usage`: a long-context tier (the highest `above_prompt_tokens`
+    /// below `prompt_tokens`) wins, else the service tier's [`Rates`], else the base prices.
+    fn applied(&self, usage: &Usage) -> Applied {
+        let long = self
             .tiers
             .iter()
             .filter(|t| usage.prompt_tokens > t.above_prompt_tokens)
             .max_by_key(|t| t.above_prompt_tokens);
-        let (input, output, cached, write) = match tier {
-            Some(t) => (
+        let service = match usage.service_tier {
+            Some(ServiceTier::Priority) => Some(self.priority.as_ref()),
+            Some(ServiceTier::Flex) => Some(self.flex.as_ref()),
+            None => None,
+        };
+        let mut tier_unpriced = false;
+        let (input, output, cached, write, write_1h) = match (long, service) {
+            (Some(t), _) => (
                 t.input,
                 t.output,
-                t.cached_input.unwrap_or(t.input),
-                t.cache_write.unwrap_or(t.input),
+                t.cached_input,
+                t.cache_write,
+                t.cache_write_1h,
             ),
-            None => (
-                self.input,
-                self.output,
-                self.cached_input.unwrap_or(self.input),
-                self.cache_write.unwrap_or(self.input),
+            (None, Some(Some(r))) => (
+                r.input,
+                r.output,
+                r.cached_input,
+                r.cache_write,
+                r.cache_write_1h,
             ),
+            (None, service) => {
+                tier_unpriced = service.is_some();
+                (
+                    self.input,
+                    self.output,
+                    self.cached_input,
+                    self.cache_write,
+                    None,
+                )
+            }
         };
-        let reasoning_price = self.reasoning.unwrap_or(output);
+        Applied {
+            input,
+            output,
+            cached: cached.unwrap_or(input),
+            write: write.unwrap_or(input),
+            write_1h: write_1h.or(self.cache_write_1h),
+            reasoning: self.reasoning.unwrap_or(output),
+            audio_in: self.audio_input,
+            audio_out: self.audio_output,
+            tier_unpriced,
+        }
+    }
+
+    /// Prices `usage`. `batch` applies the batch discount. Token parts are clamped so a malformed
+    /// usage (cached > prompt) can never produce a negative line.
+    pub fn cost(&self, usage: &Usage, batch: bool) -> Cost {
+        self.cost_with(usage, batch, None)
+    }
+
+    /// [`PriceCard::cost`], pricing components this card has no price for with `fallback`'s
+    /// (the [`UnpricedPolicy::ChargeAt`] card), else at $0; either way they are named in
+    /// [`Cost::unpriced`].
+    ///
+    /// Billing types never overlap: new input = prompt − cached − 5-minute writes − 1-hour
+    /// writes − audio input; output = completion − reasoning − audio output. Reasoning is billed
+    /// at `reasoning` (default `output`); OpenAI's accepted and rejected prediction tokens are
+    /// part of `completion_tokens` and billed as output (OpenAI "Predicted Outputs": rejected
+    /// tokens "are still billed at completion token rates").
+    pub fn cost_with(&self, usage: &Usage, batch: bool, fallback: Option<&PriceCard>) -> Cost {
+        let p = self.applied(usage);
+        let fb = fallback.map(|f| f.applied(usage));
         let factor = match (batch, self.batch_discount) {
             (true, Some(d)) => Decimal::ONE - d,
             _ => Decimal::ONE,
         };
-        let cached_tokens = usage.cached_tokens.min(usage.prompt_tokens);
-        let write_tokens = usage
-            .cache_write_tokens
-            .min(usage.prompt_tokens - cached_tokens);
-        let new_input = usage.prompt_tokens - cached_tokens - write_tokens;
+        let cached = usage.cached_tokens.min(usage.prompt_tokens);
+        let mut left = usage.prompt_tokens - cached;
+        let write = usage.cache_write_tokens.min(left);
+        left -= write;
+        let write_1h = usage.cache_write_1h_tokens.min(write);
+        let audio_in = usage.audio_input_tokens.min(left);
+        let new_input = left - audio_in;
         let reasoning = usage.reasoning_tokens.min(usage.completion_tokens);
+        let audio_out = usage
+            .audio_output_tokens
+            .min(usage.completion_tokens - reasoning);
+        let output = usage.completion_tokens - reasoning - audio_out;
         let parts = [
-            (BillingType::NewInput, new_input, input),
-            (BillingType::CachedInput, cached_tokens, cached),
-            (BillingType::CacheWrite, write_tokens, write),
-            (
-                BillingType::Output,
-                usage.completion_tokens - reasoning,
-                output,
-            ),
-            (BillingType::Reasoning, reasoning, reasoning_price),
+            (BillingType::NewInput, new_input, Some(p.input)),
+            (BillingType::CachedInput, cached, Some(p.cached)),
+            (BillingType::CacheWrite, write - write_1h, Some(p.write)),
+            (BillingType::CacheWrite1h, write_1h, p.write_1h),
+            (BillingType::AudioInput, audio_in, p.audio_in),
+            (BillingType::Output, output, Some(p.output)),
+            (BillingType::Reasoning, reasoning, Some(p.reasoning)),
+            (BillingType::AudioOutput, audio_out, p.audio_out),
         ];
         let mut cost = Cost::default();
+        if p.tier_unpriced {
+            cost.unpriced.push("service_tier");
+        }
         for (billing_type, tokens, unit) in parts {
             if tokens == 0 {
                 continue;
             }
-            let unit_price = unit * factor;
-            let amount = Decimal::from(tokens) * unit_price / PER;
+            let unit = match unit {
+                Some(u) => u * factor,
+                None => {
+                    cost.unpriced.push(billing_type.as_str());
+                    let from_fallback = fb.as_ref().and_then(|f| match billing_type {
+                        BillingType::CacheWrite1h => f.write_1h,
+                        BillingType::AudioInput => f.audio_in,
+                        BillingType::AudioOutput => f.audio_out,
+                        _ => None,
+                    });
+                    from_fallback.unwrap_or(Decimal::ZERO)
+                }
+            };
+            let amount = Decimal::from(tokens) * unit / PER;
             cost.total += amount;
             cost.lines.push(CostLine {
                 billing_type,
                 tokens,
-                unit_price,
+                unit_price: unit,
                 amount,
             });
         }
@@ -306,6 +573,42 @@ impl Catalog {
     /// Sale price (charge) of `usage` on the standard model, if priced.
     pub fn charge(&self, model: &str, usage: &Usage, batch: bool) -> Option<Cost> {
         self.standard.get(model).map(|c| c.cost(usage, batch))
+    }
+
+    /// Whether `model` has a sale price, or what `policy` charges in its place
+    /// ([`UnpricedPolicy::ChargeAt`] a priced model).
+    pub fn sale_priced(&self, model: &str, policy: Option<&UnpricedPolicy>) -> bool {
+        self.standard.contains_key(model) || self.fallback(policy).is_some()
+    }
+
+    /// The [`UnpricedPolicy::ChargeAt`] card, when the policy names a priced standard model.
+    fn fallback(&self, policy: Option<&UnpricedPolicy>) -> Option<&PriceCard> {
+        match policy {
+            Some(UnpricedPolicy::ChargeAt(m)) => self.standard.get(m),
+            _ => None,
+        }
+    }
+
+    /// The charge of `usage` on standard `model` under `policy`: the model's card with unpriced
+    /// components at the fallback's prices (else $0), or, for a model without a sale price, the
+    /// whole usage at the fallback's card with `model` in [`Cost::unpriced`]. `None` when neither
+    /// prices it. The one function ingress (budgets) and billing (ledger) charge with.
+    pub fn charge_with(
+        &self,
+        model: &str,
+        usage: &Usage,
+        batch: bool,
+        policy: Option<&UnpricedPolicy>,
+    ) -> Option<Cost> {
+        let fallback = self.fallback(policy);
+        match self.standard.get(model) {
+            Some(card) => Some(card.cost_with(usage, batch, fallback)),
+            None => fallback.map(|f| {
+                let mut cost = f.cost(usage, batch);
+                cost.unpriced.insert(0, "model");
+                cost
+            }),
+        }
     }
 }
 
@@ -408,6 +711,162 @@ mod tests {
             c.upstream_cost("gpt-4o-mini", &u, true).unwrap().total,
             d("0.375")
         );
+    }
+
+    fn card(yaml: &str) -> PriceCard {
+        serde_yaml_ng::from_str(yaml).unwrap()
+    }
+
+    fn claude_t() -> PriceCard {
+        card("{input: 3, cache_write: 3.75, cache_write_1h: 6.00, cached_input: 0.30, output: 15}")
+    }
+
+    /// FC-34: 12 new input, 9628 one-hour writes, 20 output → $0.058104; 1000 (5 m) / 2000 (1 h)
+    /// → $0.016086; without the 1-hour split all writes are 5-minute ones.
+    #[test]
+    fn fc34_cache_write_by_ttl() {
+        let u = Usage {
+            prompt_tokens: 12 + 9628,
+            cache_write_tokens: 9628,
+            cache_write_1h_tokens: 9628,
+            completion_tokens: 20,
+            ..Usage::default()
+        };
+        let cost = claude_t().cost(&u, false);
+        assert_eq!(cost.total.to_string(), "0.058104");
+        assert!(cost.unpriced.is_empty());
+        let types: Vec<_> = cost
+            .lines
+            .iter()
+            .map(|l| (l.billing_type, l.tokens))
+            .collect();
+        assert_eq!(
+            types,
+            vec![
+                (BillingType::NewInput, 12),
+                (BillingType::CacheWrite1h, 9628),
+                (BillingType::Output, 20)
+            ]
+        );
+        let split = Usage {
+            prompt_tokens: 3012,
+            cache_write_tokens: 3000,
+            cache_write_1h_tokens: 2000,
+            completion_tokens: 20,
+            ..Usage::default()
+        };
+        assert_eq!(claude_t().cost(&split, false).total.to_string(), "0.016086");
+        let all_5m = Usage {
+            cache_write_1h_tokens: 0,
+            ..split
+        };
+        // 12 × 3 + 3000 × 3.75 + 20 × 15.
+        assert_eq!(
+            claude_t().cost(&all_5m, false).total.to_string(),
+            "0.011586"
+        );
+        // A card without a 1-hour price: the writes are an unpriced component, at $0 or at the
+        // fallback card's price.
+        let no_1h = card("{input: 3, cache_write: 3.75, output: 15}");
+        let c = no_1h.cost(&split, false);
+        assert_eq!(c.unpriced, vec!["cache_write_1h"]);
+        assert_eq!(c.total.to_string(), "0.004086");
+        let c = no_1h.cost_with(&split, false, Some(&claude_t()));
+        assert_eq!(c.total.to_string(), "0.016086");
+        assert_eq!(c.unpriced, vec!["cache_write_1h"]);
+    }
+
+    /// FC-35: Gemini 10000 prompt (8000 cached), 450 completion (400 thoughts) → $0.008.
+    #[test]
+    fn fc35_gemini_thoughts_and_implicit_cache() {
+        let gem = card("{input: 1.25, cached_input: 0.125, output: 10}");
+        let u = Usage {
+            prompt_tokens: 10000,
+            cached_tokens: 8000,
+            completion_tokens: 450,
+            reasoning_tokens: 400,
+            ..Usage::default()
+        };
+        assert_eq!(gem.cost(&u, false).total.to_string(), "0.008");
+    }
+
+    #[test]
+    fn service_tier_audio_and_policy() {
+        let c = card(
+            "{input: 1.25, output: 10, audio_input: 40, priority: {input: 2.5, output: 20}, \
+             flex: {input: 0.625, output: 5}}",
+        );
+        let base = Usage {
+            prompt_tokens: 1_000_000,
+            completion_tokens: 1_000_000,
+            ..Usage::default()
+        };
+        let prio = Usage {
+            service_tier: Some(ServiceTier::Priority),
+            ..base
+        };
+        let flex = Usage {
+            service_tier: Some(ServiceTier::Flex),
+            ..base
+        };
+        assert_eq!(c.cost(&base, false).total, d("11.25"));
+        assert_eq!(c.cost(&prio, false).total, d("22.5"));
+        assert_eq!(c.cost(&flex, false).total, d("5.625"));
+        // No flex prices on the card: base prices, flagged.
+        let plain = card("{input: 1.25, output: 10}");
+        let cost = plain.cost(&flex, false);
+        assert_eq!(
+            (cost.total, cost.unpriced),
+            (d("11.25"), vec!["service_tier"])
+        );
+        // 1M prompt of which 100k audio; 1M completion of which 10k audio (no audio_output).
+        let audio = Usage {
+            audio_input_tokens: 100_000,
+            audio_output_tokens: 10_000,
+            ..base
+        };
+        let cost = c.cost(&audio, false);
+        assert_eq!(cost.unpriced, vec!["audio_output"]);
+        // 900k × 1.25 + 100k × 40 + 990k × 10 per 1M.
+        assert_eq!(cost.total, d("15.025"));
+        // The catalog's charge under a policy: an unpriced model at the fallback's card.
+        let mut cat = Catalog::empty();
+        cat.standard.insert("std/priced".into(), plain.clone());
+        let policy = UnpricedPolicy::ChargeAt("std/priced".into());
+        let charged = cat
+            .charge_with("std/unknown", &base, false, Some(&policy))
+            .unwrap();
+        assert_eq!(
+            (charged.total, charged.unpriced),
+            (d("11.25"), vec!["model"])
+        );
+        assert!(cat.charge_with("std/unknown", &base, false, None).is_none());
+        assert!(cat.sale_priced("std/unknown", Some(&policy)));
+        assert!(!cat.sale_priced("std/unknown", Some(&UnpricedPolicy::Zero)));
+        let p: UnpricedPolicy = serde_yaml_ng::from_str("{charge_at: std/priced}").unwrap();
+        assert_eq!(p, policy);
+        let p: UnpricedPolicy = serde_yaml_ng::from_str("reject").unwrap();
+        assert_eq!(p, UnpricedPolicy::Reject);
+        assert!(serde_yaml_ng::from_str::<UnpricedPolicy>("{charge_at: x, y: 1}").is_err());
+        assert!(serde_yaml_ng::from_str::<UnpricedPolicy>("rejected").is_err());
+    }
+
+    /// Long-context tiers apply per model: Sonnet 4 above 200k, Gemini 2.5 Pro above 200k, and
+    /// not on a model without tiers.
+    #[test]
+    fn long_context_tiers_per_model() {
+        let c = Catalog::bundled().unwrap();
+        let big = Usage {
+            prompt_tokens: 200_001,
+            completion_tokens: 1000,
+            ..Usage::default()
+        };
+        let total = |m: &str| c.upstream_cost(m, &big, false).unwrap().total;
+        // 200001 × 6 + 1000 × 22.50.
+        assert_eq!(total("claude-sonnet-4-20250514"), d("1.222506"));
+        assert_eq!(total("gemini-2.5-pro"), d("0.5150025"));
+        // gpt-4o: no tier, 200001 × 2.50 + 1000 × 10.
+        assert_eq!(total("gpt-4o"), d("0.5100025"));
     }
 
     #[test]

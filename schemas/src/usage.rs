@@ -26,6 +26,58 @@ pub struct Usage {
     /// Hidden reasoning tokens (subset of `completion_tokens`).
     #[serde(default)]
     pub reasoning_tokens: u64,
+    /// Cache writes with the 1-hour TTL (subset of `cache_write_tokens`; the rest are 5-minute
+    /// writes). Anthropic `usage.cache_creation.ephemeral_1h_input_tokens` (Anthropic docs,
+    /// "Prompt caching", "Tracking cache performance"); 0 without a `cache_creation` object.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cache_write_1h_tokens: u64,
+    /// Audio input tokens (subset of `prompt_tokens`): OpenAI
+    /// `prompt_tokens_details.audio_tokens`, priced at the card's `audio_input`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub audio_input_tokens: u64,
+    /// Audio output tokens (subset of `completion_tokens`): OpenAI
+    /// `completion_tokens_details.audio_tokens`, priced at the card's `audio_output`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub audio_output_tokens: u64,
+    /// The service tier the upstream says served the call (OpenAI `service_tier`, Anthropic
+    /// `usage.service_tier`); `None` = the standard tier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_tier: Option<ServiceTier>,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+/// A provider service tier priced apart from the standard one (OpenAI "Priority processing" and
+/// "Flex processing"; Anthropic "Service tiers", `priority`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ServiceTier {
+    /// Priority processing (higher price, lower latency).
+    Priority,
+    /// Flex processing (lower price, slower).
+    Flex,
+}
+
+impl ServiceTier {
+    /// The snake_case name stored in the ledger (`priority`, `flex`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Priority => "priority",
+            Self::Flex => "flex",
+        }
+    }
+
+    /// A provider's tier name → the tier priced apart: `priority` and `flex`; every other value
+    /// (`default`, `auto`, `standard`, `scale`, `batch`) is the standard tier (`None`).
+    pub fn from_provider(name: &str) -> Option<Self> {
+        match name {
+            "priority" => Some(Self::Priority),
+            "flex" => Some(Self::Flex),
+            _ => None,
+        }
+    }
 }
 
 impl Usage {

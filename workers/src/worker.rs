@@ -923,6 +923,14 @@ fn add_usage(out: &mut Outcome, usage: Option<Usage>) {
     sum.cache_write_tokens = sum.cache_write_tokens.saturating_add(u.cache_write_tokens);
     sum.completion_tokens = sum.completion_tokens.saturating_add(u.completion_tokens);
     sum.reasoning_tokens = sum.reasoning_tokens.saturating_add(u.reasoning_tokens);
+    sum.cache_write_1h_tokens = sum
+        .cache_write_1h_tokens
+        .saturating_add(u.cache_write_1h_tokens);
+    sum.audio_input_tokens = sum.audio_input_tokens.saturating_add(u.audio_input_tokens);
+    sum.audio_output_tokens = sum
+        .audio_output_tokens
+        .saturating_add(u.audio_output_tokens);
+    sum.service_tier = sum.service_tier.or(u.service_tier);
 }
 
 fn timed_out(what: &str) -> CallEnd {

@@ -42,18 +42,36 @@ pub fn stop_reason(finish: FinishReason) -> &'static str {
 }
 
 /// Anthropic `usage` ("Messages", `usage`): `input_tokens` excludes cache reads and writes, which
-/// are reported apart; our [`Usage::prompt_tokens`] includes them, so they are subtracted.
+/// are reported apart; our [`Usage::prompt_tokens`] includes them, so they are subtracted. With
+/// cache writes, the `cache_creation` object splits them by TTL
+/// (`ephemeral_5m_input_tokens` / `ephemeral_1h_input_tokens`, Anthropic docs "Prompt caching"),
+/// in Anthropic's key order, so an upstream Anthropic usage reaches the client unchanged.
 pub fn usage(u: Usage) -> Value {
     let input = u
         .prompt_tokens
         .saturating_sub(u.cached_tokens)
         .saturating_sub(u.cache_write_tokens);
-    json!({
+    let mut v = json!({
         "input_tokens": input,
         "cache_creation_input_tokens": u.cache_write_tokens,
         "cache_read_input_tokens": u.cached_tokens,
-        "output_tokens": u.completion_tokens,
-    })
+    });
+    if u.cache_write_tokens > 0
+        && let Some(o) = v.as_object_mut()
+    {
+        let h1 = u.cache_write_1h_tokens.min(u.cache_write_tokens);
+        o.insert(
+            "cache_creation".into(),
+            json!({
+                "ephemeral_5m_input_tokens": u.cache_write_tokens - h1,
+                "ephemeral_1h_input_tokens": h1,
+            }),
+        );
+    }
+    if let Some(o) = v.as_object_mut() {
+        o.insert("output_tokens".into(), json!(u.completion_tokens));
+    }
+    v
 }
 
 /// A `Message` object with the given `content`, `stop_reason` and `usage`.
@@ -395,6 +413,7 @@ mod tests {
             cache_write_tokens: 2,
             completion_tokens: 7,
             reasoning_tokens: 0,
+            ..Default::default()
         };
         let events = encode(vec![
             FrameBody::Text { text: "Hi".into() },
@@ -439,7 +458,25 @@ mod tests {
         assert_eq!(
             d["usage"],
             json!({"input_tokens": 5, "cache_creation_input_tokens": 2,
-                "cache_read_input_tokens": 3, "output_tokens": 7})
+                "cache_read_input_tokens": 3,
+                "cache_creation": {"ephemeral_5m_input_tokens": 2, "ephemeral_1h_input_tokens": 0},
+                "output_tokens": 7})
+        );
+    }
+
+    /// FC-34: the Anthropic usage object comes back byte for byte (keys in Anthropic's order).
+    #[test]
+    fn fc34_usage_round_trips_with_its_ttl_split() {
+        let u = Usage {
+            prompt_tokens: 9640,
+            cache_write_tokens: 9628,
+            cache_write_1h_tokens: 9628,
+            completion_tokens: 20,
+            ..Default::default()
+        };
+        assert_eq!(
+            usage(u).to_string(),
+            r#"{"input_tokens":12,"cache_creation_input_tokens":9628,"cache_read_input_tokens":0,"cache_creation":{"ephemeral_5m_input_tokens":0,"ephemeral_1h_input_tokens":9628},"output_tokens":20}"#
         );
     }
 

@@ -399,6 +399,7 @@ pub fn usage_of(body: &Value) -> Usage {
             cache_write_tokens: 0,
             completion_tokens: n(&u["output_tokens"]),
             reasoning_tokens: n(&u["output_tokens_details"]["reasoning_tokens"]),
+            ..Default::default()
         };
     }
     if u.get("input_tokens").is_some() {
@@ -410,6 +411,7 @@ pub fn usage_of(body: &Value) -> Usage {
             cache_write_tokens: written,
             completion_tokens: n(&u["output_tokens"]),
             reasoning_tokens: 0,
+            ..Default::default()
         };
     }
     Usage {
@@ -418,6 +420,7 @@ pub fn usage_of(body: &Value) -> Usage {
         cache_write_tokens: 0,
         completion_tokens: n(&u["completion_tokens"]),
         reasoning_tokens: n(&u["completion_tokens_details"]["reasoning_tokens"]),
+        ..Default::default()
     }
 }
 

@@ -96,11 +96,21 @@ pub struct UsageOut {
 #[derive(Serialize, Debug, Clone, PartialEq)]
 struct PromptDetails {
     cached_tokens: u64,
+    /// Audio input tokens, when any (OpenAI `prompt_tokens_details.audio_tokens`).
+    #[serde(skip_serializing_if = "is_zero")]
+    audio_tokens: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 #[derive(Serialize, Debug, Clone, PartialEq)]
 struct CompletionDetails {
     reasoning_tokens: u64,
+    /// Audio output tokens, when any (OpenAI `completion_tokens_details.audio_tokens`).
+    #[serde(skip_serializing_if = "is_zero")]
+    audio_tokens: u64,
 }
 
 impl From<Usage> for UsageOut {
@@ -111,9 +121,11 @@ impl From<Usage> for UsageOut {
             total_tokens: u.total_tokens(),
             prompt_tokens_details: PromptDetails {
                 cached_tokens: u.cached_tokens,
+                audio_tokens: u.audio_input_tokens,
             },
             completion_tokens_details: CompletionDetails {
                 reasoning_tokens: u.reasoning_tokens,
+                audio_tokens: u.audio_output_tokens,
             },
         }
     }

@@ -155,7 +155,9 @@ pub(crate) fn message(id: &str, info: &RequestInfo, g: &Generation) -> Value {
         info,
         content,
         json!(stop_reason(g)),
-        usage(g.usage, g.usage.completion),
+        g.raw_usage
+            .clone()
+            .unwrap_or_else(|| usage(g.usage, g.usage.completion)),
     )
 }
 
@@ -174,7 +176,20 @@ pub(crate) fn stream_script(
     g: &Generation,
     fmt: SseFormat,
 ) -> Script {
-    let start_usage = usage(g.usage, g.usage.completion.min(1));
+    // A given usage object: `message_start` carries it with at most 1 output token (as
+    // Anthropic does), `message_delta` carries it whole (its counts are cumulative).
+    let start_usage = match &g.raw_usage {
+        Some(raw) => {
+            let mut u = raw.clone();
+            let out = raw
+                .get("output_tokens")
+                .and_then(Value::as_u64)
+                .unwrap_or(0);
+            u["output_tokens"] = json!(out.min(1));
+            u
+        }
+        None => usage(g.usage, g.usage.completion.min(1)),
+    };
     let start = json!({
         "type": "message_start",
         "message": message_object(id, info, json!([]), Value::Null, start_usage),
@@ -228,7 +243,7 @@ pub(crate) fn stream_script(
     let delta = json!({
         "type": "message_delta",
         "delta": { "stop_reason": stop_reason(g), "stop_sequence": null },
-        "usage": { "output_tokens": g.usage.completion },
+        "usage": g.raw_usage.clone().unwrap_or_else(|| json!({ "output_tokens": g.usage.completion })),
     });
     Script {
         prelude: vec![event(fmt, &start)],

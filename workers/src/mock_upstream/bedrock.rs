@@ -223,7 +223,7 @@ pub(crate) fn converse_response(g: &Generation, latency_ms: u64) -> Value {
     json!({
         "output": { "message": { "role": "assistant", "content": content } },
         "stopReason": stop_reason(g),
-        "usage": usage(g.usage),
+        "usage": g.raw_usage.clone().unwrap_or_else(|| usage(g.usage)),
         "metrics": { "latencyMs": latency_ms },
     })
 }
@@ -268,7 +268,8 @@ pub(crate) fn stream_script(g: &Generation, latency_ms: u64) -> Script {
             }
         }
     }
-    let metadata = json!({ "usage": usage(g.usage), "metrics": { "latencyMs": latency_ms } });
+    let u = g.raw_usage.clone().unwrap_or_else(|| usage(g.usage));
+    let metadata = json!({ "usage": u, "metrics": { "latencyMs": latency_ms } });
     Script {
         prelude: vec![event("messageStart", json!({ "role": "assistant" }))],
         body,

@@ -81,6 +81,13 @@ pub(crate) struct Behaviour {
     /// `encrypted_content` not starting with `<prefix>` get OpenAI's 400
     /// `invalid_encrypted_content` (another deployment's encrypted reasoning).
     pub(crate) accept_encrypted: Option<String>,
+    /// `usage=<urlencoded JSON object>`: the provider-native usage object to report verbatim
+    /// (Anthropic `usage`, Gemini `usageMetadata`, Bedrock `usage`, OpenAI `usage`), replacing
+    /// the generated counts; streams report it where the provider does (see each provider).
+    pub(crate) usage: Option<Value>,
+    /// `service_tier=<name>`: OpenAI's top-level `service_tier` on the answer (non-stream body
+    /// and usage chunk).
+    pub(crate) service_tier: Option<String>,
 }
 
 impl Behaviour {
@@ -156,6 +163,16 @@ impl Behaviour {
                 "id" => b.id = Some(percent_decode(v)?),
                 "created" => b.created = Some(num(key, v)?),
                 "fixture" => b.fixture = Some(v.to_owned()),
+                "usage" => {
+                    let text = percent_decode(v)?;
+                    let usage: Value = serde_json::from_str(&text)
+                        .map_err(|e| format!("mock usage is not JSON: {e}"))?;
+                    if !usage.is_object() {
+                        return Err("mock usage must be a JSON object".to_string());
+                    }
+                    b.usage = Some(usage);
+                }
+                "service_tier" => b.service_tier = Some(v.to_owned()),
                 "hold" => b.hold = v == "1" || v == "true",
                 "keepalive_ms" => {
                     let ms: u64 = num(key, v)?;
@@ -274,6 +291,10 @@ pub(crate) struct Usage {
 pub(crate) struct Generation {
     pub(crate) output: Output,
     pub(crate) usage: Usage,
+    /// [`Behaviour::usage`]: the provider-native usage object to report instead of `usage`.
+    pub(crate) raw_usage: Option<Value>,
+    /// [`Behaviour::service_tier`].
+    pub(crate) service_tier: Option<String>,
 }
 
 impl Generation {
@@ -369,7 +390,12 @@ pub(crate) fn generate(b: &Behaviour, info: &RequestInfo) -> Generation {
         completion: b.completion_tokens.unwrap_or(default_completion),
         cached: b.cached_tokens.unwrap_or(0),
     };
-    Generation { output, usage }
+    Generation {
+        output,
+        usage,
+        raw_usage: b.usage.clone(),
+        service_tier: b.service_tier.clone(),
+    }
 }
 
 /// The choices of an OpenAI request (`n`, at least one): choice `k` answers `texts[k]` when

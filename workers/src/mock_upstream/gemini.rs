@@ -251,7 +251,10 @@ pub(crate) fn generate_response(id: &str, info: &RequestInfo, g: &Generation) ->
             .map(|c| function_call(&c.name, &c.arguments))
             .collect(),
     };
-    let u = usage(g.usage, Some(g.usage.completion));
+    let u = g
+        .raw_usage
+        .clone()
+        .unwrap_or_else(|| usage(g.usage, Some(g.usage.completion)));
     response(id, info, parts, Some(finish_reason(g)), u)
 }
 
@@ -264,7 +267,20 @@ pub(crate) fn stream_script(
     fmt: SseFormat,
     sse: bool,
 ) -> Script {
-    let early_usage = usage(g.usage, None);
+    // A given `usageMetadata` is the last chunk's; the early chunks carry only its prompt
+    // counts (Gemini streams report candidates only at the end).
+    let early_usage = match &g.raw_usage {
+        Some(raw) => {
+            let mut m = serde_json::Map::new();
+            for k in ["promptTokenCount", "cachedContentTokenCount"] {
+                if let Some(v) = raw.get(k) {
+                    m.insert(k.into(), v.clone());
+                }
+            }
+            Value::Object(m)
+        }
+        None => usage(g.usage, None),
+    };
     let chunk = |parts: Value| response(id, info, parts, None, early_usage.clone());
     let contents: Vec<Value> = match &g.output {
         Output::Text { chunks, .. } => chunks
@@ -282,7 +298,9 @@ pub(crate) fn stream_script(
         info,
         json!([{ "text": "" }]),
         Some(finish_reason(g)),
-        usage(g.usage, Some(g.usage.completion)),
+        g.raw_usage
+            .clone()
+            .unwrap_or_else(|| usage(g.usage, Some(g.usage.completion))),
     );
     let error = error_body(503, None);
     if sse {

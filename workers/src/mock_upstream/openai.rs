@@ -233,15 +233,21 @@ pub(crate) fn completion(
             })
         })
         .collect();
-    json!({
+    let first = choices.first();
+    let raw_usage = first.and_then(|g| g.raw_usage.clone());
+    let mut body = json!({
         "id": id,
         "object": "chat.completion",
         "created": created,
         "model": info.model,
         "choices": entries,
-        "usage": usage(choices_usage(choices)),
+        "usage": raw_usage.unwrap_or_else(|| usage(choices_usage(choices))),
         "system_fingerprint": FINGERPRINT,
-    })
+    });
+    if let Some(tier) = first.and_then(|g| g.service_tier.as_ref()) {
+        body["service_tier"] = json!(tier);
+    }
+    body
 }
 
 struct Chunker<'a> {
@@ -372,7 +378,13 @@ pub(crate) fn stream_script(
     }
     if info.include_usage {
         let mut last = c.base(json!([]));
-        last["usage"] = usage(choices_usage(choices));
+        let first = choices.first();
+        last["usage"] = first
+            .and_then(|g| g.raw_usage.clone())
+            .unwrap_or_else(|| usage(choices_usage(choices)));
+        if let Some(tier) = first.and_then(|g| g.service_tier.as_ref()) {
+            last["service_tier"] = json!(tier);
+        }
         trailer.push(fmt.data(&last.to_string()));
     }
     trailer.push(fmt.data("[DONE]"));

@@ -248,6 +248,7 @@ mod tests {
             cache_write_tokens: 0,
             completion_tokens: completion,
             reasoning_tokens: 0,
+            ..Default::default()
         };
         Ok(FrameBody::Usage { usage })
     }

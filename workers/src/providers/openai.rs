@@ -362,7 +362,10 @@ pub fn parse_completion(v: &Value) -> Result<Answer, ErrorInfo> {
     let mut answers = choices.into_iter().map(parse_choice);
     let mut first = answers.next().unwrap_or_default();
     first.more_choices = answers.collect();
-    first.usage = v.get("usage").and_then(parse_usage);
+    first.usage = v
+        .get("usage")
+        .and_then(parse_usage)
+        .map(|u| with_service_tier(u, v));
     Ok(first)
 }
 
@@ -466,7 +469,13 @@ fn map_finish(s: &str) -> FinishReason {
     }
 }
 
-/// Reads OpenAI's usage object into the normalised struct (parts are subsets, see [`Usage`]).
+/// Reads OpenAI's usage object into the normalised struct (parts are subsets, see [`Usage`]):
+/// `prompt_tokens_details.cached_tokens` and `.audio_tokens`,
+/// `completion_tokens_details.reasoning_tokens` and `.audio_tokens` (OpenAI API reference, "The
+/// chat completion object", `usage`). `accepted_prediction_tokens` and
+/// `rejected_prediction_tokens` (Predicted Outputs) are already inside `completion_tokens` and
+/// billed as output, so they are not kept apart. The response's top-level `service_tier` is
+/// read by the caller ([`with_service_tier`]).
 pub fn parse_usage(u: &Value) -> Option<Usage> {
     let n = |v: Option<&Value>| v.and_then(Value::as_u64).unwrap_or(0);
     if !u.is_object() {
@@ -478,7 +487,20 @@ pub fn parse_usage(u: &Value) -> Option<Usage> {
         cache_write_tokens: 0,
         completion_tokens: n(u.get("completion_tokens")),
         reasoning_tokens: n(u.pointer("/completion_tokens_details/reasoning_tokens")),
+        audio_input_tokens: n(u.pointer("/prompt_tokens_details/audio_tokens")),
+        audio_output_tokens: n(u.pointer("/completion_tokens_details/audio_tokens")),
+        ..Usage::default()
     })
+}
+
+/// `usage` with the service tier of `response` (a chat completion or chunk): OpenAI reports the
+/// tier that served the request in the top-level `service_tier` (`default`, `flex`,
+/// `priority`, …; API reference, "The chat completion object").
+pub fn with_service_tier(mut usage: Usage, response: &Value) -> Usage {
+    if let Some(t) = response.get("service_tier").and_then(Value::as_str) {
+        usage.service_tier = switchyard_schemas::usage::ServiceTier::from_provider(t);
+    }
+    usage
 }
 
 impl OpenAiTranslator {
@@ -564,7 +586,11 @@ impl SseTranslator for OpenAiTranslator {
             out.push_back(Err(crate::providers::classify::stream_error(&v)));
             return true;
         }
-        if let Some(u) = v.get("usage").and_then(parse_usage) {
+        if let Some(u) = v
+            .get("usage")
+            .and_then(parse_usage)
+            .map(|u| with_service_tier(u, &v))
+        {
             // Some servers repeat cumulative usage on every chunk: keep the last, never sum.
             self.usage = Some(u);
             // The `choices: []` usage chunk is the last one before `[DONE]` (OpenAI "Streaming"

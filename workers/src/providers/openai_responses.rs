@@ -219,6 +219,7 @@ fn parse_usage(u: &Value) -> Option<Usage> {
         cache_write_tokens: 0,
         completion_tokens: n("/output_tokens"),
         reasoning_tokens: n("/output_tokens_details/reasoning_tokens"),
+        ..Default::default()
     })
 }
 

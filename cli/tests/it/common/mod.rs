@@ -153,7 +153,8 @@ pub async fn start(opts: Options) -> Gateway {
         let l = switchyard_billing::Ledger::connect(&url)
             .await
             .unwrap()
-            .with_catalog(catalog);
+            .with_catalog(catalog)
+            .with_unpriced(config.get().unpriced.clone());
         ledger = Some(l.clone());
         let c = connect_as(&nats.url(), creds.as_ref(), Identity::Billing).await;
         tokio::spawn(switchyard_billing::run(

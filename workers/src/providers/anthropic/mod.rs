@@ -525,8 +525,14 @@ pub struct AnthropicTranslator {
     input: u64,
     /// `usage.cache_read_input_tokens`.
     cache_read: u64,
-    /// `usage.cache_creation_input_tokens`.
+    /// `usage.cache_creation_input_tokens` (all cache writes).
     cache_creation: u64,
+    /// `usage.cache_creation.ephemeral_1h_input_tokens`: the 1-hour writes among them (the
+    /// rest, `ephemeral_5m_input_tokens`, are 5-minute writes; no `cache_creation` object: all
+    /// 5-minute). Anthropic docs, "Prompt caching" → "Tracking cache performance".
+    cache_creation_1h: u64,
+    /// `usage.service_tier` (`standard`, `priority`, `batch`).
+    service_tier: Option<switchyard_schemas::usage::ServiceTier>,
     /// `usage.output_tokens` (cumulative).
     output: u64,
     /// From `message_delta.delta.stop_reason`.
@@ -702,6 +708,20 @@ impl AnthropicTranslator {
         self.input = self.input.max(get("input_tokens"));
         self.cache_read = self.cache_read.max(get("cache_read_input_tokens"));
         self.cache_creation = self.cache_creation.max(get("cache_creation_input_tokens"));
+        let split = u.and_then(|u| u.get("cache_creation"));
+        let ttl = |k: &str| split.and_then(|c| c.get(k)).and_then(Value::as_u64);
+        if let Some(h1) = ttl("ephemeral_1h_input_tokens") {
+            self.cache_creation_1h = self.cache_creation_1h.max(h1);
+        }
+        // A `cache_creation` split without the total (or a larger one): the split wins.
+        let split_total = ttl("ephemeral_5m_input_tokens").unwrap_or(0) + self.cache_creation_1h;
+        self.cache_creation = self.cache_creation.max(split_total);
+        if let Some(tier) = u
+            .and_then(|u| u.get("service_tier"))
+            .and_then(Value::as_str)
+        {
+            self.service_tier = switchyard_schemas::usage::ServiceTier::from_provider(tier);
+        }
         self.output = self.output.max(get("output_tokens"));
     }
 
@@ -717,6 +737,9 @@ impl AnthropicTranslator {
             cache_write_tokens: self.cache_creation,
             completion_tokens: self.output,
             reasoning_tokens: 0,
+            cache_write_1h_tokens: self.cache_creation_1h.min(self.cache_creation),
+            service_tier: self.service_tier,
+            ..Usage::default()
         }
     }
 }

@@ -22,6 +22,7 @@ fn usage(prompt: u64, cached: u64, write: u64, completion: u64) -> Item {
         cache_write_tokens: write,
         completion_tokens: completion,
         reasoning_tokens: 0,
+        ..Default::default()
     };
     Ok(FrameBody::Usage { usage })
 }

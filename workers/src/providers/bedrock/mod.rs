@@ -717,6 +717,7 @@ pub fn parse_usage(u: &Value) -> Usage {
         cache_write_tokens: write,
         completion_tokens: output,
         reasoning_tokens: 0,
+        ..Default::default()
     }
 }
 

@@ -20,6 +20,7 @@ fn usage(prompt: u64, cached: u64, written: u64, completion: u64) -> Item {
         cache_write_tokens: written,
         completion_tokens: completion,
         reasoning_tokens: 0,
+        ..Default::default()
     };
     Ok(FrameBody::Usage { usage })
 }

@@ -724,6 +724,7 @@ fn parse_usage(u: &Value) -> Usage {
         cache_write_tokens: 0,
         completion_tokens: n("candidatesTokenCount").saturating_add(thoughts),
         reasoning_tokens: thoughts,
+        ..Default::default()
     }
 }
 
