@@ -65,7 +65,8 @@ pub struct AdminConfig {
     pub keys: Vec<AdminKeyConfig>,
     /// A replica that could not confirm for this long (ms) that its live config is the latest
     /// refuses every API key with 503 `config_unconfirmed` (fail closed) until it can
-    /// (docs/security.md, "Key changes across replicas"). Default 1000.
+    /// (docs/security.md, "Key changes across replicas"). Default 5000: long enough that a
+    /// replica starved of CPU under load (confirmations are 4 per second) keeps serving.
     pub stale_after_ms: u64,
 }
 
@@ -73,7 +74,7 @@ impl Default for AdminConfig {
     fn default() -> Self {
         Self {
             keys: Vec::new(),
-            stale_after_ms: 1000,
+            stale_after_ms: 5000,
         }
     }
 }
