@@ -38,3 +38,4 @@ mod responses_upstream;
 mod routing;
 mod server_limits;
 mod structured_output;
+mod tenant_isolation;
