@@ -20,6 +20,7 @@ mod field_cases;
 mod field_cases_resilience;
 mod field_cases_upstream;
 mod flow_control;
+mod front_door_audit;
 mod fuzz;
 mod hygiene;
 mod input_hardening;
