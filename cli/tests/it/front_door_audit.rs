@@ -463,3 +463,52 @@ async fn models_by_id_and_legacy_completions_with_n() {
         assert_eq!(v["error"]["param"], "n", "{text}");
     }
 }
+
+/// Documents: an Anthropic `document` block (base64 PDF) reaches an Anthropic upstream as that
+/// block and an OpenAI-style one as a `file` part; a text-source document as text; OpenAI's own
+/// `file` part is accepted too, and a non-PDF file is the 400 naming the field.
+#[tokio::test]
+async fn documents_reach_every_provider_in_its_own_form() {
+    let gw = start(Options::default()).await;
+    let pdf = "JVBERi0xLjQKJcfsj6IK";
+    let body = |model: &str| {
+        json!({"model": model, "max_tokens": 64, "messages": [{"role": "user", "content": [
+            {"type": "document", "title": "spec.pdf", "cache_control": {"type": "ephemeral"},
+             "source": {"type": "base64", "media_type": "application/pdf", "data": pdf}},
+            {"type": "document", "source": {"type": "text", "media_type": "text/plain",
+             "data": "Plain notes."}, "citations": {"enabled": true}},
+            {"type": "text", "text": "Summarise."}]}]})
+    };
+    let (status, text) = send(&gw.base, "/v1/messages", ANTHROPIC, &body("demo/claude")).await;
+    assert_eq!(status, 200, "{text}");
+    let sent = &gw.mock.requests()[0].body["messages"][0]["content"];
+    assert_eq!(
+        sent[0],
+        json!({"type": "document", "title": "spec.pdf",
+               "source": {"type": "base64", "media_type": "application/pdf", "data": pdf}})
+    );
+    assert_eq!(sent[1], json!({"type": "text", "text": "Plain notes."}));
+    let (status, text) = send(&gw.base, "/v1/messages", ANTHROPIC, &body("demo/mock")).await;
+    assert_eq!(status, 200, "{text}");
+    let file = json!({"type": "file", "file": {"filename": "spec.pdf",
+        "file_data": format!("data:application/pdf;base64,{pdf}")}});
+    let sent = &gw.mock.requests()[1].body["messages"][0]["content"];
+    assert_eq!(sent[0], file, "{sent}");
+
+    let chat = |part: Value| {
+        json!({"model": "demo/claude", "messages": [{"role": "user", "content": [
+            part, {"type": "text", "text": "Summarise."}]}]})
+    };
+    let (status, text) = send(&gw.base, "/v1/chat/completions", &[], &chat(file.clone())).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(
+        gw.mock.requests()[2].body["messages"][0]["content"][0]["type"],
+        "document"
+    );
+    let png = json!({"type": "file", "file": {"file_data": "data:image/png;base64,iVBORw0KGgo="}});
+    let (status, text) = send(&gw.base, "/v1/chat/completions", &[], &chat(png)).await;
+    assert_eq!(status, 400, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["error"]["param"], "messages[0].content[0].file.file_data");
+    assert_eq!(gw.mock.requests().len(), 3);
+}
