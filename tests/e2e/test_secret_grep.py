@@ -272,7 +272,9 @@ def run(procs, tmp_path: Path, echo_port: int) -> None:
         hits += [f"response {i}: {s}" for s in secrets if s in text]
     hits += [f"key-create response: {s}" for s in secrets if s != created and s in shown_once]
     log = up.log()
-    assert "upstream returned HTTP 401" in log or "401" in log, "the failures were not logged"
+    # Positive control: the upstream failures are logged (their sanitised messages).
+    assert "upstream returned HTTP 401" in log and "upstream returned HTTP 400" in log, \
+        "the failures were not logged"
     for n, line in enumerate(log.splitlines(), 1):
         hits += [f"log line {n}: {s}" for s in secrets if s in line]
     ledger = data / "ledger.db"
