@@ -865,7 +865,7 @@ mod tests {
             param(
                 json!({"model": "m", "input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]})
             ),
-            "input[0].content[0].type"
+            "input[0].content[0].file_data"
         );
         assert_eq!(
             param(json!({"model": "m", "input": "x", "tool_choice": {"type": "web_search"}})),
