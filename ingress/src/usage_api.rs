@@ -11,8 +11,11 @@
 //! - `tenant`, `key`: only that tenant's / key's requests.
 //!
 //! Scoping: an admin key, or any caller while authentication is off, may name any tenant and key.
-//! Any other key sees its own tenant only (`tenant=` naming another one is 403
-//! `permission_denied`); a key without a tenant sees its own key only.
+//! Any other key sees its own tenant only: `tenant=` naming another one is 404 `not_found` (param
+//! `tenant`), the same answer whether that tenant exists or not (issue 13: tenant isolation, as
+//! the admin API answers another tenant's key or tenant); `key=` narrows within the caller's own
+//! tenant (another tenant's key id yields no rows). A key without a tenant sees its own key only
+//! (403 `permission_denied` for `tenant=` or another `key=`).
 //!
 //! Ingress sends a [`UsageQuery`] to `<prefix>.billing.usage` and waits up to
 //! [`USAGE_QUERY_TIMEOUT`] for one billing instance; the 200 answer is
@@ -136,10 +139,18 @@ fn scope(
             if let Some(asked) = &tenant
                 && asked != own
             {
-                return Err(forbidden(
-                    format!("This key may read the usage of tenant `{own}` only."),
-                    "tenant",
-                ));
+                return Err(ApiError {
+                    status: StatusCode::NOT_FOUND,
+                    message: format!(
+                        "No tenant `{}` visible to this key (it reads tenant `{own}`).",
+                        short(asked)
+                    ),
+                    kind: "invalid_request_error",
+                    param: Some("tenant".into()),
+                    code: Some("not_found"),
+                    retry_after_s: None,
+                    request_id: None,
+                });
             }
             Ok((Some(own.clone()), key_id))
         }
@@ -294,6 +305,11 @@ pub fn rfc3339(ms: u64) -> String {
     } else {
         format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{sec:02}.{frac:03}Z")
     }
+}
+
+/// `s`, cut to 64 characters (a caller-chosen value is never echoed whole).
+fn short(s: &str) -> String {
+    s.chars().take(64).collect()
 }
 
 fn invalid(param: &str, message: String) -> ApiError {
@@ -454,8 +470,9 @@ mod tests {
             (Some("acme".into()), None)
         );
         let e = scope(&tenant_key, Some("globex".into()), None).unwrap_err();
-        assert_eq!(e.status, StatusCode::FORBIDDEN);
-        assert_eq!(e.code, Some("permission_denied"));
+        assert_eq!(e.status, StatusCode::NOT_FOUND);
+        assert_eq!(e.code, Some("not_found"));
+        assert_eq!(e.param.as_deref(), Some("tenant"));
 
         let admin = Caller {
             admin: true,

@@ -199,6 +199,29 @@ pub fn parse_data_url(url: &str) -> Option<DataUrl<'_>> {
     (!media_type.is_empty()).then_some(DataUrl { media_type, data })
 }
 
+/// Media types an inline document ([`ContentPart::File`]) may have: what both OpenAI (Chat
+/// Completions file parts) and Anthropic (`document` blocks with a base64 source) take.
+pub const FILE_MEDIA_TYPES: &[&str] = &["application/pdf"];
+
+/// An inline document: a base64 `data:` URL of a [`FILE_MEDIA_TYPES`] type with a non-empty
+/// payload (the gateway never fetches a document).
+pub fn file_data(url: &str) -> Result<(), String> {
+    let d = parse_data_url(url).ok_or(
+        "file data must be a data:<media type>;base64,<data> URL (file_id is not supported).",
+    )?;
+    if !FILE_MEDIA_TYPES.contains(&d.media_type.to_ascii_lowercase().as_str()) {
+        return Err(format!(
+            "file data of type `{}` is not supported: expected one of {}.",
+            echo(d.media_type),
+            FILE_MEDIA_TYPES.join(", ")
+        ));
+    }
+    if d.data.trim().is_empty() {
+        return Err("file data is empty.".into());
+    }
+    Ok(())
+}
+
 /// Whether the URL is a `data:` URL (scheme case-insensitive).
 pub fn is_data_url(url: &str) -> bool {
     url.get(..5)
@@ -362,9 +385,13 @@ pub fn check_conversation(messages: &[Message], tools: &[Tool]) -> Result<(), In
         }
         if let Some(Content::Parts(parts)) = &m.content {
             for (j, p) in parts.iter().enumerate() {
-                if let ContentPart::ImageUrl { image_url: u } = p {
-                    image_url(&u.url)
-                        .map_err(|e| bad(format!("messages[{i}].content[{j}].image_url.url"), e))?;
+                match p {
+                    ContentPart::ImageUrl { image_url: u } => image_url(&u.url)
+                        .map_err(|e| bad(format!("messages[{i}].content[{j}].image_url.url"), e))?,
+                    ContentPart::File { file } => file_data(&file.file_data).map_err(|e| {
+                        bad(format!("messages[{i}].content[{j}].file.file_data"), e)
+                    })?,
+                    ContentPart::Text { .. } => {}
                 }
             }
         }

@@ -232,7 +232,7 @@ impl Content {
                 .iter()
                 .filter_map(|p| match p {
                     ContentPart::Text { text } => Some(text.as_str()),
-                    ContentPart::ImageUrl { .. } => None,
+                    ContentPart::ImageUrl { .. } | ContentPart::File { .. } => None,
                 })
                 .collect::<Vec<_>>()
                 .join("\n"),
@@ -254,6 +254,24 @@ pub enum ContentPart {
         /// The image reference.
         image_url: ImageUrl,
     },
+    /// `{"type":"file","file":{"filename","file_data"}}` (OpenAI API reference, Chat Completions
+    /// "File content part"): a document given inline, a PDF today. Anthropic's `document` block
+    /// with a base64 PDF source arrives as this; each provider sends its own document form.
+    File {
+        /// The document.
+        file: FilePart,
+    },
+}
+
+/// An inline document of a [`ContentPart::File`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FilePart {
+    /// The file name (Anthropic: the document `title`), if given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filename: Option<String>,
+    /// `data:application/pdf;base64,<data>` (checked by `input::file_data`). Uploaded-file
+    /// references (`file_id`) are not supported.
+    pub file_data: String,
 }
 
 /// An image reference.

@@ -22,6 +22,14 @@ pub const PER_MESSAGE: u64 = 3;
 pub const REPLY_PRIMING: u64 = 3;
 /// Tokens counted per image (a low-detail image on OpenAI).
 pub const PER_IMAGE: u64 = 85;
+
+/// The estimate of an inline document (`file_data`, a base64 `data:` URL): one token per four
+/// bytes of the decoded file (3/16 of the base64 length), at least [`PER_IMAGE`]. A rough bound
+/// for budgets and TPM only: providers count PDF pages as text plus images.
+pub fn file_cost(file_data: &str) -> u64 {
+    let bytes = (file_data.len() as u64).saturating_mul(3) / 4;
+    (bytes / 4).max(PER_IMAGE)
+}
 /// Output tokens a TPM limit charges at admission when the request sets no `max_tokens` (the
 /// target limits of the workers and the key/tenant limits of ingress alike).
 pub const DEFAULT_MAX_TOKENS: u64 = 256;
@@ -74,6 +82,7 @@ pub fn message_cost(m: &Message, text_cost: &dyn Fn(&str) -> u64) -> u64 {
                 n += match p {
                     ContentPart::Text { text } => text_cost(text),
                     ContentPart::ImageUrl { .. } => PER_IMAGE,
+                    ContentPart::File { file } => file_cost(&file.file_data),
                 };
             }
         }

@@ -103,8 +103,8 @@ def test_key_budget_and_usage_through_the_sdks(gateway):
     assert Decimal(row["charge_usd"]) == Decimal("0.0004")
 
     forbidden = usage(TEAM_KEY, "tenant=platform")
-    assert forbidden.status_code == 403
-    assert forbidden.json()["error"]["code"] == "permission_denied"
+    assert forbidden.status_code == 404
+    assert forbidden.json()["error"]["code"] == "not_found"
 
     everyone = usage(ADMIN_KEY, "group_by=tenant")
     assert everyone.status_code == 200

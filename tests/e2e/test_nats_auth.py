@@ -72,7 +72,9 @@ def test_up_writes_private_credentials_reuses_them_and_serves(procs, tmp_path):
 
 def test_compose_topology_each_service_on_its_own_identity(procs, tmp_path, mock_upstream):
     """The compose setup without docker: nats-server on config/nats-server.conf with the
-    passwords in its environment, each service with SWITCHYARD_NATS_USER/_PASSWORD/_INBOX_PREFIX."""
+    passwords in its environment, each service with SWITCHYARD_NATS_USER/_PASSWORD/_INBOX_PREFIX,
+    and ingress also with the admin identity (SWITCHYARD_ADMIN_NATS_USER/_PASSWORD, as
+    compose.yaml gives it) for the admin API's writes."""
     exe = switchyard_bin()
     env_lines = subprocess.run([exe, "nats-config", "--passwords"], check=True,
                                capture_output=True, text=True).stdout
@@ -92,7 +94,9 @@ def test_compose_topology_each_service_on_its_own_identity(procs, tmp_path, mock
                START_DEADLINE_S, [nats])
     url = f"nats://127.0.0.1:{port}"
     listen = f"127.0.0.1:{pick_free_port()}"
-    config = write_config(tmp_path, listen)
+    admin_key = "sy-topology-admin-key-0123456789abcdef"
+    config = write_config(tmp_path, listen,
+                          'admin:\n  keys:\n    - {id: ops, key: "env:SY_TOPO_ADMIN_KEY"}\n')
 
     def as_identity(name: str) -> dict:
         return {"SWITCHYARD_NATS_URL": url, "SWITCHYARD_NATS_USER": name,
@@ -108,7 +112,10 @@ def test_compose_topology_each_service_on_its_own_identity(procs, tmp_path, mock
                          env=as_identity("worker"))
     cache = procs.start("cache", [exe, "cache", "--config", str(config)], env=as_identity("cache"))
     ingress = procs.start("ingress", [exe, "ingress", "--config", str(config), "--listen", listen],
-                          env=as_identity("ingress"))
+                          env={**as_identity("ingress"), "SY_TOPO_ADMIN_KEY": admin_key,
+                               "SWITCHYARD_ADMIN_NATS_USER": "admin",
+                               "SWITCHYARD_ADMIN_NATS_PASSWORD":
+                                   passwords["SWITCHYARD_NATS_PASSWORD_ADMIN"]})
     base = f"http://{listen}"
     services = [billing, worker, cache, ingress]
     wait_until("a chat through the authenticated topology", lambda: chat_ok(base), READY_DEADLINE_S,
@@ -128,7 +135,8 @@ def test_compose_topology_each_service_on_its_own_identity(procs, tmp_path, mock
     wait_until("4 ledger rows", lambda: ledger_rows() == 4, 10.0, services)
 
     # A live config push: refused for a worker's credentials, taken with admin's.
-    pushed = config.read_text() + "  - id: demo/pushed\n    targets: [mock]\n"
+    pushed = config.read_text().replace(
+        "models:\n", "models:\n  - id: demo/pushed\n    targets: [mock]\n", 1)
     (tmp_path / "pushed.yaml").write_text(pushed)
     refused = subprocess.run([exe, "config", "push", str(tmp_path / "pushed.yaml")],
                              env={**os.environ, **as_identity("worker")}, capture_output=True,
@@ -145,6 +153,17 @@ def test_compose_topology_each_service_on_its_own_identity(procs, tmp_path, mock
         return any(m["id"] == "demo/pushed" for m in r.json()["data"])
 
     wait_until("ingress to reload the pushed config", model_listed, 10.0, services)
+
+    # The admin API writes the live config through ingress's admin connection: a key created
+    # there (201, shown once) serves a chat at once.
+    r = httpx.post(f"{base}/admin/keys", json={"id": "made", "tenant": "t"},
+                   headers={"authorization": f"Bearer {admin_key}"}, timeout=10)
+    assert r.status_code == 201, r.text
+    created = r.json()["key"]
+    assert chat_ok(base, api_key=created)
+    r = httpx.post(f"{base}/v1/chat/completions", headers={"authorization": "Bearer sk-nope"},
+                   json={"model": MODEL, "messages": [{"role": "user", "content": "x"}]}, timeout=10)
+    assert r.status_code == 401, r.text
     for p in services:
         assert "Permissions Violation" not in p.log(), p.name
         p.check_alive()

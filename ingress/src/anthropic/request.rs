@@ -33,8 +33,8 @@ use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 use switchyard_schemas::input;
 use switchyard_schemas::request::{
-    Content, ContentPart, FunctionCall, FunctionDef, ImageUrl, Message, Passthrough, Role,
-    SamplingParams, ThinkingBlock, Tool, ToolCall,
+    Content, ContentPart, FilePart, FunctionCall, FunctionDef, ImageUrl, Message, Passthrough,
+    Role, SamplingParams, ThinkingBlock, Tool, ToolCall,
 };
 
 /// Top-level fields Switchyard translates ("Messages" request body).
@@ -73,6 +73,7 @@ const REQUIRED: &[&str] = &["model", "max_tokens", "messages"];
 const BLOCK_TYPES: &[&str] = &[
     "text",
     "image",
+    "document",
     "tool_use",
     "tool_result",
     "thinking",
@@ -132,6 +133,20 @@ enum Block {
         #[serde(default)]
         cache_control: Option<Value>,
     },
+    /// A document (Anthropic "PDF support" / "Citations"): a base64 PDF becomes a
+    /// [`ContentPart::File`], a plain-text or content source its text; `context` and `citations`
+    /// have no normalised equivalent and are dropped.
+    Document {
+        source: DocumentSource,
+        #[serde(default)]
+        title: Option<String>,
+        #[serde(default, rename = "context")]
+        _context: Option<IgnoredAny>,
+        #[serde(default, rename = "citations")]
+        _citations: Option<IgnoredAny>,
+        #[serde(default)]
+        cache_control: Option<Value>,
+    },
     ToolUse {
         id: String,
         name: String,
@@ -167,6 +182,7 @@ impl Block {
         match self {
             Block::Text { cache_control, .. }
             | Block::Image { cache_control, .. }
+            | Block::Document { cache_control, .. }
             | Block::ToolUse { cache_control, .. }
             | Block::ToolResult { cache_control, .. } => cache_control.as_ref(),
             Block::Thinking { .. } | Block::RedactedThinking { .. } => None,
@@ -180,6 +196,27 @@ impl Block {
 enum ImageSource {
     Base64 { media_type: String, data: String },
     Url { url: String },
+}
+
+/// The `source` of a `document` block.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+enum DocumentSource {
+    Base64 {
+        media_type: String,
+        data: String,
+    },
+    Text {
+        media_type: String,
+        data: String,
+    },
+    Content {
+        content: Value,
+    },
+    Url {
+        #[serde(rename = "url")]
+        _url: IgnoredAny,
+    },
 }
 
 /// A custom tool. Fields beyond these (`cache_control`, `eager_input_streaming`, `type`,
@@ -513,6 +550,62 @@ fn image_part(source: ImageSource, at: &str) -> Result<ContentPart, ApiError> {
     })
 }
 
+/// A `document` block as a content part: a base64 PDF → [`ContentPart::File`] (the title as
+/// its file name), a `text` source → its text, a `content` source → its text blocks' text. URL
+/// sources are a 400 (the gateway does not fetch documents).
+fn document_part(
+    source: DocumentSource,
+    title: Option<String>,
+    at: &str,
+) -> Result<ContentPart, ApiError> {
+    match source {
+        DocumentSource::Base64 { media_type, data } => {
+            let file_data = format!("data:{media_type};base64,{data}");
+            input::file_data(&file_data).map_err(|e| invalid(&format!("{at}.source"), e))?;
+            Ok(ContentPart::File {
+                file: FilePart {
+                    filename: title,
+                    file_data,
+                },
+            })
+        }
+        DocumentSource::Text { media_type, data } => {
+            if media_type != "text/plain" {
+                return Err(invalid(
+                    &format!("{at}.source.media_type"),
+                    format!(
+                        "Input should be 'text/plain', not `{}`",
+                        input::echo(&media_type)
+                    ),
+                ));
+            }
+            Ok(ContentPart::Text { text: data })
+        }
+        DocumentSource::Content { content } => {
+            let at = format!("{at}.source.content");
+            let mut text = Vec::new();
+            for (k, b) in content_blocks(content, &at)?.into_iter().enumerate() {
+                match b {
+                    Block::Text { text: t, .. } => text.push(t),
+                    _ => {
+                        return Err(invalid(
+                            &format!("{at}[{k}]"),
+                            "document content may only contain text blocks in Switchyard",
+                        ));
+                    }
+                }
+            }
+            Ok(ContentPart::Text {
+                text: text.join("\n"),
+            })
+        }
+        DocumentSource::Url { .. } => Err(invalid(
+            &format!("{at}.source.type"),
+            "document URL sources are not supported by Switchyard yet: send the PDF as a base64 source",
+        )),
+    }
+}
+
 /// A user turn. Blocks keep their order: each `tool_result` becomes a `role: tool` message, and
 /// text/image blocks between them are gathered into `user` messages at their position.
 fn user_turn(content: Value, at: &str, out: &mut Vec<Message>) -> Result<(), ApiError> {
@@ -545,6 +638,10 @@ fn user_turn(content: Value, at: &str, out: &mut Vec<Message>) -> Result<(), Api
             }
             Block::Image { source, .. } => {
                 pending.push(image_part(source, &format!("{at_content}[{j}]"))?);
+                pending_cache = cache.or(pending_cache);
+            }
+            Block::Document { source, title, .. } => {
+                pending.push(document_part(source, title, &format!("{at_content}[{j}]"))?);
                 pending_cache = cache.or(pending_cache);
             }
             Block::ToolResult {
@@ -584,10 +681,13 @@ fn tool_result_content(content: Option<Value>, at: &str) -> Result<Content, ApiE
         match block {
             Block::Text { text, .. } => parts.push(ContentPart::Text { text }),
             Block::Image { source, .. } => parts.push(image_part(source, &format!("{at}[{j}]"))?),
+            Block::Document { source, title, .. } => {
+                parts.push(document_part(source, title, &format!("{at}[{j}]"))?)
+            }
             _ => {
                 return Err(invalid(
                     &format!("{at}[{j}]"),
-                    "tool results may only contain text and image blocks",
+                    "tool results may only contain text, image and document blocks",
                 ));
             }
         }
@@ -658,7 +758,7 @@ fn assistant_turn(content: Value, at: &str) -> Result<Message, ApiError> {
             Block::RedactedThinking { data } => {
                 thinking.push(ThinkingBlock::RedactedThinking { data });
             }
-            Block::Image { .. } | Block::ToolResult { .. } => {
+            Block::Image { .. } | Block::Document { .. } | Block::ToolResult { .. } => {
                 return Err(invalid(
                     &format!("{at_content}[{j}]"),
                     "assistant messages may only contain text, tool_use and thinking blocks",

@@ -352,28 +352,51 @@ async fn execute(
     let headers = HeaderMap::new();
     let endpoint = batch.endpoint.clone();
     let app2 = app.clone();
+    // Each handler's future is boxed: they are large (the whole front-door pipeline), and a
+    // debug build polling them inline from this already deep task overflowed the 2 MiB stack of
+    // a tokio worker thread.
     let fut = async move {
         match endpoint.as_str() {
             "/v1/chat/completions" => {
-                crate::front_door::serve(crate::chat::OpenAiChat::default(), app2, &headers, &body)
-                    .await
+                Box::pin(crate::front_door::serve(
+                    crate::chat::OpenAiChat::default(),
+                    app2,
+                    &headers,
+                    &body,
+                ))
+                .await
             }
             "/v1/messages" => {
-                crate::front_door::serve(
+                Box::pin(crate::front_door::serve(
                     crate::anthropic::AnthropicMessages { beta: None },
                     app2,
                     &headers,
                     &body,
-                )
+                ))
                 .await
             }
             "/v1/responses" => {
-                crate::responses::create(axum::extract::State(app2), headers, body).await
+                Box::pin(crate::responses::create(
+                    axum::extract::State(app2),
+                    headers,
+                    body,
+                ))
+                .await
             }
-            _ => crate::embeddings::embeddings(axum::extract::State(app2), body).await,
+            _ => {
+                Box::pin(crate::embeddings::embeddings(
+                    axum::extract::State(app2),
+                    body,
+                ))
+                .await
+            }
         }
     };
-    let resp = crate::auth::as_caller(caller, crate::route::with_hints(hints, fut)).await;
+    let resp = Box::pin(crate::auth::as_caller(
+        caller,
+        crate::route::with_hints(hints, fut),
+    ))
+    .await;
     let (status, body) = read_response(resp).await;
     // No charge started: the sender is still here; dropping it ends the wait at once.
     drop(slot.take());

@@ -4,7 +4,8 @@
 //! one JSON object, or SSE chunks with `choices[].text` ending in `data: [DONE]`.
 //!
 //! Translated: `model`, `prompt`, `max_tokens` (default 16, as the API), `temperature`,
-//! `top_p`, `n` (1), `stop`, `stream`, `stream_options.include_usage`, `seed`, the penalties,
+//! `top_p`, `n` (1 to the chat door's maximum: one `choices[]` entry per choice, `index` 0..n-1,
+//! each streamed choice ending with its own `finish_reason` chunk, as the legacy API), `stop`, `stream`, `stream_options.include_usage`, `seed`, the penalties,
 //! `user`, `logit_bias` (OpenAI upstreams only). Accepted at their no-op values only (a 400
 //! otherwise): `echo: false`, `best_of: 1`, `logprobs: null`/`0`, `suffix: null`/`""`.
 
@@ -139,8 +140,8 @@ impl Meta {
         v
     }
 
-    fn chunk(&self, text: &str, finish: Option<FinishReason>) -> Bytes {
-        let choice = json!([{"text": text, "index": 0, "logprobs": null,
+    fn chunk(&self, index: u32, text: &str, finish: Option<FinishReason>) -> Bytes {
+        let choice = json!([{"text": text, "index": index, "logprobs": null,
             "finish_reason": finish.map(FinishReason::as_str)}]);
         sse(&self.object(choice, None))
     }
@@ -172,13 +173,22 @@ impl FrontDoor for OpenAiCompletions {
         CompletionStream {
             meta: meta(m),
             usage: None,
+            choice: 0,
+            choices_ended: false,
         }
     }
 
     fn aggregate(&self, m: &ReplyMeta, agg: &Aggregate) -> Result<Value, ApiError> {
-        let choice = json!([{"text": agg.text, "index": 0, "logprobs": null,
-            "finish_reason": agg.finish.as_str()}]);
-        Ok(meta(m).object(choice, Some(agg.usage.unwrap_or_default())))
+        // Choice 0 is the aggregate itself, choices 1.. its `more_choices` (`n > 1`).
+        let choices: Vec<Value> = std::iter::once(agg)
+            .chain(&agg.more_choices)
+            .enumerate()
+            .map(|(index, c)| {
+                json!({"text": c.text, "index": index, "logprobs": null,
+                    "finish_reason": c.finish.as_str()})
+            })
+            .collect();
+        Ok(meta(m).object(Value::Array(choices), Some(agg.usage.unwrap_or_default())))
     }
 
     fn error(&self, e: ApiError) -> Response {
@@ -190,6 +200,10 @@ impl FrontDoor for OpenAiCompletions {
 pub struct CompletionStream {
     meta: Meta,
     usage: Option<Usage>,
+    /// The choice the next text belongs to (`choice` frames switch it; 0 unless `n > 1`).
+    choice: u32,
+    /// Choices ended with their own finish chunks (`choice_end` frames): `end` adds none.
+    choices_ended: bool,
 }
 
 impl StreamEncode for CompletionStream {
@@ -197,10 +211,21 @@ impl StreamEncode for CompletionStream {
 
     fn frame(&mut self, frame: FrameBody, out: &mut VecDeque<Bytes>) {
         match frame {
-            FrameBody::Text { text } => out.push_back(self.meta.chunk(&text, None)),
+            FrameBody::Text { text } => out.push_back(self.meta.chunk(self.choice, &text, None)),
             FrameBody::Usage { usage } => self.usage = Some(usage),
+            FrameBody::Choice { index } => self.choice = index,
+            FrameBody::ChoiceEnd {
+                index,
+                finish_reason,
+            } => {
+                self.choice = index;
+                self.choices_ended = true;
+                out.push_back(self.meta.chunk(index, "", Some(finish_reason)));
+            }
             FrameBody::End { finish_reason } => {
-                out.push_back(self.meta.chunk("", Some(finish_reason)));
+                if !self.choices_ended {
+                    out.push_back(self.meta.chunk(self.choice, "", Some(finish_reason)));
+                }
                 if self.meta.include_usage {
                     let usage = Some(self.usage.unwrap_or_default());
                     out.push_back(sse(&self.meta.object(json!([]), usage)));

@@ -31,8 +31,8 @@ use serde_json::{Map, Value, json};
 use std::collections::HashMap;
 use switchyard_schemas::input;
 use switchyard_schemas::request::{
-    Content, ContentPart, FunctionCall, FunctionDef, ImageUrl, Message, Role, SamplingParams,
-    ThinkingBlock, Tool, ToolCall,
+    Content, ContentPart, FilePart, FunctionCall, FunctionDef, ImageUrl, Message, Role,
+    SamplingParams, ThinkingBlock, Tool, ToolCall,
 };
 
 /// The parts of a Responses body Switchyard understands; every field may be `null`.
@@ -583,11 +583,32 @@ fn message_item(item: &Value, path: &str, ids: &mut IdGen) -> Result<(Message, V
                             },
                         });
                     }
+                    "input_file" => {
+                        let Some(data) = p.get("file_data").and_then(Value::as_str) else {
+                            return Err(ApiError::invalid(
+                                "Only inline `file_data` files are supported by Switchyard \
+                                 (no `file_id` or `file_url`).",
+                                Some(format!("{ppath}.file_data")),
+                            ));
+                        };
+                        input::file_data(data).map_err(|e| {
+                            ApiError::invalid_field(format!("{ppath}.file_data"), e)
+                        })?;
+                        out.push(ContentPart::File {
+                            file: FilePart {
+                                filename: p
+                                    .get("filename")
+                                    .and_then(Value::as_str)
+                                    .map(str::to_owned),
+                                file_data: data.into(),
+                            },
+                        });
+                    }
                     other => {
                         return Err(ApiError::invalid(
                             format!(
                                 "Content parts of type '{other}' are not supported by \
-                                 Switchyard: use input_text, input_image or output_text."
+                                 Switchyard: use input_text, input_image, input_file or output_text."
                             ),
                             Some(format!("{ppath}.type")),
                         ));
@@ -844,7 +865,7 @@ mod tests {
             param(
                 json!({"model": "m", "input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]})
             ),
-            "input[0].content[0].type"
+            "input[0].content[0].file_data"
         );
         assert_eq!(
             param(json!({"model": "m", "input": "x", "tool_choice": {"type": "web_search"}})),

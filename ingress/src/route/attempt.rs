@@ -93,6 +93,9 @@ pub async fn attempts<'c, D: Dispatch>(
             }
             Err(error) => {
                 if !judge(app, &target.id, &error) {
+                    // The message is the sanitised one (credentials redacted, as the client sees).
+                    tracing::info!(request = %request, target = %target.id, error = %error,
+                        "attempt failed, not retried");
                     return Err(error);
                 }
                 tracing::info!(request = %request, target = %target.id, error = %error,

@@ -137,6 +137,14 @@ pub fn build_object(upstream_model: &str, req: &ChatRequest) -> Map<String, Valu
                                     json!({"type": "input_image", "image_url": image_url.url,
                                         "detail": image_url.detail.as_deref().unwrap_or("auto")})
                                 }
+                                ContentPart::File { file } => {
+                                    let mut part = json!({"type": "input_file",
+                                        "file_data": file.file_data});
+                                    if let Some(name) = &file.filename {
+                                        part["filename"] = json!(name);
+                                    }
+                                    part
+                                }
                             })
                             .collect(),
                     ),

@@ -424,6 +424,7 @@ fn content_blocks(content: Option<&Content>, i: usize) -> Result<Vec<Value>, Err
                     ContentPart::ImageUrl { image_url } => {
                         out.push(image_block(&image_url.url, i)?)
                     }
+                    ContentPart::File { file } => out.push(document_block(file, i)?),
                 }
             }
             Ok(out)
@@ -450,6 +451,24 @@ fn image_block(url: &str, i: usize) -> Result<Value, ErrorInfo> {
         return Ok(json!({ "type": "image", "source": { "type": "url", "url": url } }));
     }
     Err(bad_message(i, "image URLs must be http(s) or data: URLs"))
+}
+
+/// An inline document → `{"type":"document","source":{"type":"base64","media_type","data"},
+/// "title"}` (Anthropic API reference, "PDF support"; the file name as the title).
+fn document_block(
+    file: &switchyard_schemas::request::FilePart,
+    i: usize,
+) -> Result<Value, ErrorInfo> {
+    let d = switchyard_schemas::input::parse_data_url(&file.file_data)
+        .ok_or_else(|| bad_message(i, "file data must be data:<media type>;base64,<data>"))?;
+    let mut block = json!({
+        "type": "document",
+        "source": { "type": "base64", "media_type": d.media_type, "data": d.data },
+    });
+    if let Some(name) = &file.filename {
+        block["title"] = json!(name);
+    }
+    Ok(block)
 }
 
 /// An assistant tool call → `{"type":"tool_use","id","name","input"}` (input = parsed arguments).

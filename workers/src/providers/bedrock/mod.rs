@@ -556,6 +556,7 @@ fn content_blocks(content: Option<&Content>, i: usize) -> Result<Vec<Value>, Err
                     ContentPart::ImageUrl { image_url } => {
                         out.push(image_block(&image_url.url, i)?)
                     }
+                    ContentPart::File { file } => out.push(document_block(file, i)?),
                 }
             }
             Ok(out)
@@ -565,6 +566,40 @@ fn content_blocks(content: Option<&Content>, i: usize) -> Result<Vec<Value>, Err
 
 /// `data:image/<type>;base64,<data>` → `{"image":{"format","source":{"bytes"}}}` (Amazon Bedrock
 /// API Reference, "ImageBlock": formats `png | jpeg | gif | webp`).
+/// An inline PDF → `{"document":{"format":"pdf","name","source":{"bytes"}}}` (Bedrock Converse
+/// API, `DocumentBlock`: `name` is required and may hold only alphanumerics, whitespace, hyphens,
+/// parentheses and square brackets — other characters of the file name become spaces; default
+/// `document`).
+fn document_block(
+    file: &switchyard_schemas::request::FilePart,
+    i: usize,
+) -> Result<Value, ErrorInfo> {
+    let d = switchyard_schemas::input::parse_data_url(&file.file_data)
+        .ok_or_else(|| bad_message(i, "file data must be data:<media type>;base64,<data>"))?;
+    if !d.media_type.eq_ignore_ascii_case("application/pdf") {
+        return Err(bad_message(i, "Bedrock documents must be PDFs here"));
+    }
+    let name: String = file
+        .filename
+        .as_deref()
+        .unwrap_or("document")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || " -()[]".contains(c) {
+                c
+            } else {
+                ' '
+            }
+        })
+        .take(200)
+        .collect();
+    let name = match name.trim() {
+        "" => "document".to_owned(),
+        n => n.to_owned(),
+    };
+    Ok(json!({ "document": { "format": "pdf", "name": name, "source": { "bytes": d.data } } }))
+}
+
 fn image_block(url: &str, i: usize) -> Result<Value, ErrorInfo> {
     if !switchyard_schemas::input::is_data_url(url) {
         let what = if url.starts_with("http://") || url.starts_with("https://") {

@@ -444,6 +444,8 @@ fn parts(content: Option<&Content>, i: usize) -> Result<Vec<Value>, ErrorInfo> {
                     ContentPart::Text { text } if text.is_empty() => {}
                     ContentPart::Text { text } => out.push(json!({ "text": text })),
                     ContentPart::ImageUrl { image_url } => out.push(image_part(&image_url.url, i)?),
+                    // `inlineData` takes documents too (Gemini API, "Document understanding").
+                    ContentPart::File { file } => out.push(image_part(&file.file_data, i)?),
                 }
             }
             Ok(out)
