@@ -365,7 +365,7 @@ pub async fn bucket(
     match js.get_key_value(name).await {
         Ok(kv) => Ok(kv),
         Err(_) => js
-            .create_key_value(async_nats::jetstream::kv::Config {
+            .create_key_value(switchyard_schemas::replicas::kv(async_nats::jetstream::kv::Config {
                 bucket: name.to_owned(),
                 history: 1,
                 max_age: Duration::from_secs(max_ttl_s.max(1)),
@@ -373,7 +373,7 @@ pub async fn bucket(
                     "Switchyard cache entries (key = hex SHA-256 of the canonical request)"
                         .to_owned(),
                 ..Default::default()
-            })
+            }))
             .await
             .map_err(kv_err),
     }

@@ -41,6 +41,10 @@ pub struct NatsArgs {
     /// PEM private key of --nats-tls-cert.
     #[arg(long, env = "SWITCHYARD_NATS_TLS_KEY")]
     pub nats_tls_key: Option<PathBuf>,
+    /// JetStream replicas of the streams and KV buckets this process creates (1 to 5; 3 on a
+    /// three-node cluster).
+    #[arg(long, env = "SWITCHYARD_NATS_REPLICAS")]
+    pub nats_replicas: Option<usize>,
 }
 
 impl NatsArgs {
@@ -54,6 +58,7 @@ impl NatsArgs {
             nkey_seed: self.nats_nkey.clone().map(Secret::new),
             credentials_file: path(&self.nats_creds),
             inbox_prefix: self.nats_inbox_prefix.clone(),
+            replicas: self.nats_replicas,
             ..Default::default()
         };
         c.tls.required = self.nats_tls;
