@@ -102,10 +102,17 @@ class Outcome:
     kind: str              # ok | failed | lost
     request_id: str | None
     detail: str = ""
-    at: float = 0.0
+    at: float = 0.0    # when the request was sent, s since the load started
+    end: float = 0.0   # when its answer ended
 
 
 async def one(client: httpx.AsyncClient, url: str, t0: float) -> Outcome:
+    o = await attempt(client, url, t0)
+    o.end = time.monotonic() - t0
+    return o
+
+
+async def attempt(client: httpx.AsyncClient, url: str, t0: float) -> Outcome:
     at = time.monotonic() - t0
     body = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": PROMPT}]}
     rid = None
@@ -162,34 +169,37 @@ HEADER = ("| scenario | sent | succeeded | failed (clear error) | lost | admitte
           "| ledger mismatch | recovery s | errors |\n|---|---|---|---|---|---|---|---|---|---|")
 
 
-async def load(urls: list[str], fault, t0: float) -> list[Outcome]:
+async def load(urls: list[str], fault, t0: float) -> tuple[list[Outcome], float]:
     limits = httpx.Limits(max_connections=400, max_keepalive_connections=200)
     async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT_S, limits=limits) as client:
         tasks = []
         fault_task = None
+        fault_at = DURATION_S
         n = int(RATE * DURATION_S)
         for i in range(n):
             due = t0 + i / RATE
             await asyncio.sleep(max(0.0, due - time.monotonic()))  # pacing the load, not synchronisation
             if fault_task is None and time.monotonic() - t0 >= FAULT_AT_S:
+                fault_at = time.monotonic() - t0
                 fault_task = asyncio.create_task(asyncio.to_thread(fault))
             tasks.append(asyncio.create_task(one(client, urls[i % 2], t0)))
         results = await asyncio.gather(*tasks)
         if fault_task is not None:
             await fault_task
-        return list(results)
+        return list(results), fault_at
 
 
 def run_scenario(c: Cluster, name: str, fault) -> Row:
     t0 = time.monotonic()
-    outcomes = asyncio.run(load(c.ingress(), fault, t0))
+    outcomes, fault_at = asyncio.run(load(c.ingress(), fault, t0))
     row = Row(name, sent=len(outcomes))
     for o in outcomes:
         setattr(row, o.kind, getattr(row, o.kind) + 1)
         if o.kind != "ok":
             row.errors[o.detail] = row.errors.get(o.detail, 0) + 1
-    bad = [o.at for o in outcomes if o.kind != "ok"]
-    row.recover_s = (max(bad) - FAULT_AT_S) if bad else 0.0
+    # Time to recover: from the fault until the last failed request had its answer.
+    bad = [o.end for o in outcomes if o.kind != "ok"]
+    row.recover_s = max(0.0, max(bad) - fault_at) if bad else 0.0
     admitted = {o.request_id for o in outcomes if o.request_id}
     row.admitted = len(admitted)
     ids = ",".join(f"'{r}'" for r in admitted) or "''"

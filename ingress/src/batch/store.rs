@@ -107,10 +107,12 @@ impl BatchStore {
         let files = match js.get_object_store(FILES_BUCKET).await {
             Ok(s) => s,
             Err(_) => js
-                .create_object_store(switchyard_schemas::replicas::object_store(object_store::Config {
-                    bucket: FILES_BUCKET.into(),
-                    ..Default::default()
-                }))
+                .create_object_store(switchyard_schemas::replicas::object_store(
+                    object_store::Config {
+                        bucket: FILES_BUCKET.into(),
+                        ..Default::default()
+                    },
+                ))
                 .await
                 .map_err(nats)?,
         };
