@@ -102,6 +102,7 @@ class Outcome:
     kind: str              # ok | failed | lost
     request_id: str | None
     detail: str = ""
+    worker: str | None = None  # x-switchyard-worker
     at: float = 0.0    # when the request was sent, s since the load started
     end: float = 0.0   # when its answer ended
 
@@ -119,6 +120,7 @@ async def attempt(client: httpx.AsyncClient, url: str, t0: float) -> Outcome:
     try:
         async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
             rid = r.headers.get("x-request-id")
+            worker = r.headers.get("x-switchyard-worker")
             if r.status_code != 200:
                 text = (await r.aread()).decode()
                 try:
@@ -136,11 +138,11 @@ async def attempt(client: httpx.AsyncClient, url: str, t0: float) -> Outcome:
                     continue
                 ev = json.loads(data)
                 if "error" in ev:
-                    return Outcome("failed", rid, f"stream error {ev['error'].get('type')}", at)
+                    return Outcome("failed", rid, f"stream error {ev['error'].get('type')}", at, worker)
                 if any(ch.get("finish_reason") for ch in ev.get("choices", [])):
                     finished = True
             if finished and done:
-                return Outcome("ok", rid, "", at)
+                return Outcome("ok", rid, "", at, worker)
             return Outcome("lost", rid, f"stream ended without finish/[DONE]/error (finish={finished})", at)
     except httpx.HTTPError as e:
         return Outcome("lost", rid, f"{type(e).__name__}: {e}", at)
@@ -189,7 +191,7 @@ async def load(urls: list[str], fault, t0: float) -> tuple[list[Outcome], float]
         return list(results), fault_at
 
 
-def run_scenario(c: Cluster, name: str, fault) -> Row:
+def run_scenario(c: Cluster, name: str, fault) -> tuple[Row, list[Outcome]]:
     t0 = time.monotonic()
     outcomes, fault_at = asyncio.run(load(c.ingress(), fault, t0))
     row = Row(name, sent=len(outcomes))
@@ -218,11 +220,23 @@ def run_scenario(c: Cluster, name: str, fault) -> Row:
     charged_ids = {line.split("|")[0]: int(line.split("|")[1]) for line in rows.splitlines() if line}
     row.charges = sum(charged_ids.values())
     row.mismatch = len(admitted ^ set(charged_ids)) + sum(n - 1 for n in charged_ids.values())
-    return row
+    return row, outcomes
 
 
 def kill9(c: Cluster, name: str) -> None:
     os.kill(c.pid(name), signal.SIGKILL)
+
+
+def serving_worker(c: Cluster) -> tuple[str, str]:
+    """(process name, worker id) of the worker that answers now. NATS prefers queue subscribers
+    on the publisher's own server, so one worker may take all the load: kill that one."""
+    r = httpx.post(f"{c.ingress()[0]}/v1/chat/completions", timeout=30,
+                   json={"model": MODEL, "messages": [{"role": "user", "content": "which worker"}]})
+    wid = r.headers["x-switchyard-worker"]
+    for name in ("worker1", "worker2"):
+        if f"worker={wid}" in (c.dir / "logs" / f"{name}.log").read_text():
+            return name, wid
+    raise AssertionError(f"no worker log names {wid}")
 
 
 def test_cluster_chaos(cluster: Cluster):
@@ -238,19 +252,25 @@ def test_cluster_chaos(cluster: Cluster):
         time.sleep(5)  # the outage being measured
         c.run("start", "n2", str(c.dir))
 
+    victim, victim_id = serving_worker(c)
+
     def worker():
-        kill9(c, "worker1")
+        kill9(c, victim)
         time.sleep(5)
-        c.run("start", "worker1", str(c.dir))
+        c.run("start", victim, str(c.dir))
 
     def billing():
         c.run("stop", "billing", str(c.dir))
         time.sleep(3)
         c.run("start", "billing", str(c.dir))
 
-    rows = [run_scenario(c, "kill 1 of 3 NATS servers (SIGKILL, back after 5 s)", nats_node),
-            run_scenario(c, "kill a worker mid-stream (SIGKILL, back after 5 s)", worker),
-            run_scenario(c, "restart the billing consumer (SIGTERM, back after 3 s)", billing)]
+    nats_row, _ = run_scenario(c, "kill 1 of 3 NATS servers (SIGKILL, back after 5 s)", nats_node)
+    worker_row, outcomes = run_scenario(c, "kill a worker mid-stream (SIGKILL, back after 5 s)", worker)
+    billing_row, _ = run_scenario(c, "restart the billing consumer (SIGTERM, back after 3 s)", billing)
+    rows = [nats_row, worker_row, billing_row]
+    # The killed worker was carrying load when it died.
+    assert any(o.worker == victim_id for o in outcomes), f"{victim} ({victim_id}) served nothing"
+
     table = "\n".join([HEADER, *(r.md() for r in rows)])
     print(f"\nchaos table (load {RATE} rps of ~1 s streams for {DURATION_S:.0f} s per scenario, "
           f"fault at {FAULT_AT_S:.0f} s):\n{table}")
