@@ -81,7 +81,12 @@ pub async fn ensure_usage_stream(
     if let Some(legacy) = &legacy {
         retire(js, legacy, subjects).await?;
     }
-    let stream = match js.get_or_create_stream(usage_stream_config(subjects)).await {
+    let stream = match js
+        .get_or_create_stream(switchyard_schemas::replicas::stream(usage_stream_config(
+            subjects,
+        )))
+        .await
+    {
         Ok(s) => s,
         // nats-server reserves `max_bytes` against its JetStream store when the stream is
         // created; on a nearly full disk 1 GiB does not fit. Without the cap the stream is still
@@ -91,7 +96,8 @@ pub async fn ensure_usage_stream(
                 "no room to reserve the usage stream's size; creating it bounded only by the JetStream store");
             let mut config = usage_stream_config(subjects);
             config.max_bytes = -1;
-            js.get_or_create_stream(config).await?
+            js.get_or_create_stream(switchyard_schemas::replicas::stream(config))
+                .await?
         }
         Err(e) => return Err(e.into()),
     };

@@ -363,7 +363,7 @@ impl RateStore {
             Ok(kv) => Some(kv),
             Err(_) => {
                 let created = js
-                    .create_key_value(kv::Config {
+                    .create_key_value(switchyard_schemas::replicas::kv(kv::Config {
                         bucket: RATES_BUCKET.to_owned(),
                         description: "Switchyard key and tenant rate limits: requests and tokens \
                                       of the current minute, requests in flight"
@@ -371,7 +371,7 @@ impl RateStore {
                         history: 1,
                         storage: jetstream::stream::StorageType::Memory,
                         ..Default::default()
-                    })
+                    }))
                     .await;
                 match created {
                     Ok(kv) => Some(kv),

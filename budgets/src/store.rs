@@ -193,7 +193,7 @@ impl BudgetStore {
             Ok(kv) => Some(kv),
             Err(_) => {
                 let created = js
-                    .create_key_value(kv::Config {
+                    .create_key_value(switchyard_schemas::replicas::kv(kv::Config {
                         bucket: BUDGETS_BUCKET.to_owned(),
                         description:
                             "Switchyard budgets: settled spend and open reservations per scope"
@@ -203,7 +203,7 @@ impl BudgetStore {
                         max_age: Duration::from_secs(40 * 24 * 3600),
                         storage: jetstream::stream::StorageType::File,
                         ..Default::default()
-                    })
+                    }))
                     .await;
                 match created {
                     Ok(kv) => Some(kv),

@@ -365,15 +365,17 @@ pub async fn bucket(
     match js.get_key_value(name).await {
         Ok(kv) => Ok(kv),
         Err(_) => js
-            .create_key_value(async_nats::jetstream::kv::Config {
-                bucket: name.to_owned(),
-                history: 1,
-                max_age: Duration::from_secs(max_ttl_s.max(1)),
-                description:
-                    "Switchyard cache entries (key = hex SHA-256 of the canonical request)"
-                        .to_owned(),
-                ..Default::default()
-            })
+            .create_key_value(switchyard_schemas::replicas::kv(
+                async_nats::jetstream::kv::Config {
+                    bucket: name.to_owned(),
+                    history: 1,
+                    max_age: Duration::from_secs(max_ttl_s.max(1)),
+                    description:
+                        "Switchyard cache entries (key = hex SHA-256 of the canonical request)"
+                            .to_owned(),
+                    ..Default::default()
+                },
+            ))
             .await
             .map_err(kv_err),
     }

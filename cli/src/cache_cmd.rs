@@ -187,6 +187,8 @@ pub struct CacheArgs {
 }
 
 /// `switchyard cache` actions.
+// Parsed once at start-up: the size of the largest variant (NATS flags of `purge`) does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 pub enum CacheAction {
     /// Precision, recall and hit rate of the semantic layer on labelled pairs

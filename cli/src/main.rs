@@ -303,6 +303,7 @@ fn load(common: &Common) -> Result<GatewayConfig, CliError> {
     }
     c.nats = common.nats.over(&c.nats);
     c.nats.validate().map_err(msg)?;
+    switchyard_schemas::replicas::set(c.nats.replicas.unwrap_or(1));
     Ok(c)
 }
 

@@ -41,6 +41,10 @@ pub struct NatsArgs {
     /// PEM private key of --nats-tls-cert.
     #[arg(long, env = "SWITCHYARD_NATS_TLS_KEY")]
     pub nats_tls_key: Option<PathBuf>,
+    /// JetStream replicas of the streams and KV buckets this process creates (1 to 5; 3 on a
+    /// three-node cluster).
+    #[arg(long, env = "SWITCHYARD_NATS_REPLICAS")]
+    pub nats_replicas: Option<usize>,
 }
 
 impl NatsArgs {
@@ -54,6 +58,7 @@ impl NatsArgs {
             nkey_seed: self.nats_nkey.clone().map(Secret::new),
             credentials_file: path(&self.nats_creds),
             inbox_prefix: self.nats_inbox_prefix.clone(),
+            replicas: self.nats_replicas,
             ..Default::default()
         };
         c.tls.required = self.nats_tls;
@@ -134,15 +139,26 @@ pub async fn options(
     Ok(o)
 }
 
-/// Connects to `url` as `name` with `cfg`'s credentials and TLS.
+/// Connects to `url` as `name` with `cfg`'s credentials and TLS. `url` may list several servers
+/// separated by commas (`nats://127.0.0.1:4222,nats://127.0.0.1:4223`, the nodes of a cluster):
+/// the client connects to one and reconnects to the others when it goes away (it also learns the
+/// cluster's other nodes from the server's INFO).
 pub async fn connect(
     url: &str,
     name: &str,
     cfg: &NatsConfig,
 ) -> Result<async_nats::Client, NatsConnectError> {
+    let addrs = url
+        .split(',')
+        .map(|u| u.trim().parse::<async_nats::ServerAddr>())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| NatsConnectError::Connect {
+            url: url.to_owned(),
+            message: e.to_string(),
+        })?;
     options(name, cfg)
         .await?
-        .connect(url)
+        .connect(addrs)
         .await
         .map_err(|e| NatsConnectError::Connect {
             url: url.to_owned(),

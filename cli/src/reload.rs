@@ -84,12 +84,14 @@ pub async fn bucket(
     match js.get_key_value(BUCKET).await {
         Ok(kv) => Ok(kv),
         Err(_) => js
-            .create_key_value(async_nats::jetstream::kv::Config {
-                bucket: BUCKET.to_owned(),
-                history: 10,
-                description: "Switchyard live gateway config (YAML)".to_owned(),
-                ..Default::default()
-            })
+            .create_key_value(switchyard_schemas::replicas::kv(
+                async_nats::jetstream::kv::Config {
+                    bucket: BUCKET.to_owned(),
+                    history: 10,
+                    description: "Switchyard live gateway config (YAML)".to_owned(),
+                    ..Default::default()
+                },
+            ))
             .await
             .map_err(kv_err),
     }

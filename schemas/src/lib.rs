@@ -26,6 +26,7 @@ pub mod publish;
 #[cfg(feature = "nats")]
 pub mod publish_batch;
 pub mod ready;
+pub mod replicas;
 pub mod request;
 pub mod routing;
 pub mod sealed;

@@ -36,6 +36,10 @@ pub struct NatsConfig {
     /// TLS to the server.
     #[serde(default)]
     pub tls: NatsTls,
+    /// Copies JetStream keeps of each stream and KV bucket this process creates (default 1;
+    /// 3 on a three-node cluster; at most 5). See [`crate::replicas`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<usize>,
 }
 
 /// TLS settings of the NATS connection (async-nats uses rustls).
@@ -67,6 +71,9 @@ pub enum NatsConfigError {
     /// A client certificate without its key or the other way round.
     #[error("nats.tls: `cert_file` and `key_file` go together")]
     HalfClientCert,
+    /// `replicas` outside 1..=5.
+    #[error("nats.replicas must be 1 to 5 (got {0})")]
+    Replicas(usize),
 }
 
 impl NatsConfig {
@@ -77,6 +84,11 @@ impl NatsConfig {
         }
         if self.tls.cert_file.is_some() != self.tls.key_file.is_some() {
             return Err(NatsConfigError::HalfClientCert);
+        }
+        if let Some(n) = self.replicas
+            && !(1..=crate::replicas::MAX_REPLICAS).contains(&n)
+        {
+            return Err(NatsConfigError::Replicas(n));
         }
         let methods: Vec<&str> = [
             ("user", self.user.is_some()),
@@ -126,6 +138,7 @@ impl NatsConfig {
         take!(nkey_seed);
         take!(credentials_file);
         take!(inbox_prefix);
+        take!(replicas);
         take!(tls.ca_file);
         take!(tls.cert_file);
         take!(tls.key_file);
@@ -157,6 +170,12 @@ mod tests {
         let c: NatsConfig =
             serde_json::from_value(serde_json::json!({"tls": {"cert_file": "c.pem"}})).unwrap();
         assert_eq!(c.validate(), Err(NatsConfigError::HalfClientCert));
+        let c: NatsConfig = serde_json::from_value(serde_json::json!({"replicas": 3})).unwrap();
+        assert_eq!((c.validate(), c.replicas), (Ok(()), Some(3)));
+        let c: NatsConfig = serde_json::from_value(serde_json::json!({"replicas": 6})).unwrap();
+        assert_eq!(c.validate(), Err(NatsConfigError::Replicas(6)));
+        let c: NatsConfig = serde_json::from_value(serde_json::json!({"replicas": 0})).unwrap();
+        assert_eq!(c.validate(), Err(NatsConfigError::Replicas(0)));
         assert!(serde_json::from_value::<NatsConfig>(serde_json::json!({"pasword": "x"})).is_err());
     }
 

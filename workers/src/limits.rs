@@ -383,14 +383,17 @@ impl Limiter {
         let kv = match js.get_key_value(LIMITS_BUCKET).await {
             Ok(kv) => Some(kv),
             Err(_) => match js
-                .create_key_value(async_nats::jetstream::kv::Config {
-                    bucket: LIMITS_BUCKET.to_owned(),
-                    description: "Switchyard RPM/TPM token buckets, one key per target and limit"
-                        .to_owned(),
-                    history: 1,
-                    storage: async_nats::jetstream::stream::StorageType::Memory,
-                    ..Default::default()
-                })
+                .create_key_value(switchyard_schemas::replicas::kv(
+                    async_nats::jetstream::kv::Config {
+                        bucket: LIMITS_BUCKET.to_owned(),
+                        description:
+                            "Switchyard RPM/TPM token buckets, one key per target and limit"
+                                .to_owned(),
+                        history: 1,
+                        storage: async_nats::jetstream::stream::StorageType::Memory,
+                        ..Default::default()
+                    },
+                ))
                 .await
             {
                 Ok(kv) => Some(kv),

@@ -31,12 +31,14 @@ impl AdminState {
         if let Ok(kv) = js.get_key_value(BUCKET).await {
             return Ok(kv);
         }
-        js.create_key_value(async_nats::jetstream::kv::Config {
-            bucket: BUCKET.to_owned(),
-            history: 10,
-            description: "Switchyard live gateway config (YAML)".to_owned(),
-            ..Default::default()
-        })
+        js.create_key_value(switchyard_schemas::replicas::kv(
+            async_nats::jetstream::kv::Config {
+                bucket: BUCKET.to_owned(),
+                history: 10,
+                description: "Switchyard live gateway config (YAML)".to_owned(),
+                ..Default::default()
+            },
+        ))
         .await
         .map_err(|e| unavailable(format!("The live config bucket cannot be opened: {e}")))
     }

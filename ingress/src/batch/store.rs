@@ -85,52 +85,54 @@ impl BatchStore {
         let records = match js.get_key_value(RECORDS_BUCKET).await {
             Ok(s) => s,
             Err(_) => js
-                .create_key_value(kv::Config {
+                .create_key_value(switchyard_schemas::replicas::kv(kv::Config {
                     bucket: RECORDS_BUCKET.into(),
                     history: 1,
                     ..Default::default()
-                })
+                }))
                 .await
                 .map_err(nats)?,
         };
         let active = match js.get_key_value(ACTIVE_BUCKET).await {
             Ok(s) => s,
             Err(_) => js
-                .create_key_value(kv::Config {
+                .create_key_value(switchyard_schemas::replicas::kv(kv::Config {
                     bucket: ACTIVE_BUCKET.into(),
                     history: 1,
                     ..Default::default()
-                })
+                }))
                 .await
                 .map_err(nats)?,
         };
         let files = match js.get_object_store(FILES_BUCKET).await {
             Ok(s) => s,
             Err(_) => js
-                .create_object_store(object_store::Config {
-                    bucket: FILES_BUCKET.into(),
-                    ..Default::default()
-                })
+                .create_object_store(switchyard_schemas::replicas::object_store(
+                    object_store::Config {
+                        bucket: FILES_BUCKET.into(),
+                        ..Default::default()
+                    },
+                ))
                 .await
                 .map_err(nats)?,
         };
         let items = js
-            .get_or_create_stream(stream::Config {
+            .get_or_create_stream(switchyard_schemas::replicas::stream(stream::Config {
                 name: ITEMS_STREAM.into(),
                 subjects: vec![format!("{prefix}.batch.item.>")],
                 retention: stream::RetentionPolicy::WorkQueue,
                 duplicate_window: RESULT_DEDUP,
                 ..Default::default()
-            })
+            }))
             .await
             .map_err(nats)?;
         let results = js
-            .get_or_create_stream(stream::Config {
+            .get_or_create_stream(switchyard_schemas::replicas::stream(stream::Config {
                 name: RESULTS_STREAM.into(),
                 subjects: vec![format!("{prefix}.batch.result.>")],
                 duplicate_window: RESULT_DEDUP,
                 ..Default::default()
-            })
+            }))
             .await
             .map_err(nats)?;
         Ok(Self {

@@ -71,7 +71,7 @@ impl ResponseStore {
             }
             Err(_) => {
                 let created = js
-                    .create_key_value(kv::Config {
+                    .create_key_value(switchyard_schemas::replicas::kv(kv::Config {
                         bucket: RESPONSES_BUCKET.to_owned(),
                         description:
                             "Switchyard stored responses (POST /v1/responses, store: true)"
@@ -80,7 +80,7 @@ impl ResponseStore {
                         max_age: Duration::from_secs(ttl_s.max(1)),
                         storage: jetstream::stream::StorageType::File,
                         ..Default::default()
-                    })
+                    }))
                     .await;
                 match created {
                     Ok(kv) => Some(kv),

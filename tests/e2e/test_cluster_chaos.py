@@ -1,0 +1,287 @@
+"""Chaos suite on the local cluster of `scripts/cluster` (three clustered nats-servers with
+JetStream at R3, two ingress, two workers, cache, billing on PostgreSQL) under a steady load of
+streamed chat requests (RATE per second, spread over both ingress). Faults, one per scenario:
+
+* `nats-node`: SIGKILL of one NATS server of three, restarted on the same store 5 s later;
+* `worker`:    SIGKILL of a worker while requests stream through it, restarted 5 s later;
+* `billing`:   SIGTERM of the billing consumer, restarted 3 s later.
+
+Each request ends as `ok` (200, the stream ends with a finish_reason and `[DONE]`), `failed`
+(an HTTP error with an OpenAI error body, or a stream that ends with an `error` event), or
+`lost` (no answer: a transport error, a client timeout, or a stream cut without an error).
+Admitted = requests that got an `x-request-id`. For every scenario: lost = 0, and the ledger's
+`charge` rows are exactly the admitted request ids (no loss, no duplicates). The table is printed
+and written to $SY_CHAOS_TABLE when set (docs/chaos.md holds a copy)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import MODEL, REPO_ROOT, switchyard_bin, nats_server_bin, wait_until
+
+RATE = 50          # requests per second
+DURATION_S = 14.0  # load per scenario
+FAULT_AT_S = 3.0   # fault after this much load
+CLIENT_TIMEOUT_S = 30.0
+# ~1 s streams (10 chunks, 100 ms apart), so a worker kill finds requests mid-stream.
+PROMPT = "#mock chunks=10 chunk_delay_ms=100 prompt_tokens=10 completion_tokens=10\nhi"
+CLUSTER = REPO_ROOT / "scripts" / "cluster"
+
+
+def psql(db: str, sql: str) -> str:
+    return subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", db, "-tAc", sql],
+                          check=True, capture_output=True, text=True, timeout=30).stdout.strip()
+
+
+@dataclass
+class Cluster:
+    dir: Path
+    base: int
+    db: str
+
+    def run(self, *args: str) -> str:
+        env = {**os.environ, "SWITCHYARD_BIN": switchyard_bin(), "SWITCHYARD_NATS_SERVER": nats_server_bin(),
+               "SY_CLUSTER_PORT": str(self.base), "SY_CLUSTER_DB": self.db}
+        r = subprocess.run([str(CLUSTER), *args], env=env, capture_output=True, text=True, timeout=180)
+        if r.returncode != 0:
+            logs = "\n".join(f"--- {p.name} ---\n{p.read_text()[-3000:]}"
+                             for p in sorted((self.dir / "logs").glob("*.log")))
+            raise AssertionError(f"scripts/cluster {' '.join(args)} failed: {r.stderr}\n{r.stdout}\n{logs}")
+        return r.stdout
+
+    def pid(self, name: str) -> int:
+        return int((self.dir / "pids" / f"{name}.pid").read_text())
+
+    def ingress(self) -> list[str]:
+        return [f"http://127.0.0.1:{self.base + 31}", f"http://127.0.0.1:{self.base + 32}"]
+
+
+def free_base() -> int:
+    """A port block of 41 ports nobody listens on."""
+    import socket
+    for base in range(20000 + (os.getpid() % 200) * 100, 60000, 100):
+        try:
+            for off in (1, 2, 3, 11, 12, 13, 21, 22, 23, 31, 32, 40):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", base + off))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no free port block")
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    if subprocess.run([str(REPO_ROOT / "scripts" / "ensure-postgres")], capture_output=True).returncode != 0:
+        if os.environ.get("SWITCHYARD_REQUIRE_POSTGRES") == "1":
+            pytest.fail("PostgreSQL is required (SWITCHYARD_REQUIRE_POSTGRES=1) but not available")
+        pytest.skip("no PostgreSQL on 127.0.0.1:5432 (scripts/ensure-postgres)")
+    c = Cluster(tmp_path / "cluster", free_base(), f"sy_chaos_{uuid.uuid4().hex[:12]}")
+    try:
+        c.run("up", str(c.dir))
+        yield c
+    finally:
+        subprocess.run([str(CLUSTER), "down", str(c.dir)], capture_output=True, timeout=120)
+        subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", f'DROP DATABASE IF EXISTS "{c.db}"'],
+                       capture_output=True, timeout=30)
+
+
+@dataclass
+class Outcome:
+    kind: str              # ok | failed | lost
+    request_id: str | None
+    detail: str = ""
+    at: float = 0.0    # when the request was sent, s since the load started
+    end: float = 0.0   # when its answer ended
+    worker: str | None = None  # x-switchyard-worker
+
+
+async def one(client: httpx.AsyncClient, url: str, t0: float) -> Outcome:
+    o = await attempt(client, url, t0)
+    o.end = time.monotonic() - t0
+    return o
+
+
+async def attempt(client: httpx.AsyncClient, url: str, t0: float) -> Outcome:
+    at = time.monotonic() - t0
+    body = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": PROMPT}]}
+    rid = None
+    try:
+        async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+            rid = r.headers.get("x-request-id")
+            worker = r.headers.get("x-switchyard-worker")
+            if r.status_code != 200:
+                text = (await r.aread()).decode()
+                try:
+                    err = json.loads(text)["error"]
+                    return Outcome("failed", rid, f"{r.status_code} {err['type']}", at)
+                except (ValueError, KeyError, TypeError):
+                    return Outcome("lost", rid, f"{r.status_code} without an error body: {text[:80]}", at)
+            finished = done = False
+            async for line in r.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[6:]
+                if data == "[DONE]":
+                    done = True
+                    continue
+                ev = json.loads(data)
+                if "error" in ev:
+                    return Outcome("failed", rid, f"stream error {ev['error'].get('type')}", at=at, worker=worker)
+                if any(ch.get("finish_reason") for ch in ev.get("choices", [])):
+                    finished = True
+            if finished and done:
+                return Outcome("ok", rid, "", at=at, worker=worker)
+            return Outcome("lost", rid, f"stream ended without finish/[DONE]/error (finish={finished})", at)
+    except httpx.HTTPError as e:
+        return Outcome("lost", rid, f"{type(e).__name__}: {e}", at)
+
+
+@dataclass
+class Row:
+    scenario: str
+    sent: int = 0
+    ok: int = 0
+    failed: int = 0
+    lost: int = 0
+    admitted: int = 0
+    charges: int = 0
+    mismatch: int = 0
+    recover_s: float = 0.0
+    errors: dict = field(default_factory=dict)
+
+    def md(self) -> str:
+        errs = ", ".join(f"{k} ×{v}" for k, v in sorted(self.errors.items())) or "-"
+        return (f"| {self.scenario} | {self.sent} | {self.ok} | {self.failed} | {self.lost} | {self.admitted} "
+                f"| {self.charges} | {self.mismatch} | {self.recover_s:.1f} | {errs} |")
+
+
+HEADER = ("| scenario | sent | succeeded | failed (clear error) | lost | admitted | charge rows "
+          "| ledger mismatch | recovery s | errors |\n|---|---|---|---|---|---|---|---|---|---|")
+
+
+async def load(urls: list[str], fault, t0: float) -> tuple[list[Outcome], float]:
+    limits = httpx.Limits(max_connections=400, max_keepalive_connections=200)
+    async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT_S, limits=limits) as client:
+        tasks = []
+        fault_task = None
+        fault_at = DURATION_S
+        n = int(RATE * DURATION_S)
+        for i in range(n):
+            due = t0 + i / RATE
+            await asyncio.sleep(max(0.0, due - time.monotonic()))  # pacing the load, not synchronisation
+            if fault_task is None and time.monotonic() - t0 >= FAULT_AT_S:
+                fault_at = time.monotonic() - t0
+                fault_task = asyncio.create_task(asyncio.to_thread(fault))
+            tasks.append(asyncio.create_task(one(client, urls[i % 2], t0)))
+        results = await asyncio.gather(*tasks)
+        if fault_task is not None:
+            await fault_task
+        return list(results), fault_at
+
+
+def run_scenario(c: Cluster, name: str, fault) -> tuple[Row, list[Outcome]]:
+    t0 = time.monotonic()
+    outcomes, fault_at = asyncio.run(load(c.ingress(), fault, t0))
+    row = Row(name, sent=len(outcomes))
+    for o in outcomes:
+        setattr(row, o.kind, getattr(row, o.kind) + 1)
+        if o.kind != "ok":
+            row.errors[o.detail] = row.errors.get(o.detail, 0) + 1
+    # Time to recover: from the fault until the last failed request had its answer.
+    bad = [o.end for o in outcomes if o.kind != "ok"]
+    row.recover_s = max(0.0, max(bad) - fault_at) if bad else 0.0
+    admitted = {o.request_id for o in outcomes if o.request_id}
+    row.admitted = len(admitted)
+    ids = ",".join(f"'{r}'" for r in admitted) or "''"
+
+    def charged() -> int:
+        return int(psql(c.db, f"SELECT count(*) FROM usage_events WHERE kind='charge' AND request_id IN ({ids})"))
+
+    # Billing drains the usage stream asynchronously: wait for every admitted request's charge.
+    try:
+        wait_until(f"{name}: charge rows for {len(admitted)} admitted requests",
+                   lambda: charged() >= len(admitted), 60.0, interval_s=0.5)
+    except TimeoutError:
+        pass  # reported as a mismatch below
+    rows = psql(c.db, f"SELECT request_id, count(*) FROM usage_events WHERE kind='charge' "
+                      f"AND request_id IN ({ids}) GROUP BY request_id")
+    charged_ids = {line.split("|")[0]: int(line.split("|")[1]) for line in rows.splitlines() if line}
+    row.charges = sum(charged_ids.values())
+    row.mismatch = len(admitted ^ set(charged_ids)) + sum(n - 1 for n in charged_ids.values())
+    return row, outcomes
+
+
+def kill9(c: Cluster, name: str) -> None:
+    os.kill(c.pid(name), signal.SIGKILL)
+
+
+def serving_worker(c: Cluster) -> tuple[str, str]:
+    """(process name, worker id) of the worker that answers now. NATS prefers queue subscribers
+    on the publisher's own server, so one worker may take all the load: kill that one."""
+    r = httpx.post(f"{c.ingress()[0]}/v1/chat/completions", timeout=30,
+                   json={"model": MODEL, "messages": [{"role": "user", "content": "which worker"}]})
+    wid = r.headers["x-switchyard-worker"]
+    for name in ("worker1", "worker2"):
+        if f"worker={wid}" in (c.dir / "logs" / f"{name}.log").read_text():
+            return name, wid
+    raise AssertionError(f"no worker log names {wid}")
+
+
+def test_cluster_chaos(cluster: Cluster):
+    c = cluster
+    status = c.run("status", str(c.dir))
+    assert "JetStream meta leader: n" in status, status
+    # Every stream and bucket the services created is at R3.
+    streams = [line.split("\t") for line in status.splitlines() if line.startswith(("KV_", "SY_", "OBJ_"))]
+    assert streams and all(s[1] == "3" for s in streams), status
+
+    def nats_node():
+        kill9(c, "n2")
+        time.sleep(5)  # the outage being measured
+        c.run("start", "n2", str(c.dir))
+
+    victim: list[str] = []
+
+    def worker():
+        # Chosen under load (after the NATS scenario moved connections around).
+        victim.extend(serving_worker(c))
+        kill9(c, victim[0])
+        time.sleep(5)
+        c.run("start", victim[0], str(c.dir))
+
+    def billing():
+        c.run("stop", "billing", str(c.dir))
+        time.sleep(3)
+        c.run("start", "billing", str(c.dir))
+
+    nats_row, _ = run_scenario(c, "kill 1 of 3 NATS servers (SIGKILL, back after 5 s)", nats_node)
+    worker_row, outcomes = run_scenario(c, "kill a worker mid-stream (SIGKILL, back after 5 s)", worker)
+    billing_row, _ = run_scenario(c, "restart the billing consumer (SIGTERM, back after 3 s)", billing)
+    rows = [nats_row, worker_row, billing_row]
+    by_worker: dict = {}
+    for o in outcomes:
+        by_worker[o.worker] = by_worker.get(o.worker, 0) + 1
+
+    table = "\n".join([HEADER, *(r.md() for r in rows)])
+    print(f"\nchaos table (load {RATE} rps of ~1 s streams for {DURATION_S:.0f} s per scenario, "
+          f"fault at {FAULT_AT_S:.0f} s):\n{table}")
+    if os.environ.get("SY_CHAOS_TABLE"):
+        Path(os.environ["SY_CHAOS_TABLE"]).write_text(table + "\n")
+    # The killed worker was carrying load when it died.
+    assert by_worker.get(victim[1]), f"{victim} served nothing: {by_worker}"
+    for r in rows:
+        assert r.lost == 0, f"{r.scenario}: {r.lost} lost\n{table}"
+        assert r.mismatch == 0, f"{r.scenario}: ledger mismatch {r.mismatch}\n{table}"
+        assert r.ok + r.failed == r.sent, table
