@@ -47,11 +47,18 @@ enum RawInput {
 }
 
 /// The handler.
+/// The caller's key rate-limit headers (`x-ratelimit-*`, [`crate::rate_limit`]) ride on every
+/// answer, refusals included, as on the chat door.
 pub async fn embeddings(State(app): State<Arc<AppState>>, body: Bytes) -> Response {
-    match handle(app, &body).await {
+    let (out, rates) = crate::rate_limit::reporting(Box::pin(handle(app, &body))).await;
+    let mut resp = match out {
         Ok(r) => r,
         Err(e) => e.into_response(),
+    };
+    if let Some(r) = rates {
+        r.apply(&mut resp);
     }
+    resp
 }
 
 /// Validates an embeddings body as [`embeddings`] would and returns its `model` (batch
@@ -203,20 +210,46 @@ async fn admit<'a>(
         EmbedInput::Tokens(v) => v.iter().map(|x| x.len() * 4).sum(),
     };
     let caller = crate::auth::current_caller();
-    let reservation = crate::budget::reserve_tokens(
+    let prompt_tokens = prompt_bytes.div_ceil(4) as u64;
+    // Key and tenant RPM/TPM/concurrency as on the chat door (no output tokens).
+    let rate = crate::rate_limit::admit(
+        app,
+        config,
+        &caller,
+        Some(prompt_tokens),
+        Some(0),
+        1,
+        now_ms() + total + config.budgets.hold_grace_ms,
+        hints.batch.is_some(),
+    )
+    .await?;
+    let reservation = match crate::budget::reserve_tokens(
         app,
         config,
         model,
         crate::budget::scopes(config, &caller),
-        prompt_bytes.div_ceil(4) as u64,
+        prompt_tokens,
         0,
         now_ms() + total,
     )
-    .await?;
+    .await
+    {
+        Ok(r) => r,
+        Err(e) => {
+            // Refused by the budget: the rate limits' charge is given back.
+            if let Some(h) = rate {
+                h.settle(0, true).await;
+            }
+            return Err(e);
+        }
+    };
     let (tenant, key_id) = (caller.tenant.clone(), caller.key_id.clone());
     let mut charge = Charge::start(app.clone(), id, &model.id, caller, prompt_bytes, admitted);
     if let Some(r) = reservation {
         charge.reserved(r);
+    }
+    if let Some(h) = rate {
+        charge.rate_limited(h);
     }
     let ledger = Ledger {
         charge,

@@ -131,6 +131,19 @@ async fn pipeline<D: FrontDoor>(
 
     // Cache: a hit is replayed through the same encoder as a live answer.
     let cache = cache_client::check(&app, headers, &inbound).await;
+    if cache.is_hit() {
+        // A cached answer is still a request of the key: it takes one RPM (and no tokens, it
+        // is free) and carries the key's `x-ratelimit-*` headers like any answer.
+        let config = app.config.get();
+        let caller = crate::auth::current_caller();
+        let until_ms = switchyard_schemas::now_ms() + config.timeouts.total_ms;
+        if let Some(h) =
+            crate::rate_limit::admit(&app, &config, &caller, None, Some(0), 1, until_ms, false)
+                .await?
+        {
+            h.settle(0, false).await;
+        }
+    }
     if let Some((request_id, answer)) = cache.hit(&app) {
         let meta = ReplyMeta {
             request_id,

@@ -475,3 +475,85 @@ async fn saturated_targets_answer_429_with_retry_after() {
     }
     assert_eq!(gw.mock.request_count(), 2);
 }
+
+/// Embeddings and cache hits are requests of the key too: each takes one RPM (a cache hit no
+/// tokens) and carries the key's `x-ratelimit-*` headers; over the limit both are 429.
+#[tokio::test]
+async fn embeddings_and_cache_hits_count_and_carry_the_headers() {
+    const KEY: &str = "sk-limits-embed-cache-0123456789";
+    let config = test_config(json!({
+        "models": [{"id": "demo/mock", "targets": ["mock"], "cache": {"semantic": false}}],
+        "keys": [{"id": "ec", "tenant": "acme", "key": KEY, "limits": {"rpm": 4}}],
+    }));
+    let gw = start(Options {
+        config,
+        cache: true,
+        ..Options::default()
+    })
+    .await;
+    let http = reqwest::Client::new();
+    // Retried on a fresh minute if the four requests straddle a minute boundary.
+    loop {
+        let m = minute();
+        let embed = json!({"model": "demo/mock", "input": "hello"});
+        let chat = json!({"model": "demo/mock", "messages": [{"role": "user", "content": format!("cache me {m}")}]});
+        let r1 = send(&http, &gw.base, "/v1/embeddings", KEY, &embed).await;
+        let s1 = (
+            r1.status().as_u16(),
+            h(r1.headers(), "x-ratelimit-remaining-requests").to_owned(),
+        );
+        let r2 = send(&http, &gw.base, "/v1/chat/completions", KEY, &chat).await;
+        let s2 = (
+            r2.status().as_u16(),
+            h(r2.headers(), "x-switchyard-cache").to_owned(),
+        );
+        drop(r2.bytes().await);
+        // The store of the first answer is asynchronous: ask until the cache answers (each
+        // miss before it takes a request too).
+        let tries = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let hit = eventually(Duration::from_secs(10), || {
+            let (http, base, chat, tries) =
+                (http.clone(), gw.base.clone(), chat.clone(), tries.clone());
+            async move {
+                tries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let r = send(&http, &base, "/v1/chat/completions", KEY, &chat).await;
+                let cache = h(r.headers(), "x-switchyard-cache").to_owned();
+                let out = (
+                    r.status().as_u16(),
+                    h(r.headers(), "x-ratelimit-limit-requests").to_owned(),
+                    h(r.headers(), "x-ratelimit-remaining-requests").to_owned(),
+                );
+                (cache == "hit").then_some(out)
+            }
+        })
+        .await;
+        let used = 2 + tries.load(std::sync::atomic::Ordering::Relaxed);
+        // What is left is exactly what further embeddings get before the 429.
+        let mut admitted = 0;
+        let over = loop {
+            let r = send(&http, &gw.base, "/v1/embeddings", KEY, &embed).await;
+            if r.status() != 200 {
+                break (
+                    r.status().as_u16(),
+                    r.headers().get("retry-after").is_some(),
+                );
+            }
+            admitted += 1;
+        };
+        if minute() != m {
+            continue;
+        }
+        assert_eq!(s1, (200, "3".to_owned()), "embeddings counted");
+        assert_eq!(s2, (200, "miss".to_owned()));
+        assert_eq!(hit.0, 200);
+        assert_eq!(hit.1, "4");
+        assert_eq!(
+            hit.2,
+            (4 - used).to_string(),
+            "the cache hit took a request"
+        );
+        assert_eq!(admitted, 4 - used);
+        assert_eq!(over, (429, true));
+        break;
+    }
+}
