@@ -388,9 +388,14 @@ pub fn check_conversation(messages: &[Message], tools: &[Tool]) -> Result<(), In
                 match p {
                     ContentPart::ImageUrl { image_url: u } => image_url(&u.url)
                         .map_err(|e| bad(format!("messages[{i}].content[{j}].image_url.url"), e))?,
-                    ContentPart::File { file } => file_data(&file.file_data).map_err(|e| {
-                        bad(format!("messages[{i}].content[{j}].file.file_data"), e)
-                    })?,
+                    ContentPart::File { file } => match &file.file_url {
+                        Some(url) => image_url(url).map_err(|e| {
+                            bad(format!("messages[{i}].content[{j}].file.file_url"), e)
+                        })?,
+                        None => file_data(&file.file_data).map_err(|e| {
+                            bad(format!("messages[{i}].content[{j}].file.file_data"), e)
+                        })?,
+                    },
                     ContentPart::Text { .. } => {}
                 }
             }

@@ -269,9 +269,18 @@ pub struct FilePart {
     /// The file name (Anthropic: the document `title`), if given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub filename: Option<String>,
-    /// `data:application/pdf;base64,<data>` (checked by `input::file_data`). Uploaded-file
-    /// references (`file_id`) are not supported.
+    /// `data:application/pdf;base64,<data>` (checked by `input::file_data`); empty when the
+    /// document is given by [`Self::file_url`]. Uploaded-file references (`file_id`) are not
+    /// supported.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub file_data: String,
+    /// An `https`/`http` URL of the document (Anthropic `document` `source: {"type": "url"}`,
+    /// Responses `input_file.file_url`), checked like image URLs (`input::image_url`: never a
+    /// loopback, private or link-local address); the gateway never fetches it. Providers that
+    /// take document URLs get it (Anthropic, OpenAI Responses, Gemini `fileData`); the others
+    /// answer 400 naming the part.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file_url: Option<String>,
 }
 
 /// An image reference.

@@ -26,6 +26,7 @@ pub const PER_IMAGE: u64 = 85;
 /// The estimate of an inline document (`file_data`, a base64 `data:` URL): one token per four
 /// bytes of the decoded file (3/16 of the base64 length), at least [`PER_IMAGE`]. A rough bound
 /// for budgets and TPM only: providers count PDF pages as text plus images.
+/// A document given by URL (empty `file_data`) counts as [`PER_IMAGE`]: its size is unknown.
 pub fn file_cost(file_data: &str) -> u64 {
     let bytes = (file_data.len() as u64).saturating_mul(3) / 4;
     (bytes / 4).max(PER_IMAGE)

@@ -511,4 +511,38 @@ async fn documents_reach_every_provider_in_its_own_form() {
     let v: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v["error"]["param"], "messages[0].content[0].file.file_data");
     assert_eq!(gw.mock.requests().len(), 3);
+
+    // A document by URL (Anthropic "PDF support", `source.type: url`) reaches an Anthropic
+    // upstream unchanged — fetched by the provider, never by the gateway —; a private address
+    // is the 400 naming the field, with no upstream call.
+    let by_url = |url: &str| {
+        json!({"model": "demo/claude", "max_tokens": 64, "messages": [{"role": "user", "content": [
+            {"type": "document", "source": {"type": "url", "url": url}},
+            {"type": "text", "text": "Summarise."}]}]})
+    };
+    let url = "https://example.com/spec.pdf";
+    let (status, text) = send(&gw.base, "/v1/messages", ANTHROPIC, &by_url(url)).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(
+        gw.mock.requests()[3].body["messages"][0]["content"][0],
+        json!({"type": "document", "source": {"type": "url", "url": url}})
+    );
+    let (status, text) = send(
+        &gw.base,
+        "/v1/messages",
+        ANTHROPIC,
+        &by_url("http://169.254.169.254/latest/meta-data.pdf"),
+    )
+    .await;
+    assert_eq!(status, 400, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["type"], "error", "{text}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("messages[0].content[0].source.url"),
+        "{text}"
+    );
+    assert_eq!(gw.mock.requests().len(), 4);
 }

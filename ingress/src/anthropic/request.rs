@@ -202,21 +202,10 @@ enum ImageSource {
 #[derive(Debug, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 enum DocumentSource {
-    Base64 {
-        media_type: String,
-        data: String,
-    },
-    Text {
-        media_type: String,
-        data: String,
-    },
-    Content {
-        content: Value,
-    },
-    Url {
-        #[serde(rename = "url")]
-        _url: IgnoredAny,
-    },
+    Base64 { media_type: String, data: String },
+    Text { media_type: String, data: String },
+    Content { content: Value },
+    Url { url: String },
 }
 
 /// A custom tool. Fields beyond these (`cache_control`, `eager_input_streaming`, `type`,
@@ -566,6 +555,7 @@ fn document_part(
                 file: FilePart {
                     filename: title,
                     file_data,
+                    file_url: None,
                 },
             })
         }
@@ -599,10 +589,16 @@ fn document_part(
                 text: text.join("\n"),
             })
         }
-        DocumentSource::Url { .. } => Err(invalid(
-            &format!("{at}.source.type"),
-            "document URL sources are not supported by Switchyard yet: send the PDF as a base64 source",
-        )),
+        DocumentSource::Url { url } => {
+            input::image_url(&url).map_err(|e| invalid(&format!("{at}.source.url"), e))?;
+            Ok(ContentPart::File {
+                file: FilePart {
+                    filename: title,
+                    file_data: String::new(),
+                    file_url: Some(url),
+                },
+            })
+        }
     }
 }
 

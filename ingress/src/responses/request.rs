@@ -584,25 +584,34 @@ fn message_item(item: &Value, path: &str, ids: &mut IdGen) -> Result<(Message, V
                         });
                     }
                     "input_file" => {
-                        let Some(data) = p.get("file_data").and_then(Value::as_str) else {
-                            return Err(ApiError::invalid(
-                                "Only inline `file_data` files are supported by Switchyard \
-                                 (no `file_id` or `file_url`).",
-                                Some(format!("{ppath}.file_data")),
-                            ));
-                        };
-                        input::file_data(data).map_err(|e| {
-                            ApiError::invalid_field(format!("{ppath}.file_data"), e)
-                        })?;
-                        out.push(ContentPart::File {
-                            file: FilePart {
-                                filename: p
-                                    .get("filename")
-                                    .and_then(Value::as_str)
-                                    .map(str::to_owned),
+                        let filename = p.get("filename").and_then(Value::as_str).map(str::to_owned);
+                        let file = if let Some(url) = p.get("file_url").and_then(Value::as_str) {
+                            input::image_url(url).map_err(|e| {
+                                ApiError::invalid_field(format!("{ppath}.file_url"), e)
+                            })?;
+                            FilePart {
+                                filename,
+                                file_data: String::new(),
+                                file_url: Some(url.into()),
+                            }
+                        } else {
+                            let Some(data) = p.get("file_data").and_then(Value::as_str) else {
+                                return Err(ApiError::invalid(
+                                    "Only inline `file_data` or `file_url` files are supported \
+                                     by Switchyard (no `file_id`).",
+                                    Some(format!("{ppath}.file_data")),
+                                ));
+                            };
+                            input::file_data(data).map_err(|e| {
+                                ApiError::invalid_field(format!("{ppath}.file_data"), e)
+                            })?;
+                            FilePart {
+                                filename,
                                 file_data: data.into(),
-                            },
-                        });
+                                file_url: None,
+                            }
+                        };
+                        out.push(ContentPart::File { file });
                     }
                     other => {
                         return Err(ApiError::invalid(

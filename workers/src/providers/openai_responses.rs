@@ -138,8 +138,11 @@ pub fn build_object(upstream_model: &str, req: &ChatRequest) -> Map<String, Valu
                                         "detail": image_url.detail.as_deref().unwrap_or("auto")})
                                 }
                                 ContentPart::File { file } => {
-                                    let mut part = json!({"type": "input_file",
-                                        "file_data": file.file_data});
+                                    let mut part = match &file.file_url {
+                                        Some(url) => json!({"type": "input_file", "file_url": url}),
+                                        None => json!({"type": "input_file",
+                                            "file_data": file.file_data}),
+                                    };
                                     if let Some(name) = &file.filename {
                                         part["filename"] = json!(name);
                                     }

@@ -459,12 +459,18 @@ fn document_block(
     file: &switchyard_schemas::request::FilePart,
     i: usize,
 ) -> Result<Value, ErrorInfo> {
-    let d = switchyard_schemas::input::parse_data_url(&file.file_data)
-        .ok_or_else(|| bad_message(i, "file data must be data:<media type>;base64,<data>"))?;
-    let mut block = json!({
-        "type": "document",
-        "source": { "type": "base64", "media_type": d.media_type, "data": d.data },
-    });
+    // Anthropic "PDF support": a `url` source is fetched by Anthropic, not by the gateway.
+    let source = match &file.file_url {
+        Some(url) => json!({ "type": "url", "url": url }),
+        None => {
+            let d =
+                switchyard_schemas::input::parse_data_url(&file.file_data).ok_or_else(|| {
+                    bad_message(i, "file data must be data:<media type>;base64,<data>")
+                })?;
+            json!({ "type": "base64", "media_type": d.media_type, "data": d.data })
+        }
+    };
+    let mut block = json!({ "type": "document", "source": source });
     if let Some(name) = &file.filename {
         block["title"] = json!(name);
     }

@@ -574,6 +574,12 @@ fn document_block(
     file: &switchyard_schemas::request::FilePart,
     i: usize,
 ) -> Result<Value, ErrorInfo> {
+    if file.file_url.is_some() {
+        return Err(bad_message(
+            i,
+            "Bedrock Converse takes documents inline (base64 bytes), not by URL",
+        ));
+    }
     let d = switchyard_schemas::input::parse_data_url(&file.file_data)
         .ok_or_else(|| bad_message(i, "file data must be data:<media type>;base64,<data>"))?;
     if !d.media_type.eq_ignore_ascii_case("application/pdf") {

@@ -445,7 +445,13 @@ fn parts(content: Option<&Content>, i: usize) -> Result<Vec<Value>, ErrorInfo> {
                     ContentPart::Text { text } => out.push(json!({ "text": text })),
                     ContentPart::ImageUrl { image_url } => out.push(image_part(&image_url.url, i)?),
                     // `inlineData` takes documents too (Gemini API, "Document understanding").
-                    ContentPart::File { file } => out.push(image_part(&file.file_data, i)?),
+                    // Gemini `fileData` takes a document URI (Gemini API "Document understanding").
+                    ContentPart::File { file } => match &file.file_url {
+                        Some(url) => out.push(
+                            json!({ "fileData": { "mimeType": "application/pdf", "fileUri": url } }),
+                        ),
+                        None => out.push(image_part(&file.file_data, i)?),
+                    },
                 }
             }
             Ok(out)
