@@ -497,6 +497,13 @@ async fn a_client_that_stops_reading_is_cut_after_the_write_stall() {
     );
     stalled.write_all(head.as_bytes()).await.unwrap();
     stalled.write_all(&body).await.unwrap();
+    // Its status line first (12 bytes), so it holds the slot before any other request comes;
+    // then it stops reading.
+    let mut got = vec![0u8; 12];
+    timeout(Duration::from_secs(30), stalled.read_exact(&mut got))
+        .await
+        .expect("no status line")
+        .unwrap();
     // While it holds the only in-flight slot, others are turned away; once the stall limit cut
     // it, the slot is free again.
     let client = reqwest::Client::new();
@@ -515,7 +522,6 @@ async fn a_client_that_stops_reading_is_cut_after_the_write_stall() {
     })
     .await;
     // What the stalled client got ends without `[DONE]`: the stream was cut, not finished.
-    let mut got = Vec::new();
     timeout(Duration::from_secs(30), stalled.read_to_end(&mut got))
         .await
         .expect("stalled connection not closed")
