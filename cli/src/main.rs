@@ -11,6 +11,7 @@ mod cache_cmd;
 mod key_cmd;
 mod local_model;
 mod report_cmd;
+mod requests_cmd;
 mod secret_cmd;
 
 use clap::{Args, Parser, Subcommand};
@@ -152,6 +153,13 @@ enum Command {
     Key {
         #[command(subcommand)]
         action: key_cmd::KeyAction,
+    },
+    /// The audit log through a running gateway's admin API (`--admin-key` /
+    /// `SWITCHYARD_ADMIN_KEY`): `tail [-n N] [-f]` and `export [--out FILE]`, with the filters
+    /// `--from --to --key --tenant --model --status`; one JSON record per line.
+    Requests {
+        #[command(subcommand)]
+        action: requests_cmd::RequestsAction,
     },
     /// Credentials in config: `keygen` (a master key), `encrypt` (stdin → `enc:v1:…` under
     /// `SWITCHYARD_MASTER_KEY`), `rotate --old-key-env A --new-key-env B --file F / --live`.
@@ -504,6 +512,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         }
         Command::Report(args) => report_cmd::run(args).await.map_err(msg),
         Command::Key { action } => key_cmd::run(action).await.map_err(msg),
+        Command::Requests { action } => requests_cmd::run(action).await.map_err(msg),
         Command::Secret { action } => secret_cmd::run(action).await.map_err(msg),
         Command::Bench(args) => bench::run(args).await.map_err(msg),
         Command::Batch(args) => batch_cmd::run(args).await.map_err(msg),
