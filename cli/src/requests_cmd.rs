@@ -105,7 +105,10 @@ pub async fn run(action: RequestsAction) -> Result<(), String> {
                 }
             };
             show(records(&page), &mut latest);
-            while follow {
+            if !follow {
+                return Ok(());
+            }
+            loop {
                 tokio::time::sleep(std::time::Duration::from_millis(interval_ms)).await;
                 let mut f = filters.clone();
                 if let Some(ts) = latest {
@@ -114,7 +117,6 @@ pub async fn run(action: RequestsAction) -> Result<(), String> {
                 let page = fetch(&api, &f, None, 1000).await?;
                 show(records(&page), &mut latest);
             }
-            Ok(())
         }
     }
 }

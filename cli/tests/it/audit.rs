@@ -329,10 +329,9 @@ async fn one_record_per_request_with_exact_fields() {
 
 #[tokio::test]
 async fn thousand_requests_through_two_ingresses_leave_a_thousand_records() {
-    let mut c = common::test_config(json!({
+    let c = common::test_config(json!({
         "admin": {"keys": [{"id": "ops", "key_sha256": sha256_hex(ADMIN)}]}
     }));
-    c.validate().unwrap();
     let gw = common::start(Options {
         config: c,
         billing: true,
