@@ -7,7 +7,8 @@ use crate::budget::{self, Demand, Reservation};
 use crate::rate_limit::RateHold;
 use std::sync::Arc;
 use std::time::Instant;
-use switchyard_schemas::audit::{AuditAttempt, AuditInfo, CaptureConfig};
+use switchyard_schemas::audit::{AuditAttempt, AuditInfo, clip};
+use switchyard_schemas::secret::redact_credentials;
 use switchyard_schemas::usage::{BudgetOwed, UsageStatus};
 use switchyard_schemas::{
     ChatRequest, ErrorClass, ErrorInfo, Usage, UsageEvent, UsageKind, now_ms,
@@ -75,10 +76,11 @@ pub struct Charge {
     rate: Option<RateHold>,
     /// A batch item's: the event goes to its runner, not to JetStream ([`ChargeSlot`]).
     sink: Option<tokio::sync::oneshot::Sender<UsageEvent>>,
-    /// The audit log's fields (docs/audit.md), moved into the event when it is published.
-    audit: AuditInfo,
-    /// Set when the request's bodies are captured (`audit.capture`).
-    capture: Option<CaptureConfig>,
+    /// The audit log's fields (docs/audit.md), moved into the event when it is published
+    /// (boxed: every request future holding a `Charge` stays small).
+    audit: Box<AuditInfo>,
+    /// `audit.capture.max_bytes` when the request's bodies are captured.
+    capture: Option<usize>,
 }
 
 impl Charge {
@@ -109,17 +111,18 @@ impl Charge {
         admitted: Instant,
     ) -> Self {
         let client = crate::route::current_client();
-        let audit = AuditInfo {
+        let audit = Box::new(AuditInfo {
             front_door: client.front_door.map(str::to_owned),
-            client_ip: client.client_ip,
-            user_agent: client.user_agent,
-            client_request_id: client.request_id,
+            client_ip: client.client_ip.clone(),
+            user_agent: client.user_agent.clone(),
+            client_request_id: client.request_id.clone(),
             ..AuditInfo::default()
-        };
+        });
         let capture = {
             let config = app.config.get();
             let c = &config.audit.capture;
-            c.captures(who.key_id.as_deref(), model).then(|| c.clone())
+            c.captures(who.key_id.as_deref(), model)
+                .then_some(c.max_bytes)
         };
         let event = UsageEvent {
             request_id,
@@ -160,18 +163,17 @@ impl Charge {
 
     /// Keeps the request body `body()` (redacted, size-capped) when capture is on for it.
     pub fn capture_request(&mut self, body: impl FnOnce() -> String) {
-        if let Some(c) = &self.capture {
-            self.audit.request_body = Some(c.clip(&body()));
+        if let Some(max) = self.capture {
+            self.audit.request_body = Some(clip(&redact_credentials(&body()), max));
         }
     }
 
     /// Appends generated `text` to the captured response when capture is on (up to the cap).
     pub fn capture_response(&mut self, text: &str) {
-        if let Some(c) = &self.capture {
+        if let Some(max) = self.capture {
             let kept = self.audit.response_body.get_or_insert_with(String::new);
-            if kept.len() < c.max_bytes {
-                let room = c.max_bytes - kept.len();
-                kept.push_str(&switchyard_schemas::audit::clip(text, room));
+            if kept.len() < max {
+                kept.push_str(&clip(&redact_credentials(text), max - kept.len()));
             }
         }
     }
@@ -183,10 +185,7 @@ impl Charge {
             target: e.target.clone().unwrap_or_default(),
             upstream_model: e.upstream_model.clone().unwrap_or_default(),
             error_class: error.class,
-            error: switchyard_schemas::audit::clip(
-                &switchyard_schemas::secret::redact_credentials(&error.message),
-                MAX_ATTEMPT_ERROR_BYTES,
-            ),
+            error: clip(&redact_credentials(&error.message), MAX_ATTEMPT_ERROR_BYTES),
         });
     }
 
@@ -289,7 +288,7 @@ impl Charge {
             Some(ErrorClass::Cancelled) => 499,
             Some(class) => crate::error::class_to_http(class).0.as_u16(),
         }));
-        e.audit = Some(Box::new(audit));
+        e.audit = Some(audit);
         if e.usage == Usage::default() && self.output_bytes > 0 {
             // Aborted before the worker's usage arrived: estimate at 4 bytes per token.
             e.usage.prompt_tokens = self.prompt_bytes.div_ceil(4) as u64;

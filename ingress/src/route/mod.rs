@@ -98,8 +98,8 @@ pub struct RequestHints {
     /// Set when a batch job runs this request as one of its items ([`crate::batch`]); never
     /// from a client header.
     pub batch: Option<BatchItem>,
-    /// Who is calling from where, for the audit log.
-    pub client: ClientInfo,
+    /// Who is calling from where, for the audit log (shared: hints are cloned per stage).
+    pub client: std::sync::Arc<ClientInfo>,
 }
 
 /// The audit log's view of the caller's HTTP request ([`capture_hints`]).
@@ -192,7 +192,7 @@ impl RequestHints {
             ignore: list(HEADER_IGNORE),
             order: list(HEADER_ORDER),
             batch: None,
-            client: ClientInfo::default(),
+            client: std::sync::Arc::default(),
         }
     }
 
@@ -222,7 +222,7 @@ tokio::task_local! {
 /// [`current_hints`] while the handler runs.
 pub async fn capture_hints(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
     let mut hints = RequestHints::from_headers(req.headers());
-    hints.client = ClientInfo::of(&req);
+    hints.client = std::sync::Arc::new(ClientInfo::of(&req));
     HINTS.scope(hints, next.run(req)).await
 }
 
@@ -240,7 +240,7 @@ pub fn current_batch_id() -> Option<String> {
 }
 
 /// The audit view of the request being handled (empty outside [`capture_hints`]).
-pub fn current_client() -> ClientInfo {
+pub fn current_client() -> std::sync::Arc<ClientInfo> {
     HINTS.try_with(|h| h.client.clone()).unwrap_or_default()
 }
 
