@@ -72,33 +72,35 @@ enum CatalogSource {
 /// One [`UsageEvent`] checked and converted to the ledger's column types, plus its original JSON.
 #[derive(Debug, Clone)]
 pub(crate) struct UsageRow {
-    request_id: String,
-    kind: &'static str,
-    attempt: i64,
-    ts_ms: i64,
-    tenant: Option<String>,
-    key_id: Option<String>,
-    model: String,
-    target: Option<String>,
-    upstream_model: Option<String>,
-    prompt_tokens: i64,
-    cached_tokens: i64,
-    cache_write_tokens: i64,
-    completion_tokens: i64,
-    reasoning_tokens: i64,
-    cache_write_1h_tokens: i64,
-    audio_input_tokens: i64,
-    audio_output_tokens: i64,
-    service_tier: Option<&'static str>,
-    estimated: bool,
-    status: &'static str,
-    error_class: Option<&'static str>,
-    ttft_ms: Option<i64>,
-    latency_ms: i64,
-    fallbacks: i64,
-    cache_hit: bool,
-    batch_id: Option<String>,
-    raw: String,
+    pub(crate) request_id: String,
+    pub(crate) kind: &'static str,
+    pub(crate) attempt: i64,
+    pub(crate) ts_ms: i64,
+    pub(crate) tenant: Option<String>,
+    pub(crate) key_id: Option<String>,
+    pub(crate) model: String,
+    pub(crate) target: Option<String>,
+    pub(crate) upstream_model: Option<String>,
+    pub(crate) prompt_tokens: i64,
+    pub(crate) cached_tokens: i64,
+    pub(crate) cache_write_tokens: i64,
+    pub(crate) completion_tokens: i64,
+    pub(crate) reasoning_tokens: i64,
+    pub(crate) cache_write_1h_tokens: i64,
+    pub(crate) audio_input_tokens: i64,
+    pub(crate) audio_output_tokens: i64,
+    pub(crate) service_tier: Option<&'static str>,
+    pub(crate) estimated: bool,
+    pub(crate) status: &'static str,
+    pub(crate) error_class: Option<&'static str>,
+    pub(crate) ttft_ms: Option<i64>,
+    pub(crate) latency_ms: i64,
+    pub(crate) fallbacks: i64,
+    pub(crate) cache_hit: bool,
+    pub(crate) batch_id: Option<String>,
+    pub(crate) raw: String,
+    /// The audit values of a `charge` event (`None` for `upstream`).
+    pub(crate) audit: Option<Box<crate::audit::AuditValues>>,
 }
 
 impl UsageRow {
@@ -127,9 +129,28 @@ impl UsageRow {
         let opt_text = |field: &str, value: &Option<String>| {
             value.as_deref().map(|v| text(field, v)).transpose()
         };
+        // Captured bodies live in `audit_log` only (under its retention), not in `raw`.
+        let has_bodies = event
+            .audit
+            .as_ref()
+            .is_some_and(|a| a.request_body.is_some() || a.response_body.is_some());
         let raw = match raw {
-            Some(raw) => raw,
-            None => serde_json::to_string(event).map_err(|e| invalid(e.to_string()))?,
+            Some(raw) if !has_bodies => raw,
+            _ if has_bodies => {
+                let mut lean = event.clone();
+                if let Some(a) = lean.audit.as_mut() {
+                    a.request_body = None;
+                    a.response_body = None;
+                }
+                serde_json::to_string(&lean).map_err(|e| invalid(e.to_string()))?
+            }
+            _ => serde_json::to_string(event).map_err(|e| invalid(e.to_string()))?,
+        };
+        let audit = match event.kind {
+            UsageKind::Charge => Some(Box::new(
+                crate::audit::AuditValues::of(event).map_err(invalid)?,
+            )),
+            UsageKind::Upstream => None,
         };
         let usage = &event.usage;
         Ok(Self {
@@ -160,6 +181,7 @@ impl UsageRow {
             cache_hit: event.cache_hit,
             batch_id: opt_text("batch_id", &event.batch_id)?,
             raw,
+            audit,
         })
     }
 }
@@ -229,7 +251,7 @@ const LINES_PER_STATEMENT: usize = 2048;
 /// that many are left, then the binary digits of the rest, largest first (e.g. 500 with max 256:
 /// 256, 128, 64, 32, 16, 4). Only power-of-two sizes occur, so each connection prepares and
 /// caches at most log2(`max`) + 1 statement texts per table instead of one per batch size.
-fn statement_sizes(mut n: usize, max: usize) -> impl Iterator<Item = usize> {
+pub(crate) fn statement_sizes(mut n: usize, max: usize) -> impl Iterator<Item = usize> {
     std::iter::from_fn(move || {
         if n == 0 {
             return None;
@@ -248,7 +270,13 @@ fn statement_sizes(mut n: usize, max: usize) -> impl Iterator<Item = usize> {
 /// placeholders (`$1, $2, …`); SQLite gets anonymous ones (`?`, bound in order), because naming a
 /// SQLite parameter by number costs a scan of the statement's parameter list (sqlx looks each one
 /// up), which made a 12,288-parameter statement take a second to bind.
-fn multi_row_sql(backend: Backend, head: &str, columns: usize, rows: usize, tail: &str) -> String {
+pub(crate) fn multi_row_sql(
+    backend: Backend,
+    head: &str,
+    columns: usize,
+    rows: usize,
+    tail: &str,
+) -> String {
     use std::fmt::Write as _;
     let mut sql = String::with_capacity(head.len() + tail.len() + rows * columns * 8);
     sql.push_str(head);
@@ -273,7 +301,7 @@ fn multi_row_sql(backend: Backend, head: &str, columns: usize, rows: usize, tail
 
 /// The statement texts of one multi-row insert, built once (the largest is ~100 KB): `texts[i]`
 /// is the statement for `2^i` rows, up to `max` rows (a power of two).
-struct StatementTexts {
+pub(crate) struct StatementTexts {
     backend: Backend,
     head: &'static str,
     columns: usize,
@@ -282,7 +310,7 @@ struct StatementTexts {
 }
 
 impl StatementTexts {
-    fn build(
+    pub(crate) fn build(
         backend: Backend,
         head: &'static str,
         columns: usize,
@@ -303,7 +331,7 @@ impl StatementTexts {
 
     /// The statement for `rows` rows: prebuilt for the sizes [`statement_sizes`] yields, built
     /// on the spot for any other.
-    fn get(&self, rows: usize) -> std::borrow::Cow<'_, str> {
+    pub(crate) fn get(&self, rows: usize) -> std::borrow::Cow<'_, str> {
         match self.texts.get(rows.trailing_zeros() as usize) {
             Some(sql) if rows.is_power_of_two() => std::borrow::Cow::Borrowed(sql),
             _ => multi_row_sql(self.backend, self.head, self.columns, rows, self.tail).into(),
@@ -466,6 +494,14 @@ impl Ledger {
         (cost, unpriced)
     }
 
+    /// `audit.retention_days` of the live config; the default (30) for a fixed catalog.
+    pub fn audit_retention_days(&self) -> u32 {
+        match &self.catalog {
+            CatalogSource::Live(h) => h.get().audit.retention_days,
+            CatalogSource::Fixed(_) => switchyard_schemas::audit::DEFAULT_RETENTION_DAYS,
+        }
+    }
+
     /// The database this ledger runs on.
     pub fn backend(&self) -> Backend {
         self.backend
@@ -587,6 +623,8 @@ impl Ledger {
             offset += size;
         }
         let inserted = stored.len() as u64;
+        // The audit rows of the newly stored `charge` events, in the same transaction.
+        crate::audit::insert(self.backend, &mut tx, rows, &costs, &stored).await?;
         // Lines only with a newly stored event (its first occurrence in the batch).
         let mut lines = Vec::new();
         for (row, cost) in rows.iter().zip(&costs) {
@@ -780,6 +818,7 @@ fn event_from_row(row: &AnyRow) -> Result<UsageEvent, BillingError> {
         cache_hit: row.try_get::<i64, _>("cache_hit")? != 0,
         budget_owed: None,
         batch_id: row.try_get("batch_id")?,
+        audit: None,
     })
 }
 

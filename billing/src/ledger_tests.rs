@@ -5,6 +5,7 @@ use super::*;
 
 fn event(kind: UsageKind, attempt: u32) -> UsageEvent {
     UsageEvent {
+        audit: None,
         request_id: Uuid::now_v7(),
         kind,
         attempt,

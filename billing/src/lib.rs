@@ -14,6 +14,7 @@
 //! ledger, and [`query`] answers usage queries over NATS (the billing side of `GET /v1/usage`,
 //! served beside the consumer by [`run`]).
 
+pub mod audit;
 pub mod budget_rebuild;
 mod error;
 pub mod ledger;

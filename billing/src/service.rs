@@ -115,13 +115,40 @@ pub async fn run(
             tracing::error!(error = %e, "usage queries are not served");
         }
     });
+    // The audit log's queries and retention, stopped with the usage queries.
+    let (stop_audit, audit_stopped) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let audit_served = crate::audit::serve_audit_queries(
+        nats.clone(),
+        subjects.clone(),
+        ledger.clone(),
+        stopped(audit_stopped.clone()),
+    );
+    let audit_queries = tokio::spawn(async move {
+        if let Err(e) = audit_served.await {
+            tracing::error!(error = %e, "audit queries are not served");
+        }
+    });
+    let retention = tokio::spawn(crate::audit::run_retention(
+        ledger.clone(),
+        stopped(audit_stopped),
+    ));
     let result = BillingService::new(nats, subjects, ledger)
         .run(shutdown)
         .await
         .map(|_| ());
     let _ = stop_queries.send(());
-    if let Err(e) = queries.await {
-        tracing::error!(error = %e, "usage query task failed");
+    let _ = stop_audit.send(true);
+    for (task, what) in [
+        (queries, "usage query"),
+        (audit_queries, "audit query"),
+        (retention, "audit retention"),
+    ] {
+        if let Err(e) = task.await {
+            tracing::error!(error = %e, "{what} task failed");
+        }
     }
     result
 }

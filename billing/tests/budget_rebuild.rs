@@ -42,6 +42,7 @@ fn charge(ts_ms: u64, key: &str, prompt: u64, completion: u64, cache_hit: bool) 
         cache_hit,
         budget_owed: None,
         batch_id: None,
+        audit: None,
     }
 }
 

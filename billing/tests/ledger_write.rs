@@ -38,6 +38,7 @@ fn event(prompt: u64) -> UsageEvent {
         cache_hit: false,
         budget_owed: None,
         batch_id: None,
+        audit: None,
     }
 }
 

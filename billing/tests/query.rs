@@ -60,6 +60,7 @@ fn charge(ts: u64, tenant: &str, key: &str, model: &str, u: Usage) -> UsageEvent
         cache_hit: false,
         budget_owed: None,
         batch_id: None,
+        audit: None,
     }
 }
 

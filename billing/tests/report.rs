@@ -57,6 +57,7 @@ fn charge(id: Uuid, ts: u64, tenant: &str, model: &str, target: &str, up: &str) 
         cache_hit: false,
         budget_owed: None,
         batch_id: None,
+        audit: None,
     }
 }
 

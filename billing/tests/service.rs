@@ -44,6 +44,7 @@ fn event(kind: UsageKind, attempt: u32, prompt: u64, completion: u64) -> UsageEv
         cache_hit: false,
         budget_owed: None,
         batch_id: None,
+        audit: None,
     }
 }
 

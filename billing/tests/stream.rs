@@ -42,6 +42,7 @@ fn event(kind: UsageKind, request_id: Uuid, i: u64) -> UsageEvent {
         cache_hit: false,
         budget_owed: None,
         batch_id: None,
+        audit: None,
     }
 }
 

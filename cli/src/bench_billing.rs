@@ -133,6 +133,7 @@ fn events(n: u64) -> Vec<UsageEvent> {
             cache_hit: false,
             budget_owed: None,
             batch_id: None,
+            audit: None,
         });
     }
     out

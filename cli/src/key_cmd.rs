@@ -94,7 +94,7 @@ pub enum KeyAction {
 }
 
 /// Calls the admin API; the JSON answer, or the error's message and status.
-async fn call(
+pub(crate) async fn call(
     api: &AdminApi,
     method: reqwest::Method,
     path: &str,

@@ -10,8 +10,10 @@ mod bench_billing;
 mod cache_cmd;
 mod key_cmd;
 mod local_model;
+mod log_format;
 mod pricing_cmd;
 mod report_cmd;
+mod requests_cmd;
 mod secret_cmd;
 
 use clap::{Args, Parser, Subcommand};
@@ -32,6 +34,16 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 #[derive(Parser)]
 #[command(name = "switchyard", version, about = "An LLM API gateway on NATS")]
 struct Cli {
+    /// Log lines on stderr: `text` (default) or `json` (one object per line: ts, level,
+    /// target, message, fields, spans).
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value_t,
+        env = "SWITCHYARD_LOG_FORMAT"
+    )]
+    log_format: log_format::LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -158,6 +170,13 @@ enum Command {
         #[command(subcommand)]
         action: key_cmd::KeyAction,
     },
+    /// The audit log through a running gateway's admin API (`--admin-key` /
+    /// `SWITCHYARD_ADMIN_KEY`): `tail [-n N] [-f]` and `export [--out FILE]`, with the filters
+    /// `--from --to --key --tenant --model --status`; one JSON record per line.
+    Requests {
+        #[command(subcommand)]
+        action: requests_cmd::RequestsAction,
+    },
     /// Credentials in config: `keygen` (a master key), `encrypt` (stdin → `enc:v1:…` under
     /// `SWITCHYARD_MASTER_KEY`), `rotate --old-key-env A --new-key-env B --file F / --live`.
     Secret {
@@ -239,18 +258,26 @@ fn msg(e: impl std::fmt::Display) -> CliError {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
+    let cli = Cli::parse();
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
-        .with_writer(std::io::stderr)
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        log_format::LogFormat::Json => logs
+            .with_ansi(false)
+            .event_format(log_format::JsonLines)
+            .init(),
         // Colours only on a terminal (and never with NO_COLOR): log files stay plain text.
-        .with_ansi(
-            std::io::IsTerminal::is_terminal(&std::io::stderr())
-                && std::env::var_os("NO_COLOR").is_none(),
-        )
-        .init();
+        log_format::LogFormat::Text => logs
+            .with_ansi(
+                std::io::IsTerminal::is_terminal(&std::io::stderr())
+                    && std::env::var_os("NO_COLOR").is_none(),
+            )
+            .init(),
+    }
     // jemalloc purges freed pages only when a thread allocates again, so an idle process kept
     // what a burst of load freed (~50 MB after 2,000 streams); its background thread purges them.
     if let Err(e) = tikv_jemalloc_ctl::background_thread::write(true) {
@@ -258,7 +285,7 @@ async fn main() -> std::process::ExitCode {
     }
     // Every service holds sockets and spool files: use the whole hard limit, not the default 1,024.
     switchyard_ingress::server::raise_fd_limit();
-    match run(Cli::parse()).await {
+    match run(cli).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("switchyard: {e}");
@@ -511,6 +538,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Report(args) => report_cmd::run(args).await.map_err(msg),
         Command::Pricing(args) => pricing_cmd::run(args).map_err(msg),
         Command::Key { action } => key_cmd::run(action).await.map_err(msg),
+        Command::Requests { action } => requests_cmd::run(action).await.map_err(msg),
         Command::Secret { action } => secret_cmd::run(action).await.map_err(msg),
         Command::Bench(args) => bench::run(args).await.map_err(msg),
         Command::Batch(args) => batch_cmd::run(args).await.map_err(msg),

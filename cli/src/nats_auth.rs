@@ -291,6 +291,7 @@ pub fn users(creds: &Credentials, prefix: &str) -> Vec<User> {
                         p("cache.lookup"),
                         p("cache.store"),
                         p("billing.usage"),
+                        p("billing.audit"),
                         p("usage.>"),
                         p("batch.>"),
                     ]);
@@ -340,6 +341,7 @@ pub fn users(creds: &Credentials, prefix: &str) -> Vec<User> {
                     // Re-publishes the legacy stream's events into the work queue.
                     publish.push(p("usage.>"));
                     subscribe.push(p("billing.usage"));
+                    subscribe.push(p("billing.audit"));
                     publish.extend(stream_owner(USAGE_STREAM));
                     // The legacy stream of earlier versions: moved off the usage subjects,
                     // copied and deleted, never created.

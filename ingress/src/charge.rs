@@ -7,8 +7,15 @@ use crate::budget::{self, Demand, Reservation};
 use crate::rate_limit::RateHold;
 use std::sync::Arc;
 use std::time::Instant;
+use switchyard_schemas::audit::{AuditAttempt, AuditInfo, clip};
+use switchyard_schemas::secret::redact_credentials;
 use switchyard_schemas::usage::{BudgetOwed, UsageStatus};
-use switchyard_schemas::{ChatRequest, ErrorClass, Usage, UsageEvent, UsageKind, now_ms};
+use switchyard_schemas::{
+    ChatRequest, ErrorClass, ErrorInfo, Usage, UsageEvent, UsageKind, now_ms,
+};
+
+/// Longest failed-attempt error message kept in the audit log, bytes.
+const MAX_ATTEMPT_ERROR_BYTES: usize = 512;
 
 /// Who is calling (empty while authentication is off).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -69,6 +76,11 @@ pub struct Charge {
     rate: Option<RateHold>,
     /// A batch item's: the event goes to its runner, not to JetStream ([`ChargeSlot`]).
     sink: Option<tokio::sync::oneshot::Sender<UsageEvent>>,
+    /// The audit log's fields (docs/audit.md), moved into the event when it is published
+    /// (boxed: every request future holding a `Charge` stays small).
+    audit: Box<AuditInfo>,
+    /// `audit.capture.max_bytes` when the request's bodies are captured.
+    capture: Option<usize>,
 }
 
 impl Charge {
@@ -98,6 +110,20 @@ impl Charge {
         prompt_bytes: usize,
         admitted: Instant,
     ) -> Self {
+        let client = crate::route::current_client();
+        let audit = Box::new(AuditInfo {
+            front_door: client.front_door.map(str::to_owned),
+            client_ip: client.client_ip.clone(),
+            user_agent: client.user_agent.clone(),
+            client_request_id: client.request_id.clone(),
+            ..AuditInfo::default()
+        });
+        let capture = {
+            let config = app.config.get();
+            let c = &config.audit.capture;
+            c.captures(who.key_id.as_deref(), model)
+                .then_some(c.max_bytes)
+        };
         let event = UsageEvent {
             request_id,
             kind: UsageKind::Charge,
@@ -119,6 +145,7 @@ impl Charge {
             budget_owed: None,
             // Every charge of a batch item (live answer, cache hit, embeddings) is marked.
             batch_id: crate::route::current_batch_id(),
+            audit: None,
         };
         Self {
             app,
@@ -129,7 +156,47 @@ impl Charge {
             reservation: None,
             rate: None,
             sink: crate::route::take_batch_charge(),
+            audit,
+            capture,
         }
+    }
+
+    /// Keeps the request body `body()` (redacted, size-capped) when capture is on for it.
+    pub fn capture_request(&mut self, body: impl FnOnce() -> String) {
+        if let Some(max) = self.capture {
+            self.audit.request_body = Some(clip(&redact_credentials(&body()), max));
+        }
+    }
+
+    /// Appends generated `text` to the captured response when capture is on (up to the cap).
+    pub fn capture_response(&mut self, text: &str) {
+        if let Some(max) = self.capture {
+            let kept = self.audit.response_body.get_or_insert_with(String::new);
+            if kept.len() < max {
+                kept.push_str(&clip(&redact_credentials(text), max - kept.len()));
+            }
+        }
+    }
+
+    /// Records a failed attempt (the target of the latest [`Charge::attempt`]) and its error.
+    pub fn attempt_failed(&mut self, error: &ErrorInfo) {
+        let Some(e) = self.event.as_ref() else { return };
+        self.audit.attempts.push(AuditAttempt {
+            target: e.target.clone().unwrap_or_default(),
+            upstream_model: e.upstream_model.clone().unwrap_or_default(),
+            error_class: error.class,
+            error: clip(&redact_credentials(&error.message), MAX_ATTEMPT_ERROR_BYTES),
+        });
+    }
+
+    /// Records the answer's finish reason (`stop`, `length`, ...).
+    pub fn finish_reason(&mut self, reason: &str) {
+        self.audit.finish_reason = Some(reason.to_owned());
+    }
+
+    /// Records the HTTP status the client got (else it is derived from the error class).
+    pub fn http_status(&mut self, status: u16) {
+        self.audit.http_status = Some(status);
     }
 
     /// The request's id (`None` once published).
@@ -151,6 +218,9 @@ impl Charge {
 
     /// Records the attempt now being tried.
     pub fn attempt(&mut self, target: &str, upstream_model: &str, fallbacks: u32) {
+        if self.audit.overhead_ms.is_none() {
+            self.audit.overhead_ms = Some(self.admitted.elapsed().as_millis() as u64);
+        }
         if let Some(e) = self.event.as_mut() {
             e.target = Some(target.to_owned());
             e.upstream_model = Some(upstream_model.to_owned());
@@ -211,6 +281,14 @@ impl Charge {
         e.status = status;
         e.error_class = error;
         e.latency_ms = self.admitted.elapsed().as_millis() as u64;
+        let mut audit = std::mem::take(&mut self.audit);
+        audit.http_status = audit.http_status.or(Some(match error {
+            None => 200,
+            // The client went away: nginx's "client closed request".
+            Some(ErrorClass::Cancelled) => 499,
+            Some(class) => crate::error::class_to_http(class).0.as_u16(),
+        }));
+        e.audit = Some(audit);
         if e.usage == Usage::default() && self.output_bytes > 0 {
             // Aborted before the worker's usage arrived: estimate at 4 bytes per token.
             e.usage.prompt_tokens = self.prompt_bytes.div_ceil(4) as u64;

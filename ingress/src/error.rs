@@ -139,7 +139,7 @@ impl From<switchyard_schemas::input::Invalid> for ApiError {
 /// Maps an error class to (HTTP status, OpenAI `type`, `code`). Upstream credential failures are the
 /// gateway operator's problem, not the caller's, so they are 502 rather than 401/403: an SDK seeing
 /// 401 would wrongly blame the caller's key.
-fn class_to_http(class: ErrorClass) -> (StatusCode, &'static str, Option<&'static str>) {
+pub(crate) fn class_to_http(class: ErrorClass) -> (StatusCode, &'static str, Option<&'static str>) {
     use ErrorClass::*;
     match class {
         InvalidRequest => (StatusCode::BAD_REQUEST, "invalid_request_error", None),

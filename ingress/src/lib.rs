@@ -430,6 +430,7 @@ mod openapi_tests {
             "/admin/health",
             "/admin/cache/purge",
             "/admin/usage",
+            "/admin/requests",
         ];
         let paths = doc["paths"].as_object().unwrap();
         for r in routes {

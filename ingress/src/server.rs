@@ -283,13 +283,19 @@ pub async fn bind(addr: &str) -> io::Result<TcpListener> {
 
 /// Serves one connection until it closes, the idle timeout, or the drain.
 async fn serve_connection(stream: TcpStream, shared: Arc<Shared>, _permit: OwnedSemaphorePermit) {
+    // The peer address, for the audit log's client IP (`ConnectInfo` in each request).
+    let peer = stream.peer_addr().ok();
     let io = TokioIo::new(StallGuard::new(stream, shared.limits.write_stall));
     // Requests of this connection whose response body is still alive.
     let (active_tx, mut active_rx) = watch::channel(0usize);
     let active = Arc::new(active_tx);
     let service = {
         let shared = shared.clone();
-        hyper::service::service_fn(move |req: Request<Incoming>| {
+        hyper::service::service_fn(move |mut req: Request<Incoming>| {
+            if let Some(addr) = peer {
+                req.extensions_mut()
+                    .insert(axum::extract::ConnectInfo(addr));
+            }
             handle(shared.clone(), active.clone(), req)
         })
     };

@@ -262,7 +262,7 @@ pub fn parse_query(query: &str, now_ms: u64) -> Result<UsageParams, ApiError> {
 /// A time parameter as ms since the Unix epoch: an RFC 3339 timestamp (parsed by the `time`
 /// crate; finer than ms is truncated), or a `YYYY-MM-DD` date meaning its midnight UTC, or with
 /// `end_of_day` the next midnight. The message says what is wrong.
-fn parse_time(s: &str, end_of_day: bool) -> Result<u64, String> {
+pub(crate) fn parse_time(s: &str, end_of_day: bool) -> Result<u64, String> {
     use time::format_description::well_known::Rfc3339;
     let bad = || {
         format!(

@@ -95,6 +95,9 @@ pub struct GatewayConfig {
     /// Stored responses of the OpenAI Responses front door (`store`, `previous_response_id`).
     #[serde(default)]
     pub responses: ResponsesConfig,
+    /// The audit log: retention and body capture (docs/audit.md).
+    #[serde(default)]
+    pub audit: crate::audit::AuditConfig,
 }
 
 /// How batch items share an ingress with live traffic.

@@ -9,6 +9,7 @@
 //!
 //! Wire encoding is JSON (serde_json) for every payload.
 
+pub mod audit;
 pub mod cache;
 pub mod config;
 pub mod config_text;

@@ -730,6 +730,7 @@ mod tests {
             cache_hit: false,
             budget_owed: None,
             batch_id: None,
+            audit: None,
         }
     }
 

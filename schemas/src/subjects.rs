@@ -107,6 +107,12 @@ impl Subjects {
         format!("{}.billing.usage", self.prefix)
     }
 
+    /// `<prefix>.billing.audit`: audit log queries, request/reply (queue group `billing`); JSON
+    /// [`crate::audit::AuditQuery`] in, [`crate::audit::AuditAnswer`] back.
+    pub fn audit_query(&self) -> String {
+        format!("{}.billing.audit", self.prefix)
+    }
+
     /// `<prefix>.health.<target>`: circuit breaker / cooldown state changes, JSON
     /// [`crate::health::HealthEvent`].
     pub fn health(&self, target: &str) -> String {

@@ -178,6 +178,9 @@ pub struct UsageEvent {
     /// catalog's batch rate (`batch_discount`) and reported apart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch_id: Option<String>,
+    /// What the audit log adds (`charge` only; docs/audit.md): stored by billing in `audit_log`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audit: Option<Box<crate::audit::AuditInfo>>,
 }
 
 /// What a request still owes its budget scopes: `usd` (sale price) and `tokens` (input +

@@ -102,6 +102,7 @@ pub(crate) async fn handle(shared: Arc<Shared>, msg: async_nats::Message) {
         cache_hit: false,
         budget_owed: None,
         batch_id: req.batch_id,
+        audit: None,
     };
     shared.usage.publish(event).await;
 }

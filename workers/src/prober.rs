@@ -168,6 +168,7 @@ async fn probe_once(
         cache_hit: false,
         budget_owed: None,
         batch_id: None,
+        audit: None,
     };
     shared.usage.publish(event).await;
     healthy

@@ -1005,6 +1005,7 @@ fn publish_usage(
         cache_hit: false,
         budget_owed: None,
         batch_id: req.batch_id.clone(),
+        audit: None,
     };
     let usage = shared.usage.clone();
     shared.usage_tasks.spawn(async move {

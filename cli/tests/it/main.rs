@@ -6,6 +6,7 @@ mod admin;
 mod admin_secrets;
 mod agents_compat;
 mod anthropic_front_door;
+mod audit;
 mod batch;
 mod batch_scale;
 mod billing_faults;

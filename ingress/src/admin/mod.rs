@@ -16,6 +16,7 @@
 
 mod keys;
 mod ops;
+mod requests;
 mod store;
 
 use crate::AppState;
@@ -125,6 +126,7 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
         .route("/admin/health", get(ops::health))
         .route("/admin/cache/purge", post(ops::cache_purge))
         .route("/admin/usage", get(ops::usage))
+        .route("/admin/requests", get(requests::list))
         .route("/admin/{*rest}", axum::routing::any(unknown))
         .layer(axum::middleware::from_fn_with_state(state, authenticate))
 }

@@ -346,6 +346,10 @@ async fn execute(
             attempt_base: item.attempt_base(),
             charge: slot.clone(),
         }),
+        client: std::sync::Arc::new(crate::route::ClientInfo {
+            front_door: Some("batch"),
+            ..crate::route::ClientInfo::default()
+        }),
         ..RequestHints::default()
     };
     let body = Bytes::from(serde_json::to_vec(&item.body).unwrap_or_default());

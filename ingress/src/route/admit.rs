@@ -29,12 +29,14 @@ impl Ledger {
     /// HTTP status) and returns it as the client's error.
     pub fn fail(self, error: ErrorInfo) -> ApiError {
         let Self {
-            charge,
+            mut charge,
             mut outcome,
         } = self;
         let request_id = charge.request_id();
-        charge.finish(Some(error.class));
+        let class = error.class;
         let mut api = ApiError::from(error);
+        charge.http_status(api.status.as_u16());
+        charge.finish(Some(class));
         api.request_id = request_id;
         outcome.finish(api.status.as_u16());
         api
@@ -158,6 +160,7 @@ pub async fn admit<'c>(
         prompt_tokens,
     };
     let mut charge = Charge::new(app.clone(), &req, admitted);
+    charge.capture_request(|| serde_json::to_string(&req.messages).unwrap_or_default());
     if let Some(r) = reservation {
         charge.reserved(r);
     }

@@ -92,6 +92,7 @@ pub async fn attempts<'c, D: Dispatch>(
                 });
             }
             Err(error) => {
+                ledger.charge.attempt_failed(&error);
                 if !judge(app, &target.id, &error) {
                     // The message is the sanitised one (credentials redacted, as the client sees).
                     tracing::info!(request = %request, target = %target.id, error = %error,

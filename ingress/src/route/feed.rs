@@ -93,7 +93,10 @@ impl FrameFeed {
             }
             if let Some(c) = self.charge.as_mut() {
                 match &frame {
-                    FrameBody::Text { text } => c.content(text.len()),
+                    FrameBody::Text { text } => {
+                        c.content(text.len());
+                        c.capture_response(text);
+                    }
                     FrameBody::ToolCall { arguments, .. } => c.content(arguments.len()),
                     FrameBody::Usage { usage } => c.usage(*usage),
                     _ => {}
@@ -103,9 +106,10 @@ impl FrameFeed {
                 FrameBody::Start { .. }
                 | FrameBody::Heartbeat
                 | FrameBody::UpstreamHeaders { .. } => continue,
-                FrameBody::End { .. } => {
+                FrameBody::End { finish_reason } => {
                     self.done = true;
-                    if let Some(c) = self.charge.take() {
+                    if let Some(mut c) = self.charge.take() {
+                        c.finish_reason(finish_reason.as_str());
                         c.finish(None);
                     }
                     self.outcome.finish(200);
@@ -113,13 +117,15 @@ impl FrameFeed {
                 }
                 FrameBody::Error { error, .. } => {
                     self.done = true;
-                    if let Some(c) = self.charge.take() {
+                    let status = ApiError::from(error.clone()).status.as_u16();
+                    if let Some(mut c) = self.charge.take() {
+                        c.attempt_failed(error);
+                        c.http_status(status);
                         c.finish(Some(error.class));
                     }
                     // No fallback after the commit, but the same judgement of the target.
                     judge(&self.app, &self.served.target, error);
-                    self.outcome
-                        .finish(ApiError::from(error.clone()).status.as_u16());
+                    self.outcome.finish(status);
                     self.in_flight = None;
                 }
                 _ => {}

@@ -98,7 +98,54 @@ pub struct RequestHints {
     /// Set when a batch job runs this request as one of its items ([`crate::batch`]); never
     /// from a client header.
     pub batch: Option<BatchItem>,
+    /// Who is calling from where, for the audit log (shared: hints are cloned per stage).
+    pub client: std::sync::Arc<ClientInfo>,
 }
+
+/// The audit log's view of the caller's HTTP request ([`capture_hints`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClientInfo {
+    /// The front door by path: `openai` (`/v1/chat/completions`, `/v1/completions`),
+    /// `anthropic` (`/v1/messages`), `responses`, `embeddings`; `batch` for batch items.
+    pub front_door: Option<&'static str>,
+    /// The TCP peer's IP address.
+    pub client_ip: Option<String>,
+    /// `user-agent`, at most 256 bytes.
+    pub user_agent: Option<String>,
+    /// `x-request-id` when well-formed
+    /// ([`switchyard_schemas::audit::well_formed_request_id`]).
+    pub request_id: Option<String>,
+}
+
+impl ClientInfo {
+    /// Reads the front door from `req`'s path, the peer from its `ConnectInfo` and the
+    /// `user-agent` and `x-request-id` headers.
+    pub fn of(req: &axum::extract::Request) -> Self {
+        let front_door = match req.uri().path() {
+            "/v1/chat/completions" | "/v1/completions" => Some("openai"),
+            "/v1/messages" => Some("anthropic"),
+            "/v1/responses" => Some("responses"),
+            "/v1/embeddings" => Some("embeddings"),
+            _ => None,
+        };
+        let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok());
+        Self {
+            front_door,
+            client_ip: req
+                .extensions()
+                .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+                .map(|c| c.0.ip().to_string()),
+            user_agent: header("user-agent")
+                .map(|ua| switchyard_schemas::audit::clip(ua, MAX_USER_AGENT_BYTES)),
+            request_id: header("x-request-id")
+                .and_then(switchyard_schemas::audit::well_formed_request_id)
+                .map(str::to_owned),
+        }
+    }
+}
+
+/// Longest `user-agent` kept in the audit log, bytes.
+const MAX_USER_AGENT_BYTES: usize = 256;
 
 /// The batch item a request executes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -145,6 +192,7 @@ impl RequestHints {
             ignore: list(HEADER_IGNORE),
             order: list(HEADER_ORDER),
             batch: None,
+            client: std::sync::Arc::default(),
         }
     }
 
@@ -173,7 +221,8 @@ tokio::task_local! {
 /// Middleware: makes the request's routing headers available to [`route`] and
 /// [`current_hints`] while the handler runs.
 pub async fn capture_hints(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
-    let hints = RequestHints::from_headers(req.headers());
+    let mut hints = RequestHints::from_headers(req.headers());
+    hints.client = std::sync::Arc::new(ClientInfo::of(&req));
     HINTS.scope(hints, next.run(req)).await
 }
 
@@ -188,6 +237,11 @@ pub fn current_batch_id() -> Option<String> {
         .try_with(|h| h.batch.as_ref().map(|b| b.batch_id.clone()))
         .ok()
         .flatten()
+}
+
+/// The audit view of the request being handled (empty outside [`capture_hints`]).
+pub fn current_client() -> std::sync::Arc<ClientInfo> {
+    HINTS.try_with(|h| h.client.clone()).unwrap_or_default()
 }
 
 /// The offset of the wire attempt numbers of the request being handled (0 for live traffic;

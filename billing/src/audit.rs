@@ -1,0 +1,475 @@
+//! The audit log (docs/audit.md): the `audit_log` table, written from `charge` events in the
+//! ledger's insert transaction ([`insert`]), read by page queries ([`page`], served over NATS by
+//! [`serve_audit_queries`]), and kept to `audit.retention_days` by [`purge_expired`] (batched
+//! deletes of [`PURGE_BATCH`] rows on this table only, run by [`run_retention`]).
+
+use crate::ledger::{StatementTexts, UsageRow, statement_sizes};
+use crate::pricing::Cost;
+use crate::{Backend, BillingError, Ledger};
+use futures::StreamExt;
+use rust_decimal::Decimal;
+use sqlx::Row;
+use sqlx::any::AnyRow;
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::time::Duration;
+use switchyard_schemas::UsageEvent;
+use switchyard_schemas::audit::{
+    AuditAnswer, AuditAttempt, AuditPage, AuditQuery, AuditRecord, MAX_PAGE, cursor_of,
+    parse_cursor,
+};
+use switchyard_schemas::subjects::Subjects;
+
+/// Rows one retention `DELETE` removes at most.
+pub const PURGE_BATCH: i64 = 1000;
+/// How often [`run_retention`] looks for expired rows.
+pub const PURGE_EVERY: Duration = Duration::from_secs(60);
+/// One day, ms.
+const DAY_MS: u64 = 86_400_000;
+
+/// The audit columns of a `charge` event that the usage row does not already hold, checked.
+#[derive(Debug, Clone)]
+pub(crate) struct AuditValues {
+    front_door: Option<String>,
+    http_status: Option<i64>,
+    finish_reason: Option<String>,
+    overhead_ms: Option<i64>,
+    client_ip: Option<String>,
+    user_agent: Option<String>,
+    client_request_id: Option<String>,
+    attempts: String,
+    request_body: Option<String>,
+    response_body: Option<String>,
+}
+
+impl AuditValues {
+    /// The values of `event`'s [`UsageEvent::audit`] (all empty when it has none). Fails when a
+    /// string holds a NUL (PostgreSQL `TEXT` rejects it) or a number exceeds `i64`.
+    pub(crate) fn of(event: &UsageEvent) -> Result<Self, String> {
+        let a = event.audit.as_deref().cloned().unwrap_or_default();
+        let text = |field: &str, v: Option<String>| match v {
+            Some(v) if v.contains('\0') => Err(format!("audit.{field} contains a NUL character")),
+            v => Ok(v),
+        };
+        let attempts =
+            serde_json::to_string(&a.attempts).map_err(|e| format!("audit.attempts: {e}"))?;
+        if attempts.contains("\\u0000") {
+            return Err("audit.attempts contains a NUL character".into());
+        }
+        Ok(Self {
+            front_door: text("front_door", a.front_door)?,
+            http_status: a.http_status.map(i64::from),
+            finish_reason: text("finish_reason", a.finish_reason)?,
+            overhead_ms: a
+                .overhead_ms
+                .map(|v| i64::try_from(v).map_err(|_| format!("audit.overhead_ms = {v}")))
+                .transpose()?,
+            client_ip: text("client_ip", a.client_ip)?,
+            user_agent: text("user_agent", a.user_agent)?,
+            client_request_id: text("client_request_id", a.client_request_id)?,
+            attempts,
+            request_body: text("request_body", a.request_body)?,
+            response_body: text("response_body", a.response_body)?,
+        })
+    }
+}
+
+const INSERT_HEAD: &str = "INSERT INTO audit_log (request_id, ts_ms, front_door, key_id, tenant, \
+     model, target, upstream_model, status, http_status, error_class, finish_reason, fallbacks, \
+     attempts, prompt_tokens, completion_tokens, cached_tokens, charge_usd, ttft_ms, latency_ms, \
+     overhead_ms, cache_hit, client_ip, user_agent, client_request_id, request_body, \
+     response_body) VALUES ";
+const COLUMNS: usize = 27;
+/// 512 × 27 = 13,824 bind values, below SQLite's 32,766.
+const ROWS_PER_STATEMENT: usize = 512;
+const INSERT_TAIL: &str = " ON CONFLICT DO NOTHING";
+
+fn texts(backend: Backend) -> &'static StatementTexts {
+    static POSTGRES: std::sync::OnceLock<StatementTexts> = std::sync::OnceLock::new();
+    static SQLITE: std::sync::OnceLock<StatementTexts> = std::sync::OnceLock::new();
+    let cell = match backend {
+        Backend::Postgres => &POSTGRES,
+        Backend::Sqlite => &SQLITE,
+    };
+    cell.get_or_init(|| {
+        StatementTexts::build(
+            backend,
+            INSERT_HEAD,
+            COLUMNS,
+            ROWS_PER_STATEMENT,
+            INSERT_TAIL,
+        )
+    })
+}
+
+/// Inserts the audit row of every `charge` row of `rows` whose event was newly stored
+/// (`stored`: the keys the event insert returned), first occurrence only, inside `tx`.
+/// `costs[i]` is `rows[i]`'s price (the charge, for a `charge` row).
+pub(crate) async fn insert(
+    backend: Backend,
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    rows: &[UsageRow],
+    costs: &[Option<Cost>],
+    stored: &HashSet<(String, String, i64)>,
+) -> Result<(), BillingError> {
+    let mut seen = HashSet::new();
+    let audit: Vec<(&UsageRow, &AuditValues, Option<String>)> = rows
+        .iter()
+        .zip(costs)
+        .filter_map(|(row, cost)| {
+            let values = row.audit.as_deref()?;
+            let key = (row.request_id.clone(), row.kind.to_owned(), row.attempt);
+            (stored.contains(&key) && seen.insert(row.request_id.as_str()))
+                .then(|| (row, values, cost.as_ref().map(|c| c.total.to_string())))
+        })
+        .collect();
+    let mut offset = 0;
+    for size in statement_sizes(audit.len(), ROWS_PER_STATEMENT) {
+        let sql = texts(backend).get(size);
+        let mut query = sqlx::query(&sql);
+        for (row, a, charge) in audit.iter().skip(offset).take(size) {
+            query = query
+                .bind(row.request_id.as_str())
+                .bind(row.ts_ms)
+                .bind(a.front_door.as_deref())
+                .bind(row.key_id.as_deref())
+                .bind(row.tenant.as_deref())
+                .bind(row.model.as_str())
+                .bind(row.target.as_deref())
+                .bind(row.upstream_model.as_deref())
+                .bind(row.status)
+                .bind(a.http_status)
+                .bind(row.error_class)
+                .bind(a.finish_reason.as_deref())
+                .bind(row.fallbacks)
+                .bind(a.attempts.as_str())
+                .bind(row.prompt_tokens)
+                .bind(row.completion_tokens)
+                .bind(row.cached_tokens)
+                .bind(charge.as_deref())
+                .bind(row.ttft_ms)
+                .bind(row.latency_ms)
+                .bind(a.overhead_ms)
+                .bind(row.cache_hit)
+                .bind(a.client_ip.as_deref())
+                .bind(a.user_agent.as_deref())
+                .bind(a.client_request_id.as_deref())
+                .bind(a.request_body.as_deref())
+                .bind(a.response_body.as_deref());
+        }
+        query.execute(&mut **tx).await?;
+        offset += size;
+    }
+    Ok(())
+}
+
+/// Why an audit query was not answered.
+#[derive(Debug, thiserror::Error)]
+pub enum AuditError {
+    /// The query is wrong (bad cursor, limit out of range); the message says how.
+    #[error("invalid audit query: {0}")]
+    Invalid(String),
+    /// Reading the ledger failed.
+    #[error(transparent)]
+    Billing(#[from] BillingError),
+}
+
+const SELECT: &str = "SELECT request_id, ts_ms, front_door, key_id, tenant, model, target, \
+     upstream_model, status, http_status, error_class, finish_reason, fallbacks, attempts, \
+     prompt_tokens, completion_tokens, cached_tokens, charge_usd, ttft_ms, latency_ms, \
+     overhead_ms, CASE WHEN cache_hit THEN 1 ELSE 0 END AS cache_hit, client_ip, user_agent, \
+     client_request_id, request_body, response_body FROM audit_log";
+
+/// One page of the audit log, newest first by (`ts_ms`, `request_id`); `cost_usd` of each
+/// record is the sum of its stored `upstream` rows' costs.
+pub async fn page(ledger: &Ledger, q: &AuditQuery) -> Result<AuditPage, AuditError> {
+    let limit = q.limit.unwrap_or(100);
+    if limit == 0 || limit > MAX_PAGE {
+        return Err(AuditError::Invalid(format!(
+            "limit {limit} is not in 1..={MAX_PAGE}"
+        )));
+    }
+    let mut clauses: Vec<String> = Vec::new();
+    let mut ints: Vec<(usize, i64)> = Vec::new();
+    let mut strs: Vec<(usize, String)> = Vec::new();
+    let mut n = 0;
+    let mut next = || {
+        n += 1;
+        n
+    };
+    let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    if let Some(from) = q.from_ms {
+        let i = next();
+        clauses.push(format!("ts_ms >= ${i}"));
+        ints.push((i, int(from)));
+    }
+    if let Some(to) = q.to_ms {
+        let i = next();
+        clauses.push(format!("ts_ms < ${i}"));
+        ints.push((i, int(to)));
+    }
+    for (column, value) in [
+        ("key_id", &q.key_id),
+        ("tenant", &q.tenant),
+        ("model", &q.model),
+    ] {
+        if let Some(v) = value {
+            let i = next();
+            clauses.push(format!("{column} = ${i}"));
+            strs.push((i, v.clone()));
+        }
+    }
+    if let Some(status) = &q.status {
+        let i = next();
+        match status.parse::<u16>() {
+            Ok(code) => {
+                clauses.push(format!("http_status = ${i}"));
+                ints.push((i, i64::from(code)));
+            }
+            Err(_) => {
+                clauses.push(format!("status = ${i}"));
+                strs.push((i, status.clone()));
+            }
+        }
+    }
+    if let Some(cursor) = &q.cursor {
+        let (ts, id) = parse_cursor(cursor)
+            .ok_or_else(|| AuditError::Invalid(format!("malformed cursor `{cursor}`")))?;
+        let (a, b, c) = (next(), next(), next());
+        clauses.push(format!(
+            "(ts_ms < ${a} OR (ts_ms = ${b} AND request_id < ${c}))"
+        ));
+        ints.push((a, int(ts)));
+        ints.push((b, int(ts)));
+        strs.push((c, id));
+    }
+    let limit_at = next();
+    let filter = if clauses.is_empty() {
+        String::new()
+    } else {
+        format!(" WHERE {}", clauses.join(" AND "))
+    };
+    let sql = format!("{SELECT}{filter} ORDER BY ts_ms DESC, request_id DESC LIMIT ${limit_at}");
+    // Binds in placeholder order (SQLite binds `$n` by number too, but keep them ordered).
+    let mut binds: Vec<(usize, Result<i64, String>)> = ints
+        .into_iter()
+        .map(|(i, v)| (i, Ok(v)))
+        .chain(strs.into_iter().map(|(i, v)| (i, Err(v))))
+        .collect();
+    binds.sort_by_key(|(i, _)| *i);
+    let mut query = sqlx::query(&sql);
+    for (_, v) in &binds {
+        query = match v {
+            Ok(i) => query.bind(*i),
+            Err(s) => query.bind(s.as_str()),
+        };
+    }
+    // One more than asked tells whether a next page exists.
+    let rows = query
+        .bind(i64::from(limit) + 1)
+        .fetch_all(ledger.pool())
+        .await
+        .map_err(BillingError::from)?;
+    let mut data = rows.iter().map(record_of).collect::<Result<Vec<_>, _>>()?;
+    let more = data.len() > limit as usize;
+    data.truncate(limit as usize);
+    add_costs(ledger, &mut data).await?;
+    let next_cursor = more
+        .then(|| data.last().map(|r| cursor_of(r.ts_ms, &r.request_id)))
+        .flatten();
+    Ok(AuditPage { data, next_cursor })
+}
+
+/// Fills each record's `cost_usd` with the sum of its `upstream` rows' costs (`None` when none
+/// is priced).
+async fn add_costs(ledger: &Ledger, data: &mut [AuditRecord]) -> Result<(), BillingError> {
+    if data.is_empty() {
+        return Ok(());
+    }
+    let marks: Vec<String> = (1..=data.len()).map(|i| format!("${i}")).collect();
+    let sql = format!(
+        "SELECT request_id, cost_usd FROM usage_events WHERE kind = 'upstream' AND \
+         request_id IN ({})",
+        marks.join(", ")
+    );
+    let mut query = sqlx::query(&sql);
+    for r in data.iter() {
+        query = query.bind(r.request_id.as_str());
+    }
+    let mut sums: HashMap<String, Decimal> = HashMap::new();
+    for row in query.fetch_all(ledger.pool()).await? {
+        let id: String = row.try_get(0)?;
+        let cost: Option<String> = row.try_get(1)?;
+        if let Some(c) = cost.and_then(|c| c.parse::<Decimal>().ok()) {
+            *sums.entry(id).or_default() += c;
+        }
+    }
+    for r in data {
+        r.cost_usd = sums.get(&r.request_id).map(|d| d.normalize().to_string());
+    }
+    Ok(())
+}
+
+fn record_of(row: &AnyRow) -> Result<AuditRecord, BillingError> {
+    let u = |c: &str| -> Result<u64, BillingError> {
+        let v: i64 = row.try_get(c)?;
+        u64::try_from(v).map_err(|_| BillingError::CorruptRow(format!("{c} = {v}")))
+    };
+    let ou = |c: &str| -> Result<Option<u64>, BillingError> {
+        Ok(row
+            .try_get::<Option<i64>, _>(c)?
+            .and_then(|v| u64::try_from(v).ok()))
+    };
+    let attempts: String = row.try_get("attempts")?;
+    let attempts: Vec<AuditAttempt> = serde_json::from_str(&attempts)
+        .map_err(|e| BillingError::CorruptRow(format!("audit attempts: {e}")))?;
+    Ok(AuditRecord {
+        request_id: row.try_get("request_id")?,
+        ts_ms: u("ts_ms")?,
+        front_door: row.try_get("front_door")?,
+        key_id: row.try_get("key_id")?,
+        tenant: row.try_get("tenant")?,
+        model: row.try_get("model")?,
+        target: row.try_get("target")?,
+        upstream_model: row.try_get("upstream_model")?,
+        status: row.try_get("status")?,
+        http_status: ou("http_status")?.and_then(|v| u16::try_from(v).ok()),
+        error_class: row.try_get("error_class")?,
+        finish_reason: row.try_get("finish_reason")?,
+        fallbacks: u32::try_from(u("fallbacks")?).unwrap_or(u32::MAX),
+        attempts,
+        prompt_tokens: u("prompt_tokens")?,
+        completion_tokens: u("completion_tokens")?,
+        cached_tokens: u("cached_tokens")?,
+        cost_usd: None,
+        charge_usd: row.try_get::<Option<String>, _>("charge_usd")?.map(|c| {
+            c.parse::<Decimal>()
+                .map_or(c, |d| d.normalize().to_string())
+        }),
+        ttft_ms: ou("ttft_ms")?,
+        latency_ms: u("latency_ms")?,
+        overhead_ms: ou("overhead_ms")?,
+        cache_hit: row.try_get::<i64, _>("cache_hit")? != 0,
+        client_ip: row.try_get("client_ip")?,
+        user_agent: row.try_get("user_agent")?,
+        client_request_id: row.try_get("client_request_id")?,
+        request_body: row.try_get("request_body")?,
+        response_body: row.try_get("response_body")?,
+    })
+}
+
+/// Deletes audit rows with `ts_ms` before `now_ms - retention_days` days, at most
+/// [`PURGE_BATCH`] rows per statement (each its own short transaction on `audit_log` only, so
+/// the usage tables are never locked), until none is left. Returns how many were deleted;
+/// `retention_days` 0 deletes nothing.
+pub async fn purge_expired(
+    ledger: &Ledger,
+    now_ms: u64,
+    retention_days: u32,
+) -> Result<u64, BillingError> {
+    if retention_days == 0 {
+        return Ok(0);
+    }
+    let cutoff = now_ms.saturating_sub(u64::from(retention_days) * DAY_MS);
+    let cutoff = i64::try_from(cutoff).unwrap_or(i64::MAX);
+    let mut total = 0;
+    loop {
+        let done = sqlx::query(
+            "DELETE FROM audit_log WHERE request_id IN \
+             (SELECT request_id FROM audit_log WHERE ts_ms < $1 LIMIT $2)",
+        )
+        .bind(cutoff)
+        .bind(PURGE_BATCH)
+        .execute(ledger.pool())
+        .await?
+        .rows_affected();
+        total += done;
+        if done < PURGE_BATCH as u64 {
+            return Ok(total);
+        }
+    }
+}
+
+/// Runs [`purge_expired`] now and every [`PURGE_EVERY`] with the ledger's
+/// [`Ledger::audit_retention_days`] until `shutdown` completes.
+pub async fn run_retention(ledger: Ledger, shutdown: impl Future) {
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut tick = tokio::time::interval(PURGE_EVERY);
+    loop {
+        tokio::select! {
+            biased;
+            _ = shutdown.as_mut() => return,
+            _ = tick.tick() => {}
+        }
+        let days = ledger.audit_retention_days();
+        match purge_expired(&ledger, switchyard_schemas::now_ms(), days).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(deleted = n, retention_days = days, "audit rows expired"),
+            Err(e) => tracing::warn!(error = %e, "audit retention pass failed"),
+        }
+    }
+}
+
+/// JSON of `answer`; a page too large for one NATS message (`max_payload` bytes, less room for
+/// headers) is cut (halved until it fits) and its `next_cursor` moved to the last kept record.
+fn encode(mut answer: AuditAnswer, max_payload: usize) -> Vec<u8> {
+    loop {
+        let body = serde_json::to_vec(&answer).unwrap_or_default();
+        let fits = max_payload == 0 || body.len() + 1024 <= max_payload;
+        match &mut answer {
+            AuditAnswer::Ok(p) if !fits && p.data.len() > 1 => {
+                p.data.truncate(p.data.len() / 2);
+                p.next_cursor = p.data.last().map(|r| cursor_of(r.ts_ms, &r.request_id));
+            }
+            _ => return body,
+        }
+    }
+}
+
+/// Subscribes `<prefix>.billing.audit` in queue group [`crate::query::QUERY_QUEUE_GROUP`] and
+/// answers each JSON [`AuditQuery`] with a JSON [`AuditAnswer`] until `shutdown` completes.
+/// Queries are answered one at a time (each is one indexed page read). Fails only when
+/// subscribing fails.
+pub async fn serve_audit_queries(
+    nats: async_nats::Client,
+    subjects: Subjects,
+    ledger: Ledger,
+    shutdown: impl Future,
+) -> Result<(), BillingError> {
+    let subject = subjects.audit_query();
+    let mut sub = nats
+        .queue_subscribe(subject.clone(), crate::query::QUERY_QUEUE_GROUP.to_owned())
+        .await?;
+    tracing::info!(%subject, "audit queries served");
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let message = tokio::select! {
+            biased;
+            _ = shutdown.as_mut() => break,
+            m = sub.next() => m,
+        };
+        let Some(message) = message else { break };
+        let Some(reply) = message.reply.clone() else {
+            continue;
+        };
+        let answer = match serde_json::from_slice::<AuditQuery>(&message.payload) {
+            Ok(q) => match page(&ledger, &q).await {
+                Ok(p) => AuditAnswer::Ok(p),
+                Err(e) => AuditAnswer::Err {
+                    error: e.to_string(),
+                },
+            },
+            Err(e) => AuditAnswer::Err {
+                error: format!("bad audit query: {e}"),
+            },
+        };
+        let body = encode(answer, nats.server_info().max_payload);
+        if let Err(e) = nats.publish(reply, body.into()).await {
+            tracing::warn!(error = %e, "publishing an audit answer failed");
+        }
+    }
+    if let Err(e) = sub.unsubscribe().await {
+        tracing::debug!(error = %e, "unsubscribing audit queries failed");
+    }
+    Ok(())
+}

@@ -1,0 +1,387 @@
+//! The audit log end to end (real nats-server, mock upstream, billing on SQLite): one record per
+//! request with its exact fields for a plain, a fallback, a streamed (bodies captured, secrets
+//! redacted) and a refused-upstream (400) request; `GET /admin/requests` filters and cursor
+//! pagination; `switchyard requests export`; and 1,000 concurrent requests through two ingress
+//! instances leaving exactly 1,000 audit rows, the same request ids as the `charge` rows.
+
+use crate::common::{self, Options, eventually};
+use serde_json::{Value, json};
+use std::collections::BTreeSet;
+use std::time::Duration;
+use switchyard_schemas::tenancy::sha256_hex;
+
+const ADMIN: &str = "sk-admin-audit-0123456789abcdef";
+const PLAIN: &str = "sk-audit-plain-0123456789abcdef";
+const CAPTURED: &str = "sk-audit-capture-0123456789abcd";
+
+fn config() -> switchyard_schemas::config::GatewayConfig {
+    let mut c = common::test_config(json!({
+        "keys": [
+            {"id": "k-plain", "tenant": "acme", "key_sha256": sha256_hex(PLAIN)},
+            {"id": "k-cap", "tenant": "globex", "key_sha256": sha256_hex(CAPTURED)}
+        ],
+        "admin": {"keys": [{"id": "ops", "key_sha256": sha256_hex(ADMIN)}]},
+        "audit": {"capture": {"keys": ["k-cap"], "max_bytes": 64}}
+    }));
+    c.targets.push(
+        serde_json::from_value(json!({"id": "gpt", "provider": "openai",
+            "base_url": "builtin:mock", "upstream_model": "gpt-4o"}))
+        .unwrap(),
+    );
+    c.models
+        .push(serde_json::from_value(json!({"id": "openai/gpt-4o", "targets": ["gpt"]})).unwrap());
+    c.validate().unwrap();
+    c
+}
+
+async fn send(
+    base: &str,
+    key: &str,
+    body: &Value,
+    headers: &[(&str, &str)],
+) -> (u16, String, String) {
+    let mut req = reqwest::Client::new()
+        .post(format!("{base}/v1/chat/completions"))
+        .bearer_auth(key)
+        .json(body);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let id = resp.headers()["x-request-id"].to_str().unwrap().to_owned();
+    (status, id, resp.text().await.unwrap())
+}
+
+async fn admin_get(base: &str, query: &str) -> (u16, Value) {
+    let resp = reqwest::Client::new()
+        .get(format!("{base}/admin/requests?{query}"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    (resp.status().as_u16(), resp.json().await.unwrap())
+}
+
+/// Waits until `/admin/requests?{query}` lists `n` records.
+async fn records(base: &str, query: &str, n: usize) -> Vec<Value> {
+    eventually(Duration::from_secs(20), || async move {
+        let (s, v) = admin_get(base, query).await;
+        assert_eq!(s, 200, "{v}");
+        let data = v["data"].as_array().cloned().unwrap_or_default();
+        (data.len() == n).then_some(data)
+    })
+    .await
+}
+
+fn by_id<'a>(recs: &'a [Value], id: &str) -> &'a Value {
+    recs.iter()
+        .find(|r| r["request_id"] == id)
+        .unwrap_or_else(|| panic!("no record {id}"))
+}
+
+/// Drops the fields that vary run to run (times, client port-free values stay).
+fn stable(r: &Value) -> Value {
+    let mut r = r.clone();
+    let o = r.as_object_mut().unwrap();
+    for k in ["ts_ms", "ttft_ms", "latency_ms", "overhead_ms"] {
+        assert!(o.remove(k).is_some(), "{k} missing");
+    }
+    r
+}
+
+#[tokio::test]
+async fn one_record_per_request_with_exact_fields() {
+    let gw = common::start(Options {
+        config: config(),
+        billing: true,
+        ..Options::default()
+    })
+    .await;
+    let base = &gw.base;
+
+    // Plain, non-streamed: priced gpt-4o, 1000 in + 100 out = $0.0035 cost and charge.
+    let (s, plain, _) = send(
+        base,
+        PLAIN,
+        &common::chat(
+            "openai/gpt-4o",
+            "#mock text=hello prompt_tokens=1000 completion_tokens=100",
+            false,
+        ),
+        &[("user-agent", "audit-it/1"), ("x-request-id", "trace-123")],
+    )
+    .await;
+    assert_eq!(s, 200);
+    // Fallback: `dead` refuses the connection, `mock` serves.
+    let (s, fallback, _) = send(
+        base,
+        PLAIN,
+        &common::chat("demo/fallback", "#mock text=ok", false),
+        &[("x-request-id", "not a valid id because spaces")],
+    )
+    .await;
+    assert_eq!(s, 200);
+    // Streamed with capture on (key k-cap): bodies kept, redacted, cut to 64 bytes.
+    let (s, streamed, text) = send(
+        base,
+        CAPTURED,
+        &common::chat(
+            "openai/gpt-4o",
+            "Authorization: Bearer sk-live-secret-value\n#mock text=streamed+answer prompt_tokens=10 completion_tokens=2",
+            true,
+        ),
+        &[],
+    )
+    .await;
+    assert_eq!(s, 200);
+    assert!(text.contains("streamed"), "{text}");
+    // Refused by the upstream after admission: 400.
+    let (s, refused, _) = send(
+        base,
+        PLAIN,
+        &common::chat(
+            "openai/gpt-4o",
+            "#mock status=400 error_message=bad+input",
+            false,
+        ),
+        &[],
+    )
+    .await;
+    assert_eq!(s, 400);
+
+    let recs = records(base, "", 4).await;
+    let plain_rec = by_id(&recs, &plain);
+    assert!(
+        plain_rec["overhead_ms"].as_u64().unwrap() <= plain_rec["latency_ms"].as_u64().unwrap()
+    );
+    assert_eq!(
+        stable(plain_rec),
+        json!({
+            "request_id": plain, "front_door": "openai", "key_id": "k-plain", "tenant": "acme",
+            "model": "openai/gpt-4o", "target": "gpt", "upstream_model": "gpt-4o",
+            "status": "ok", "http_status": 200, "error_class": null, "finish_reason": "stop",
+            "fallbacks": 0, "attempts": [], "prompt_tokens": 1000, "completion_tokens": 100,
+            "cached_tokens": 0, "cost_usd": "0.0035", "charge_usd": "0.0035",
+            "cache_hit": false, "client_ip": "127.0.0.1", "user_agent": "audit-it/1",
+            "client_request_id": "trace-123", "request_body": null, "response_body": null
+        })
+    );
+    let fb = stable(by_id(&recs, &fallback));
+    let attempts = fb["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 1, "{fb}");
+    assert_eq!(attempts[0]["target"], "dead");
+    assert_eq!(attempts[0]["upstream_model"], "mock");
+    assert_eq!(attempts[0]["error_class"], "network");
+    assert_eq!(
+        attempts[0]["error"],
+        "upstream request failed: error sending request for url \
+         (http://127.0.0.1:9/v1/chat/completions)"
+    );
+    let mut fb_rest = fb.clone();
+    fb_rest.as_object_mut().unwrap().remove("attempts");
+    assert_eq!(
+        fb_rest,
+        json!({
+            "request_id": fallback, "front_door": "openai", "key_id": "k-plain",
+            "tenant": "acme", "model": "demo/fallback", "target": "mock",
+            "upstream_model": "mock", "status": "ok", "http_status": 200, "error_class": null,
+            "finish_reason": "stop", "fallbacks": 1, "prompt_tokens": 2,
+            "completion_tokens": 1, "cached_tokens": 0,
+            // `mock` is priced at $0; `demo/fallback` has no sale price.
+            "cost_usd": "0", "charge_usd": null, "cache_hit": false, "client_ip": "127.0.0.1",
+            "user_agent": null, "client_request_id": null, "request_body": null,
+            "response_body": null
+        })
+    );
+    let st = stable(by_id(&recs, &streamed));
+    let req_body = st["request_body"].as_str().unwrap();
+    assert!(!req_body.contains("sk-live-secret-value"), "{req_body}");
+    assert!(
+        req_body.len() <= 64 && req_body.contains("Authorization"),
+        "{req_body}"
+    );
+    assert_eq!(st["response_body"], "streamed answer");
+    assert_eq!(st["key_id"], "k-cap");
+    assert_eq!(st["prompt_tokens"], 10);
+    assert_eq!(st["completion_tokens"], 2);
+    // 10 × $2.50/M + 2 × $10/M.
+    assert_eq!(st["charge_usd"], "0.000045");
+    assert_eq!(st["http_status"], 200);
+    let rf = stable(by_id(&recs, &refused));
+    assert_eq!(rf["status"], "error");
+    assert_eq!(rf["http_status"], 400);
+    assert_eq!(rf["error_class"], "invalid_request");
+    assert_eq!(rf["finish_reason"], Value::Null);
+    assert_eq!(rf["attempts"][0]["target"], "gpt");
+    assert_eq!(rf["attempts"][0]["error_class"], "invalid_request");
+    assert!(
+        rf["attempts"][0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("bad input"),
+        "{rf}"
+    );
+
+    // Filters.
+    let ids = |recs: Vec<Value>| -> BTreeSet<String> {
+        recs.iter()
+            .map(|r| r["request_id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let set = |v: &[&String]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+    assert_eq!(ids(records(base, "key=k-cap", 1).await), set(&[&streamed]));
+    assert_eq!(
+        ids(records(base, "tenant=acme", 3).await),
+        set(&[&plain, &fallback, &refused])
+    );
+    assert_eq!(
+        ids(records(base, "model=demo/fallback", 1).await),
+        set(&[&fallback])
+    );
+    assert_eq!(ids(records(base, "status=400", 1).await), set(&[&refused]));
+    assert_eq!(
+        ids(records(base, "status=error", 1).await),
+        set(&[&refused])
+    );
+    assert_eq!(ids(records(base, "to=2000-01-01", 0).await), set(&[]));
+    // Cursor pagination: pages of 3 then 1, the same order as one page of 4.
+    let (_, p1) = admin_get(base, "limit=3").await;
+    assert_eq!(p1["has_more"], true);
+    let cursor = p1["next_cursor"].as_str().unwrap().to_owned();
+    let (_, p2) = admin_get(base, &format!("limit=3&cursor={cursor}")).await;
+    assert_eq!(p2["has_more"], false);
+    assert_eq!(p2["next_cursor"], Value::Null);
+    let walked: Vec<Value> = p1["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .chain(p2["data"].as_array().unwrap())
+        .map(|r| r["request_id"].clone())
+        .collect();
+    let one: Vec<Value> = recs.iter().map(|r| r["request_id"].clone()).collect();
+    assert_eq!(walked, one);
+    // Bad parameters and keys.
+    assert_eq!(admin_get(base, "limit=0").await.0, 400);
+    assert_eq!(admin_get(base, "cursor=zzz").await.0, 400);
+    let anon = reqwest::get(format!("{base}/admin/requests"))
+        .await
+        .unwrap();
+    assert_eq!(anon.status().as_u16(), 401);
+    let client = reqwest::Client::new()
+        .get(format!("{base}/admin/requests"))
+        .bearer_auth(PLAIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(client.status().as_u16(), 401);
+
+    // The CLI's export follows the cursor: 4 JSON lines, newest first.
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(["requests", "export", "--url", base])
+        .env("SWITCHYARD_ADMIN_KEY", ADMIN)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines, recs);
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args([
+            "requests", "tail", "-n", "2", "--key", "k-plain", "--url", base,
+        ])
+        .env("SWITCHYARD_ADMIN_KEY", ADMIN)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tail: Vec<String> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["request_id"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    // The two newest of k-plain, oldest first.
+    let newest: Vec<String> = records(base, "key=k-plain&limit=2", 2)
+        .await
+        .iter()
+        .rev()
+        .map(|r| r["request_id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(tail, newest);
+}
+
+#[tokio::test]
+async fn thousand_requests_through_two_ingresses_leave_a_thousand_records() {
+    let c = common::test_config(json!({
+        "admin": {"keys": [{"id": "ops", "key_sha256": sha256_hex(ADMIN)}]}
+    }));
+    let gw = common::start(Options {
+        config: c,
+        billing: true,
+        ..Options::default()
+    })
+    .await;
+    let (second, _) = common::spawn_ingress(&gw).await;
+    let bases = [gw.base.clone(), second];
+    let client = reqwest::Client::new();
+    let sent: Vec<String> = futures::future::join_all((0..1000).map(|i| {
+        let client = client.clone();
+        let base = bases[i % 2].clone();
+        async move {
+            let resp = client
+                .post(format!("{base}/v1/chat/completions"))
+                .json(&common::chat("demo/mock", "#mock text=hi", false))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status().as_u16(), 200);
+            resp.headers()["x-request-id"].to_str().unwrap().to_owned()
+        }
+    }))
+    .await;
+    let sent: BTreeSet<String> = sent.into_iter().collect();
+    assert_eq!(sent.len(), 1000);
+    let ledger = gw.ledger.clone().unwrap();
+    let audited: BTreeSet<String> = eventually(Duration::from_secs(60), || {
+        let ledger = ledger.clone();
+        async move {
+            let ids: Vec<String> = sqlx::query_scalar("SELECT request_id FROM audit_log")
+                .fetch_all(ledger.pool())
+                .await
+                .unwrap();
+            (ids.len() >= 1000).then(|| ids.into_iter().collect())
+        }
+    })
+    .await;
+    let charged: Vec<String> =
+        sqlx::query_scalar("SELECT request_id FROM usage_events WHERE kind = 'charge'")
+            .fetch_all(ledger.pool())
+            .await
+            .unwrap();
+    let charged: BTreeSet<String> = charged.into_iter().collect();
+    assert_eq!(audited.len(), 1000);
+    assert_eq!(audited, sent);
+    assert_eq!(charged, sent);
+    // Both front doors' records are served by the admin API of either ingress.
+    let (s, page) = admin_get(&bases[1], "limit=1000").await;
+    assert_eq!(s, 200);
+    assert_eq!(page["data"].as_array().unwrap().len(), 1000);
+    assert_eq!(page["has_more"], false);
+}

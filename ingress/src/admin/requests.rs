@@ -1,0 +1,184 @@
+//! `GET /admin/requests`: the audit log (docs/audit.md), one page per call, newest first.
+//!
+//! Query parameters (each at most once): `from`, `to` (RFC 3339 or `YYYY-MM-DD`; `to` is
+//! exclusive, a date meaning its next midnight), `key`, `tenant`, `model`, `status` (`ok`,
+//! `error`, `cancelled` or an HTTP status such as `429`), `cursor` (the previous page's
+//! `next_cursor`) and `limit` (1..=1000, default 100). A tenant admin key sees its own tenant's
+//! records only (another tenant is 403). Ingress asks billing over NATS
+//! (`<prefix>.billing.audit`, [`switchyard_schemas::audit::AuditQuery`]); no billing running → 503.
+
+use super::{caller, unavailable};
+use crate::AppState;
+use crate::error::ApiError;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use std::sync::Arc;
+use std::time::Duration;
+use switchyard_schemas::audit::{AuditAnswer, AuditQuery, MAX_PAGE};
+
+/// How long a page query waits for billing.
+const AUDIT_QUERY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The handler.
+pub(super) async fn list(State(app): State<Arc<AppState>>, uri: axum::http::Uri) -> Response {
+    match answer(&app, uri.query().unwrap_or("")).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn answer(app: &AppState, query: &str) -> Result<Response, ApiError> {
+    let mut q = parse(query)?;
+    if let Some(own) = caller().tenant {
+        if q.tenant.as_deref().is_some_and(|t| t != own) {
+            return Err(ApiError {
+                status: StatusCode::FORBIDDEN,
+                message: format!("This admin key may read the requests of tenant `{own}` only."),
+                kind: "invalid_request_error",
+                param: Some("tenant".into()),
+                code: Some("permission_denied"),
+                retry_after_s: None,
+                request_id: None,
+            });
+        }
+        q.tenant = Some(own);
+    }
+    let payload = serde_json::to_vec(&q).map_err(|e| internal(e.to_string()))?;
+    let request = async_nats::Request::new()
+        .payload(payload.into())
+        .timeout(Some(AUDIT_QUERY_TIMEOUT));
+    let reply = app
+        .nats
+        .send_request(app.subjects.audit_query(), request)
+        .await
+        .map_err(|e| match e.kind() {
+            async_nats::RequestErrorKind::NoResponders => {
+                unavailable("No billing service is running to answer audit queries.")
+            }
+            _ => unavailable(format!("Asking the billing service failed: {e}")),
+        })?;
+    let answer: AuditAnswer = serde_json::from_slice(&reply.payload)
+        .map_err(|e| internal(format!("unreadable answer from billing: {e}")))?;
+    match answer {
+        AuditAnswer::Ok(page) => {
+            let body = serde_json::json!({
+                "object": "list",
+                "data": page.data,
+                "has_more": page.next_cursor.is_some(),
+                "next_cursor": page.next_cursor,
+            });
+            Ok((StatusCode::OK, axum::Json(body)).into_response())
+        }
+        AuditAnswer::Err { error } if error.starts_with("invalid audit query") => {
+            Err(ApiError::invalid(error, None))
+        }
+        AuditAnswer::Err { error } => Err(internal(format!("billing could not answer: {error}"))),
+    }
+}
+
+/// Parses the query string; errors name the parameter.
+pub fn parse(query: &str) -> Result<AuditQuery, ApiError> {
+    let uri: axum::http::Uri = format!("/?{query}")
+        .parse()
+        .map_err(|_| ApiError::invalid("The query string is not valid.", None))?;
+    let axum::extract::Query(pairs) =
+        axum::extract::Query::<Vec<(String, String)>>::try_from_uri(&uri)
+            .map_err(|e| ApiError::invalid(format!("The query string is not valid: {e}"), None))?;
+    let mut q = AuditQuery::default();
+    let bad = |name: &str, m: String| ApiError::invalid(m, Some(name.to_owned()));
+    for (name, value) in pairs {
+        if value.is_empty() {
+            return Err(bad(&name, format!("`{name}` must not be empty.")));
+        }
+        let twice = || bad(&name, format!("`{name}` is given more than once."));
+        let set = |slot: &mut Option<String>| match slot {
+            Some(_) => Err(twice()),
+            None => {
+                *slot = Some(value.clone());
+                Ok(())
+            }
+        };
+        match name.as_str() {
+            "from" | "to" => {
+                let ms = crate::usage_api::parse_time(&value, name == "to")
+                    .map_err(|m| bad(&name, m))?;
+                let slot = if name == "from" {
+                    &mut q.from_ms
+                } else {
+                    &mut q.to_ms
+                };
+                if slot.replace(ms).is_some() {
+                    return Err(twice());
+                }
+            }
+            "key" => set(&mut q.key_id)?,
+            "tenant" => set(&mut q.tenant)?,
+            "model" => set(&mut q.model)?,
+            "status" => set(&mut q.status)?,
+            "cursor" => set(&mut q.cursor)?,
+            "limit" => {
+                let n: u32 = value
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=MAX_PAGE).contains(n))
+                    .ok_or_else(|| {
+                        bad(
+                            "limit",
+                            format!("`limit` must be an integer in 1..={MAX_PAGE}."),
+                        )
+                    })?;
+                if q.limit.replace(n).is_some() {
+                    return Err(twice());
+                }
+            }
+            _ => {
+                return Err(bad(
+                    &name,
+                    format!(
+                        "Unrecognized query parameter `{name}`; /admin/requests takes from, to, \
+                         key, tenant, model, status, cursor and limit."
+                    ),
+                ));
+            }
+        }
+    }
+    if let (Some(f), Some(t)) = (q.from_ms, q.to_ms)
+        && f > t
+    {
+        return Err(bad("from", "`from` is after `to`.".into()));
+    }
+    Ok(q)
+}
+
+fn internal(message: String) -> ApiError {
+    ApiError {
+        status: StatusCode::INTERNAL_SERVER_ERROR,
+        message,
+        kind: "server_error",
+        param: None,
+        code: Some("audit_query_failed"),
+        retry_after_s: None,
+        request_id: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn parses_filters_and_rejects_bad_ones() {
+        let q = parse("from=2026-01-01&to=2026-01-01&key=k1&status=429&limit=5").unwrap();
+        assert_eq!(q.from_ms, Some(1_767_225_600_000));
+        assert_eq!(q.to_ms, Some(1_767_225_600_000 + 86_400_000));
+        assert_eq!(q.key_id.as_deref(), Some("k1"));
+        assert_eq!(q.status.as_deref(), Some("429"));
+        assert_eq!(q.limit, Some(5));
+        for bad in ["limit=0", "limit=1001", "key=a&key=b", "nope=1", "from=x"] {
+            let e = parse(bad).unwrap_err();
+            assert_eq!(e.status, StatusCode::BAD_REQUEST, "{bad}");
+        }
+    }
+}
