@@ -388,11 +388,18 @@ pub fn check_conversation(messages: &[Message], tools: &[Tool]) -> Result<(), In
                 match p {
                     ContentPart::ImageUrl { image_url: u } => image_url(&u.url)
                         .map_err(|e| bad(format!("messages[{i}].content[{j}].image_url.url"), e))?,
-                    ContentPart::File { file } => match &file.file_url {
-                        Some(url) => image_url(url).map_err(|e| {
+                    ContentPart::File { file } => match (&file.file_url, &file.file_id) {
+                        (_, Some(id)) if id.trim().is_empty() => {
+                            return Err(bad(
+                                format!("messages[{i}].content[{j}].file.file_id"),
+                                "`file_id` must not be empty.".into(),
+                            ));
+                        }
+                        (_, Some(_)) => {}
+                        (Some(url), None) => image_url(url).map_err(|e| {
                             bad(format!("messages[{i}].content[{j}].file.file_url"), e)
                         })?,
-                        None => file_data(&file.file_data).map_err(|e| {
+                        (None, None) => file_data(&file.file_data).map_err(|e| {
                             bad(format!("messages[{i}].content[{j}].file.file_data"), e)
                         })?,
                     },

@@ -270,8 +270,7 @@ pub struct FilePart {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub filename: Option<String>,
     /// `data:application/pdf;base64,<data>` (checked by `input::file_data`); empty when the
-    /// document is given by [`Self::file_url`]. Uploaded-file references (`file_id`) are not
-    /// supported.
+    /// document is given by [`Self::file_url`] or [`Self::file_id`].
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub file_data: String,
     /// An `https`/`http` URL of the document (Anthropic `document` `source: {"type": "url"}`,
@@ -281,6 +280,12 @@ pub struct FilePart {
     /// answer 400 naming the part.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub file_url: Option<String>,
+    /// A file uploaded to the provider itself (OpenAI `file.file_id`, Anthropic `document`
+    /// `source: {"type": "file"}` with the Files API beta): sent unchanged to providers that take
+    /// file references (OpenAI, Azure, OpenAI Responses, Anthropic); the id is the provider's, so
+    /// route such a request to that provider (e.g. `x-switchyard-only`). Others answer 400.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file_id: Option<String>,
 }
 
 /// An image reference.

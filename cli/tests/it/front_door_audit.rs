@@ -545,4 +545,24 @@ async fn documents_reach_every_provider_in_its_own_form() {
         "{text}"
     );
     assert_eq!(gw.mock.requests().len(), 4);
+
+    // A provider's own file reference (Anthropic Files API `source.type: file`; OpenAI
+    // `file.file_id`) reaches that provider unchanged.
+    let by_id = json!({"model": "demo/claude", "max_tokens": 64, "messages": [{"role": "user",
+        "content": [{"type": "document", "source": {"type": "file", "file_id": "file_011CNha8iCJcU1wXNR6q4V8w"}},
+                    {"type": "text", "text": "Summarise."}]}]});
+    let (status, text) = send(&gw.base, "/v1/messages", ANTHROPIC, &by_id).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(
+        gw.mock.requests()[4].body["messages"][0]["content"][0],
+        json!({"type": "document", "source": {"type": "file", "file_id": "file_011CNha8iCJcU1wXNR6q4V8w"}})
+    );
+    let oai = json!({"model": "demo/mock", "messages": [{"role": "user", "content": [
+        {"type": "file", "file": {"file_id": "file-abc123"}}, {"type": "text", "text": "Summarise."}]}]});
+    let (status, text) = send(&gw.base, "/v1/chat/completions", &[], &oai).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(
+        gw.mock.requests()[5].body["messages"][0]["content"][0],
+        json!({"type": "file", "file": {"file_id": "file-abc123"}})
+    );
 }

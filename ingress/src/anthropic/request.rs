@@ -206,6 +206,7 @@ enum DocumentSource {
     Text { media_type: String, data: String },
     Content { content: Value },
     Url { url: String },
+    File { file_id: String },
 }
 
 /// A custom tool. Fields beyond these (`cache_control`, `eager_input_streaming`, `type`,
@@ -553,6 +554,7 @@ fn document_part(
             input::file_data(&file_data).map_err(|e| invalid(&format!("{at}.source"), e))?;
             Ok(ContentPart::File {
                 file: FilePart {
+                    file_id: None,
                     filename: title,
                     file_data,
                     file_url: None,
@@ -589,10 +591,19 @@ fn document_part(
                 text: text.join("\n"),
             })
         }
+        DocumentSource::File { file_id } => Ok(ContentPart::File {
+            file: FilePart {
+                filename: title,
+                file_data: String::new(),
+                file_url: None,
+                file_id: Some(file_id),
+            },
+        }),
         DocumentSource::Url { url } => {
             input::image_url(&url).map_err(|e| invalid(&format!("{at}.source.url"), e))?;
             Ok(ContentPart::File {
                 file: FilePart {
+                    file_id: None,
                     filename: title,
                     file_data: String::new(),
                     file_url: Some(url),

@@ -585,11 +585,23 @@ fn message_item(item: &Value, path: &str, ids: &mut IdGen) -> Result<(Message, V
                     }
                     "input_file" => {
                         let filename = p.get("filename").and_then(Value::as_str).map(str::to_owned);
-                        let file = if let Some(url) = p.get("file_url").and_then(Value::as_str) {
+                        let file = if let Some(id) = p
+                            .get("file_id")
+                            .and_then(Value::as_str)
+                            .filter(|id| !id.trim().is_empty())
+                        {
+                            FilePart {
+                                file_id: Some(id.into()),
+                                filename,
+                                file_data: String::new(),
+                                file_url: None,
+                            }
+                        } else if let Some(url) = p.get("file_url").and_then(Value::as_str) {
                             input::image_url(url).map_err(|e| {
                                 ApiError::invalid_field(format!("{ppath}.file_url"), e)
                             })?;
                             FilePart {
+                                file_id: None,
                                 filename,
                                 file_data: String::new(),
                                 file_url: Some(url.into()),
@@ -597,8 +609,7 @@ fn message_item(item: &Value, path: &str, ids: &mut IdGen) -> Result<(Message, V
                         } else {
                             let Some(data) = p.get("file_data").and_then(Value::as_str) else {
                                 return Err(ApiError::invalid(
-                                    "Only inline `file_data` or `file_url` files are supported \
-                                     by Switchyard (no `file_id`).",
+                                    "An `input_file` needs `file_data`, `file_url` or `file_id`.",
                                     Some(format!("{ppath}.file_data")),
                                 ));
                             };
@@ -606,6 +617,7 @@ fn message_item(item: &Value, path: &str, ids: &mut IdGen) -> Result<(Message, V
                                 ApiError::invalid_field(format!("{ppath}.file_data"), e)
                             })?;
                             FilePart {
+                                file_id: None,
                                 filename,
                                 file_data: data.into(),
                                 file_url: None,

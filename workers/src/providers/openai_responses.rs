@@ -138,9 +138,14 @@ pub fn build_object(upstream_model: &str, req: &ChatRequest) -> Map<String, Valu
                                         "detail": image_url.detail.as_deref().unwrap_or("auto")})
                                 }
                                 ContentPart::File { file } => {
-                                    let mut part = match &file.file_url {
-                                        Some(url) => json!({"type": "input_file", "file_url": url}),
-                                        None => json!({"type": "input_file",
+                                    let mut part = match (&file.file_url, &file.file_id) {
+                                        (_, Some(id)) => {
+                                            json!({"type": "input_file", "file_id": id})
+                                        }
+                                        (Some(url), None) => {
+                                            json!({"type": "input_file", "file_url": url})
+                                        }
+                                        (None, None) => json!({"type": "input_file",
                                             "file_data": file.file_data}),
                                     };
                                     if let Some(name) = &file.filename {

@@ -460,9 +460,11 @@ fn document_block(
     i: usize,
 ) -> Result<Value, ErrorInfo> {
     // Anthropic "PDF support": a `url` source is fetched by Anthropic, not by the gateway.
-    let source = match &file.file_url {
-        Some(url) => json!({ "type": "url", "url": url }),
-        None => {
+    let source = match (&file.file_url, &file.file_id) {
+        // Anthropic Files API (beta): the client sends the `anthropic-beta` header with it.
+        (_, Some(id)) => json!({ "type": "file", "file_id": id }),
+        (Some(url), None) => json!({ "type": "url", "url": url }),
+        (None, None) => {
             let d =
                 switchyard_schemas::input::parse_data_url(&file.file_data).ok_or_else(|| {
                     bad_message(i, "file data must be data:<media type>;base64,<data>")

@@ -574,10 +574,10 @@ fn document_block(
     file: &switchyard_schemas::request::FilePart,
     i: usize,
 ) -> Result<Value, ErrorInfo> {
-    if file.file_url.is_some() {
+    if file.file_url.is_some() || file.file_id.is_some() {
         return Err(bad_message(
             i,
-            "Bedrock Converse takes documents inline (base64 bytes), not by URL",
+            "Bedrock Converse takes documents inline (base64 bytes), not by URL or file_id",
         ));
     }
     let d = switchyard_schemas::input::parse_data_url(&file.file_data)

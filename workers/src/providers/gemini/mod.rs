@@ -446,6 +446,12 @@ fn parts(content: Option<&Content>, i: usize) -> Result<Vec<Value>, ErrorInfo> {
                     ContentPart::ImageUrl { image_url } => out.push(image_part(&image_url.url, i)?),
                     // `inlineData` takes documents too (Gemini API, "Document understanding").
                     // Gemini `fileData` takes a document URI (Gemini API "Document understanding").
+                    ContentPart::File { file } if file.file_id.is_some() => {
+                        return Err(bad_message(
+                            i,
+                            "Gemini cannot read another provider's file_id: send the document inline or by URL",
+                        ));
+                    }
                     ContentPart::File { file } => match &file.file_url {
                         Some(url) => out.push(
                             json!({ "fileData": { "mimeType": "application/pdf", "fileUri": url } }),
