@@ -47,9 +47,10 @@ fn ids(list: &Value) -> Vec<String> {
 /// nats-server is killed and restarted (same port, same JetStream store) a quarter of the way
 /// through a 400-item batch: the batch completes with 400 results, the ledger holds exactly one
 /// `ok` charge per item (the one its result names) summing to the exact batch-rate cost, and the
-/// provider saw at most the items plus the in-flight window (`batch.max_in_flight` = 16): an
-/// item whose result was stored before the restart is not dispatched again when its message is
-/// redelivered; only calls whose answers were in flight may run twice.
+/// provider saw at most the items plus twice the in-flight window (`batch.max_in_flight` = 16):
+/// an item whose result was stored before the restart is not dispatched again when its message
+/// is redelivered; only items in flight across the restart run again (a lost answer retried,
+/// and a try that finished while NATS was away redelivered).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn nats_restart_mid_batch_bills_once_and_reruns_at_most_the_window() {
     const ITEMS: usize = 400;
@@ -110,7 +111,7 @@ async fn nats_restart_mid_batch_bills_once_and_reruns_at_most_the_window() {
     assert_eq!(r.requests, ITEMS as u64);
     let calls = gw.mock.request_count();
     assert!(
-        (ITEMS..=ITEMS + 16).contains(&calls),
+        (ITEMS..=ITEMS + 2 * 16).contains(&calls),
         "{calls} upstream calls for {ITEMS} items"
     );
 }
