@@ -320,6 +320,21 @@ pub(super) async fn rotate(
     change(&app, &id, |m| Ok(Some(set_new_key(m)))).await
 }
 
+/// Reads field `name`'s JSON value `v` as a `T`; an error names the field inside it
+/// (`budget.daily_usd`).
+fn nested<T: serde::de::DeserializeOwned>(name: &str, v: &Json) -> Result<T, ApiError> {
+    json_body(v.to_string().as_bytes()).map_err(|e| ApiError {
+        param: Some(format!(
+            "{name}{}",
+            e.param
+                .as_deref()
+                .map(|p| format!(".{p}"))
+                .unwrap_or_default()
+        )),
+        ..e
+    })
+}
+
 /// `PATCH /admin/keys/{id}` with any of `expires_at` (Unix seconds or null), `enabled`,
 /// `budget`, `limits`.
 pub(super) async fn update(
@@ -344,32 +359,8 @@ pub(super) async fn update(
                 "enabled",
                 Some(v.as_bool().ok_or_else(|| bad("a boolean"))?.into()),
             )),
-            "budget" => {
-                let b: Budget = json_body(v.to_string().as_bytes()).map_err(|e| ApiError {
-                    param: Some(format!(
-                        "budget{}",
-                        e.param
-                            .as_deref()
-                            .map(|p| format!(".{p}"))
-                            .unwrap_or_default()
-                    )),
-                    ..e
-                })?;
-                set.push(("budget", Some(yaml(&b))));
-            }
-            "limits" => {
-                let l: RateLimits = json_body(v.to_string().as_bytes()).map_err(|e| ApiError {
-                    param: Some(format!(
-                        "limits{}",
-                        e.param
-                            .as_deref()
-                            .map(|p| format!(".{p}"))
-                            .unwrap_or_default()
-                    )),
-                    ..e
-                })?;
-                set.push(("limits", Some(yaml(&l))));
-            }
+            "budget" => set.push(("budget", Some(yaml(&nested::<Budget>("budget", v)?)))),
+            "limits" => set.push(("limits", Some(yaml(&nested::<RateLimits>("limits", v)?)))),
             _ => {
                 return Err(ApiError::invalid(
                     format!("Unknown field `{name}` (expires_at, enabled, budget, limits)."),
