@@ -884,7 +884,7 @@ mod tests {
         );
         assert_eq!(
             param(
-                json!({"model": "m", "input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]})
+                json!({"model": "m", "input": [{"role": "user", "content": [{"type": "input_file", "filename": "a.pdf"}]}]})
             ),
             "input[0].content[0].file_data"
         );
