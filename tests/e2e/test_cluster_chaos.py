@@ -30,6 +30,9 @@ import pytest
 
 from conftest import MODEL, REPO_ROOT, switchyard_bin, nats_server_bin, wait_until
 
+# Every request must reach a worker: the cache would answer a repeated prompt.
+NO_CACHE = {"cache-control": "no-cache, no-store"}
+
 RATE = 50          # requests per second
 DURATION_S = 14.0  # load per scenario
 FAULT_AT_S = 3.0   # fault after this much load
@@ -118,7 +121,9 @@ async def attempt(client: httpx.AsyncClient, url: str, t0: float) -> Outcome:
     body = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": PROMPT}]}
     rid = None
     try:
-        async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+        # Every request must reach a worker: the cache would answer the repeated prompt.
+        async with client.stream("POST", f"{url}/v1/chat/completions", json=body,
+                                 headers=NO_CACHE) as r:
             rid = r.headers.get("x-request-id")
             worker = r.headers.get("x-switchyard-worker")
             if r.status_code != 200:
@@ -230,7 +235,7 @@ def kill9(c: Cluster, name: str) -> None:
 def serving_worker(c: Cluster) -> tuple[str, str]:
     """(process name, worker id) of the worker that answers now. NATS prefers queue subscribers
     on the publisher's own server, so one worker may take all the load: kill that one."""
-    r = httpx.post(f"{c.ingress()[0]}/v1/chat/completions", timeout=30,
+    r = httpx.post(f"{c.ingress()[0]}/v1/chat/completions", timeout=30, headers=NO_CACHE,
                    json={"model": MODEL, "messages": [{"role": "user", "content": "which worker"}]})
     wid = r.headers["x-switchyard-worker"]
     for name in ("worker1", "worker2"):
