@@ -2,10 +2,13 @@
 //!
 //! Every request leaves one or two usage events; publishing each as its own acknowledged message
 //! costs a publish, an acknowledgement, a delivery to billing and billing's ack — four NATS
-//! messages and a JetStream store write per event. A [`UsagePublisher`] collects the events a
-//! process produces for up to [`LINGER`] (or [`MAX_EVENTS`]) and publishes them as **one** message
-//! whose payload is a JSON array of events, per kind subject (`<prefix>.usage.<kind>`). At
-//! 1,000 requests/s that is about 100 messages/s per producer instead of 1,000.
+//! messages and a JetStream store write per event. A [`UsagePublisher`] publishes the events a
+//! process produces as **one** message whose payload is a JSON array of events, per kind
+//! subject (`<prefix>.usage.<kind>`), by group commit: an event published while no batch awaits
+//! its acknowledgement goes out at once; the events that arrive while one does wait for it and
+//! go out together (up to [`MAX_EVENTS`]). No event waits longer than one acknowledgement round
+//! trip, so a process killed with `SIGKILL` loses no more than it could before batching (the
+//! events of the acknowledgement in flight), and under load the batches grow by themselves.
 //!
 //! Guarantees are those of [`crate::publish::publish_usage_event`]: [`UsagePublisher::publish`]
 //! returns once the event is acknowledged by the stream or durably spooled (each event of a
@@ -22,18 +25,15 @@ use crate::subjects::Subjects;
 use crate::usage::UsageEvent;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::task::JoinSet;
 
-/// Longest an event waits for others to share its message.
-pub const LINGER: Duration = Duration::from_millis(10);
 /// Most events in one message (≈ 400 bytes each: far below NATS's 1 MiB payload limit).
 pub const MAX_EVENTS: usize = 256;
 /// Events queued before [`UsagePublisher::publish`] waits for room (backpressure on producers).
 const QUEUE: usize = 16_384;
-/// Batches awaiting their acknowledgement at once.
-const IN_FLIGHT: usize = 64;
+/// Batches awaiting their acknowledgement at once (one: the next batch gathers meanwhile).
+const IN_FLIGHT: usize = 1;
 
 /// One queued event and whom to tell that it is stored.
 struct Pending {
@@ -100,8 +100,8 @@ impl UsagePublisher {
     }
 }
 
-/// The batching loop: gathers events for up to [`LINGER`], publishes one message per subject,
-/// keeps up to [`IN_FLIGHT`] batches awaiting acknowledgement.
+/// The batching loop: takes every event queued (up to [`MAX_EVENTS`]), publishes one message per
+/// subject, and gathers the next batch while [`IN_FLIGHT`] batches await acknowledgement.
 async fn run(
     mut rx: mpsc::Receiver<Pending>,
     js: async_nats::jetstream::Context,
@@ -121,20 +121,16 @@ async fn run(
             }
         };
         let Some(first) = first else { break };
-        let mut batch = vec![first];
-        let deadline = tokio::time::Instant::now() + LINGER;
-        while batch.len() < MAX_EVENTS {
-            tokio::select! {
-                biased;
-                p = rx.recv() => match p {
-                    Some(p) => batch.push(p),
-                    None => break,
-                },
-                () = tokio::time::sleep_until(deadline), if !closing => break,
-            }
-        }
+        // Wait for the batch in flight, then take everything that queued meanwhile.
         while in_flight.len() >= IN_FLIGHT {
             in_flight.join_next().await;
+        }
+        let mut batch = vec![first];
+        while batch.len() < MAX_EVENTS {
+            match rx.try_recv() {
+                Ok(p) => batch.push(p),
+                Err(_) => break,
+            }
         }
         for (subject, group) in by_subject(&subjects, batch) {
             in_flight.spawn(publish_batch(js.clone(), subject, group));

@@ -121,14 +121,17 @@ pub fn parse_window(w: &str) -> Result<u64, ApiError> {
             Some("completion_window".into()),
         )
     };
-    let (n, unit) = w.split_at(w.len().saturating_sub(1));
-    let n: u64 = n.parse().map_err(|_| bad())?;
-    let secs = match unit {
-        "s" => n,
-        "m" => n * 60,
-        "h" => n * 3600,
+    // By characters, not bytes: any input must get the 400, never a panic (fuzzed by
+    // schemathesis with non-ASCII windows).
+    let unit = w.chars().last().ok_or_else(bad)?;
+    let n: u64 = w[..w.len() - unit.len_utf8()].parse().map_err(|_| bad())?;
+    let per = match unit {
+        's' => 1,
+        'm' => 60,
+        'h' => 3600,
         _ => return Err(bad()),
     };
+    let secs = n.checked_mul(per).ok_or_else(bad)?;
     if secs == 0 || secs > 168 * 3600 {
         return Err(bad());
     }
@@ -360,5 +363,16 @@ mod tests {
         assert!(parse_window("0h").is_err());
         assert!(parse_window("24").is_err());
         assert!(parse_window("200h").is_err());
+        // Any input is a 400, never a panic: non-ASCII, empty, overflowing.
+        for w in [
+            "\u{8f}",
+            "\u{8d}\u{b3}",
+            "",
+            "h",
+            "18446744073709551615h",
+            "1é",
+        ] {
+            assert_eq!(parse_window(w).unwrap_err().status, 400, "{w:?}");
+        }
     }
 }
