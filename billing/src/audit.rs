@@ -6,7 +6,6 @@
 use crate::ledger::{StatementTexts, UsageRow, statement_sizes};
 use crate::pricing::Cost;
 use crate::{Backend, BillingError, Ledger};
-use futures::StreamExt;
 use rust_decimal::Decimal;
 use sqlx::Row;
 use sqlx::any::AnyRow;
@@ -414,7 +413,13 @@ pub async fn run_retention(ledger: Ledger, shutdown: impl Future) {
 /// headers) is cut (halved until it fits) and its `next_cursor` moved to the last kept record.
 fn encode(mut answer: AuditAnswer, max_payload: usize) -> Vec<u8> {
     loop {
-        let body = serde_json::to_vec(&answer).unwrap_or_default();
+        let body = match serde_json::to_vec(&answer) {
+            Ok(body) => body,
+            Err(e) => {
+                tracing::error!(error = %e, "encoding an audit answer failed");
+                return b"{\"error\":\"encoding the audit answer failed\"}".to_vec();
+            }
+        };
         let fits = max_payload == 0 || body.len() + 1024 <= max_payload;
         match &mut answer {
             AuditAnswer::Ok(p) if !fits && p.data.len() > 1 => {
@@ -426,9 +431,9 @@ fn encode(mut answer: AuditAnswer, max_payload: usize) -> Vec<u8> {
     }
 }
 
-/// Subscribes `<prefix>.billing.audit` in queue group [`crate::query::QUERY_QUEUE_GROUP`] and
-/// answers each JSON [`AuditQuery`] with a JSON [`AuditAnswer`] until `shutdown` completes.
-/// Queries are answered one at a time (each is one indexed page read). Fails only when
+/// Serves `<prefix>.billing.audit` ([`crate::serve`]: queue group
+/// [`crate::query::QUERY_QUEUE_GROUP`], a few queries at once), answering each JSON
+/// [`AuditQuery`] with a JSON [`AuditAnswer`] until `shutdown` completes. Fails only when
 /// subscribing fails.
 pub async fn serve_audit_queries(
     nats: async_nats::Client,
@@ -436,40 +441,28 @@ pub async fn serve_audit_queries(
     ledger: Ledger,
     shutdown: impl Future,
 ) -> Result<(), BillingError> {
-    let subject = subjects.audit_query();
-    let mut sub = nats
-        .queue_subscribe(subject.clone(), crate::query::QUERY_QUEUE_GROUP.to_owned())
-        .await?;
-    tracing::info!(%subject, "audit queries served");
-    let mut shutdown = std::pin::pin!(shutdown);
-    loop {
-        let message = tokio::select! {
-            biased;
-            _ = shutdown.as_mut() => break,
-            m = sub.next() => m,
-        };
-        let Some(message) = message else { break };
-        let Some(reply) = message.reply.clone() else {
-            continue;
-        };
-        let answer = match serde_json::from_slice::<AuditQuery>(&message.payload) {
-            Ok(q) => match page(&ledger, &q).await {
-                Ok(p) => AuditAnswer::Ok(p),
-                Err(e) => AuditAnswer::Err {
-                    error: e.to_string(),
-                },
-            },
-            Err(e) => AuditAnswer::Err {
-                error: format!("bad audit query: {e}"),
-            },
-        };
-        let body = encode(answer, nats.server_info().max_payload);
-        if let Err(e) = nats.publish(reply, body.into()).await {
-            tracing::warn!(error = %e, "publishing an audit answer failed");
-        }
-    }
-    if let Err(e) = sub.unsubscribe().await {
-        tracing::debug!(error = %e, "unsubscribing audit queries failed");
-    }
-    Ok(())
+    crate::serve::serve(
+        nats,
+        subjects.audit_query(),
+        "audit",
+        shutdown,
+        move |payload, max| {
+            let ledger = ledger.clone();
+            async move {
+                let answer = match serde_json::from_slice::<AuditQuery>(&payload) {
+                    Ok(q) => match page(&ledger, &q).await {
+                        Ok(p) => AuditAnswer::Ok(p),
+                        Err(e) => AuditAnswer::Err {
+                            error: e.to_string(),
+                        },
+                    },
+                    Err(e) => AuditAnswer::Err {
+                        error: format!("bad audit query: {e}"),
+                    },
+                };
+                encode(answer, max)
+            }
+        },
+    )
+    .await
 }

@@ -25,6 +25,7 @@ pub mod reconcile;
 pub mod report;
 mod report_html;
 pub mod report_import;
+mod serve;
 pub mod service;
 pub mod stream;
 

@@ -14,21 +14,14 @@
 use crate::reconcile::{self, LedgerRow, RequestRows};
 use crate::report::{GroupStats, utc_date};
 use crate::{BillingError, Ledger};
-use futures::StreamExt;
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::Arc;
 use switchyard_schemas::subjects::Subjects;
 use switchyard_schemas::usage_query::{
     GroupBy, NONE_VALUE, UNKNOWN_PROVIDER, UsageAnswer, UsageQuery, UsageReply, UsageRow,
 };
-use tokio::sync::Semaphore;
 
-/// The queue group usage queries are served in: one billing instance answers each.
-pub const QUERY_QUEUE_GROUP: &str = "billing";
-/// Queries computed at once per billing instance (each holds one pooled connection while it
-/// reads), queries.
-pub const MAX_CONCURRENT_QUERIES: usize = 4;
+pub use crate::serve::{MAX_CONCURRENT_QUERIES, QUERY_QUEUE_GROUP};
 /// One hour, ms.
 const HOUR_MS: u64 = 3_600_000;
 /// One day, ms.
@@ -179,50 +172,26 @@ pub async fn answer(ledger: &Ledger, payload: &[u8]) -> UsageAnswer {
     }
 }
 
-/// Subscribes `<prefix>.billing.usage` in queue group [`QUERY_QUEUE_GROUP`] and answers queries
-/// (up to [`MAX_CONCURRENT_QUERIES`] at once) until `shutdown` completes. A query without a reply
-/// subject is ignored; an answer larger than the server's `max_payload` is replaced by an error
-/// saying so. Fails only when subscribing fails.
+/// Serves `<prefix>.billing.usage` ([`crate::serve`]: queue group [`QUERY_QUEUE_GROUP`], up
+/// to [`MAX_CONCURRENT_QUERIES`] at once) until `shutdown` completes. An answer larger than the
+/// server's `max_payload` is replaced by an error saying so. Fails only when subscribing fails.
 pub async fn serve_queries(
     nats: async_nats::Client,
     subjects: Subjects,
     ledger: Ledger,
     shutdown: impl Future,
 ) -> Result<(), BillingError> {
-    let subject = subjects.usage_query();
-    let mut sub = nats
-        .queue_subscribe(subject.clone(), QUERY_QUEUE_GROUP.to_owned())
-        .await?;
-    tracing::info!(%subject, "usage queries served");
-    let slots = Arc::new(Semaphore::new(MAX_CONCURRENT_QUERIES));
-    let mut shutdown = std::pin::pin!(shutdown);
-    loop {
-        let message = tokio::select! {
-            biased;
-            _ = shutdown.as_mut() => break,
-            m = sub.next() => m,
-        };
-        let Some(message) = message else { break };
-        let Some(reply) = message.reply.clone() else {
-            continue;
-        };
-        let Ok(slot) = slots.clone().acquire_owned().await else {
-            break;
-        };
-        let (nats, ledger) = (nats.clone(), ledger.clone());
-        tokio::spawn(async move {
-            let answer = answer(&ledger, &message.payload).await;
-            let body = encode(&answer, nats.server_info().max_payload);
-            if let Err(e) = nats.publish(reply, body.into()).await {
-                tracing::warn!(error = %e, "publishing a usage answer failed");
-            }
-            drop(slot);
-        });
-    }
-    if let Err(e) = sub.unsubscribe().await {
-        tracing::debug!(error = %e, "unsubscribing usage queries failed");
-    }
-    Ok(())
+    crate::serve::serve(
+        nats,
+        subjects.usage_query(),
+        "usage",
+        shutdown,
+        move |payload, max| {
+            let ledger = ledger.clone();
+            async move { encode(&answer(&ledger, &payload).await, max) }
+        },
+    )
+    .await
 }
 
 /// JSON of `answer`, or of an error answer when it would exceed `max_payload` bytes.
