@@ -31,6 +31,7 @@ pub mod front_door;
 pub mod health;
 pub mod metrics;
 pub mod openai;
+mod query_string;
 pub mod rate_limit;
 pub mod responses;
 pub mod route;

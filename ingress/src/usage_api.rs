@@ -177,85 +177,50 @@ fn scope(
 
 /// Parses the raw query string with `now_ms` for the defaults; errors name the parameter.
 pub fn parse_query(query: &str, now_ms: u64) -> Result<UsageParams, ApiError> {
-    let uri: axum::http::Uri = format!("/?{query}")
-        .parse()
-        .map_err(|_| ApiError::invalid("The query string is not valid.", None))?;
-    let axum::extract::Query(pairs) =
-        axum::extract::Query::<Vec<(String, String)>>::try_from_uri(&uri)
-            .map_err(|e| ApiError::invalid(format!("The query string is not valid: {e}"), None))?;
-    let mut from = None;
-    let mut to = None;
-    let mut group_by: Option<Vec<GroupBy>> = None;
-    let mut tenant = None;
-    let mut key_id = None;
-    for (name, value) in pairs {
-        let once = |slot: &mut Option<String>, value: String| {
-            if slot.is_some() {
-                return Err(invalid(&name, format!("`{name}` is given more than once.")));
-            }
-            if value.is_empty() {
-                return Err(invalid(&name, format!("`{name}` must not be empty.")));
-            }
-            *slot = Some(value);
-            Ok(())
-        };
-        match name.as_str() {
-            "from" => once(&mut from, value)?,
-            "to" => once(&mut to, value)?,
-            "tenant" => once(&mut tenant, value)?,
-            "key" => once(&mut key_id, value)?,
-            "group_by" => {
-                let list = group_by.get_or_insert_with(Vec::new);
-                for item in value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-                    let g: GroupBy = item.parse().map_err(
-                        |e: switchyard_schemas::usage_query::UnknownGroupBy| {
-                            invalid("group_by", format!("{e}."))
-                        },
-                    )?;
-                    if list.contains(&g) {
-                        return Err(invalid(
-                            "group_by",
-                            format!("group_by names `{g}` more than once."),
-                        ));
-                    }
-                    list.push(g);
-                }
-            }
-            _ => {
-                return Err(invalid(
-                    &name,
-                    format!(
-                        "Unrecognized query parameter `{name}`; /v1/usage takes from, to, \
-                         group_by, tenant and key."
-                    ),
-                ));
-            }
+    let mut p = crate::query_string::params(
+        query,
+        "/v1/usage",
+        &["from", "to", "tenant", "key"],
+        &["group_by"],
+    )?;
+    let mut group_by: Vec<GroupBy> = Vec::new();
+    for item in p
+        .get("group_by")
+        .map(String::as_str)
+        .unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+    {
+        let g: GroupBy =
+            item.parse()
+                .map_err(|e: switchyard_schemas::usage_query::UnknownGroupBy| {
+                    invalid("group_by", format!("{e}."))
+                })?;
+        if group_by.contains(&g) {
+            return Err(invalid(
+                "group_by",
+                format!("group_by names `{g}` more than once."),
+            ));
         }
+        group_by.push(g);
     }
-    let from_ms = match &from {
-        Some(s) => parse_time(s, false).map_err(|m| invalid("from", m))?,
-        None => now_ms - now_ms % DAY_MS,
-    };
-    let to_ms = match &to {
-        Some(s) => parse_time(s, true).map_err(|m| invalid("to", m))?,
-        None => now_ms,
-    };
+    let (from, to) = crate::query_string::time_range(&p)?;
+    let from_ms = from.unwrap_or(now_ms - now_ms % DAY_MS);
+    let to_ms = to.unwrap_or(now_ms);
     if from_ms > to_ms {
-        return Err(invalid(
-            "from",
-            format!(
-                "`from` ({}) is after `to` ({}).",
-                rfc3339(from_ms),
-                rfc3339(to_ms)
-            ),
-        ));
+        return Err(crate::query_string::after(from_ms, to_ms));
+    }
+    // No `group_by` groups by model; an empty one (`group_by=`) asks for totals.
+    if !p.contains_key("group_by") {
+        group_by.push(GroupBy::Model);
     }
     Ok(UsageParams {
         from_ms,
         to_ms,
-        group_by: group_by.unwrap_or_else(|| vec![GroupBy::Model]),
-        tenant,
-        key_id,
+        group_by,
+        tenant: p.remove("tenant"),
+        key_id: p.remove("key"),
     })
 }
 

@@ -330,7 +330,10 @@ async fn one_record_per_request_with_exact_fields() {
 #[tokio::test]
 async fn thousand_requests_through_two_ingresses_leave_a_thousand_records() {
     let c = common::test_config(json!({
-        "admin": {"keys": [{"id": "ops", "key_sha256": sha256_hex(ADMIN)}]}
+        "admin": {"keys": [{"id": "ops", "key_sha256": sha256_hex(ADMIN)}]},
+        // 1,000 requests queue at one debug-build worker; on a loaded machine the last wait longer
+        // than the default 2 s pickup bound, which this test is not about.
+        "timeouts": {"first_frame_ms": 30000, "worker_silence_ms": 30000, "heartbeat_ms": 200}
     }));
     let gw = common::start(Options {
         config: c,
@@ -351,8 +354,10 @@ async fn thousand_requests_through_two_ingresses_leave_a_thousand_records() {
                 .send()
                 .await
                 .unwrap();
-            assert_eq!(resp.status().as_u16(), 200);
-            resp.headers()["x-request-id"].to_str().unwrap().to_owned()
+            let id = resp.headers()["x-request-id"].to_str().unwrap().to_owned();
+            let status = resp.status().as_u16();
+            assert_eq!(status, 200, "{}", resp.text().await.unwrap());
+            id
         }
     }))
     .await;

@@ -79,76 +79,39 @@ async fn answer(app: &AppState, query: &str) -> Result<Response, ApiError> {
 
 /// Parses the query string; errors name the parameter.
 pub fn parse(query: &str) -> Result<AuditQuery, ApiError> {
-    let uri: axum::http::Uri = format!("/?{query}")
-        .parse()
-        .map_err(|_| ApiError::invalid("The query string is not valid.", None))?;
-    let axum::extract::Query(pairs) =
-        axum::extract::Query::<Vec<(String, String)>>::try_from_uri(&uri)
-            .map_err(|e| ApiError::invalid(format!("The query string is not valid: {e}"), None))?;
-    let mut q = AuditQuery::default();
-    let bad = |name: &str, m: String| ApiError::invalid(m, Some(name.to_owned()));
-    for (name, value) in pairs {
-        if value.is_empty() {
-            return Err(bad(&name, format!("`{name}` must not be empty.")));
-        }
-        let twice = || bad(&name, format!("`{name}` is given more than once."));
-        let set = |slot: &mut Option<String>| match slot {
-            Some(_) => Err(twice()),
-            None => {
-                *slot = Some(value.clone());
-                Ok(())
-            }
-        };
-        match name.as_str() {
-            "from" | "to" => {
-                let ms = crate::usage_api::parse_time(&value, name == "to")
-                    .map_err(|m| bad(&name, m))?;
-                let slot = if name == "from" {
-                    &mut q.from_ms
-                } else {
-                    &mut q.to_ms
-                };
-                if slot.replace(ms).is_some() {
-                    return Err(twice());
-                }
-            }
-            "key" => set(&mut q.key_id)?,
-            "tenant" => set(&mut q.tenant)?,
-            "model" => set(&mut q.model)?,
-            "status" => set(&mut q.status)?,
-            "cursor" => set(&mut q.cursor)?,
-            "limit" => {
-                let n: u32 = value
-                    .parse()
-                    .ok()
-                    .filter(|n| (1..=MAX_PAGE).contains(n))
-                    .ok_or_else(|| {
-                        bad(
-                            "limit",
-                            format!("`limit` must be an integer in 1..={MAX_PAGE}."),
-                        )
-                    })?;
-                if q.limit.replace(n).is_some() {
-                    return Err(twice());
-                }
-            }
-            _ => {
-                return Err(bad(
-                    &name,
-                    format!(
-                        "Unrecognized query parameter `{name}`; /admin/requests takes from, to, \
-                         key, tenant, model, status, cursor and limit."
-                    ),
-                ));
-            }
-        }
-    }
-    if let (Some(f), Some(t)) = (q.from_ms, q.to_ms)
-        && f > t
-    {
-        return Err(bad("from", "`from` is after `to`.".into()));
-    }
-    Ok(q)
+    let mut p = crate::query_string::params(
+        query,
+        "/admin/requests",
+        &[
+            "from", "to", "key", "tenant", "model", "status", "cursor", "limit",
+        ],
+        &[],
+    )?;
+    let (from_ms, to_ms) = crate::query_string::time_range(&p)?;
+    let limit = p
+        .get("limit")
+        .map(|v| {
+            v.parse()
+                .ok()
+                .filter(|n| (1..=MAX_PAGE).contains(n))
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        format!("`limit` must be an integer in 1..={MAX_PAGE}."),
+                        Some("limit".to_owned()),
+                    )
+                })
+        })
+        .transpose()?;
+    Ok(AuditQuery {
+        from_ms,
+        to_ms,
+        key_id: p.remove("key"),
+        tenant: p.remove("tenant"),
+        model: p.remove("model"),
+        status: p.remove("status"),
+        cursor: p.remove("cursor"),
+        limit,
+    })
 }
 
 fn internal(message: String) -> ApiError {
