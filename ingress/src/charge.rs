@@ -295,9 +295,22 @@ impl Charge {
             e.usage.completion_tokens = self.output_bytes.div_ceil(4) as u64;
             e.estimated = true;
         }
-        self.alarm_unpriced(&e);
         let app = self.app.clone();
-        let policy = app.config.get().unpriced.clone();
+        // Priced once: the settlement's amount and the unpriced alarm both come from this.
+        let charge = if e.cache_hit {
+            None
+        } else {
+            let policy = app.config.get().unpriced.clone();
+            let batch = e.batch_id.is_some();
+            budget::priced(
+                app.catalog().as_deref(),
+                &e.model,
+                &e.usage,
+                batch,
+                policy.as_ref(),
+            )
+        };
+        self.alarm_unpriced(&e, charge.as_ref());
         let reservation = self.reservation.take();
         let rate = self.rate.take();
         let sink = self.sink.take();
@@ -314,13 +327,7 @@ impl Charge {
                     Demand::default()
                 } else {
                     Demand {
-                        usd: budget::charge_of(
-                            app.catalog().as_deref(),
-                            &e.model,
-                            &e.usage,
-                            e.batch_id.is_some(),
-                            policy.as_ref(),
-                        ),
+                        usd: charge.map_or(rust_decimal::Decimal::ZERO, |c| c.total),
                         tokens: e.usage.total_tokens(),
                     }
                 };
@@ -351,9 +358,9 @@ impl Charge {
 
 impl Charge {
     /// The `unpriced_component` alarm (metric [`crate::metrics::UNPRICED`] and a warning) for
-    /// what of `e`'s usage has no sale price (`charge`) or no cost price on its upstream model
-    /// (`cost`); billing records the same in the ledger.
-    fn alarm_unpriced(&self, e: &UsageEvent) {
+    /// what of `e`'s usage has no sale price (`charge`, `e` priced at sale price) or no cost
+    /// price on its upstream model (`cost`); billing records the same in the ledger.
+    fn alarm_unpriced(&self, e: &UsageEvent, charge: Option<&switchyard_schemas::pricing::Cost>) {
         let catalog = self.app.catalog();
         let Some(catalog) = catalog.as_deref() else {
             return;
@@ -366,8 +373,7 @@ impl Charge {
             Some(c) => c.unpriced,
             None => vec!["model"],
         };
-        let policy = self.app.config.get().unpriced.clone();
-        let charge = missing(catalog.charge_with(&e.model, &e.usage, batch, policy.as_ref()));
+        let charge = missing(charge.cloned());
         let cost = e
             .upstream_model
             .as_deref()
