@@ -531,7 +531,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             );
             let token = shutdown_token();
             tokio::select! {
-                r = switchyard_workers::mock_upstream::serve(listener, switchyard_workers::mock_upstream::MockState::new()) => r.map_err(msg),
+                r = switchyard_mock::serve(listener, switchyard_mock::MockState::new()) => r.map_err(msg),
                 _ = token.cancelled() => Ok(()),
             }
         }
@@ -959,9 +959,9 @@ async fn up(
             .map_err(msg)?;
         let addr = listener.local_addr().map_err(msg)?;
         mock_url = Some(format!("http://{addr}/v1"));
-        tokio::spawn(switchyard_workers::mock_upstream::serve(
+        tokio::spawn(switchyard_mock::serve(
             listener,
-            switchyard_workers::mock_upstream::MockState::new(),
+            switchyard_mock::MockState::new(),
         ));
         tracing::info!("built-in mock upstream on http://{addr}");
     }

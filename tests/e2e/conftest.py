@@ -26,7 +26,7 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-#: `workers::mock_upstream::DEFAULT_TEXT`, streamed by the mock as one chunk per word.
+#: `switchyard_mock::DEFAULT_TEXT`, streamed by the mock as one chunk per word.
 DEFAULT_TEXT = "Hello from the Switchyard mock upstream. Every word arrives as its own chunk."
 #: The mock's completion_tokens for DEFAULT_TEXT: whitespace-separated words.
 DEFAULT_COMPLETION_TOKENS = len(DEFAULT_TEXT.split())

@@ -10,7 +10,6 @@ mod count;
 mod embed;
 pub mod health;
 pub mod limits;
-pub mod mock_upstream;
 pub mod prober;
 pub mod provider;
 pub mod providers;

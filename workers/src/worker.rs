@@ -585,7 +585,7 @@ async fn handle(shared: Arc<Shared>, msg: async_nats::Message) {
 }
 
 /// The target's base URL, with `builtin:` addresses resolved; `builtin:mock/x/<spec>` becomes
-/// `<mock root>/x/<spec>/v1` (the mock's path-prefix form, see [`crate::mock_upstream`]).
+/// `<mock root>/x/<spec>/v1` (the path-prefix form of the `switchyard-mock` crate).
 pub(crate) fn base_url(shared: &Shared, target: &TargetConfig) -> String {
     if target.base_url == BUILTIN_MOCK_URL {
         shared.opts.builtin_mock_url.clone().unwrap_or_default()

@@ -7,7 +7,7 @@
 
 use crate::common::*;
 use serde_json::{Value, json};
-use switchyard_workers::mock_upstream::DEFAULT_TEXT;
+use switchyard_mock::DEFAULT_TEXT;
 
 async fn send(
     base: &str,
@@ -328,7 +328,7 @@ async fn fc37_thinking_block_round_trip() {
     assert_eq!(status, 200, "{text}");
     let got = anthropic_events(&text);
     let upstream = anthropic_events(include_str!(
-        "../../../workers/src/mock_upstream/fixtures/fc37_anthropic_thinking.sse"
+        "../../../mock/src/fixtures/fc37_anthropic_thinking.sse"
     ));
     // Every content-block event is byte-for-byte the upstream's.
     let blocks = |evs: &[(String, Value)]| -> Vec<Value> {

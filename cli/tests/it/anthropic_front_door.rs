@@ -5,7 +5,7 @@
 
 use crate::common::*;
 use serde_json::{Value, json};
-use switchyard_workers::mock_upstream::DEFAULT_TEXT;
+use switchyard_mock::DEFAULT_TEXT;
 
 /// Both upstream wire formats behind the one front door.
 const MODELS: [&str; 2] = ["demo/mock", "demo/claude"];

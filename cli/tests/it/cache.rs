@@ -473,7 +473,7 @@ async fn answer_shaping_passthrough_bypasses_the_cache() {
         let (cache, content, _) = ask(&gw.base, &body, &[]).await;
         assert_eq!(
             (cache.as_str(), content.as_str()),
-            ("bypass", switchyard_workers::mock_upstream::DEFAULT_TEXT)
+            ("bypass", switchyard_mock::DEFAULT_TEXT)
         );
     }
     assert_eq!(gw.mock.request_count(), 2);

@@ -3,7 +3,7 @@
 
 use crate::common::*;
 use base64::Engine;
-use switchyard_workers::mock_upstream::embeddings::mock_vector;
+use switchyard_mock::embeddings::mock_vector;
 
 async fn embed(base: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
     let resp = reqwest::Client::new()

@@ -145,7 +145,7 @@ async fn fc22_first_byte_and_idle_timeouts() {
         })
         .count();
     assert_eq!(pieces, 9);
-    assert_eq!(r.content(), switchyard_workers::mock_upstream::DEFAULT_TEXT);
+    assert_eq!(r.content(), switchyard_mock::DEFAULT_TEXT);
     assert_eq!(r.finish_reason().as_deref(), Some("stop"));
 }
 

@@ -56,7 +56,7 @@ async fn fc12_stream_options_rejected_retried_without() {
     body["stream_options"] = serde_json::json!({"include_usage": true});
     let r = post_sse(&gw.base, &body).await;
     assert_eq!(r.status, 200);
-    assert_eq!(r.content(), switchyard_workers::mock_upstream::DEFAULT_TEXT);
+    assert_eq!(r.content(), switchyard_mock::DEFAULT_TEXT);
     assert_eq!(r.done_count(), 1);
     let sent = gw.mock.requests();
     assert_eq!(sent.len(), 2);
@@ -64,9 +64,7 @@ async fn fc12_stream_options_rejected_retried_without() {
     assert_eq!(sent[1].body.get("stream_options"), None);
     assert_eq!(sent[1].body["stream"], true);
     let id: uuid::Uuid = r.headers["x-request-id"].to_str().unwrap().parse().unwrap();
-    let completion = switchyard_workers::mock_upstream::DEFAULT_TEXT
-        .len()
-        .div_ceil(4) as u64;
+    let completion = switchyard_mock::DEFAULT_TEXT.len().div_ceil(4) as u64;
     let prompt_tokens = prompt.len().div_ceil(4) as u64;
     for row in ledger_rows(gw.ledger.as_ref().unwrap(), id, 2).await {
         assert!(row.estimated, "{:?}", row.kind);
@@ -91,7 +89,7 @@ async fn json_answer_to_a_stream_request() {
     body["stream_options"] = serde_json::json!({"include_usage": true});
     let r = post_sse(&gw.base, &body).await;
     assert_eq!(r.status, 200);
-    assert_eq!(r.content(), switchyard_workers::mock_upstream::DEFAULT_TEXT);
+    assert_eq!(r.content(), switchyard_mock::DEFAULT_TEXT);
     assert_eq!(r.finish_reason().as_deref(), Some("stop"));
     assert_eq!(r.done_count(), 1);
     let last = r.json_events().last().cloned().unwrap();
@@ -104,7 +102,7 @@ async fn json_answer_to_a_stream_request() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(
         body["choices"][0]["message"]["content"],
-        switchyard_workers::mock_upstream::DEFAULT_TEXT
+        switchyard_mock::DEFAULT_TEXT
     );
     assert_eq!(body["usage"]["prompt_tokens"], 11);
     assert_eq!(body["usage"]["completion_tokens"], 7);

@@ -264,8 +264,7 @@ fn fuzz(name: &str, seeds: Vec<Vec<u8>>, json_aware: bool, target: impl Fn(&[u8]
 // ---- seeds -------------------------------------------------------------------------------
 
 fn fixture_streams(prefix: &str) -> Vec<Vec<u8>> {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../workers/src/mock_upstream/fixtures");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../mock/src/fixtures");
     let mut out: Vec<Vec<u8>> = std::fs::read_dir(dir)
         .unwrap()
         .filter_map(Result::ok)
@@ -337,9 +336,7 @@ struct Seeds {
 }
 
 async fn seeds() -> Seeds {
-    let mock = switchyard_workers::mock_upstream::MockUpstream::start()
-        .await
-        .unwrap();
+    let mock = switchyard_mock::MockUpstream::start().await.unwrap();
     let base = mock.base_url();
     let mut openai = mock_streams(
         &base,

@@ -7,9 +7,9 @@ use crate::common::*;
 use futures::{FutureExt as _, StreamExt as _};
 use std::time::Duration;
 use switchyard::nats_auth::{Credentials, Identity};
+use switchyard_mock::DEFAULT_TEXT;
 use switchyard_schemas::publish::sync_with_server;
 use switchyard_schemas::usage::UsageKind;
-use switchyard_workers::mock_upstream::DEFAULT_TEXT;
 use tokio::sync::mpsc;
 
 const CONFIG_V1: &str = "targets:\n  - {id: mock, provider: openai, base_url: \"builtin:mock\", upstream_model: mock}\nmodels:\n  - {id: demo/mock, targets: [mock]}\n";

@@ -3,7 +3,7 @@
 
 use crate::common::*;
 use std::time::Duration;
-use switchyard_workers::mock_upstream::DEFAULT_TEXT;
+use switchyard_mock::DEFAULT_TEXT;
 
 #[tokio::test]
 async fn non_streamed_completion_with_exact_usage() {

@@ -6,7 +6,7 @@
 use crate::common::*;
 use futures::StreamExt;
 use std::time::Duration;
-use switchyard_workers::mock_upstream::DEFAULT_TEXT;
+use switchyard_mock::DEFAULT_TEXT;
 use tokio_util::sync::CancellationToken;
 
 #[tokio::test]

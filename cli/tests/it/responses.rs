@@ -7,7 +7,7 @@
 
 use crate::common::*;
 use serde_json::{Value, json};
-use switchyard_workers::mock_upstream::DEFAULT_TEXT;
+use switchyard_mock::DEFAULT_TEXT;
 
 const KEY_A: &str = "sk-tenant-a-0123456789";
 const KEY_A2: &str = "sk-tenant-a2-0123456789";

@@ -6,7 +6,7 @@
 
 use crate::common::*;
 use serde_json::{Value, json};
-use switchyard_workers::mock_upstream::DEFAULT_TEXT;
+use switchyard_mock::DEFAULT_TEXT;
 
 const MODEL: &str = "demo/responses-api";
 const AZURE: &str = "demo/azure-responses";

@@ -225,7 +225,7 @@ impl SseTranslator for AzureTranslator {
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
-    use crate::mock_upstream::MockUpstream;
+    use switchyard_mock::MockUpstream;
     use switchyard_schemas::{FinishReason, Usage};
 
     type Item = Result<FrameBody, ErrorInfo>;

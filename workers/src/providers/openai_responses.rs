@@ -499,7 +499,7 @@ impl SseTranslator for ResponsesTranslator {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::mock_upstream::fixtures;
+    use switchyard_mock::fixtures;
 
     fn frames(fixture: &str) -> Vec<Result<FrameBody, ErrorInfo>> {
         let mut t = ResponsesTranslator::default();

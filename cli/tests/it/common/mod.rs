@@ -6,9 +6,9 @@
 pub mod up;
 
 use std::time::Duration;
+use switchyard_mock::MockUpstream;
 use switchyard_schemas::config::{ConfigHandle, GatewayConfig};
 use switchyard_schemas::subjects::Subjects;
-use switchyard_workers::mock_upstream::MockUpstream;
 use tokio_util::sync::CancellationToken;
 
 pub struct Gateway {

@@ -1,8 +1,8 @@
 //! Unit tests of the Anthropic adapter.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 use super::*;
-use crate::mock_upstream::MockUpstream;
 use futures::StreamExt;
+use switchyard_mock::MockUpstream;
 
 /// Feeds `chunks` as separate writes through the SSE parser and the translator.
 fn translate_chunks(chunks: &[&str]) -> Vec<Item> {

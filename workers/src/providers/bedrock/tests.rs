@@ -1,10 +1,10 @@
 //! Unit tests of the bedrock adapter.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 use super::*;
-use crate::mock_upstream::MockUpstream;
 use aws_smithy_eventstream::frame::write_message_to;
 use aws_smithy_types::event_stream::Header;
 use std::time::{Duration, UNIX_EPOCH};
+use switchyard_mock::MockUpstream;
 use switchyard_schemas::Secret;
 
 fn text(t: &str) -> Item {
@@ -217,7 +217,7 @@ async fn usage_values_are_exact() {
             _ => None,
         })
         .collect();
-    assert_eq!(text, crate::mock_upstream::DEFAULT_TEXT);
+    assert_eq!(text, switchyard_mock::DEFAULT_TEXT);
 }
 
 #[tokio::test]

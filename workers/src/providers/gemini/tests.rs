@@ -1,7 +1,7 @@
 //! Unit tests of the gemini adapter.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 use super::*;
-use crate::mock_upstream::MockUpstream;
+use switchyard_mock::MockUpstream;
 
 /// Feeds `chunks` as separate writes through the SSE parser and the translator.
 fn translate_chunks(chunks: &[&str]) -> Vec<Item> {
