@@ -427,6 +427,17 @@ async fn top_ups(billing_url: Option<String>) {
     }
     let (s, v) = show(&gw.base, TENANT_ADMIN, "other").await;
     assert_eq!(s, 404, "{v}");
+    // The OpenAPI document lists both routes.
+    let doc: Value = reqwest::get(format!("{}/openapi.json", gw.base))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(doc["paths"]["/admin/tenants/{id}/balance"]["get"].is_object());
+    assert!(
+        doc["paths"]["/admin/tenants/{id}/balance/topups"]["post"]["responses"]["409"].is_object()
+    );
 
     // One request of $0.004 (100 in at $10/M + 100 out at $30/M).
     let (s, _, body) = chat_as(&gw.base, &k, "test/big", 100).await;
@@ -572,8 +583,47 @@ async fn a_low_balance_refuses_until_topped_up() {
         "The prepaid balance of tenant `acme` is below its low-balance threshold: $0.5 left \
          after requests in flight, threshold $1. Top it up (POST /admin/tenants/acme/balance/topups)."
     );
-    let (s, _) = top_up(&gw.base, ADMIN_KEY, "acme", json!({"amount_usd": 1}), None).await;
-    assert_eq!(s, 201);
+    // Topped up with the CLI (`switchyard balance topup`), twice with the same id: $1 once.
+    for _ in 0..2 {
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
+            .args([
+                "balance",
+                "topup",
+                "--tenant",
+                "acme",
+                "--amount-usd",
+                "1.00",
+                "--id",
+                "cli-1",
+                "--url",
+                &gw.base,
+            ])
+            .env("SWITCHYARD_ADMIN_KEY", ADMIN_KEY)
+            .output()
+            .await
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["balance"]["topped_up_usd"], "1.5");
+    }
     let (s, _, body) = chat_as(&gw.base, &k, "test/small", 100).await;
     assert_eq!(s, 200, "{body}");
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(["balance", "show", "--tenant", "acme", "--url", &gw.base])
+        .env("SWITCHYARD_ADMIN_KEY", ADMIN_KEY)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["tenant"], "acme");
+    assert_eq!(v["topped_up_usd"], "1.5");
 }
