@@ -182,11 +182,12 @@ async fn answer(ledger: &Ledger, req: BalanceRequest) -> Result<BalanceAnswer, B
             };
             match top_up(ledger, &t).await? {
                 Ok((topup, created)) => {
-                    let topped_up_usd = topped_up(ledger, &topup.tenant).await?.0;
+                    let totals = ledger_balance(ledger, &topup.tenant, 1).await?;
                     BalanceAnswer::TopUp {
                         topup,
                         created,
-                        topped_up_usd,
+                        topped_up_usd: totals.topped_up_usd,
+                        charged_usd: totals.charged_usd,
                     }
                 }
                 Err(error) => BalanceAnswer::Conflict { error },

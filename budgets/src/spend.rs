@@ -271,9 +271,18 @@ impl Spend {
         })
     }
 
-    /// Raises the recorded top-ups to `topped_up_usd` (the ledger's sum); never lowers them.
+    /// Raises the recorded top-ups to `topped_up_usd` (the ledger's sum); never lowers them. An
+    /// entry without a balance yet (new, or lost) starts from `spent_if_new`, the ledger's
+    /// charges since the first top-up, so a lost entry is not credited its past spend.
     /// Returns whether the entry changed.
-    pub fn raise_topped_up(&mut self, topped_up_usd: Decimal) -> bool {
+    pub fn raise_topped_up(&mut self, topped_up_usd: Decimal, spent_if_new: Decimal) -> bool {
+        if self.prepaid.is_none() && topped_up_usd > Decimal::ZERO {
+            self.prepaid = Some(Prepaid {
+                topped_up_usd,
+                spent_usd: spent_if_new,
+            });
+            return true;
+        }
         let p = self.prepaid.get_or_insert_default();
         if topped_up_usd > p.topped_up_usd {
             p.topped_up_usd = topped_up_usd;
@@ -369,9 +378,9 @@ mod tests {
             s.exceeded_balance(Demand::default(), need),
             Some(Exceeded::Balance { .. })
         ));
-        assert!(s.raise_topped_up(d("0.01")));
+        assert!(s.raise_topped_up(d("0.01"), Decimal::ZERO));
         assert!(
-            !s.raise_topped_up(d("0.005")),
+            !s.raise_topped_up(d("0.005"), Decimal::ZERO),
             "a stale sum never lowers it"
         );
         assert_eq!(s.exceeded_balance(need, need), None);

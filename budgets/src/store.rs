@@ -341,18 +341,21 @@ impl BudgetStore {
 
     /// Raises the prepaid balance in entry `key` (`balance.<tenant>`) to `topped_up_usd`, the
     /// ledger's sum of the tenant's top-ups, by compare-and-set; a lower value changes nothing
-    /// (top-ups only add, so the highest sum read is the newest). Returns the entry after it.
+    /// (top-ups only add, so the highest sum read is the newest). An entry without a balance
+    /// starts with `spent_if_new` spent (the ledger's charges since the first top-up). Returns
+    /// the entry after it.
     pub async fn raise_balance(
         &self,
         key: &str,
         topped_up_usd: Decimal,
+        spent_if_new: Decimal,
     ) -> Result<Spend, Unavailable> {
         let kv = self.scopes()?.store();
         let started = Instant::now();
         for attempt in 0u32.. {
             let (revision, stored) = self.read(key).await?;
             let mut s = stored.at(now_ms());
-            if !s.raise_topped_up(topped_up_usd) {
+            if !s.raise_topped_up(topped_up_usd, spent_if_new) {
                 return Ok(s);
             }
             match write(kv, key, &s, revision).await {

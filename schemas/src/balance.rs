@@ -98,6 +98,9 @@ pub enum BalanceAnswer {
         created: bool,
         /// Sum of the tenant's top-ups, USD.
         topped_up_usd: Decimal,
+        /// Sum of the tenant's charges since its first top-up, USD (what a balance entry
+        /// created by this top-up starts from).
+        charged_usd: Decimal,
     },
     /// The answer to [`BalanceRequest::Show`].
     Show(LedgerBalance),

@@ -56,7 +56,7 @@ pub(super) async fn show(
         BalanceAnswer::Show(b) => b,
         other => return Err(unexpected(other)),
     };
-    let spend = raise(&app, &id, ledger.topped_up_usd).await?;
+    let spend = raise(&app, &id, ledger.topped_up_usd, ledger.charged_usd).await?;
     Ok(axum::Json(view(&app.config.get(), &id, &spend, Some(&ledger))).into_response())
 }
 
@@ -121,7 +121,8 @@ pub(super) async fn top_up(
             topup,
             created,
             topped_up_usd,
-        } => (topup, created, topped_up_usd),
+            charged_usd,
+        } => (topup, created, (topped_up_usd, charged_usd)),
         BalanceAnswer::Conflict { error } => {
             return Err(ApiError {
                 status: StatusCode::CONFLICT,
@@ -135,7 +136,7 @@ pub(super) async fn top_up(
         }
         other => return Err(unexpected(other)),
     };
-    let spend = raise(&app, &id, topped_up).await?;
+    let spend = raise(&app, &id, topped_up.0, topped_up.1).await?;
     tracing::info!(tenant = %id, topup = %topup.id, amount_usd = %topup.amount_usd, created,
         admin = %caller().id, "balance top-up");
     let body = json!({
@@ -194,11 +195,17 @@ fn limit(query: &str) -> Result<u32, ApiError> {
     Ok(out)
 }
 
-/// Raises the entry's top-ups to the ledger's sum (a no-op when it holds them already).
-async fn raise(app: &AppState, tenant: &str, topped_up: Decimal) -> Result<Spend, ApiError> {
+/// Raises the entry's top-ups to the ledger's sum (a no-op when it holds them already); an entry
+/// without a balance starts from the ledger's `charged` spend.
+async fn raise(
+    app: &AppState,
+    tenant: &str,
+    topped_up: Decimal,
+    charged: Decimal,
+) -> Result<Spend, ApiError> {
     app.budgets
         .store()
-        .raise_balance(&Scope::balance(tenant).kv_key(), topped_up)
+        .raise_balance(&Scope::balance(tenant).kv_key(), topped_up, charged)
         .await
         .map_err(|e| unavailable(format!("The budget store cannot be written: {}", e.0)))
 }
