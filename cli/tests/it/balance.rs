@@ -635,3 +635,28 @@ async fn a_low_balance_refuses_until_topped_up() {
     assert_eq!(v["tenant"], "acme");
     assert_eq!(v["topped_up_usd"], "1.5");
 }
+
+/// Without billing (the ledger's owner) a top-up is not recorded anywhere: 503, nothing credited.
+#[tokio::test]
+async fn a_top_up_without_billing_is_503_and_credits_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let gw = start(Options {
+        config: config(dir.path(), json!({"enabled": true}), 100, 100),
+        ..Options::default()
+    })
+    .await;
+    let (s, v) = top_up(&gw.base, ADMIN_KEY, "acme", json!({"amount_usd": 1}), None).await;
+    assert_eq!(s, 503, "{v}");
+    assert_eq!(v["error"]["code"], "admin_unavailable");
+    assert_eq!(
+        v["error"]["message"],
+        "No billing service is running to record balances."
+    );
+    let s = gw
+        .ingress
+        .budgets
+        .peek(&Scope::balance("acme"))
+        .await
+        .unwrap();
+    assert_eq!(s.prepaid, None);
+}
