@@ -2,7 +2,9 @@
 //! when the `SY_BUDGETS` bucket is empty): the settled spend of every key and tenant for the
 //! current windows — the UTC day and month (USD and tokens) and the clock minute (tokens) —
 //! summed from the ledger's `charge` rows, exactly as settlement adds them (a cache hit settles
-//! $0 and no tokens). Open reservations are not in the ledger; they start empty.
+//! $0 and no tokens). Open reservations are not in the ledger; they start empty. A tenant with
+//! top-ups gets its prepaid balance entry `balance.<tenant>`: the sum of its top-ups and of its
+//! charges since the first top-up ([`crate::balance`]).
 
 use crate::{BillingError, Ledger};
 use rust_decimal::Decimal;
@@ -10,7 +12,7 @@ use sqlx::Row;
 use std::collections::BTreeMap;
 use std::str::FromStr;
 use switchyard_budgets::BudgetStore;
-use switchyard_budgets::spend::{Spend, windows};
+use switchyard_budgets::spend::{Prepaid, Spend, windows};
 
 /// What a rebuild did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -78,6 +80,23 @@ pub async fn spend_from_ledger(
                 s.minute_tokens = s.minute_tokens.saturating_add(tokens);
             }
         }
+    }
+    // Prepaid balances: every tenant with top-ups, its top-ups minus its charges since the first.
+    for tenant in crate::balance::tenants(ledger).await? {
+        let b = crate::balance::ledger_balance(ledger, &tenant, 1).await?;
+        out.insert(
+            format!("balance.{tenant}"),
+            Spend {
+                day: day.clone(),
+                month: month.clone(),
+                minute,
+                prepaid: Some(Prepaid {
+                    topped_up_usd: b.topped_up_usd,
+                    spent_usd: b.charged_usd,
+                }),
+                ..Spend::default()
+            },
+        );
     }
     Ok(out)
 }

@@ -15,6 +15,7 @@
 //! served beside the consumer by [`run`]).
 
 pub mod audit;
+pub mod balance;
 pub mod budget_rebuild;
 mod error;
 pub mod ledger;

@@ -131,6 +131,17 @@ pub async fn run(
             tracing::error!(error = %e, "audit queries are not served");
         }
     });
+    let balance_served = crate::balance::serve_balance_queries(
+        nats.clone(),
+        subjects.clone(),
+        ledger.clone(),
+        stopped(audit_stopped.clone()),
+    );
+    let balance_queries = tokio::spawn(async move {
+        if let Err(e) = balance_served.await {
+            tracing::error!(error = %e, "balance requests are not served");
+        }
+    });
     let retention = tokio::spawn(crate::audit::run_retention(
         ledger.clone(),
         stopped(audit_stopped),
@@ -144,6 +155,7 @@ pub async fn run(
     for (task, what) in [
         (queries, "usage query"),
         (audit_queries, "audit query"),
+        (balance_queries, "balance request"),
         (retention, "audit retention"),
     ] {
         if let Err(e) = task.await {

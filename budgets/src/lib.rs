@@ -10,5 +10,5 @@ pub mod spend;
 pub mod store;
 
 pub use rate::{RATES_BUCKET, RateError, RateStore, Refusal, Window};
-pub use spend::{Demand, Exceeded, Held, Spend};
-pub use store::{BUDGETS_BUCKET, BudgetStore, ReserveError, Unavailable};
+pub use spend::{Demand, Exceeded, Held, Prepaid, Spend};
+pub use store::{BUDGETS_BUCKET, BudgetStore, Limit, ReserveError, Unavailable};

@@ -88,6 +88,28 @@ pub struct Spend {
     /// Request ids of the last [`LATE_IDS_KEPT`] late settlements (oldest first).
     #[serde(default, skip_serializing_if = "VecDeque::is_empty")]
     pub late_ids: VecDeque<String>,
+    /// A prepaid balance's totals (entries `balance.<tenant>` only): they never reset with a
+    /// window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prepaid: Option<Prepaid>,
+}
+
+/// The totals of a prepaid balance: what is left is `topped_up_usd - spent_usd` minus the open
+/// reservations.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Prepaid {
+    /// Sum of the top-ups recorded in the ledger, USD. Only ever raised (to the ledger's sum),
+    /// so two writers racing with the sums they read cannot lower it.
+    pub topped_up_usd: Decimal,
+    /// Settled charges drawn from the balance, USD.
+    pub spent_usd: Decimal,
+}
+
+impl Prepaid {
+    /// Top-ups minus settled charges, USD (negative when a charge overran its reservation).
+    pub fn balance(&self) -> Decimal {
+        self.topped_up_usd - self.spent_usd
+    }
 }
 
 /// `(YYYY-MM-DD, YYYY-MM, minute since epoch)` of `ms`.
@@ -113,6 +135,15 @@ pub enum Exceeded {
         limit: Decimal,
         /// Settled plus reserved, USD.
         used: Decimal,
+        /// This request's reservation, USD.
+        need: Decimal,
+    },
+    /// A prepaid balance.
+    Balance {
+        /// Top-ups minus settled charges, USD.
+        balance: Decimal,
+        /// Open reservations, USD.
+        reserved: Decimal,
         /// This request's reservation, USD.
         need: Decimal,
     },
@@ -181,8 +212,11 @@ impl Spend {
         }
     }
 
-    /// Adds consumption to the current windows.
+    /// Adds consumption to the current windows (and to a prepaid balance's spend).
     pub fn add(&mut self, actual: Demand) {
+        if let Some(p) = &mut self.prepaid {
+            p.spent_usd += actual.usd;
+        }
         self.day_usd += actual.usd;
         self.month_usd += actual.usd;
         self.day_tokens += actual.tokens;
@@ -224,6 +258,37 @@ impl Spend {
             .or_else(|| usd(budget.monthly_usd, self.month_usd, "monthly"))
             .or_else(|| tokens(budget.tokens_per_minute, self.minute_tokens, "per-minute"))
             .or_else(|| tokens(budget.tokens_per_day, self.day_tokens, "daily"))
+    }
+
+    /// Whether `demand` does not fit in the prepaid balance with `held` reserved: the check is
+    /// `spent + held + demand ≤ topped_up` (no balance recorded yet: nothing fits).
+    pub fn exceeded_balance(&self, held: Demand, demand: Demand) -> Option<Exceeded> {
+        let p = self.prepaid.unwrap_or_default();
+        (p.spent_usd + held.usd + demand.usd > p.topped_up_usd).then_some(Exceeded::Balance {
+            balance: p.balance(),
+            reserved: held.usd,
+            need: demand.usd,
+        })
+    }
+
+    /// Raises the recorded top-ups to `topped_up_usd` (the ledger's sum); never lowers them. An
+    /// entry without a balance yet (new, or lost) starts from `spent_if_new`, the ledger's
+    /// charges since the first top-up, so a lost entry is not credited its past spend.
+    /// Returns whether the entry changed.
+    pub fn raise_topped_up(&mut self, topped_up_usd: Decimal, spent_if_new: Decimal) -> bool {
+        if self.prepaid.is_none() && topped_up_usd > Decimal::ZERO {
+            self.prepaid = Some(Prepaid {
+                topped_up_usd,
+                spent_usd: spent_if_new,
+            });
+            return true;
+        }
+        let p = self.prepaid.get_or_insert_default();
+        if topped_up_usd > p.topped_up_usd {
+            p.topped_up_usd = topped_up_usd;
+            return true;
+        }
+        false
     }
 
     /// Remembers a late settlement; false if `request_id` was already applied.
@@ -300,6 +365,41 @@ mod tests {
         assert_eq!(next.day_usd, Decimal::ZERO);
         assert_eq!(next.day_tokens, 0);
         assert_eq!(next.month_usd, d("2.5"));
+    }
+
+    #[test]
+    fn a_balance_admits_what_it_covers_and_only_rises() {
+        let mut s = Spend::default();
+        let need = Demand {
+            usd: d("0.004"),
+            tokens: 10,
+        };
+        assert!(matches!(
+            s.exceeded_balance(Demand::default(), need),
+            Some(Exceeded::Balance { .. })
+        ));
+        assert!(s.raise_topped_up(d("0.01"), Decimal::ZERO));
+        assert!(
+            !s.raise_topped_up(d("0.005"), Decimal::ZERO),
+            "a stale sum never lowers it"
+        );
+        assert_eq!(s.exceeded_balance(need, need), None);
+        assert_eq!(
+            s.exceeded_balance(need.plus(need), need),
+            Some(Exceeded::Balance {
+                balance: d("0.01"),
+                reserved: d("0.008"),
+                need: d("0.004"),
+            })
+        );
+        s.add(need);
+        assert_eq!(s.prepaid.unwrap().balance(), d("0.006"));
+        let json = serde_json::to_string(&s.clone().at(0)).unwrap();
+        let back: Spend = serde_json::from_str(&json).unwrap();
+        assert_eq!(
+            back.prepaid, s.prepaid,
+            "a window roll-over keeps the balance"
+        );
     }
 
     #[test]

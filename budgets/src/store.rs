@@ -18,6 +18,7 @@
 
 use crate::spend::{Demand, Exceeded, Spend};
 use async_nats::jetstream::{self, kv};
+use rust_decimal::Decimal;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use switchyard_kv::combine::{Batch, Combiner, Combiners, Plan};
@@ -56,9 +57,19 @@ pub enum ReserveError {
     Unavailable(#[from] Unavailable),
 }
 
+/// What a reservation must fit in.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Limit {
+    /// A key's or tenant's calendar budget and token quotas.
+    Budget(Budget),
+    /// A tenant's prepaid balance, whose top-ups are in the entry itself
+    /// ([`crate::spend::Prepaid`]).
+    Balance,
+}
+
 enum OpKind {
     Reserve {
-        budget: Budget,
+        limit: Limit,
         demand: Demand,
         until_ms: u64,
     },
@@ -110,10 +121,13 @@ impl Batch for Scope {
                     Ok(())
                 }
                 OpKind::Reserve {
-                    budget,
+                    limit,
                     demand,
                     until_ms,
-                } => match s.exceeded(budget, others.plus(mine), *demand) {
+                } => match match limit {
+                    Limit::Budget(budget) => s.exceeded(budget, others.plus(mine), *demand),
+                    Limit::Balance => s.exceeded_balance(others.plus(mine), *demand),
+                } {
                     Some(e) => Err(ReserveError::Exceeded(e)),
                     None => {
                         mine = mine.plus(*demand);
@@ -302,15 +316,58 @@ impl BudgetStore {
         demand: Demand,
         until_ms: u64,
     ) -> Result<(), ReserveError> {
+        self.reserve_within(key, Limit::Budget(budget.clone()), demand, until_ms)
+            .await
+    }
+
+    /// Reserves `demand` in scope `key` within `limit` until `until_ms` (ms since the epoch).
+    pub async fn reserve_within(
+        &self,
+        key: &str,
+        limit: Limit,
+        demand: Demand,
+        until_ms: u64,
+    ) -> Result<(), ReserveError> {
         self.submit(
             key,
             OpKind::Reserve {
-                budget: budget.clone(),
+                limit,
                 demand,
                 until_ms,
             },
         )
         .await
+    }
+
+    /// Raises the prepaid balance in entry `key` (`balance.<tenant>`) to `topped_up_usd`, the
+    /// ledger's sum of the tenant's top-ups, by compare-and-set; a lower value changes nothing
+    /// (top-ups only add, so the highest sum read is the newest). An entry without a balance
+    /// starts with `spent_if_new` spent (the ledger's charges since the first top-up). Returns
+    /// the entry after it.
+    pub async fn raise_balance(
+        &self,
+        key: &str,
+        topped_up_usd: Decimal,
+        spent_if_new: Decimal,
+    ) -> Result<Spend, Unavailable> {
+        let kv = self.scopes()?.store();
+        let started = Instant::now();
+        for attempt in 0u32.. {
+            let (revision, stored) = self.read(key).await?;
+            let mut s = stored.at(now_ms());
+            if !s.raise_topped_up(topped_up_usd, spent_if_new) {
+                return Ok(s);
+            }
+            match write(kv, key, &s, revision).await {
+                Ok(_) => return Ok(s),
+                Err(WriteError::Conflict) if started.elapsed() < MAX_CONTENTION => {
+                    backoff(attempt).await;
+                }
+                Err(WriteError::Conflict) => break,
+                Err(WriteError::Failed(e)) => return Err(Unavailable::from(&e)),
+            }
+        }
+        Err(Unavailable("too much contention".into()))
     }
 
     /// Releases a reservation of `reserved` in scope `key` and adds `actual` to its spend.

@@ -4,6 +4,7 @@
 use switchyard::nats::NatsArgs;
 use switchyard::nats_auth::{Credentials, Identity};
 use switchyard::{config, reload};
+mod balance_cmd;
 mod batch_cmd;
 mod bench;
 mod bench_billing;
@@ -169,6 +170,12 @@ enum Command {
     Key {
         #[command(subcommand)]
         action: key_cmd::KeyAction,
+    },
+    /// A tenant's prepaid balance through a running gateway's admin API (`--admin-key` /
+    /// `SWITCHYARD_ADMIN_KEY`): `topup --tenant T --amount-usd 25 [--id INV]`, `show --tenant T`.
+    Balance {
+        #[command(subcommand)]
+        action: balance_cmd::BalanceAction,
     },
     /// The audit log through a running gateway's admin API (`--admin-key` /
     /// `SWITCHYARD_ADMIN_KEY`): `tail [-n N] [-f]` and `export [--out FILE]`, with the filters
@@ -539,6 +546,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Pricing(args) => pricing_cmd::run(args).map_err(msg),
         Command::Key { action } => key_cmd::run(action).await.map_err(msg),
         Command::Requests { action } => requests_cmd::run(action).await.map_err(msg),
+        Command::Balance { action } => balance_cmd::run(action).await.map_err(msg),
         Command::Secret { action } => secret_cmd::run(action).await.map_err(msg),
         Command::Bench(args) => bench::run(args).await.map_err(msg),
         Command::Batch(args) => batch_cmd::run(args).await.map_err(msg),

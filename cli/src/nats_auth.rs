@@ -292,6 +292,7 @@ pub fn users(creds: &Credentials, prefix: &str) -> Vec<User> {
                         p("cache.store"),
                         p("billing.usage"),
                         p("billing.audit"),
+                        p("billing.balance"),
                         p("usage.>"),
                         p("batch.>"),
                     ]);
@@ -342,6 +343,7 @@ pub fn users(creds: &Credentials, prefix: &str) -> Vec<User> {
                     publish.push(p("usage.>"));
                     subscribe.push(p("billing.usage"));
                     subscribe.push(p("billing.audit"));
+                    subscribe.push(p("billing.balance"));
                     publish.extend(stream_owner(USAGE_STREAM));
                     // The legacy stream of earlier versions: moved off the usage subjects,
                     // copied and deleted, never created.

@@ -23,6 +23,12 @@
 //! ([`switchyard_budgets::BudgetStore::settle_late`]). The billing ledger stays the record of
 //! truth; these entries are admission state.
 //!
+//! # Prepaid balances
+//! A tenant with `balance: {enabled: true}` also has the scope `balance.<tenant>`, whose limit is
+//! the sum of its top-ups kept in the entry itself ([`switchyard_budgets::Prepaid`]), and whose
+//! settled spend never resets: reserved and settled through the same group commit, so it is as
+//! exact across replicas as the budgets.
+//!
 //! Fail-closed: when the KV store cannot be reached or an entry is unreadable, a caller with
 //! budgets gets 503 rather than unmetered spend.
 
@@ -31,11 +37,11 @@ use crate::charge::Caller;
 use crate::error::ApiError;
 use axum::http::StatusCode;
 use rust_decimal::Decimal;
-use switchyard_budgets::{BudgetStore, ReserveError};
+use switchyard_budgets::{BudgetStore, Limit, ReserveError};
 use switchyard_schemas::config::{GatewayConfig, ModelConfig};
 use switchyard_schemas::now_ms;
 use switchyard_schemas::pricing::{Catalog, Cost, UnpricedPolicy};
-use switchyard_schemas::tenancy::Budget;
+use switchyard_schemas::tenancy::{Budget, OnLowBalance};
 use switchyard_schemas::usage::Usage;
 
 pub use switchyard_budgets::{BUDGETS_BUCKET, Demand, Exceeded, Spend};
@@ -52,7 +58,31 @@ pub struct Scope {
 }
 
 impl Scope {
-    /// The scope's KV key, `key.<id>` or `tenant.<id>`.
+    /// The prepaid balance of tenant `tenant` (limit: its top-ups, kept in the entry).
+    pub fn balance(tenant: &str) -> Self {
+        Self {
+            kind: "balance",
+            id: tenant.to_owned(),
+            budget: Budget::default(),
+        }
+    }
+
+    /// What a reservation in this scope must fit in.
+    fn limit(&self) -> Limit {
+        match self.kind {
+            "balance" => Limit::Balance,
+            _ => Limit::Budget(self.budget.clone()),
+        }
+    }
+
+    /// Whether the scope limits USD spend (an unpriced model cannot be counted against it).
+    fn limits_usd(&self) -> bool {
+        self.kind == "balance"
+            || self.budget.daily_usd.is_some()
+            || self.budget.monthly_usd.is_some()
+    }
+
+    /// The scope's KV key, `key.<id>`, `tenant.<id>` or `balance.<tenant>`.
     pub fn kv_key(&self) -> String {
         format!("{}.{}", self.kind, self.id)
     }
@@ -73,6 +103,23 @@ impl Scope {
                     used.round_dp(6).normalize(),
                     limit.normalize(),
                     need.round_dp(6).normalize()
+                ),
+                None,
+            ),
+            Exceeded::Balance {
+                balance,
+                reserved,
+                need,
+            } => (
+                format!(
+                    "The prepaid balance of tenant `{}` is insufficient: ${} left, ${} of it \
+                     reserved by requests in flight, this request needs up to ${}. Top it up \
+                     (POST /admin/tenants/{}/balance/topups).",
+                    self.id,
+                    balance.round_dp(6).normalize(),
+                    reserved.round_dp(6).normalize(),
+                    need.round_dp(6).normalize(),
+                    self.id
                 ),
                 None,
             ),
@@ -129,6 +176,14 @@ pub fn scopes(config: &GatewayConfig, caller: &Caller) -> Vec<Scope> {
             budget: t.budget.clone(),
         });
     }
+    if let Some(t) = caller
+        .tenant
+        .as_deref()
+        .and_then(|id| config.tenants.iter().find(|t| t.id == id))
+        && t.prepaid().is_some()
+    {
+        out.push(Scope::balance(&t.id));
+    }
     out
 }
 
@@ -168,9 +223,7 @@ pub fn check_priced(
     scopes: &[Scope],
 ) -> Result<(), ApiError> {
     let policy = config.unpriced.as_ref();
-    let usd_budget = scopes
-        .iter()
-        .any(|s| s.budget.daily_usd.is_some() || s.budget.monthly_usd.is_some());
+    let usd_budget = scopes.iter().any(Scope::limits_usd);
     let refuse = match policy {
         Some(UnpricedPolicy::Reject) => true,
         None => usd_budget,
@@ -278,7 +331,7 @@ impl Budgets {
         for (i, scope) in scopes.iter().enumerate() {
             let result = self
                 .store
-                .reserve(&scope.kv_key(), &scope.budget, demand, until_ms)
+                .reserve_within(&scope.kv_key(), scope.limit(), demand, until_ms)
                 .await;
             if let Err(e) = result {
                 for done in &scopes[..i] {
@@ -341,16 +394,24 @@ fn unavailable() -> ApiError {
 
 /// Cost-priority routing: the model to serve for a caller with `scopes`. When `model` names a
 /// `cheaper` alternative and some scope has spent or reserved at least its `downgrade_at` share of
-/// its daily budget, the cheaper model (and the id it replaces); otherwise `model` itself.
+/// its daily budget, or a prepaid balance is below its `low_balance_usd` with `on_low:
+/// downgrade`, the cheaper model (and the id it replaces); otherwise `model` itself. A balance
+/// below its threshold with `on_low: refuse` is a 429 `insufficient_quota`.
 pub async fn choose_model<'a>(
     app: &AppState,
     config: &'a GatewayConfig,
     model: &'a ModelConfig,
     scopes: &[Scope],
 ) -> Result<(&'a ModelConfig, Option<String>), ApiError> {
+    let low = low_balance(app, config, scopes).await?;
     let Some(cheaper) = model.cheaper.as_deref().and_then(|c| config.model(c)) else {
         return Ok((model, None));
     };
+    if low {
+        tracing::info!(from = %model.id, to = %cheaper.id,
+            "prepaid balance below low_balance_usd: serving the cheaper model");
+        return Ok((cheaper, Some(model.id.clone())));
+    }
     for scope in scopes {
         let Some(at) = scope.budget.downgrade_at else {
             continue;
@@ -363,6 +424,54 @@ pub async fn choose_model<'a>(
         }
     }
     Ok((model, None))
+}
+
+/// Whether a prepaid balance among `scopes` is below its `low_balance_usd` (what is left after
+/// the open reservations) with `on_low: downgrade`; with `on_low: refuse` that is the 429.
+async fn low_balance(
+    app: &AppState,
+    config: &GatewayConfig,
+    scopes: &[Scope],
+) -> Result<bool, ApiError> {
+    for scope in scopes.iter().filter(|s| s.kind == "balance") {
+        let Some((threshold, on_low)) = config
+            .tenants
+            .iter()
+            .find(|t| t.id == scope.id)
+            .and_then(|t| t.prepaid())
+            .and_then(|b| b.low_balance_usd.map(|l| (l, b.on_low)))
+        else {
+            continue;
+        };
+        let spend = app.budgets.peek(scope).await?;
+        let left = spend.prepaid.unwrap_or_default().balance() - spend.held_total().usd;
+        if left >= threshold {
+            continue;
+        }
+        match on_low {
+            OnLowBalance::Downgrade => return Ok(true),
+            OnLowBalance::Refuse => {
+                return Err(ApiError {
+                    status: StatusCode::TOO_MANY_REQUESTS,
+                    message: format!(
+                        "The prepaid balance of tenant `{}` is below its low-balance threshold: \
+                         ${} left after requests in flight, threshold ${}. Top it up \
+                         (POST /admin/tenants/{}/balance/topups).",
+                        scope.id,
+                        left.round_dp(6).normalize(),
+                        threshold.normalize(),
+                        scope.id
+                    ),
+                    kind: "insufficient_quota",
+                    param: None,
+                    code: Some("insufficient_quota"),
+                    retry_after_s: None,
+                    request_id: None,
+                });
+            }
+        }
+    }
+    Ok(false)
 }
 
 /// Reserves `prompt_tokens` input and `output_tokens` output on `model` for `scopes` (none:
@@ -423,6 +532,23 @@ mod tests {
             e.message,
             "The daily budget of key `team-a` would be exceeded: $0.0088 of $0.01 spent or reserved, \
              this request needs up to $0.0044."
+        );
+    }
+
+    #[test]
+    fn the_balance_message_names_the_tenant_balance() {
+        let e = Scope::balance("acme").over(Exceeded::Balance {
+            balance: d("0.0100"),
+            reserved: d("0.0088"),
+            need: d("0.0044"),
+        });
+        assert_eq!(e.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(e.body()["error"]["code"], "insufficient_quota");
+        assert_eq!(
+            e.message,
+            "The prepaid balance of tenant `acme` is insufficient: $0.01 left, $0.0088 of it \
+             reserved by requests in flight, this request needs up to $0.0044. Top it up \
+             (POST /admin/tenants/acme/balance/topups)."
         );
     }
 }

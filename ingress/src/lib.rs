@@ -426,6 +426,8 @@ mod openapi_tests {
             "/admin/keys/{id}/rotate",
             "/admin/tenants",
             "/admin/tenants/{id}",
+            "/admin/tenants/{id}/balance",
+            "/admin/tenants/{id}/balance/topups",
             "/admin/config",
             "/admin/config/validate",
             "/admin/health",

@@ -10,6 +10,7 @@
 //! Wire encoding is JSON (serde_json) for every payload.
 
 pub mod audit;
+pub mod balance;
 pub mod cache;
 pub mod config;
 pub mod config_text;

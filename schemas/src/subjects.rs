@@ -113,6 +113,12 @@ impl Subjects {
         format!("{}.billing.audit", self.prefix)
     }
 
+    /// `<prefix>.billing.balance`: prepaid tenant balances, request/reply (queue group `billing`);
+    /// JSON [`crate::balance::BalanceRequest`] in, [`crate::balance::BalanceAnswer`] back.
+    pub fn balance(&self) -> String {
+        format!("{}.billing.balance", self.prefix)
+    }
+
     /// `<prefix>.health.<target>`: circuit breaker / cooldown state changes, JSON
     /// [`crate::health::HealthEvent`].
     pub fn health(&self, target: &str) -> String {

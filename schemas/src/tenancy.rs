@@ -124,6 +124,52 @@ pub struct TenantConfig {
     /// Request-rate limits shared by all the tenant's keys.
     #[serde(default, skip_serializing_if = "RateLimits::is_none")]
     pub limits: RateLimits,
+    /// A prepaid balance (credits) the tenant's requests draw from, beside the calendar budgets
+    /// (docs/budgets.md, "Prepaid balances").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub balance: Option<BalanceConfig>,
+}
+
+impl TenantConfig {
+    /// The tenant's balance settings when its balance is enabled.
+    pub fn prepaid(&self) -> Option<&BalanceConfig> {
+        self.balance.as_ref().filter(|b| b.enabled)
+    }
+}
+
+/// `tenants[].balance`: a prepaid balance topped up through the admin API
+/// (`POST /admin/tenants/{id}/balance/topups`). With `enabled`, a request is admitted only when
+/// its reservation fits in what is left (top-ups minus settled charges minus open reservations);
+/// otherwise 429 `insufficient_quota` naming the tenant's balance.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BalanceConfig {
+    /// Whether requests draw from the balance (default true once the section is present).
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// The low-balance threshold, USD: when what is left (after open reservations) falls below
+    /// it, `on_low` applies. Absent: no threshold.
+    #[serde(
+        default,
+        deserialize_with = "opt_usd",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub low_balance_usd: Option<Decimal>,
+    /// What a low balance does (default `downgrade`).
+    #[serde(default)]
+    pub on_low: OnLowBalance,
+}
+
+/// What happens below `low_balance_usd`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnLowBalance {
+    /// Models that name a `cheaper:` alternative are served by it
+    /// (`x-switchyard-downgraded-from`); others as asked.
+    #[default]
+    Downgrade,
+    /// Every request is refused with 429 `insufficient_quota` until the balance is topped up.
+    Refuse,
 }
 
 /// Request-rate limits of a key or tenant (`limits:` of a `keys:` / `tenants:` entry), enforced

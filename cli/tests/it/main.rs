@@ -7,6 +7,7 @@ mod admin_secrets;
 mod agents_compat;
 mod anthropic_front_door;
 mod audit;
+mod balance;
 mod batch;
 mod batch_scale;
 mod billing_faults;

@@ -403,7 +403,7 @@ pub(super) async fn delete(
 }
 
 /// Tenant id → (key count, budget) over the config's tenants and keys.
-fn tenant_map(app: &AppState, who: &AdminCaller) -> BTreeMap<String, (usize, Budget)> {
+pub(super) fn tenant_map(app: &AppState, who: &AdminCaller) -> BTreeMap<String, (usize, Budget)> {
     let config = app.config.get();
     let mut out: BTreeMap<String, (usize, Budget)> = BTreeMap::new();
     for t in &config.tenants {

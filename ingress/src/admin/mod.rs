@@ -14,6 +14,7 @@
 //! admin key, 403 out of a tenant key's scope, 404 unknown id, 400 naming the field, 409 an id
 //! that exists, 503 when the bucket cannot be written.
 
+mod balance;
 mod keys;
 mod ops;
 mod requests;
@@ -118,6 +119,8 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
         .route("/admin/keys/{id}/rotate", post(keys::rotate))
         .route("/admin/tenants", get(keys::tenants))
         .route("/admin/tenants/{id}", get(keys::tenant))
+        .route("/admin/tenants/{id}/balance", get(balance::show))
+        .route("/admin/tenants/{id}/balance/topups", post(balance::top_up))
         .route(
             "/admin/config",
             get(ops::config_show).put(ops::config_apply),
