@@ -4,7 +4,6 @@
 //! `<prefix>.billing.balance` ([`serve_balance_queries`]) and read by the budget rebuild.
 
 use crate::{BillingError, Ledger};
-use futures::StreamExt;
 use rust_decimal::Decimal;
 use sqlx::Row;
 use std::future::Future;
@@ -199,48 +198,41 @@ async fn answer(ledger: &Ledger, req: BalanceRequest) -> Result<BalanceAnswer, B
     })
 }
 
-/// Subscribes `<prefix>.billing.balance` in queue group [`crate::query::QUERY_QUEUE_GROUP`] and
-/// answers each JSON [`BalanceRequest`] with a JSON [`BalanceAnswer`] until `shutdown`
-/// completes, one at a time. Fails only when subscribing fails.
+/// Serves `<prefix>.billing.balance` ([`crate::serve`]: queue group
+/// [`crate::query::QUERY_QUEUE_GROUP`], a few requests at once; a top-up is idempotent by its id
+/// in the ledger, so concurrent repeats store one row), answering each JSON [`BalanceRequest`]
+/// with a JSON [`BalanceAnswer`] until `shutdown` completes. Fails only when subscribing fails.
 pub async fn serve_balance_queries(
     nats: async_nats::Client,
     subjects: Subjects,
     ledger: Ledger,
     shutdown: impl Future,
 ) -> Result<(), BillingError> {
-    let subject = subjects.balance();
-    let mut sub = nats
-        .queue_subscribe(subject.clone(), crate::query::QUERY_QUEUE_GROUP.to_owned())
-        .await?;
-    tracing::info!(%subject, "balance requests served");
-    let mut shutdown = std::pin::pin!(shutdown);
-    loop {
-        let message = tokio::select! {
-            biased;
-            _ = shutdown.as_mut() => break,
-            m = sub.next() => m,
-        };
-        let Some(message) = message else { break };
-        let Some(reply) = message.reply.clone() else {
-            continue;
-        };
-        let answer = match serde_json::from_slice::<BalanceRequest>(&message.payload) {
-            Ok(req) => answer(&ledger, req)
-                .await
-                .unwrap_or_else(|e| BalanceAnswer::Err {
-                    error: e.to_string(),
-                }),
-            Err(e) => BalanceAnswer::Err {
-                error: format!("bad balance request: {e}"),
-            },
-        };
-        let body = serde_json::to_vec(&answer).unwrap_or_default();
-        if let Err(e) = nats.publish(reply, body.into()).await {
-            tracing::warn!(error = %e, "publishing a balance answer failed");
-        }
-    }
-    if let Err(e) = sub.unsubscribe().await {
-        tracing::debug!(error = %e, "unsubscribing balance requests failed");
-    }
-    Ok(())
+    crate::serve::serve(
+        nats,
+        subjects.balance(),
+        "balance",
+        shutdown,
+        move |payload, _| {
+            let ledger = ledger.clone();
+            async move {
+                let answer = match serde_json::from_slice::<BalanceRequest>(&payload) {
+                    Ok(req) => answer(&ledger, req)
+                        .await
+                        .unwrap_or_else(|e| BalanceAnswer::Err {
+                            error: e.to_string(),
+                        }),
+                    Err(e) => BalanceAnswer::Err {
+                        error: format!("bad balance request: {e}"),
+                    },
+                };
+                serde_json::to_vec(&answer).unwrap_or_else(|e| {
+                    tracing::error!(error = %e, "encoding a balance answer failed");
+                    b"{\"result\":\"err\",\"error\":\"encoding the balance answer failed\"}"
+                        .to_vec()
+                })
+            }
+        },
+    )
+    .await
 }
