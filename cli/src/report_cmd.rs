@@ -60,7 +60,7 @@ enum DailyFormat {
 enum ImportFormat {
     /// Aligned text for terminals.
     Table,
-    /// The whole comparison; USD as exact decimal strings.
+    /// The whole comparison; USD as decimal strings with 12 decimals.
     Json,
 }
 

@@ -33,8 +33,9 @@ standard:
   bedrock-t: {input: 3, cache_write: 3.75, cached_input: 0.30, output: 15}
 "#;
 
-/// One target per provider family on the built-in mock; each model id names its target.
-async fn gateway(dir: &std::path::Path) -> Gateway {
+/// One target per provider family on the built-in mock; each model id names its target. The
+/// ledger is SQLite in the temp dir, or `billing_url`.
+async fn gateway(dir: &std::path::Path, billing_url: Option<String>) -> Gateway {
     let path = dir.join("catalog.yaml");
     std::fs::write(&path, CATALOG).unwrap();
     let aws = json!({"region": "us-east-1", "access_key_id": "AKIDEXAMPLE",
@@ -67,9 +68,52 @@ async fn gateway(dir: &std::path::Path) -> Gateway {
             "timeouts": {"first_frame_ms": 5000, "worker_silence_ms": 5000, "heartbeat_ms": 200}
         })),
         billing: true,
+        billing_url,
         ..Options::default()
     })
     .await
+}
+
+#[tokio::test]
+async fn disconnect_after_start_usage_is_billed_from_the_report_sqlite() {
+    disconnect_after_start_usage(None).await;
+}
+
+#[tokio::test]
+async fn disconnect_after_start_usage_is_billed_from_the_report_postgres() {
+    let Some(schema) = pg_schema().await else {
+        return;
+    };
+    disconnect_after_start_usage(Some(schema.url().to_owned())).await;
+    schema.drop_schema().await.unwrap();
+}
+
+#[tokio::test]
+async fn usage_only_after_the_stop_is_billed_from_it_sqlite() {
+    usage_after_the_stop(None).await;
+}
+
+#[tokio::test]
+async fn usage_only_after_the_stop_is_billed_from_it_postgres() {
+    let Some(schema) = pg_schema().await else {
+        return;
+    };
+    usage_after_the_stop(Some(schema.url().to_owned())).await;
+    schema.drop_schema().await.unwrap();
+}
+
+#[tokio::test]
+async fn safety_blocks_end_as_content_filter_on_both_doors_sqlite() {
+    safety_blocks(None).await;
+}
+
+#[tokio::test]
+async fn safety_blocks_end_as_content_filter_on_both_doors_postgres() {
+    let Some(schema) = pg_schema().await else {
+        return;
+    };
+    safety_blocks(Some(schema.url().to_owned())).await;
+    schema.drop_schema().await.unwrap();
 }
 
 fn request_id(h: &reqwest::header::HeaderMap) -> uuid::Uuid {
@@ -101,10 +145,9 @@ fn usage(prompt: u64, cached: u64, completion: u64, reasoning: u64) -> Usage {
 /// reads them and leaves. Both rows: the reported input counts, 30 output tokens for the 120
 /// bytes delivered (the only estimate), `cancelled`; the daily report counts a cancellation and
 /// no upstream error.
-#[tokio::test]
-async fn disconnect_after_start_usage_is_billed_from_the_report() {
+async fn disconnect_after_start_usage(billing_url: Option<String>) {
     let dir = tempfile::tempdir().unwrap();
-    let gw = gateway(dir.path()).await;
+    let gw = gateway(dir.path(), billing_url).await;
     let body = chat(
         "claude-t",
         "#mock fixture=fc_anthropic_start_usage_then_hold hold=1",
@@ -158,10 +201,9 @@ async fn disconnect_after_start_usage_is_billed_from_the_report() {
 
 /// Field case (b): usage only in a trailing event after the stop, per provider family, through
 /// the streaming OpenAI door; each row is billed from it exactly (nothing estimated).
-#[tokio::test]
-async fn usage_only_after_the_stop_is_billed_from_it() {
+async fn usage_after_the_stop(billing_url: Option<String>) {
     let dir = tempfile::tempdir().unwrap();
-    let gw = gateway(dir.path()).await;
+    let gw = gateway(dir.path(), billing_url).await;
     let bedrock_usage = r#"{"inputTokens":100,"outputTokens":40,"cacheReadInputTokens":500,"cacheWriteInputTokens":0,"totalTokens":640}"#;
     let cases = [
         // `choices: []` usage chunk after the `finish_reason` chunk, then `[DONE]`:
@@ -225,10 +267,9 @@ fn urlencoding(s: &str) -> String {
 /// Field case (c): every provider family's safety-block reason ends the answer as
 /// `content_filter` (OpenAI door, streamed and not) and `refusal` (Anthropic door), and both
 /// ledger rows carry `finish_reason` `content_filter`; an ordinary answer stays `stop`.
-#[tokio::test]
-async fn safety_blocks_end_as_content_filter_on_both_doors() {
+async fn safety_blocks(billing_url: Option<String>) {
     let dir = tempfile::tempdir().unwrap();
-    let gw = gateway(dir.path()).await;
+    let gw = gateway(dir.path(), billing_url).await;
     let ledger = gw.ledger.as_ref().unwrap();
     let cases = [
         ("gpt-t", "content_filter"),
