@@ -539,7 +539,12 @@ async fn origins_and_the_no_tenant_label() {
             .any(|l| l.starts_with("(none)") && l.contains("0.003500")),
         "{table}"
     );
-    assert!(r.to_html().contains("(none)"));
+    let html = r.to_html();
+    assert!(html.contains("(none)"));
+    assert!(
+        html.contains("<div class=\"card\">Tokens charged<b>2200</b></div>"),
+        "{html}"
+    );
     let json: serde_json::Value = serde_json::from_str(&r.to_json().unwrap()).unwrap();
     let none_group = json["groups"]
         .as_array()
