@@ -17,7 +17,7 @@ use sqlx::{AnyPool, Row};
 use std::collections::HashSet;
 use std::time::Duration;
 use switchyard_schemas::usage::{ServiceTier, Usage, UsageEvent, UsageStatus};
-use switchyard_schemas::{ErrorClass, UsageKind};
+use switchyard_schemas::{ErrorClass, FinishReason, UsageKind};
 use uuid::Uuid;
 
 pub use crate::ledger_url::ScratchSchema;
@@ -90,6 +90,8 @@ pub(crate) struct UsageRow {
     pub(crate) audio_input_tokens: i64,
     pub(crate) audio_output_tokens: i64,
     pub(crate) service_tier: Option<&'static str>,
+    /// `finish_reason` column: OpenAI vocabulary, `None` without an end.
+    pub(crate) finish_reason: Option<&'static str>,
     pub(crate) estimated: bool,
     pub(crate) status: &'static str,
     pub(crate) error_class: Option<&'static str>,
@@ -172,6 +174,7 @@ impl UsageRow {
             audio_input_tokens: int("audio_input_tokens", usage.audio_input_tokens)?,
             audio_output_tokens: int("audio_output_tokens", usage.audio_output_tokens)?,
             service_tier: usage.service_tier.map(ServiceTier::as_str),
+            finish_reason: event.finish_reason.map(FinishReason::as_str),
             estimated: event.estimated,
             status: status_str(event.status),
             error_class: event.error_class.map(ErrorClass::as_str),
@@ -227,9 +230,9 @@ const INSERT_HEAD: &str = "INSERT INTO usage_events (request_id, kind, attempt, 
      key_id, model, target, upstream_model, prompt_tokens, cached_tokens, cache_write_tokens, \
      completion_tokens, reasoning_tokens, estimated, status, error_class, ttft_ms, latency_ms, \
      fallbacks, cache_hit, batch_id, raw, ingested_at_ms, cost_usd, cache_write_1h_tokens, \
-     audio_input_tokens, audio_output_tokens, service_tier, unpriced) VALUES ";
+     audio_input_tokens, audio_output_tokens, service_tier, unpriced, finish_reason) VALUES ";
 /// Values bound per `usage_events` row.
-const EVENT_COLUMNS: usize = 30;
+const EVENT_COLUMNS: usize = 31;
 /// The keys of the rows an event insert stored (a conflicting row returns nothing).
 const INSERT_TAIL: &str = " ON CONFLICT DO NOTHING RETURNING request_id, kind, attempt";
 
@@ -241,7 +244,7 @@ const LINE_COLUMNS: usize = 7;
 /// Tail of the line insert when a line may already exist (see [`Ledger::insert_rows`]).
 const LINE_TAIL_TOLERANT: &str = " ON CONFLICT DO NOTHING";
 
-/// Most events in one INSERT statement, rows (a power of two; 512 × 30 = 15,360 bind values,
+/// Most events in one INSERT statement, rows (a power of two; 512 × 31 = 15,872 bind values,
 /// below SQLite's 32,766 and PostgreSQL's 65,535).
 const EVENTS_PER_STATEMENT: usize = 512;
 /// Most ledger lines in one INSERT statement, rows (a power of two; 2,048 × 7 = 14,336 values).
@@ -378,7 +381,7 @@ const SELECT_COLUMNS: &str = "request_id, kind, attempt, ts_ms, tenant, key_id, 
      upstream_model, prompt_tokens, cached_tokens, cache_write_tokens, completion_tokens, \
      reasoning_tokens, CASE WHEN estimated THEN 1 ELSE 0 END AS estimated, status, error_class, \
      ttft_ms, latency_ms, fallbacks, CASE WHEN cache_hit THEN 1 ELSE 0 END AS cache_hit, batch_id, \
-     cache_write_1h_tokens, audio_input_tokens, audio_output_tokens, service_tier";
+     cache_write_1h_tokens, audio_input_tokens, audio_output_tokens, service_tier, finish_reason";
 
 impl Ledger {
     /// Connects to the ledger at `url` and applies pending migrations.
@@ -615,7 +618,8 @@ impl Ledger {
                     .bind(row.audio_input_tokens)
                     .bind(row.audio_output_tokens)
                     .bind(row.service_tier)
-                    .bind(unpriced.as_deref());
+                    .bind(unpriced.as_deref())
+                    .bind(row.finish_reason);
             }
             for key in query.fetch_all(&mut *tx).await? {
                 stored.insert((key.try_get(0)?, key.try_get(1)?, key.try_get(2)?));
@@ -819,6 +823,10 @@ fn event_from_row(row: &AnyRow) -> Result<UsageEvent, BillingError> {
         budget_owed: None,
         batch_id: row.try_get("batch_id")?,
         audit: None,
+        finish_reason: row
+            .try_get::<Option<String>, _>("finish_reason")?
+            .map(|s| parse_enum::<FinishReason>("finish_reason", &s))
+            .transpose()?,
     })
 }
 

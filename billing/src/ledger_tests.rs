@@ -6,6 +6,7 @@ use super::*;
 fn event(kind: UsageKind, attempt: u32) -> UsageEvent {
     UsageEvent {
         audit: None,
+        finish_reason: None,
         request_id: Uuid::now_v7(),
         kind,
         attempt,

@@ -63,6 +63,21 @@ pub struct LedgerRow {
 }
 
 impl LedgerRow {
+    /// Where the row comes from, as reports label it: `probe` (a health probe's upstream call,
+    /// tenant [`PROBE_TENANT`](switchyard_schemas::usage::PROBE_TENANT)), `batch` (an item of a
+    /// batch job), `cache` (a charge answered from the answer cache) or `live`.
+    pub fn origin(&self) -> &'static str {
+        if self.tenant.as_deref() == Some(switchyard_schemas::usage::PROBE_TENANT) {
+            "probe"
+        } else if self.batch_id.is_some() {
+            "batch"
+        } else if self.cache_hit {
+            "cache"
+        } else {
+            "live"
+        }
+    }
+
     /// The row `event` becomes, with `cost_usd` as given (the ledger prices at insert time).
     pub fn from_event(event: &UsageEvent, cost_usd: Option<Decimal>) -> Self {
         Self {
@@ -221,6 +236,10 @@ pub struct Discrepancy {
     pub model: String,
     /// Charge target, else the last upstream target.
     pub target: Option<String>,
+    /// The request's origin ([`LedgerRow::origin`] of its charge row, else of its last upstream
+    /// row): `live`, `batch`, `cache` or `probe`.
+    #[serde(default)]
+    pub origin: String,
     /// Human-readable specifics (statuses, attempts, token counts).
     pub details: String,
 }
@@ -400,10 +419,20 @@ pub fn classify(req: &RequestRows) -> Vec<Discrepancy> {
             format!("no price for {}", unpriced.join("; ")),
         ));
     }
-    let (tenant, model, target) = match (&req.charge, req.upstream.last()) {
-        (Some(c), _) => (c.tenant.clone(), c.model.clone(), c.target.clone()),
-        (None, Some(u)) => (u.tenant.clone(), u.model.clone(), u.target.clone()),
-        (None, None) => (None, String::new(), None),
+    let (tenant, model, target, origin) = match (&req.charge, req.upstream.last()) {
+        (Some(c), _) => (
+            c.tenant.clone(),
+            c.model.clone(),
+            c.target.clone(),
+            c.origin(),
+        ),
+        (None, Some(u)) => (
+            u.tenant.clone(),
+            u.model.clone(),
+            u.target.clone(),
+            u.origin(),
+        ),
+        (None, None) => (None, String::new(), None, "live"),
     };
     let ts_ms = req.anchor_ts_ms();
     found
@@ -415,6 +444,7 @@ pub fn classify(req: &RequestRows) -> Vec<Discrepancy> {
             tenant: tenant.clone(),
             model: model.clone(),
             target: target.clone(),
+            origin: origin.to_owned(),
             details,
         })
         .collect()

@@ -11,7 +11,9 @@
 //! `upstream_errors` from `upstream` rows (what upstream calls cost us).
 //!
 //! Money is summed exactly in [`Decimal`] from the ledger's decimal text; the table, CSV and HTML
-//! print it rounded to [`MONEY_DP`] places, JSON carries the exact values as strings.
+//! print it rounded to [`MONEY_DP`] places, JSON as strings with [`JSON_MONEY_DP`] places (exact
+//! for every price written with up to 6 decimals per 1M tokens). Within a format every amount
+//! has the same number of decimals, so `"0.023900"` never sits beside `"0.0478"`.
 
 use crate::reconcile::{self, LedgerRow, Reconciliation, RequestRows};
 use crate::{BillingError, Ledger};
@@ -23,6 +25,9 @@ use switchyard_schemas::usage::{Usage, UsageKind, UsageStatus};
 
 /// Decimal places money is printed with in table, CSV and HTML output (USD).
 pub const MONEY_DP: u32 = 6;
+/// Decimal places of every amount in JSON output (USD strings): a per-1M-token price with up to
+/// 6 decimals costs at most 12 decimals per token, so sums of such amounts stay exact.
+pub const JSON_MONEY_DP: u32 = 12;
 /// Discrepancy rows a daily report lists (all are counted), rows.
 pub const REPORT_DISCREPANCY_ROWS: usize = 50;
 /// Label of requests without a tenant (auth off) in every human format (table, CSV, HTML,
@@ -130,10 +135,13 @@ pub struct GroupStats {
     /// Prompt + completion tokens of the upstream calls, tokens.
     pub upstream_tokens: u64,
     /// Sum of upstream `cost_usd` (cost price), USD, exact.
+    #[serde(with = "json_money")]
     pub cost_usd: Decimal,
     /// Sum of charge `cost_usd` (sale price), USD, exact.
+    #[serde(with = "json_money")]
     pub charge_usd: Decimal,
     /// `charge_usd − cost_usd`, USD, exact.
+    #[serde(with = "json_money")]
     pub margin_usd: Decimal,
     /// Charge rows answered from the cache, requests.
     pub cache_hits: u64,
@@ -233,8 +241,10 @@ pub struct Amounts {
     /// Charge rows, requests.
     pub requests: u64,
     /// Upstream cost, USD, exact.
+    #[serde(with = "json_money")]
     pub cost_usd: Decimal,
     /// Charge, USD, exact.
+    #[serde(with = "json_money")]
     pub charge_usd: Decimal,
 }
 
@@ -246,12 +256,15 @@ pub struct HourAmounts {
     /// Charge rows, requests.
     pub requests: u64,
     /// Upstream cost, USD, exact.
+    #[serde(with = "json_money")]
     pub cost_usd: Decimal,
     /// Charge, USD, exact.
+    #[serde(with = "json_money")]
     pub charge_usd: Decimal,
 }
 
-/// The daily report, also its JSON form (`--format json`; money as exact decimal strings).
+/// The daily report, also its JSON form (`--format json`; money as decimal strings with
+/// [`JSON_MONEY_DP`] places).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DailyReport {
     /// The UTC day, `YYYY-MM-DD`.
@@ -270,9 +283,10 @@ pub struct DailyReport {
     pub by_model: Vec<Amounts>,
     /// Per tenant, by descending charge then cost then name.
     pub by_tenant: Vec<Amounts>,
-    /// Live traffic, batch jobs and health probes apart (`live`, `batch`, `probe`; batch items
-    /// are priced at the batch rate, probes are upstream cost only). Only origins with rows are
-    /// listed.
+    /// Live traffic, cache hits, batch jobs and health probes apart (`live`, `cache`, `batch`,
+    /// `probe`; see [`LedgerRow::origin`]: batch items are priced at the batch rate, cache hits
+    /// are charged $0, probes are upstream cost only). Only origins with rows are listed;
+    /// `requests` counts charge rows.
     #[serde(default)]
     pub by_origin: Vec<Amounts>,
     /// Per UTC hour, 24 entries.
@@ -311,10 +325,11 @@ pub fn build_daily(date: &str, from_ms: u64, to_ms: u64, requests: &[RequestRows
                 .or_default()
                 .add_row(row);
             let tenant = row.tenant.clone().unwrap_or_else(|| NO_TENANT.to_owned());
-            let origin = if row.batch_id.is_some() {
-                "batch"
-            } else {
-                "live"
+            // A request's upstream rows go with its charge row's origin (a batch item's or a
+            // live request's call), so only probes and cache hits are told apart by their rows.
+            let origin = match &req.charge {
+                Some(c) if row.kind == UsageKind::Upstream => c.origin(),
+                _ => row.origin(),
             };
             for (map, name) in [
                 (&mut models, row.model.clone()),
@@ -445,13 +460,11 @@ impl DailyReport {
         ));
         for o in &self.by_origin {
             out.push_str(&format!(
-                "{}: {} rows, cost {}, charge {}\n",
+                "{}: {} requests, cost {}, charge {}\n",
                 o.name,
                 o.requests,
-                o.cost_usd
-                    .round_dp_with_strategy(MONEY_DP, RoundingStrategy::MidpointAwayFromZero),
-                o.charge_usd
-                    .round_dp_with_strategy(MONEY_DP, RoundingStrategy::MidpointAwayFromZero),
+                money(o.cost_usd),
+                money(o.charge_usd),
             ));
         }
         out.push('\n');
@@ -490,11 +503,12 @@ impl DailyReport {
                         d.tenant.clone().unwrap_or_else(|| NO_TENANT.to_owned()),
                         d.model.clone(),
                         d.target.clone().unwrap_or_else(|| "-".to_owned()),
+                        d.origin.clone(),
                         d.details.clone(),
                     ]
                 })
                 .collect();
-            let head: Vec<&str> = "request_id class tenant model target details"
+            let head: Vec<&str> = "request_id class tenant model target origin details"
                 .split(' ')
                 .collect();
             out.push_str(&render_table(&head, &rows, 0..0));
@@ -551,7 +565,7 @@ impl DailyReport {
         out
     }
 
-    /// Pretty JSON of the whole report (money as exact decimal strings).
+    /// Pretty JSON of the whole report (money as decimal strings with [`JSON_MONEY_DP`] places).
     pub fn to_json(&self) -> Result<String, ReportError> {
         Ok(serde_json::to_string_pretty(self)?)
     }
@@ -564,6 +578,32 @@ pub fn money(v: Decimal) -> String {
         r.set_sign_positive(true);
     }
     format!("{r:.prec$}", prec = MONEY_DP as usize)
+}
+
+/// Serde for JSON money: a string with exactly [`JSON_MONEY_DP`] decimals (rounded half away from
+/// zero beyond that); reads any decimal string or number back.
+pub mod json_money {
+    use super::JSON_MONEY_DP;
+    use rust_decimal::{Decimal, RoundingStrategy};
+
+    /// `v` as a string with [`JSON_MONEY_DP`] decimals (no negative zero).
+    pub fn text(v: Decimal) -> String {
+        let mut r = v.round_dp_with_strategy(JSON_MONEY_DP, RoundingStrategy::MidpointAwayFromZero);
+        if r.is_zero() {
+            r.set_sign_positive(true);
+        }
+        format!("{r:.prec$}", prec = JSON_MONEY_DP as usize)
+    }
+
+    /// Serialises `v` as [`text`].
+    pub fn serialize<S: serde::Serializer>(v: &Decimal, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&text(*v))
+    }
+
+    /// Reads a decimal string (or number).
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Decimal, D::Error> {
+        <Decimal as serde::Deserialize>::deserialize(d)
+    }
 }
 
 /// One CSV field, quoted (RFC 4180) when it holds a comma, quote or line break.

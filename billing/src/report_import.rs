@@ -173,6 +173,7 @@ pub struct UsageSide {
     /// Output tokens, tokens.
     pub output_tokens: u64,
     /// Cost, USD, exact.
+    #[serde(with = "crate::report::json_money")]
     pub cost_usd: Decimal,
     /// Ledger rows without a price (counted as 0 in `cost_usd`), rows; 0 on the export side.
     pub unpriced_rows: u64,
@@ -218,12 +219,14 @@ pub struct ImportDiffRow {
     /// Export − ledger output tokens, tokens.
     pub output_tokens_diff: i128,
     /// Export − ledger cost, USD, exact.
+    #[serde(with = "crate::report::json_money")]
     pub cost_usd_diff: Decimal,
     /// The verdict.
     pub status: DiffStatus,
 }
 
-/// The whole comparison (`--format json` prints it; money as exact decimal strings).
+/// The whole comparison (`--format json` prints it; money as decimal strings with
+/// [`JSON_MONEY_DP`](crate::report::JSON_MONEY_DP) places).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ImportDiff {
     /// First compared day, `YYYY-MM-DD` (UTC).
@@ -237,6 +240,7 @@ pub struct ImportDiff {
     /// Ledger total over the compared days.
     pub ledger_total: UsageSide,
     /// Export − ledger cost over the compared days, USD, exact.
+    #[serde(with = "crate::report::json_money")]
     pub cost_usd_diff: Decimal,
     /// Export rows outside the compared days, ignored, rows.
     pub skipped_export_rows: u64,

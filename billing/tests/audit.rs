@@ -59,6 +59,7 @@ fn charge(ts: u64, key: &str, model: &str, status: UsageStatus, http: u16) -> Us
             request_body: Some("[{\"role\":\"user\"}]".into()),
             response_body: Some("hi".into()),
         })),
+        finish_reason: None,
     }
 }
 

@@ -43,6 +43,7 @@ fn charge(ts_ms: u64, key: &str, prompt: u64, completion: u64, cache_hit: bool) 
         budget_owed: None,
         batch_id: None,
         audit: None,
+        finish_reason: None,
     }
 }
 

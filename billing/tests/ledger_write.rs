@@ -39,6 +39,7 @@ fn event(prompt: u64) -> UsageEvent {
         budget_owed: None,
         batch_id: None,
         audit: None,
+        finish_reason: None,
     }
 }
 

@@ -61,6 +61,7 @@ fn charge(ts: u64, tenant: &str, key: &str, model: &str, u: Usage) -> UsageEvent
         budget_owed: None,
         batch_id: None,
         audit: None,
+        finish_reason: None,
     }
 }
 

@@ -58,6 +58,7 @@ fn charge(id: Uuid, ts: u64, tenant: &str, model: &str, target: &str, up: &str) 
         budget_owed: None,
         batch_id: None,
         audit: None,
+        finish_reason: None,
     }
 }
 
@@ -232,6 +233,22 @@ fn events() -> (Vec<UsageEvent>, Vec<Uuid>) {
     (ev, ids)
 }
 
+/// Every string under a `*_usd` key of `v`, recursively.
+fn money_strings(v: &serde_json::Value, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, x) in m {
+                match x {
+                    serde_json::Value::String(s) if k.ends_with("_usd") => out.push(s.clone()),
+                    _ => money_strings(x, out),
+                }
+            }
+        }
+        serde_json::Value::Array(a) => a.iter().for_each(|x| money_strings(x, out)),
+        _ => {}
+    }
+}
+
 fn group<'a>(r: &'a DailyReport, tenant: &str, model: &str, target: &str) -> &'a GroupStats {
     &r.groups
         .iter()
@@ -338,14 +355,39 @@ async fn scenario(url: &str) {
         "{csv}"
     );
 
-    // JSON round trip, exact money as strings.
+    // JSON round trip, exact money as strings, every amount with 12 decimals.
     let json = r.to_json().unwrap();
-    assert!(json.contains("\"charge_usd\": \"0.19568275\""), "{json}");
+    assert!(
+        json.contains("\"charge_usd\": \"0.195682750000\""),
+        "{json}"
+    );
+    assert!(
+        json.contains("\"margin_usd\": \"-0.000340000000\""),
+        "{json}"
+    );
     assert_eq!(serde_json::from_str::<DailyReport>(&json).unwrap(), r);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let mut amounts = Vec::new();
+    money_strings(&v, &mut amounts);
+    assert_eq!(amounts.len(), 77);
+    for a in &amounts {
+        let (_, decimals) = a.split_once('.').unwrap_or_else(|| panic!("{a}"));
+        assert_eq!(decimals.len(), 12, "{a}");
+    }
 
-    // Live traffic only: one origin.
-    assert_eq!(r.by_origin.len(), 1);
-    assert_eq!(r.by_origin[0].name, "live");
+    // Live traffic and the cache hit apart (no batch items, no probes that day).
+    let origins: Vec<(&str, u64, Decimal, Decimal)> = r
+        .by_origin
+        .iter()
+        .map(|o| (o.name.as_str(), o.requests, o.cost_usd, o.charge_usd))
+        .collect();
+    assert_eq!(
+        origins,
+        vec![
+            ("live", 9, d("0.18896225"), d("0.19568275")),
+            ("cache", 1, d("0"), d("0")),
+        ]
+    );
 
     // HTML: four charts and the rounded totals.
     let html = r.to_html();
@@ -355,6 +397,14 @@ async fn scenario(url: &str) {
     }
     let table = r.to_table();
     assert!(table.contains("TOTAL") && table.contains("usage_mismatch"));
+    assert!(
+        table.contains("live: 9 requests, cost 0.188962, charge 0.195683\n"),
+        "{table}"
+    );
+    assert!(
+        table.contains("cache: 1 requests, cost 0.000000, charge 0.000000\n"),
+        "{table}"
+    );
 
     // The previous day holds R11 only (R12 is filed under its charge's day).
     let prev = daily_report(&ledger, "2025-11-04").await.unwrap();
@@ -398,4 +448,115 @@ async fn sqlite_daily_report_reconciliation_and_import() {
 #[tokio::test]
 async fn postgres_daily_report_reconciliation_and_import() {
     common::on_postgres(|url| async move { scenario(&url).await }).await;
+}
+
+/// Origins and the "no tenant" label: a live request without a tenant (auth off), a cache hit,
+/// a batch item whose upstream reported one token more than its charge, and a health probe.
+/// `by_origin` keeps them apart, the probe's upstream-only row is no `upstream_without_charge`,
+/// the batch item's finding names its origin, and "no tenant" is `(none)` in every human format.
+#[tokio::test]
+async fn origins_and_the_no_tenant_label() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Ledger::connect(&format!("sqlite://{}/ledger.db", dir.path().display()))
+        .await
+        .unwrap();
+    let gpt = "openai/gpt-4o";
+    let ids: Vec<Uuid> = (0..4).map(|_| Uuid::now_v7()).collect();
+    let mut ev = Vec::new();
+    // Live, no tenant: 1,000 × $2.50 + 100 × $10 per 1M on both sides.
+    let mut c = charge(ids[0], DAY + HOUR, "x", gpt, "openai-east", "gpt-4o");
+    c.tenant = None;
+    c.usage = usage(1000, 0, 0, 100);
+    ev.push(upstream(&c, 0, "openai-east", "gpt-4o", c.usage));
+    ev.push(c);
+    // Cache hit: charged $0, no upstream call.
+    let mut c = charge(ids[1], DAY + HOUR + 1, "acme", gpt, "openai-east", "gpt-4o");
+    c.usage = usage(1000, 0, 0, 100);
+    c.cache_hit = true;
+    ev.push(c);
+    // Batch item: cost at gpt-4o's batch discount (half of 1,000 × $2.50 + 101 × $10 per 1M);
+    // the charge at the sale card's batch rate.
+    let mut c = charge(ids[2], DAY + HOUR + 2, "acme", gpt, "openai-east", "gpt-4o");
+    c.usage = usage(1000, 0, 0, 100);
+    c.batch_id = Some("batch_1".into());
+    ev.push(upstream(
+        &c,
+        0,
+        "openai-east",
+        "gpt-4o",
+        usage(1000, 0, 0, 101),
+    ));
+    ev.push(c);
+    // Health probe: one upstream row, no charge row by design.
+    let mut p = charge(
+        ids[3],
+        DAY + HOUR + 3,
+        "x",
+        "demo/probe",
+        "openai-east",
+        "gpt-4o",
+    );
+    p.tenant = Some(switchyard_schemas::usage::PROBE_TENANT.into());
+    ev.push(upstream(&p, 0, "openai-east", "gpt-4o", usage(10, 0, 0, 1)));
+    assert_eq!(ledger.insert_batch(&ev).await.unwrap(), 6);
+
+    let r = daily_report(&ledger, "2025-11-05").await.unwrap();
+    let origins: Vec<(&str, u64, Decimal, Decimal)> = r
+        .by_origin
+        .iter()
+        .map(|o| (o.name.as_str(), o.requests, o.cost_usd, o.charge_usd))
+        .collect();
+    assert_eq!(
+        origins,
+        vec![
+            ("live", 1, d("0.0035"), d("0.0035")),
+            ("batch", 1, d("0.001755"), d("0.0035")),
+            ("probe", 0, d("0.000035"), d("0")),
+            ("cache", 1, d("0"), d("0")),
+        ]
+    );
+    let rec = &r.reconciliation;
+    assert_eq!(rec.counts.upstream_without_charge, 0);
+    assert_eq!(rec.counts.usage_mismatch, 1);
+    assert_eq!(rec.counts.total(), 1);
+    assert_eq!(rec.rows[0].request_id, ids[2].to_string());
+    assert_eq!(rec.rows[0].origin, "batch");
+    // "Tokens charged" is the live and batch requests' 2 × 1,100, not the cache hit's.
+    assert_eq!(r.totals.charged_tokens(), 2200);
+
+    // One spelling of "no tenant": `(none)` in the table, CSV, HTML and tenant ranking; JSON null.
+    assert!(r.by_tenant.iter().any(|t| t.name == "(none)"));
+    let csv = r.to_csv();
+    assert!(
+        csv.lines().any(|l| l
+            == "(none),openai/gpt-4o,openai-east,1,1,1000,0,0,100,0,1100,0.003500,0.003500,0.000000,0,0,0,0,0,0,0"),
+        "{csv}"
+    );
+    let table = r.to_table();
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("(none)") && l.contains("0.003500")),
+        "{table}"
+    );
+    let html = r.to_html();
+    assert!(html.contains("(none)"));
+    assert!(
+        html.contains("<div class=\"card\">Tokens charged<b>2200</b></div>"),
+        "{html}"
+    );
+    let json: serde_json::Value = serde_json::from_str(&r.to_json().unwrap()).unwrap();
+    let none_group = json["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["model"] == gpt && g["tenant"].is_null())
+        .unwrap();
+    assert_eq!(none_group["charge_usd"], "0.003500000000");
+    for text in [csv, table] {
+        for bad in ["null", "(no tenant)", ",-,"] {
+            assert!(!text.contains(bad), "{bad} in {text}");
+        }
+    }
+    ledger.close().await;
 }

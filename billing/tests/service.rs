@@ -45,6 +45,7 @@ fn event(kind: UsageKind, attempt: u32, prompt: u64, completion: u64) -> UsageEv
         budget_owed: None,
         batch_id: None,
         audit: None,
+        finish_reason: None,
     }
 }
 

@@ -43,6 +43,7 @@ fn event(kind: UsageKind, request_id: Uuid, i: u64) -> UsageEvent {
         budget_owed: None,
         batch_id: None,
         audit: None,
+        finish_reason: None,
     }
 }
 

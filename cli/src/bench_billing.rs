@@ -134,6 +134,7 @@ fn events(n: u64) -> Vec<UsageEvent> {
             budget_owed: None,
             batch_id: None,
             audit: None,
+            finish_reason: None,
         });
     }
     out

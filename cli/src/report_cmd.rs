@@ -50,7 +50,7 @@ enum DailyFormat {
     Table,
     /// One header row, one row per group (USD with 6 decimals).
     Csv,
-    /// The whole report; USD as exact decimal strings.
+    /// The whole report; USD as decimal strings with 12 decimals.
     Json,
     /// One self-contained page with inline SVG charts.
     Html,
@@ -60,7 +60,7 @@ enum DailyFormat {
 enum ImportFormat {
     /// Aligned text for terminals.
     Table,
-    /// The whole comparison; USD as exact decimal strings.
+    /// The whole comparison; USD as decimal strings with 12 decimals.
     Json,
 }
 

@@ -11,7 +11,7 @@ use switchyard_schemas::audit::{AuditAttempt, AuditInfo, clip};
 use switchyard_schemas::secret::redact_credentials;
 use switchyard_schemas::usage::{BudgetOwed, UsageStatus};
 use switchyard_schemas::{
-    ChatRequest, ErrorClass, ErrorInfo, Usage, UsageEvent, UsageKind, now_ms,
+    ChatRequest, ErrorClass, ErrorInfo, FinishReason, Usage, UsageEvent, UsageKind, now_ms,
 };
 
 /// Longest failed-attempt error message kept in the audit log, bytes.
@@ -146,6 +146,7 @@ impl Charge {
             // Every charge of a batch item (live answer, cache hit, embeddings) is marked.
             batch_id: crate::route::current_batch_id(),
             audit: None,
+            finish_reason: None,
         };
         Self {
             app,
@@ -189,9 +190,13 @@ impl Charge {
         });
     }
 
-    /// Records the answer's finish reason (`stop`, `length`, ...).
-    pub fn finish_reason(&mut self, reason: &str) {
-        self.audit.finish_reason = Some(reason.to_owned());
+    /// Records the answer's finish reason (`stop`, `length`, `tool_calls`, `content_filter`) in
+    /// the audit record and the charge row's `finish_reason` column.
+    pub fn finish_reason(&mut self, reason: FinishReason) {
+        self.audit.finish_reason = Some(reason.as_str().to_owned());
+        if let Some(e) = self.event.as_mut() {
+            e.finish_reason = Some(reason);
+        }
     }
 
     /// Records the HTTP status the client got (else it is derived from the error class).
@@ -289,10 +294,16 @@ impl Charge {
             Some(class) => crate::error::class_to_http(class).0.as_u16(),
         }));
         e.audit = Some(audit);
+        let delivered = self.output_bytes.div_ceil(4) as u64;
         if e.usage == Usage::default() && self.output_bytes > 0 {
             // Aborted before the worker's usage arrived: estimate at 4 bytes per token.
             e.usage.prompt_tokens = self.prompt_bytes.div_ceil(4) as u64;
-            e.usage.completion_tokens = self.output_bytes.div_ceil(4) as u64;
+            e.usage.completion_tokens = delivered;
+            e.estimated = true;
+        } else if status != UsageStatus::Ok && delivered > e.usage.completion_tokens {
+            // Ended early after a provisional report (the upstream's input counts at the start
+            // of the stream): its input counts stand, the output is what was delivered.
+            e.usage.completion_tokens = delivered;
             e.estimated = true;
         }
         let app = self.app.clone();

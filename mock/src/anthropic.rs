@@ -100,7 +100,10 @@ fn usage(u: Usage, output_tokens: u64) -> Value {
     })
 }
 
-fn stop_reason(g: &Generation) -> &'static str {
+fn stop_reason(g: &Generation) -> &str {
+    if let Some(f) = &g.finish {
+        return f;
+    }
     match &g.output {
         Output::Text {
             truncated: true, ..

@@ -192,7 +192,10 @@ fn usage(u: Usage) -> Value {
     m
 }
 
-fn stop_reason(g: &Generation) -> &'static str {
+fn stop_reason(g: &Generation) -> &str {
+    if let Some(f) = &g.finish {
+        return f;
+    }
     match &g.output {
         Output::Text {
             truncated: true, ..

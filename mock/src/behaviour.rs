@@ -88,6 +88,11 @@ pub(crate) struct Behaviour {
     /// `service_tier=<name>`: OpenAI's top-level `service_tier` on the answer (non-stream body
     /// and usage chunk).
     pub(crate) service_tier: Option<String>,
+    /// `finish=<provider-native reason>`: the answer's stop reason written verbatim where the
+    /// provider puts it (OpenAI `finish_reason`, Anthropic `stop_reason`, Gemini
+    /// `finishReason`, Bedrock `stopReason`), e.g. `content_filter`, `refusal`, `SAFETY`,
+    /// `guardrail_intervened`: a safety-blocked answer.
+    pub(crate) finish: Option<String>,
 }
 
 impl Behaviour {
@@ -173,6 +178,7 @@ impl Behaviour {
                     b.usage = Some(usage);
                 }
                 "service_tier" => b.service_tier = Some(v.to_owned()),
+                "finish" => b.finish = Some(v.to_owned()),
                 "hold" => b.hold = v == "1" || v == "true",
                 "keepalive_ms" => {
                     let ms: u64 = num(key, v)?;
@@ -295,6 +301,8 @@ pub(crate) struct Generation {
     pub(crate) raw_usage: Option<Value>,
     /// [`Behaviour::service_tier`].
     pub(crate) service_tier: Option<String>,
+    /// [`Behaviour::finish`].
+    pub(crate) finish: Option<String>,
 }
 
 impl Generation {
@@ -395,6 +403,7 @@ pub(crate) fn generate(b: &Behaviour, info: &RequestInfo) -> Generation {
         usage,
         raw_usage: b.usage.clone(),
         service_tier: b.service_tier.clone(),
+        finish: b.finish.clone(),
     }
 }
 

@@ -1,6 +1,6 @@
 //! Canned wire fixtures (`fixture=<name>`): exact upstream bodies for field cases, written from
 //! the providers' documented stream formats (OpenAI "Streaming", OpenAI Responses "Streaming
-//! events" and Anthropic "Streaming Messages" docs). Each SSE event is sent as one content item, so `split`, `chunk_delay_ms` and friends
+//! events", Anthropic "Streaming Messages" and Gemini "streamGenerateContent" docs). Each SSE event is sent as one content item, so `split`, `chunk_delay_ms` and friends
 //! still apply.
 
 use bytes::Bytes;
@@ -78,6 +78,20 @@ const FIXTURES: &[(&str, &str)] = &[
     (
         "fc31_responses_call_in_done",
         include_str!("fixtures/fc31_responses_call_in_done.sse"),
+    ),
+    // Billing field cases (issue #16): input counts reported at the start of a stream the client
+    // then leaves (use with `hold=1`), and usage only in a trailing event after the stop.
+    (
+        "fc_anthropic_start_usage_then_hold",
+        include_str!("fixtures/fc_anthropic_start_usage_then_hold.sse"),
+    ),
+    (
+        "fc_openai_usage_after_stop",
+        include_str!("fixtures/fc_openai_usage_after_stop.sse"),
+    ),
+    (
+        "fc_gemini_usage_after_stop",
+        include_str!("fixtures/fc_gemini_usage_after_stop.sse"),
     ),
 ];
 

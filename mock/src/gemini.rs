@@ -209,7 +209,10 @@ fn usage(u: Usage, completion: Option<u64>) -> Value {
     m
 }
 
-fn finish_reason(g: &Generation) -> &'static str {
+fn finish_reason(g: &Generation) -> &str {
+    if let Some(f) = &g.finish {
+        return f;
+    }
     match &g.output {
         Output::Text {
             truncated: true, ..

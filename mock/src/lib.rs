@@ -64,6 +64,7 @@
 //! | `prompt_tokens=N`, `completion_tokens=N`, `cached_tokens=N` | override usage |
 //! | `usage=<urlencoded JSON object>` | report this provider-native usage object verbatim (Anthropic `usage`: whole in `message_delta`, with at most 1 output token in `message_start`; Gemini `usageMetadata`: in the last chunk, its prompt counts on the earlier ones; Bedrock `usage` in `metadata`; OpenAI `usage` in the usage chunk / body) |
 //! | `service_tier=<name>` | OpenAI: top-level `service_tier` on the body and the usage chunk |
+//! | `finish=<reason>` | the provider-native stop reason, verbatim (OpenAI `finish_reason`, Anthropic `stop_reason`, Gemini `finishReason`, Bedrock `stopReason`), e.g. a safety block: `content_filter`, `refusal`, `SAFETY` / `PROHIBITED_CONTENT`, `content_filtered` / `guardrail_intervened` |
 //! | `id=<urlencoded>` | exact response id (for byte-identical comparisons) |
 //! | `created=N` | OpenAI `created` timestamp |
 //! | `keepalive_ms=N` | SSE streams: write the comment `: keepalive` every N ms while otherwise silent (before the first chunk, between chunks, while hanging) |

@@ -136,7 +136,10 @@ fn usage(u: Usage) -> Value {
     })
 }
 
-fn finish_reason(generation: &Generation) -> &'static str {
+fn finish_reason(generation: &Generation) -> &str {
+    if let Some(f) = &generation.finish {
+        return f;
+    }
     match &generation.output {
         Output::Text {
             truncated: true, ..

@@ -731,6 +731,7 @@ mod tests {
             budget_owed: None,
             batch_id: None,
             audit: None,
+            finish_reason: None,
         }
     }
 

@@ -181,6 +181,13 @@ pub struct UsageEvent {
     /// What the audit log adds (`charge` only; docs/audit.md): stored by billing in `audit_log`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub audit: Option<Box<crate::audit::AuditInfo>>,
+    /// Why generation stopped, in OpenAI's vocabulary (`stop`, `length`, `tool_calls`,
+    /// `content_filter`: a provider's safety system withheld the answer — OpenAI
+    /// `content_filter`, Anthropic `refusal`, Gemini `SAFETY`/`PROHIBITED_CONTENT`/…, Bedrock
+    /// `content_filtered`/`guardrail_intervened`); `None` when the call or request ended
+    /// without an end frame (error, cancel). Stored in the ledger's `finish_reason` column.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finish_reason: Option<crate::FinishReason>,
 }
 
 /// What a request still owes its budget scopes: `usd` (sale price) and `tokens` (input +

@@ -103,6 +103,7 @@ pub(crate) async fn handle(shared: Arc<Shared>, msg: async_nats::Message) {
         budget_owed: None,
         batch_id: req.batch_id,
         audit: None,
+        finish_reason: None,
     };
     shared.usage.publish(event).await;
 }

@@ -169,6 +169,7 @@ async fn probe_once(
         budget_owed: None,
         batch_id: None,
         audit: None,
+        finish_reason: None,
     };
     shared.usage.publish(event).await;
     healthy

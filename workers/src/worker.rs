@@ -29,7 +29,10 @@
 //! retries included (a failed call contributes zero, or what it reported). One event per call would
 //! need a retry index in the ledger's key (request id, kind, attempt); the sum keeps that key and
 //! bills exactly what the upstream billed. Counts are estimated from text length when the upstream
-//! was aborted before reporting. The TPM bucket is corrected with the same total.
+//! was aborted before reporting; a report that came before any content (Anthropic's
+//! `message_start` input counts) is forwarded to ingress at once, and when the client leaves
+//! after it the call is billed from it plus the delivered text. The TPM bucket is corrected with
+//! the same total.
 
 use crate::breaker::{Breakers, CallResult, Permit};
 use crate::limits::Limiter;
@@ -49,7 +52,8 @@ use switchyard_schemas::publish_batch::UsagePublisher;
 use switchyard_schemas::subjects::{CAP_CHAT, CAP_COUNT, CAP_EMBED, Subjects};
 use switchyard_schemas::usage::UsageStatus;
 use switchyard_schemas::{
-    ChatRequest, ErrorClass, ErrorInfo, Frame, FrameBody, Usage, UsageEvent, UsageKind, now_ms,
+    ChatRequest, ErrorClass, ErrorInfo, FinishReason, Frame, FrameBody, Usage, UsageEvent,
+    UsageKind, now_ms,
 };
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -460,6 +464,11 @@ struct Outcome {
     called_upstream: bool,
     ttft_ms: Option<u64>,
     output_chars: usize,
+    /// The `end` frame's reason (`None` without one).
+    finish_reason: Option<FinishReason>,
+    /// `usage` is a provisional report (e.g. Anthropic's `message_start` input counts) of a call
+    /// the client abandoned: its output is billed from the text delivered.
+    partial_usage: bool,
 }
 
 enum Waited<T> {
@@ -670,6 +679,8 @@ impl Call<'_> {
             called_upstream: false,
             ttft_ms: None,
             output_chars: 0,
+            finish_reason: None,
+            partial_usage: false,
         };
         if left.is_zero() {
             let e = ErrorInfo::new(
@@ -796,8 +807,17 @@ impl Call<'_> {
                 first_deadline.saturating_duration_since(now)
             };
             match wait_beating(stream.next(), limit, timeouts.heartbeat, sink, cancel).await {
-                Waited::Ready(Some(Ok(FrameBody::Usage { usage: u }))) => usage = Some(u),
-                Waited::Ready(Some(Ok(end @ FrameBody::End { .. }))) => {
+                Waited::Ready(Some(Ok(FrameBody::Usage { usage: u }))) => {
+                    // A report before any content is provisional (Anthropic's `message_start`
+                    // input counts): ingress gets it now, so a client that leaves mid-stream is
+                    // charged from it; later reports go out once, summed, with the end.
+                    if !got_content {
+                        sink.send(FrameBody::Usage { usage: u }).await;
+                    }
+                    usage = Some(u);
+                }
+                Waited::Ready(Some(Ok(end @ FrameBody::End { finish_reason }))) => {
+                    out.finish_reason = Some(finish_reason);
                     // FC-38: a tool called without arguments gets `{}`, streamed or not, from
                     // every provider (some stream no argument piece at all, or only "").
                     for frame in bare.flush_all() {
@@ -841,6 +861,13 @@ impl Call<'_> {
                 Waited::Cancelled => break CallEnd::Cancelled,
             }
         };
+        // A usage report still held here came before the end (the final one went out with it).
+        match end {
+            // A failed call contributes only a final report (retries sum what was billed).
+            CallEnd::Failed(_) => usage = None,
+            CallEnd::Cancelled | CallEnd::Stalled => out.partial_usage |= usage.is_some(),
+            CallEnd::Done => {}
+        }
         add_usage(out, usage);
         end
     }
@@ -959,10 +986,18 @@ fn estimate_tokens(bytes: usize) -> u64 {
     bytes.div_ceil(4) as u64
 }
 
-/// The attempt's usage as billed: the sum the upstream reported, or an estimate from the text
-/// seen when it was aborted before reporting (second value: whether estimated).
+/// The attempt's usage as billed: the sum the upstream reported; for a call the client abandoned
+/// after a provisional report, that report's input counts and the larger of its output count
+/// and the delivered text's estimate; or an estimate from the text seen when it was aborted
+/// before reporting (second value: whether an estimate was used).
 fn final_usage(req: &ChatRequest, o: &Outcome) -> (Usage, bool) {
     match o.usage {
+        Some(mut u) if o.partial_usage => {
+            let delivered = estimate_tokens(o.output_chars);
+            let estimated = delivered > u.completion_tokens;
+            u.completion_tokens = u.completion_tokens.max(delivered);
+            (u, estimated)
+        }
         Some(u) => (u, false),
         None if o.output_chars > 0 => (
             Usage {
@@ -1006,6 +1041,7 @@ fn publish_usage(
         budget_owed: None,
         batch_id: req.batch_id.clone(),
         audit: None,
+        finish_reason: o.finish_reason,
     };
     let usage = shared.usage.clone();
     shared.usage_tasks.spawn(async move {

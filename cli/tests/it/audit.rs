@@ -188,8 +188,9 @@ async fn one_record_per_request_with_exact_fields() {
             "upstream_model": "mock", "status": "ok", "http_status": 200, "error_class": null,
             "finish_reason": "stop", "fallbacks": 1, "prompt_tokens": 2,
             "completion_tokens": 1, "cached_tokens": 0,
-            // `mock` is priced at $0; `demo/fallback` has no sale price.
-            "cost_usd": "0", "charge_usd": null, "cache_hit": false, "client_ip": "127.0.0.1",
+            // `mock`'s demo cost price: 2 × $0.50/M + 1 × $1.50/M; `demo/fallback` has no
+            // sale price.
+            "cost_usd": "0.0000025", "charge_usd": null, "cache_hit": false, "client_ip": "127.0.0.1",
             "user_agent": null, "client_request_id": null, "request_body": null,
             "response_body": null
         })

@@ -362,7 +362,7 @@ async fn fc33_batch_is_billed_once_at_the_batch_rate_from_any_ingress() {
         report.by_origin[0].charge_usd,
         Decimal::from_str("0.00011375").unwrap()
     );
-    assert!(report.to_table().contains("batch: 4 rows"));
+    assert!(report.to_table().contains("batch: 4 requests"));
 }
 
 /// A malformed input file: every bad line named (line number, code), status `failed`, and zero

@@ -575,7 +575,10 @@ fn pricing_check_names_what_has_no_price() {
     let out = switchyard(&["pricing", "check"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}");
-    assert!(stdout.starts_with("nothing missing"), "{stdout}");
+    assert_eq!(
+        stdout,
+        "nothing missing: 2 targets and 2 models priced (catalog <bundled>, as of 2026-12-01)\n"
+    );
 
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("c.yaml");
@@ -648,4 +651,59 @@ fn pricing_import_writes_a_loadable_catalog() {
     };
     let cost = catalog.upstream_cost("claude-t", &u, false).unwrap();
     assert_eq!(cost.total.to_string(), "0.058104");
+}
+
+/// Acceptance: on one config file, `pricing check` names the unpriced target and its model
+/// (exit 1), and a gateway running that file refuses a budgeted key's request to the model with
+/// 400 `model_not_priced` naming it, while serving the priced model.
+#[tokio::test]
+async fn pricing_check_gap_is_refused_for_a_budgeted_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let catalog = dir.path().join("catalog.yaml");
+    std::fs::write(&catalog, CATALOG).unwrap();
+    let path = dir.path().join("gateway.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "pricing_file: {catalog}\n\
+             targets:\n\
+             - {{id: gpt-t, provider: openai, base_url: 'builtin:mock', upstream_model: gpt-t}}\n\
+             - {{id: mystery, provider: openai, base_url: 'builtin:mock', upstream_model: mystery-1}}\n\
+             models:\n\
+             - {{id: gpt-t, targets: [gpt-t]}}\n\
+             - {{id: test/mystery, targets: [mystery]}}\n\
+             keys:\n\
+             - {{id: budgeted, tenant: acme, key: {KEY_BUDGET}, budget: {{daily_usd: 1}}}}\n",
+            catalog = catalog.display()
+        ),
+    )
+    .unwrap();
+    let out = switchyard(&["pricing", "check", "--config", path.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "target mystery (upstream model mystery-1): no cost price\n\
+         model test/mystery: no sale price (standard:)\n"
+    );
+
+    let mut config = switchyard::config::load(Some(&path)).unwrap();
+    config.timeouts = test_config(json!({})).timeouts;
+    let gw = start(Options {
+        config,
+        billing: true,
+        ..Options::default()
+    })
+    .await;
+    let (status, _, body) = post_as(&gw.base, KEY_BUDGET, &chat("test/mystery", "hi", false)).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+    assert_eq!(body["error"]["code"], "model_not_priced");
+    assert_eq!(
+        body["error"]["message"],
+        "The model `test/mystery` has no price in the pricing catalog, and a USD budget cannot \
+         count its spend. Add it to the catalog (`standard:` in the pricing file), or set \
+         `unpriced: {charge_at: <model>}`."
+    );
+    let (status, _, _) = post_as(&gw.base, KEY_BUDGET, &chat("gpt-t", "hi", false)).await;
+    assert_eq!(status, 200);
 }

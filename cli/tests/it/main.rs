@@ -19,6 +19,7 @@ mod common;
 mod config_precedence;
 mod embeddings;
 mod field_cases;
+mod field_cases_billing;
 mod field_cases_pricing;
 mod field_cases_resilience;
 mod field_cases_upstream;

@@ -109,7 +109,7 @@ impl FrameFeed {
                 FrameBody::End { finish_reason } => {
                     self.done = true;
                     if let Some(mut c) = self.charge.take() {
-                        c.finish_reason(finish_reason.as_str());
+                        c.finish_reason(*finish_reason);
                         c.finish(None);
                     }
                     self.outcome.finish(200);

@@ -544,7 +544,8 @@ fn protocol(message: impl Into<String>) -> ErrorInfo {
     ErrorInfo::new(ErrorClass::Protocol, message)
 }
 
-/// Anthropic stream → normalised events: `Text`, `ToolCall`, one `Usage` right before `End` (at
+/// Anthropic stream → normalised events: a provisional `Usage` at `message_start` (input counts,
+/// when it reports any), `Text`, `ToolCall`, the final `Usage` right before `End` (at
 /// `message_stop`), or an error; the byte stream ending before `message_stop` is a `protocol` error.
 #[derive(Debug, Default)]
 pub struct AnthropicTranslator {
@@ -612,7 +613,17 @@ impl AnthropicTranslator {
         let at = data.get("index").and_then(Value::as_u64);
         let block_index = || at.ok_or_else(|| protocol(format!("`{kind}` event without an index")));
         match kind {
-            "message_start" => self.merge_usage(data.pointer("/message/usage")),
+            "message_start" => {
+                self.merge_usage(data.pointer("/message/usage"));
+                // The input counts are known now ("Streaming Messages": `message_start` carries
+                // them): a provisional `Usage`, replaced by the final one at `message_stop`, lets
+                // the worker bill a call the client abandons mid-stream from the upstream's
+                // report instead of a byte estimate.
+                let u = self.usage();
+                if u.prompt_tokens > 0 {
+                    out.push_back(Ok(FrameBody::Usage { usage: u }));
+                }
+            }
             "content_block_start" => match str_at(data, "/content_block/type") {
                 Some("tool_use") => {
                     let field = |k: &str| {

@@ -103,6 +103,7 @@ async fn fc01_split_delta_event() {
     assert_eq!(
         events,
         vec![
+            usage(5, 0, 0, 1),
             text("Hello, world"),
             usage(5, 0, 0, 2),
             end(FinishReason::Stop)
@@ -133,6 +134,8 @@ fn split_writes_offline() {
     assert_eq!(
         events,
         vec![
+            // Provisional: `message_start`'s input counts, replaced by the final report.
+            usage(4, 0, 0, 1),
             text("Hello, world"),
             usage(4, 0, 0, 3),
             end(FinishReason::Stop)
@@ -169,6 +172,7 @@ const MIXED: &str = r#"
 fn thinking_ping_empty_tool_args_and_cache_writes() {
     let (id, name) = (Some("toolu_1".to_owned()), Some("now".to_owned()));
     let expected = vec![
+        usage(32, 20, 5, 1),
         Ok(FrameBody::Reasoning { text: "hmm".into() }),
         tool_frame(0, id, name, String::new()),
         tool_frame(0, None, None, "{}".into()),
@@ -252,12 +256,16 @@ async fn status_529_is_overloaded() {
 async fn in_stream_error_after_two_chunks() {
     let mock = MockUpstream::start().await.unwrap();
     let events = run(&mock, &ask("error_after=2")).await.unwrap();
-    assert_eq!(events.len(), 3, "{events:?}");
+    assert_eq!(events.len(), 4, "{events:?}");
     assert!(matches!(
-        events[..2],
-        [Ok(FrameBody::Text { .. }), Ok(FrameBody::Text { .. })]
+        events[..3],
+        [
+            Ok(FrameBody::Usage { .. }),
+            Ok(FrameBody::Text { .. }),
+            Ok(FrameBody::Text { .. })
+        ]
     ));
-    let err = events[2].clone().unwrap_err();
+    let err = events[3].clone().unwrap_err();
     assert_eq!((err.class, err.retryable), (ErrorClass::Overloaded, true));
 }
 
@@ -673,6 +681,7 @@ fn structured_preamble_text_is_dropped_for_the_json_tool() {
     assert_eq!(
         out,
         vec![
+            usage(5, 0, 0, 1),
             text("{\"a\":"),
             text("1}"),
             usage(5, 0, 0, 7),
