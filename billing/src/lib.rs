@@ -17,6 +17,7 @@
 pub mod audit;
 pub mod budget_rebuild;
 mod error;
+pub mod lag;
 pub mod ledger;
 mod ledger_url;
 pub use switchyard_schemas::pricing;

@@ -326,6 +326,7 @@ pub async fn spawn_worker_on(
         providers: Vec::new(),
         builtin_mock_url: Some(format!("{}/v1", mock.base_url())),
         builtin_local_model_url: None,
+        metrics: switchyard_schemas::metrics::Registry::new(),
     };
     let worker = switchyard_workers::worker::Worker::subscribe(c, opts)
         .await
