@@ -105,11 +105,14 @@ pub type Collector = Arc<dyn Fn() -> BoxFuture<'static, ()> + Send + Sync>;
 /// Longest wait for the collectors of one scrape; a slower one shows its previous value.
 const COLLECT_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// One USD family: its label name and the sums by label value, USD.
+type UsdFamily = (&'static str, HashMap<String, f64>);
+
 struct Inner {
     recorder: PrometheusRecorder,
     handle: PrometheusHandle,
     /// USD sums by family, then label value.
-    usd: Mutex<BTreeMap<&'static str, (&'static str, HashMap<String, f64>)>>,
+    usd: Mutex<BTreeMap<&'static str, UsdFamily>>,
     collectors: Mutex<Vec<Collector>>,
 }
 

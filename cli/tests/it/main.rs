@@ -29,6 +29,7 @@ mod input_hardening;
 mod key_limits;
 mod limits_load;
 mod matrix;
+mod metrics;
 mod nats_auth;
 mod pipeline;
 mod probes;
