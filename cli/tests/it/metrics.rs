@@ -334,3 +334,44 @@ async fn a_thousand_keys_through_two_ingresses_add_no_series() {
 }
 
 use futures::StreamExt as _;
+
+/// Billing lag: with the `billing` consumer created but not consuming, a request's usage events
+/// wait in the stream and `/metrics` shows their age and count; nothing pending reads 0.
+#[tokio::test]
+async fn billing_lag_is_the_age_of_the_oldest_unacknowledged_event() {
+    let gw = start(Options::default()).await;
+    let js = async_nats::jetstream::new(async_nats::connect(gw.nats.url()).await.unwrap());
+    let stream = js
+        .get_stream(switchyard_schemas::subjects::USAGE_STREAM)
+        .await
+        .unwrap();
+    switchyard_billing::ensure_billing_consumer(&stream, 100, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let idle = metrics_text(&gw.base).await;
+    assert_eq!(
+        value(&idle, "switchyard_billing_lag_seconds"),
+        Some(0.0),
+        "{idle}"
+    );
+    assert_eq!(
+        value(&idle, "switchyard_billing_pending_messages"),
+        Some(0.0)
+    );
+    let r = post(&gw.base, &chat("demo/mock", "#mock text=ok", false)).await;
+    assert_eq!(r.status(), 200);
+    r.bytes().await.unwrap();
+    // The worker's `upstream` and ingress's `charge` events: two messages, unacknowledged.
+    let text = eventually(Duration::from_secs(10), || {
+        let base = gw.base.clone();
+        async move {
+            let t = metrics_text(&base).await;
+            let lag = value(&t, "switchyard_billing_lag_seconds")?;
+            (value(&t, "switchyard_billing_pending_messages") == Some(2.0) && lag > 0.0)
+                .then_some(t)
+        }
+    })
+    .await;
+    let lag = value(&text, "switchyard_billing_lag_seconds").unwrap();
+    assert!(lag < 60.0, "{lag}");
+}
