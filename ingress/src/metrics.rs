@@ -22,8 +22,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use switchyard_schemas::Usage;
 use switchyard_schemas::metrics::{
-    CACHE, CHARGE_USD, CHUNK_GAP, COST_USD, Counter, FALLBACKS, Histogram, IN_FLIGHT, OVERHEAD,
-    PROVIDER_REQUESTS, PROVIDER_TTFT, REFUSALS, REQUEST_DURATION, REQUESTS, Registry, TOKENS, TTFT,
+    CACHE, CHARGE_USD, CHUNK_GAP, COST_USD, Counter, FALLBACKS, Gauge, Histogram, IN_FLIGHT,
+    OVERHEAD, PROVIDER_REQUESTS, PROVIDER_TTFT, REFUSALS, REQUEST_DURATION, REQUESTS, Registry,
+    TOKENS, TTFT,
 };
 
 pub use switchyard_schemas::metrics::{BATCHES, UNPRICED};
@@ -54,6 +55,7 @@ type Tokens = [Counter; 5];
 pub struct ProviderSeries {
     target: String,
     ttft: Histogram,
+    in_flight: Gauge,
     statuses: Mutex<Vec<(u16, Counter)>>,
 }
 
@@ -83,6 +85,7 @@ struct Inner {
     requests: RwLock<HashMap<&'static str, HashMap<String, Arc<RequestSeries>>>>,
     providers: RwLock<HashMap<String, Arc<ProviderSeries>>>,
     tokens: RwLock<HashMap<String, Arc<Tokens>>>,
+    cache: RwLock<HashMap<&'static str, Counter>>,
 }
 
 /// The metrics of one ingress (cheap to clone).
@@ -111,6 +114,7 @@ impl Metrics {
                 requests: RwLock::new(HashMap::new()),
                 providers: RwLock::new(HashMap::new()),
                 tokens: RwLock::new(HashMap::new()),
+                cache: RwLock::new(HashMap::new()),
             }),
         }
     }
@@ -189,6 +193,7 @@ impl Metrics {
                 .inner
                 .registry
                 .histogram(PROVIDER_TTFT, &[("target", target)]),
+            in_flight: self.inner.registry.gauge(IN_FLIGHT, &[("target", target)]),
             statuses: Mutex::new(Vec::new()),
         });
         self.inner
@@ -240,18 +245,18 @@ impl Metrics {
 
     /// Moves the in-flight gauge of `target` by `delta`.
     pub fn in_flight(&self, target: &str, delta: f64) {
-        self.inner
-            .registry
-            .gauge(IN_FLIGHT, &[("target", target)])
-            .increment(delta);
+        self.provider_series(target).in_flight.increment(delta);
     }
 
     /// Counts one answer cache outcome (`hit`, `semantic-hit`, `miss`, `bypass`, `store`).
     pub fn cache(&self, outcome: &'static str) {
-        self.inner
-            .registry
-            .counter(CACHE, &[("outcome", outcome)])
-            .increment(1);
+        if let Some(c) = self.inner.cache.read().get(outcome) {
+            c.increment(1);
+            return;
+        }
+        let c = self.inner.registry.counter(CACHE, &[("outcome", outcome)]);
+        c.increment(1);
+        self.inner.cache.write().insert(outcome, c);
     }
 
     /// Counts one refusal by a limit or budget of `kind` (see [`REFUSALS`]).
