@@ -375,3 +375,58 @@ async fn billing_lag_is_the_age_of_the_oldest_unacknowledged_event() {
     let lag = value(&text, "switchyard_billing_lag_seconds").unwrap();
     assert!(lag < 60.0, "{lag}");
 }
+
+/// Both front doors carry `x-switchyard-overhead-ms`, streamed or not, and count under their
+/// own route.
+#[tokio::test]
+async fn both_front_doors_carry_the_overhead_header() {
+    let gw = start(Options::default()).await;
+    let http = reqwest::Client::new();
+    for stream in [false, true] {
+        let r = http
+            .post(format!("{}/v1/messages", gw.base))
+            .header("x-api-key", "sk-anything")
+            .header("anthropic-version", "2023-06-01")
+            .json(
+                &json!({"model": "demo/claude", "max_tokens": 16, "stream": stream,
+                "messages": [{"role": "user", "content": "#mock text=hi"}]}),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let ms: f64 = r.headers()["x-switchyard-overhead-ms"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(ms >= 0.0, "{ms}");
+        r.bytes().await.unwrap();
+        let r = post(&gw.base, &chat("demo/mock", "#mock text=hi", stream)).await;
+        assert!(r.headers().contains_key("x-switchyard-overhead-ms"));
+        r.bytes().await.unwrap();
+    }
+    let text = metrics_text(&gw.base).await;
+    for (route, model) in [
+        ("/v1/messages", "demo/claude"),
+        ("/v1/chat/completions", "demo/mock"),
+    ] {
+        let labels = format!("route=\"{route}\",model=\"{model}\"");
+        assert_eq!(
+            value(
+                &text,
+                &format!("switchyard_requests_total{{{labels},status=\"200\"}}")
+            ),
+            Some(2.0),
+            "{text}"
+        );
+        assert_eq!(
+            value(
+                &text,
+                &format!("switchyard_gateway_overhead_seconds_count{{{labels}}}")
+            ),
+            Some(2.0),
+            "{text}"
+        );
+    }
+}
