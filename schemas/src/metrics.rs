@@ -68,8 +68,8 @@ pub const PROVIDER_TTFT: &str = "switchyard_provider_time_to_first_token_seconds
 pub const IN_FLIGHT: &str = "switchyard_in_flight";
 /// Counter `{target}`: upstream calls a worker retried on the same target.
 pub const RETRIES: &str = "switchyard_provider_retries_total";
-/// Counter `{target, state}`: circuit-breaker state changes (`healthy`, `degraded` =
-/// half-open, `unhealthy` = open) a worker announced.
+/// Counter `{target, state}`: target health changes a worker announced (circuit breaker and
+/// 429 cooldown; `healthy`, `degraded` = half-open, `unhealthy` = open or cooling down).
 pub const BREAKER: &str = "switchyard_breaker_transitions_total";
 /// Counter `{subject}`: failed NATS publishes: `usage` (each failed acknowledged publish
 /// attempt of a usage event), `request` (a request ingress could not publish).
