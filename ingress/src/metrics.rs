@@ -285,11 +285,11 @@ impl Metrics {
     }
 }
 
-/// The label `kind` of [`REFUSALS`] for an admission error's `code`, if it is a refusal.
+/// The label `kind` of [`REFUSALS`] for an admission error's `code`, if it is a budget refusal
+/// (rate-limit refusals are counted by [`crate::rate_limit`], which knows their dimension).
 pub fn refusal_kind(code: Option<&str>) -> Option<&'static str> {
     match code? {
         "insufficient_quota" => Some("budget"),
-        "rate_limit_exceeded" => Some("rate_limit"),
         "budget_store_unavailable" => Some("budget_store_unavailable"),
         "model_not_priced" => Some("model_not_priced"),
         _ => None,

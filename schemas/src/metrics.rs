@@ -52,7 +52,8 @@ pub const COST_USD: &str = "switchyard_cost_usd_total";
 /// unavailable), `store` (an answer sent to be stored).
 pub const CACHE: &str = "switchyard_cache_outcomes_total";
 /// Counter `{kind}`: requests refused by the caller's limits or budgets: `budget`
-/// (`insufficient_quota`), `rate_limit` (key/tenant RPM, TPM, concurrency),
+/// (`insufficient_quota`), `rate_limit_rpm`, `rate_limit_tpm`, `rate_limit_concurrency` (a key's
+/// or tenant's limits, cache hits included),
 /// `budget_store_unavailable`, `model_not_priced`, `target_limit` (a target's own RPM/TPM/
 /// concurrency, refused by a worker).
 pub const REFUSALS: &str = "switchyard_refusals_total";

@@ -197,7 +197,10 @@ async fn one_scrape_shows_every_family_after_mixed_traffic() {
         1.0,
     );
     exact("switchyard_refusals_total{kind=\"budget\"}".into(), 1.0);
-    exact("switchyard_refusals_total{kind=\"rate_limit\"}".into(), 1.0);
+    exact(
+        "switchyard_refusals_total{kind=\"rate_limit_rpm\"}".into(),
+        1.0,
+    );
     exact(
         "switchyard_cache_outcomes_total{outcome=\"hit\"}".into(),
         1.0,
