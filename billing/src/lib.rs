@@ -18,6 +18,7 @@ pub mod audit;
 pub mod balance;
 pub mod budget_rebuild;
 mod error;
+pub mod lag;
 pub mod ledger;
 mod ledger_url;
 pub use switchyard_schemas::pricing;

@@ -4,6 +4,7 @@
 
 pub mod config;
 pub mod data_lock;
+pub mod metrics_listen;
 pub mod nats;
 pub mod nats_auth;
 pub mod reload;

@@ -117,6 +117,9 @@ enum Command {
         /// `scripts/local_model.py` prints plus `/v1`.
         #[arg(long)]
         local_model_url: Option<String>,
+        /// Serve this worker's metrics at `http://ADDR/metrics` (docs/metrics.md).
+        #[arg(long)]
+        metrics_listen: Option<SocketAddr>,
     },
     /// The billing consumer (durable JetStream consumer → SQL ledger).
     Billing {
@@ -125,6 +128,9 @@ enum Command {
         /// sqlx database URL (default: SQLite under the data dir).
         #[arg(long, env = "SWITCHYARD_DATABASE_URL")]
         database_url: Option<String>,
+        /// Serve the billing metrics (lag, pending usage) at `http://ADDR/metrics`.
+        #[arg(long)]
+        metrics_listen: Option<SocketAddr>,
     },
     /// Budget state: `budgets rebuild` recomputes every key's and tenant's spend of the current
     /// windows from the ledger into `SY_BUDGETS` (scopes without an entry; `--overwrite` replaces
@@ -428,6 +434,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                 admin,
                 shutdown_token(),
                 Readiness::default(),
+                None,
             )
             .await;
             flush_spool(&nats, &subjects).await;
@@ -439,6 +446,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             providers,
             mock_url,
             local_model_url,
+            metrics_listen,
         } => {
             let mut c = load(&common)?;
             // Provider credentials are decrypted here, in the process that uses them only.
@@ -449,6 +457,8 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             start_spool(&nats, &c, &new_id("worker"), &services);
             let handle = ConfigHandle::new(c);
             spawn_reload(&nats, &handle, &services, Arc::new(config::resolve_secrets));
+            let registry = process_registry();
+            let metrics = listen_metrics(metrics_listen, &registry, &services).await?;
             let opts = switchyard_workers::worker::WorkerOptions {
                 worker_id: new_id("worker"),
                 subjects: subjects.clone(),
@@ -456,6 +466,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                 providers,
                 builtin_mock_url: mock_url,
                 builtin_local_model_url: local_model_url,
+                metrics: registry,
             };
             // Returns after in-flight requests and their usage publications finished.
             let result = switchyard_workers::worker::run(nats.clone(), opts, shutdown_token())
@@ -463,11 +474,15 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                 .map_err(msg);
             flush_spool(&nats, &subjects).await;
             services.cancel();
+            if let Some(task) = metrics {
+                let _ = task.await;
+            }
             result
         }
         Command::Billing {
             common,
             database_url,
+            metrics_listen,
         } => {
             let c = load(&common)?;
             let nats = connect(&require_nats(&c)?, "switchyard-billing", &c.nats).await?;
@@ -475,8 +490,17 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             let handle = ConfigHandle::new(c);
             let services = CancellationToken::new();
             spawn_reload(&nats, &handle, &services, Arc::new(|_| Ok(())));
+            let registry = switchyard_schemas::metrics::Registry::new();
+            switchyard_billing::lag::add_lag_collector(
+                &registry,
+                async_nats::jetstream::new(nats.clone()),
+            );
+            let metrics = listen_metrics(metrics_listen, &registry, &services).await?;
             let result = run_billing(nats, handle, database_url, shutdown_token(), None).await;
             services.cancel();
+            if let Some(task) = metrics {
+                let _ = task.await;
+            }
             result
         }
         Command::Budgets {
@@ -612,6 +636,28 @@ async fn run(cli: Cli) -> Result<(), CliError> {
     }
 }
 
+/// A registry with this process's spool and publish-error collectors.
+fn process_registry() -> switchyard_schemas::metrics::Registry {
+    let registry = switchyard_schemas::metrics::Registry::new();
+    switchyard_schemas::metrics::add_process_collectors(&registry);
+    registry
+}
+
+/// Serves `registry` on `addr` (when set) until `stop`; await the task at exit.
+async fn listen_metrics(
+    addr: Option<SocketAddr>,
+    registry: &switchyard_schemas::metrics::Registry,
+    stop: &CancellationToken,
+) -> Result<Option<tokio::task::JoinHandle<()>>, CliError> {
+    let Some(addr) = addr else {
+        return Ok(None);
+    };
+    let (_, task) = switchyard::metrics_listen::serve(addr, registry.clone(), stop.clone())
+        .await
+        .map_err(|e| msg(format!("binding --metrics-listen {addr}: {e}")))?;
+    Ok(Some(task))
+}
+
 /// Makes `<data_dir>/spool/<id>` this process's usage spool (usage events JetStream does not
 /// acknowledge are kept there) and drains it, and spools left by earlier runs, until `shutdown`.
 fn start_spool(
@@ -733,16 +779,19 @@ async fn run_ingress(
     admin: AdminWiring,
     shutdown: CancellationToken,
     readiness: Readiness,
+    registry: Option<switchyard_schemas::metrics::Registry>,
 ) -> Result<(), CliError> {
     let c = handle.get();
     let listener = switchyard_ingress::server::bind(&c.listen)
         .await
         .map_err(|e| msg(format!("binding {}: {e}", c.listen)))?;
     let addr = listener.local_addr().map_err(msg)?;
-    let state =
-        switchyard_ingress::state_with_readiness(nats, handle, &new_id("ingress"), readiness)
-            .await
-            .map_err(msg)?;
+    let id = new_id("ingress");
+    let state = match registry {
+        Some(r) => switchyard_ingress::state_with_registry(nats, handle, &id, readiness, r).await,
+        None => switchyard_ingress::state_with_readiness(nats, handle, &id, readiness).await,
+    }
+    .map_err(msg)?;
     if let Some(w) = admin.writer {
         state.admin.set_writer(w);
     }
@@ -998,6 +1047,9 @@ async fn up(
             .map_err(msg)?;
         js
     };
+    // One registry for every service of this process: ingress's `/metrics` shows them all.
+    let registry = process_registry();
+    switchyard_billing::lag::add_lag_collector(&registry, billing_js.clone());
     let billing = {
         let nats = connect(&url, "switchyard-billing", &billing_nats).await?;
         let handle = handle.clone();
@@ -1048,6 +1100,7 @@ async fn up(
             providers: Vec::new(),
             builtin_mock_url: mock_url,
             builtin_local_model_url: local_model.as_ref().map(local_model::LocalModel::api_url),
+            metrics: registry.clone(),
         };
         let token = workers_stop.clone();
         let ready = readiness.register("worker", "subscribing");
@@ -1074,7 +1127,9 @@ async fn up(
         let readiness = readiness.clone();
         spawn(
             "ingress",
-            Box::pin(async move { run_ingress(nats, handle, admin, token, readiness).await }),
+            Box::pin(async move {
+                run_ingress(nats, handle, admin, token, readiness, Some(registry)).await
+            }),
         )
     };
     for m in &config.models {

@@ -380,6 +380,7 @@ impl Capture {
             return;
         };
         self.failed = true; // once
+        self.app.metrics.cache("store");
         let app = self.app.clone();
         // Tracked: a store still in flight at shutdown is published before the process exits.
         self.app.tasks.spawn(async move {

@@ -369,26 +369,46 @@ impl Charge {
 
 impl Charge {
     /// The `unpriced_component` alarm (metric [`crate::metrics::UNPRICED`] and a warning) for
-    /// what of `e`'s usage has no sale price (`charge`, `e` priced at sale price) or no cost
-    /// price on its upstream model (`cost`); billing records the same in the ledger.
+    /// what of `e`'s usage has no sale price (`charge`: `e` priced at sale price, computed once
+    /// by the caller) or no cost price on its upstream model (`cost`); billing records the same
+    /// in the ledger.
+    ///
+    /// Also records the metrics of the usage: tokens by kind, charge and cost in USD (a cache
+    /// hit used no upstream tokens and is charged $0: none).
     fn alarm_unpriced(&self, e: &UsageEvent, charge: Option<&switchyard_schemas::pricing::Cost>) {
-        let catalog = self.app.catalog();
-        let Some(catalog) = catalog.as_deref() else {
-            return;
-        };
         if e.cache_hit || e.usage.total_tokens() == 0 {
             return;
         }
+        let catalog = self.app.catalog();
+        let Some(catalog) = catalog.as_deref() else {
+            let target = e.target.as_deref();
+            self.app.metrics.usage(&e.model, target, &e.usage, 0.0, 0.0);
+            return;
+        };
         let batch = e.batch_id.is_some();
+        let usd = |cost: &Option<switchyard_schemas::pricing::Cost>| {
+            use rust_decimal::prelude::ToPrimitive as _;
+            cost.as_ref().and_then(|c| c.total.to_f64()).unwrap_or(0.0)
+        };
         let missing = |cost: Option<switchyard_schemas::pricing::Cost>| match cost {
             Some(c) => c.unpriced,
             None => vec!["model"],
         };
-        let charge = missing(charge.cloned());
-        let cost = e
+        let charge = charge.cloned();
+        let upstream = e
             .upstream_model
             .as_deref()
-            .map(|m| (m, missing(catalog.upstream_cost(m, &e.usage, batch))));
+            .map(|m| (m, catalog.upstream_cost(m, &e.usage, batch)));
+        let cost_usd = upstream.as_ref().map_or(0.0, |(_, c)| usd(c));
+        self.app.metrics.usage(
+            &e.model,
+            e.target.as_deref(),
+            &e.usage,
+            usd(&charge),
+            cost_usd,
+        );
+        let charge = missing(charge);
+        let cost = upstream.map(|(m, c)| (m, missing(c)));
         let sides = std::iter::once(("charge", e.model.as_str(), charge))
             .chain(cost.map(|(m, c)| ("cost", m, c)));
         for (side, model, components) in sides {

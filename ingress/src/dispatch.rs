@@ -153,6 +153,9 @@ impl Dispatcher {
             .publish_with_reply_and_headers(subject, reply, headers, payload.into())
             .await
             .map_err(|e| {
+                switchyard_schemas::publish::count_publish_error(
+                    switchyard_schemas::publish::PublishKind::Request,
+                );
                 ErrorInfo::new(
                     ErrorClass::NoCapacity,
                     format!("publishing to NATS failed: {e}"),

@@ -50,7 +50,8 @@ enum RawInput {
 /// The caller's key rate-limit headers (`x-ratelimit-*`, [`crate::rate_limit`]) ride on every
 /// answer, refusals included, as on the chat door.
 pub async fn embeddings(State(app): State<Arc<AppState>>, body: Bytes) -> Response {
-    let (out, rates) = crate::rate_limit::reporting(Box::pin(handle(app, &body))).await;
+    crate::metrics::body_read();
+    let (out, rates) = crate::rate_limit::reporting(Box::pin(handle(app.clone(), &body))).await;
     let mut resp = match out {
         Ok(r) => r,
         Err(e) => e.into_response(),
@@ -58,6 +59,7 @@ pub async fn embeddings(State(app): State<Arc<AppState>>, body: Bytes) -> Respon
     if let Some(r) = rates {
         r.apply(&mut resp);
     }
+    crate::metrics::response_head(&app, None, &mut resp);
     resp
 }
 

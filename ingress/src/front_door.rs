@@ -86,10 +86,15 @@ pub async fn serve<D: FrontDoor>(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Response {
+    crate::metrics::body_read();
     let parsed = route::check_size(&app, body.len()).and_then(|()| door.parse(body));
     match parsed {
         Ok(inbound) => serve_inbound(door, app, headers, inbound).await,
-        Err(e) => door.error(e),
+        Err(e) => {
+            let mut resp = door.error(e);
+            crate::metrics::response_head(&app, None, &mut resp);
+            resp
+        }
     }
 }
 
@@ -104,12 +109,16 @@ pub async fn serve_inbound<D: FrontDoor>(
     headers: &HeaderMap,
     inbound: Inbound,
 ) -> Response {
+    let model = inbound.model.clone();
     if let Err(e) = switchyard_schemas::input::check_conversation(&inbound.messages, &inbound.tools)
     {
-        return door.error(e.into());
+        let mut resp = door.error(e.into());
+        crate::metrics::response_head(&app, Some(&model), &mut resp);
+        return resp;
     }
     let (out, rates) =
-        crate::rate_limit::reporting(Box::pin(pipeline(&door, app, headers, inbound))).await;
+        crate::rate_limit::reporting(Box::pin(pipeline(&door, app.clone(), headers, inbound)))
+            .await;
     let mut resp = match out {
         Ok(r) => r,
         Err(e) => door.error(e),
@@ -117,6 +126,7 @@ pub async fn serve_inbound<D: FrontDoor>(
     if let Some(r) = rates {
         r.apply(&mut resp);
     }
+    crate::metrics::response_head(&app, Some(&model), &mut resp);
     resp
 }
 
@@ -131,6 +141,7 @@ async fn pipeline<D: FrontDoor>(
 
     // Cache: a hit is replayed through the same encoder as a live answer.
     let cache = cache_client::check(&app, headers, &inbound).await;
+    app.metrics.cache(cache.outcome.as_str());
     if cache.is_hit() {
         // A cached answer is still a request of the key: it takes one RPM (and no tokens, it
         // is free) and carries the key's `x-ratelimit-*` headers like any answer.

@@ -151,6 +151,20 @@ pub async fn state_with_readiness(
     ingress_id: &str,
     readiness: Readiness,
 ) -> Result<Arc<AppState>, IngressError> {
+    let registry = switchyard_schemas::metrics::Registry::new();
+    switchyard_schemas::metrics::add_process_collectors(&registry);
+    state_with_registry(nats, config, ingress_id, readiness, registry).await
+}
+
+/// Like [`state_with_readiness`], recording metrics into `registry` (`switchyard up` shares
+/// one between its services, so `/metrics` shows them all; the caller adds its collectors).
+pub async fn state_with_registry(
+    nats: async_nats::Client,
+    config: ConfigHandle,
+    ingress_id: &str,
+    readiness: Readiness,
+    registry: switchyard_schemas::metrics::Registry,
+) -> Result<Arc<AppState>, IngressError> {
     let ingress_ready = readiness.register("ingress", "starting");
     let subjects = Subjects::new(config.get().subject_prefix.clone());
     let dispatcher =
@@ -186,7 +200,7 @@ pub async fn state_with_readiness(
         health,
         stats: Arc::new(health::TargetStats::default()),
         capabilities: strategy::CapabilityTable::default(),
-        metrics: metrics::Metrics::new(),
+        metrics: metrics::Metrics::with_registry(registry),
         cache: cache_client::CacheClient::default(),
         keys: auth::KeyTable::default(),
         budgets,
@@ -240,6 +254,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             auth::authenticate,
         ))
         .layer(axum::middleware::from_fn(route::capture_hints))
+        .layer(axum::middleware::from_fn(metrics::clocked))
         // A memory guard only: the real limit is the NATS server's max_payload (413 in chat.rs).
         .layer(axum::extract::DefaultBodyLimit::max(64 * 1024 * 1024))
         .with_state(state)
@@ -357,7 +372,7 @@ async fn metrics_text(State(app): State<Arc<AppState>>) -> Response {
     let content_type = "text/plain; version=0.0.4; charset=utf-8";
     (
         [(axum::http::header::CONTENT_TYPE, content_type)],
-        app.metrics.render(),
+        app.metrics.registry().scrape().await,
     )
         .into_response()
 }

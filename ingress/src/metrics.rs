@@ -1,59 +1,94 @@
-//! Prometheus metrics of one ingress, served as text at `GET /metrics`.
+//! Prometheus metrics of one ingress, served as text at `GET /metrics`; the families and their
+//! labels are listed in [`switchyard_schemas::metrics`] and docs/metrics.md.
 //!
-//! | metric | type | labels |
-//! |---|---|---|
-//! | `switchyard_requests_total` | counter | `model`, `target` (`none` when no target was tried), `status` |
-//! | `switchyard_fallbacks_total` | counter | `model` |
-//! | `switchyard_ttft_seconds` | histogram | `model`, `target` |
-//! | `switchyard_request_duration_seconds` | histogram | `model` |
-//! | `switchyard_in_flight` | gauge | `target` |
-//! | `switchyard_batches_total` | counter | `status` (`in_progress` when queued, `failed` when validation failed) |
-//!
-//! `model` is the configured model the request was routed by (never an unknown client string).
-//! `status` is the HTTP status the outcome maps to: 200 on success; for an error the status of its
+//! `model` is the configured model the request was routed by (never an unknown client string:
+//! `none` when it was not routed); `route` the front door's HTTP route (`batch` for batch items);
+//! `status` the HTTP status the outcome maps to: 200 on success; for an error the status of its
 //! class, also when the error came after a stream had started; 499 when the client went away.
-//! `switchyard_ttft_seconds` runs from admission to the first content the client gets;
-//! the request duration from admission to the end.
 //!
-//! Each [`Metrics`] owns its own recorder (not the process-global one), so several gateways in one
-//! process — the integration tests — keep separate counts.
+//! Hot path: the series of one (route, model) and of one target are registered once and kept
+//! ([`RequestSeries`], [`ProviderSeries`]); a request then only looks them up and updates atomics.
+//!
+//! **Gateway overhead** ([`HEADER_OVERHEAD`]): a task-local [`Clock`] per HTTP request
+//! ([`clocked`]) starts when the body has been read ([`body_read`]) and accumulates the time the
+//! request waited on an attempt (from dispatch to its commit or failure). The overhead is the time
+//! to the response head minus that wait: for a streamed answer the time before the first byte
+//! (the head goes out at the first content), for a complete answer everything but the upstream.
 
-use metrics_exporter_prometheus::{
-    Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
-};
+use parking_lot::{Mutex, RwLock};
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use switchyard_schemas::Usage;
+use switchyard_schemas::metrics::{
+    CACHE, CHARGE_USD, CHUNK_GAP, COST_USD, Counter, FALLBACKS, Gauge, Histogram, IN_FLIGHT,
+    OVERHEAD, PROVIDER_REQUESTS, PROVIDER_TTFT, REFUSALS, REQUEST_DURATION, REQUESTS, Registry,
+    TOKENS, TTFT,
+};
 
-/// Requests by outcome.
-pub const REQUESTS: &str = "switchyard_requests_total";
-/// Moves to a next target.
-pub const FALLBACKS: &str = "switchyard_fallbacks_total";
-/// Admission to first content.
-pub const TTFT: &str = "switchyard_ttft_seconds";
-/// Admission to end.
-pub const DURATION: &str = "switchyard_request_duration_seconds";
-/// Requests in flight per target.
-pub const IN_FLIGHT: &str = "switchyard_in_flight";
-/// Batches submitted, by the status they started in.
-pub const BATCHES: &str = "switchyard_batches_total";
-/// Counter: requests with tokens that had no price, by `side` (`charge` = sale price,
-/// `cost` = the upstream model's cost price), `model` (standard or upstream id) and `component`
-/// (`model`, `cache_write_1h`, `audio_input`, `audio_output`, `service_tier`).
-pub const UNPRICED: &str = "switchyard_unpriced_total";
+pub use switchyard_schemas::metrics::{BATCHES, UNPRICED};
 
-const TTFT_BUCKETS: &[f64] = &[
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-];
-const DURATION_BUCKETS: &[f64] = &[
-    0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
-];
+/// Response header: the gateway's own time for this request, ms with 3 decimals (see the module
+/// docs; for a streamed answer the time before the first byte only).
+pub const HEADER_OVERHEAD: &str = "x-switchyard-overhead-ms";
 
-struct Inner {
-    recorder: PrometheusRecorder,
-    handle: PrometheusHandle,
+/// The `depth` label values of [`FALLBACKS`]; deeper moves count as the last.
+const DEPTHS: [&str; 5] = ["1", "2", "3", "4", "5+"];
+
+/// The series of one (route, model).
+pub struct RequestSeries {
+    route: &'static str,
+    model: String,
+    duration: Histogram,
+    ttft: Histogram,
+    overhead: Histogram,
+    gap: Histogram,
+    /// Finished requests by status (few per series).
+    statuses: Mutex<Vec<(u16, Counter)>>,
 }
 
-/// The metrics registry of one ingress (cheap to clone).
+/// Tokens of one model by kind: input, cached_input, cache_write, output, reasoning.
+type Tokens = [Counter; 5];
+
+/// The series of one target.
+pub struct ProviderSeries {
+    target: String,
+    ttft: Histogram,
+    in_flight: Gauge,
+    statuses: Mutex<Vec<(u16, Counter)>>,
+}
+
+fn by_status(
+    registry: &Registry,
+    statuses: &Mutex<Vec<(u16, Counter)>>,
+    name: &'static str,
+    labels: &[(&'static str, &str)],
+    status: u16,
+) {
+    let mut s = statuses.lock();
+    if let Some((_, c)) = s.iter().find(|(st, _)| *st == status) {
+        c.increment(1);
+        return;
+    }
+    let code = status.to_string();
+    let mut all: Vec<(&'static str, &str)> = labels.to_vec();
+    all.push(("status", &code));
+    let c = registry.counter(name, &all);
+    c.increment(1);
+    s.push((status, c));
+}
+
+struct Inner {
+    registry: Registry,
+    /// Request series by route, then model.
+    requests: RwLock<HashMap<&'static str, HashMap<String, Arc<RequestSeries>>>>,
+    providers: RwLock<HashMap<String, Arc<ProviderSeries>>>,
+    tokens: RwLock<HashMap<String, Arc<Tokens>>>,
+    cache: RwLock<HashMap<&'static str, Counter>>,
+}
+
+/// The metrics of one ingress (cheap to clone).
 #[derive(Clone)]
 pub struct Metrics {
     inner: Arc<Inner>,
@@ -66,166 +101,402 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// A fresh registry with the histogram buckets above.
+    /// A fresh registry of its own.
     pub fn new() -> Self {
-        let with_buckets = || {
-            PrometheusBuilder::new()
-                .set_buckets_for_metric(Matcher::Full(TTFT.into()), TTFT_BUCKETS)?
-                .set_buckets_for_metric(Matcher::Full(DURATION.into()), DURATION_BUCKETS)
-        };
-        let recorder = match with_buckets() {
-            Ok(b) => b.build_recorder(),
-            Err(e) => {
-                tracing::warn!(error = %e, "histogram buckets refused; exporting summaries");
-                PrometheusBuilder::new().build_recorder()
-            }
-        };
-        let handle = recorder.handle();
-        let m = Self {
-            inner: Arc::new(Inner { recorder, handle }),
-        };
-        m.with(|| {
-            metrics::describe_counter!(
-                REQUESTS,
-                "Requests by routed model, serving target and status."
-            );
-            metrics::describe_counter!(
-                FALLBACKS,
-                "Moves to the next target after a failed attempt."
-            );
-            metrics::describe_histogram!(
-                TTFT,
-                metrics::Unit::Seconds,
-                "Time from admission to the first content."
-            );
-            metrics::describe_histogram!(
-                DURATION,
-                metrics::Unit::Seconds,
-                "Time from admission to the end of the request."
-            );
-            metrics::describe_counter!(
-                UNPRICED,
-                "Requests with tokens that had no price, by side, model and component."
-            );
-            metrics::describe_gauge!(
-                IN_FLIGHT,
-                "Requests in flight per target from this ingress."
-            );
-        });
-        m
+        Self::with_registry(Registry::new())
     }
 
-    fn with<T>(&self, f: impl FnOnce() -> T) -> T {
-        metrics::with_local_recorder(&self.inner.recorder, f)
+    /// Records into `registry` (shared with the other services of `switchyard up`).
+    pub fn with_registry(registry: Registry) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                registry,
+                requests: RwLock::new(HashMap::new()),
+                providers: RwLock::new(HashMap::new()),
+                tokens: RwLock::new(HashMap::new()),
+                cache: RwLock::new(HashMap::new()),
+            }),
+        }
     }
 
-    /// The Prometheus text exposition.
+    /// The registry.
+    pub fn registry(&self) -> &Registry {
+        &self.inner.registry
+    }
+
+    /// The Prometheus text exposition (collectors not run).
     pub fn render(&self) -> String {
-        self.inner.handle.render()
+        self.inner.registry.render()
     }
 
-    /// Counts one finished request.
-    pub fn request(&self, model: &str, target: &str, status: u16) {
-        let labels = [
-            ("model", model.to_owned()),
-            ("target", target.to_owned()),
-            ("status", status.to_string()),
-        ];
-        self.with(|| metrics::counter!(REQUESTS, &labels).increment(1));
+    /// The series of (`route`, `model`), registered on first use.
+    pub fn request_series(&self, route: &'static str, model: &str) -> Arc<RequestSeries> {
+        if let Some(s) = self
+            .inner
+            .requests
+            .read()
+            .get(route)
+            .and_then(|m| m.get(model))
+        {
+            return s.clone();
+        }
+        let r = &self.inner.registry;
+        let labels = [("route", route), ("model", model)];
+        let series = Arc::new(RequestSeries {
+            route,
+            model: model.to_owned(),
+            duration: r.histogram(REQUEST_DURATION, &labels),
+            ttft: r.histogram(TTFT, &labels),
+            overhead: r.histogram(OVERHEAD, &labels),
+            gap: r.histogram(CHUNK_GAP, &labels),
+            statuses: Mutex::new(Vec::new()),
+        });
+        self.inner
+            .requests
+            .write()
+            .entry(route)
+            .or_default()
+            .entry(model.to_owned())
+            .or_insert(series)
+            .clone()
+    }
+
+    fn tokens(&self, model: &str) -> Arc<Tokens> {
+        if let Some(t) = self.inner.tokens.read().get(model) {
+            return t.clone();
+        }
+        let r = &self.inner.registry;
+        let kind = |k: &str| r.counter(TOKENS, &[("model", model), ("kind", k)]);
+        let tokens = Arc::new([
+            kind("input"),
+            kind("cached_input"),
+            kind("cache_write"),
+            kind("output"),
+            kind("reasoning"),
+        ]);
+        self.inner
+            .tokens
+            .write()
+            .entry(model.to_owned())
+            .or_insert(tokens)
+            .clone()
+    }
+
+    /// The series of `target`, registered on first use.
+    pub fn provider_series(&self, target: &str) -> Arc<ProviderSeries> {
+        if let Some(s) = self.inner.providers.read().get(target) {
+            return s.clone();
+        }
+        let series = Arc::new(ProviderSeries {
+            target: target.to_owned(),
+            ttft: self
+                .inner
+                .registry
+                .histogram(PROVIDER_TTFT, &[("target", target)]),
+            in_flight: self.inner.registry.gauge(IN_FLIGHT, &[("target", target)]),
+            statuses: Mutex::new(Vec::new()),
+        });
+        self.inner
+            .providers
+            .write()
+            .entry(target.to_owned())
+            .or_insert(series)
+            .clone()
+    }
+
+    fn request_status(&self, s: &RequestSeries, status: u16) {
+        by_status(
+            &self.inner.registry,
+            &s.statuses,
+            REQUESTS,
+            &[("route", s.route), ("model", &s.model)],
+            status,
+        );
+    }
+
+    fn provider_status(&self, s: &ProviderSeries, status: u16) {
+        by_status(
+            &self.inner.registry,
+            &s.statuses,
+            PROVIDER_REQUESTS,
+            &[("target", &s.target)],
+            status,
+        );
     }
 
     /// Counts one submitted batch by its first status after validation.
     pub fn batch_submitted(&self, status: &'static str) {
-        let labels = [("status", status)];
-        self.with(|| metrics::counter!(BATCHES, &labels).increment(1));
-    }
-
-    /// Counts one move to a next target.
-    pub fn fallback(&self, model: &str) {
-        let labels = [("model", model.to_owned())];
-        self.with(|| metrics::counter!(FALLBACKS, &labels).increment(1));
-    }
-
-    /// Records a time to first content.
-    pub fn ttft(&self, model: &str, target: &str, d: Duration) {
-        let labels = [("model", model.to_owned()), ("target", target.to_owned())];
-        self.with(|| metrics::histogram!(TTFT, &labels).record(d.as_secs_f64()));
-    }
-
-    /// Records a request duration.
-    pub fn duration(&self, model: &str, d: Duration) {
-        let labels = [("model", model.to_owned())];
-        self.with(|| metrics::histogram!(DURATION, &labels).record(d.as_secs_f64()));
+        self.inner
+            .registry
+            .counter(BATCHES, &[("status", status)])
+            .increment(1);
     }
 
     /// Counts one request whose `component` had no price on `side` (`charge` / `cost`).
     pub fn unpriced(&self, side: &'static str, model: &str, component: &str) {
-        let labels = [
-            ("side", side.to_owned()),
-            ("model", model.to_owned()),
-            ("component", component.to_owned()),
-        ];
-        self.with(|| metrics::counter!(UNPRICED, &labels).increment(1));
+        self.inner
+            .registry
+            .counter(
+                UNPRICED,
+                &[("side", side), ("model", model), ("component", component)],
+            )
+            .increment(1);
     }
 
     /// Moves the in-flight gauge of `target` by `delta`.
     pub fn in_flight(&self, target: &str, delta: f64) {
-        let labels = [("target", target.to_owned())];
-        self.with(|| metrics::gauge!(IN_FLIGHT, &labels).increment(delta));
+        self.provider_series(target).in_flight.increment(delta);
+    }
+
+    /// Counts one answer cache outcome (`hit`, `semantic-hit`, `miss`, `bypass`, `store`).
+    pub fn cache(&self, outcome: &'static str) {
+        if let Some(c) = self.inner.cache.read().get(outcome) {
+            c.increment(1);
+            return;
+        }
+        let c = self.inner.registry.counter(CACHE, &[("outcome", outcome)]);
+        c.increment(1);
+        self.inner.cache.write().insert(outcome, c);
+    }
+
+    /// Counts one refusal by a limit or budget of `kind` (see [`REFUSALS`]).
+    pub fn refusal(&self, kind: &'static str) {
+        self.inner
+            .registry
+            .counter(REFUSALS, &[("kind", kind)])
+            .increment(1);
+    }
+
+    /// Records the upstream usage of one request routed by `model` and served by `target`,
+    /// charged `charge` USD and costing `cost` USD.
+    pub fn usage(&self, model: &str, target: Option<&str>, usage: &Usage, charge: f64, cost: f64) {
+        let tokens = self.tokens(model);
+        let [input, cached, write, output, reasoning] = &*tokens;
+        input.increment(usage.prompt_tokens);
+        cached.increment(usage.cached_tokens);
+        write.increment(usage.cache_write_tokens);
+        output.increment(usage.completion_tokens);
+        reasoning.increment(usage.reasoning_tokens);
+        let r = &self.inner.registry;
+        r.add_usd(CHARGE_USD, "model", model, charge);
+        if let Some(t) = target {
+            r.add_usd(COST_USD, "target", t, cost);
+        }
     }
 }
 
-/// The outcome record of one request: [`Outcome::finish`] counts it once; dropping it unfinished
-/// counts it as 499 (the client went away).
+/// The label `kind` of [`REFUSALS`] for an admission error's `code`, if it is a budget refusal
+/// (rate-limit refusals are counted by [`crate::rate_limit`], which knows their dimension).
+pub fn refusal_kind(code: Option<&str>) -> Option<&'static str> {
+    match code? {
+        "insufficient_quota" => Some("budget"),
+        "budget_store_unavailable" => Some("budget_store_unavailable"),
+        "model_not_priced" => Some("model_not_priced"),
+        _ => None,
+    }
+}
+
+/// The per-HTTP-request clock of the gateway overhead (see the module docs).
+pub struct Clock {
+    route: &'static str,
+    started: Cell<Instant>,
+    upstream: Cell<Duration>,
+    series: RefCell<Option<Arc<RequestSeries>>>,
+}
+
+tokio::task_local! {
+    static CLOCK: Clock;
+}
+
+/// The `route` label of a front-door path (`None`: not a model request).
+pub fn route_of(path: &str) -> Option<&'static str> {
+    Some(match path {
+        "/v1/chat/completions" => "/v1/chat/completions",
+        "/v1/completions" => "/v1/completions",
+        "/v1/messages" => "/v1/messages",
+        "/v1/responses" => "/v1/responses",
+        "/v1/embeddings" => "/v1/embeddings",
+        _ => return None,
+    })
+}
+
+/// Middleware: runs a model request under its [`Clock`].
+pub async fn clocked(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    match route_of(req.uri().path()) {
+        Some(route) => {
+            let clock = Clock {
+                route,
+                started: Cell::new(Instant::now()),
+                upstream: Cell::new(Duration::ZERO),
+                series: RefCell::new(None),
+            };
+            CLOCK.scope(clock, next.run(req)).await
+        }
+        None => next.run(req).await,
+    }
+}
+
+/// The route of the request being handled (`batch` outside an HTTP request).
+fn current_route() -> &'static str {
+    CLOCK.try_with(|c| c.route).unwrap_or("batch")
+}
+
+/// Restarts the clock: the body has been read (a slow upload is not the gateway's time).
+pub fn body_read() {
+    let _ = CLOCK.try_with(|c| c.started.set(Instant::now()));
+}
+
+/// Adds `d` of waiting on an attempt.
+fn waited(d: Duration) {
+    let _ = CLOCK.try_with(|c| c.upstream.set(c.upstream.get() + d));
+}
+
+/// Ends the clock of the request being handled at its response head: sets
+/// [`HEADER_OVERHEAD`] on `resp` and records the overhead. A request that was never routed
+/// (a client error before admission, a cache hit) is counted here in [`REQUESTS`] with
+/// `model` = `model` when it is a configured model id, else `none`.
+pub fn response_head(
+    app: &crate::AppState,
+    model: Option<&str>,
+    resp: &mut axum::response::Response,
+) {
+    let Ok((overhead, series)) = CLOCK.try_with(|c| {
+        let own = c.started.get().elapsed().saturating_sub(c.upstream.get());
+        (own, c.series.borrow().clone())
+    }) else {
+        return;
+    };
+    let series = match series {
+        Some(s) => s,
+        None => {
+            let config = app.config.get();
+            let label = model
+                .and_then(|m| config.models.iter().find(|c| c.id == m))
+                .map_or("none", |m| m.id.as_str());
+            let s = app.metrics.request_series(current_route(), label);
+            app.metrics.request_status(&s, resp.status().as_u16());
+            s
+        }
+    };
+    series.overhead.record(overhead.as_secs_f64());
+    let ms = format!("{:.3}", overhead.as_secs_f64() * 1000.0);
+    if let Ok(v) = axum::http::HeaderValue::from_str(&ms) {
+        resp.headers_mut().insert(HEADER_OVERHEAD, v);
+    }
+}
+
+/// The outcome record of one admitted request: [`Outcome::finish`] counts it once; dropping it
+/// unfinished counts it as 499 (the client went away).
 pub struct Outcome {
     metrics: Metrics,
-    model: String,
-    target: Option<String>,
+    series: Arc<RequestSeries>,
+    /// The target being tried, and whether its attempt's outcome is still to be counted.
+    target: Option<(Arc<ProviderSeries>, bool)>,
+    attempt_started: Instant,
+    attempts: usize,
     admitted: Instant,
+    /// A streamed answer: chunk gaps are recorded.
+    stream: bool,
     done: bool,
 }
 
 impl Outcome {
     /// Starts the record of a request routed by `model`, admitted at `admitted`.
     pub fn new(metrics: &Metrics, model: &str, admitted: Instant) -> Self {
+        let series = metrics.request_series(current_route(), model);
+        let _ = CLOCK.try_with(|c| *c.series.borrow_mut() = Some(series.clone()));
         Self {
             metrics: metrics.clone(),
-            model: model.to_owned(),
+            series,
             target: None,
+            attempt_started: admitted,
+            attempts: 0,
             admitted,
+            stream: false,
             done: false,
         }
     }
 
     /// The routed model.
     pub fn model(&self) -> &str {
-        &self.model
+        &self.series.model
+    }
+
+    /// Marks the answer as streamed (chunk gaps are recorded).
+    pub fn streamed(&mut self, stream: bool) {
+        self.stream = stream;
     }
 
     /// Records the target now being tried; from the second call on, that is a fallback.
     pub fn attempt(&mut self, target: &str) {
-        if self.target.is_some() {
-            self.metrics.fallback(&self.model);
+        if self.attempts > 0 {
+            let depth = DEPTHS[(self.attempts - 1).min(DEPTHS.len() - 1)];
+            self.metrics
+                .inner
+                .registry
+                .counter(
+                    FALLBACKS,
+                    &[("model", &self.series.model), ("depth", depth)],
+                )
+                .increment(1);
         }
-        self.target = Some(target.to_owned());
+        self.attempts += 1;
+        self.target = Some((self.metrics.provider_series(target), true));
+        self.attempt_started = Instant::now();
+    }
+
+    /// The attempt being tried failed with `status` (before committing).
+    pub fn attempt_failed(&mut self, status: u16) {
+        waited(self.attempt_started.elapsed());
+        if let Some((t, open)) = self.target.as_mut()
+            && std::mem::replace(open, false)
+        {
+            self.metrics.provider_status(t, status);
+        }
+    }
+
+    /// The attempt being tried committed (its outcome is counted when the request finishes).
+    pub fn committed(&self) {
+        waited(self.attempt_started.elapsed());
     }
 
     /// Records the time of the first content of the serving attempt.
     pub fn first_content(&self, at: Instant) {
-        if let Some(t) = &self.target {
-            self.metrics
-                .ttft(&self.model, t, at.saturating_duration_since(self.admitted));
+        self.series
+            .ttft
+            .record(at.saturating_duration_since(self.admitted).as_secs_f64());
+        if let Some((t, _)) = &self.target {
+            t.ttft.record(
+                at.saturating_duration_since(self.attempt_started)
+                    .as_secs_f64(),
+            );
         }
     }
 
-    /// Counts the request with `status` (once).
+    /// Records the gap `gap` between two content chunks (streamed answers only).
+    pub fn chunk_gap(&self, gap: Duration) {
+        if self.stream {
+            self.series.gap.record(gap.as_secs_f64());
+        }
+    }
+
+    /// Counts the request with `status` (once), and the serving attempt with it.
     pub fn finish(&mut self, status: u16) {
         if std::mem::replace(&mut self.done, true) {
             return;
         }
-        let target = self.target.as_deref().unwrap_or("none");
-        self.metrics.request(&self.model, target, status);
-        self.metrics.duration(&self.model, self.admitted.elapsed());
+        self.metrics.request_status(&self.series, status);
+        self.series
+            .duration
+            .record(self.admitted.elapsed().as_secs_f64());
+        if let Some((t, open)) = self.target.as_mut()
+            && std::mem::replace(open, false)
+        {
+            self.metrics.provider_status(t, status);
+        }
     }
 }
 
@@ -247,21 +518,28 @@ mod tests {
             let mut o = Outcome::new(&m, "demo/mock", t0);
             o.attempt("a");
             if status == 503 {
+                o.attempt_failed(502);
                 o.attempt("b");
             }
+            o.committed();
             o.first_content(Instant::now());
             o.finish(status);
         }
         drop(Outcome::new(&m, "demo/mock", t0));
         let text = m.render();
+        let r = "route=\"batch\",model=\"demo/mock\"";
         for line in [
-            "switchyard_requests_total{model=\"demo/mock\",target=\"a\",status=\"200\"} 2",
-            "switchyard_requests_total{model=\"demo/mock\",target=\"b\",status=\"503\"} 1",
-            "switchyard_requests_total{model=\"demo/mock\",target=\"none\",status=\"499\"} 1",
-            "switchyard_fallbacks_total{model=\"demo/mock\"} 1",
-            "switchyard_ttft_seconds_count{model=\"demo/mock\",target=\"a\"} 2",
-            "switchyard_request_duration_seconds_count{model=\"demo/mock\"} 4",
-            "# TYPE switchyard_ttft_seconds histogram",
+            format!("switchyard_requests_total{{{r},status=\"200\"}} 2"),
+            format!("switchyard_requests_total{{{r},status=\"503\"}} 1"),
+            format!("switchyard_requests_total{{{r},status=\"499\"}} 1"),
+            "switchyard_provider_requests_total{target=\"a\",status=\"200\"} 2".into(),
+            "switchyard_provider_requests_total{target=\"a\",status=\"502\"} 1".into(),
+            "switchyard_provider_requests_total{target=\"b\",status=\"503\"} 1".into(),
+            "switchyard_fallbacks_total{model=\"demo/mock\",depth=\"1\"} 1".into(),
+            format!("switchyard_time_to_first_token_seconds_count{{{r}}} 3"),
+            "switchyard_provider_time_to_first_token_seconds_count{target=\"a\"} 2".into(),
+            format!("switchyard_request_duration_seconds_count{{{r}}} 4"),
+            "# TYPE switchyard_time_to_first_token_seconds histogram".into(),
         ] {
             assert!(
                 text.lines().any(|l| l == line),
@@ -274,5 +552,45 @@ mod tests {
                 .render()
                 .contains("switchyard_requests_total{")
         );
+    }
+
+    /// The per-request cost of the metrics on the hot path (run with `--ignored --nocapture`,
+    /// release for real numbers).
+    #[test]
+    #[ignore]
+    fn outcome_cost_per_request() {
+        let m = Metrics::new();
+        let n = 200_000u32;
+        let t0 = Instant::now();
+        for _ in 0..n {
+            let mut o = Outcome::new(&m, "demo/mock", Instant::now());
+            o.streamed(true);
+            o.attempt("a");
+            o.committed();
+            o.first_content(Instant::now());
+            for _ in 0..10 {
+                o.chunk_gap(Duration::from_micros(50));
+            }
+            o.finish(200);
+        }
+        let per = t0.elapsed() / n;
+        println!("metrics per request (10 chunks), cached series: {per:?}");
+        // The same events with the series looked up by label strings each time (as before).
+        let r = m.registry();
+        let t0 = Instant::now();
+        for _ in 0..n {
+            let labels = [("route", "/v1/chat/completions"), ("model", "demo/mock")];
+            r.counter(REQUESTS, &[labels[0], labels[1], ("status", "200")])
+                .increment(1);
+            r.histogram(TTFT, &labels).record(0.1);
+            r.histogram(REQUEST_DURATION, &labels).record(0.1);
+            r.histogram(OVERHEAD, &labels).record(0.001);
+            r.histogram(PROVIDER_TTFT, &[("target", "a")]).record(0.1);
+            for _ in 0..10 {
+                r.histogram(CHUNK_GAP, &labels).record(0.00005);
+            }
+        }
+        let per = t0.elapsed() / n;
+        println!("metrics per request (10 chunks), labels built per event: {per:?}");
     }
 }

@@ -300,6 +300,11 @@ pub async fn admit(
                 };
                 report(shown);
                 hold.settle(0, true).await;
+                app.metrics.refusal(match refusal {
+                    Refusal::Concurrent { .. } => "rate_limit_concurrency",
+                    Refusal::Requests { .. } => "rate_limit_rpm",
+                    Refusal::Tokens { .. } => "rate_limit_tpm",
+                });
                 return Err(refused(scope, refusal, &window, retry_after_ms));
             }
         }

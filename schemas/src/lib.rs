@@ -20,6 +20,8 @@ pub mod error;
 pub mod frame;
 pub mod health;
 pub mod input;
+#[cfg(feature = "metrics")]
+pub mod metrics;
 pub mod nats_config;
 pub mod pricing;
 pub mod pricing_import;

@@ -30,6 +30,42 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
+/// What a failed NATS publish was carrying (the `subject` label of
+/// [`crate::metrics::NATS_PUBLISH_ERRORS`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PublishKind {
+    /// An acknowledged publish attempt of usage events.
+    Usage,
+    /// A request ingress publishes to the workers.
+    Request,
+}
+
+impl PublishKind {
+    /// Every kind, in label order.
+    pub const ALL: &'static [PublishKind] = &[PublishKind::Usage, PublishKind::Request];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PublishKind::Usage => "usage",
+            PublishKind::Request => "request",
+        }
+    }
+}
+
+/// Failed publishes of this process by [`PublishKind`] (process-wide, like the spool).
+static PUBLISH_ERRORS: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+
+/// Counts one failed publish of `kind`.
+pub fn count_publish_error(kind: PublishKind) {
+    PUBLISH_ERRORS[kind as usize].fetch_add(1, Ordering::Relaxed);
+}
+
+/// Failed publishes of `kind` in this process so far.
+pub fn publish_errors(kind: PublishKind) -> u64 {
+    PUBLISH_ERRORS[kind as usize].load(Ordering::Relaxed)
+}
+
 /// Acknowledged publish attempts before an event goes to the spool.
 pub const PUBLISH_ATTEMPTS: u32 = 5;
 /// Name of the lock file every spool directory holds while its process runs.
@@ -97,7 +133,10 @@ pub(crate) async fn store(
         };
         match result {
             Ok(()) => return true,
-            Err(e) => tracing::debug!(attempt, error = %e, "usage publish failed"),
+            Err(e) => {
+                count_publish_error(PublishKind::Usage);
+                tracing::debug!(attempt, error = %e, "usage publish failed");
+            }
         }
         if attempt + 1 < PUBLISH_ATTEMPTS {
             tokio::time::sleep(delay).await;
@@ -317,6 +356,23 @@ impl Spool {
             n += read_lines(&path)?.len() as u64;
         }
         Ok(n)
+    }
+
+    /// Events spooled and the size of the spool files, (events, bytes); (0, 0) when unreadable.
+    /// Blocking (reads the files only when they are not empty).
+    pub fn size(&self) -> (u64, u64) {
+        let bytes: u64 = match self.spool_files() {
+            Ok(files) => files
+                .iter()
+                .filter_map(|p| std::fs::metadata(p).ok())
+                .map(|m| m.len())
+                .sum(),
+            Err(_) => return (0, 0),
+        };
+        if bytes == 0 {
+            return (0, 0);
+        }
+        (self.len().unwrap_or(0), bytes)
     }
 
     /// Whether no event is spooled. Blocking.

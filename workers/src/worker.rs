@@ -87,6 +87,10 @@ pub struct WorkerOptions {
     /// Resolved address of the local model server (`builtin:local-model` targets), e.g.
     /// `http://127.0.0.1:9001/v1`.
     pub builtin_local_model_url: Option<String>,
+    /// Where this worker's metrics go (retries, breaker changes, target-limit refusals; see
+    /// docs/metrics.md): `switchyard up` shares its ingress's, `switchyard worker` serves its
+    /// own on `--metrics-listen`.
+    pub metrics: switchyard_schemas::metrics::Registry,
 }
 
 /// Returns the adapter for a provider family.
@@ -184,7 +188,12 @@ impl Worker {
             crate::limits::warm_tokenizer();
         }
         let (breakers, health) = Breakers::new(opts.worker_id.clone());
-        crate::health::spawn_publisher(nats.clone(), opts.subjects.clone(), health);
+        crate::health::spawn_publisher(
+            nats.clone(),
+            opts.subjects.clone(),
+            health,
+            opts.metrics.clone(),
+        );
         // Every provider by default, so targets added by a config reload are served at once.
         let mut kinds = opts.providers.clone();
         if kinds.is_empty() {
@@ -544,6 +553,14 @@ async fn handle(shared: Arc<Shared>, msg: async_nats::Message) {
     let admission = match shared.limiter.admit(&target, &req).await {
         Ok(a) => a,
         Err(e) => {
+            shared
+                .opts
+                .metrics
+                .counter(
+                    switchyard_schemas::metrics::REFUSALS,
+                    &[("kind", "target_limit")],
+                )
+                .increment(1);
             drop(permit);
             return sink.error(e).await;
         }
@@ -752,6 +769,14 @@ impl Call<'_> {
                 Waited::Ready(()) | Waited::TimedOut => {}
             }
             waited += wait;
+            self.shared
+                .opts
+                .metrics
+                .counter(
+                    switchyard_schemas::metrics::RETRIES,
+                    &[("target", &self.target.id)],
+                )
+                .increment(1);
             last_error = Some(e);
         }
     }

@@ -145,9 +145,10 @@ async fn fallback_is_recorded_like_chat() {
     assert_eq!(status, 502);
     let text = metrics_text(&gw.base).await;
     for line in [
-        "switchyard_requests_total{model=\"demo/fallback\",target=\"mock\",status=\"200\"} 1",
-        "switchyard_requests_total{model=\"demo/dead\",target=\"dead\",status=\"502\"} 1",
-        "switchyard_fallbacks_total{model=\"demo/fallback\"} 1",
+        "switchyard_requests_total{route=\"/v1/embeddings\",model=\"demo/fallback\",status=\"200\"} 1",
+        "switchyard_requests_total{route=\"/v1/embeddings\",model=\"demo/dead\",status=\"502\"} 1",
+        "switchyard_provider_requests_total{target=\"mock\",status=\"200\"} 1",
+        "switchyard_fallbacks_total{model=\"demo/fallback\",depth=\"1\"} 1",
         "switchyard_in_flight{target=\"mock\"} 0",
         "switchyard_in_flight{target=\"dead\"} 0",
     ] {

@@ -31,6 +31,7 @@ mod input_hardening;
 mod key_limits;
 mod limits_load;
 mod matrix;
+mod metrics;
 mod nats_auth;
 mod pipeline;
 mod probes;

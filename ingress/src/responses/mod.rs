@@ -47,6 +47,7 @@ use uuid::Uuid;
 
 /// `POST /v1/responses`.
 pub async fn create(State(app): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
+    crate::metrics::body_read();
     if let Err(e) = route::check_size(&app, body.len()) {
         return e.into_response();
     }

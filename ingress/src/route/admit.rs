@@ -77,6 +77,9 @@ pub async fn admit<'c>(
     let caller = crate::auth::current_caller();
     let scopes = budget::scopes(config, &caller);
     let reject = |model: &ModelConfig, e: ApiError| {
+        if let Some(kind) = crate::metrics::refusal_kind(e.code) {
+            app.metrics.refusal(kind);
+        }
         Outcome::new(&app.metrics, &model.id, admitted).finish(e.status.as_u16());
         e
     };

@@ -83,6 +83,7 @@ pub async fn attempts<'c, D: Dispatch>(
         let in_flight = app.stats.start(&target.id, &app.metrics);
         match dispatch.attempt(target, base.saturating_add(n)).await {
             Ok(committed) => {
+                ledger.outcome.committed();
                 app.health.success(&target.id);
                 return Ok(Won {
                     committed,
@@ -92,6 +93,9 @@ pub async fn attempts<'c, D: Dispatch>(
                 });
             }
             Err(error) => {
+                ledger
+                    .outcome
+                    .attempt_failed(crate::error::class_to_http(error.class).0.as_u16());
                 ledger.charge.attempt_failed(&error);
                 if !judge(app, &target.id, &error) {
                     // The message is the sanitised one (credentials redacted, as the client sees).
@@ -150,6 +154,7 @@ pub(super) async fn chat(
         downgraded_from,
         ..
     } = admitted;
+    ledger.outcome.streamed(req.stream);
     let request_id = req.id;
     let mut stream = ChatStream {
         app,

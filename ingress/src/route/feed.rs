@@ -89,7 +89,11 @@ impl FrameFeed {
                 }
             };
             if frame.is_content() {
-                self.last_content = Some(Instant::now());
+                let now = Instant::now();
+                if let Some(prev) = self.last_content {
+                    self.outcome.chunk_gap(now.saturating_duration_since(prev));
+                }
+                self.last_content = Some(now);
             }
             if let Some(c) = self.charge.as_mut() {
                 match &frame {

@@ -41,7 +41,8 @@
 //! error event) and the deadline workers are given.
 //!
 //! Response headers: `x-request-id`, `x-switchyard-target`, `x-switchyard-worker`,
-//! `x-switchyard-fallbacks`, `x-switchyard-trimmed` (messages dropped by `trim_context`), the
+//! `x-switchyard-fallbacks`, `x-switchyard-trimmed` (messages dropped by `trim_context`),
+//! `x-switchyard-overhead-ms` ([`crate::metrics::HEADER_OVERHEAD`]), the
 //! serving upstream's rate-limit headers renamed `x-upstream-ratelimit-…` /
 //! `x-upstream-anthropic-ratelimit-…`, and the caller's own `x-ratelimit-*`
 //! ([`crate::rate_limit`]).

@@ -141,6 +141,10 @@ pub async fn start(opts: Options) -> Gateway {
         .await
         .unwrap();
 
+    // One registry for the worker and ingress, as `switchyard up` has.
+    let registry = switchyard_schemas::metrics::Registry::new();
+    switchyard_schemas::metrics::add_process_collectors(&registry);
+    switchyard_billing::lag::add_lag_collector(&registry, js.clone());
     let mut ledger = None;
     if opts.billing {
         let url = opts
@@ -166,12 +170,13 @@ pub async fn start(opts: Options) -> Gateway {
     }
     if opts.worker {
         let c = connect_as(&nats.url(), creds.as_ref(), Identity::Worker).await;
-        spawn_worker_on(
+        spawn_worker_into(
             c,
             &mock,
             config.clone(),
             "worker-a",
             worker_shutdown.clone(),
+            registry.clone(),
         )
         .await;
     }
@@ -181,10 +186,12 @@ pub async fn start(opts: Options) -> Gateway {
         let probe = connect_as(&nats.url(), creds.as_ref(), Identity::Ingress).await;
         spawn_cache_on(c, probe, &subjects, cache_shutdown.clone()).await;
     }
-    let state = switchyard_ingress::state(
+    let state = switchyard_ingress::state_with_registry(
         client,
         config.clone(),
         &format!("ingress-{}", uuid::Uuid::now_v7().simple()),
+        switchyard_schemas::ready::Readiness::default(),
+        registry,
     )
     .await
     .unwrap();
@@ -319,6 +326,19 @@ pub async fn spawn_worker_on(
     id: &str,
     shutdown: CancellationToken,
 ) {
+    let registry = switchyard_schemas::metrics::Registry::new();
+    spawn_worker_into(c, mock, config, id, shutdown, registry).await;
+}
+
+/// [`spawn_worker_on`] recording its metrics into `registry`.
+pub async fn spawn_worker_into(
+    c: async_nats::Client,
+    mock: &MockUpstream,
+    config: ConfigHandle,
+    id: &str,
+    shutdown: CancellationToken,
+    registry: switchyard_schemas::metrics::Registry,
+) {
     let opts = switchyard_workers::worker::WorkerOptions {
         worker_id: id.to_owned(),
         subjects: Subjects::new(config.get().subject_prefix.clone()),
@@ -326,6 +346,7 @@ pub async fn spawn_worker_on(
         providers: Vec::new(),
         builtin_mock_url: Some(format!("{}/v1", mock.base_url())),
         builtin_local_model_url: None,
+        metrics: registry,
     };
     let worker = switchyard_workers::worker::Worker::subscribe(c, opts)
         .await
