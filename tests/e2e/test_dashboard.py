@@ -3,27 +3,32 @@
 HttpOnly cookie accepted on the dashboard's data route only, and headless Chromium (Debian
 `chromium`, installed by scripts/bootstrap) renders every chart of `GET /dashboard` with data.
 
-The screenshot Chromium takes is checked to be a PNG; `SWITCHYARD_UPDATE_SCREENSHOTS=1` also
-copies it to docs/dashboard.png (the README's picture). Bounded: under a minute on CI.
+It also renders `switchyard report daily --format html` of the same ledger and checks that the
+page fits 1,400 px (Deliver 5). Full-page screenshots of both come from scripts/screenshot;
+`SWITCHYARD_UPDATE_SCREENSHOTS=1` copies them to docs/dashboard.png and docs/report-example.png
+(the README's pictures). Bounded: about 20 s here, under a minute on CI.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
+import sys
 from decimal import Decimal
 from pathlib import Path
 
 import httpx
 import pytest
 
-from conftest import REPO_ROOT, start_up, wait_until
+from conftest import REPO_ROOT, start_up, switchyard_bin, wait_until
 
 ADMIN_KEY = "sk-sy-admin-dash-0123456789abcdef"
 TEAM_A = "sk-sy-team-a-dash-0123456789abcdef"
 TEAM_B = "sk-sy-team-b-dash-0123456789abcdef"
+TENANT_ADMIN = "sk-sy-acme-admin-dash-0123456789abcdef"
 
 # $10 / $30 per 1M tokens for sale, $2 / $6 at cost. The mock answers 1 prompt token for a
 # one-word prompt and 13 completion tokens: a charge of $0.0004 and a cost of $0.00008.
@@ -72,6 +77,7 @@ keys:
 admin:
   keys:
     - {{id: ops, key: {ADMIN_KEY}}}
+    - {{id: acme-admin, key: {TENANT_ADMIN}, tenant: acme}}
 """)
     return path
 
@@ -166,6 +172,10 @@ def test_dashboard_shows_the_run_and_renders_in_chromium(procs, tmp_path):
     assert login.status_code == 200 and 'action="/dashboard/login"' in login.text
     assert "frame-ancestors 'none'" in login.headers["content-security-policy"]
     assert httpx.post(f"{base}/dashboard/login", data={"key": TEAM_A}, timeout=5.0).status_code == 401
+    # Gateway-wide figures: a tenant admin key can neither sign in nor read the JSON.
+    assert httpx.post(f"{base}/dashboard/login", data={"key": TENANT_ADMIN}, timeout=5.0).status_code == 403
+    assert httpx.get(f"{base}/admin/dashboard.json", timeout=5.0,
+                     headers={"authorization": f"Bearer {TENANT_ADMIN}"}).status_code == 403
     ok = httpx.post(f"{base}/dashboard/login", data={"key": ADMIN_KEY}, timeout=5.0)
     assert (ok.status_code, ok.headers["location"]) == (303, "/dashboard")
     cookie = ok.headers["set-cookie"]
@@ -199,8 +209,30 @@ def test_dashboard_shows_the_run_and_renders_in_chromium(procs, tmp_path):
             f"chart {name} rendered no data: {tag.group(0)}"
     # The error banner stayed empty: every section answered, every refresh succeeded.
     assert re.search(r'<div id="errors"[^>]*></div>', dom.stdout), dom.stdout[:3000]
-    snap = subprocess.run([*flags, f"--screenshot={shot}", url], capture_output=True, text=True,
-                          timeout=45)
-    assert snap.returncode == 0 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", snap.stderr[-3000:]
+    # Full-page screenshots (scripts/screenshot: chromedriver, the page's own height): the
+    # dashboard, and the HTML daily report of the same ledger, which must fit 1,400 px (issue 15,
+    # Deliver 5: its table ran off the right edge).
+    dash = screenshot(f"{base}/dashboard?key={ADMIN_KEY}", shot, "body[data-loaded]")
+    assert dash["scroll_width"] <= 1400, dash
+    report = tmp_path / "report.html"
+    with open(report, "wb") as f:
+        subprocess.run([switchyard_bin(), "report", "daily", "--format", "html", "--database-url",
+                        f"sqlite://{up.ledger_path}"], stdout=f, check=True, timeout=30)
+    assert "By tenant, model and target" in report.read_text()
+    report_shot = tmp_path / "report.png"
+    fit = screenshot(report.as_uri(), report_shot, None)
+    assert fit["scroll_width"] <= 1400, f"the daily report runs off a 1,400 px page: {fit}"
     if os.environ.get("SWITCHYARD_UPDATE_SCREENSHOTS") == "1":
         shutil.copyfile(shot, REPO_ROOT / "docs" / "dashboard.png")
+        shutil.copyfile(report_shot, REPO_ROOT / "docs" / "report-example.png")
+
+
+def screenshot(url: str, out: Path, wait_for: str | None) -> dict:
+    """scripts/screenshot at 1,400 px: {width, scroll_width, height, out}; checks the PNG."""
+    cmd = [sys.executable, str(REPO_ROOT / "scripts" / "screenshot"), url, str(out), "--width", "1400"]
+    if wait_for:
+        cmd += ["--wait-for", wait_for]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=45)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    return json.loads(run.stdout)
