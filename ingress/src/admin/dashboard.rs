@@ -14,7 +14,8 @@
 //! UTC, rates are shares in [0, 1]. A section whose source cannot answer (billing down, budget
 //! store unreachable) is left empty and named in `errors` (section → message); the rest still
 //! answers, so a billing outage does not blank the health view. Gateway-wide admin keys only
-//! (a tenant admin key gets 403).
+//! (a tenant admin key gets 403). The spend history may be a few seconds old on a large ledger
+//! ([`SPEND_REUSE_FACTOR`]).
 
 use super::{caller, requests};
 use crate::AppState;
@@ -56,6 +57,37 @@ pub const BUDGET_ROWS: usize = 20;
 const BUDGET_READS_AT_ONCE: usize = 16;
 const HOUR_MS: u64 = 3_600_000;
 const DAY_MS: u64 = 86_400_000;
+
+/// The spend history (the `day × model` and `day × tenant` ledger queries over `days`, the
+/// heavy part of an answer when the ledger is large) is reused for this many times as long as it
+/// took to build, so every browser polling every 5 s keeps billing busy at most about a tenth of
+/// the time; a small ledger is asked afresh each time.
+pub const SPEND_REUSE_FACTOR: u64 = 10;
+/// Longest reuse of the spend history, ms.
+pub const SPEND_MAX_REUSE_MS: u64 = 30_000;
+
+/// The last spend history built, per `days`: `(days, built at ms, reusable until ms, section)`.
+#[derive(Debug, Default)]
+pub struct SpendCache(parking_lot::Mutex<Vec<(u32, u64, u64, Value)>>);
+
+impl SpendCache {
+    /// The section for `days`, while reusable and built on the same UTC day as `now`.
+    fn get(&self, days: u32, now: u64) -> Option<Value> {
+        self.0
+            .lock()
+            .iter()
+            .find(|(d, at, until, _)| *d == days && now < *until && at / DAY_MS == now / DAY_MS)
+            .map(|(_, _, _, v)| v.clone())
+    }
+
+    /// Keeps `section` for `days`, built at `now` in `took_ms` (one entry per `days` value).
+    fn put(&self, days: u32, now: u64, took_ms: u64, section: Value) {
+        let until = now + (took_ms * SPEND_REUSE_FACTOR).min(SPEND_MAX_REUSE_MS);
+        let mut held = self.0.lock();
+        held.retain(|(d, _, _, _)| *d != days);
+        held.push((days, now, until, section));
+    }
+}
 
 /// The parsed query.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,13 +175,29 @@ async fn build(app: &AppState, p: Params, now: u64) -> Value {
         key_id: None,
         providers: BTreeMap::new(),
     };
-    let by_model = usage(from_day, vec![GroupBy::Day, GroupBy::Model]);
-    let by_tenant = usage(from_day, vec![GroupBy::Day, GroupBy::Tenant]);
     let hourly = usage(from_hour, vec![GroupBy::Hour]);
     let window_from = now.saturating_sub(u64::from(p.window_minutes) * 60_000);
-    let (by_model, by_tenant, hourly, window, budgets) = tokio::join!(
-        crate::usage_api::ask_billing(app, &by_model),
-        crate::usage_api::ask_billing(app, &by_tenant),
+    let days: Vec<String> = (0..p.days)
+        .map(|i| day_of(from_day + u64::from(i) * DAY_MS))
+        .collect();
+    let spend_history = async {
+        if let Some(v) = app.admin.spend.get(p.days, now) {
+            return Ok(v);
+        }
+        let started = std::time::Instant::now();
+        let by_model = usage(from_day, vec![GroupBy::Day, GroupBy::Model]);
+        let by_tenant = usage(from_day, vec![GroupBy::Day, GroupBy::Tenant]);
+        let (m, t) = tokio::join!(
+            crate::usage_api::ask_billing(app, &by_model),
+            crate::usage_api::ask_billing(app, &by_tenant),
+        );
+        let v = spend(&days, &m?, &t?);
+        let took_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        app.admin.spend.put(p.days, now, took_ms, v.clone());
+        Ok::<_, ApiError>(v)
+    };
+    let (spend_history, hourly, window, budgets) = tokio::join!(
+        spend_history,
         crate::usage_api::ask_billing(app, &hourly),
         window_records(app, window_from),
         budgets(app, now),
@@ -158,13 +206,10 @@ async fn build(app: &AppState, p: Params, now: u64) -> Value {
     let mut keep = |section: &str, e: ApiError| {
         errors.insert(section.to_owned(), json!(e.message));
     };
-    let days: Vec<String> = (0..p.days)
-        .map(|i| day_of(from_day + u64::from(i) * DAY_MS))
-        .collect();
     let hours: Vec<String> = (0..24).map(|i| hour_of(from_hour + i * HOUR_MS)).collect();
-    let spend = match (by_model, by_tenant) {
-        (Ok(m), Ok(t)) => spend(&days, &m, &t),
-        (Err(e), _) | (_, Err(e)) => {
+    let spend = match spend_history {
+        Ok(v) => v,
+        Err(e) => {
             keep("spend", e);
             Value::Null
         }
@@ -685,6 +730,24 @@ mod tests {
         assert_eq!(s[0]["total_charge_usd"], "0.0021");
         assert_eq!(s[1]["charge_usd"], json!(["0", "0.0005"]));
         assert_eq!(s[1]["requests"], json!([0, 1]));
+    }
+
+    #[test]
+    fn spend_history_is_reused_ten_times_as_long_as_it_took() {
+        let c = SpendCache::default();
+        let now = 20 * DAY_MS + 1000;
+        c.put(14, now, 100, json!("built"));
+        assert_eq!(c.get(14, now + 999), Some(json!("built")));
+        assert_eq!(c.get(14, now + 1000), None);
+        assert_eq!(c.get(7, now), None);
+        c.put(14, now, 0, json!("fast"));
+        assert_eq!(c.get(14, now), None, "a fast ledger is asked every time");
+        c.put(14, now, 1_000_000, json!("slow"));
+        assert_eq!(c.get(14, now + SPEND_MAX_REUSE_MS - 1), Some(json!("slow")));
+        // Never across midnight: today's bar must not be yesterday's.
+        let late = 21 * DAY_MS - 10;
+        c.put(14, late, 1000, json!("late"));
+        assert_eq!(c.get(14, 21 * DAY_MS + 5), None);
     }
 
     #[test]

@@ -41,6 +41,8 @@ pub struct AdminState {
     writer: OnceLock<async_nats::Client>,
     startup_text: OnceLock<String>,
     table: Mutex<Option<(u64, Arc<AdminTable>)>>,
+    /// The dashboard's spend history, reused while fresh ([`dashboard::SPEND_REUSE_FACTOR`]).
+    spend: dashboard::SpendCache,
 }
 
 impl AdminState {
