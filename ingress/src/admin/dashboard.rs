@@ -404,9 +404,11 @@ async fn window_records(
             ..AuditQuery::default()
         };
         let page = requests::page(app, &q).await?;
+        let empty = page.data.is_empty();
         out.extend(page.data);
         match page.next_cursor {
-            Some(c) if out.len() < WINDOW_RECORDS => cursor = Some(c),
+            // An empty page with a cursor would never end the loop.
+            Some(c) if out.len() < WINDOW_RECORDS && !empty => cursor = Some(c),
             Some(_) => return Ok((out, true)),
             None => return Ok((out, false)),
         }
