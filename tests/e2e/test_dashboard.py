@@ -61,7 +61,9 @@ pricing_file: "{tmp / 'catalog.yaml'}"
 targets:
   - {{id: mock, provider: openai, base_url: "builtin:mock", upstream_model: mock}}
   - {{id: mock-slow, provider: anthropic, base_url: "builtin:mock/x/ttft_ms=40", upstream_model: claude-test}}
-  - {{id: broken, provider: openai, base_url: "builtin:mock/x/status=503", upstream_model: mock}}
+  - {{id: broken, provider: openai, base_url: "builtin:mock/x/status=503", upstream_model: mock,
+     retry: {{max_attempts: 1}},
+     breaker: {{min_calls: 2, failure_rate: 0.5, window_ms: 60000, open_ms: 60000}}}}
 models:
   - {{id: demo/mock, targets: [mock]}}
   - {{id: demo/slow, targets: [mock-slow]}}
@@ -130,23 +132,26 @@ def test_dashboard_shows_the_run_and_renders_in_chromium(procs, tmp_path):
     assert chat(base, TEAM_B, "demo/slow", "delta").headers.get("x-switchyard-cache") == "miss"
     hit = chat(base, TEAM_B, "demo/slow", "delta")
     assert (hit.status_code, hit.headers.get("x-switchyard-cache")) == (200, "hit")
+    # Two fallbacks past the failing target: its breaker (min_calls 2) opens.
     assert chat(base, TEAM_B, "demo/fallback", "echo").status_code == 200
+    assert chat(base, TEAM_B, "demo/fallback", "foxtrot").status_code == 200
     assert chat(base, TEAM_B, "demo/mock", "golf\n#mock status=400").status_code == 400
 
     # Billing writes the ledger asynchronously: wait until every team request is in it.
     def ledger_complete() -> bool:
         d = dashboard(base)
         return (d["spend"] is not None and sum(series(d, "tenant", "acme").get("requests", [0])) == 2
-                and sum(series(d, "tenant", "globex").get("requests", [0])) == 4
-                and d["latency"] is not None and d["latency"]["window"]["records"] >= 6)
+                and sum(series(d, "tenant", "globex").get("requests", [0])) == 5
+                and d["latency"] is not None and d["latency"]["window"]["records"] >= 7)
 
     wait_until("the ledger and audit log to hold the run", ledger_complete, 20.0, [up.proc])
     d = dashboard(base)
     assert d["object"] == "dashboard" and d["errors"] == {}, d["errors"]
     assert series(d, "tenant", "acme")["total_charge_usd"] == str((2 * CHARGE).normalize())
-    # globex: delta (miss) + echo (served by the fallback) are charged; the hit and the 400 are not.
-    assert series(d, "tenant", "globex")["total_charge_usd"] == str((2 * CHARGE).normalize())
-    assert series(d, "tenant", "globex")["requests"][-1] == 4
+    # globex: delta (miss), echo and foxtrot (served by the fallback) are charged; the hit and the
+    # 400 are not.
+    assert series(d, "tenant", "globex")["total_charge_usd"] == str((3 * CHARGE).normalize())
+    assert series(d, "tenant", "globex")["requests"][-1] == 5
     assert d["traffic"]["today"]["errors"] == 1
     assert sum(d["traffic"]["requests"]) == d["traffic"]["last_24h"]["requests"]
     assert d["cache"]["today"]["hits"] >= 1
@@ -158,6 +163,17 @@ def test_dashboard_shows_the_run_and_renders_in_chromium(procs, tmp_path):
     assert by_target["mock-slow"]["ttft_ms"]["p50"] >= 40
     assert by_target["mock-slow"]["latency_ms"]["p99"] >= by_target["mock-slow"]["latency_ms"]["p50"]
     assert [t["target"] for t in d["targets"]] == ["mock", "mock-slow", "broken"]
+
+    # The worker's breaker event reaches this replica's health view (plain NATS, asynchronous).
+    def broken_open() -> bool:
+        t = next(t for t in dashboard(base)["targets"] if t["target"] == "broken")
+        return t["state"] == "unhealthy" and [b["breaker"] for b in t["breakers"]] == ["open"]
+
+    wait_until("the broken target's breaker to show open", broken_open, 10.0, [up.proc])
+    broken = next(t for t in dashboard(base)["targets"] if t["target"] == "broken")
+    assert broken["breakers"][0]["reason"] == "breaker_open"
+    assert broken["breakers"][0]["worker"].startswith("worker-")
+    assert all(t["state"] == "healthy" for t in dashboard(base)["targets"] if t["target"] != "broken")
     budget = next(r for r in d["budgets"]["data"] if r["id"] == "team-a")
     assert (budget["limit"], budget["used"], budget["limit_value"], budget["share"], budget["near"]) == \
         ("daily_usd", "0.0008", "0.001", 0.8, True)
