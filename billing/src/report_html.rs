@@ -24,10 +24,12 @@ const MAX_BARS: usize = 15;
 
 const STYLE: &str = "body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#1a202c}\
 h1{font-size:20px}h2{font-size:16px;margin-top:28px}\
-table{border-collapse:collapse;margin:8px 0}th,td{padding:3px 8px;border-bottom:1px solid #e2e8f0}\
-th{text-align:left;background:#f7fafc}td.n{text-align:right;font-variant-numeric:tabular-nums}\
+table{border-collapse:collapse;margin:8px 0;width:100%;font-size:13px}\
+th,td{padding:3px 5px;border-bottom:1px solid #e2e8f0;overflow-wrap:break-word}\
+th{text-align:left;background:#f7fafc;vertical-align:bottom}\
+td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}\
 .cards{display:flex;gap:12px;flex-wrap:wrap}.card{border:1px solid #e2e8f0;border-radius:6px;\
-padding:8px 14px}.card b{display:block;font-size:18px}svg{display:block;margin:8px 0}\
+padding:8px 14px}.card b{display:block;font-size:18px}svg{display:block;margin:8px 0;max-width:100%}\
 .legend span{display:inline-block;width:10px;height:10px;margin:0 4px 0 12px}";
 
 /// Escapes text for HTML element content and attribute values.

@@ -47,9 +47,11 @@ impl Default for HealthSettings {
 }
 
 /// One worker's report about one target.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Report {
     state: HealthState,
+    /// The event's machine-readable first word (`breaker_open`, `provider_cooldown`, ...).
+    reason: String,
     ts_ms: u64,
     /// When this ingress forgets the report.
     until: Instant,
@@ -77,6 +79,20 @@ struct Entry {
     failures: u32,
     /// Passive `degraded` until then.
     passive_until: Option<Instant>,
+}
+
+/// One worker's latest unexpired report about a target ([`HealthView::worker_reports`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerReport {
+    /// The reporting worker's id.
+    pub worker: String,
+    /// Its state now (an `unhealthy` report past its `retry_after_ms` reads `degraded`).
+    pub state: HealthState,
+    /// The event's reason word: `breaker_open`, `breaker_half_open`, `breaker_closed`,
+    /// `provider_cooldown` or `cooldown_over` ([`HealthEvent::reason`]).
+    pub reason: String,
+    /// When the worker saw the change, ms since the Unix epoch.
+    pub ts_ms: u64,
 }
 
 /// Latest known health per target (see the module docs).
@@ -127,6 +143,41 @@ impl HealthView {
         worse(reported, passive)
     }
 
+    /// The unexpired reports of each worker about `target`, by worker id: what the dashboard shows
+    /// as per-worker breaker states.
+    pub fn worker_reports(&self, target: &str) -> Vec<WorkerReport> {
+        let now = Instant::now();
+        let entries = self.entries.lock();
+        let mut out: Vec<WorkerReport> = entries
+            .get(target)
+            .map(|e| {
+                e.reports
+                    .iter()
+                    .filter_map(|(worker, r)| {
+                        r.state_at(now).map(|state| WorkerReport {
+                            worker: worker.clone(),
+                            state,
+                            reason: r.reason.clone(),
+                            ts_ms: r.ts_ms,
+                        })
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.sort_by(|a, b| a.worker.cmp(&b.worker));
+        out
+    }
+
+    /// Whether this ingress holds `target` passively degraded (consecutive failures it saw).
+    pub fn passively_degraded(&self, target: &str) -> bool {
+        let now = Instant::now();
+        self.entries
+            .lock()
+            .get(target)
+            .and_then(|e| e.passive_until)
+            .is_some_and(|until| now < until)
+    }
+
     /// Applies a reported event; an event older than the one held from the same worker is ignored.
     pub fn apply(&self, event: &HealthEvent) {
         self.apply_at(event, Instant::now());
@@ -151,6 +202,13 @@ impl HealthView {
             event.worker.clone(),
             Report {
                 state: event.state,
+                reason: event
+                    .reason
+                    .split(':')
+                    .next()
+                    .unwrap_or_default()
+                    .trim()
+                    .to_owned(),
                 ts_ms: event.ts_ms,
                 until: now + self.settings.expiry,
                 probe_at,

@@ -10,7 +10,7 @@
 //! `GET /v1/usage` (ledger queries, see [`usage_api`]), `GET /healthz` (liveness), `GET /readyz`
 //! (readiness of this process's services), `GET /metrics` (Prometheus text, see [`metrics`]),
 //! `GET /openapi.json` (OpenAPI 3.1 of the public and admin routes, [`OPENAPI`]), and the admin
-//! API under `/admin/…` ([`admin`]). API keys, budgets and rate limits: [`auth`], [`budget`],
+//! API under `/admin/…` ([`admin`]) with the live dashboard at `GET /dashboard`. API keys, budgets and rate limits: [`auth`], [`budget`],
 //! [`rate_limit`].
 //!
 //! Candidate ordering is in [`strategy`], target health and load in [`health`], prompt estimates
@@ -248,6 +248,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/openapi.json", get(openapi))
         .merge(batch::routes())
         .merge(admin::routes(state.clone()))
+        .merge(admin::dashboard_routes())
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
@@ -449,6 +450,10 @@ mod openapi_tests {
             "/admin/cache/purge",
             "/admin/usage",
             "/admin/requests",
+            "/admin/dashboard.json",
+            "/dashboard",
+            "/dashboard/login",
+            "/dashboard/logout",
         ];
         let paths = doc["paths"].as_object().unwrap();
         for r in routes {

@@ -30,7 +30,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use std::collections::BTreeMap;
 use std::time::Duration;
-use switchyard_schemas::usage_query::{GroupBy, UsageAnswer, UsageQuery};
+use switchyard_schemas::usage_query::{GroupBy, UsageAnswer, UsageQuery, UsageReply};
 
 #[cfg(doc)]
 use switchyard_schemas::usage_query::UsageRow;
@@ -85,7 +85,26 @@ async fn answer(app: &AppState, caller: &Caller, query: &str) -> Result<Response
         key_id,
         providers,
     };
-    let payload = serde_json::to_vec(&query).map_err(|e| internal(e.to_string()))?;
+    let reply = ask_billing(app, &query).await?;
+    let body = serde_json::json!({
+        "object": "usage",
+        "from": rfc3339(params.from_ms),
+        "to": rfc3339(params.to_ms),
+        "group_by": params.group_by,
+        "data": reply.rows,
+        "totals": reply.totals,
+    });
+    Ok((StatusCode::OK, axum::Json(body)).into_response())
+}
+
+/// Sends `query` to billing (`<prefix>.billing.usage`) and returns its rows: 503 when no billing
+/// instance answers within [`USAGE_QUERY_TIMEOUT`], 500 when its answer is an error. Shared by
+/// `GET /v1/usage`, `GET /admin/usage` and the dashboard.
+pub(crate) async fn ask_billing(
+    app: &AppState,
+    query: &UsageQuery,
+) -> Result<UsageReply, ApiError> {
+    let payload = serde_json::to_vec(query).map_err(|e| internal(e.to_string()))?;
     let request = async_nats::Request::new()
         .payload(payload.into())
         .timeout(Some(USAGE_QUERY_TIMEOUT));
@@ -108,21 +127,10 @@ async fn answer(app: &AppState, caller: &Caller, query: &str) -> Result<Response
         })?;
     let answer: UsageAnswer = serde_json::from_slice(&reply.payload)
         .map_err(|e| internal(format!("unreadable answer from billing: {e}")))?;
-    let reply = match answer {
-        UsageAnswer::Ok(reply) => reply,
-        UsageAnswer::Err { error } => {
-            return Err(internal(format!("billing could not answer: {error}")));
-        }
-    };
-    let body = serde_json::json!({
-        "object": "usage",
-        "from": rfc3339(params.from_ms),
-        "to": rfc3339(params.to_ms),
-        "group_by": params.group_by,
-        "data": reply.rows,
-        "totals": reply.totals,
-    });
-    Ok((StatusCode::OK, axum::Json(body)).into_response())
+    match answer {
+        UsageAnswer::Ok(reply) => Ok(reply),
+        UsageAnswer::Err { error } => Err(internal(format!("billing could not answer: {error}"))),
+    }
 }
 
 /// The (tenant, key) filters `caller` may use: see the module docs.

@@ -15,10 +15,14 @@
 //! that exists, 503 when the bucket cannot be written.
 
 mod balance;
+mod dashboard;
+mod dashboard_page;
 mod keys;
 mod ops;
 mod requests;
 mod store;
+
+pub use dashboard_page::page_routes as dashboard_routes;
 
 use crate::AppState;
 use crate::error::ApiError;
@@ -38,6 +42,8 @@ pub struct AdminState {
     writer: OnceLock<async_nats::Client>,
     startup_text: OnceLock<String>,
     table: Mutex<Option<(u64, Arc<AdminTable>)>>,
+    /// The dashboard's spend history, reused while fresh ([`dashboard::SPEND_REUSE_FACTOR`]).
+    spend: dashboard::SpendCache,
 }
 
 impl AdminState {
@@ -130,6 +136,7 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
         .route("/admin/cache/purge", post(ops::cache_purge))
         .route("/admin/usage", get(ops::usage))
         .route("/admin/requests", get(requests::list))
+        .route("/admin/dashboard.json", get(dashboard::json))
         .route("/admin/{*rest}", axum::routing::any(unknown))
         .layer(axum::middleware::from_fn_with_state(state, authenticate))
 }
@@ -138,9 +145,19 @@ async fn unknown() -> ApiError {
     not_found("route", "Unknown admin route; see GET /openapi.json.")
 }
 
-/// Middleware: resolves the admin key or answers 401.
+/// Middleware: resolves the admin key or answers 401. The key comes from `Authorization: Bearer`
+/// (or `x-api-key`); only `GET /admin/dashboard.json` also takes the dashboard's session cookie
+/// (docs/dashboard.md: a read-only route, so a forged cross-site request can change nothing).
 async fn authenticate(State(app): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    let Some(key) = crate::auth::presented_key(req.headers()) else {
+    let from_cookie = || {
+        (req.method() == axum::http::Method::GET && req.uri().path() == "/admin/dashboard.json")
+            .then(|| dashboard_page::cookie_key(req.headers()))
+            .flatten()
+    };
+    let Some(key) = crate::auth::presented_key(req.headers())
+        .map(str::to_owned)
+        .or_else(from_cookie)
+    else {
         return unauthorized(
             "missing_admin_key",
             "The admin API needs an admin key: send it as `Authorization: Bearer <admin key>`."
@@ -148,23 +165,29 @@ async fn authenticate(State(app): State<Arc<AppState>>, req: Request, next: Next
         )
         .into_response();
     };
-    let hash = sha256_hex(key);
-    match table(&app)
-        .iter()
-        .fold(None, |found, (h, c)| match ct_eq(h, &hash) {
-            true => Some(c.clone()),
-            false => found,
-        }) {
+    match resolve(&app, &key) {
         Some(c) => ADMIN.scope(c, next.run(req)).await,
         None => unauthorized(
             "invalid_admin_key",
             format!(
                 "Incorrect admin key provided: {}.",
-                crate::auth::masked(key)
+                crate::auth::masked(&key)
             ),
         )
         .into_response(),
     }
+}
+
+/// The admin key `key` is, if any: its SHA-256 compared with every configured hash in constant
+/// time (no early exit, so timing does not tell how much of a hash matched).
+fn resolve(app: &AppState, key: &str) -> Option<AdminCaller> {
+    let hash = sha256_hex(key);
+    table(app)
+        .iter()
+        .fold(None, |found, (h, c)| match ct_eq(h, &hash) {
+            true => Some(c.clone()),
+            false => found,
+        })
 }
 
 /// The configured admin keys' hashes, rebuilt when the config version changes.

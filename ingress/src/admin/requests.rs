@@ -15,7 +15,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
 use std::time::Duration;
-use switchyard_schemas::audit::{AuditAnswer, AuditQuery, MAX_PAGE};
+use switchyard_schemas::audit::{AuditAnswer, AuditPage, AuditQuery, MAX_PAGE};
 
 /// How long a page query waits for billing.
 const AUDIT_QUERY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -44,7 +44,20 @@ async fn answer(app: &AppState, query: &str) -> Result<Response, ApiError> {
         }
         q.tenant = Some(own);
     }
-    let payload = serde_json::to_vec(&q).map_err(|e| internal(e.to_string()))?;
+    let page = page(app, &q).await?;
+    let body = serde_json::json!({
+        "object": "list",
+        "data": page.data,
+        "has_more": page.next_cursor.is_some(),
+        "next_cursor": page.next_cursor,
+    });
+    Ok((StatusCode::OK, axum::Json(body)).into_response())
+}
+
+/// Asks billing for one page of `q` (`<prefix>.billing.audit`): 503 when no billing instance
+/// answers within [`AUDIT_QUERY_TIMEOUT`], 400 for a query billing calls invalid, else 500.
+pub(super) async fn page(app: &AppState, q: &AuditQuery) -> Result<AuditPage, ApiError> {
+    let payload = serde_json::to_vec(q).map_err(|e| internal(e.to_string()))?;
     let request = async_nats::Request::new()
         .payload(payload.into())
         .timeout(Some(AUDIT_QUERY_TIMEOUT));
@@ -61,15 +74,7 @@ async fn answer(app: &AppState, query: &str) -> Result<Response, ApiError> {
     let answer: AuditAnswer = serde_json::from_slice(&reply.payload)
         .map_err(|e| internal(format!("unreadable answer from billing: {e}")))?;
     match answer {
-        AuditAnswer::Ok(page) => {
-            let body = serde_json::json!({
-                "object": "list",
-                "data": page.data,
-                "has_more": page.next_cursor.is_some(),
-                "next_cursor": page.next_cursor,
-            });
-            Ok((StatusCode::OK, axum::Json(body)).into_response())
-        }
+        AuditAnswer::Ok(page) => Ok(page),
         AuditAnswer::Err { error } if error.starts_with("invalid audit query") => {
             Err(ApiError::invalid(error, None))
         }
