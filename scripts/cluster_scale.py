@@ -1,0 +1,163 @@
+"""Scaling on the local cluster of `scripts/cluster` (docs/BENCHMARKS.md, "Scaling out"):
+
+1. Throughput with 1, 2 and 3 workers. The mock target has `limits.max_concurrency: CAP`
+   (in-flight requests per worker process; beyond it a worker answers 429 `rate_limited` at
+   once) and every upstream call takes LATENCY ms, so one worker serves at most CAP / LATENCY
+   requests per second. CLIENTS closed-loop clients (alternating between the two ingress; a 429
+   is retried after 20 ms) keep every worker saturated; the `x-switchyard-worker` header of each
+   answer shows how the queue group `workers.openai` spread the load.
+2. Budgets across the two ingress: a key with `tokens_per_day: QUOTA` gets REQUESTS concurrent
+   requests (alternating between the ingress ports); the ledger's token sum for the key must be
+   the admitted requests' usage exactly and never above the quota.
+
+    .tools/venv/bin/python scripts/cluster_scale.py [--cap 4] [--latency-ms 200] [--seconds 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+CLUSTER = ROOT / "scripts" / "cluster"
+LOAD_KEY = "sk-scale-load-0123456789abcdef"
+QUOTA_KEY = "sk-scale-quota-0123456789abcdef"
+
+
+def free_base() -> int:
+    for base in range(30000 + (os.getpid() % 200) * 100, 60000, 100):
+        try:
+            for off in (1, 2, 3, 11, 12, 13, 21, 22, 23, 31, 32, 40):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", base + off))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no free port block")
+
+
+class Cluster:
+    def __init__(self, dir: Path, base: int, db: str, cap: int, extra: Path):
+        self.dir, self.base, self.db = dir, base, db
+        self.env = {**os.environ, "SY_CLUSTER_PORT": str(base), "SY_CLUSTER_DB": db,
+                    "SY_CLUSTER_MAX_CONCURRENCY": str(cap), "SY_CLUSTER_CONFIG_EXTRA": str(extra)}
+        self.urls = [f"http://127.0.0.1:{base + 31}", f"http://127.0.0.1:{base + 32}"]
+
+    def run(self, *args: str) -> str:
+        r = subprocess.run([str(CLUSTER), *args, str(self.dir)], env=self.env, capture_output=True,
+                           text=True, timeout=300)
+        if r.returncode != 0:
+            raise SystemExit(f"scripts/cluster {' '.join(args)}: {r.stderr}{r.stdout}")
+        return r.stdout
+
+    def psql(self, sql: str) -> str:
+        return subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", self.db, "-tA"],
+                              input=sql, check=True, capture_output=True, text=True, timeout=30).stdout.strip()
+
+
+async def throughput(c: Cluster, clients: int, seconds: float, latency_ms: int) -> dict:
+    body = {"model": "demo/mock", "max_tokens": 10, "messages": [
+        {"role": "user", "content": f"#mock ttft_ms={latency_ms} prompt_tokens=10 completion_tokens=10\nscale"}]}
+    headers = {"authorization": f"Bearer {LOAD_KEY}", "cache-control": "no-cache, no-store"}
+    stats = {"ok": 0, "rate_limited": 0, "other": 0, "workers": {}}
+    end = time.monotonic() + seconds
+
+    async def client(i: int, http: httpx.AsyncClient):
+        n = i
+        while time.monotonic() < end:
+            r = await http.post(f"{c.urls[n % 2]}/v1/chat/completions", json=body, headers=headers)
+            n += 1
+            if r.status_code == 200:
+                stats["ok"] += 1
+                w = r.headers.get("x-switchyard-worker", "?")
+                stats["workers"][w] = stats["workers"].get(w, 0) + 1
+            elif r.status_code == 429:
+                stats["rate_limited"] += 1
+                await asyncio.sleep(0.02)  # back-off of the closed-loop client, not synchronisation
+            else:
+                stats["other"] += 1
+                await asyncio.sleep(0.02)
+
+    async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=clients * 2)) as http:
+        await asyncio.gather(*(client(i, http) for i in range(clients)))
+    stats["rps"] = stats["ok"] / seconds
+    return stats
+
+
+async def budget(c: Cluster, requests: int, quota: int) -> dict:
+    body = {"model": "demo/mock", "max_tokens": 10, "messages": [
+        {"role": "user", "content": "#mock prompt_tokens=10 completion_tokens=10\nbudget"}]}
+    headers = {"authorization": f"Bearer {QUOTA_KEY}", "cache-control": "no-cache, no-store"}
+    async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=requests)) as http:
+        rs = await asyncio.gather(*(http.post(f"{c.urls[i % 2]}/v1/chat/completions", json=body, headers=headers)
+                                    for i in range(requests)))
+    admitted = [r.headers["x-request-id"] for r in rs if r.status_code == 200]
+    by_port = {u: sum(1 for i, r in enumerate(rs) if r.status_code == 200 and i % 2 == k)
+               for k, u in enumerate(c.urls)}
+    deadline = time.monotonic() + 60
+    while True:
+        n = int(c.psql("SELECT count(*) FROM usage_events WHERE kind='charge' AND key_id='quota'"))
+        if n >= len(admitted) or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.5)  # billing drains the usage stream asynchronously
+    tokens = int(c.psql("SELECT coalesce(sum(prompt_tokens + completion_tokens), 0) FROM usage_events "
+                        "WHERE kind='charge' AND key_id='quota'"))
+    return {"sent": requests, "admitted": len(admitted), "refused_429": sum(1 for r in rs if r.status_code == 429),
+            "other": sum(1 for r in rs if r.status_code not in (200, 429)), "charge_rows": n,
+            "ledger_tokens": tokens, "quota": quota, "by_port": by_port}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cap", type=int, default=4, help="max_concurrency per worker")
+    ap.add_argument("--latency-ms", type=int, default=200, help="upstream time of one request, ms")
+    ap.add_argument("--seconds", type=float, default=10.0, help="load per worker count")
+    ap.add_argument("--clients", type=int, default=0, help="closed-loop clients (default 4 x 3 x cap)")
+    ap.add_argument("--budget-requests", type=int, default=300)
+    ap.add_argument("--quota", type=int, default=2000, help="tokens_per_day of the budget key")
+    ap.add_argument("--dir", help="cluster dir (default: a temporary one, removed)")
+    a = ap.parse_args()
+    clients = a.clients or 4 * 3 * a.cap
+    tmp = tempfile.TemporaryDirectory(prefix="sy-scale-")
+    dir = Path(a.dir or tmp.name) / "cluster"
+    extra = Path(tmp.name) / "extra.yaml"
+    extra.write_text(f"keys:\n  - {{id: load, tenant: scale, key: {LOAD_KEY}}}\n"
+                     f"  - {{id: quota, tenant: scale, key: {QUOTA_KEY}, budget: {{tokens_per_day: {a.quota}}}}}\n")
+    c = Cluster(dir, free_base(), f"sy_scale_{uuid.uuid4().hex[:12]}", a.cap, extra)
+    try:
+        c.run("up")
+        c.run("stop", "worker2")
+        print(f"max_concurrency {a.cap} per worker, upstream {a.latency_ms} ms, {clients} closed-loop clients, "
+              f"{a.seconds:.0f} s per step; ceiling per worker {a.cap * 1000 / a.latency_ms:.0f} rps\n")
+        print("| workers | succeeded/s | ceiling/s | 429 (worker at its cap) | answers per worker |")
+        print("|---|---|---|---|---|")
+        for n, start in ((1, None), (2, "worker2"), (3, "worker3")):
+            if start:
+                c.run("start", start)
+            s = asyncio.run(throughput(c, clients, a.seconds, a.latency_ms))
+            spread = " / ".join(str(v) for v in sorted(s["workers"].values(), reverse=True))
+            print(f"| {n} | {s['rps']:.0f} | {n * a.cap * 1000 / a.latency_ms:.0f} | {s['rate_limited']} "
+                  f"| {spread} |", flush=True)
+        b = asyncio.run(budget(c, a.budget_requests, a.quota))
+        print(f"\nbudget across both ingress: {b}")
+        ok = b["ledger_tokens"] == b["admitted"] * 20 and b["ledger_tokens"] <= b["quota"] \
+            and b["charge_rows"] == b["admitted"]
+        print("budget exact: " + ("yes" if ok else "NO"))
+    finally:
+        subprocess.run([str(CLUSTER), "down", str(dir)], env=c.env, capture_output=True, timeout=120)
+        subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", f'DROP DATABASE IF EXISTS "{c.db}"'],
+                       capture_output=True, timeout=30)
+        tmp.cleanup()
+
+
+if __name__ == "__main__":
+    main()
