@@ -137,7 +137,8 @@ def free_base() -> int:
     import socket
     for base in range(20000 + (os.getpid() % 200) * 100, 60000, 100):
         try:
-            for off in (1, 2, 3, 11, 12, 13, 21, 22, 23, 31, 32, 40, PG_FORWARDER, *ROUTE_FORWARDERS):
+            # +54, +55: what n1 and n2 advertise as route URLs (nothing may listen there).
+            for off in (1, 2, 3, 11, 12, 13, 21, 22, 23, 31, 32, 40, PG_FORWARDER, *ROUTE_FORWARDERS, 54, 55):
                 with socket.socket() as s:
                     s.bind(("127.0.0.1", base + off))
             return base
@@ -159,7 +160,7 @@ def cluster(tmp_path):
         c.run("up", str(c.dir))
         yield c
     finally:
-        subprocess.run([str(CLUSTER), "down", str(c.dir)], capture_output=True, timeout=120)
+        subprocess.run([str(CLUSTER), "down", str(c.dir)], capture_output=True, timeout=300)
         for f in [c.pg, *c.routes]:
             f.close()
         subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", f'DROP DATABASE IF EXISTS "{c.db}"'],
