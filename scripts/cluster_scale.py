@@ -34,10 +34,13 @@ QUOTA_KEY = "sk-scale-quota-0123456789abcdef"
 
 
 def free_base() -> int:
-    for base in range(30000 + (os.getpid() % 200) * 100, 60000, 100):
+    """A port block nobody listens on (ports in TIME_WAIT are fine: the servers bind with
+    SO_REUSEADDR too)."""
+    for base in range(20000 + (os.getpid() % 200) * 100, 60000, 100):
         try:
             for off in (1, 2, 3, 11, 12, 13, 21, 22, 23, 31, 32, 40):
                 with socket.socket() as s:
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                     s.bind(("127.0.0.1", base + off))
             return base
         except OSError:
