@@ -83,9 +83,7 @@ pub async fn write<V: Serialize>(
         .map_err(|e| WriteError::Failed(KvError::Failed(e.to_string())))?;
     match tokio::time::timeout(KV_TIMEOUT, kv.update(key, bytes.into(), revision)).await {
         Ok(Ok(r)) => Ok(r),
-        Ok(Err(e)) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => {
-            Err(WriteError::Conflict)
-        }
+        Ok(Err(e)) if is_conflict(&e) => Err(WriteError::Conflict),
         Ok(Err(e)) => {
             tracing::warn!(key, error = %e, "KV write failed");
             Err(WriteError::Failed(KvError::Failed(e.to_string())))
@@ -96,10 +94,60 @@ pub async fn write<V: Serialize>(
     }
 }
 
+/// Whether a failed update lost a compare-and-set race. async-nats 0.51 maps only JetStream
+/// error 10071 (`wrong last sequence: N`) to `WrongLastRevision`; a clustered nats-server (2.15
+/// at R3, measured by scripts/cluster_scale.py) also answers a lost race with 10164
+/// (`wrong last sequence`, `JSStreamWrongLastSequenceConstantErr`), which async-nats reports as
+/// `Other`. Treated as a failure, it refused budgeted requests with 503
+/// `budget_store_unavailable` instead of retrying.
+fn is_conflict(e: &kv::UpdateError) -> bool {
+    use async_nats::jetstream::{self, context::PublishError};
+    use std::error::Error as _;
+    e.kind() == kv::UpdateErrorKind::WrongLastRevision
+        || e.source()
+            .and_then(|s| s.downcast_ref::<PublishError>())
+            .and_then(|p| p.source())
+            .and_then(|s| s.downcast_ref::<jetstream::Error>())
+            .is_some_and(|j| {
+                j.error_code() == jetstream::ErrorCode::STREAM_WRONG_LAST_SEQUENCE_CONSTANT
+            })
+}
+
 /// Sleeps up to 2^min(attempt, 5) × 100 µs, uniformly random: writers that collided do not
 /// collide again in lockstep.
 pub async fn backoff(attempt: u32) {
     let cap = 100u64 << attempt.min(5);
     let us = rand::rng().random_range(0..=cap);
     tokio::time::sleep(Duration::from_micros(us)).await;
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use async_nats::jetstream::{self, context::PublishError, context::PublishErrorKind};
+
+    /// An update error as async-nats builds it from a JetStream publish answer `{code, err_code}`.
+    fn update_error(err_code: u64) -> kv::UpdateError {
+        let api: jetstream::Error = serde_json::from_value(serde_json::json!(
+            {"code": 400, "err_code": err_code, "description": "wrong last sequence"}))
+        .unwrap();
+        let kind = if err_code == 10071 {
+            PublishErrorKind::WrongLastSequence
+        } else {
+            PublishErrorKind::Other
+        };
+        PublishError::with_source(kind, api).into()
+    }
+
+    #[test]
+    fn both_wrong_last_sequence_codes_are_conflicts() {
+        assert!(is_conflict(&update_error(10071)));
+        assert!(is_conflict(&update_error(10164)));
+        // Anything else is a failure (e.g. 10077: maximum messages exceeded).
+        assert!(!is_conflict(&update_error(10077)));
+        assert!(!is_conflict(&kv::UpdateError::new(
+            kv::UpdateErrorKind::TimedOut
+        )));
+    }
 }
