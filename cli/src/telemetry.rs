@@ -127,6 +127,8 @@ fn exporter(t: &TracingConfig, service: &str) -> Result<(Boxed, SdkTracerProvide
         .with_location(false)
         .with_threads(false)
         .with_tracked_inactivity(false)
+        .with_target(false)
+        .with_level(false)
         .with_filter(tracing_subscriber::filter::filter_fn(|m| {
             m.is_span() && m.target().starts_with("switchyard")
         }));

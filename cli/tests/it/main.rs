@@ -30,6 +30,7 @@ mod key_limits;
 mod limits_load;
 mod matrix;
 mod nats_auth;
+mod otel_traces;
 mod pipeline;
 mod probes;
 mod redaction;

@@ -1,0 +1,354 @@
+//! Tracing end to end (issue 15, deliver 2; docs/tracing.md): `switchyard ingress` and
+//! `switchyard worker` run as separate processes connected by NATS, each exporting spans over
+//! OTLP/HTTP to a collector stand-in ([`Collector`]). Every request is one trace with the GenAI
+//! attributes and one span per attempt (admission, cache lookup, attempts, the worker, the
+//! upstream call); the request id is adopted or generated and is the same in
+//! the response header, the audit record and the spans. The processes' batch exporters are set to
+//! export only every 60 s, so every span checked here was sent by the flush at shutdown.
+
+use crate::common::otlp::{Collector, Received};
+use crate::common::procs::Service;
+use crate::common::{self, Options};
+use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
+use serde_json::{Value, json};
+use std::time::Duration;
+
+/// `OTEL_BSP_SCHEDULE_DELAY` of the children, ms: longer than the test, so only the shutdown
+/// flush exports.
+const EXPORT_DELAY_MS: &str = "60000";
+
+/// The client's trace context of the fallback request (W3C `traceparent`).
+const CLIENT_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const CLIENT_SPAN: &str = "00f067aa0ba902b7";
+
+struct Answer {
+    status: u16,
+    /// `x-request-id`.
+    request_id: String,
+    /// `x-switchyard-request-id`.
+    gateway_id: String,
+}
+
+async fn send(base: &str, body: &Value, headers: &[(&str, &str)]) -> Answer {
+    let mut req = reqwest::Client::new()
+        .post(format!("{base}/v1/chat/completions"))
+        .json(body);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = req.send().await.unwrap();
+    let header = |n: &str| resp.headers()[n].to_str().unwrap().to_owned();
+    let answer = Answer {
+        status: resp.status().as_u16(),
+        request_id: header("x-request-id"),
+        gateway_id: header("x-switchyard-request-id"),
+    };
+    // Read to the end: a stream's charge (and its server span) ends with the body.
+    resp.text().await.unwrap();
+    answer
+}
+
+fn uuid_v7(s: &str) -> uuid::Uuid {
+    let id: uuid::Uuid = s.parse().unwrap();
+    assert_eq!(id.get_version_num(), 7, "{s}");
+    id
+}
+
+/// The spans of the trace whose server span has `switchyard.request_id` = `id`.
+fn trace_of<'a>(spans: &'a [Received], id: &str) -> (Received, Vec<&'a Received>) {
+    let server = spans
+        .iter()
+        .find(|s| s.span.kind == SpanKind::Server as i32 && s.attr("switchyard.request_id") == id)
+        .unwrap_or_else(|| panic!("no server span for {id}"))
+        .clone();
+    let trace = server.trace_id();
+    (
+        server,
+        spans.iter().filter(|s| s.trace_id() == trace).collect(),
+    )
+}
+
+fn named<'a>(spans: &[&'a Received], name: &str) -> Vec<&'a Received> {
+    let mut v: Vec<&Received> = spans.iter().copied().filter(|s| s.name() == name).collect();
+    v.sort_by_key(|s| s.span.start_time_unix_nano);
+    v
+}
+
+fn one<'a>(spans: &[&'a Received], name: &str) -> &'a Received {
+    let v = named(spans, name);
+    assert_eq!(v.len(), 1, "{name}: {v:?}");
+    v[0]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_trace_per_request_across_ingress_and_worker_processes() {
+    let collector = Collector::start().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let mut config = common::test_config(json!({"tracing": {"endpoint": collector.url}}));
+    config.data_dir = tmp.path().join("data").display().to_string();
+    let path = tmp.path().join("config.json");
+    std::fs::write(&path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
+    let path = path.display().to_string();
+    // NATS, the mock upstream and billing (the audit log) in this process; no worker here.
+    let gw = common::start(Options {
+        config,
+        billing: true,
+        worker: false,
+        ..Options::default()
+    })
+    .await;
+    let nats = gw.nats.url();
+    let mock = format!("{}/v1", gw.mock.base_url());
+    let envs = [("OTEL_BSP_SCHEDULE_DELAY", EXPORT_DELAY_MS)];
+    let worker = Service::start(
+        &[
+            "worker",
+            "--config",
+            &path,
+            "--nats-url",
+            &nats,
+            "--mock-url",
+            &mock,
+        ],
+        &envs,
+        "worker serving",
+    )
+    .await;
+    let ingress = Service::start(
+        &[
+            "ingress",
+            "--config",
+            &path,
+            "--nats-url",
+            &nats,
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        &envs,
+        "ingress listening on http://",
+    )
+    .await;
+    let addr = ingress.ready_line.split("http://").nth(1).unwrap().trim();
+    let base = format!("http://{addr}");
+
+    // Adopted: a well-formed client id is the request id; the gateway's UUIDv7 keys the ledger.
+    let adopted = send(
+        &base,
+        &common::chat(
+            "demo/mock",
+            "#mock text=hello prompt_tokens=12 completion_tokens=3",
+            false,
+        ),
+        &[("x-request-id", "client-trace.42:a_b")],
+    )
+    .await;
+    assert_eq!(adopted.status, 200);
+    assert_eq!(adopted.request_id, "client-trace.42:a_b");
+    uuid_v7(&adopted.gateway_id);
+    // Generated, streamed, a fallback (`dead` refuses the connection, `mock` serves), inside the
+    // client's own trace.
+    let traceparent = format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01");
+    let fallback = send(
+        &base,
+        &common::chat(
+            "demo/fallback",
+            "#mock text=ok prompt_tokens=5 completion_tokens=2",
+            true,
+        ),
+        &[("traceparent", &traceparent)],
+    )
+    .await;
+    assert_eq!(fallback.status, 200);
+    assert_eq!(fallback.request_id, fallback.gateway_id);
+    uuid_v7(&fallback.request_id);
+    // Malformed: replaced by the gateway's id.
+    let malformed = send(
+        &base,
+        &common::chat(
+            "demo/mock",
+            "#mock text=x prompt_tokens=1 completion_tokens=1",
+            false,
+        ),
+        &[("x-request-id", "not well formed!")],
+    )
+    .await;
+    assert_eq!(malformed.status, 200);
+    assert_eq!(malformed.request_id, malformed.gateway_id);
+    uuid_v7(&malformed.request_id);
+    // Refused before admission: the ids are on the error too.
+    let refused = send(
+        &base,
+        &common::chat("no/such-model", "hi", false),
+        &[("x-request-id", "err-1")],
+    )
+    .await;
+    assert_eq!(refused.status, 404);
+    assert_eq!(refused.request_id, "err-1");
+    uuid_v7(&refused.gateway_id);
+
+    // The audit log: keyed by the gateway's id, the client's id beside it.
+    let ledger = gw.ledger.clone().unwrap();
+    let records = common::eventually(Duration::from_secs(20), || {
+        let ledger = ledger.clone();
+        async move {
+            let q = switchyard_schemas::audit::AuditQuery::default();
+            let page = switchyard_billing::audit::page(&ledger, &q).await.ok()?;
+            (page.data.len() == 3).then_some(page.data)
+        }
+    })
+    .await;
+    let record = |id: &str| {
+        let r = records.iter().find(|r| r.request_id == id).unwrap();
+        (r.client_request_id.clone(), r.fallbacks)
+    };
+    assert_eq!(
+        record(&adopted.gateway_id),
+        (Some("client-trace.42:a_b".to_owned()), 0)
+    );
+    assert_eq!(record(&fallback.request_id), (None, 1));
+    assert_eq!(record(&malformed.request_id), (None, 0));
+
+    // SIGTERM: each process flushes its queued spans before it exits.
+    assert_eq!(ingress.stop().await, Some(0));
+    assert_eq!(worker.stop().await, Some(0));
+    let spans = collector
+        .wait_until(Duration::from_secs(10), |s| {
+            s.iter().any(|s| s.service == "switchyard-ingress")
+                && s.iter().any(|s| s.service == "switchyard-worker")
+        })
+        .await;
+    // One trace per request, nothing outside them.
+    let traces: std::collections::BTreeSet<String> = spans.iter().map(|s| s.trace_id()).collect();
+    assert_eq!(traces.len(), 4, "{traces:?}");
+
+    // The adopted request: server → admit, attempt → worker → upstream call.
+    let (server, trace) = trace_of(&spans, "client-trace.42:a_b");
+    let mut names: Vec<&str> = trace.iter().map(|s| s.name()).collect();
+    names.sort_unstable();
+    assert_eq!(
+        names,
+        [
+            "POST /v1/chat/completions",
+            "chat mock",
+            "switchyard.admit",
+            "switchyard.attempt",
+            "switchyard.cache.lookup",
+            "switchyard.worker"
+        ]
+    );
+    assert_eq!(server.service, "switchyard-ingress");
+    assert_eq!(server.parent_id(), "");
+    let expected = json!({
+        "http.request.method": "POST", "http.route": "/v1/chat/completions",
+        "http.response.status_code": 200,
+        "gen_ai.operation.name": "chat", "gen_ai.request.model": "demo/mock",
+        "gen_ai.response.model": "mock", "gen_ai.provider.name": "openai",
+        "gen_ai.usage.input_tokens": 12, "gen_ai.usage.output_tokens": 3,
+        "gen_ai.response.finish_reasons": ["stop"],
+        "switchyard.request_id": "client-trace.42:a_b",
+        "switchyard.gateway_request_id": adopted.gateway_id,
+        "switchyard.target": "mock", "switchyard.fallbacks": 0, "switchyard.cache_hit": false,
+        "switchyard.status": "ok",
+    });
+    assert_eq!(serde_json::to_value(server.attrs()).unwrap(), expected);
+    // No cache service runs here: the lookup (a NATS request) is a bypass.
+    let lookup = one(&trace, "switchyard.cache.lookup");
+    assert_eq!(lookup.span.kind, SpanKind::Client as i32);
+    assert_eq!(lookup.parent_id(), server.span_id());
+    assert_eq!(lookup.attr("switchyard.cache.outcome"), "bypass");
+    let admit = one(&trace, "switchyard.admit");
+    assert_eq!(admit.parent_id(), server.span_id());
+    let attempt = one(&trace, "switchyard.attempt");
+    assert_eq!(attempt.parent_id(), server.span_id());
+    assert_eq!(
+        serde_json::to_value(attempt.attrs()).unwrap(),
+        json!({"switchyard.attempt": 0, "switchyard.target": "mock",
+               "gen_ai.provider.name": "openai", "gen_ai.request.model": "mock"})
+    );
+    let worker_span = one(&trace, "switchyard.worker");
+    assert_eq!(worker_span.service, "switchyard-worker");
+    assert_eq!(worker_span.parent_id(), attempt.span_id());
+    assert_eq!(
+        worker_span.attr("switchyard.request_id"),
+        "client-trace.42:a_b"
+    );
+    let call = one(&trace, "chat mock");
+    assert_eq!(call.service, "switchyard-worker");
+    assert_eq!(call.span.kind, SpanKind::Client as i32);
+    assert_eq!(call.parent_id(), worker_span.span_id());
+    let mock_port = reqwest::Url::parse(&mock).unwrap().port().unwrap();
+    assert_eq!(
+        serde_json::to_value(call.attrs()).unwrap(),
+        json!({
+            "gen_ai.operation.name": "chat", "gen_ai.provider.name": "openai",
+            "gen_ai.request.model": "mock", "gen_ai.response.model": "mock",
+            "gen_ai.usage.input_tokens": 12, "gen_ai.usage.output_tokens": 3,
+            "gen_ai.response.finish_reasons": ["stop"],
+            "server.address": "127.0.0.1", "server.port": mock_port,
+            "switchyard.target": "mock", "switchyard.attempt": 0,
+        })
+    );
+
+    // The fallback: in the client's trace, two attempts, the first failed.
+    let (server, trace) = trace_of(&spans, &fallback.request_id);
+    assert_eq!(server.trace_id(), CLIENT_TRACE);
+    assert_eq!(server.parent_id(), CLIENT_SPAN);
+    assert_eq!(server.attr("switchyard.fallbacks"), 1);
+    assert_eq!(server.attr("gen_ai.usage.input_tokens"), 5);
+    assert_eq!(server.attr("gen_ai.usage.output_tokens"), 2);
+    let attempts = named(&trace, "switchyard.attempt");
+    let summary: Vec<(Value, Value, Value)> = attempts
+        .iter()
+        .map(|a| {
+            (
+                a.attr("switchyard.attempt"),
+                a.attr("switchyard.target"),
+                a.attr("error.type"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            (json!(0), json!("dead"), json!("network")),
+            (json!(1), json!("mock"), Value::Null)
+        ]
+    );
+    // Each attempt reached a worker; the served one's upstream call carries the tokens.
+    let workers = named(&trace, "switchyard.worker");
+    let parents: Vec<String> = workers.iter().map(|w| w.parent_id()).collect();
+    assert_eq!(parents, [attempts[0].span_id(), attempts[1].span_id()]);
+    let served: Vec<&Received> = named(&trace, "chat mock")
+        .into_iter()
+        .filter(|c| c.parent_id() == workers[1].span_id())
+        .collect();
+    assert_eq!(served.len(), 1);
+    assert_eq!(served[0].attr("gen_ai.usage.input_tokens"), 5);
+    assert_eq!(served[0].attr("gen_ai.usage.output_tokens"), 2);
+    assert_eq!(served[0].attr("error.type"), Value::Null);
+    let failed: Vec<Value> = named(&trace, "chat mock")
+        .into_iter()
+        .filter(|c| c.parent_id() == workers[0].span_id())
+        .map(|c| c.attr("error.type"))
+        .collect();
+    assert!(
+        !failed.is_empty() && failed.iter().all(|e| e == "network"),
+        "{failed:?}"
+    );
+
+    // The malformed id: the generated one everywhere.
+    let (_, trace) = trace_of(&spans, &malformed.request_id);
+    assert_eq!(
+        one(&trace, "switchyard.worker").attr("switchyard.request_id"),
+        malformed.request_id.as_str()
+    );
+    // The refusal: its server span, no attempt.
+    let (server, trace) = trace_of(&spans, "err-1");
+    assert_eq!(server.attr("http.response.status_code"), 404);
+    assert!(named(&trace, "switchyard.attempt").is_empty());
+    // Never a prompt or an answer in any attribute.
+    for s in &spans {
+        let text = serde_json::to_string(&s.attrs()).unwrap();
+        assert!(!text.contains("#mock") && !text.contains("hello"), "{text}");
+    }
+}
