@@ -52,6 +52,42 @@ pub fn upstream(target: &TargetConfig, req: &ChatRequest, base: &str) -> Span {
     }
     span.set_attribute("switchyard.target", target.id.clone());
     span.set_attribute("switchyard.attempt", i64::from(req.attempt));
+    server(&span, base);
+    span
+}
+
+/// The client span of one upstream embeddings call on `target` (`base`: the URL called).
+pub fn embeddings(target: &TargetConfig, base: &str) -> Span {
+    if !enabled() {
+        return Span::none();
+    }
+    let name = format!("embeddings {}", target.upstream_model);
+    let span = tracing::info_span!(target: "switchyard::worker", "upstream",
+        otel.name = name.as_str(), otel.kind = "client");
+    span.set_attribute("gen_ai.operation.name", "embeddings");
+    span.set_attribute(
+        "gen_ai.provider.name",
+        switchyard_schemas::trace::gen_ai_provider(target.provider.as_str()).to_owned(),
+    );
+    span.set_attribute("gen_ai.request.model", target.upstream_model.clone());
+    span.set_attribute("switchyard.target", target.id.clone());
+    server(&span, base);
+    span
+}
+
+/// Records an embeddings call's outcome on its `span`: input tokens, or the error class.
+pub fn embedded(span: &Span, result: Result<&Usage, &switchyard_schemas::ErrorInfo>) {
+    if span.is_none() {
+        return;
+    }
+    match result {
+        Ok(u) => span.set_attribute("gen_ai.usage.input_tokens", u.prompt_tokens as i64),
+        Err(e) => switchyard_schemas::trace::fail(span, e.class.as_str()),
+    }
+}
+
+/// `server.address` and `server.port` of the upstream `base` URL.
+fn server(span: &Span, base: &str) {
     if let Ok(u) = reqwest::Url::parse(base) {
         if let Some(h) = u.host_str() {
             span.set_attribute("server.address", h.to_owned());
@@ -60,7 +96,6 @@ pub fn upstream(target: &TargetConfig, req: &ChatRequest, base: &str) -> Span {
             span.set_attribute("server.port", i64::from(port));
         }
     }
-    span
 }
 
 /// Records a completed answer on the current (upstream) span: the model that answered, the

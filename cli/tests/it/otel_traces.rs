@@ -352,3 +352,94 @@ async fn one_trace_per_request_across_ingress_and_worker_processes() {
         assert!(!text.contains("#mock") && !text.contains("hello"), "{text}");
     }
 }
+
+/// A client that sends one `X-Request-Id` on 1,000 concurrent requests through two ingresses
+/// gets it back on every answer, and the ledger still keeps 1,000 requests: each its own gateway
+/// id (the charge row's key and the audit record's), the shared id beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_client_request_id_never_merges_requests_through_two_ingresses() {
+    const REQUESTS: usize = 1_000;
+    let config = common::test_config(json!({
+        "timeouts": {"first_frame_ms": 30000, "worker_silence_ms": 30000, "heartbeat_ms": 1000,
+                     "total_ms": 120000}
+    }));
+    let gw = common::start(Options {
+        config,
+        billing: true,
+        ..Options::default()
+    })
+    .await;
+    let (second, _) = common::spawn_ingress(&gw).await;
+    let bases = [gw.base.clone(), second];
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(REQUESTS)
+        .build()
+        .unwrap();
+    let calls = (0..REQUESTS).map(|i| {
+        let (http, base) = (http.clone(), bases[i % 2].clone());
+        async move {
+            let resp = http
+                .post(format!("{base}/v1/chat/completions"))
+                .header("x-request-id", "same-id-for-all")
+                .json(&common::chat(
+                    "demo/mock",
+                    "#mock text=hi prompt_tokens=2 completion_tokens=1",
+                    false,
+                ))
+                .send()
+                .await
+                .unwrap();
+            let h = |n: &str| resp.headers()[n].to_str().unwrap().to_owned();
+            let got = (
+                resp.status().as_u16(),
+                h("x-request-id"),
+                h("x-switchyard-request-id"),
+            );
+            resp.bytes().await.unwrap();
+            got
+        }
+    });
+    let results = tokio::time::timeout(Duration::from_secs(120), futures::future::join_all(calls))
+        .await
+        .expect("1,000 requests within 120 s");
+    let mut gateway_ids = std::collections::BTreeSet::new();
+    for (status, shown, gateway) in &results {
+        assert_eq!((*status, shown.as_str()), (200, "same-id-for-all"));
+        uuid_v7(gateway);
+        gateway_ids.insert(gateway.clone());
+    }
+    assert_eq!(gateway_ids.len(), REQUESTS);
+    // 1,000 audit records (one per charge row), each under its own gateway id.
+    let ledger = gw.ledger.clone().unwrap();
+    let records = common::eventually(Duration::from_secs(60), || {
+        let ledger = ledger.clone();
+        async move {
+            let q = switchyard_schemas::audit::AuditQuery {
+                limit: Some(1000),
+                ..Default::default()
+            };
+            let page = switchyard_billing::audit::page(&ledger, &q).await.ok()?;
+            (page.data.len() == REQUESTS).then_some(page.data)
+        }
+    })
+    .await;
+    let recorded: std::collections::BTreeSet<String> =
+        records.iter().map(|r| r.request_id.clone()).collect();
+    assert_eq!(recorded, gateway_ids);
+    assert!(
+        records
+            .iter()
+            .all(|r| r.client_request_id.as_deref() == Some("same-id-for-all"))
+    );
+    let charges = ledger
+        .usage_for(records[0].request_id.parse().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        charges
+            .iter()
+            .filter(|e| e.kind == switchyard_schemas::UsageKind::Charge)
+            .count(),
+        1
+    );
+}

@@ -40,7 +40,8 @@
 //! the global `timeouts.total_ms`) — the whole request, admission to last frame: a 504 (or an
 //! error event) and the deadline workers are given.
 //!
-//! Response headers: `x-request-id`, `x-switchyard-target`, `x-switchyard-worker`,
+//! Response headers: `x-request-id` (the request id, [`capture_hints`]), `x-switchyard-request-id`,
+//! `x-switchyard-target`, `x-switchyard-worker`,
 //! `x-switchyard-fallbacks`, `x-switchyard-trimmed` (messages dropped by `trim_context`), the
 //! serving upstream's rate-limit headers renamed `x-upstream-ratelimit-…` /
 //! `x-upstream-anthropic-ratelimit-…`, and the caller's own `x-ratelimit-*`
