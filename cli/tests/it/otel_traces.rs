@@ -443,3 +443,96 @@ async fn a_reused_client_request_id_never_merges_requests_through_two_ingresses(
         1
     );
 }
+
+/// A collector that accepts connections and never answers: span export stalls for its whole
+/// timeout, requests do not (they only queue spans), and SIGTERM still ends the processes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_collector_never_slows_requests() {
+    const EXPORT_TIMEOUT_MS: u64 = 8_000;
+    let hung = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", hung.local_addr().unwrap());
+    let (held_tx, mut held_rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = hung.accept().await {
+            // Held open, never read or answered.
+            if held_tx.send(socket).is_err() {
+                return;
+            }
+        }
+    });
+    let tmp = tempfile::tempdir().unwrap();
+    let mut config = common::test_config(json!({
+        "tracing": {"endpoint": endpoint, "export_timeout_ms": EXPORT_TIMEOUT_MS}
+    }));
+    config.data_dir = tmp.path().join("data").display().to_string();
+    let path = tmp.path().join("config.json");
+    std::fs::write(&path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
+    let path = path.display().to_string();
+    let gw = common::start(Options {
+        config,
+        worker: false,
+        ..Options::default()
+    })
+    .await;
+    let nats = gw.nats.url();
+    let mock = format!("{}/v1", gw.mock.base_url());
+    // Export every 100 ms: the first export reaches the collector (and hangs) at once.
+    let envs = [("OTEL_BSP_SCHEDULE_DELAY", "100")];
+    let worker = Service::start(
+        &[
+            "worker",
+            "--config",
+            &path,
+            "--nats-url",
+            &nats,
+            "--mock-url",
+            &mock,
+        ],
+        &envs,
+        "worker serving",
+    )
+    .await;
+    let ingress = Service::start(
+        &[
+            "ingress",
+            "--config",
+            &path,
+            "--nats-url",
+            &nats,
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        &envs,
+        "ingress listening on http://",
+    )
+    .await;
+    let addr = ingress.ready_line.split("http://").nth(1).unwrap().trim();
+    let base = format!("http://{addr}");
+    let body = common::chat("demo/mock", "#mock text=hi", false);
+    // The first request's spans open the first (hanging) export of each process.
+    assert_eq!(send(&base, &body, &[]).await.status, 200);
+    let _first = tokio::time::timeout(Duration::from_secs(10), held_rx.recv())
+        .await
+        .expect("no export reached the collector")
+        .unwrap();
+    let mut slowest = Duration::ZERO;
+    for _ in 0..20 {
+        let started = std::time::Instant::now();
+        assert_eq!(send(&base, &body, &[]).await.status, 200);
+        slowest = slowest.max(started.elapsed());
+    }
+    eprintln!("slowest of 20 requests while the collector hangs: {slowest:?}");
+    // An export on the request path would cost its 8 s timeout.
+    assert!(
+        slowest < Duration::from_millis(EXPORT_TIMEOUT_MS / 2),
+        "slowest request {slowest:?}"
+    );
+    // The shutdown flush gives up after the export timeout; the processes exit cleanly.
+    let stopping = std::time::Instant::now();
+    assert_eq!(ingress.stop().await, Some(0));
+    assert_eq!(worker.stop().await, Some(0));
+    eprintln!(
+        "both processes stopped {:?} after SIGTERM",
+        stopping.elapsed()
+    );
+}
