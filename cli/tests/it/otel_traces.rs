@@ -114,8 +114,11 @@ async fn one_trace_per_request_across_ingress_and_worker_processes() {
         "worker serving",
     )
     .await;
+    // JSON log lines: those inside a request's spans carry its trace id.
     let ingress = Service::start(
         &[
+            "--log-format",
+            "json",
             "ingress",
             "--config",
             &path,
@@ -128,8 +131,13 @@ async fn one_trace_per_request_across_ingress_and_worker_processes() {
         "ingress listening on http://",
     )
     .await;
-    let addr = ingress.ready_line.split("http://").nth(1).unwrap().trim();
-    let base = format!("http://{addr}");
+    let ready: Value = serde_json::from_str(&ingress.ready_line).unwrap();
+    let base = ready["message"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("ingress listening on ")
+        .to_owned();
+    let ingress_log = ingress.log.clone();
 
     // Adopted: a well-formed client id is the request id; the gateway's UUIDv7 keys the ledger.
     let adopted = send(
@@ -335,6 +343,16 @@ async fn one_trace_per_request_across_ingress_and_worker_processes() {
         !failed.is_empty() && failed.iter().all(|e| e == "network"),
         "{failed:?}"
     );
+    // The ingress's log line about the failed attempt names the client's trace.
+    let fell_back: Vec<Value> = ingress_log
+        .lock()
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|l| l["message"] == "attempt failed, trying next target")
+        .collect();
+    assert_eq!(fell_back.len(), 1, "{fell_back:?}");
+    assert_eq!(fell_back[0]["trace_id"], CLIENT_TRACE);
+    assert_eq!(fell_back[0]["span_id"], server.span_id());
 
     // The malformed id: the generated one everywhere.
     let (_, trace) = trace_of(&spans, &malformed.request_id);
