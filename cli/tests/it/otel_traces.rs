@@ -1,9 +1,9 @@
-//! Tracing end to end (issue 15, deliver 2; docs/tracing.md): `switchyard ingress` and
-//! `switchyard worker` run as separate processes connected by NATS, each exporting spans over
-//! OTLP/HTTP to a collector stand-in ([`Collector`]). Every request is one trace with the GenAI
-//! attributes and one span per attempt (admission, cache lookup, attempts, the worker, the
-//! upstream call); the request id is adopted or generated and is the same in
-//! the response header, the audit record and the spans. The processes' batch exporters are set to
+//! Tracing end to end (issue 15, deliver 2; docs/tracing.md): `switchyard ingress`,
+//! `switchyard worker` and `switchyard cache` run as separate processes connected by NATS, each
+//! exporting spans over OTLP/HTTP to a collector stand-in ([`Collector`]). Every request is one
+//! trace with the GenAI attributes and its spans (cache lookup, admission, one per attempt, the
+//! worker, the upstream call); the request id is adopted or generated and is the same in the
+//! response header, the audit record and the spans. The processes' batch exporters are set to
 //! export only every 60 s, so every span checked here was sent by the flush at shutdown.
 
 use crate::common::otlp::{Collector, Received};
@@ -27,6 +27,8 @@ struct Answer {
     request_id: String,
     /// `x-switchyard-request-id`.
     gateway_id: String,
+    /// `x-switchyard-cache`.
+    cache: Option<String>,
 }
 
 async fn send(base: &str, body: &Value, headers: &[(&str, &str)]) -> Answer {
@@ -42,6 +44,10 @@ async fn send(base: &str, body: &Value, headers: &[(&str, &str)]) -> Answer {
         status: resp.status().as_u16(),
         request_id: header("x-request-id"),
         gateway_id: header("x-switchyard-request-id"),
+        cache: resp
+            .headers()
+            .get("x-switchyard-cache")
+            .map(|v| v.to_str().unwrap().to_owned()),
     };
     // Read to the end: a stream's charge (and its server span) ends with the body.
     resp.text().await.unwrap();
@@ -80,6 +86,26 @@ fn one<'a>(spans: &[&'a Received], name: &str) -> &'a Received {
     v[0]
 }
 
+/// The lookup's client span (ingress) and its server span (the cache process, its child).
+fn cache_spans<'a>(trace: &[&'a Received]) -> (&'a Received, &'a Received) {
+    let lookups = named(trace, "switchyard.cache.lookup");
+    assert_eq!(lookups.len(), 2, "{lookups:?}");
+    let client = lookups
+        .iter()
+        .find(|s| s.span.kind == SpanKind::Client as i32)
+        .unwrap();
+    let server = lookups
+        .iter()
+        .find(|s| s.span.kind == SpanKind::Server as i32)
+        .unwrap();
+    assert_eq!(
+        (client.service.as_str(), server.service.as_str()),
+        ("switchyard-ingress", "switchyard-cache")
+    );
+    assert_eq!(server.parent_id(), client.span_id());
+    (client, server)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_trace_per_request_across_ingress_and_worker_processes() {
     let collector = Collector::start().await;
@@ -112,6 +138,20 @@ async fn one_trace_per_request_across_ingress_and_worker_processes() {
         ],
         &envs,
         "worker serving",
+    )
+    .await;
+    // The cache service (exact layer only): its lookups continue the ingress's traces.
+    let cache = Service::start(
+        &[
+            "cache",
+            "--config",
+            &path,
+            "--nats-url",
+            &nats,
+            "--no-semantic",
+        ],
+        &envs,
+        "cache service ready",
     )
     .await;
     // JSON log lines: those inside a request's spans carry its trace id.
@@ -193,6 +233,27 @@ async fn one_trace_per_request_across_ingress_and_worker_processes() {
     assert_eq!(refused.status, 404);
     assert_eq!(refused.request_id, "err-1");
     uuid_v7(&refused.gateway_id);
+    // The adopted request's prompt again: answered by the cache once its store landed.
+    let mut tries = 0;
+    let hit = loop {
+        tries += 1;
+        let a = send(
+            &base,
+            &common::chat(
+                "demo/mock",
+                "#mock text=hello prompt_tokens=12 completion_tokens=3",
+                false,
+            ),
+            &[("x-request-id", &format!("repeat-{tries}"))],
+        )
+        .await;
+        assert_eq!(a.status, 200);
+        if a.cache.as_deref() == Some("hit") {
+            eprintln!("cache hit after {tries} repeats");
+            break a;
+        }
+        assert!(tries < 50, "no cache hit after {tries} repeats");
+    };
 
     // The audit log: keyed by the gateway's id, the client's id beside it.
     let ledger = gw.ledger.clone().unwrap();
@@ -201,7 +262,7 @@ async fn one_trace_per_request_across_ingress_and_worker_processes() {
         async move {
             let q = switchyard_schemas::audit::AuditQuery::default();
             let page = switchyard_billing::audit::page(&ledger, &q).await.ok()?;
-            (page.data.len() == 3).then_some(page.data)
+            (page.data.len() == 3 + tries).then_some(page.data)
         }
     })
     .await;
@@ -219,6 +280,7 @@ async fn one_trace_per_request_across_ingress_and_worker_processes() {
     // SIGTERM: each process flushes its queued spans before it exits.
     assert_eq!(ingress.stop().await, Some(0));
     assert_eq!(worker.stop().await, Some(0));
+    assert_eq!(cache.stop().await, Some(0));
     let spans = collector
         .wait_until(Duration::from_secs(10), |s| {
             s.iter().any(|s| s.service == "switchyard-ingress")
@@ -227,7 +289,7 @@ async fn one_trace_per_request_across_ingress_and_worker_processes() {
         .await;
     // One trace per request, nothing outside them.
     let traces: std::collections::BTreeSet<String> = spans.iter().map(|s| s.trace_id()).collect();
-    assert_eq!(traces.len(), 4, "{traces:?}");
+    assert_eq!(traces.len(), 4 + tries, "{traces:?}");
 
     // The adopted request: server → admit, attempt → worker → upstream call.
     let (server, trace) = trace_of(&spans, "client-trace.42:a_b");
@@ -240,6 +302,7 @@ async fn one_trace_per_request_across_ingress_and_worker_processes() {
             "chat mock",
             "switchyard.admit",
             "switchyard.attempt",
+            "switchyard.cache.lookup",
             "switchyard.cache.lookup",
             "switchyard.worker"
         ]
@@ -259,11 +322,15 @@ async fn one_trace_per_request_across_ingress_and_worker_processes() {
         "switchyard.status": "ok",
     });
     assert_eq!(serde_json::to_value(server.attrs()).unwrap(), expected);
-    // No cache service runs here: the lookup (a NATS request) is a bypass.
-    let lookup = one(&trace, "switchyard.cache.lookup");
-    assert_eq!(lookup.span.kind, SpanKind::Client as i32);
+    // The cache lookup: a NATS request from ingress, served in the cache process.
+    let (lookup, served_lookup) = cache_spans(&trace);
     assert_eq!(lookup.parent_id(), server.span_id());
-    assert_eq!(lookup.attr("switchyard.cache.outcome"), "bypass");
+    assert_eq!(lookup.attr("switchyard.cache.outcome"), "miss");
+    assert_eq!(served_lookup.attr("switchyard.cache.outcome"), "miss");
+    assert_eq!(
+        served_lookup.attr("switchyard.request_id"),
+        "client-trace.42:a_b"
+    );
     let admit = one(&trace, "switchyard.admit");
     assert_eq!(admit.parent_id(), server.span_id());
     let attempt = one(&trace, "switchyard.attempt");
@@ -360,6 +427,15 @@ async fn one_trace_per_request_across_ingress_and_worker_processes() {
         one(&trace, "switchyard.worker").attr("switchyard.request_id"),
         malformed.request_id.as_str()
     );
+    // The cache hit: lookup spans in both processes, no attempt.
+    let (server, trace) = trace_of(&spans, &hit.request_id);
+    assert_eq!(server.attr("switchyard.cache_hit"), true);
+    assert_eq!(server.attr("gen_ai.request.model"), "demo/mock");
+    let (lookup, served_lookup) = cache_spans(&trace);
+    assert_eq!(lookup.parent_id(), server.span_id());
+    assert_eq!(lookup.attr("switchyard.cache.outcome"), "hit");
+    assert_eq!(served_lookup.attr("switchyard.cache.outcome"), "hit");
+    assert!(named(&trace, "switchyard.attempt").is_empty());
     // The refusal: its server span, no attempt.
     let (server, trace) = trace_of(&spans, "err-1");
     assert_eq!(server.attr("http.response.status_code"), 404);
