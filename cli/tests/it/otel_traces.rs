@@ -193,6 +193,15 @@ async fn one_trace_per_request_across_ingress_and_worker_processes() {
     assert_eq!(adopted.status, 200);
     assert_eq!(adopted.request_id, "client-trace.42:a_b");
     uuid_v7(&adopted.gateway_id);
+    // The worker sent it upstream (the mock records what it received); never the traceparent.
+    let upstream: Vec<_> = gw
+        .mock
+        .requests()
+        .into_iter()
+        .filter(|r| r.header("x-request-id") == Some("client-trace.42:a_b"))
+        .collect();
+    assert_eq!(upstream.len(), 1);
+    assert_eq!(upstream[0].header("traceparent"), None);
     // Generated, streamed, a fallback (`dead` refuses the connection, `mock` serves), inside the
     // client's own trace.
     let traceparent = format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01");
