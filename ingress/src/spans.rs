@@ -16,17 +16,19 @@ tokio::task_local! {
     static ROOT: Span;
 }
 
-/// An internal span named `name` under the current one.
+/// An internal span named `name` under the current one; none outside a request's span (a batch
+/// item's attempts make no trace of their own).
 pub fn internal(name: &'static str) -> Span {
-    if !enabled() {
+    if !enabled() || Span::current().is_none() {
         return Span::none();
     }
     tracing::info_span!(target: "switchyard::ingress", "span", otel.name = name, otel.kind = "internal")
 }
 
-/// A client span named `name` (a NATS request this process makes) under the current one.
+/// A client span named `name` (a NATS request this process makes) under the current one; none
+/// outside a request's span.
 pub fn client(name: &'static str) -> Span {
-    if !enabled() {
+    if !enabled() || Span::current().is_none() {
         return Span::none();
     }
     tracing::info_span!(target: "switchyard::ingress", "span", otel.name = name, otel.kind = "client")
