@@ -639,3 +639,81 @@ async fn a_hung_collector_never_slows_requests() {
         stopping.elapsed()
     );
 }
+
+/// Measurement (ignored; `-- --ignored --nocapture`): median and p99 latency of 300 sequential
+/// requests through an ingress and a worker process, span export off and on (to the collector
+/// stand-in, every span sampled).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn measure_span_export_overhead() {
+    let collector = Collector::start().await;
+    for export in [false, true] {
+        let tmp = tempfile::tempdir().unwrap();
+        let tracing = if export {
+            json!({"endpoint": collector.url})
+        } else {
+            json!({})
+        };
+        let mut config = common::test_config(json!({ "tracing": tracing }));
+        config.data_dir = tmp.path().join("data").display().to_string();
+        let path = tmp.path().join("config.json");
+        std::fs::write(&path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
+        let path = path.display().to_string();
+        let gw = common::start(Options {
+            config,
+            worker: false,
+            ..Options::default()
+        })
+        .await;
+        let (nats, mock) = (gw.nats.url(), format!("{}/v1", gw.mock.base_url()));
+        let worker = Service::start(
+            &[
+                "worker",
+                "--config",
+                &path,
+                "--nats-url",
+                &nats,
+                "--mock-url",
+                &mock,
+            ],
+            &[],
+            "worker serving",
+        )
+        .await;
+        let ingress = Service::start(
+            &[
+                "ingress",
+                "--config",
+                &path,
+                "--nats-url",
+                &nats,
+                "--listen",
+                "127.0.0.1:0",
+            ],
+            &[],
+            "ingress listening on http://",
+        )
+        .await;
+        let addr = ingress.ready_line.split("http://").nth(1).unwrap().trim();
+        let base = format!("http://{addr}");
+        let mut ms: Vec<f64> = Vec::new();
+        for i in 0..320 {
+            let body = common::chat("demo/mock", &format!("#mock text=hi n{i}"), false);
+            let started = std::time::Instant::now();
+            assert_eq!(send(&base, &body, &[]).await.status, 200);
+            if i >= 20 {
+                ms.push(started.elapsed().as_secs_f64() * 1000.0);
+            }
+        }
+        ms.sort_by(f64::total_cmp);
+        eprintln!(
+            "span export {}: p50 {:.2} ms, p99 {:.2} ms over {} requests",
+            if export { "on" } else { "off" },
+            ms[ms.len() / 2],
+            ms[ms.len() * 99 / 100],
+            ms.len()
+        );
+        ingress.stop().await;
+        worker.stop().await;
+    }
+}
