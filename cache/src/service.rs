@@ -603,12 +603,18 @@ pub async fn run_with_ready(
                         }
                     };
                     let (service, nats) = (service.clone(), nats.clone());
+                    let span = lookup_span(msg.headers.as_ref());
                     tokio::spawn(async move {
                         let answer = tokio::task::spawn_blocking(move || service.lookup(&req)).await;
                         let reply_body = match answer {
                             Ok(r) => r,
                             Err(e) => LookupReply::empty(CacheOutcome::Bypass, format!("lookup failed: {e}")),
                         };
+                        if !span.is_none() {
+                            use switchyard_schemas::trace::OpenTelemetrySpanExt;
+                            span.set_attribute("switchyard.cache.outcome", reply_body.outcome.as_str());
+                        }
+                        drop(span);
                         let body = serde_json::to_vec(&reply_body).unwrap_or_default();
                         if let Err(e) = nats.publish(reply, body.into()).await {
                             tracing::warn!(error = %e, "cache reply failed");
@@ -661,6 +667,22 @@ pub async fn run_with_ready(
     };
     let _ = stop_tx.send(true);
     result
+}
+
+/// The server span of one lookup (`switchyard.cache.lookup`, docs/tracing.md), child of the
+/// ingress span whose `traceparent` the request carries; `Span::none` when export is off.
+fn lookup_span(headers: Option<&async_nats::HeaderMap>) -> tracing::Span {
+    if !switchyard_schemas::trace::enabled() {
+        return tracing::Span::none();
+    }
+    let span = tracing::info_span!(target: "switchyard::cache", "lookup",
+        otel.name = "switchyard.cache.lookup", otel.kind = "server");
+    switchyard_schemas::trace::adopt(&span, headers);
+    if let Some(id) = switchyard_schemas::trace::request_id(headers) {
+        use switchyard_schemas::trace::OpenTelemetrySpanExt;
+        span.set_attribute("switchyard.request_id", id);
+    }
+    span
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! `--log-format json`: one JSON object per log line on stderr, for log shippers:
 //! `{"ts": RFC 3339 UTC, "level": "INFO", "target": module path, "message": …, "fields": {…},
-//! "spans": [names, outermost first]}`. Field values keep their JSON type when they are
+//! "trace_id": hex, "span_id": hex, "spans": [names, outermost first]}` (`trace_id`/`span_id` of
+//! the innermost exported span, only when span export is on). Field values keep their JSON type when they are
 //! numbers or booleans; everything else is its `Display`/`Debug` text.
 
 use std::fmt;
@@ -48,9 +49,20 @@ where
         }
         line.insert("fields".into(), serde_json::Value::Object(fields));
         if let Some(scope) = ctx.event_scope() {
-            let spans: Vec<serde_json::Value> =
-                scope.from_root().map(|s| s.name().into()).collect();
-            line.insert("spans".into(), spans.into());
+            // The innermost exported span's ids (span export on, docs/tracing.md): the log line
+            // joins its trace in the tracing backend.
+            let spans: Vec<_> = scope.from_root().collect();
+            let ids = spans.iter().rev().find_map(|s| {
+                let ext = s.extensions();
+                let d = ext.get::<tracing_opentelemetry::OtelData>()?;
+                Some((d.trace_id()?, d.span_id()?))
+            });
+            if let Some((trace, span)) = ids {
+                line.insert("trace_id".into(), trace.to_string().into());
+                line.insert("span_id".into(), span.to_string().into());
+            }
+            let names: Vec<serde_json::Value> = spans.iter().map(|s| s.name().into()).collect();
+            line.insert("spans".into(), names.into());
         }
         writeln!(w, "{}", serde_json::Value::Object(line))
     }

@@ -16,6 +16,7 @@ mod pricing_cmd;
 mod report_cmd;
 mod requests_cmd;
 mod secret_cmd;
+mod telemetry;
 
 use clap::{Args, Parser, Subcommand};
 use std::net::SocketAddr;
@@ -272,25 +273,8 @@ fn msg(e: impl std::fmt::Display) -> CliError {
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr);
-    match cli.log_format {
-        log_format::LogFormat::Json => logs
-            .with_ansi(false)
-            .event_format(log_format::JsonLines)
-            .init(),
-        // Colours only on a terminal (and never with NO_COLOR): log files stay plain text.
-        log_format::LogFormat::Text => logs
-            .with_ansi(
-                std::io::IsTerminal::is_terminal(&std::io::stderr())
-                    && std::env::var_os("NO_COLOR").is_none(),
-            )
-            .init(),
-    }
+    let (tracing, service) = tracing_section(&cli.command);
+    let telemetry = telemetry::init(cli.log_format, tracing.as_ref(), service);
     // jemalloc purges freed pages only when a thread allocates again, so an idle process kept
     // what a burst of load freed (~50 MB after 2,000 streams); its background thread purges them.
     if let Err(e) = tikv_jemalloc_ctl::background_thread::write(true) {
@@ -298,13 +282,35 @@ async fn main() -> std::process::ExitCode {
     }
     // Every service holds sockets and spool files: use the whole hard limit, not the default 1,024.
     switchyard_ingress::server::raise_fd_limit();
-    match run(cli).await {
+    let result = run(cli).await;
+    // The services have stopped: export the spans still queued.
+    telemetry.shutdown();
+    match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("switchyard: {e}");
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// The `tracing:` section of the config a service command will run with, and the service's
+/// default `service.name`; `None` for the other commands (and for a config that does not load:
+/// the command itself reports that).
+fn tracing_section(
+    command: &Command,
+) -> (
+    Option<switchyard_schemas::trace::TracingConfig>,
+    &'static str,
+) {
+    let (common, service) = match command {
+        Command::Up { common, .. } => (common, "switchyard"),
+        Command::Ingress { common, .. } => (common, "switchyard-ingress"),
+        Command::Worker { common, .. } => (common, "switchyard-worker"),
+        Command::Cache(args) if args.action.is_none() => (&args.common, "switchyard-cache"),
+        _ => return (None, "switchyard"),
+    };
+    (load(common).ok().map(|c| c.tracing), service)
 }
 
 /// Fires on Ctrl-C or SIGTERM.

@@ -261,17 +261,35 @@ async fn lookup(app: &AppState, key: CacheKey, settings: &RouteCache) -> LookupR
         return LookupReply::empty(CacheOutcome::Bypass, "unserialisable request");
     };
     let timeout = app.cache.timeout();
-    let asked = app.nats.request(app.subjects.cache_lookup(), body.into());
-    match tokio::time::timeout(timeout, asked).await {
-        Ok(Ok(msg)) => serde_json::from_slice(&msg.payload).unwrap_or_else(|e| {
-            LookupReply::empty(CacheOutcome::Bypass, format!("bad cache reply: {e}"))
-        }),
-        Ok(Err(e)) => LookupReply::empty(CacheOutcome::Bypass, format!("cache unavailable: {e}")),
-        Err(_) => LookupReply::empty(
-            CacheOutcome::Bypass,
-            format!("no cache answer within {} ms", timeout.as_millis()),
-        ),
+    let span = crate::spans::client("switchyard.cache.lookup");
+    let mut headers = async_nats::HeaderMap::new();
+    let hints = route::current_hints();
+    if let Some(id) = hints.gateway_id {
+        span.in_scope(|| crate::spans::nats_headers(&mut headers, id));
     }
+    let asked = app
+        .nats
+        .request_with_headers(app.subjects.cache_lookup(), headers, body.into());
+    let reply =
+        match tracing::Instrument::instrument(tokio::time::timeout(timeout, asked), span.clone())
+            .await
+        {
+            Ok(Ok(msg)) => serde_json::from_slice(&msg.payload).unwrap_or_else(|e| {
+                LookupReply::empty(CacheOutcome::Bypass, format!("bad cache reply: {e}"))
+            }),
+            Ok(Err(e)) => {
+                LookupReply::empty(CacheOutcome::Bypass, format!("cache unavailable: {e}"))
+            }
+            Err(_) => LookupReply::empty(
+                CacheOutcome::Bypass,
+                format!("no cache answer within {} ms", timeout.as_millis()),
+            ),
+        };
+    if !span.is_none() {
+        use switchyard_schemas::trace::OpenTelemetrySpanExt;
+        span.set_attribute("switchyard.cache.outcome", reply.outcome.as_str());
+    }
+    reply
 }
 
 /// Records the frames of a routed answer and stores it when it completes.

@@ -81,6 +81,9 @@ pub struct Charge {
     audit: Box<AuditInfo>,
     /// `audit.capture.max_bytes` when the request's bodies are captured.
     capture: Option<usize>,
+    /// The request's server span ([`crate::spans::root`]): the outcome is recorded on it when
+    /// the event is published, which ends it.
+    span: tracing::Span,
 }
 
 impl Charge {
@@ -91,14 +94,23 @@ impl Charge {
             key_id: req.key_id.clone(),
             ..Caller::default()
         };
-        Self::start(
+        let charge = Self::start(
             app,
             req.id,
             &req.model,
             who,
             req.prompt_text().len(),
             admitted,
-        )
+        );
+        if let Some(max) = req.params.max_tokens
+            && !charge.span.is_none()
+        {
+            use switchyard_schemas::trace::OpenTelemetrySpanExt;
+            charge
+                .span
+                .set_attribute("gen_ai.request.max_tokens", i64::from(max));
+        }
+        charge
     }
 
     /// Starts the record of any request: `prompt_bytes` feeds the estimate used on abort.
@@ -159,6 +171,7 @@ impl Charge {
             sink: crate::route::take_batch_charge(),
             audit,
             capture,
+            span: crate::spans::root(),
         }
     }
 
@@ -305,6 +318,17 @@ impl Charge {
             // of the stream): its input counts stand, the output is what was delivered.
             e.usage.completion_tokens = delivered;
             e.estimated = true;
+        }
+        if !self.span.is_none() {
+            let config = self.app.config.get();
+            let provider = e
+                .target
+                .as_deref()
+                .and_then(|t| config.target(t))
+                .map(|t| t.provider.as_str());
+            crate::spans::finish(&self.span, &e, provider);
+            // Ends the server span now (the request is over), not when the charge is dropped.
+            self.span = tracing::Span::none();
         }
         let app = self.app.clone();
         // Priced once: the settlement's amount and the unpriced alarm both come from this.

@@ -149,6 +149,7 @@ impl Dispatcher {
         let reply = format!("{}.{shard}.{}.{}", self.inbox, req.id, req.attempt);
         let mut headers = async_nats::HeaderMap::new();
         headers.insert(WINDOW_HEADER, window.to_string().as_str());
+        crate::spans::nats_headers(&mut headers, req.id);
         self.nats
             .publish_with_reply_and_headers(subject, reply, headers, payload.into())
             .await

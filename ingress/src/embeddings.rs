@@ -325,8 +325,11 @@ async fn call(app: &AppState, req: &EmbedRequest, limit: Duration) -> Result<Rep
     let payload =
         serde_json::to_vec(req).map_err(|e| ErrorInfo::new(ErrorClass::Internal, e.to_string()))?;
     let subject = app.subjects.request(CAP_EMBED, &req.target.provider);
+    let mut headers = async_nats::HeaderMap::new();
+    crate::spans::nats_headers(&mut headers, req.id);
     let request = async_nats::Request::new()
         .payload(payload.into())
+        .headers(headers)
         .timeout(Some(limit));
     let msg = app.nats.send_request(subject, request).await.map_err(|e| {
         use async_nats::RequestErrorKind::*;

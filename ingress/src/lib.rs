@@ -36,6 +36,7 @@ pub mod rate_limit;
 pub mod responses;
 pub mod route;
 pub mod server;
+pub mod spans;
 pub mod strategy;
 pub mod trim;
 pub mod usage_api;

@@ -121,7 +121,7 @@ pub struct AuditInfo {
     /// Client `user-agent`, at most 256 bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_agent: Option<String>,
-    /// The client's `x-request-id` when well-formed (1 to 128 visible ASCII characters), kept
+    /// The client's `x-request-id` when well-formed (1 to 128 characters of `[A-Za-z0-9._:-]`), kept
     /// for correlation; the gateway's own request id stays the ledger key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_request_id: Option<String>,
@@ -249,12 +249,9 @@ pub enum AuditAnswer {
     },
 }
 
-/// The client's `x-request-id` value kept when it is well-formed: 1 to 128 visible ASCII
-/// characters (`!`..=`~`).
-pub fn well_formed_request_id(value: &str) -> Option<&str> {
-    let ok = (1..=128).contains(&value.len()) && value.bytes().all(|b| b.is_ascii_graphic());
-    ok.then_some(value)
-}
+/// The client's `x-request-id` value kept when it is well-formed (one rule for the gateway:
+/// [`crate::trace::well_formed_request_id`]).
+pub use crate::trace::well_formed_request_id;
 
 /// A page cursor: `<ts_ms>_<request_id>` of the last record of a page.
 pub fn cursor_of(ts_ms: u64, request_id: &str) -> String {

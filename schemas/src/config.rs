@@ -98,6 +98,9 @@ pub struct GatewayConfig {
     /// The audit log: retention and body capture (docs/audit.md).
     #[serde(default)]
     pub audit: crate::audit::AuditConfig,
+    /// OpenTelemetry span export over OTLP, off by default (docs/tracing.md).
+    #[serde(default)]
+    pub tracing: crate::trace::TracingConfig,
 }
 
 /// How batch items share an ingress with live traffic.
@@ -540,6 +543,7 @@ impl GatewayConfig {
         self.nats
             .validate()
             .map_err(|e| err("nats", e.to_string()))?;
+        self.tracing.validate().map_err(|e| err("tracing", e))?;
         let mut target_ids = HashSet::new();
         for (i, t) in self.targets.iter().enumerate() {
             if t.id.is_empty() || !target_ids.insert(t.id.as_str()) {

@@ -39,6 +39,7 @@ pub mod subjects;
 pub mod tenancy;
 #[cfg(feature = "tokens")]
 pub mod tokens;
+pub mod trace;
 pub mod usage;
 pub mod usage_query;
 

@@ -7,8 +7,16 @@ use switchyard_schemas::embed::{EmbedReply, EmbedRequest};
 use switchyard_schemas::usage::UsageStatus;
 use switchyard_schemas::{ErrorClass, ErrorInfo, Usage, UsageEvent, UsageKind, now_ms};
 
-/// Serves one embeddings request message.
+/// Serves one embeddings request message, in its span ([`crate::spans::worker`]) and with its
+/// request id for the upstream's `X-Request-Id`.
 pub(crate) async fn handle(shared: Arc<Shared>, msg: async_nats::Message) {
+    let span = crate::spans::worker(msg.headers.as_ref());
+    let id = switchyard_schemas::trace::request_id(msg.headers.as_ref());
+    let run = crate::provider::with_request_id(id, handle_request(shared, msg));
+    tracing::Instrument::instrument(run, span).await
+}
+
+async fn handle_request(shared: Arc<Shared>, msg: async_nats::Message) {
     let Some(reply) = msg.reply.clone() else {
         return;
     };
@@ -50,15 +58,19 @@ pub(crate) async fn handle(shared: Arc<Shared>, msg: async_nats::Message) {
             .first_byte_ms
             .min(req.deadline_ms.saturating_sub(now_ms())),
     );
-    let call =
-        adapter(target.provider).embed(&shared.http, &target, &base_url(&shared, &target), &req);
-    let result = match tokio::time::timeout(limit, call).await {
+    let base = base_url(&shared, &target);
+    let span = crate::spans::embeddings(&target, &base);
+    let call = adapter(target.provider).embed(&shared.http, &target, &base, &req);
+    let timed = tracing::Instrument::instrument(tokio::time::timeout(limit, call), span.clone());
+    let result = match timed.await {
         Ok(r) => r,
         Err(_) => Err(ErrorInfo::new(
             ErrorClass::Timeout,
             "timed out waiting for the embeddings answer",
         )),
     };
+    crate::spans::embedded(&span, result.as_ref().map(|e| &e.usage));
+    drop(span);
     let (usage, status, error_class, reply) = match result {
         Ok(e) => {
             let usage = e.usage;

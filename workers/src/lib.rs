@@ -14,5 +14,6 @@ pub mod prober;
 pub mod provider;
 pub mod providers;
 pub mod retry;
+pub mod spans;
 pub mod sse;
 pub mod worker;

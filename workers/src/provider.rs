@@ -160,9 +160,26 @@ pub fn classify_transport_error(e: &reqwest::Error) -> ErrorInfo {
 /// Upper bound on an upstream error body we read to classify it, bytes.
 pub const MAX_ERROR_BODY: usize = 64 * 1024;
 
-/// Sends a prepared upstream request; a non-2xx answer becomes a classified error (reading at most
-/// [`MAX_ERROR_BODY`] bytes of its body), a transport failure a `network`/`timeout` error.
+tokio::task_local! {
+    static REQUEST_ID: Option<String>;
+}
+
+/// Runs `fut` (one request's handling) with `id` as the request id [`send_checked`] sends
+/// upstream as `X-Request-Id` (docs/tracing.md).
+pub async fn with_request_id<F: std::future::Future>(id: Option<String>, fut: F) -> F::Output {
+    REQUEST_ID.scope(id, fut).await
+}
+
+/// Sends a prepared upstream request (with the request id as `X-Request-Id` when there is one,
+/// for correlation in the provider's own logs); a non-2xx answer becomes a classified error
+/// (reading at most [`MAX_ERROR_BODY`] bytes of its body), a transport failure a
+/// `network`/`timeout` error.
 pub async fn send_checked(req: reqwest::RequestBuilder) -> Result<reqwest::Response, ErrorInfo> {
+    let id = REQUEST_ID.try_with(Clone::clone).ok().flatten();
+    let req = match id {
+        Some(id) => req.header(switchyard_schemas::trace::REQUEST_ID_HEADER, id),
+        None => req,
+    };
     let resp = req.send().await.map_err(|e| classify_transport_error(&e))?;
     let status = resp.status();
     if status.is_success() {

@@ -507,7 +507,16 @@ async fn wait_beating<F: std::future::Future>(
     }
 }
 
+/// One request message, in its span ([`crate::spans::worker`]) and with its request id for the
+/// upstream's `X-Request-Id` ([`crate::provider::with_request_id`]).
 async fn handle(shared: Arc<Shared>, msg: async_nats::Message) {
+    let span = crate::spans::worker(msg.headers.as_ref());
+    let id = switchyard_schemas::trace::request_id(msg.headers.as_ref());
+    let run = crate::provider::with_request_id(id, handle_request(shared, msg));
+    tracing::Instrument::instrument(run, span).await
+}
+
+async fn handle_request(shared: Arc<Shared>, msg: async_nats::Message) {
     let Some(reply) = msg.reply.clone() else {
         tracing::warn!(subject = %msg.subject, "request without reply subject dropped");
         return;
@@ -722,9 +731,10 @@ impl Call<'_> {
             calls += 1;
             out.called_upstream = true;
             let call_started = Instant::now();
-            let end = self
-                .once(sink, cancel, &timeouts, deadline, started, &mut out)
-                .await;
+            let span =
+                crate::spans::upstream(self.target, self.req, &base_url(self.shared, self.target));
+            let once = self.once(sink, cancel, &timeouts, deadline, started, &mut out);
+            let end = tracing::Instrument::instrument(once, span.clone()).await;
             let error = match &end {
                 CallEnd::Done => None,
                 CallEnd::Failed(e) => Some(e.clone()),
@@ -733,6 +743,10 @@ impl Call<'_> {
                     Some(ErrorInfo::new(ErrorClass::Cancelled, ""))
                 }
             };
+            if let Some(e) = &error {
+                switchyard_schemas::trace::fail(&span, e.class.as_str());
+            }
+            drop(span);
             permit.record(CallResult::of(error.as_ref()), call_started.elapsed());
             let e = match end {
                 CallEnd::Done => {
@@ -847,6 +861,13 @@ impl Call<'_> {
                     // every provider (some stream no argument piece at all, or only "").
                     for frame in bare.flush_all() {
                         sink.send(frame).await;
+                    }
+                    if let FrameBody::End { finish_reason } = &end {
+                        crate::spans::answered(
+                            &self.target.upstream_model,
+                            usage.as_ref(),
+                            *finish_reason,
+                        );
                     }
                     add_usage(out, usage.take());
                     if let Some(usage) = out.usage {

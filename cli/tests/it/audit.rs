@@ -49,7 +49,11 @@ async fn send(
     }
     let resp = req.send().await.unwrap();
     let status = resp.status().as_u16();
-    let id = resp.headers()["x-request-id"].to_str().unwrap().to_owned();
+    // The gateway's own id keys the record (`x-request-id` echoes a client's well-formed one).
+    let id = resp.headers()["x-switchyard-request-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
     (status, id, resp.text().await.unwrap())
 }
 

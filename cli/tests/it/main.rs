@@ -33,6 +33,7 @@ mod limits_load;
 mod matrix;
 mod metrics;
 mod nats_auth;
+mod otel_traces;
 mod pipeline;
 mod probes;
 mod redaction;

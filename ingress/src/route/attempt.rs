@@ -81,7 +81,9 @@ pub async fn attempts<'c, D: Dispatch>(
         ledger.charge.attempt(&target.id, &target.upstream_model, n);
         ledger.outcome.attempt(&target.id);
         let in_flight = app.stats.start(&target.id, &app.metrics);
-        match dispatch.attempt(target, base.saturating_add(n)).await {
+        let wire = base.saturating_add(n);
+        let span = attempt_span(target, wire);
+        match tracing::Instrument::instrument(dispatch.attempt(target, wire), span.clone()).await {
             Ok(committed) => {
                 ledger.outcome.committed();
                 app.health.success(&target.id);
@@ -96,6 +98,7 @@ pub async fn attempts<'c, D: Dispatch>(
                 ledger
                     .outcome
                     .attempt_failed(crate::error::class_to_http(error.class).0.as_u16());
+                switchyard_schemas::trace::fail(&span, error.class.as_str());
                 ledger.charge.attempt_failed(&error);
                 if !judge(app, &target.id, &error) {
                     // The message is the sanitised one (credentials redacted, as the client sees).
@@ -125,6 +128,23 @@ pub async fn attempts<'c, D: Dispatch>(
         Some(e) => e,
         None => ErrorInfo::new(ErrorClass::NoCapacity, "no enabled target for this model"),
     })
+}
+
+/// The span of one attempt (`switchyard.attempt`): the target, its provider and upstream model,
+/// the wire attempt number; its context is what the dispatch sends to the worker.
+fn attempt_span(target: &TargetConfig, attempt: u32) -> tracing::Span {
+    use switchyard_schemas::trace::OpenTelemetrySpanExt;
+    let span = crate::spans::internal("switchyard.attempt");
+    if !span.is_none() {
+        span.set_attribute("switchyard.attempt", i64::from(attempt));
+        span.set_attribute("switchyard.target", target.id.clone());
+        span.set_attribute(
+            "gen_ai.provider.name",
+            switchyard_schemas::trace::gen_ai_provider(target.provider.as_str()).to_owned(),
+        );
+        span.set_attribute("gen_ai.request.model", target.upstream_model.clone());
+    }
+    span
 }
 
 /// What `error` on `target` means, decided once for every path (before commit and after content

@@ -40,7 +40,8 @@
 //! the global `timeouts.total_ms`) — the whole request, admission to last frame: a 504 (or an
 //! error event) and the deadline workers are given.
 //!
-//! Response headers: `x-request-id`, `x-switchyard-target`, `x-switchyard-worker`,
+//! Response headers: `x-request-id` (the request id, [`capture_hints`]), `x-switchyard-request-id`,
+//! `x-switchyard-target`, `x-switchyard-worker`,
 //! `x-switchyard-fallbacks`, `x-switchyard-trimmed` (messages dropped by `trim_context`),
 //! `x-switchyard-overhead-ms` ([`crate::metrics::HEADER_OVERHEAD`]), the
 //! serving upstream's rate-limit headers renamed `x-upstream-ratelimit-…` /
@@ -101,6 +102,9 @@ pub struct RequestHints {
     pub batch: Option<BatchItem>,
     /// Who is calling from where, for the audit log (shared: hints are cloned per stage).
     pub client: std::sync::Arc<ClientInfo>,
+    /// The gateway's id of this HTTP request (UUIDv7, set by [`capture_hints`]): the ledger key
+    /// of the one request it admits. `None` outside a request (a fresh id each time).
+    pub gateway_id: Option<Uuid>,
 }
 
 /// The audit log's view of the caller's HTTP request ([`capture_hints`]).
@@ -114,9 +118,13 @@ pub struct ClientInfo {
     /// `user-agent`, at most 256 bytes.
     pub user_agent: Option<String>,
     /// `x-request-id` when well-formed
-    /// ([`switchyard_schemas::audit::well_formed_request_id`]).
+    /// ([`switchyard_schemas::trace::well_formed_request_id`]).
     pub request_id: Option<String>,
 }
+
+/// Response header: the gateway's own request id (UUIDv7), the ledger and audit key; it differs
+/// from `x-request-id` when the client sent its own (docs/tracing.md).
+pub const HEADER_GATEWAY_REQUEST_ID: &str = "x-switchyard-request-id";
 
 impl ClientInfo {
     /// Reads the front door from `req`'s path, the peer from its `ConnectInfo` and the
@@ -194,14 +202,26 @@ impl RequestHints {
             order: list(HEADER_ORDER),
             batch: None,
             client: std::sync::Arc::default(),
+            gateway_id: None,
         }
     }
 
-    /// The id of a newly admitted request: the batch item's own, else a new UUIDv7.
+    /// The id of a newly admitted request: the batch item's own, else the HTTP request's
+    /// (an HTTP request admits at most one), else a new UUIDv7.
     pub fn new_request_id(&self) -> Uuid {
-        self.batch
-            .as_ref()
-            .map_or_else(Uuid::now_v7, |b| b.request_id)
+        match &self.batch {
+            Some(b) => b.request_id,
+            None => self.gateway_id.unwrap_or_else(Uuid::now_v7),
+        }
+    }
+
+    /// The request id the client sees and the NATS headers carry (`X-Request-Id`): the client's
+    /// own when well-formed, else the gateway's `id`.
+    pub fn request_id(&self, id: Uuid) -> String {
+        self.client
+            .request_id
+            .clone()
+            .unwrap_or_else(|| id.to_string())
     }
 
     /// The preferences for [`strategy::plan`]; `body_user` is the request body's `user`.
@@ -220,11 +240,40 @@ tokio::task_local! {
 }
 
 /// Middleware: makes the request's routing headers available to [`route`] and
-/// [`current_hints`] while the handler runs.
+/// [`current_hints`] while the handler runs, assigns the request ids and opens the request's
+/// server span ([`crate::spans::request`]). Every response gets `x-request-id` (the client's
+/// well-formed `X-Request-Id`, else the gateway's UUIDv7) and [`HEADER_GATEWAY_REQUEST_ID`],
+/// errors before admission included.
 pub async fn capture_hints(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    use tracing::Instrument;
     let mut hints = RequestHints::from_headers(req.headers());
     hints.client = std::sync::Arc::new(ClientInfo::of(&req));
-    HINTS.scope(hints, next.run(req)).await
+    let gateway = Uuid::now_v7();
+    hints.gateway_id = Some(gateway);
+    let shown = hints.request_id(gateway);
+    let gateway = gateway.to_string();
+    let span = crate::spans::request(&req, &shown, &gateway);
+    let handled = HINTS.scope(hints, next.run(req));
+    let mut resp = crate::spans::with_root(span.clone(), handled)
+        .instrument(span.clone())
+        .await;
+    let h = resp.headers_mut();
+    for (name, value) in [
+        ("x-request-id", &shown),
+        (HEADER_GATEWAY_REQUEST_ID, &gateway),
+    ] {
+        if let Ok(v) = HeaderValue::from_str(value) {
+            h.insert(name, v);
+        }
+    }
+    if !span.is_none() {
+        use switchyard_schemas::trace::OpenTelemetrySpanExt;
+        span.set_attribute(
+            "http.response.status_code",
+            i64::from(resp.status().as_u16()),
+        );
+    }
+    resp
 }
 
 /// The routing headers of the request being handled (empty outside [`capture_hints`]).
@@ -412,8 +461,11 @@ pub async fn route_with(
     inbound: Inbound,
     hints: &RequestHints,
 ) -> Result<FrameFeed, ApiError> {
+    use tracing::Instrument;
     let config = app.config.get();
-    let admitted = admit::admit(app, &config, inbound, hints).await?;
+    let admitted = admit::admit(app, &config, inbound, hints)
+        .instrument(crate::spans::internal("switchyard.admit"))
+        .await?;
     let planned = match plan::plan(app, &config, &admitted, hints).await {
         Ok(p) => p,
         Err(e) => return Err(admitted.ledger.fail(e)),

@@ -3,6 +3,8 @@
 //! cache service with the real embedding model (`Options::cache`).
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+pub mod otlp;
+pub mod procs;
 pub mod up;
 
 use std::time::Duration;
