@@ -13,6 +13,7 @@ pub mod audit;
 pub mod balance;
 pub mod cache;
 pub mod config;
+pub mod config_handle;
 pub mod config_text;
 pub mod count;
 pub mod embed;

@@ -8,6 +8,7 @@
 pub mod breaker;
 mod count;
 mod embed;
+mod frame_sink;
 pub mod health;
 pub mod limits;
 pub mod prober;

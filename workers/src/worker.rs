@@ -35,6 +35,7 @@
 //! the same total.
 
 use crate::breaker::{Breakers, CallResult, Permit};
+use crate::frame_sink::{Flow, FrameSink};
 use crate::limits::Limiter;
 use crate::provider::{EventStream, Provider};
 use crate::providers::openai::OpenAiProvider;
@@ -52,8 +53,8 @@ use switchyard_schemas::publish_batch::UsagePublisher;
 use switchyard_schemas::subjects::{CAP_CHAT, CAP_COUNT, CAP_EMBED, Subjects};
 use switchyard_schemas::usage::UsageStatus;
 use switchyard_schemas::{
-    ChatRequest, ErrorClass, ErrorInfo, FinishReason, Frame, FrameBody, Usage, UsageEvent,
-    UsageKind, now_ms,
+    ChatRequest, ErrorClass, ErrorInfo, FinishReason, FrameBody, Usage, UsageEvent, UsageKind,
+    now_ms,
 };
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -312,158 +313,6 @@ impl Worker {
     }
 }
 
-/// The flow control of one attempt.
-struct Flow {
-    /// The latest grant: frames with `seq < upto` may be sent.
-    upto: watch::Receiver<u32>,
-    /// Longest wait for credit (`timeouts.stall_ms`).
-    stall: Duration,
-}
-
-/// Why a sink stopped sending.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Halt {
-    /// No credit within the stall deadline: the client stopped reading.
-    Stalled,
-    /// The attempt was cancelled while waiting for credit.
-    Cancelled,
-}
-
-/// Publishes frames with increasing `seq` on one reply subject, within the attempt's window.
-struct FrameSink {
-    nats: async_nats::Client,
-    reply: async_nats::Subject,
-    seq: u32,
-    content_sent: bool,
-    /// `None`: the request carried no window (not flow-controlled).
-    flow: Option<Flow>,
-    cancel: CancellationToken,
-    /// Set once the sink gave up waiting for credit; later frames (but the final error) are dropped.
-    halted: Option<Halt>,
-    /// Frames held back to go out as one message (a JSON array): `Some` when ingress aggregates
-    /// the answer (non-streaming client), so a complete answer is one NATS message after `start`
-    /// instead of one per frame.
-    batch: Option<Vec<Frame>>,
-}
-
-/// Most frames one coalesced message carries.
-const BATCH_FRAMES: usize = 64;
-
-impl FrameSink {
-    /// Waits until the next frame fits the window; false (and `halted` set) after the stall
-    /// deadline or a cancel.
-    async fn credit(&mut self) -> bool {
-        if self.halted.is_some() {
-            return false;
-        }
-        let Some(flow) = self.flow.as_mut() else {
-            return true;
-        };
-        let deadline = tokio::time::Instant::now() + flow.stall;
-        loop {
-            if self.seq < *flow.upto.borrow_and_update() {
-                return true;
-            }
-            let halt = tokio::select! {
-                biased;
-                _ = self.cancel.cancelled() => Halt::Cancelled,
-                r = flow.upto.changed() => match r {
-                    Ok(()) => continue,
-                    // The grant table lost the entry: no credit can come.
-                    Err(_) => Halt::Stalled,
-                },
-                _ = tokio::time::sleep_until(deadline) => Halt::Stalled,
-            };
-            self.halted = Some(halt);
-            return false;
-        }
-    }
-
-    /// The call end for a halted sink.
-    fn halt_end(&self) -> CallEnd {
-        match self.halted {
-            Some(Halt::Stalled) => CallEnd::Stalled,
-            _ => CallEnd::Cancelled,
-        }
-    }
-
-    /// A heartbeat, only if the window has room now: with the window used up ingress holds
-    /// unread frames and needs no proof of life, and waiting here would delay the upstream.
-    async fn heartbeat(&mut self) {
-        let room = self
-            .flow
-            .as_ref()
-            .is_none_or(|f| self.seq < *f.upto.borrow());
-        if room && self.halted.is_none() {
-            self.send(FrameBody::Heartbeat).await;
-        }
-    }
-
-    /// Sends `body` once it fits the window; the terminal `error` never waits (ingress keeps one
-    /// slot beyond the window for it). Dropped when the sink halted.
-    async fn send(&mut self, body: FrameBody) {
-        let exempt = matches!(body, FrameBody::Error { .. });
-        if !exempt && !self.credit().await {
-            return;
-        }
-        self.content_sent |= body.is_content();
-        let (terminal, passes) = (
-            body.is_terminal(),
-            matches!(body, FrameBody::Start { .. } | FrameBody::Heartbeat),
-        );
-        let frame = Frame {
-            seq: self.seq,
-            body,
-        };
-        self.seq += 1;
-        if let Some(batch) = self.batch.as_mut()
-            && !passes
-        {
-            batch.push(frame);
-            if terminal || batch.len() >= BATCH_FRAMES {
-                self.flush().await;
-            }
-            return;
-        }
-        // A heartbeat or `start` must not overtake held frames.
-        self.flush().await;
-        self.publish(serde_json::to_vec(&frame)).await;
-    }
-
-    /// Publishes the held frames as one message.
-    async fn flush(&mut self) {
-        let Some(batch) = self.batch.as_mut() else {
-            return;
-        };
-        if batch.is_empty() {
-            return;
-        }
-        let bytes = serde_json::to_vec(&*batch);
-        batch.clear();
-        self.publish(bytes).await;
-    }
-
-    async fn publish(&self, bytes: Result<Vec<u8>, serde_json::Error>) {
-        match bytes {
-            Ok(bytes) => {
-                if let Err(e) = self.nats.publish(self.reply.clone(), bytes.into()).await {
-                    tracing::warn!(error = %e, "publishing frame failed");
-                }
-            }
-            Err(e) => tracing::error!(error = %e, "encoding frame failed"),
-        }
-    }
-
-    async fn error(&mut self, error: ErrorInfo) {
-        let content_sent = self.content_sent;
-        self.send(FrameBody::Error {
-            error,
-            content_sent,
-        })
-        .await;
-    }
-}
-
 /// How the upstream calls of one attempt ended.
 struct Outcome {
     /// Sum of the usage every call reported (`None` when none did).
@@ -666,7 +515,7 @@ impl TargetTimeouts {
 }
 
 /// How one upstream call ended.
-enum CallEnd {
+pub(crate) enum CallEnd {
     /// `end` was sent.
     Done,
     /// Failed; nothing sent about it yet (the caller retries or sends the error).
