@@ -38,7 +38,11 @@ pub(crate) fn params(
             };
             return Err(invalid(
                 &name,
-                format!("Unrecognized query parameter `{name}`; {route} takes {takes}."),
+                format!(
+                    "Unrecognized query parameter `{}`; {route} takes {takes}.",
+                    // A caller-chosen name is never echoed whole.
+                    name.chars().take(64).collect::<String>()
+                ),
             ));
         }
         if value.is_empty() {
@@ -50,6 +54,24 @@ pub(crate) fn params(
         out.insert(name, value);
     }
     Ok(out)
+}
+
+/// The integer parameter `name` of `params` in `1..=max`, or `None` where absent; anything else
+/// is an error naming it.
+pub(crate) fn int(
+    params: &BTreeMap<String, String>,
+    name: &str,
+    max: u32,
+) -> Result<Option<u32>, ApiError> {
+    params
+        .get(name)
+        .map(|v| {
+            v.parse::<u32>()
+                .ok()
+                .filter(|n| (1..=max).contains(n))
+                .ok_or_else(|| invalid(name, format!("`{name}` must be an integer in 1..={max}.")))
+        })
+        .transpose()
 }
 
 /// The `from` and `to` parameters of `params` as ms since the Unix epoch

@@ -166,33 +166,9 @@ fn known(app: &AppState, id: &str) -> Result<(), ApiError> {
 }
 
 fn limit(query: &str) -> Result<u32, ApiError> {
-    let uri: axum::http::Uri = format!("/?{query}")
-        .parse()
-        .map_err(|_| ApiError::invalid("The query string is not valid.", None))?;
-    let axum::extract::Query(pairs) =
-        axum::extract::Query::<Vec<(String, String)>>::try_from_uri(&uri)
-            .map_err(|e| ApiError::invalid(format!("The query string is not valid: {e}"), None))?;
-    let mut out = DEFAULT_MOVEMENTS;
-    for (k, v) in pairs {
-        if k != "limit" {
-            return Err(ApiError::invalid(
-                format!("Unknown query parameter `{k}`; this route takes `limit`."),
-                Some(k),
-            ));
-        } else {
-            out = v
-                .parse::<u32>()
-                .ok()
-                .filter(|n| (1..=MAX_MOVEMENTS).contains(n))
-                .ok_or_else(|| {
-                    ApiError::invalid(
-                        format!("limit must be an integer from 1 to {MAX_MOVEMENTS}."),
-                        Some("limit".into()),
-                    )
-                })?;
-        }
-    }
-    Ok(out)
+    use crate::query_string::{int, params};
+    let p = params(query, "/admin/tenants/{id}/balance", &["limit"], &[])?;
+    Ok(int(&p, "limit", MAX_MOVEMENTS)?.unwrap_or(DEFAULT_MOVEMENTS))
 }
 
 /// Raises the entry's top-ups to the ledger's sum (a no-op when it holds them already); an entry

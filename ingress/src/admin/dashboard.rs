@@ -100,49 +100,17 @@ pub struct Params {
 
 /// Parses `days` and `window_minutes`; a 400 naming the parameter otherwise.
 pub fn parse(query: &str) -> Result<Params, ApiError> {
-    let uri: axum::http::Uri = format!("/?{query}")
-        .parse()
-        .map_err(|_| ApiError::invalid("The query string is not valid.", None))?;
-    let axum::extract::Query(pairs) =
-        axum::extract::Query::<Vec<(String, String)>>::try_from_uri(&uri)
-            .map_err(|e| ApiError::invalid(format!("The query string is not valid: {e}"), None))?;
-    let mut days = None;
-    let mut window = None;
-    for (name, value) in pairs {
-        let (slot, max) = match name.as_str() {
-            "days" => (&mut days, MAX_DAYS),
-            "window_minutes" => (&mut window, MAX_WINDOW_MINUTES),
-            _ => {
-                return Err(ApiError::invalid(
-                    format!(
-                        "Unrecognized query parameter `{}`; /admin/dashboard.json takes days and \
-                         window_minutes.",
-                        name.chars().take(64).collect::<String>()
-                    ),
-                    Some(name),
-                ));
-            }
-        };
-        let n = value
-            .parse::<u32>()
-            .ok()
-            .filter(|n| (1..=max).contains(n))
-            .ok_or_else(|| {
-                ApiError::invalid(
-                    format!("`{name}` must be an integer in 1..={max}."),
-                    Some(name.clone()),
-                )
-            })?;
-        if slot.replace(n).is_some() {
-            return Err(ApiError::invalid(
-                format!("`{name}` is given more than once."),
-                Some(name),
-            ));
-        }
-    }
+    use crate::query_string::{int, params};
+    let p = params(
+        query,
+        "/admin/dashboard.json",
+        &["days", "window_minutes"],
+        &[],
+    )?;
     Ok(Params {
-        days: days.unwrap_or(DEFAULT_DAYS),
-        window_minutes: window.unwrap_or(DEFAULT_WINDOW_MINUTES),
+        days: int(&p, "days", MAX_DAYS)?.unwrap_or(DEFAULT_DAYS),
+        window_minutes: int(&p, "window_minutes", MAX_WINDOW_MINUTES)?
+            .unwrap_or(DEFAULT_WINDOW_MINUTES),
     })
 }
 

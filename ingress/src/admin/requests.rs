@@ -93,20 +93,7 @@ pub fn parse(query: &str) -> Result<AuditQuery, ApiError> {
         &[],
     )?;
     let (from_ms, to_ms) = crate::query_string::time_range(&p)?;
-    let limit = p
-        .get("limit")
-        .map(|v| {
-            v.parse()
-                .ok()
-                .filter(|n| (1..=MAX_PAGE).contains(n))
-                .ok_or_else(|| {
-                    ApiError::invalid(
-                        format!("`limit` must be an integer in 1..={MAX_PAGE}."),
-                        Some("limit".to_owned()),
-                    )
-                })
-        })
-        .transpose()?;
+    let limit = crate::query_string::int(&p, "limit", MAX_PAGE)?;
     Ok(AuditQuery {
         from_ms,
         to_ms,
