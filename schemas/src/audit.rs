@@ -111,6 +111,11 @@ pub struct AuditInfo {
     /// Finish reason of the answer (`stop`, `length`, `tool_calls`, ...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finish_reason: Option<String>,
+    /// The error's code as the client got it (OpenAI `error.code`, e.g. `model_not_found`,
+    /// else `error.type`, e.g. Anthropic's `authentication_error`): set for requests refused
+    /// before admission.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_code: Option<String>,
     /// Gateway time before the first upstream attempt was dispatched (admission, budgets,
     /// planning), ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -161,6 +166,10 @@ pub struct AuditRecord {
     pub http_status: Option<u16>,
     /// Error class when not ok.
     pub error_class: Option<String>,
+    /// The error code the client got (`model_not_found`, `authentication_error`, …) for a
+    /// request refused before admission; `None` otherwise.
+    #[serde(default)]
+    pub error_code: Option<String>,
     /// Finish reason.
     pub finish_reason: Option<String>,
     /// Fallbacks before the serving target.
