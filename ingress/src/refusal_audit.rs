@@ -7,7 +7,8 @@
 //! [`UsageKind::Audit`] event (`<prefix>.usage.audit`) that billing stores in `audit_log` only.
 //! It goes through the batching usage publisher in a tracked task after the response is made,
 //! never on the client's latency path, and is capped ([`Limiter`]): at most
-//! [`MAX_PER_SECOND`] records a second and [`MAX_IN_FLIGHT`] awaiting storage per ingress;
+//! `audit.refused_per_second` records a second (default 1,000) and [`MAX_IN_FLIGHT`] awaiting
+//! storage per ingress;
 //! beyond either the record is dropped and counted in [`crate::metrics::AUDIT_DROPPED`], so a
 //! flood of bad requests can neither grow the usage stream (or the spool) without bound nor
 //! crowd out the charge events of other clients.
@@ -27,8 +28,6 @@ use switchyard_schemas::audit::AuditInfo;
 use switchyard_schemas::usage::UsageStatus;
 use switchyard_schemas::{ErrorClass, Usage, UsageEvent, UsageKind, now_ms};
 
-/// Most refusal records one ingress publishes per second; more are dropped and counted.
-pub const MAX_PER_SECOND: u32 = 1000;
 /// Most refusal records one ingress holds awaiting storage (queued in the usage publisher or
 /// being spooled); more are dropped and counted.
 pub const MAX_IN_FLIGHT: usize = 1024;
@@ -76,19 +75,19 @@ pub struct Limiter {
 }
 
 impl Limiter {
-    /// Takes room for one record; false when over a cap.
-    fn take(&self) -> bool {
-        self.take_at(now_ms() / 1000)
+    /// Takes room for one record, at most `per_second` a second; false when over a cap.
+    fn take(&self, per_second: u32) -> bool {
+        self.take_at(now_ms() / 1000, per_second)
     }
 
     /// [`Self::take`] in `second` (since the Unix epoch).
-    fn take_at(&self, second: u64) -> bool {
+    fn take_at(&self, second: u64, per_second: u32) -> bool {
         {
             let mut w = self.window.lock();
             if w.0 != second {
                 *w = (second, 0);
             }
-            if w.1 >= MAX_PER_SECOND {
+            if w.1 >= per_second {
                 return false;
             }
             w.1 += 1;
@@ -183,7 +182,8 @@ pub async fn record(State(app): State<Arc<AppState>>, req: Request, next: Next) 
         }
     };
     let resp = Response::from_parts(parts, axum::body::Body::from(bytes));
-    if !app.refusals.take() {
+    let per_second = app.config.get().audit.refused_per_second;
+    if !app.refusals.take(per_second) {
         app.metrics.audit_dropped();
         return resp;
     }
@@ -260,13 +260,14 @@ mod tests {
     #[test]
     fn limiter_caps_records_per_second_and_in_flight() {
         let l = Limiter::default();
-        let per_second = (0..MAX_PER_SECOND + 10).filter(|_| l.take_at(7)).count();
-        assert_eq!(per_second, MAX_PER_SECOND as usize);
+        let per_second = (0..1010).filter(|_| l.take_at(7, 1000)).count();
+        assert_eq!(per_second, 1000);
         // A new second has room again, up to the records still in flight.
-        let more = (0..MAX_PER_SECOND).filter(|_| l.take_at(8)).count();
-        assert_eq!(more, MAX_IN_FLIGHT - MAX_PER_SECOND as usize);
+        let more = (0..1000).filter(|_| l.take_at(8, 1000)).count();
+        assert_eq!(more, MAX_IN_FLIGHT - 1000);
         l.release();
-        assert!(l.take_at(9));
-        assert!(!l.take_at(9));
+        assert!(l.take_at(9, 1000));
+        assert!(!l.take_at(9, 1000));
+        assert!(!Limiter::default().take_at(1, 0), "0 records none");
     }
 }

@@ -24,13 +24,21 @@ pub struct AuditConfig {
     pub retention_days: u32,
     /// Request/response body capture (off unless a key or model is listed).
     pub capture: CaptureConfig,
+    /// Most audit records of requests refused before admission one ingress publishes per
+    /// second; more are dropped and counted (`switchyard_audit_dropped_total`), so a flood of
+    /// bad requests cannot grow the usage stream without bound. 0 records none. Default 1,000.
+    pub refused_per_second: u32,
 }
+
+/// Default of [`AuditConfig::refused_per_second`].
+pub const DEFAULT_REFUSED_PER_SECOND: u32 = 1000;
 
 impl Default for AuditConfig {
     fn default() -> Self {
         Self {
             retention_days: DEFAULT_RETENTION_DAYS,
             capture: CaptureConfig::default(),
+            refused_per_second: DEFAULT_REFUSED_PER_SECOND,
         }
     }
 }

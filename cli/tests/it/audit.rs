@@ -750,3 +750,52 @@ async fn mixed_run_leaves_one_record_per_request_and_no_secret() {
         assert_eq!(rows, i64::from(!refused), "{id}");
     }
 }
+
+/// A flood of refused requests over `audit.refused_per_second` (5): the first 5 of each second
+/// are recorded, the rest dropped and counted in `switchyard_audit_dropped_total`; every
+/// client still gets its 404 with an `x-request-id`.
+#[tokio::test]
+async fn refusal_flood_is_capped_and_counted() {
+    let c = common::test_config(json!({
+        "admin": {"keys": [{"id": "ops", "key_sha256": sha256_hex(ADMIN)}]},
+        "audit": {"refused_per_second": 5}
+    }));
+    let gw = common::start(Options {
+        config: c,
+        billing: true,
+        ..Options::default()
+    })
+    .await;
+    let base = &gw.base;
+    let started = std::time::Instant::now();
+    let body = common::chat("demo/nope", "hi", false).to_string();
+    let answers = futures::future::join_all(
+        (0..30).map(|_| post_raw(base, "/v1/chat/completions", "", &body)),
+    )
+    .await;
+    let seconds = started.elapsed().as_secs();
+    assert!(answers.iter().all(|a| a.0 == 404), "{answers:?}");
+    // Dropping is decided before the answer goes out: the counter is final now.
+    let text = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let dropped: usize = text
+        .lines()
+        .find_map(|l| l.strip_prefix("switchyard_audit_dropped_total "))
+        .map_or(0, |v| v.parse::<f64>().unwrap() as usize);
+    let kept = 30 - dropped;
+    // At least the first second's 5; at most 5 per second the burst spanned.
+    assert!(
+        (5..=5 * (seconds as usize + 2)).contains(&kept),
+        "kept {kept} in {seconds} s"
+    );
+    let recs = records(base, "status=404&limit=1000", kept).await;
+    let ids: BTreeSet<&str> = answers.iter().map(|a| a.1.as_str()).collect();
+    assert!(
+        recs.iter()
+            .all(|r| ids.contains(r["request_id"].as_str().unwrap()))
+    );
+}
