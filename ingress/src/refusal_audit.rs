@@ -159,11 +159,23 @@ pub async fn record(State(app): State<Arc<AppState>>, req: Request, next: Next) 
         return resp;
     }
     let (mut parts, body) = resp.into_parts();
-    // A refusal's body is a small JSON value already in memory.
-    let bytes = axum::body::to_bytes(body, MAX_ERROR_BODY)
-        .await
-        .unwrap_or_default();
-    let code = code_of(&bytes);
+    // A refusal's body is a small JSON value already in memory; any other is passed on as it is.
+    use axum::body::HttpBody as _;
+    let known_small = body
+        .size_hint()
+        .upper()
+        .is_some_and(|n| n <= MAX_ERROR_BODY as u64);
+    let (body, code) = if known_small {
+        match axum::body::to_bytes(body, MAX_ERROR_BODY).await {
+            Ok(bytes) => {
+                let code = code_of(&bytes);
+                (axum::body::Body::from(bytes), code)
+            }
+            Err(_) => (axum::body::Body::empty(), None),
+        }
+    } else {
+        (body, None)
+    };
     let request_id = parts
         .headers
         .get("x-request-id")
@@ -181,7 +193,7 @@ pub async fn record(State(app): State<Arc<AppState>>, req: Request, next: Next) 
             id
         }
     };
-    let resp = Response::from_parts(parts, axum::body::Body::from(bytes));
+    let resp = Response::from_parts(parts, body);
     let per_second = app.config.get().audit.refused_per_second;
     if !app.refusals.take(per_second) {
         app.metrics.audit_dropped();

@@ -502,6 +502,8 @@ async fn mixed_run_leaves_one_record_per_request_and_no_secret() {
         config: mixed_config(),
         billing: true,
         cache: true,
+        // Every component as its own NATS identity: `usage.audit` is within ingress's rights.
+        auth: true,
         ..Options::default()
     })
     .await;
