@@ -368,6 +368,10 @@ pub fn response_head(
     model: Option<&str>,
     resp: &mut axum::response::Response,
 ) {
+    // The model a refusal's audit record names (crate::refusal_audit).
+    if let Some(m) = model {
+        crate::refusal_audit::note_model(m);
+    }
     let Ok((overhead, series)) = CLOCK.try_with(|c| {
         let own = c.started.get().elapsed().saturating_sub(c.upstream.get());
         (own, c.series.borrow().clone())
@@ -386,9 +390,6 @@ pub fn response_head(
             s
         }
     };
-    if let Some(m) = model {
-        crate::refusal_audit::note_model(m);
-    }
     series.overhead.record(overhead.as_secs_f64());
     let ms = format!("{:.3}", overhead.as_secs_f64() * 1000.0);
     if let Ok(v) = axum::http::HeaderValue::from_str(&ms) {
