@@ -32,6 +32,7 @@ pub(crate) struct AuditValues {
     front_door: Option<String>,
     http_status: Option<i64>,
     finish_reason: Option<String>,
+    error_code: Option<String>,
     overhead_ms: Option<i64>,
     client_ip: Option<String>,
     user_agent: Option<String>,
@@ -59,6 +60,7 @@ impl AuditValues {
             front_door: text("front_door", a.front_door)?,
             http_status: a.http_status.map(i64::from),
             finish_reason: text("finish_reason", a.finish_reason)?,
+            error_code: text("error_code", a.error_code)?,
             overhead_ms: a
                 .overhead_ms
                 .map(|v| i64::try_from(v).map_err(|_| format!("audit.overhead_ms = {v}")))
@@ -77,9 +79,9 @@ const INSERT_HEAD: &str = "INSERT INTO audit_log (request_id, ts_ms, front_door,
      model, target, upstream_model, status, http_status, error_class, finish_reason, fallbacks, \
      attempts, prompt_tokens, completion_tokens, cached_tokens, charge_usd, ttft_ms, latency_ms, \
      overhead_ms, cache_hit, client_ip, user_agent, client_request_id, request_body, \
-     response_body) VALUES ";
-const COLUMNS: usize = 27;
-/// 512 × 27 = 13,824 bind values, below SQLite's 32,766.
+     response_body, error_code) VALUES ";
+const COLUMNS: usize = 28;
+/// 512 × 28 = 14,336 bind values, below SQLite's 32,766.
 const ROWS_PER_STATEMENT: usize = 512;
 const INSERT_TAIL: &str = " ON CONFLICT DO NOTHING";
 
@@ -101,28 +103,31 @@ fn texts(backend: Backend) -> &'static StatementTexts {
     })
 }
 
-/// Inserts the audit row of every `charge` row of `rows` whose event was newly stored
-/// (`stored`: the keys the event insert returned), first occurrence only, inside `tx`.
-/// `costs[i]` is `rows[i]`'s price (the charge, for a `charge` row).
+/// Inserts the audit row of every `charge` or `audit` row of `rows` whose event was newly
+/// stored (`stored`: the keys the event insert returned; `None`: every row, for `audit` events,
+/// which have no usage row), first occurrence only, inside `tx`. `costs[i]` is `rows[i]`'s price
+/// (the charge, for a `charge` row). Returns the audit rows newly inserted (`ON CONFLICT DO
+/// NOTHING` keyed by request id).
 pub(crate) async fn insert(
     backend: Backend,
     tx: &mut sqlx::Transaction<'_, sqlx::Any>,
-    rows: &[UsageRow],
+    rows: &[&UsageRow],
     costs: &[Option<Cost>],
-    stored: &HashSet<(String, String, i64)>,
-) -> Result<(), BillingError> {
+    stored: Option<&HashSet<(String, String, i64)>>,
+) -> Result<u64, BillingError> {
     let mut seen = HashSet::new();
     let audit: Vec<(&UsageRow, &AuditValues, Option<String>)> = rows
         .iter()
         .zip(costs)
-        .filter_map(|(row, cost)| {
+        .filter_map(|(&row, cost)| {
             let values = row.audit.as_deref()?;
             let key = (row.request_id.clone(), row.kind.to_owned(), row.attempt);
-            (stored.contains(&key) && seen.insert(row.request_id.as_str()))
+            (stored.is_none_or(|s| s.contains(&key)) && seen.insert(row.request_id.as_str()))
                 .then(|| (row, values, cost.as_ref().map(|c| c.total.to_string())))
         })
         .collect();
     let mut offset = 0;
+    let mut inserted = 0;
     for size in statement_sizes(audit.len(), ROWS_PER_STATEMENT) {
         let sql = texts(backend).get(size);
         let mut query = sqlx::query(&sql);
@@ -154,12 +159,13 @@ pub(crate) async fn insert(
                 .bind(a.user_agent.as_deref())
                 .bind(a.client_request_id.as_deref())
                 .bind(a.request_body.as_deref())
-                .bind(a.response_body.as_deref());
+                .bind(a.response_body.as_deref())
+                .bind(a.error_code.as_deref());
         }
-        query.execute(&mut **tx).await?;
+        inserted += query.execute(&mut **tx).await?.rows_affected();
         offset += size;
     }
-    Ok(())
+    Ok(inserted)
 }
 
 /// Why an audit query was not answered.
@@ -177,7 +183,7 @@ const SELECT: &str = "SELECT request_id, ts_ms, front_door, key_id, tenant, mode
      upstream_model, status, http_status, error_class, finish_reason, fallbacks, attempts, \
      prompt_tokens, completion_tokens, cached_tokens, charge_usd, ttft_ms, latency_ms, \
      overhead_ms, CASE WHEN cache_hit THEN 1 ELSE 0 END AS cache_hit, client_ip, user_agent, \
-     client_request_id, request_body, response_body FROM audit_log";
+     client_request_id, request_body, response_body, error_code FROM audit_log";
 
 /// One page of the audit log, newest first by (`ts_ms`, `request_id`); `cost_usd` of each
 /// record is the sum of its stored `upstream` rows' costs.
@@ -334,6 +340,7 @@ fn record_of(row: &AnyRow) -> Result<AuditRecord, BillingError> {
         status: row.try_get("status")?,
         http_status: ou("http_status")?.and_then(|v| u16::try_from(v).ok()),
         error_class: row.try_get("error_class")?,
+        error_code: row.try_get("error_code")?,
         finish_reason: row.try_get("finish_reason")?,
         fallbacks: u32::try_from(u("fallbacks")?).unwrap_or(u32::MAX),
         attempts,

@@ -149,7 +149,7 @@ impl UsageRow {
             _ => serde_json::to_string(event).map_err(|e| invalid(e.to_string()))?,
         };
         let audit = match event.kind {
-            UsageKind::Charge => Some(Box::new(
+            UsageKind::Charge | UsageKind::Audit => Some(Box::new(
                 crate::audit::AuditValues::of(event).map_err(invalid)?,
             )),
             UsageKind::Upstream => None,
@@ -570,6 +570,10 @@ impl Ledger {
             lines_sql
         };
         let ingested_at_ms = i64::try_from(switchyard_schemas::now_ms()).unwrap_or(i64::MAX);
+        // `audit` events (requests refused before admission) are audit rows only, never usage.
+        let (refused, rows): (Vec<&UsageRow>, Vec<&UsageRow>) = rows
+            .iter()
+            .partition(|r| r.kind == UsageKind::Audit.as_str());
         let priced: Vec<(Option<Cost>, Vec<&'static str>)> =
             rows.iter().map(|row| self.price(row)).collect();
         let costs: Vec<Option<Cost>> = priced.iter().map(|(c, _)| c.clone()).collect();
@@ -626,9 +630,12 @@ impl Ledger {
             }
             offset += size;
         }
-        let inserted = stored.len() as u64;
-        // The audit rows of the newly stored `charge` events, in the same transaction.
-        crate::audit::insert(self.backend, &mut tx, rows, &costs, &stored).await?;
+        // The audit rows of the newly stored `charge` events, in the same transaction, and
+        // those of the refused requests (counted as inserted when new).
+        crate::audit::insert(self.backend, &mut tx, &rows, &costs, Some(&stored)).await?;
+        let refused_costs = vec![None; refused.len()];
+        let inserted = stored.len() as u64
+            + crate::audit::insert(self.backend, &mut tx, &refused, &refused_costs, None).await?;
         // Lines only with a newly stored event (its first occurrence in the batch).
         let mut lines = Vec::new();
         for (row, cost) in rows.iter().zip(&costs) {

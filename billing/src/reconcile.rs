@@ -125,6 +125,8 @@ impl RequestRows {
             match row.kind {
                 UsageKind::Charge => entry.charge = Some(row),
                 UsageKind::Upstream => entry.upstream.push(row),
+                // Never a ledger row (audit_log only).
+                UsageKind::Audit => {}
             }
         }
         let mut out: Vec<Self> = by_id.into_values().collect();
@@ -403,7 +405,7 @@ pub fn classify(req: &RequestRows) -> Vec<Discrepancy> {
         .filter_map(|r| {
             let what = r.unpriced.as_deref()?;
             let side = match r.kind {
-                UsageKind::Charge => "charge".to_owned(),
+                UsageKind::Charge | UsageKind::Audit => "charge".to_owned(),
                 UsageKind::Upstream => format!(
                     "upstream attempt {} ({})",
                     r.attempt,

@@ -190,6 +190,8 @@ impl GroupStats {
                 self.cost_usd += amount;
                 self.upstream_errors += u64::from(row.status == UsageStatus::Error);
             }
+            // Never a ledger row (audit_log only).
+            UsageKind::Audit => {}
         }
         self.margin_usd = self.charge_usd - self.cost_usd;
     }
@@ -390,6 +392,7 @@ fn add_amount(requests: &mut u64, cost: &mut Decimal, charge: &mut Decimal, row:
             *charge += amount;
         }
         UsageKind::Upstream => *cost += amount,
+        UsageKind::Audit => {}
     }
 }
 

@@ -46,6 +46,7 @@ fn charge(ts: u64, key: &str, model: &str, status: UsageStatus, http: u16) -> Us
             front_door: Some("openai".into()),
             http_status: Some(http),
             finish_reason: Some("stop".into()),
+            error_code: None,
             overhead_ms: Some(3),
             client_ip: Some("127.0.0.1".into()),
             user_agent: Some("ua/1".into()),
@@ -111,7 +112,7 @@ async fn scenario(url: &str) {
         "request_id": a.request_id.to_string(), "ts_ms": T0, "front_door": "openai",
         "key_id": "k1", "tenant": "tenant-of-k1", "model": "openai/gpt-4o",
         "target": "openai-east", "upstream_model": "gpt-4o", "status": "ok", "http_status": 200,
-        "error_class": null, "finish_reason": "stop", "fallbacks": 1,
+        "error_class": null, "error_code": null, "finish_reason": "stop", "fallbacks": 1,
         "attempts": [{"target": "dead", "upstream_model": "gpt-4o",
                       "error_class": "network", "error": "connection refused"}],
         "prompt_tokens": 1000, "completion_tokens": 100, "cached_tokens": 0,
@@ -230,6 +231,44 @@ async fn scenario(url: &str) {
     assert_eq!(audit_count(&ledger).await, 4);
     // The usage rows stay.
     assert_eq!(ledger.count().await.unwrap(), 5 + old.len() as u64);
+
+    // A request refused before admission (an `audit` event): one audit row, no usage row, and
+    // a replay adds none; it counts as inserted once.
+    let mut refused = charge(T0 + 30, "k2", "nope", UsageStatus::Error, 404);
+    refused.kind = UsageKind::Audit;
+    refused.usage = Usage::default();
+    refused.error_class = Some(ErrorClass::NotFound);
+    refused.target = None;
+    refused.upstream_model = None;
+    if let Some(a) = refused.audit.as_mut() {
+        a.error_code = Some("model_not_found".into());
+        a.attempts.clear();
+        a.request_body = None;
+        a.response_body = None;
+    }
+    let twice = [refused.clone(), refused.clone()];
+    assert_eq!(ledger.insert_batch(&twice).await.unwrap(), 1);
+    assert_eq!(ledger.insert_batch(&twice).await.unwrap(), 0);
+    assert_eq!(ledger.count().await.unwrap(), 5 + old.len() as u64);
+    assert!(
+        ledger
+            .usage_for(refused.request_id)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let top = page(&ledger, &AuditQuery::default()).await.unwrap();
+    let r = &top.data[0];
+    assert_eq!(r.request_id, refused.request_id.to_string());
+    assert_eq!(
+        (r.status.as_str(), r.http_status, r.error_class.as_deref()),
+        ("error", Some(404), Some("not_found"))
+    );
+    assert_eq!(r.error_code.as_deref(), Some("model_not_found"));
+    assert_eq!(
+        (r.charge_usd.as_deref(), r.cost_usd.as_deref()),
+        (None, None)
+    );
     ledger.close().await;
 }
 

@@ -220,7 +220,10 @@ pub async fn authenticate(State(app): State<Arc<AppState>>, req: Request, next: 
         return next.run(req).await;
     }
     match app.keys.resolve(&app, req.headers()).await {
-        Ok(caller) => CALLER.scope(caller, next.run(req)).await,
+        Ok(caller) => {
+            crate::refusal_audit::note_caller(&caller);
+            CALLER.scope(caller, next.run(req)).await
+        }
         Err(e) if req.uri().path().starts_with("/v1/messages") => e.into_anthropic_response(),
         Err(e) => e.into_response(),
     }

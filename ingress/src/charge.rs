@@ -122,6 +122,7 @@ impl Charge {
         prompt_bytes: usize,
         admitted: Instant,
     ) -> Self {
+        crate::refusal_audit::note_admitted();
         let client = crate::route::current_client();
         let audit = Box::new(AuditInfo {
             front_door: client.front_door.map(str::to_owned),

@@ -33,6 +33,7 @@ pub mod metrics;
 pub mod openai;
 mod query_string;
 pub mod rate_limit;
+pub mod refusal_audit;
 pub mod responses;
 pub mod route;
 pub mod server;
@@ -99,6 +100,8 @@ pub struct AppState {
     ingress_ready: switchyard_schemas::ready::ReadyFlag,
     /// The admin API's config-writer connection, start-up text and admin key table.
     pub admin: admin::AdminState,
+    /// The caps on audit records of refused requests ([`refusal_audit`]).
+    pub refusals: refusal_audit::Limiter,
 }
 
 /// The OpenAPI 3.1 document served at `GET /openapi.json`: hand-written (one file,
@@ -213,6 +216,7 @@ pub async fn state_with_registry(
         readiness,
         ingress_ready,
         admin: admin::AdminState::default(),
+        refusals: refusal_audit::Limiter::default(),
     }))
 }
 
@@ -254,6 +258,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             auth::authenticate,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            refusal_audit::record,
         ))
         .layer(axum::middleware::from_fn(route::capture_hints))
         .layer(axum::middleware::from_fn(metrics::clocked))

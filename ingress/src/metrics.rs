@@ -27,7 +27,7 @@ use switchyard_schemas::metrics::{
     TOKENS, TTFT,
 };
 
-pub use switchyard_schemas::metrics::{BATCHES, UNPRICED};
+pub use switchyard_schemas::metrics::{AUDIT_DROPPED, BATCHES, UNPRICED};
 
 /// Response header: the gateway's own time for this request, ms with 3 decimals (see the module
 /// docs; for a streamed answer the time before the first byte only).
@@ -232,6 +232,11 @@ impl Metrics {
             .increment(1);
     }
 
+    /// Counts one refused request's audit record dropped over the caps ([`AUDIT_DROPPED`]).
+    pub fn audit_dropped(&self) {
+        self.inner.registry.counter(AUDIT_DROPPED, &[]).increment(1);
+    }
+
     /// Counts one request whose `component` had no price on `side` (`charge` / `cost`).
     pub fn unpriced(&self, side: &'static str, model: &str, component: &str) {
         self.inner
@@ -363,6 +368,10 @@ pub fn response_head(
     model: Option<&str>,
     resp: &mut axum::response::Response,
 ) {
+    // The model a refusal's audit record names (crate::refusal_audit).
+    if let Some(m) = model {
+        crate::refusal_audit::note_model(m);
+    }
     let Ok((overhead, series)) = CLOCK.try_with(|c| {
         let own = c.started.get().elapsed().saturating_sub(c.upstream.get());
         (own, c.series.borrow().clone())

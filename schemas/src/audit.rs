@@ -24,13 +24,21 @@ pub struct AuditConfig {
     pub retention_days: u32,
     /// Request/response body capture (off unless a key or model is listed).
     pub capture: CaptureConfig,
+    /// Most audit records of requests refused before admission one ingress publishes per
+    /// second; more are dropped and counted (`switchyard_audit_dropped_total`), so a flood of
+    /// bad requests cannot grow the usage stream without bound. 0 records none. Default 1,000.
+    pub refused_per_second: u32,
 }
+
+/// Default of [`AuditConfig::refused_per_second`].
+pub const DEFAULT_REFUSED_PER_SECOND: u32 = 1000;
 
 impl Default for AuditConfig {
     fn default() -> Self {
         Self {
             retention_days: DEFAULT_RETENTION_DAYS,
             capture: CaptureConfig::default(),
+            refused_per_second: DEFAULT_REFUSED_PER_SECOND,
         }
     }
 }
@@ -111,6 +119,11 @@ pub struct AuditInfo {
     /// Finish reason of the answer (`stop`, `length`, `tool_calls`, ...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finish_reason: Option<String>,
+    /// The error's code as the client got it (OpenAI `error.code`, e.g. `model_not_found`,
+    /// else `error.type`, e.g. Anthropic's `authentication_error`): set for requests refused
+    /// before admission.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_code: Option<String>,
     /// Gateway time before the first upstream attempt was dispatched (admission, budgets,
     /// planning), ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -161,6 +174,10 @@ pub struct AuditRecord {
     pub http_status: Option<u16>,
     /// Error class when not ok.
     pub error_class: Option<String>,
+    /// The error code the client got (`model_not_found`, `authentication_error`, …) for a
+    /// request refused before admission; `None` otherwise.
+    #[serde(default)]
+    pub error_code: Option<String>,
     /// Finish reason.
     pub finish_reason: Option<String>,
     /// Fallbacks before the serving target.

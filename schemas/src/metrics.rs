@@ -59,6 +59,9 @@ pub const CACHE: &str = "switchyard_cache_outcomes_total";
 pub const REFUSALS: &str = "switchyard_refusals_total";
 /// Counter `{status}`: batches submitted, by the status they started in.
 pub const BATCHES: &str = "switchyard_batches_total";
+/// Counter (no labels): audit records of requests refused before admission that ingress dropped
+/// instead of publishing (over its rate or in-flight cap; docs/audit.md).
+pub const AUDIT_DROPPED: &str = "switchyard_audit_dropped_total";
 /// Counter `{side, model, component}`: requests with tokens that had no price.
 pub const UNPRICED: &str = "switchyard_unpriced_total";
 /// Counter `{target, status}`: attempts on a target by their outcome's HTTP status.
@@ -281,6 +284,10 @@ fn describe() {
     describe_counter!(CACHE, "Answer cache outcomes.");
     describe_counter!(REFUSALS, "Requests refused by limits or budgets, by kind.");
     describe_counter!(BATCHES, "Batches submitted, by the status they started in.");
+    describe_counter!(
+        AUDIT_DROPPED,
+        "Audit records of refused requests dropped over the publish caps."
+    );
     describe_counter!(
         UNPRICED,
         "Requests with tokens that had no price, by side, model and component."

@@ -95,6 +95,10 @@ pub enum UsageKind {
     Upstream,
     /// Written by ingress: what the tenant is charged for the request as a whole.
     Charge,
+    /// Written by ingress for a request refused before admission (bad body, unknown model, bad
+    /// key, limit or budget refusal; docs/audit.md): billing stores only its `audit_log` row,
+    /// never a usage row, so a refused request still leaves no usage record (docs/budgets.md).
+    Audit,
 }
 
 impl UsageKind {
@@ -103,6 +107,7 @@ impl UsageKind {
         match self {
             Self::Upstream => "upstream",
             Self::Charge => "charge",
+            Self::Audit => "audit",
         }
     }
 }
@@ -178,7 +183,8 @@ pub struct UsageEvent {
     /// catalog's batch rate (`batch_discount`) and reported apart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch_id: Option<String>,
-    /// What the audit log adds (`charge` only; docs/audit.md): stored by billing in `audit_log`.
+    /// What the audit log adds (`charge` and `audit` only; docs/audit.md): stored by billing in
+    /// `audit_log`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub audit: Option<Box<crate::audit::AuditInfo>>,
     /// Why generation stopped, in OpenAI's vocabulary (`stop`, `length`, `tool_calls`,

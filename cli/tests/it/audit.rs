@@ -1,8 +1,12 @@
 //! The audit log end to end (real nats-server, mock upstream, billing on SQLite): one record per
 //! request with its exact fields for a plain, a fallback, a streamed (bodies captured, secrets
 //! redacted) and a refused-upstream (400) request; `GET /admin/requests` filters and cursor
-//! pagination; `switchyard requests export`; and 1,000 concurrent requests through two ingress
-//! instances leaving exactly 1,000 audit rows, the same request ids as the `charge` rows.
+//! pagination; `switchyard requests export`; a mixed run (success, fallback, refusals before
+//! admission — malformed body, unknown model, bad key —, an upstream 400, a cache hit, a
+//! cancelled stream) leaving exactly one record per request, bodies only for the captured key
+//! and no secret anywhere; and 1,000 concurrent requests (100 of them refused before admission)
+//! through two ingress instances leaving exactly 1,000 audit rows, the 900 admitted ones the
+//! `charge` rows' ids.
 
 use crate::common::{self, Options, eventually};
 use serde_json::{Value, json};
@@ -164,8 +168,8 @@ async fn one_record_per_request_with_exact_fields() {
         json!({
             "request_id": plain, "front_door": "openai", "key_id": "k-plain", "tenant": "acme",
             "model": "openai/gpt-4o", "target": "gpt", "upstream_model": "gpt-4o",
-            "status": "ok", "http_status": 200, "error_class": null, "finish_reason": "stop",
-            "fallbacks": 0, "attempts": [], "prompt_tokens": 1000, "completion_tokens": 100,
+            "status": "ok", "http_status": 200, "error_class": null, "error_code": null,
+            "finish_reason": "stop", "fallbacks": 0, "attempts": [], "prompt_tokens": 1000, "completion_tokens": 100,
             "cached_tokens": 0, "cost_usd": "0.0035", "charge_usd": "0.0035",
             "cache_hit": false, "client_ip": "127.0.0.1", "user_agent": "audit-it/1",
             "client_request_id": "trace-123", "request_body": null, "response_body": null
@@ -190,7 +194,7 @@ async fn one_record_per_request_with_exact_fields() {
             "request_id": fallback, "front_door": "openai", "key_id": "k-plain",
             "tenant": "acme", "model": "demo/fallback", "target": "mock",
             "upstream_model": "mock", "status": "ok", "http_status": 200, "error_class": null,
-            "finish_reason": "stop", "fallbacks": 1, "prompt_tokens": 2,
+            "error_code": null, "finish_reason": "stop", "fallbacks": 1, "prompt_tokens": 2,
             "completion_tokens": 1, "cached_tokens": 0,
             // `mock`'s demo cost price: 2 × $0.50/M + 1 × $1.50/M; `demo/fallback` has no
             // sale price.
@@ -349,25 +353,34 @@ async fn thousand_requests_through_two_ingresses_leave_a_thousand_records() {
     let (second, _) = common::spawn_ingress(&gw).await;
     let bases = [gw.base.clone(), second];
     let client = reqwest::Client::new();
-    let sent: Vec<String> = futures::future::join_all((0..1000).map(|i| {
+    // Every 10th request names an unknown model: refused before admission (404).
+    let results: Vec<(bool, String)> = futures::future::join_all((0..1000).map(|i| {
         let client = client.clone();
         let base = bases[i % 2].clone();
+        let refused = i % 10 == 9;
+        let model = if refused { "demo/nope" } else { "demo/mock" };
         async move {
             let resp = client
                 .post(format!("{base}/v1/chat/completions"))
-                .json(&common::chat("demo/mock", "#mock text=hi", false))
+                .json(&common::chat(model, "#mock text=hi", false))
                 .send()
                 .await
                 .unwrap();
             let id = resp.headers()["x-request-id"].to_str().unwrap().to_owned();
             let status = resp.status().as_u16();
-            assert_eq!(status, 200, "{}", resp.text().await.unwrap());
-            id
+            let want = if refused { 404 } else { 200 };
+            assert_eq!(status, want, "{}", resp.text().await.unwrap());
+            (refused, id)
         }
     }))
     .await;
-    let sent: BTreeSet<String> = sent.into_iter().collect();
-    assert_eq!(sent.len(), 1000);
+    let all: BTreeSet<String> = results.iter().map(|(_, id)| id.clone()).collect();
+    let sent: BTreeSet<String> = results
+        .iter()
+        .filter(|(refused, _)| !refused)
+        .map(|(_, id)| id.clone())
+        .collect();
+    assert_eq!((all.len(), sent.len()), (1000, 900));
     let ledger = gw.ledger.clone().unwrap();
     let audited: BTreeSet<String> = eventually(Duration::from_secs(60), || {
         let ledger = ledger.clone();
@@ -387,11 +400,408 @@ async fn thousand_requests_through_two_ingresses_leave_a_thousand_records() {
             .unwrap();
     let charged: BTreeSet<String> = charged.into_iter().collect();
     assert_eq!(audited.len(), 1000);
-    assert_eq!(audited, sent);
+    assert_eq!(audited, all);
+    // Refused requests leave no usage row.
     assert_eq!(charged, sent);
-    // Both front doors' records are served by the admin API of either ingress.
+    let refused_rows: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM usage_events WHERE model = 'demo/nope'")
+            .fetch_one(ledger.pool())
+            .await
+            .unwrap();
+    assert_eq!(refused_rows, 0);
+    // Both ingresses' records are served by the admin API of either ingress.
     let (s, page) = admin_get(&bases[1], "limit=1000").await;
     assert_eq!(s, 200);
     assert_eq!(page["data"].as_array().unwrap().len(), 1000);
     assert_eq!(page["has_more"], false);
+    let (s, refused) = admin_get(&bases[0], "status=404&limit=1000").await;
+    assert_eq!(s, 200);
+    assert_eq!(refused["data"].as_array().unwrap().len(), 100);
+    assert_eq!(refused["has_more"], false);
+}
+
+const UPSTREAM: &str = "sk-upstream-audit-0123456789abcd";
+const WRONG: &str = "sk-audit-wrong-0123456789abcdefg";
+
+/// [`config`]'s keys and capture, the `gpt` target with an upstream credential, and an
+/// exact-cache route `demo/cached` (the other routes do not cache, so no request of the run
+/// is answered from the cache by accident).
+fn mixed_config() -> switchyard_schemas::config::GatewayConfig {
+    let mut c = config();
+    let no_cache = json!({"enabled": false});
+    c.targets.retain(|t| t.id != "gpt");
+    c.targets.push(
+        serde_json::from_value(json!({"id": "gpt", "provider": "openai",
+            "base_url": "builtin:mock", "upstream_model": "gpt-4o", "api_key": UPSTREAM}))
+        .unwrap(),
+    );
+    for m in &mut c.models {
+        m.cache = Some(serde_json::from_value(no_cache.clone()).unwrap());
+    }
+    c.models.push(
+        serde_json::from_value(json!({"id": "demo/cached", "targets": ["mock"],
+            "cache": {"semantic": false}}))
+        .unwrap(),
+    );
+    c.validate().unwrap();
+    c
+}
+
+/// POSTs raw `body` to `path` with `key` (as `x-api-key` on `/v1/messages`, else bearer);
+/// returns (status, `x-request-id`, `x-switchyard-cache`).
+async fn post_raw(base: &str, path: &str, key: &str, body: &str) -> (u16, String, String) {
+    let req = reqwest::Client::new()
+        .post(format!("{base}{path}"))
+        .header("content-type", "application/json")
+        .header("user-agent", "audit-mixed/1")
+        .body(body.to_owned());
+    let req = if path.starts_with("/v1/messages") {
+        req.header("x-api-key", key)
+    } else {
+        req.bearer_auth(key)
+    };
+    let resp = req.send().await.unwrap();
+    let header = |n: &str| {
+        resp.headers()
+            .get(n)
+            .map(|v| v.to_str().unwrap().to_owned())
+            .unwrap_or_default()
+    };
+    let out = (
+        resp.status().as_u16(),
+        header("x-request-id"),
+        header("x-switchyard-cache"),
+    );
+    assert!(!out.1.is_empty(), "no x-request-id on a {} answer", out.0);
+    out
+}
+
+/// The exact record of a request refused before admission.
+#[allow(clippy::too_many_arguments)]
+fn refusal(
+    id: &str,
+    door: &str,
+    key: Option<(&str, &str)>,
+    model: &str,
+    http: u16,
+    class: &str,
+    code: &str,
+) -> Value {
+    json!({
+        "request_id": id, "front_door": door, "key_id": key.map(|k| k.0),
+        "tenant": key.map(|k| k.1), "model": model, "target": null, "upstream_model": null,
+        "status": "error", "http_status": http, "error_class": class, "error_code": code,
+        "finish_reason": null, "fallbacks": 0, "attempts": [], "prompt_tokens": 0,
+        "completion_tokens": 0, "cached_tokens": 0, "cost_usd": null, "charge_usd": null,
+        "cache_hit": false, "client_ip": "127.0.0.1", "user_agent": "audit-mixed/1",
+        "client_request_id": null, "request_body": null, "response_body": null
+    })
+}
+
+/// Issue #15's acceptance run: one record per request whatever its outcome, bodies only for
+/// the captured key, no secret in any record.
+#[tokio::test]
+async fn mixed_run_leaves_one_record_per_request_and_no_secret() {
+    let gw = common::start(Options {
+        config: mixed_config(),
+        billing: true,
+        cache: true,
+        // Every component as its own NATS identity: `usage.audit` is within ingress's rights.
+        auth: true,
+        ..Options::default()
+    })
+    .await;
+    let base = &gw.base;
+    let chat =
+        |model: &str, content: &str, stream: bool| common::chat(model, content, stream).to_string();
+    let completions = "/v1/chat/completions";
+    let ok = post_raw(
+        base,
+        completions,
+        PLAIN,
+        &chat("openai/gpt-4o", "#mock text=hello", false),
+    )
+    .await;
+    assert_eq!(ok.0, 200);
+    let fallback = post_raw(
+        base,
+        completions,
+        PLAIN,
+        &chat("demo/fallback", "#mock text=ok", false),
+    )
+    .await;
+    assert_eq!(fallback.0, 200);
+    // Refused before admission: malformed body, unknown model (also for the captured key: a
+    // refusal never keeps a body), bad key, an Anthropic body without `max_tokens`.
+    let malformed = post_raw(
+        base,
+        completions,
+        PLAIN,
+        r#"{"model": "openai/gpt-4o", "messages": "#,
+    )
+    .await;
+    assert_eq!(malformed.0, 400);
+    let unknown = post_raw(base, completions, PLAIN, &chat("nope/unknown", "hi", false)).await;
+    assert_eq!(unknown.0, 404);
+    let unknown_cap = post_raw(
+        base,
+        completions,
+        CAPTURED,
+        &chat("nope/unknown", "hi", false),
+    )
+    .await;
+    assert_eq!(unknown_cap.0, 404);
+    let bad_key = post_raw(
+        base,
+        completions,
+        WRONG,
+        &chat("openai/gpt-4o", "hi", false),
+    )
+    .await;
+    assert_eq!(bad_key.0, 401);
+    let no_max = json!({"model": "openai/gpt-4o", "messages": [{"role": "user", "content": "hi"}]});
+    let anthropic_400 = post_raw(base, "/v1/messages", PLAIN, &no_max.to_string()).await;
+    assert_eq!(anthropic_400.0, 400);
+    // Refused by the upstream after admission.
+    let upstream_400 = post_raw(
+        base,
+        completions,
+        PLAIN,
+        &chat(
+            "openai/gpt-4o",
+            "#mock status=400 error_message=bad+input",
+            false,
+        ),
+    )
+    .await;
+    assert_eq!(upstream_400.0, 400);
+    // A miss, then the same request answered from the cache.
+    let question = chat("demo/cached", "Name a prime number.", false);
+    let miss = post_raw(base, completions, PLAIN, &question).await;
+    let hit = post_raw(base, completions, PLAIN, &question).await;
+    assert_eq!(
+        (miss.0, miss.2.as_str(), hit.0, hit.2.as_str()),
+        (200, "miss", 200, "hit")
+    );
+    // A stream of the captured key the client leaves after its first chunk.
+    let resp = reqwest::Client::new()
+        .post(format!("{base}{completions}"))
+        .bearer_auth(CAPTURED)
+        .json(&common::chat(
+            "openai/gpt-4o",
+            "Authorization: Bearer sk-live-secret-value\n#mock text_len=2000 chunk_delay_ms=100",
+            true,
+        ))
+        .send()
+        .await
+        .unwrap();
+    let cancelled = resp.headers()["x-request-id"].to_str().unwrap().to_owned();
+    let mut stream = resp.bytes_stream();
+    use futures::StreamExt as _;
+    assert!(!stream.next().await.unwrap().unwrap().is_empty());
+    drop(stream);
+
+    let sent = [
+        &ok.1,
+        &fallback.1,
+        &malformed.1,
+        &unknown.1,
+        &unknown_cap.1,
+        &bad_key.1,
+        &anthropic_400.1,
+        &upstream_400.1,
+        &miss.1,
+        &hit.1,
+        &cancelled,
+    ];
+    // Exactly one record per request: as many records as requests, and every request's id.
+    let recs = records(base, "limit=1000", sent.len()).await;
+    let got: BTreeSet<String> = recs
+        .iter()
+        .map(|r| r["request_id"].as_str().unwrap().to_owned())
+        .collect();
+    let want: BTreeSet<String> = sent.iter().map(|s| s.to_string()).collect();
+    assert_eq!((got.len(), &got), (sent.len(), &want));
+
+    let plain = Some(("k-plain", "acme"));
+    for (id, expected) in [
+        (
+            &malformed.1,
+            refusal(
+                &malformed.1,
+                "openai",
+                plain,
+                "",
+                400,
+                "invalid_request",
+                "invalid_request_error",
+            ),
+        ),
+        (
+            &unknown.1,
+            refusal(
+                &unknown.1,
+                "openai",
+                plain,
+                "nope/unknown",
+                404,
+                "not_found",
+                "model_not_found",
+            ),
+        ),
+        (
+            &unknown_cap.1,
+            refusal(
+                &unknown_cap.1,
+                "openai",
+                Some(("k-cap", "globex")),
+                "nope/unknown",
+                404,
+                "not_found",
+                "model_not_found",
+            ),
+        ),
+        (
+            &bad_key.1,
+            refusal(
+                &bad_key.1,
+                "openai",
+                None,
+                "",
+                401,
+                "auth",
+                "invalid_api_key",
+            ),
+        ),
+        (
+            &anthropic_400.1,
+            refusal(
+                &anthropic_400.1,
+                "anthropic",
+                plain,
+                "",
+                400,
+                "invalid_request",
+                "invalid_request_error",
+            ),
+        ),
+    ] {
+        assert_eq!(stable(by_id(&recs, id)), expected);
+    }
+    let outcome = |id: &str| {
+        let r = by_id(&recs, id);
+        (
+            r["status"].as_str().unwrap().to_owned(),
+            r["http_status"].as_u64().unwrap(),
+            r["error_class"].clone(),
+            r["cache_hit"].as_bool().unwrap(),
+        )
+    };
+    let ok_outcome = ("ok".to_owned(), 200, Value::Null, false);
+    assert_eq!(outcome(&ok.1), ok_outcome);
+    assert_eq!(outcome(&fallback.1), ok_outcome);
+    assert_eq!(by_id(&recs, &fallback.1)["fallbacks"], 1);
+    assert_eq!(outcome(&miss.1), ok_outcome);
+    assert_eq!(outcome(&hit.1), ("ok".to_owned(), 200, Value::Null, true));
+    assert_eq!(
+        outcome(&upstream_400.1),
+        ("error".to_owned(), 400, json!("invalid_request"), false)
+    );
+    assert_eq!(
+        outcome(&cancelled),
+        ("cancelled".to_owned(), 499, json!("cancelled"), false)
+    );
+    // Bodies only for the captured key's admitted request, redacted.
+    for r in &recs {
+        let captured = r["request_id"] == cancelled.as_str();
+        assert_eq!(!r["request_body"].is_null(), captured, "{r}");
+        assert!(captured || r["response_body"].is_null(), "{r}");
+    }
+    let body = by_id(&recs, &cancelled)["request_body"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(body.contains("Authorization"), "{body}");
+    // No secret anywhere: the whole page as text.
+    let (_, page) = admin_get(base, "limit=1000").await;
+    let text = page.to_string();
+    for secret in [
+        ADMIN,
+        PLAIN,
+        CAPTURED,
+        WRONG,
+        UPSTREAM,
+        "sk-live-secret-value",
+    ] {
+        assert!(!text.contains(secret), "{secret} in the audit log: {text}");
+    }
+    // Refused requests left no usage row; the admitted ones their charge row.
+    let ledger = gw.ledger.clone().unwrap();
+    for id in sent {
+        let rows: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM usage_events WHERE request_id = $1 AND kind = 'charge'",
+        )
+        .bind(id.as_str())
+        .fetch_one(ledger.pool())
+        .await
+        .unwrap();
+        let refused = [
+            &malformed.1,
+            &unknown.1,
+            &unknown_cap.1,
+            &bad_key.1,
+            &anthropic_400.1,
+        ]
+        .contains(&id);
+        assert_eq!(rows, i64::from(!refused), "{id}");
+    }
+}
+
+/// A flood of refused requests over `audit.refused_per_second` (5): the first 5 of each second
+/// are recorded, the rest dropped and counted in `switchyard_audit_dropped_total`; every
+/// client still gets its 404 with an `x-request-id`.
+#[tokio::test]
+async fn refusal_flood_is_capped_and_counted() {
+    let c = common::test_config(json!({
+        "admin": {"keys": [{"id": "ops", "key_sha256": sha256_hex(ADMIN)}]},
+        "audit": {"refused_per_second": 5}
+    }));
+    let gw = common::start(Options {
+        config: c,
+        billing: true,
+        ..Options::default()
+    })
+    .await;
+    let base = &gw.base;
+    let started = std::time::Instant::now();
+    let body = common::chat("demo/nope", "hi", false).to_string();
+    let answers = futures::future::join_all(
+        (0..30).map(|_| post_raw(base, "/v1/chat/completions", "", &body)),
+    )
+    .await;
+    let seconds = started.elapsed().as_secs();
+    assert!(answers.iter().all(|a| a.0 == 404), "{answers:?}");
+    // Dropping is decided before the answer goes out: the counter is final now.
+    let text = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let dropped: usize = text
+        .lines()
+        .find_map(|l| l.strip_prefix("switchyard_audit_dropped_total "))
+        .map_or(0, |v| v.parse::<f64>().unwrap() as usize);
+    let kept = 30 - dropped;
+    // At least the first second's 5; at most 5 per second the burst spanned.
+    assert!(
+        (5..=5 * (seconds as usize + 2)).contains(&kept),
+        "kept {kept} in {seconds} s"
+    );
+    let recs = records(base, "status=404&limit=1000", kept).await;
+    let ids: BTreeSet<&str> = answers.iter().map(|a| a.1.as_str()).collect();
+    assert!(
+        recs.iter()
+            .all(|r| ids.contains(r["request_id"].as_str().unwrap()))
+    );
 }
