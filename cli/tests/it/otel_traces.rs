@@ -271,7 +271,8 @@ async fn one_trace_per_request_across_ingress_and_worker_processes() {
         async move {
             let q = switchyard_schemas::audit::AuditQuery::default();
             let page = switchyard_billing::audit::page(&ledger, &q).await.ok()?;
-            (page.data.len() == 3 + tries).then_some(page.data)
+            // The 404 refused before admission has its record too (docs/audit.md).
+            (page.data.len() == 4 + tries).then_some(page.data)
         }
     })
     .await;
@@ -285,6 +286,7 @@ async fn one_trace_per_request_across_ingress_and_worker_processes() {
     );
     assert_eq!(record(&fallback.request_id), (None, 1));
     assert_eq!(record(&malformed.request_id), (None, 0));
+    assert_eq!(record(&refused.gateway_id), (Some("err-1".to_owned()), 0));
 
     // SIGTERM: each process flushes its queued spans before it exits.
     assert_eq!(ingress.stop().await, Some(0));
