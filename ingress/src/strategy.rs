@@ -37,62 +37,19 @@ use switchyard_schemas::request::{ContentPart, Message, Role, SamplingParams, To
 use switchyard_schemas::routing::{Policy, Strategy};
 use switchyard_schemas::{ErrorClass, ErrorInfo};
 
-/// What a provider family supports. Mirrors the workers' `Provider::capabilities()` (a test in
-/// `cli/tests/it/routing.rs` keeps the two equal).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Capabilities {
-    /// Server-sent-event streaming.
-    pub streaming: bool,
-    /// Function/tool calling.
-    pub tools: bool,
-    /// Image inputs.
-    pub vision: bool,
-    /// `response_format` JSON mode.
-    pub json_mode: bool,
-    /// An embeddings endpoint.
-    pub embeddings: bool,
-    /// Several choices in one call (OpenAI `n > 1`): the upstream samples them and bills the
-    /// prompt once. Only the OpenAI-style Chat Completions APIs (a Responses-API target has none).
-    pub choices: bool,
-}
+pub use switchyard_schemas::capabilities::Capabilities;
 
-impl Capabilities {
-    /// The static capability table per provider family.
-    pub const fn of(kind: ProviderKind) -> Self {
-        let (json_mode, embeddings) = match kind {
-            ProviderKind::Openai | ProviderKind::OpenaiCompatible => (true, true),
-            // Anthropic: through a synthetic tool (workers' `anthropic::structured`).
-            ProviderKind::AzureOpenai | ProviderKind::Gemini | ProviderKind::Anthropic => {
-                (true, false)
-            }
-            ProviderKind::Bedrock => (false, false),
-        };
-        let choices = matches!(
-            kind,
-            ProviderKind::Openai | ProviderKind::OpenaiCompatible | ProviderKind::AzureOpenai
-        );
-        Self {
-            streaming: true,
-            tools: true,
-            vision: true,
-            json_mode,
-            embeddings,
-            choices,
-        }
-    }
-
-    /// The first capability in `needs` this provider lacks.
-    fn missing(self, needs: &Needs) -> Option<&'static str> {
-        [
-            (needs.tools && !self.tools, "tools"),
-            (needs.vision && !self.vision, "vision"),
-            (needs.json_mode && !self.json_mode, "json_mode"),
-            (needs.embeddings && !self.embeddings, "embeddings"),
-            (needs.choices && !self.choices, "n"),
-        ]
-        .into_iter()
-        .find_map(|(lacks, name)| lacks.then_some(name))
-    }
+/// The first capability in `needs` that `caps` lacks.
+fn missing(caps: Capabilities, needs: &Needs) -> Option<&'static str> {
+    [
+        (needs.tools && !caps.tools, "tools"),
+        (needs.vision && !caps.vision, "vision"),
+        (needs.json_mode && !caps.json_mode, "json_mode"),
+        (needs.embeddings && !caps.embeddings, "embeddings"),
+        (needs.choices && !caps.choices, "n"),
+    ]
+    .into_iter()
+    .find_map(|(lacks, name)| lacks.then_some(name))
 }
 
 /// The capability table of one ingress: [`Capabilities::of`] unless overridden (for a deployment
@@ -424,7 +381,7 @@ fn exclusion(target: &TargetConfig, obs: &Observed, needs: &Needs) -> Option<Exc
     if !target.enabled {
         return Some(Exclusion::Disabled);
     }
-    if let Some(what) = obs.capabilities.missing(needs) {
+    if let Some(what) = missing(obs.capabilities, needs) {
         return Some(Exclusion::Lacks(target.provider, what));
     }
     // The Responses API has no `n`, whatever the provider's Chat Completions API has.

@@ -12,6 +12,7 @@
 pub mod audit;
 pub mod balance;
 pub mod cache;
+pub mod capabilities;
 pub mod config;
 pub mod config_handle;
 pub mod config_text;

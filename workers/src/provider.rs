@@ -16,30 +16,18 @@ use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, FrameBody, Usage};
 /// The normalised events of one upstream call, in order.
 pub type EventStream = BoxStream<'static, Result<FrameBody, ErrorInfo>>;
 
-/// What a provider can do; routing filters targets with it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Capabilities {
-    /// Server-sent-event streaming.
-    pub streaming: bool,
-    /// Function/tool calling.
-    pub tools: bool,
-    /// Image inputs.
-    pub vision: bool,
-    /// `response_format` JSON mode.
-    pub json_mode: bool,
-    /// An embeddings endpoint.
-    pub embeddings: bool,
-    /// Several choices in one call (OpenAI `n > 1`).
-    pub choices: bool,
-}
+pub use switchyard_schemas::capabilities::Capabilities;
 
 /// One provider family (OpenAI, Anthropic, …). Implementations are stateless apart from config.
 pub trait Provider: Send + Sync {
     /// Which family this adapter speaks.
     fn kind(&self) -> ProviderKind;
 
-    /// What the provider supports.
-    fn capabilities(&self) -> Capabilities;
+    /// What the provider supports: its family's entry in the one capability list
+    /// ([`Capabilities::of`]), which ingress routing reads too.
+    fn capabilities(&self) -> Capabilities {
+        self.kind().capabilities()
+    }
 
     /// Starts the upstream call. Resolves once the upstream answered with a success status (the
     /// stream then yields the events) or failed (a classified error, nothing sent to the client yet).

@@ -24,7 +24,7 @@ use switchyard_schemas::config::{OpenAiApi, ProviderKind, TargetConfig};
 use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, FrameBody};
 
 use super::openai::{OpenAiTranslator, accept, build_object, read_answer, send_chat};
-use crate::provider::{Capabilities, EventStream, Provider, SseTranslator};
+use crate::provider::{EventStream, Provider, SseTranslator};
 use crate::sse::SseEvent;
 
 /// `api-version` used when the target sets none: the GA data-plane inference version
@@ -40,18 +40,6 @@ pub struct AzureOpenAiProvider;
 impl Provider for AzureOpenAiProvider {
     fn kind(&self) -> ProviderKind {
         ProviderKind::AzureOpenai
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            streaming: true,
-            tools: true,
-            vision: true,
-            json_mode: true,
-            // Azure has an embeddings endpoint; this adapter does not implement `embed` yet.
-            embeddings: false,
-            choices: true,
-        }
     }
 
     fn stream_chat(

@@ -15,8 +15,8 @@
 //! the failing first call.
 
 use crate::provider::{
-    Answer, Capabilities, Embeddings, EventStream, Provider, SseTranslator, is_json_answer,
-    send_checked, translate_json, translate_sse,
+    Answer, Embeddings, EventStream, Provider, SseTranslator, is_json_answer, send_checked,
+    translate_json, translate_sse,
 };
 use crate::sse::SseEvent;
 use futures::FutureExt;
@@ -54,17 +54,6 @@ impl OpenAiProvider {
 impl Provider for OpenAiProvider {
     fn kind(&self) -> ProviderKind {
         self.kind
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            streaming: true,
-            tools: true,
-            vision: true,
-            json_mode: true,
-            embeddings: true,
-            choices: true,
-        }
     }
 
     fn stream_chat(

@@ -22,8 +22,8 @@ use switchyard_schemas::request::{
 use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, FinishReason, FrameBody, Usage};
 
 use crate::provider::{
-    Answer, Capabilities, EventStream, Provider, SseTranslator, is_json_answer, send_checked,
-    translate_json, translate_sse,
+    Answer, EventStream, Provider, SseTranslator, is_json_answer, send_checked, translate_json,
+    translate_sse,
 };
 use crate::sse::SseEvent;
 
@@ -41,18 +41,6 @@ pub struct AnthropicProvider;
 impl Provider for AnthropicProvider {
     fn kind(&self) -> ProviderKind {
         ProviderKind::Anthropic
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            streaming: true,
-            tools: true,
-            vision: true,
-            // Through the synthetic JSON tool (`structured`).
-            json_mode: true,
-            embeddings: false,
-            choices: false,
-        }
     }
 
     fn stream_chat(

@@ -49,8 +49,8 @@ use switchyard_schemas::request::{Content, ContentPart, Message, Role, ToolCall}
 use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, FinishReason, FrameBody, Usage};
 
 use crate::provider::{
-    Answer, Capabilities, EventStream, MAX_ERROR_BODY, Provider, classify_transport_error,
-    is_json_answer, translate_json,
+    Answer, EventStream, MAX_ERROR_BODY, Provider, classify_transport_error, is_json_answer,
+    translate_json,
 };
 
 /// SigV4 signing name of the Bedrock runtime, the service part of the credential scope
@@ -80,17 +80,6 @@ pub struct BedrockProvider;
 impl Provider for BedrockProvider {
     fn kind(&self) -> ProviderKind {
         ProviderKind::Bedrock
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            streaming: true,
-            tools: true,
-            vision: true,
-            json_mode: false,
-            embeddings: false,
-            choices: false,
-        }
     }
 
     fn stream_chat(

@@ -21,8 +21,8 @@ use switchyard_schemas::request::{Content, ContentPart, Message, Role, ToolCall}
 use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, FinishReason, FrameBody, Usage};
 
 use crate::provider::{
-    Answer, Capabilities, EventStream, Provider, SseTranslator, is_json_answer, send_checked,
-    translate_json, translate_sse,
+    Answer, EventStream, Provider, SseTranslator, is_json_answer, send_checked, translate_json,
+    translate_sse,
 };
 use crate::sse::SseEvent;
 
@@ -44,17 +44,6 @@ pub struct GeminiProvider;
 impl Provider for GeminiProvider {
     fn kind(&self) -> ProviderKind {
         ProviderKind::Gemini
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            streaming: true,
-            tools: true,
-            vision: true,
-            json_mode: true,
-            embeddings: false,
-            choices: false,
-        }
     }
 
     fn stream_chat(
