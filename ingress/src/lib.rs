@@ -20,6 +20,7 @@ pub mod admin;
 pub mod anthropic;
 pub mod auth;
 pub mod batch;
+mod billing_rpc;
 pub mod budget;
 pub mod cache_client;
 pub mod charge;

@@ -18,25 +18,29 @@
 //! (403 `permission_denied` for `tenant=` or another `key=`).
 //!
 //! Ingress sends a [`UsageQuery`] to `<prefix>.billing.usage` and waits up to
-//! [`USAGE_QUERY_TIMEOUT`] for one billing instance; the 200 answer is
+//! [`BILLING_RPC_TIMEOUT`](crate::billing_rpc::BILLING_RPC_TIMEOUT) for one billing instance; the 200 answer is
 //! `{"object":"usage","from":RFC3339,"to":RFC3339,"group_by":[...],"data":[rows],"totals":{...}}`
 //! with rows as in [`UsageRow`] (money as exact decimal strings, USD). No billing instance, or no
 //! answer in time: 503.
 
 use crate::AppState;
+use crate::billing_rpc::{self, Purpose};
 use crate::charge::Caller;
 use crate::error::ApiError;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use std::collections::BTreeMap;
-use std::time::Duration;
 use switchyard_schemas::usage_query::{GroupBy, UsageAnswer, UsageQuery, UsageReply};
 
 #[cfg(doc)]
 use switchyard_schemas::usage_query::UsageRow;
 
-/// How long ingress waits for billing's answer.
-pub const USAGE_QUERY_TIMEOUT: Duration = Duration::from_secs(5);
+/// How usage queries name themselves in billing errors.
+const USAGE: Purpose = Purpose {
+    what: "answer usage queries",
+    unavailable_code: "billing_unavailable",
+    failed_code: "usage_query_failed",
+};
 /// One day, ms.
 const DAY_MS: u64 = 86_400_000;
 
@@ -98,38 +102,15 @@ async fn answer(app: &AppState, caller: &Caller, query: &str) -> Result<Response
 }
 
 /// Sends `query` to billing (`<prefix>.billing.usage`) and returns its rows: 503 when no billing
-/// instance answers within [`USAGE_QUERY_TIMEOUT`], 500 when its answer is an error. Shared by
+/// instance answers within [`BILLING_RPC_TIMEOUT`](crate::billing_rpc::BILLING_RPC_TIMEOUT), 500 when its answer is an error. Shared by
 /// `GET /v1/usage`, `GET /admin/usage` and the dashboard.
 pub(crate) async fn ask_billing(
     app: &AppState,
     query: &UsageQuery,
 ) -> Result<UsageReply, ApiError> {
-    let payload = serde_json::to_vec(query).map_err(|e| internal(e.to_string()))?;
-    let request = async_nats::Request::new()
-        .payload(payload.into())
-        .timeout(Some(USAGE_QUERY_TIMEOUT));
-    let reply = app
-        .nats
-        .send_request(app.subjects.usage_query(), request)
-        .await
-        .map_err(|e| {
-            use async_nats::RequestErrorKind::{NoResponders, TimedOut};
-            match e.kind() {
-                NoResponders => {
-                    unavailable("No billing service is running to answer usage queries.")
-                }
-                TimedOut => unavailable(&format!(
-                    "The billing service did not answer within {} s; narrow the range or retry.",
-                    USAGE_QUERY_TIMEOUT.as_secs()
-                )),
-                _ => unavailable(&format!("Asking the billing service failed: {e}")),
-            }
-        })?;
-    let answer: UsageAnswer = serde_json::from_slice(&reply.payload)
-        .map_err(|e| internal(format!("unreadable answer from billing: {e}")))?;
-    match answer {
+    match billing_rpc::ask(&app.nats, app.subjects.usage_query(), query, USAGE).await? {
         UsageAnswer::Ok(reply) => Ok(reply),
-        UsageAnswer::Err { error } => Err(internal(format!("billing could not answer: {error}"))),
+        UsageAnswer::Err { error } => Err(billing_rpc::billing_error(USAGE, &error)),
     }
 }
 
@@ -296,30 +277,6 @@ fn forbidden(message: String, param: &str) -> ApiError {
         kind: "invalid_request_error",
         param: Some(param.to_owned()),
         code: Some("permission_denied"),
-        retry_after_s: None,
-        request_id: None,
-    }
-}
-
-fn unavailable(message: &str) -> ApiError {
-    ApiError {
-        status: StatusCode::SERVICE_UNAVAILABLE,
-        message: message.to_owned(),
-        kind: "service_unavailable_error",
-        param: None,
-        code: Some("billing_unavailable"),
-        retry_after_s: Some(1),
-        request_id: None,
-    }
-}
-
-fn internal(message: String) -> ApiError {
-    ApiError {
-        status: StatusCode::INTERNAL_SERVER_ERROR,
-        message,
-        kind: "server_error",
-        param: None,
-        code: Some("usage_query_failed"),
         retry_after_s: None,
         request_id: None,
     }

@@ -10,6 +10,7 @@
 use super::keys::tenant_map;
 use super::{caller, json_body, not_found, unavailable};
 use crate::AppState;
+use crate::billing_rpc::{self, Purpose};
 use crate::budget::Scope;
 use crate::error::ApiError;
 use axum::extract::{Path, State};
@@ -19,7 +20,6 @@ use bytes::Bytes;
 use rust_decimal::Decimal;
 use serde_json::{Value as Json, json};
 use std::sync::Arc;
-use std::time::Duration;
 use switchyard_budgets::Spend;
 use switchyard_schemas::balance::{
     BalanceAnswer, BalanceRequest, LedgerBalance, MAX_MOVEMENTS, Movement, TopUpBody,
@@ -27,8 +27,12 @@ use switchyard_schemas::balance::{
 };
 use switchyard_schemas::config::GatewayConfig;
 
-/// How long a balance request waits for billing.
-const BILLING_TIMEOUT: Duration = Duration::from_secs(5);
+/// How balance calls name themselves in billing errors.
+const BALANCE: Purpose = Purpose {
+    what: "record balances",
+    unavailable_code: "admin_unavailable",
+    failed_code: "balance_failed",
+};
 /// Movements a balance read returns unless `limit` says otherwise.
 const DEFAULT_MOVEMENTS: u32 = 20;
 /// The largest single top-up, USD (a typo guard: $1,000,000,000).
@@ -242,23 +246,7 @@ fn movement(m: &Movement) -> Json {
 
 /// Sends `req` to billing and decodes its answer; billing's own errors are 503.
 async fn ask(app: &AppState, req: BalanceRequest) -> Result<BalanceAnswer, ApiError> {
-    let payload = serde_json::to_vec(&req).map_err(|e| unavailable(e.to_string()))?;
-    let request = async_nats::Request::new()
-        .payload(payload.into())
-        .timeout(Some(BILLING_TIMEOUT));
-    let reply = app
-        .nats
-        .send_request(app.subjects.balance(), request)
-        .await
-        .map_err(|e| match e.kind() {
-            async_nats::RequestErrorKind::NoResponders => {
-                unavailable("No billing service is running to record balances.")
-            }
-            _ => unavailable(format!("Asking the billing service failed: {e}")),
-        })?;
-    let answer: BalanceAnswer = serde_json::from_slice(&reply.payload)
-        .map_err(|e| unavailable(format!("Unreadable answer from billing: {e}")))?;
-    match answer {
+    match billing_rpc::ask(&app.nats, app.subjects.balance(), &req, BALANCE).await? {
         BalanceAnswer::Err { error } => Err(unavailable(format!(
             "The billing service could not record or read the balance: {error}"
         ))),

@@ -7,18 +7,22 @@
 //! records only (another tenant is 403). Ingress asks billing over NATS
 //! (`<prefix>.billing.audit`, [`switchyard_schemas::audit::AuditQuery`]); no billing running → 503.
 
-use super::{caller, unavailable};
+use super::caller;
 use crate::AppState;
+use crate::billing_rpc::{self, Purpose};
 use crate::error::ApiError;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
-use std::time::Duration;
 use switchyard_schemas::audit::{AuditAnswer, AuditPage, AuditQuery, MAX_PAGE};
 
-/// How long a page query waits for billing.
-const AUDIT_QUERY_TIMEOUT: Duration = Duration::from_secs(5);
+/// How audit queries name themselves in billing errors.
+const AUDIT: Purpose = Purpose {
+    what: "answer audit queries",
+    unavailable_code: "admin_unavailable",
+    failed_code: "audit_query_failed",
+};
 
 /// The handler.
 pub(super) async fn list(State(app): State<Arc<AppState>>, uri: axum::http::Uri) -> Response {
@@ -55,30 +59,14 @@ async fn answer(app: &AppState, query: &str) -> Result<Response, ApiError> {
 }
 
 /// Asks billing for one page of `q` (`<prefix>.billing.audit`): 503 when no billing instance
-/// answers within [`AUDIT_QUERY_TIMEOUT`], 400 for a query billing calls invalid, else 500.
+/// answers within [`BILLING_RPC_TIMEOUT`](crate::billing_rpc::BILLING_RPC_TIMEOUT), 400 for a query billing calls invalid, else 500.
 pub(super) async fn page(app: &AppState, q: &AuditQuery) -> Result<AuditPage, ApiError> {
-    let payload = serde_json::to_vec(q).map_err(|e| internal(e.to_string()))?;
-    let request = async_nats::Request::new()
-        .payload(payload.into())
-        .timeout(Some(AUDIT_QUERY_TIMEOUT));
-    let reply = app
-        .nats
-        .send_request(app.subjects.audit_query(), request)
-        .await
-        .map_err(|e| match e.kind() {
-            async_nats::RequestErrorKind::NoResponders => {
-                unavailable("No billing service is running to answer audit queries.")
-            }
-            _ => unavailable(format!("Asking the billing service failed: {e}")),
-        })?;
-    let answer: AuditAnswer = serde_json::from_slice(&reply.payload)
-        .map_err(|e| internal(format!("unreadable answer from billing: {e}")))?;
-    match answer {
+    match billing_rpc::ask(&app.nats, app.subjects.audit_query(), q, AUDIT).await? {
         AuditAnswer::Ok(page) => Ok(page),
         AuditAnswer::Err { error } if error.starts_with("invalid audit query") => {
             Err(ApiError::invalid(error, None))
         }
-        AuditAnswer::Err { error } => Err(internal(format!("billing could not answer: {error}"))),
+        AuditAnswer::Err { error } => Err(billing_rpc::billing_error(AUDIT, &error)),
     }
 }
 
@@ -104,18 +92,6 @@ pub fn parse(query: &str) -> Result<AuditQuery, ApiError> {
         cursor: p.remove("cursor"),
         limit,
     })
-}
-
-fn internal(message: String) -> ApiError {
-    ApiError {
-        status: StatusCode::INTERNAL_SERVER_ERROR,
-        message,
-        kind: "server_error",
-        param: None,
-        code: Some("audit_query_failed"),
-        retry_after_s: None,
-        request_id: None,
-    }
 }
 
 #[cfg(test)]
