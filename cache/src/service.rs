@@ -35,6 +35,13 @@ fn kv_err(e: impl std::fmt::Display) -> CacheError {
     CacheError::Kv(e.to_string())
 }
 
+/// A lookup whose exact layer missed and whose semantic layer may answer: what
+/// [`Service::lookup_semantic`] needs (the canonical form and the loaded embedding model).
+pub struct SemanticProbe {
+    c: Canonical,
+    embedder: Arc<dyn Embed>,
+}
+
 /// Settings of one cache instance.
 #[derive(Clone)]
 pub struct ServiceOptions {
@@ -198,30 +205,56 @@ impl Service {
 
     /// Answers a lookup (CPU work: the embedding; call off the async executor).
     pub fn lookup(&self, req: &LookupRequest) -> LookupReply {
+        match self.lookup_exact(req) {
+            Ok(reply) => reply,
+            Err(probe) => self.lookup_semantic(req, probe),
+        }
+    }
+
+    /// The cheap part of [`Service::lookup`] (canonical form, exact probe, the semantic layer's
+    /// preconditions; microseconds, fine on the async executor): the answer, or the
+    /// [`SemanticProbe`] still to run, which embeds the query and belongs on the blocking pool.
+    pub fn lookup_exact(&self, req: &LookupRequest) -> Result<LookupReply, SemanticProbe> {
         let c = canon::canonical(&req.key);
         let now = now_ms();
         if req.key.params.n.is_some_and(|n| n > 1) {
-            return LookupReply::empty(CacheOutcome::Bypass, "n > 1");
+            return Ok(LookupReply::empty(CacheOutcome::Bypass, "n > 1"));
         }
         if let Some(slot) = self.index.read().exact(&c.exact, now) {
-            return LookupReply {
+            return Ok(LookupReply {
                 outcome: CacheOutcome::Hit,
                 similarity: None,
                 answer: Some(slot.entry.answer.clone()),
                 entry: Some(slot.entry.key.clone()),
                 reason: None,
-            };
+            });
         }
         if let Some(why) = self.semantic_block(req, &c) {
-            return LookupReply::empty(CacheOutcome::Miss, format!("exact miss; {why}"));
+            return Ok(LookupReply::empty(
+                CacheOutcome::Miss,
+                format!("exact miss; {why}"),
+            ));
         }
-        let (Some(embedder), Some(query)) = (self.embedder(), c.query.as_deref()) else {
-            return LookupReply::empty(CacheOutcome::Miss, "exact miss");
+        let Some(embedder) = self.embedder().filter(|_| c.query.is_some()) else {
+            return Ok(LookupReply::empty(CacheOutcome::Miss, "exact miss"));
         };
         // Nothing to compare with: answer at once, without embedding.
         if !self.index.read().has_vectors(&c.scope) {
-            return LookupReply::empty(CacheOutcome::Miss, "exact miss; no entry in this scope");
+            return Ok(LookupReply::empty(
+                CacheOutcome::Miss,
+                "exact miss; no entry in this scope",
+            ));
         }
+        Err(SemanticProbe { c, embedder })
+    }
+
+    /// The semantic layer of a lookup whose exact part missed (CPU work: embeds the query).
+    pub fn lookup_semantic(&self, req: &LookupRequest, probe: SemanticProbe) -> LookupReply {
+        let SemanticProbe { c, embedder } = probe;
+        let now = now_ms();
+        let Some(query) = c.query.as_deref() else {
+            return LookupReply::empty(CacheOutcome::Miss, "exact miss");
+        };
         let vector = match embedder.embed(&[query]) {
             Ok(mut v) if !v.is_empty() => v.swap_remove(0),
             Ok(_) => return LookupReply::empty(CacheOutcome::Miss, "embedding returned nothing"),
@@ -585,6 +618,8 @@ pub async fn run_with_ready(
     }
     tracing::info!("cache service ready");
     on_ready();
+    // Lookups waiting on an embedding and stores writing KV; shutdown waits for them.
+    let tasks = tokio_util::task::TaskTracker::new();
     tokio::pin!(shutdown);
     let result = loop {
         tokio::select! {
@@ -602,24 +637,23 @@ pub async fn run_with_ready(
                             continue;
                         }
                     };
-                    let (service, nats) = (service.clone(), nats.clone());
                     let span = lookup_span(msg.headers.as_ref());
-                    tokio::spawn(async move {
-                        let answer = tokio::task::spawn_blocking(move || service.lookup(&req)).await;
-                        let reply_body = match answer {
-                            Ok(r) => r,
-                            Err(e) => LookupReply::empty(CacheOutcome::Bypass, format!("lookup failed: {e}")),
-                        };
-                        if !span.is_none() {
-                            use switchyard_schemas::trace::OpenTelemetrySpanExt;
-                            span.set_attribute("switchyard.cache.outcome", reply_body.outcome.as_str());
+                    // The exact layer answers in the loop; only an embedding leaves it, for the
+                    // blocking pool (a thread hand-off per lookup cost more than the lookup).
+                    match service.lookup_exact(&req) {
+                        Ok(reply_body) => send_lookup_reply(&nats, reply, span, reply_body).await,
+                        Err(probe) => {
+                            let (service, nats) = (service.clone(), nats.clone());
+                            tasks.spawn(async move {
+                                let answer = tokio::task::spawn_blocking(move || service.lookup_semantic(&req, probe)).await;
+                                let reply_body = match answer {
+                                    Ok(r) => r,
+                                    Err(e) => LookupReply::empty(CacheOutcome::Bypass, format!("lookup failed: {e}")),
+                                };
+                                send_lookup_reply(&nats, reply, span, reply_body).await;
+                            });
                         }
-                        drop(span);
-                        let body = serde_json::to_vec(&reply_body).unwrap_or_default();
-                        if let Err(e) = nats.publish(reply, body.into()).await {
-                            tracing::warn!(error = %e, "cache reply failed");
-                        }
-                    });
+                    }
                 } else if subject == store_subject {
                     let req: StoreRequest = match serde_json::from_slice(&msg.payload) {
                         Ok(r) => r,
@@ -628,29 +662,19 @@ pub async fn run_with_ready(
                             continue;
                         }
                     };
-                    let svc = service.clone();
-                    let prepared = tokio::task::spawn_blocking(move || svc.prepare(&req)).await;
-                    let Ok(Some(entry)) = prepared else { continue };
-                    let body = match serde_json::to_vec(&entry) {
-                        Ok(b) => b,
-                        Err(e) => {
-                            tracing::warn!(error = %e, "cache entry not serialisable");
-                            continue;
-                        }
+                    // Prepared and indexed before the next message (a lookup that follows
+                    // its store finds it); without an embedding model that is only hashing.
+                    let entry = if service.embedder().is_none() {
+                        service.prepare(&req)
+                    } else {
+                        let svc = service.clone();
+                        tokio::task::spawn_blocking(move || svc.prepare(&req)).await.ok().flatten()
                     };
-                    let key = entry.key.clone();
-                    let evicted = service.apply(entry);
-                    let kv = kv.clone();
-                    tokio::spawn(async move {
-                        if body.len() <= MAX_KV_ENTRY {
-                            if let Err(e) = kv.put(&key, body.into()).await {
-                                tracing::warn!(error = %e, "cache KV put failed; entry kept in this instance only");
-                            }
-                        } else {
-                            tracing::info!(bytes = body.len(), "cache entry too large for KV; kept in this instance only");
-                        }
-                        delete_keys(&kv, &evicted).await;
-                    });
+                    let Some(entry) = entry else { continue };
+                    if let Some((key, body, evicted)) = index_entry(&service, entry) {
+                        let kv = kv.clone();
+                        tasks.spawn(async move { share_entry(&kv, &key, body, &evicted).await });
+                    }
                 } else if subject == purge_subject {
                     let Some(reply) = msg.reply.clone() else { continue };
                     let out = match serde_json::from_slice::<PurgeRequest>(&msg.payload) {
@@ -665,8 +689,63 @@ pub async fn run_with_ready(
             }
         }
     };
+    tasks.close();
+    tasks.wait().await;
     let _ = stop_tx.send(true);
     result
+}
+
+/// Publishes a lookup's answer to its requester, noting the outcome on the lookup's span.
+async fn send_lookup_reply(
+    nats: &async_nats::Client,
+    reply: async_nats::Subject,
+    span: tracing::Span,
+    reply_body: LookupReply,
+) {
+    if !span.is_none() {
+        use switchyard_schemas::trace::OpenTelemetrySpanExt;
+        span.set_attribute("switchyard.cache.outcome", reply_body.outcome.as_str());
+    }
+    drop(span);
+    let body = serde_json::to_vec(&reply_body).unwrap_or_default();
+    if let Err(e) = nats.publish(reply, body.into()).await {
+        tracing::warn!(error = %e, "cache reply failed");
+    }
+}
+
+/// Adds a prepared entry to this instance's index: its KV key, its JSON body and the keys the
+/// index evicted, for [`share_entry`]; `None` when it cannot be serialised.
+fn index_entry(service: &Service, entry: Entry) -> Option<(String, Vec<u8>, Vec<String>)> {
+    let body = match serde_json::to_vec(&entry) {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::warn!(error = %e, "cache entry not serialisable");
+            return None;
+        }
+    };
+    let key = entry.key.clone();
+    Some((key, body, service.apply(entry)))
+}
+
+/// Writes an entry to the shared KV bucket (so the other cache instances learn it) and deletes
+/// what the index evicted.
+async fn share_entry(
+    kv: &async_nats::jetstream::kv::Store,
+    key: &str,
+    body: Vec<u8>,
+    evicted: &[String],
+) {
+    if body.len() <= MAX_KV_ENTRY {
+        if let Err(e) = kv.put(key, body.into()).await {
+            tracing::warn!(error = %e, "cache KV put failed; entry kept in this instance only");
+        }
+    } else {
+        tracing::info!(
+            bytes = body.len(),
+            "cache entry too large for KV; kept in this instance only"
+        );
+    }
+    delete_keys(kv, evicted).await;
 }
 
 /// The server span of one lookup (`switchyard.cache.lookup`, docs/tracing.md), child of the
