@@ -187,7 +187,11 @@ impl Index {
     /// Adds or replaces `entry`; returns the keys evicted to stay within capacity.
     pub fn insert(&mut self, entry: Entry) -> Vec<String> {
         let vector = entry.vector.as_deref().and_then(decode_vector);
-        let features = entry.query.as_deref().map(verify::features);
+        // Only a slot with a vector can be a semantic candidate, the one use of its features.
+        let features = vector
+            .as_ref()
+            .and(entry.query.as_deref())
+            .map(verify::features);
         let slot = Arc::new(Slot {
             entry,
             vector,

@@ -93,7 +93,7 @@ struct TargetBreaker {
     phase: Phase,
     /// Bumped on every state change; permits of an older generation are ignored.
     generation: u64,
-    window: VecDeque<Call>,
+    window: Window,
 }
 
 impl Default for TargetBreaker {
@@ -101,8 +101,38 @@ impl Default for TargetBreaker {
         Self {
             phase: Phase::Closed,
             generation: 0,
-            window: VecDeque::new(),
+            window: Window::default(),
         }
+    }
+}
+
+/// The calls of the last `window_ms` with running counts, so judging a call is O(1) however
+/// many calls the window holds (10,000 at 1,000 rps and a 10 s window).
+#[derive(Debug, Default)]
+struct Window {
+    calls: VecDeque<Call>,
+    failures: usize,
+    slow: usize,
+}
+
+impl Window {
+    fn push(&mut self, call: Call) {
+        self.failures += usize::from(call.failure);
+        self.slow += usize::from(call.slow);
+        self.calls.push_back(call);
+    }
+
+    /// Drops the calls older than `span` before `now`.
+    fn expire(&mut self, now: Instant, span: Duration) {
+        while let Some(c) = self.calls.front().filter(|c| now - c.at > span) {
+            self.failures -= usize::from(c.failure);
+            self.slow -= usize::from(c.slow);
+            self.calls.pop_front();
+        }
+    }
+
+    fn clear(&mut self) {
+        *self = Self::default();
     }
 }
 
@@ -287,20 +317,17 @@ impl Breakers {
         match (tb.phase, result) {
             (Phase::Closed, CallResult::Success | CallResult::Failure) => {
                 let window = Duration::from_millis(cfg.window_ms);
-                tb.window.push_back(Call {
+                tb.window.push(Call {
                     at: now,
                     failure: result == CallResult::Failure,
                     slow: duration >= Duration::from_millis(cfg.slow_call_ms),
                 });
-                while tb.window.front().is_some_and(|c| now - c.at > window) {
-                    tb.window.pop_front();
-                }
-                let n = tb.window.len();
+                tb.window.expire(now, window);
+                let n = tb.window.calls.len();
                 if n == 0 || (n as u64) < u64::from(cfg.min_calls) {
                     return;
                 }
-                let failures = tb.window.iter().filter(|c| c.failure).count();
-                let slow = tb.window.iter().filter(|c| c.slow).count();
+                let (failures, slow) = (tb.window.failures, tb.window.slow);
                 let failure_rate = failures as f64 / n as f64;
                 let slow_rate = slow as f64 / n as f64;
                 if (failures > 0 && failure_rate >= cfg.failure_rate)
