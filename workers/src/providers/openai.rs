@@ -14,10 +14,7 @@
 //! and marked `estimated`), and the target is remembered in this process so later requests skip
 //! the failing first call.
 
-use crate::provider::{
-    Answer, Embeddings, EventStream, Provider, SseTranslator, is_json_answer, send_checked,
-    translate_json, translate_sse,
-};
+use crate::provider::{Answer, Embeddings, EventStream, Provider, SseTranslator, send_checked};
 use crate::sse::SseEvent;
 use futures::FutureExt;
 use futures::future::BoxFuture;
@@ -324,11 +321,7 @@ pub async fn send_chat(
 /// Reads a successful chat answer by its `Content-Type`: one `chat.completion` JSON object
 /// ([`parse_completion`]) or a chunk stream through `translator`.
 pub fn read_answer<T: SseTranslator>(resp: reqwest::Response, translator: T) -> EventStream {
-    if is_json_answer(&resp) {
-        translate_json(resp, parse_completion)
-    } else {
-        translate_sse(resp, translator)
-    }
+    crate::providers::shared::read_answer(resp, parse_completion, translator)
 }
 
 /// Reads a `chat.completion` object (OpenAI API reference, "The chat completion object"): each

@@ -4,8 +4,9 @@
 use crate::provider::Provider;
 use futures::StreamExt;
 use serde_json::{Value, json};
+use switchyard_mock::MockUpstream;
 use switchyard_schemas::config::TargetConfig;
-use switchyard_schemas::{ChatRequest, ErrorInfo, FrameBody};
+use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, FinishReason, FrameBody, Usage};
 
 /// One normalised event of an upstream stream.
 pub(crate) type Item = Result<FrameBody, ErrorInfo>;
@@ -63,3 +64,165 @@ pub(crate) fn translate_chunks<T: crate::provider::SseTranslator + Default>(
     }
     out.into_iter().collect()
 }
+
+/// A text event.
+pub(crate) fn text(t: &str) -> Item {
+    Ok(FrameBody::Text { text: t.into() })
+}
+
+/// The end event.
+pub(crate) fn end(finish_reason: FinishReason) -> Item {
+    Ok(FrameBody::End { finish_reason })
+}
+
+/// A usage event with these counts (the rest zero).
+pub(crate) fn usage(
+    prompt: u64,
+    cached: u64,
+    written: u64,
+    completion: u64,
+    reasoning: u64,
+) -> Item {
+    let usage = Usage {
+        prompt_tokens: prompt,
+        cached_tokens: cached,
+        cache_write_tokens: written,
+        completion_tokens: completion,
+        reasoning_tokens: reasoning,
+        ..Default::default()
+    };
+    Ok(FrameBody::Usage { usage })
+}
+
+/// One adapter under test: its provider, the public model and target its requests name, and its
+/// target configuration for a base URL (the mock's).
+pub(crate) struct Adapter {
+    /// The provider.
+    pub provider: &'static dyn Provider,
+    /// The request's `model`.
+    pub model: &'static str,
+    /// The request's target: (`id`, `provider`, `upstream_model`).
+    pub target: (&'static str, &'static str, &'static str),
+    /// The target configuration for a base URL.
+    pub config: fn(&str) -> TargetConfig,
+}
+
+impl Adapter {
+    /// A streaming request with `messages` and `extra` top-level fields (see [`request`]).
+    pub(crate) fn request(&self, messages: Value, extra: Value) -> ChatRequest {
+        request(self.model, self.target, messages, extra)
+    }
+
+    /// A one-message request steering the mock with a `#mock` directive line.
+    pub(crate) fn ask(&self, directives: &str) -> ChatRequest {
+        self.request(directive_messages(directives), json!({}))
+    }
+
+    /// Runs `req` against target `t` and collects every event.
+    pub(crate) async fn run_with(
+        &self,
+        t: &TargetConfig,
+        req: &ChatRequest,
+    ) -> Result<Vec<Item>, ErrorInfo> {
+        collect(self.provider, t, req).await
+    }
+
+    /// Runs `req` against the adapter's target on `mock`.
+    pub(crate) async fn run(
+        &self,
+        mock: &MockUpstream,
+        req: &ChatRequest,
+    ) -> Result<Vec<Item>, ErrorInfo> {
+        self.run_with(&(self.config)(&mock.base_url()), req).await
+    }
+}
+
+// ---- checks every adapter with that capability passes against the mock (see `mock_checks!`) ----
+
+/// `cached_tokens=3 prompt_tokens=10 completion_tokens=4`: no error, and the stream ends with
+/// `usage` (the provider's reading of those counts) and a `stop`. Returns the events.
+pub(crate) async fn usage_values_are_exact(a: &Adapter, usage: Item) -> Vec<Item> {
+    let mock = MockUpstream::start().await.unwrap();
+    let events = a
+        .run(
+            &mock,
+            &a.ask("cached_tokens=3 prompt_tokens=10 completion_tokens=4"),
+        )
+        .await
+        .unwrap();
+    assert!(events.iter().all(Result::is_ok), "{events:?}");
+    let tail = [usage, end(FinishReason::Stop)];
+    assert_eq!(events[events.len() - 2..], tail);
+    events
+}
+
+/// `max_tokens: 2` cuts the text after two words and finishes with `length`.
+pub(crate) async fn max_tokens_finishes_with_length(a: &Adapter) {
+    let mock = MockUpstream::start().await.unwrap();
+    let mut req = a.ask("text=one+two+three+four");
+    req.params.max_tokens = Some(2);
+    let events = a.run(&mock, &req).await.unwrap();
+    assert_eq!(events.last(), Some(&end(FinishReason::Length)));
+    assert_eq!(events[..2], [text("one "), text("two")]);
+}
+
+/// `error_after=2`: two text chunks (after the provisional usage of a provider that reports one
+/// first), then a retryable error of `class`, which is returned.
+pub(crate) async fn error_after_two_chunks(
+    a: &Adapter,
+    provisional_usage: bool,
+    class: ErrorClass,
+) -> ErrorInfo {
+    let mock = MockUpstream::start().await.unwrap();
+    let events = a.run(&mock, &a.ask("error_after=2")).await.unwrap();
+    let lead = usize::from(provisional_usage);
+    assert_eq!(events.len(), lead + 3, "{events:?}");
+    if provisional_usage {
+        assert!(matches!(events[0], Ok(FrameBody::Usage { .. })));
+    }
+    assert!(matches!(
+        events[lead..lead + 2],
+        [Ok(FrameBody::Text { .. }), Ok(FrameBody::Text { .. })]
+    ));
+    let err = events[lead + 2].clone().unwrap_err();
+    assert_eq!((err.class, err.retryable), (class, true));
+    err
+}
+
+/// HTTP 429 with `retry-after: 7` is `rate_limited` after 7 s, 503 a retryable `overloaded`, 400
+/// a final `invalid_request`. Returns the 429 and the 400 errors.
+pub(crate) async fn error_statuses(a: &Adapter) -> (ErrorInfo, ErrorInfo) {
+    let mock = MockUpstream::start().await.unwrap();
+    let limited = a
+        .run(&mock, &a.ask("status=429 retry_after=7"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (
+            limited.class,
+            limited.upstream_status,
+            limited.retry_after_ms
+        ),
+        (ErrorClass::RateLimited, Some(429), Some(7000))
+    );
+    let err = a.run(&mock, &a.ask("status=503")).await.unwrap_err();
+    assert_eq!((err.class, err.retryable), (ErrorClass::Overloaded, true));
+    let invalid = a.run(&mock, &a.ask("status=400")).await.unwrap_err();
+    assert_eq!(
+        (invalid.class, invalid.retryable),
+        (ErrorClass::InvalidRequest, false)
+    );
+    (limited, invalid)
+}
+
+/// One `#[tokio::test]` per line `name => check(args…);`: runs the [`self`] check `check` with
+/// the adapter and `args`, so each adapter's capability matrix is a table of expected values.
+macro_rules! mock_checks {
+    ($adapter:expr; $($test:ident => $check:ident($($arg:expr),* $(,)?);)*) => {$(
+        #[tokio::test]
+        async fn $test() {
+            $crate::providers::test_support::$check(&$adapter, $($arg),*).await;
+        }
+    )*};
+}
+pub(crate) use mock_checks;

@@ -1,30 +1,18 @@
 //! Unit tests of the Anthropic adapter.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 use super::*;
+use crate::providers::test_support::{self, Adapter, end, mock_checks, text};
 use futures::StreamExt;
 use switchyard_mock::MockUpstream;
+use switchyard_schemas::ErrorClass;
 
 /// Feeds `chunks` as separate writes through the SSE parser and the translator.
 fn translate_chunks(chunks: &[&str]) -> Vec<Item> {
-    super::super::test_support::translate_chunks::<AnthropicTranslator>(chunks)
+    test_support::translate_chunks::<AnthropicTranslator>(chunks)
 }
 
-fn text(t: &str) -> Item {
-    Ok(FrameBody::Text { text: t.into() })
-}
-fn end(finish_reason: FinishReason) -> Item {
-    Ok(FrameBody::End { finish_reason })
-}
 fn usage(prompt: u64, cached: u64, write: u64, completion: u64) -> Item {
-    let usage = Usage {
-        prompt_tokens: prompt,
-        cached_tokens: cached,
-        cache_write_tokens: write,
-        completion_tokens: completion,
-        reasoning_tokens: 0,
-        ..Default::default()
-    };
-    Ok(FrameBody::Usage { usage })
+    test_support::usage(prompt, cached, write, completion, 0)
 }
 /// One SSE event per line of JSON, named after its `type` (as Anthropic sends them).
 fn sse(lines: &str) -> String {
@@ -45,25 +33,15 @@ fn target(base: &str) -> TargetConfig {
     .unwrap()
 }
 
-fn request(messages: Value, extra: Value) -> ChatRequest {
-    super::super::test_support::request(
-        "demo/claude",
-        ("a", "anthropic", "claude-test"),
-        messages,
-        extra,
-    )
-}
+const ANTHROPIC: Adapter = Adapter {
+    provider: &AnthropicProvider,
+    model: "demo/claude",
+    target: ("a", "anthropic", "claude-test"),
+    config: target,
+};
 
-/// A one-message request steering the mock with a `#mock` directive line.
-fn ask(directives: &str) -> ChatRequest {
-    request(
-        super::super::test_support::directive_messages(directives),
-        json!({}),
-    )
-}
-
-async fn run(mock: &MockUpstream, req: &ChatRequest) -> Result<Vec<Item>, ErrorInfo> {
-    super::super::test_support::collect(&AnthropicProvider, &target(&mock.base_url()), req).await
+mock_checks! { ANTHROPIC;
+    in_stream_error_after_two_chunks => error_after_two_chunks(true, ErrorClass::Overloaded);
 }
 
 fn find(hay: &str, needle: &str, from: usize) -> usize {
@@ -78,7 +56,7 @@ async fn fc01_split_delta_event() {
     let mock = MockUpstream::start().await.unwrap();
     let directives = "text=Hello,+world chunks=1 prompt_tokens=5 completion_tokens=2 id=msg_fc01";
     // Fetch the unsplit body once (same bytes: fixed id and usage) to find the byte offsets.
-    let body = build_request(&target(&mock.base_url()), &ask(directives)).unwrap();
+    let body = build_request(&target(&mock.base_url()), &ANTHROPIC.ask(directives)).unwrap();
     let url = format!("{}/v1/messages", mock.base_url());
     let resp = reqwest::Client::new()
         .post(url)
@@ -98,8 +76,8 @@ async fn fc01_split_delta_event() {
         "{raw}"
     );
 
-    let req = ask(&format!("{directives} split={start},{data},{cut},{end_at}"));
-    let events = run(&mock, &req).await.unwrap();
+    let req = ANTHROPIC.ask(&format!("{directives} split={start},{data},{cut},{end_at}"));
+    let events = ANTHROPIC.run(&mock, &req).await.unwrap();
     assert_eq!(
         events,
         vec![
@@ -203,7 +181,7 @@ async fn usage_with_cached_tokens_and_api_key() {
     let mock = MockUpstream::start().await.unwrap();
     let mut t = target(&mock.base_url());
     t.api_key = switchyard_schemas::Secret::new("sk-ant-test");
-    let req = ask("cached_tokens=3 prompt_tokens=10 completion_tokens=4");
+    let req = ANTHROPIC.ask("cached_tokens=3 prompt_tokens=10 completion_tokens=4");
     let s = AnthropicProvider.stream_chat(&reqwest::Client::new(), &t, &t.base_url, &req);
     let events: Vec<Item> = s.await.unwrap().collect().await;
     assert!(events.iter().all(Result::is_ok), "{events:?}");
@@ -215,7 +193,10 @@ async fn usage_with_cached_tokens_and_api_key() {
 #[tokio::test]
 async fn streamed_tool_calls() {
     let mock = MockUpstream::start().await.unwrap();
-    let events = run(&mock, &ask("tool_calls=2 chunks=3")).await.unwrap();
+    let events = ANTHROPIC
+        .run(&mock, &ANTHROPIC.ask("tool_calls=2 chunks=3"))
+        .await
+        .unwrap();
     let mut calls: Vec<(Option<String>, Option<String>, String)> = Vec::new();
     for e in &events {
         if let Ok(FrameBody::ToolCall {
@@ -247,30 +228,16 @@ async fn streamed_tool_calls() {
 #[tokio::test]
 async fn status_529_is_overloaded() {
     let mock = MockUpstream::start().await.unwrap();
-    let err = run(&mock, &ask("status=529")).await.unwrap_err();
+    let err = ANTHROPIC
+        .run(&mock, &ANTHROPIC.ask("status=529"))
+        .await
+        .unwrap_err();
     assert_eq!((err.class, err.retryable), (ErrorClass::Overloaded, true));
     assert_eq!(err.upstream_status, Some(529));
 }
 
-#[tokio::test]
-async fn in_stream_error_after_two_chunks() {
-    let mock = MockUpstream::start().await.unwrap();
-    let events = run(&mock, &ask("error_after=2")).await.unwrap();
-    assert_eq!(events.len(), 4, "{events:?}");
-    assert!(matches!(
-        events[..3],
-        [
-            Ok(FrameBody::Usage { .. }),
-            Ok(FrameBody::Text { .. }),
-            Ok(FrameBody::Text { .. })
-        ]
-    ));
-    let err = events[3].clone().unwrap_err();
-    assert_eq!((err.class, err.retryable), (ErrorClass::Overloaded, true));
-}
-
 fn build(messages: Value, extra: Value) -> Result<Value, ErrorInfo> {
-    build_request(&target("http://x"), &request(messages, extra))
+    build_request(&target("http://x"), &ANTHROPIC.request(messages, extra))
 }
 
 #[test]
@@ -493,10 +460,7 @@ fn weather_directive() -> String {
 fn structured(directives: &str, extra: Value) -> ChatRequest {
     let mut extra = extra;
     extra["params"] = json!({ "response_format": weather_format() });
-    request(
-        super::super::test_support::directive_messages(directives),
-        extra,
-    )
+    ANTHROPIC.request(test_support::directive_messages(directives), extra)
 }
 
 #[test]
@@ -576,7 +540,8 @@ fn json_schema_with_user_tools_is_auto_with_an_instruction() {
 #[tokio::test]
 async fn fc41_streamed_json_tool_is_text_content() {
     let mock = MockUpstream::start().await.unwrap();
-    let events = run(&mock, &structured(&weather_directive(), json!({})))
+    let events = ANTHROPIC
+        .run(&mock, &structured(&weather_directive(), json!({})))
         .await
         .unwrap();
     let texts: Vec<&str> = events
@@ -605,7 +570,7 @@ async fn fc41_streamed_json_tool_is_text_content() {
 async fn fc41_non_streamed_json_tool_is_text_content() {
     let mock = MockUpstream::start().await.unwrap();
     let req = structured(&weather_directive(), json!({"stream": false}));
-    let events = run(&mock, &req).await.unwrap();
+    let events = ANTHROPIC.run(&mock, &req).await.unwrap();
     let texts: String = events
         .iter()
         .filter_map(|e| match e {
@@ -627,7 +592,7 @@ async fn fc41_real_tool_call_instead_of_json() {
             directive,
             json!({"tools": get_weather_tool(), "stream": stream}),
         );
-        let events = run(&mock, &req).await.unwrap();
+        let events = ANTHROPIC.run(&mock, &req).await.unwrap();
         let mut args = String::new();
         for e in &events {
             match e {
