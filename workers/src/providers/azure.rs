@@ -204,9 +204,9 @@ impl SseTranslator for AzureTranslator {
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
-    use crate::providers::test_support::{self, Adapter, end, mock_checks, text};
+    use crate::providers::test_support::{self, AZURE, end, text};
     use switchyard_mock::MockUpstream;
-    use switchyard_schemas::{ErrorClass, FinishReason};
+    use switchyard_schemas::FinishReason;
 
     type Item = Result<FrameBody, ErrorInfo>;
 
@@ -220,27 +220,9 @@ mod tests {
     }
 
     fn target(base: &str, api_version: Option<&str>) -> TargetConfig {
-        serde_json::from_value(json!({"id": "az", "provider": "azure_openai",
-            "base_url": base, "upstream_model": "gpt4o-dep", "api_version": api_version}))
-        .unwrap()
-    }
-
-    /// The target on the mock, with the default `api_version`.
-    fn mock_target(base: &str) -> TargetConfig {
-        target(base, None)
-    }
-
-    const AZURE: Adapter = Adapter {
-        provider: &AzureOpenAiProvider,
-        model: "demo/azure",
-        target: ("az", "azure_openai", "gpt4o-dep"),
-        config: mock_target,
-    };
-
-    mock_checks! { AZURE;
-        usage_with_cached_tokens => usage_values_are_exact(usage(10, 3, 4));
-        error_statuses => error_statuses();
-        in_stream_error_after_two_chunks => error_after_two_chunks(false, ErrorClass::Upstream5xx);
+        let mut t = AZURE.target(base);
+        t.api_version = api_version.map(str::to_owned);
+        t
     }
 
     #[tokio::test]

@@ -94,20 +94,67 @@ pub(crate) fn usage(
     Ok(FrameBody::Usage { usage })
 }
 
-/// One adapter under test: its provider, the public model and target its requests name, and its
-/// target configuration for a base URL (the mock's).
+/// One adapter under test: its provider, the public model and target its requests name, and the
+/// rest of its target configuration.
 pub(crate) struct Adapter {
     /// The provider.
     pub provider: &'static dyn Provider,
     /// The request's `model`.
     pub model: &'static str,
-    /// The request's target: (`id`, `provider`, `upstream_model`).
+    /// The request's target, and the configured target's: (`id`, `provider`, `upstream_model`).
     pub target: (&'static str, &'static str, &'static str),
-    /// The target configuration for a base URL.
-    pub config: fn(&str) -> TargetConfig,
+    /// The configured target's other fields as JSON, `{base}` standing for the base URL; they
+    /// win over [`Adapter::target`]'s.
+    pub config: &'static str,
 }
 
+/// The Anthropic adapter of the tests.
+pub(crate) const ANTHROPIC: Adapter = Adapter {
+    provider: &crate::providers::anthropic::AnthropicProvider,
+    model: "demo/claude",
+    target: ("a", "anthropic", "claude-test"),
+    config: r#"{"base_url": "{base}/v1"}"#,
+};
+
+/// The Azure OpenAI adapter of the tests (default `api_version`).
+pub(crate) const AZURE: Adapter = Adapter {
+    provider: &crate::providers::azure::AzureOpenAiProvider,
+    model: "demo/azure",
+    target: ("az", "azure_openai", "gpt4o-dep"),
+    config: r#"{"base_url": "{base}"}"#,
+};
+
+/// The Bedrock adapter of the tests (static test credentials).
+pub(crate) const BEDROCK: Adapter = Adapter {
+    provider: &crate::providers::bedrock::BedrockProvider,
+    model: "demo/bedrock",
+    target: ("b", "bedrock", "m"),
+    config: r#"{"base_url": "{base}/v1",
+        "upstream_model": "anthropic.claude-3-haiku-20240307-v1:0",
+        "aws": {"region": "us-east-1", "access_key_id": "AKID",
+            "secret_access_key": "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"}}"#,
+};
+
+/// The Gemini adapter of the tests.
+pub(crate) const GEMINI: Adapter = Adapter {
+    provider: &crate::providers::gemini::GeminiProvider,
+    model: "demo/gemini",
+    target: ("g", "gemini", "gemini-test"),
+    config: r#"{"base_url": "{base}/v1beta"}"#,
+};
+
 impl Adapter {
+    /// The configured target, at `base`.
+    pub(crate) fn target(&self, base: &str) -> TargetConfig {
+        let (id, provider, upstream_model) = self.target;
+        let mut v = json!({"id": id, "provider": provider, "upstream_model": upstream_model});
+        let config: Value = serde_json::from_str(&self.config.replace("{base}", base)).unwrap();
+        if let (Some(obj), Value::Object(config)) = (v.as_object_mut(), config) {
+            obj.extend(config);
+        }
+        serde_json::from_value(v).unwrap()
+    }
+
     /// A streaming request with `messages` and `extra` top-level fields (see [`request`]).
     pub(crate) fn request(&self, messages: Value, extra: Value) -> ChatRequest {
         request(self.model, self.target, messages, extra)
@@ -133,7 +180,7 @@ impl Adapter {
         mock: &MockUpstream,
         req: &ChatRequest,
     ) -> Result<Vec<Item>, ErrorInfo> {
-        self.run_with(&(self.config)(&mock.base_url()), req).await
+        self.run_with(&self.target(&mock.base_url()), req).await
     }
 }
 
@@ -215,14 +262,37 @@ pub(crate) async fn error_statuses(a: &Adapter) -> (ErrorInfo, ErrorInfo) {
     (limited, invalid)
 }
 
-/// One `#[tokio::test]` per line `name => check(args…);`: runs the [`self`] check `check` with
-/// the adapter and `args`, so each adapter's capability matrix is a table of expected values.
+/// The capability matrix: for each adapter (a module of tests), one `#[tokio::test]` per line
+/// `test => check(args…);`, running the check above with the adapter and its expected values.
 macro_rules! mock_checks {
-    ($adapter:expr; $($test:ident => $check:ident($($arg:expr),* $(,)?);)*) => {$(
-        #[tokio::test]
-        async fn $test() {
-            $crate::providers::test_support::$check(&$adapter, $($arg),*).await;
+    ($($module:ident: $adapter:expr => { $($test:ident => $check:ident($($arg:expr),*);)* })*) => {$(
+        mod $module {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    super::$check(&$adapter, $($arg),*).await;
+                }
+            )*
         }
     )*};
 }
-pub(crate) use mock_checks;
+
+mock_checks! {
+    anthropic: ANTHROPIC => {
+        in_stream_error_after_two_chunks => error_after_two_chunks(true, ErrorClass::Overloaded);
+    }
+    azure: AZURE => {
+        usage_with_cached_tokens => usage_values_are_exact(usage(10, 3, 0, 4, 0));
+        error_statuses => error_statuses();
+        in_stream_error_after_two_chunks => error_after_two_chunks(false, ErrorClass::Upstream5xx);
+    }
+    bedrock: BEDROCK => {
+        max_tokens_finishes_with_length => max_tokens_finishes_with_length();
+    }
+    gemini: GEMINI => {
+        usage_values_are_exact => usage_values_are_exact(usage(10, 3, 0, 4, 0));
+        max_tokens_finishes_with_length => max_tokens_finishes_with_length();
+        in_stream_error_after_two_chunks => error_after_two_chunks(false, ErrorClass::Overloaded);
+    }
+}

@@ -1,7 +1,7 @@
 //! Unit tests of the Anthropic adapter.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 use super::*;
-use crate::providers::test_support::{self, Adapter, end, mock_checks, text};
+use crate::providers::test_support::{self, ANTHROPIC, end, text};
 use futures::StreamExt;
 use switchyard_mock::MockUpstream;
 use switchyard_schemas::ErrorClass;
@@ -27,23 +27,6 @@ fn sse(lines: &str) -> String {
         .collect()
 }
 
-fn target(base: &str) -> TargetConfig {
-    serde_json::from_value(json!({"id": "a", "provider": "anthropic",
-        "base_url": format!("{base}/v1"), "upstream_model": "claude-test"}))
-    .unwrap()
-}
-
-const ANTHROPIC: Adapter = Adapter {
-    provider: &AnthropicProvider,
-    model: "demo/claude",
-    target: ("a", "anthropic", "claude-test"),
-    config: target,
-};
-
-mock_checks! { ANTHROPIC;
-    in_stream_error_after_two_chunks => error_after_two_chunks(true, ErrorClass::Overloaded);
-}
-
 fn find(hay: &str, needle: &str, from: usize) -> usize {
     from + hay[from..]
         .find(needle)
@@ -56,7 +39,11 @@ async fn fc01_split_delta_event() {
     let mock = MockUpstream::start().await.unwrap();
     let directives = "text=Hello,+world chunks=1 prompt_tokens=5 completion_tokens=2 id=msg_fc01";
     // Fetch the unsplit body once (same bytes: fixed id and usage) to find the byte offsets.
-    let body = build_request(&target(&mock.base_url()), &ANTHROPIC.ask(directives)).unwrap();
+    let body = build_request(
+        &ANTHROPIC.target(&mock.base_url()),
+        &ANTHROPIC.ask(directives),
+    )
+    .unwrap();
     let url = format!("{}/v1/messages", mock.base_url());
     let resp = reqwest::Client::new()
         .post(url)
@@ -179,7 +166,7 @@ fn in_stream_error_events_are_classified() {
 #[tokio::test]
 async fn usage_with_cached_tokens_and_api_key() {
     let mock = MockUpstream::start().await.unwrap();
-    let mut t = target(&mock.base_url());
+    let mut t = ANTHROPIC.target(&mock.base_url());
     t.api_key = switchyard_schemas::Secret::new("sk-ant-test");
     let req = ANTHROPIC.ask("cached_tokens=3 prompt_tokens=10 completion_tokens=4");
     let s = AnthropicProvider.stream_chat(&reqwest::Client::new(), &t, &t.base_url, &req);
@@ -237,7 +224,10 @@ async fn status_529_is_overloaded() {
 }
 
 fn build(messages: Value, extra: Value) -> Result<Value, ErrorInfo> {
-    build_request(&target("http://x"), &ANTHROPIC.request(messages, extra))
+    build_request(
+        &ANTHROPIC.target("http://x"),
+        &ANTHROPIC.request(messages, extra),
+    )
 }
 
 #[test]
@@ -481,7 +471,7 @@ fn anthropic_schema_strips_non_keywords_only() {
 
 #[test]
 fn json_schema_without_tools_forces_the_json_tool() {
-    let t = target("http://x");
+    let t = ANTHROPIC.target("http://x");
     let body = build_request(&t, &structured("", json!({}))).unwrap();
     assert_eq!(
         body["tools"],
@@ -503,7 +493,7 @@ fn json_schema_without_tools_forces_the_json_tool() {
 
 #[test]
 fn json_schema_with_user_tools_is_auto_with_an_instruction() {
-    let t = target("http://x");
+    let t = ANTHROPIC.target("http://x");
     let body = build_request(&t, &structured("", json!({"tools": get_weather_tool()}))).unwrap();
     let names: Vec<&str> = body["tools"]
         .as_array()

@@ -1,7 +1,7 @@
 //! Unit tests of the bedrock adapter.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 use super::*;
-use crate::providers::test_support::{self, Adapter, end, mock_checks, text};
+use crate::providers::test_support::{self, BEDROCK, end, text};
 use aws_smithy_eventstream::frame::write_message_to;
 use aws_smithy_types::event_stream::Header;
 use std::time::{Duration, UNIX_EPOCH};
@@ -27,26 +27,6 @@ fn aws(akid: &str) -> AwsTarget {
         secret_access_key: Secret::new("wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"),
         session_token: None,
     }
-}
-
-fn target(base: &str) -> TargetConfig {
-    serde_json::from_value(json!({"id": "b", "provider": "bedrock",
-        "base_url": format!("{base}/v1"),
-        "upstream_model": "anthropic.claude-3-haiku-20240307-v1:0",
-        "aws": {"region": "us-east-1", "access_key_id": "AKID",
-            "secret_access_key": "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"}}))
-    .unwrap()
-}
-
-const BEDROCK: Adapter = Adapter {
-    provider: &BedrockProvider,
-    model: "demo/bedrock",
-    target: ("b", "bedrock", "m"),
-    config: target,
-};
-
-mock_checks! { BEDROCK;
-    max_tokens_finishes_with_length => max_tokens_finishes_with_length();
 }
 
 // ---- event-stream frames made with the crate's writer -------------------------------
@@ -145,7 +125,7 @@ async fn plain_text_stream_and_wire_request() {
 #[tokio::test]
 async fn sigv4_authorization_header_arrives_with_the_bedrock_scope() {
     let mock = MockUpstream::start().await.unwrap();
-    let mut t = target(&mock.base_url());
+    let mut t = BEDROCK.target(&mock.base_url());
     t.aws.as_mut().unwrap().session_token = Some(Secret::new("FwoGZXIvYXdzE-session"));
     let events = BEDROCK.run_with(&t, &BEDROCK.ask("text=ok")).await.unwrap();
     assert_eq!(events.last(), Some(&end(FinishReason::Stop)));
@@ -275,7 +255,7 @@ async fn http_errors_are_classified() {
 #[tokio::test]
 async fn arn_model_ids_stay_one_path_segment() {
     let mock = MockUpstream::start().await.unwrap();
-    let mut t = target(&mock.base_url());
+    let mut t = BEDROCK.target(&mock.base_url());
     t.upstream_model =
         "arn:aws:bedrock:us-east-1:123456789012:inference-profile/us.amazon.nova-micro-v1:0".into();
     let events = BEDROCK.run_with(&t, &BEDROCK.ask("text=ok")).await.unwrap();
@@ -291,7 +271,7 @@ async fn arn_model_ids_stay_one_path_segment() {
 
 #[tokio::test]
 async fn default_endpoint_and_missing_credentials() {
-    let mut t = target("http://unused");
+    let mut t = BEDROCK.target("http://unused");
     t.base_url = String::new();
     let req = BEDROCK.ask("x");
     let at = UNIX_EPOCH + Duration::from_secs(1_440_938_160);

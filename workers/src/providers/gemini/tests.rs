@@ -1,7 +1,7 @@
 //! Unit tests of the gemini adapter.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 use super::*;
-use crate::providers::test_support::{self, Adapter, end, mock_checks, text};
+use crate::providers::test_support::{self, GEMINI, end, text};
 use switchyard_mock::MockUpstream;
 
 /// Feeds `chunks` as separate writes through the SSE parser and the translator.
@@ -31,29 +31,10 @@ fn call(index: u32, id: &str, name: &str, arguments: &str) -> Item {
     })
 }
 
-fn target(base: &str) -> TargetConfig {
-    serde_json::from_value(json!({"id": "g", "provider": "gemini",
-        "base_url": format!("{base}/v1beta"), "upstream_model": "gemini-test"}))
-    .unwrap()
-}
-
-const GEMINI: Adapter = Adapter {
-    provider: &GeminiProvider,
-    model: "demo/gemini",
-    target: ("g", "gemini", "gemini-test"),
-    config: target,
-};
-
-mock_checks! { GEMINI;
-    usage_values_are_exact => usage_values_are_exact(usage(10, 3, 4, 0));
-    max_tokens_finishes_with_length => max_tokens_finishes_with_length();
-    in_stream_error_after_two_chunks => error_after_two_chunks(false, ErrorClass::Overloaded);
-}
-
 #[tokio::test]
 async fn plain_text_stream_and_wire_request() {
     let mock = MockUpstream::start().await.unwrap();
-    let mut t = target(&mock.base_url());
+    let mut t = GEMINI.target(&mock.base_url());
     t.api_key = switchyard_schemas::Secret::new("AIza-test");
     let req = GEMINI.request(
         json!([{"role": "system", "content": "Be brief."},
@@ -419,7 +400,7 @@ fn gemini_schema_inlines_refs_and_strips_rejected_keywords() {
 #[tokio::test]
 async fn fc41_json_schema_answer_is_text() {
     let mock = MockUpstream::start().await.unwrap();
-    let t = target(&mock.base_url());
+    let t = GEMINI.target(&mock.base_url());
     let schema = json!({"type": "object", "additionalProperties": false,
         "properties": {"city": {"type": "string"}, "temp_c": {"type": "integer"}},
         "required": ["city", "temp_c"]});
@@ -494,7 +475,7 @@ fn json_schema_with_user_tools_is_the_json_tool() {
 #[tokio::test]
 async fn json_tool_call_is_text_and_real_tool_stays_a_tool() {
     let mock = MockUpstream::start().await.unwrap();
-    let t = target(&mock.base_url());
+    let t = GEMINI.target(&mock.base_url());
     let weather = "%7B%22city%22%3A%22Paris%22%2C%22temp_c%22%3A21%7D";
     for stream in [true, false] {
         let req = weather_tool_request(
