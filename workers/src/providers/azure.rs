@@ -17,15 +17,14 @@
 
 use std::collections::VecDeque;
 
-use futures::future::BoxFuture;
 use reqwest::header::{ACCEPT, CONTENT_TYPE};
 use serde_json::{Map, Value, json};
-use switchyard_schemas::config::{OpenAiApi, ProviderKind, TargetConfig};
+use switchyard_schemas::config::{OpenAiApi, ProviderKind};
 use switchyard_schemas::{ChatRequest, ErrorInfo, FrameBody};
 
 use super::openai::{OpenAiTranslator, accept, build_object, read_answer, send_chat};
 use super::shared::api_key_header;
-use crate::provider::{EventStream, Provider, SseTranslator};
+use crate::provider::{Call, EventStream, Provider, SseTranslator, Upstream};
 use crate::sse::SseEvent;
 
 /// `api-version` used when the target sets none: the GA data-plane inference version
@@ -43,13 +42,12 @@ impl Provider for AzureOpenAiProvider {
         ProviderKind::AzureOpenai
     }
 
-    fn stream_chat(
-        &self,
-        http: &reqwest::Client,
-        target: &TargetConfig,
-        base_url: &str,
-        req: &ChatRequest,
-    ) -> BoxFuture<'static, Result<EventStream, ErrorInfo>> {
+    fn stream_chat(&self, up: Upstream<'_>, req: &ChatRequest) -> Call<EventStream> {
+        let Upstream {
+            http,
+            target,
+            base_url,
+        } = up;
         if target.api == OpenAiApi::Responses {
             let auth = (!target.api_key.is_empty())
                 .then(|| ("api-key", target.api_key.expose().to_owned()));
@@ -207,6 +205,7 @@ mod tests {
     use crate::providers::test_support::{self, AZURE, end, text};
     use switchyard_mock::MockUpstream;
     use switchyard_schemas::FinishReason;
+    use switchyard_schemas::config::TargetConfig;
 
     type Item = Result<FrameBody, ErrorInfo>;
 

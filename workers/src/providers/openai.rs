@@ -14,15 +14,16 @@
 //! and marked `estimated`), and the target is remembered in this process so later requests skip
 //! the failing first call.
 
-use crate::provider::{Answer, Embeddings, EventStream, Provider, SseTranslator, send_checked};
+use crate::provider::{
+    Answer, Call, Embeddings, EventStream, Provider, SseTranslator, Upstream, send_checked,
+};
 use crate::sse::SseEvent;
 use futures::FutureExt;
-use futures::future::BoxFuture;
 use parking_lot::Mutex;
 use serde_json::{Map, Value, json};
 use std::collections::{HashSet, VecDeque};
 use std::sync::LazyLock;
-use switchyard_schemas::config::{OpenAiApi, ProviderKind, TargetConfig};
+use switchyard_schemas::config::{OpenAiApi, ProviderKind};
 use switchyard_schemas::embed::EmbedRequest;
 use switchyard_schemas::request::{Passthrough, Role};
 use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, FinishReason, FrameBody, Usage};
@@ -53,13 +54,12 @@ impl Provider for OpenAiProvider {
         self.kind
     }
 
-    fn stream_chat(
-        &self,
-        http: &reqwest::Client,
-        target: &TargetConfig,
-        base_url: &str,
-        req: &ChatRequest,
-    ) -> BoxFuture<'static, Result<EventStream, ErrorInfo>> {
+    fn stream_chat(&self, up: Upstream<'_>, req: &ChatRequest) -> Call<EventStream> {
+        let Upstream {
+            http,
+            target,
+            base_url,
+        } = up;
         if target.api == OpenAiApi::Responses {
             return crate::providers::openai_responses::stream_chat(http, target, base_url, req);
         }
@@ -88,13 +88,12 @@ impl Provider for OpenAiProvider {
         .boxed()
     }
 
-    fn embed(
-        &self,
-        http: &reqwest::Client,
-        target: &TargetConfig,
-        base_url: &str,
-        req: &EmbedRequest,
-    ) -> BoxFuture<'static, Result<Embeddings, ErrorInfo>> {
+    fn embed(&self, up: Upstream<'_>, req: &EmbedRequest) -> Call<Embeddings> {
+        let Upstream {
+            http,
+            target,
+            base_url,
+        } = up;
         let url = format!("{}/embeddings", base_url.trim_end_matches('/'));
         let mut rb = http
             .post(url)

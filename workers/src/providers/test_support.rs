@@ -40,12 +40,12 @@ pub(crate) async fn collect(
     target: &TargetConfig,
     req: &ChatRequest,
 ) -> Result<Vec<Item>, ErrorInfo> {
-    let http = reqwest::Client::new();
-    Ok(provider
-        .stream_chat(&http, target, &target.base_url, req)
-        .await?
-        .collect()
-        .await)
+    let up = crate::provider::Upstream {
+        http: &reqwest::Client::new(),
+        target,
+        base_url: &target.base_url,
+    };
+    Ok(provider.stream_chat(up, req).await?.collect().await)
 }
 
 /// Feeds `chunks` as separate writes through the SSE parser and a fresh `T`, as `translate_sse`

@@ -12,14 +12,13 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use futures::future::BoxFuture;
 use reqwest::header::CONTENT_TYPE;
 use serde_json::{Value, json};
 use switchyard_schemas::config::{ProviderKind, TargetConfig};
 use switchyard_schemas::request::{Content, Message, Passthrough, Role, ThinkingBlock, ToolCall};
 use switchyard_schemas::{ChatRequest, ErrorInfo, FinishReason, FrameBody, Usage};
 
-use crate::provider::{Answer, EventStream, Provider, SseTranslator, send_checked};
+use crate::provider::{Answer, Call, EventStream, Provider, SseTranslator, Upstream, send_checked};
 use crate::sse::SseEvent;
 
 /// Value of the `anthropic-version` header (Anthropic API reference, "Versions").
@@ -38,13 +37,12 @@ impl Provider for AnthropicProvider {
         ProviderKind::Anthropic
     }
 
-    fn stream_chat(
-        &self,
-        http: &reqwest::Client,
-        target: &TargetConfig,
-        base_url: &str,
-        req: &ChatRequest,
-    ) -> BoxFuture<'static, Result<EventStream, ErrorInfo>> {
+    fn stream_chat(&self, up: Upstream<'_>, req: &ChatRequest) -> Call<EventStream> {
+        let Upstream {
+            http,
+            target,
+            base_url,
+        } = up;
         let body = build_request(target, req).map(|body| body.to_string());
         // The synthetic JSON tool is in the request exactly when response_format asks for JSON.
         let structured = matches!(structured::json_tool(req), Ok(Some(_)));
@@ -72,13 +70,12 @@ impl Provider for AnthropicProvider {
     /// `POST {base_url}/messages/count_tokens` (Anthropic API reference, "Count Message tokens"):
     /// the request's body reduced to the fields that endpoint takes ([`COUNT_FIELDS`]), with the
     /// same headers; the answer's `input_tokens`.
-    fn count_tokens(
-        &self,
-        http: &reqwest::Client,
-        target: &TargetConfig,
-        base_url: &str,
-        req: &ChatRequest,
-    ) -> BoxFuture<'static, Result<u64, ErrorInfo>> {
+    fn count_tokens(&self, up: Upstream<'_>, req: &ChatRequest) -> Call<u64> {
+        let Upstream {
+            http,
+            target,
+            base_url,
+        } = up;
         let body = build_request(target, req).map(|mut body| {
             if let Some(o) = body.as_object_mut() {
                 o.retain(|k, _| COUNT_FIELDS.contains(&k.as_str()));

@@ -169,7 +169,12 @@ async fn usage_with_cached_tokens_and_api_key() {
     let mut t = ANTHROPIC.target(&mock.base_url());
     t.api_key = switchyard_schemas::Secret::new("sk-ant-test");
     let req = ANTHROPIC.ask("cached_tokens=3 prompt_tokens=10 completion_tokens=4");
-    let s = AnthropicProvider.stream_chat(&reqwest::Client::new(), &t, &t.base_url, &req);
+    let up = crate::provider::Upstream {
+        http: &reqwest::Client::new(),
+        target: &t,
+        base_url: &t.base_url,
+    };
+    let s = AnthropicProvider.stream_chat(up, &req);
     let events: Vec<Item> = s.await.unwrap().collect().await;
     assert!(events.iter().all(Result::is_ok), "{events:?}");
     let tail = [usage(10, 3, 0, 4), end(FinishReason::Stop)];

@@ -40,7 +40,6 @@ use aws_sigv4::sign::v4;
 use aws_smithy_eventstream::frame::{DecodedFrame, MessageFrameDecoder};
 use aws_smithy_types::event_stream::{HeaderValue as FrameHeaderValue, Message as Frame};
 use bytes::{Bytes, BytesMut};
-use futures::future::BoxFuture;
 use futures::{Stream, StreamExt};
 use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use serde_json::{Map, Value, json};
@@ -49,8 +48,8 @@ use switchyard_schemas::request::{Content, Message, Role, ToolCall};
 use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, FinishReason, FrameBody, Usage};
 
 use crate::provider::{
-    Answer, EventStream, MAX_ERROR_BODY, Provider, classify_transport_error, is_json_answer,
-    translate_json,
+    Answer, Call, EventStream, MAX_ERROR_BODY, Provider, Upstream, classify_transport_error,
+    is_json_answer, translate_json,
 };
 
 /// SigV4 signing name of the Bedrock runtime, the service part of the credential scope
@@ -82,13 +81,12 @@ impl Provider for BedrockProvider {
         ProviderKind::Bedrock
     }
 
-    fn stream_chat(
-        &self,
-        http: &reqwest::Client,
-        target: &TargetConfig,
-        base_url: &str,
-        req: &ChatRequest,
-    ) -> BoxFuture<'static, Result<EventStream, ErrorInfo>> {
+    fn stream_chat(&self, up: Upstream<'_>, req: &ChatRequest) -> Call<EventStream> {
+        let Upstream {
+            http,
+            target,
+            base_url,
+        } = up;
         let prepared = prepare(target, base_url, req, SystemTime::now());
         let http = http.clone();
         Box::pin(async move {

@@ -13,14 +13,13 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use futures::future::BoxFuture;
 use reqwest::header::{ACCEPT, CONTENT_TYPE};
 use serde_json::{Map, Value, json};
-use switchyard_schemas::config::{ProviderKind, TargetConfig};
+use switchyard_schemas::config::ProviderKind;
 use switchyard_schemas::request::{Content, FilePart, Message, Role, ToolCall};
 use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, FinishReason, FrameBody, Usage};
 
-use crate::provider::{Answer, EventStream, Provider, SseTranslator, send_checked};
+use crate::provider::{Answer, Call, EventStream, Provider, SseTranslator, Upstream, send_checked};
 use crate::sse::SseEvent;
 
 /// MIME type assumed for an `http(s)` image URL whose extension says nothing (`fileData.mimeType`
@@ -43,13 +42,12 @@ impl Provider for GeminiProvider {
         ProviderKind::Gemini
     }
 
-    fn stream_chat(
-        &self,
-        http: &reqwest::Client,
-        target: &TargetConfig,
-        base_url: &str,
-        req: &ChatRequest,
-    ) -> BoxFuture<'static, Result<EventStream, ErrorInfo>> {
+    fn stream_chat(&self, up: Upstream<'_>, req: &ChatRequest) -> Call<EventStream> {
+        let Upstream {
+            http,
+            target,
+            base_url,
+        } = up;
         let body = build_request(req).map(|body| body.to_string());
         let structured = matches!(json_tool(req), Ok(Some(_)));
         let (url, accept) = if req.stream {
