@@ -43,11 +43,7 @@ impl Provider for AzureOpenAiProvider {
     }
 
     fn stream_chat(&self, up: Upstream<'_>, req: &ChatRequest) -> Call<EventStream> {
-        let Upstream {
-            http,
-            target,
-            base_url,
-        } = up;
+        let (http, target, base_url) = (up.http, up.target, up.base_url);
         if target.api == OpenAiApi::Responses {
             let auth = (!target.api_key.is_empty())
                 .then(|| ("api-key", target.api_key.expose().to_owned()));

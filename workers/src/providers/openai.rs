@@ -55,11 +55,7 @@ impl Provider for OpenAiProvider {
     }
 
     fn stream_chat(&self, up: Upstream<'_>, req: &ChatRequest) -> Call<EventStream> {
-        let Upstream {
-            http,
-            target,
-            base_url,
-        } = up;
+        let (http, target, base_url) = (up.http, up.target, up.base_url);
         if target.api == OpenAiApi::Responses {
             return crate::providers::openai_responses::stream_chat(http, target, base_url, req);
         }
@@ -89,11 +85,7 @@ impl Provider for OpenAiProvider {
     }
 
     fn embed(&self, up: Upstream<'_>, req: &EmbedRequest) -> Call<Embeddings> {
-        let Upstream {
-            http,
-            target,
-            base_url,
-        } = up;
+        let (http, target, base_url) = (up.http, up.target, up.base_url);
         let url = format!("{}/embeddings", base_url.trim_end_matches('/'));
         let mut rb = http
             .post(url)

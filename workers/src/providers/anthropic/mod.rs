@@ -38,11 +38,7 @@ impl Provider for AnthropicProvider {
     }
 
     fn stream_chat(&self, up: Upstream<'_>, req: &ChatRequest) -> Call<EventStream> {
-        let Upstream {
-            http,
-            target,
-            base_url,
-        } = up;
+        let (http, target, base_url) = (up.http, up.target, up.base_url);
         let body = build_request(target, req).map(|body| body.to_string());
         // The synthetic JSON tool is in the request exactly when response_format asks for JSON.
         let structured = matches!(structured::json_tool(req), Ok(Some(_)));
@@ -71,11 +67,7 @@ impl Provider for AnthropicProvider {
     /// the request's body reduced to the fields that endpoint takes ([`COUNT_FIELDS`]), with the
     /// same headers; the answer's `input_tokens`.
     fn count_tokens(&self, up: Upstream<'_>, req: &ChatRequest) -> Call<u64> {
-        let Upstream {
-            http,
-            target,
-            base_url,
-        } = up;
+        let (http, target, base_url) = (up.http, up.target, up.base_url);
         let body = build_request(target, req).map(|mut body| {
             if let Some(o) = body.as_object_mut() {
                 o.retain(|k, _| COUNT_FIELDS.contains(&k.as_str()));

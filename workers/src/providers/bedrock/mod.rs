@@ -82,11 +82,7 @@ impl Provider for BedrockProvider {
     }
 
     fn stream_chat(&self, up: Upstream<'_>, req: &ChatRequest) -> Call<EventStream> {
-        let Upstream {
-            http,
-            target,
-            base_url,
-        } = up;
+        let (http, target, base_url) = (up.http, up.target, up.base_url);
         let prepared = prepare(target, base_url, req, SystemTime::now());
         let http = http.clone();
         Box::pin(async move {

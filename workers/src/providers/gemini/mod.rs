@@ -43,11 +43,7 @@ impl Provider for GeminiProvider {
     }
 
     fn stream_chat(&self, up: Upstream<'_>, req: &ChatRequest) -> Call<EventStream> {
-        let Upstream {
-            http,
-            target,
-            base_url,
-        } = up;
+        let (http, target, base_url) = (up.http, up.target, up.base_url);
         let body = build_request(req).map(|body| body.to_string());
         let structured = matches!(json_tool(req), Ok(Some(_)));
         let (url, accept) = if req.stream {
