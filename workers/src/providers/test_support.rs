@@ -34,6 +34,74 @@ pub(crate) fn directive_messages(directives: &str) -> Value {
     json!([{"role": "user", "content": format!("hi\n#mock {directives}")}])
 }
 
+/// A conversation with a system and a developer instruction, a user turn of `question` and
+/// `images` (URLs), and the user's "Please."; when `answered`, then the assistant's answer and
+/// an empty user turn (which the adapters drop).
+pub(crate) fn instructed(question: &str, images: &[&str], answered: bool) -> Value {
+    let mut content = vec![json!({"type": "text", "text": question})];
+    content.extend(
+        images
+            .iter()
+            .map(|url| json!({"type": "image_url", "image_url": {"url": url}})),
+    );
+    let mut messages = vec![
+        json!({"role": "system", "content": "Be brief."}),
+        json!({"role": "developer", "content": [{"type": "text", "text": "Use French."}]}),
+        json!({"role": "user", "content": content}),
+        json!({"role": "user", "content": "Please."}),
+    ];
+    if answered {
+        messages.push(json!({"role": "assistant", "content": "Deux chats."}));
+        messages.push(json!({"role": "user", "content": ""}));
+    }
+    Value::Array(messages)
+}
+
+/// A user `question`, the assistant's turn (`said`, then the `calls` as (id, name, arguments)),
+/// the tool `results` as (call id, content) in the given order, and the user's "Thanks".
+pub(crate) fn tool_round(
+    question: &str,
+    said: Value,
+    calls: &[(&str, &str, &str)],
+    results: &[(&str, &str)],
+) -> Value {
+    let calls: Vec<Value> = calls
+        .iter()
+        .map(|(id, name, arguments)| {
+            json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}})
+        })
+        .collect();
+    let mut messages = vec![
+        json!({"role": "user", "content": question}),
+        json!({"role": "assistant", "content": said, "tool_calls": calls}),
+    ];
+    messages.extend(
+        results
+            .iter()
+            .map(|(id, content)| json!({"role": "tool", "tool_call_id": id, "content": content})),
+    );
+    messages.push(json!({"role": "user", "content": "Thanks"}));
+    Value::Array(messages)
+}
+
+/// `tools`: `weather` (described, a closed object) and `clock` (no parameters).
+pub(crate) fn weather_and_clock() -> Value {
+    json!({"tools": [
+        {"type": "function", "function": {"name": "weather", "description": "w",
+            "parameters": {"type": "object", "additionalProperties": false}}},
+        {"type": "function", "function": {"name": "clock"}}]})
+}
+
+/// What the `tool_choice` tests start from: one tool `w`, one user message, and the choice
+/// naming `w`.
+pub(crate) fn choice_setup() -> (Value, Value, Value) {
+    (
+        json!([{"type": "function", "function": {"name": "w"}}]),
+        json!([{"role": "user", "content": "x"}]),
+        json!({"type": "function", "function": {"name": "w"}}),
+    )
+}
+
 /// Runs `req` against `target` through `provider` and collects every event.
 pub(crate) async fn collect(
     provider: &dyn Provider,

@@ -237,15 +237,8 @@ fn build(messages: Value, extra: Value) -> Result<Value, ErrorInfo> {
 
 #[test]
 fn hoists_system_and_maps_params() {
-    let messages = json!([
-        {"role": "system", "content": "Be brief."},
-        {"role": "developer", "content": [{"type": "text", "text": "Use French."}]},
-        {"role": "user", "content": [
-            {"type": "text", "text": "What is this?"},
-            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
-            {"type": "image_url", "image_url": {"url": "https://e.com/a.png"}}]},
-        {"role": "user", "content": "Please."}
-    ]);
+    let images = ["data:image/png;base64,AAAA", "https://e.com/a.png"];
+    let messages = test_support::instructed("What is this?", &images, false);
     let params = json!({"params": {"max_tokens": 50, "temperature": 0.5, "top_p": 0.9,
         "stop": ["END"], "user": "u-1", "seed": 7}});
     let body = build(messages, params).unwrap();
@@ -268,15 +261,10 @@ fn hoists_system_and_maps_params() {
 
 #[test]
 fn tool_calls_and_results_merge() {
-    let messages = json!([
-        {"role": "user", "content": "Weather in Paris and Rome?"},
-        {"role": "assistant", "content": null, "tool_calls": [
-            {"id": "t1", "type": "function", "function": {"name": "w", "arguments": "{\"city\":\"Paris\"}"}},
-            {"id": "t2", "type": "function", "function": {"name": "w", "arguments": ""}}]},
-        {"role": "tool", "tool_call_id": "t1", "content": "sunny"},
-        {"role": "tool", "tool_call_id": "t2", "content": "rain"},
-        {"role": "user", "content": "Thanks"}
-    ]);
+    let calls = [("t1", "w", r#"{"city":"Paris"}"#), ("t2", "w", "")];
+    let results = [("t1", "sunny"), ("t2", "rain")];
+    let messages =
+        test_support::tool_round("Weather in Paris and Rome?", json!(null), &calls, &results);
     let tools = json!({"tools": [{"type": "function", "function": {"name": "w",
         "description": "weather", "parameters": {"type": "object"}}}]});
     let body = build(messages, tools).unwrap();
@@ -359,9 +347,7 @@ fn passthrough_thinking_and_effort() {
 
 #[test]
 fn tool_choice_mapping() {
-    let tools = json!([{"type": "function", "function": {"name": "w"}}]);
-    let user = json!([{"role": "user", "content": "x"}]);
-    let named = json!({"type": "function", "function": {"name": "w"}});
+    let (tools, user, named) = test_support::choice_setup();
     let cases = [
         (json!("auto"), None, json!({"type": "auto"})),
         (json!("none"), Some(false), json!({"type": "none"})),

@@ -190,18 +190,12 @@ fn build(messages: Value, extra: Value) -> Result<Value, ErrorInfo> {
 
 #[test]
 fn system_roles_and_images() {
-    let messages = json!([
-        {"role": "system", "content": "Be brief."},
-        {"role": "developer", "content": [{"type": "text", "text": "Use French."}]},
-        {"role": "user", "content": [
-            {"type": "text", "text": "What are these?"},
-            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
-            {"type": "image_url", "image_url": {"url": "https://e.com/a.WEBP?x=1"}},
-            {"type": "image_url", "image_url": {"url": "https://e.com/img"}}]},
-        {"role": "user", "content": "Please."},
-        {"role": "assistant", "content": "Deux chats."},
-        {"role": "user", "content": ""}
-    ]);
+    let images = [
+        "data:image/png;base64,AAAA",
+        "https://e.com/a.WEBP?x=1",
+        "https://e.com/img",
+    ];
+    let messages = test_support::instructed("What are these?", &images, true);
     let body = build(
         messages,
         json!({"params": {"stop": ["END"], "seed": 7, "top_p": 0.9, "top_k": 40,
@@ -235,20 +229,18 @@ fn system_roles_and_images() {
 
 #[test]
 fn tool_calls_and_results_with_name_lookup() {
-    let messages = json!([
-        {"role": "user", "content": "Weather in Paris, and the time?"},
-        {"role": "assistant", "content": null, "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{\"city\":\"Paris\"}"}},
-            {"id": "c2", "type": "function", "function": {"name": "clock", "arguments": ""}}]},
-        {"role": "tool", "tool_call_id": "c2", "content": "{\"time\":\"12:00\"}"},
-        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
-        {"role": "user", "content": "Thanks"}
-    ]);
-    let tools = json!({"tools": [
-        {"type": "function", "function": {"name": "weather", "description": "w",
-            "parameters": {"type": "object", "additionalProperties": false}}},
-        {"type": "function", "function": {"name": "clock"}}]});
-    let body = build(messages, tools).unwrap();
+    let calls = [
+        ("c1", "weather", r#"{"city":"Paris"}"#),
+        ("c2", "clock", ""),
+    ];
+    let results = [("c2", r#"{"time":"12:00"}"#), ("c1", "sunny")];
+    let messages = test_support::tool_round(
+        "Weather in Paris, and the time?",
+        json!(null),
+        &calls,
+        &results,
+    );
+    let body = build(messages, test_support::weather_and_clock()).unwrap();
     assert_eq!(
         body["contents"],
         json!([
@@ -275,9 +267,7 @@ fn tool_calls_and_results_with_name_lookup() {
 
 #[test]
 fn tool_choice_mapping() {
-    let tools = json!([{"type": "function", "function": {"name": "w"}}]);
-    let user = json!([{"role": "user", "content": "x"}]);
-    let named = json!({"type": "function", "function": {"name": "w"}});
+    let (tools, user, named) = test_support::choice_setup();
     for (choice, expected) in [
         (json!("auto"), json!({"mode": "AUTO"})),
         (json!("none"), json!({"mode": "NONE"})),
