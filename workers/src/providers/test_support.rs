@@ -162,6 +162,19 @@ pub(crate) fn usage(
     Ok(FrameBody::Usage { usage })
 }
 
+/// The text pieces of `events`, in order; a tool call among them fails the test (a structured
+/// answer must come back as text).
+pub(crate) fn texts_only(events: &[Item]) -> Vec<&str> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Ok(FrameBody::Text { text }) => Some(text.as_str()),
+            Ok(FrameBody::ToolCall { .. }) => panic!("tool call in {events:?}"),
+            _ => None,
+        })
+        .collect()
+}
+
 /// One adapter under test: its provider, the public model and target its requests name, and the
 /// rest of its target configuration.
 pub(crate) struct Adapter {

@@ -525,14 +525,7 @@ async fn fc41_streamed_json_tool_is_text_content() {
         .run(&mock, &structured(&weather_directive(), json!({})))
         .await
         .unwrap();
-    let texts: Vec<&str> = events
-        .iter()
-        .filter_map(|e| match e {
-            Ok(FrameBody::Text { text }) => Some(text.as_str()),
-            Ok(FrameBody::ToolCall { .. }) => panic!("tool call in {events:?}"),
-            _ => None,
-        })
-        .collect();
+    let texts = test_support::texts_only(&events);
     assert!(texts.len() >= 2, "streamed as deltas: {texts:?}");
     assert_eq!(texts.concat(), WEATHER);
     assert_eq!(events.last(), Some(&end(FinishReason::Stop)));
@@ -552,14 +545,7 @@ async fn fc41_non_streamed_json_tool_is_text_content() {
     let mock = MockUpstream::start().await.unwrap();
     let req = structured(&weather_directive(), json!({"stream": false}));
     let events = ANTHROPIC.run(&mock, &req).await.unwrap();
-    let texts: String = events
-        .iter()
-        .filter_map(|e| match e {
-            Ok(FrameBody::Text { text }) => Some(text.as_str()),
-            Ok(FrameBody::ToolCall { .. }) => panic!("tool call in {events:?}"),
-            _ => None,
-        })
-        .collect();
+    let texts = test_support::texts_only(&events).concat();
     assert_eq!(texts, WEATHER);
     assert_eq!(events.last(), Some(&end(FinishReason::Stop)));
 }

@@ -403,14 +403,7 @@ async fn fc41_json_schema_answer_is_text() {
                 "json_schema": {"name": "weather", "strict": true, "schema": schema}}}}),
         );
         let events = GEMINI.run_with(&t, &req).await.unwrap();
-        let texts: String = events
-            .iter()
-            .filter_map(|e| match e {
-                Ok(FrameBody::Text { text }) => Some(text.as_str()),
-                Ok(FrameBody::ToolCall { .. }) => panic!("tool call in {events:?}"),
-                _ => None,
-            })
-            .collect();
+        let texts = test_support::texts_only(&events).concat();
         assert_eq!(texts, r#"{"city":"Paris","temp_c":21}"#, "stream={stream}");
         assert_eq!(events.last(), Some(&end(FinishReason::Stop)));
     }
