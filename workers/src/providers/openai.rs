@@ -544,15 +544,8 @@ impl SseTranslator for OpenAiTranslator {
         if data.is_empty() {
             return false;
         }
-        let v: Value = match serde_json::from_str(data) {
-            Ok(v) => v,
-            Err(e) => {
-                out.push_back(Err(ErrorInfo::new(
-                    ErrorClass::Protocol,
-                    format!("upstream sent an unparsable stream chunk: {e}"),
-                )));
-                return true;
-            }
+        let Some(v) = crate::providers::shared::parse_event(data, "chunk", out) else {
+            return true;
         };
         // Errors can arrive inside an HTTP 200 stream, also in vLLM's top-level shape.
         if v.get("error").is_some() || v.get("object").and_then(Value::as_str) == Some("error") {

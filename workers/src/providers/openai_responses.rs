@@ -411,15 +411,8 @@ impl SseTranslator for ResponsesTranslator {
         if data.is_empty() || data == "[DONE]" {
             return false;
         }
-        let v: Value = match serde_json::from_str(data) {
-            Ok(v) => v,
-            Err(e) => {
-                out.push_back(Err(ErrorInfo::new(
-                    ErrorClass::Protocol,
-                    format!("upstream sent an unparsable stream event: {e}"),
-                )));
-                return true;
-            }
+        let Some(v) = crate::providers::shared::parse_event(data, "event", out) else {
+            return true;
         };
         let kind = v
             .get("type")

@@ -4,10 +4,12 @@
 //! is either one JSON object or an SSE stream.
 
 use reqwest::header::HeaderValue;
+use std::collections::VecDeque;
+
 use serde_json::{Value, json};
 use switchyard_schemas::config::TargetConfig;
 use switchyard_schemas::request::{Content, ContentPart, FilePart, ToolCall};
-use switchyard_schemas::{ErrorClass, ErrorInfo};
+use switchyard_schemas::{ErrorClass, ErrorInfo, FrameBody};
 
 use crate::provider::{
     Answer, EventStream, SseTranslator, is_json_answer, translate_json, translate_sse,
@@ -35,6 +37,24 @@ pub(crate) fn bad_message(i: usize, what: impl std::fmt::Display) -> ErrorInfo {
 /// A `protocol` error: the upstream's answer could not be read.
 pub(crate) fn protocol(message: impl Into<String>) -> ErrorInfo {
     ErrorInfo::new(ErrorClass::Protocol, message)
+}
+
+/// One SSE event's `data` as JSON; when it is not, a `protocol` error ("upstream sent an
+/// unparsable stream {what}") goes to `out` instead and the stream ends there.
+pub(crate) fn parse_event(
+    data: &str,
+    what: &str,
+    out: &mut VecDeque<Result<FrameBody, ErrorInfo>>,
+) -> Option<Value> {
+    match serde_json::from_str(data) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            out.push_back(Err(protocol(format!(
+                "upstream sent an unparsable stream {what}: {e}"
+            ))));
+            None
+        }
+    }
 }
 
 /// `value` as a header value marked sensitive (kept out of logs and debug output); an `auth`
