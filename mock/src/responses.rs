@@ -134,13 +134,15 @@ fn object(id: &str, created: u64, info: &RequestInfo, status: &str, out: Value, 
     })
 }
 
-/// The non-streaming `response` object.
-pub(crate) fn response_object(id: &str, created: u64, info: &RequestInfo, g: &Generation) -> Value {
-    let status = if truncated(g) {
-        "incomplete"
-    } else {
-        "completed"
-    };
+/// The `response` object of a finished generation `g` (`completed` or `incomplete`): its output
+/// and usage.
+fn finished_object(
+    id: &str,
+    created: u64,
+    info: &RequestInfo,
+    status: &str,
+    g: &Generation,
+) -> Value {
     object(
         id,
         created,
@@ -149,6 +151,16 @@ pub(crate) fn response_object(id: &str, created: u64, info: &RequestInfo, g: &Ge
         Value::Array(output(id, g)),
         usage(g.usage),
     )
+}
+
+/// The non-streaming `response` object.
+pub(crate) fn response_object(id: &str, created: u64, info: &RequestInfo, g: &Generation) -> Value {
+    let status = if truncated(g) {
+        "incomplete"
+    } else {
+        "completed"
+    };
+    finished_object(id, created, info, status, g)
 }
 
 struct Events {
@@ -244,14 +256,7 @@ pub(crate) fn stream_script(
             }
         }
     }
-    let done = object(
-        id,
-        created,
-        info,
-        status,
-        Value::Array(output(id, g)),
-        usage(g.usage),
-    );
+    let done = finished_object(id, created, info, status, g);
     let kind = if status == "completed" {
         "response.completed"
     } else {
