@@ -3,7 +3,10 @@
 use bytes::Bytes;
 use serde_json::{Value, json};
 
-use super::behaviour::{Generation, Output, RequestInfo, Usage, content_words, messages_words};
+use super::behaviour::{
+    Generation, Output, RequestInfo, Usage, content_words, messages_words, model_and_stream,
+    names_at,
+};
 use super::wire::{Item, Script, SseFormat};
 
 /// Reads the fields the mock needs from a messages request.
@@ -14,33 +17,17 @@ pub(crate) fn request_info(body: &Value) -> Result<RequestInfo, String> {
     let Some(max_tokens) = body.get("max_tokens").and_then(Value::as_u64) else {
         return Err("max_tokens: Field required".to_string());
     };
-    let tool_names: Vec<String> = body
-        .get("tools")
-        .and_then(Value::as_array)
-        .map(|tools| {
-            tools
-                .iter()
-                .filter_map(|t| t.get("name").and_then(Value::as_str))
-                .map(str::to_string)
-                .collect()
-        })
-        .unwrap_or_default();
+    let tool_names = names_at(body.get("tools"), "/name");
     let system_words = body.get("system").map_or(0, content_words);
+    let (model, stream) = model_and_stream(body);
     Ok(RequestInfo {
-        model: body
-            .get("model")
-            .and_then(Value::as_str)
-            .unwrap_or("mock")
-            .to_string(),
-        stream: body.get("stream").and_then(Value::as_bool).unwrap_or(false),
+        model,
+        stream,
         include_usage: true,
         max_tokens: Some(max_tokens),
         tool_names: tool_names.clone(),
         prompt_words: messages_words(body) + system_words,
-        assistant_turns: 0,
-        logprobs: false,
         n: 1,
-        top_logprobs: 0,
         forced_tool: body
             .get("tool_choice")
             .filter(|c| c.get("type").and_then(Value::as_str) == Some("tool"))
@@ -48,7 +35,7 @@ pub(crate) fn request_info(body: &Value) -> Result<RequestInfo, String> {
             .and_then(Value::as_str)
             .filter(|name| tool_names.iter().any(|t| t == name))
             .map(str::to_string),
-        json_text: false,
+        ..RequestInfo::default()
     })
 }
 
@@ -101,16 +88,7 @@ fn usage(u: Usage, output_tokens: u64) -> Value {
 }
 
 fn stop_reason(g: &Generation) -> &str {
-    if let Some(f) = &g.finish {
-        return f;
-    }
-    match &g.output {
-        Output::Text {
-            truncated: true, ..
-        } => "max_tokens",
-        Output::Text { .. } => "end_turn",
-        Output::Tools(_) => "tool_use",
-    }
+    g.finish_word("max_tokens", "end_turn", "tool_use")
 }
 
 /// Tool use id of the `i`-th call.

@@ -16,7 +16,9 @@ use axum::http::Uri;
 use bytes::Bytes;
 use serde_json::{Value, json};
 
-use super::behaviour::{Generation, Output, RequestInfo, Usage, content_words, messages_words};
+use super::behaviour::{
+    Generation, Output, RequestInfo, Usage, content_words, messages_words, names_at,
+};
 use super::wire::{Item, Script};
 
 /// Padding alphabet of the `p` member.
@@ -50,14 +52,7 @@ pub(crate) fn request_info(body: &Value, uri: &Uri) -> Result<RequestInfo, Strin
     {
         return Err("The messages field is required and must not be empty.".into());
     }
-    let tool_names = body
-        .pointer("/toolConfig/tools")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|t| t.pointer("/toolSpec/name").and_then(Value::as_str))
-        .map(str::to_string)
-        .collect();
+    let tool_names = names_at(body.pointer("/toolConfig/tools"), "/toolSpec/name");
     let system_words = body.get("system").map_or(0, content_words);
     Ok(RequestInfo {
         model,
@@ -68,12 +63,8 @@ pub(crate) fn request_info(body: &Value, uri: &Uri) -> Result<RequestInfo, Strin
             .and_then(Value::as_u64),
         tool_names,
         prompt_words: messages_words(body) + system_words,
-        assistant_turns: 0,
-        logprobs: false,
         n: 1,
-        top_logprobs: 0,
-        forced_tool: None,
-        json_text: false,
+        ..RequestInfo::default()
     })
 }
 
@@ -193,16 +184,7 @@ fn usage(u: Usage) -> Value {
 }
 
 fn stop_reason(g: &Generation) -> &str {
-    if let Some(f) = &g.finish {
-        return f;
-    }
-    match &g.output {
-        Output::Text {
-            truncated: true, ..
-        } => "max_tokens",
-        Output::Text { .. } => "end_turn",
-        Output::Tools(_) => "tool_use",
-    }
+    g.finish_word("max_tokens", "end_turn", "tool_use")
 }
 
 /// Tool use id of the `i`-th call.

@@ -306,6 +306,26 @@ pub(crate) struct Generation {
 }
 
 impl Generation {
+    /// The stop reason in a provider's words: the forced [`Behaviour::finish`] if any, else
+    /// `truncated` for text cut at `max_tokens`, `done` for whole text, `tools` for tool calls.
+    pub(crate) fn finish_word<'a>(
+        &'a self,
+        truncated: &'a str,
+        done: &'a str,
+        tools: &'a str,
+    ) -> &'a str {
+        if let Some(f) = &self.finish {
+            return f;
+        }
+        match &self.output {
+            Output::Text {
+                truncated: true, ..
+            } => truncated,
+            Output::Text { .. } => done,
+            Output::Tools(_) => tools,
+        }
+    }
+
     /// Number of streamed content pieces (text chunks or tool argument pieces).
     pub(crate) fn content_pieces(&self) -> usize {
         match &self.output {
@@ -440,6 +460,24 @@ pub(crate) fn content_words(content: &Value) -> u64 {
         }
         _ => 0,
     }
+}
+
+/// The string at `pointer` in each element of the array `list` (the names of declared tools), in
+/// order; elements without one are skipped, and an absent list has none.
+pub(crate) fn names_at(list: Option<&Value>, pointer: &str) -> Vec<String> {
+    list.and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t.pointer(pointer).and_then(Value::as_str))
+        .map(str::to_string)
+        .collect()
+}
+
+/// A request body's `model` (`mock` when absent) and `stream` flag (off when absent).
+pub(crate) fn model_and_stream(body: &Value) -> (String, bool) {
+    let model = body.get("model").and_then(Value::as_str).unwrap_or("mock");
+    let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    (model.to_string(), stream)
 }
 
 /// Words over the `content` of every message in `messages`.

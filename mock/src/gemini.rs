@@ -112,10 +112,7 @@ pub(crate) fn request_info(body: &Value, uri: &Uri) -> Result<RequestInfo, Strin
             .and_then(Value::as_u64),
         tool_names,
         prompt_words,
-        assistant_turns: 0,
-        logprobs: false,
         n: 1,
-        top_logprobs: 0,
         // `toolConfig.functionCallingConfig` mode `ANY` allowing exactly one function.
         forced_tool: body
             .pointer("/toolConfig/functionCallingConfig")
@@ -129,6 +126,7 @@ pub(crate) fn request_info(body: &Value, uri: &Uri) -> Result<RequestInfo, Strin
             .pointer("/generationConfig/responseMimeType")
             .and_then(Value::as_str)
             == Some("application/json"),
+        ..RequestInfo::default()
     })
 }
 
@@ -210,15 +208,7 @@ fn usage(u: Usage, completion: Option<u64>) -> Value {
 }
 
 fn finish_reason(g: &Generation) -> &str {
-    if let Some(f) = &g.finish {
-        return f;
-    }
-    match &g.output {
-        Output::Text {
-            truncated: true, ..
-        } => "MAX_TOKENS",
-        _ => "STOP",
-    }
+    g.finish_word("MAX_TOKENS", "STOP", "STOP")
 }
 
 fn function_call(name: &str, arguments: &str) -> Value {

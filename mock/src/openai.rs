@@ -2,7 +2,9 @@
 
 use serde_json::{Value, json};
 
-use super::behaviour::{Generation, Output, RequestInfo, Usage, messages_words};
+use super::behaviour::{
+    Generation, Output, RequestInfo, Usage, messages_words, model_and_stream, names_at,
+};
 use super::wire::{Item, Script, SseFormat};
 
 /// `system_fingerprint` reported by every response.
@@ -29,37 +31,15 @@ pub(crate) fn request_info(body: &Value) -> Result<RequestInfo, String> {
         .get("max_completion_tokens")
         .and_then(Value::as_u64)
         .or_else(|| body.get("max_tokens").and_then(Value::as_u64));
-    let mut tool_names: Vec<String> = body
-        .get("tools")
-        .and_then(Value::as_array)
-        .map(|tools| {
-            tools
-                .iter()
-                .filter_map(|t| t.pointer("/function/name").and_then(Value::as_str))
-                .map(str::to_string)
-                .collect()
-        })
-        .unwrap_or_default();
+    let mut tool_names = names_at(body.get("tools"), "/function/name");
     if tool_names.is_empty() {
         // Legacy `functions` parameter.
-        tool_names = body
-            .get("functions")
-            .and_then(Value::as_array)
-            .map(|fs| {
-                fs.iter()
-                    .filter_map(|f| f.get("name").and_then(Value::as_str))
-                    .map(str::to_string)
-                    .collect()
-            })
-            .unwrap_or_default();
+        tool_names = names_at(body.get("functions"), "/name");
     }
+    let (model, stream) = model_and_stream(body);
     Ok(RequestInfo {
-        model: body
-            .get("model")
-            .and_then(Value::as_str)
-            .unwrap_or("mock")
-            .to_string(),
-        stream: body.get("stream").and_then(Value::as_bool).unwrap_or(false),
+        model,
+        stream,
         include_usage: body
             .pointer("/stream_options/include_usage")
             .and_then(Value::as_bool)
@@ -67,12 +47,8 @@ pub(crate) fn request_info(body: &Value) -> Result<RequestInfo, String> {
         max_tokens,
         tool_names,
         prompt_words: messages_words(body),
-        assistant_turns: 0,
-        logprobs: false,
         n: 1,
-        top_logprobs: 0,
-        forced_tool: None,
-        json_text: false,
+        ..RequestInfo::default()
     })
 }
 
@@ -137,16 +113,7 @@ fn usage(u: Usage) -> Value {
 }
 
 fn finish_reason(generation: &Generation) -> &str {
-    if let Some(f) = &generation.finish {
-        return f;
-    }
-    match &generation.output {
-        Output::Text {
-            truncated: true, ..
-        } => "length",
-        Output::Text { .. } => "stop",
-        Output::Tools(_) => "tool_calls",
-    }
+    generation.finish_word("length", "stop", "tool_calls")
 }
 
 /// Tool call id of the `i`-th call.

@@ -6,7 +6,9 @@
 
 use serde_json::{Value, json};
 
-use super::behaviour::{Generation, Output, RequestInfo, Usage, messages_words};
+use super::behaviour::{
+    Generation, Output, RequestInfo, Usage, messages_words, model_and_stream, names_at,
+};
 use super::wire::{Item, Script, SseFormat};
 
 /// The request as `{"messages": [...]}` in Chat Completions roles.
@@ -56,31 +58,17 @@ pub(crate) fn request_info(body: &Value) -> Result<RequestInfo, String> {
     if body.get("input").is_none_or(Value::is_null) {
         return Err("Missing required parameter: 'input'.".to_string());
     }
-    let tool_names = body
-        .get("tools")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|t| t.get("name").and_then(Value::as_str))
-        .map(str::to_string)
-        .collect();
+    let tool_names = names_at(body.get("tools"), "/name");
+    let (model, stream) = model_and_stream(body);
     Ok(RequestInfo {
-        model: body
-            .get("model")
-            .and_then(Value::as_str)
-            .unwrap_or("mock")
-            .to_string(),
-        stream: body.get("stream").and_then(Value::as_bool).unwrap_or(false),
+        model,
+        stream,
         include_usage: true,
         max_tokens: body.get("max_output_tokens").and_then(Value::as_u64),
         tool_names,
         prompt_words: messages_words(&chat_view(body)),
-        assistant_turns: 0,
-        logprobs: false,
         n: 1,
-        top_logprobs: 0,
-        forced_tool: None,
-        json_text: false,
+        ..RequestInfo::default()
     })
 }
 
@@ -146,13 +134,15 @@ fn object(id: &str, created: u64, info: &RequestInfo, status: &str, out: Value, 
     })
 }
 
-/// The non-streaming `response` object.
-pub(crate) fn response_object(id: &str, created: u64, info: &RequestInfo, g: &Generation) -> Value {
-    let status = if truncated(g) {
-        "incomplete"
-    } else {
-        "completed"
-    };
+/// The `response` object of a finished generation `g` (`completed` or `incomplete`): its output
+/// and usage.
+fn finished_object(
+    id: &str,
+    created: u64,
+    info: &RequestInfo,
+    status: &str,
+    g: &Generation,
+) -> Value {
     object(
         id,
         created,
@@ -161,6 +151,16 @@ pub(crate) fn response_object(id: &str, created: u64, info: &RequestInfo, g: &Ge
         Value::Array(output(id, g)),
         usage(g.usage),
     )
+}
+
+/// The non-streaming `response` object.
+pub(crate) fn response_object(id: &str, created: u64, info: &RequestInfo, g: &Generation) -> Value {
+    let status = if truncated(g) {
+        "incomplete"
+    } else {
+        "completed"
+    };
+    finished_object(id, created, info, status, g)
 }
 
 struct Events {
@@ -256,14 +256,7 @@ pub(crate) fn stream_script(
             }
         }
     }
-    let done = object(
-        id,
-        created,
-        info,
-        status,
-        Value::Array(output(id, g)),
-        usage(g.usage),
-    );
+    let done = finished_object(id, created, info, status, g);
     let kind = if status == "completed" {
         "response.completed"
     } else {

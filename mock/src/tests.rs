@@ -49,6 +49,16 @@ pub(super) async fn post(
     request.send().await.unwrap()
 }
 
+/// [`post`], the answer read as JSON.
+pub(super) async fn post_json(
+    mock: &MockUpstream,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &Value,
+) -> Value {
+    post(mock, path, headers, body).await.json().await.unwrap()
+}
+
 fn chat(stream: bool) -> Value {
     json!({
         "model": "gpt-test",
@@ -207,11 +217,7 @@ async fn openai_tool_calls_stream() {
     // Non-stream: content null, tool_calls array.
     let mut body = chat(false);
     body["tools"] = json!([{ "type": "function", "function": { "name": "lookup" } }]);
-    let v: Value = post(&mock, CHAT, &[("x-mock-tool-calls", "3")], &body)
-        .await
-        .json()
-        .await
-        .unwrap();
+    let v = post_json(&mock, CHAT, &[("x-mock-tool-calls", "3")], &body).await;
     let message = &v["choices"][0]["message"];
     assert_eq!(message["content"], Value::Null);
     assert_eq!(message["tool_calls"].as_array().unwrap().len(), 3);
@@ -295,11 +301,7 @@ async fn split_yields_identical_bytes_in_several_frames() {
 
     // Non-stream bodies can be split too.
     let headers = [("x-mock-split-every", "10")];
-    let v: Value = post(&mock, CHAT, &headers, &chat(false))
-        .await
-        .json()
-        .await
-        .unwrap();
+    let v = post_json(&mock, CHAT, &headers, &chat(false)).await;
     assert_eq!(v["choices"][0]["message"]["content"], DEFAULT_TEXT);
 }
 
@@ -316,7 +318,7 @@ async fn directive_in_last_user_message() {
             ]},
         ],
     });
-    let v: Value = post(&mock, CHAT, &[], &body).await.json().await.unwrap();
+    let v = post_json(&mock, CHAT, &[], &body).await;
     assert_eq!(v["choices"][0]["message"]["content"], "Hi there!");
     assert_eq!(v["usage"]["prompt_tokens"], 42);
 
@@ -338,7 +340,7 @@ async fn max_tokens_truncates_with_length() {
     let mock = MockUpstream::start().await.unwrap();
     let mut body = chat(false);
     body["max_tokens"] = json!(3);
-    let v: Value = post(&mock, CHAT, &[], &body).await.json().await.unwrap();
+    let v = post_json(&mock, CHAT, &[], &body).await;
     assert_eq!(v["choices"][0]["message"]["content"], "Hello from the");
     assert_eq!(v["choices"][0]["finish_reason"], "length");
     assert_eq!(v["usage"]["completion_tokens"], 3);
@@ -365,11 +367,7 @@ async fn error_after_garbage_and_text_len() {
     assert!(bytes.ends_with(b"data: [DONE]\n\n"));
 
     let headers = [("x-mock-text-len", "1000"), ("x-mock-chunks", "7")];
-    let v: Value = post(&mock, CHAT, &headers, &chat(false))
-        .await
-        .json()
-        .await
-        .unwrap();
+    let v = post_json(&mock, CHAT, &headers, &chat(false)).await;
     let text = v["choices"][0]["message"]["content"].as_str().unwrap();
     assert_eq!(text.len(), 1000);
     assert!(text.starts_with("lorem ipsum dolor sit amet lorem"));

@@ -4,7 +4,7 @@
 
 use serde_json::{Value, json};
 
-use super::tests::{parse_sse, post};
+use super::tests::{parse_sse, post, post_json};
 use super::{DEFAULT_TEXT, MockUpstream};
 
 const MESSAGES: &str = "/v1/messages";
@@ -76,11 +76,7 @@ async fn anthropic_non_stream_message_and_cache_usage() {
         ("x-mock-prompt-tokens", "10"),
         ("x-mock-cached-tokens", "4"),
     ];
-    let v: Value = post(&mock, MESSAGES, &headers, &request(false))
-        .await
-        .json()
-        .await
-        .unwrap();
+    let v = post_json(&mock, MESSAGES, &headers, &request(false)).await;
     assert_eq!(v["type"], "message");
     assert_eq!(v["role"], "assistant");
     assert_eq!(v["model"], "claude-test");
@@ -102,11 +98,7 @@ async fn anthropic_non_stream_message_and_cache_usage() {
 
     let mut body = request(false);
     body["max_tokens"] = json!(2);
-    let v: Value = post(&mock, MESSAGES, &[], &body)
-        .await
-        .json()
-        .await
-        .unwrap();
+    let v = post_json(&mock, MESSAGES, &[], &body).await;
     assert_eq!(v["content"][0]["text"], "Hello from");
     assert_eq!(v["stop_reason"], "max_tokens");
 }
@@ -246,17 +238,9 @@ async fn count_tokens_endpoint() {
     let mock = MockUpstream::start().await.unwrap();
     let path = "/v1/messages/count_tokens";
     let body = |text: &str| json!({"model": "m", "system": "Be brief", "messages": [{"role": "user", "content": text}]});
-    let r: Value = post(&mock, path, &[VERSION], &body("one two three"))
-        .await
-        .json()
-        .await
-        .unwrap();
+    let r = post_json(&mock, path, &[VERSION], &body("one two three")).await;
     assert_eq!(r, json!({"input_tokens": 5}));
-    let r: Value = post(&mock, path, &[VERSION], &body("x\n#mock prompt_tokens=728"))
-        .await
-        .json()
-        .await
-        .unwrap();
+    let r = post_json(&mock, path, &[VERSION], &body("x\n#mock prompt_tokens=728")).await;
     assert_eq!(r, json!({"input_tokens": 728}));
     let resp = post(&mock, path, &[VERSION], &body("x\n#mock status=401")).await;
     assert_eq!(resp.status(), 401);

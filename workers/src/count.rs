@@ -1,6 +1,7 @@
 //! Token-count requests (`<prefix>.req.count.<provider>`): one NATS request, one
 //! [`CountReply`]. A count is not generation: no frames, no usage event, no RPM/TPM limit.
 
+use crate::provider::Upstream;
 use crate::worker::{Shared, adapter, base_url};
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,12 +48,13 @@ async fn count(shared: &Shared, payload: &[u8]) -> Result<u64, ErrorInfo> {
             .first_byte_ms
             .min(req.deadline_ms.saturating_sub(now_ms())),
     );
-    let call = adapter(target.provider).count_tokens(
-        &shared.http,
-        &target,
-        &base_url(shared, &target),
-        &req,
-    );
+    let base = base_url(shared, &target);
+    let up = Upstream {
+        http: &shared.http,
+        target: &target,
+        base_url: &base,
+    };
+    let call = adapter(target.provider).count_tokens(up, &req);
     tokio::time::timeout(limit, call).await.unwrap_or_else(|_| {
         Err(ErrorInfo::new(
             ErrorClass::Timeout,

@@ -1,5 +1,6 @@
 //! Embeddings requests: one NATS request, one [`EmbedReply`], one `upstream` usage event.
 
+use crate::provider::Upstream;
 use crate::worker::{Shared, adapter, base_url};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -60,7 +61,12 @@ async fn handle_request(shared: Arc<Shared>, msg: async_nats::Message) {
     );
     let base = base_url(&shared, &target);
     let span = crate::spans::embeddings(&target, &base);
-    let call = adapter(target.provider).embed(&shared.http, &target, &base, &req);
+    let up = Upstream {
+        http: &shared.http,
+        target: &target,
+        base_url: &base,
+    };
+    let call = adapter(target.provider).embed(up, &req);
     let timed = tracing::Instrument::instrument(tokio::time::timeout(limit, call), span.clone());
     let result = match timed.await {
         Ok(r) => r,

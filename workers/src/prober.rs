@@ -7,6 +7,7 @@
 //! `upstream` usage event, under the tenant [`PROBE_TENANT`].
 
 use crate::breaker::CallResult;
+use crate::provider::Upstream;
 use crate::worker::{Shared, adapter, base_url};
 use futures::StreamExt;
 use std::collections::HashMap;
@@ -97,10 +98,14 @@ async fn probe_once(
     };
     let started = Instant::now();
     let limit = Duration::from_millis(probe.max_latency_ms);
+    let base = base_url(shared, target);
+    let up = Upstream {
+        http: &shared.http,
+        target,
+        base_url: &base,
+    };
     let call = async {
-        let mut stream = adapter(target.provider)
-            .stream_chat(&shared.http, target, &base_url(shared, target), &req)
-            .await?;
+        let mut stream = adapter(target.provider).stream_chat(up, &req).await?;
         let (mut text, mut usage) = (String::new(), Usage::default());
         while let Some(ev) = stream.next().await {
             match ev? {

@@ -18,6 +18,21 @@ pub type EventStream = BoxStream<'static, Result<FrameBody, ErrorInfo>>;
 
 pub use switchyard_schemas::capabilities::Capabilities;
 
+/// Where an upstream call goes: the worker's HTTP client, the target, and the target's resolved
+/// base URL (e.g. the built-in mock's address). Every call of a [`Provider`] takes one.
+#[derive(Debug, Clone, Copy)]
+pub struct Upstream<'a> {
+    /// The shared client.
+    pub http: &'a reqwest::Client,
+    /// The target called.
+    pub target: &'a TargetConfig,
+    /// The target's resolved base URL.
+    pub base_url: &'a str,
+}
+
+/// A started upstream call: resolves to its answer or a classified error.
+pub type Call<T> = BoxFuture<'static, Result<T, ErrorInfo>>;
+
 /// One provider family (OpenAI, Anthropic, …). Implementations are stateless apart from config.
 pub trait Provider: Send + Sync {
     /// Which family this adapter speaks.
@@ -31,24 +46,11 @@ pub trait Provider: Send + Sync {
 
     /// Starts the upstream call. Resolves once the upstream answered with a success status (the
     /// stream then yields the events) or failed (a classified error, nothing sent to the client yet).
-    /// `base_url` is the target's resolved base URL (e.g. the built-in mock's address).
-    fn stream_chat(
-        &self,
-        http: &reqwest::Client,
-        target: &TargetConfig,
-        base_url: &str,
-        req: &ChatRequest,
-    ) -> BoxFuture<'static, Result<EventStream, ErrorInfo>>;
+    fn stream_chat(&self, up: Upstream<'_>, req: &ChatRequest) -> Call<EventStream>;
 
     /// Embeds `req.input`: one vector per input, in order, with the upstream's token usage.
     /// Providers without an embeddings API keep this default, a 400 naming `model`.
-    fn embed(
-        &self,
-        _http: &reqwest::Client,
-        _target: &TargetConfig,
-        _base_url: &str,
-        _req: &EmbedRequest,
-    ) -> BoxFuture<'static, Result<Embeddings, ErrorInfo>> {
+    fn embed(&self, _up: Upstream<'_>, _req: &EmbedRequest) -> Call<Embeddings> {
         let kind = self.kind().as_str();
         Box::pin(async move {
             Err(ErrorInfo::new(
@@ -61,13 +63,7 @@ pub trait Provider: Send + Sync {
 
     /// The upstream's exact count of `req`'s input tokens (system, messages, tools), where the
     /// API has a count endpoint ([`ProviderKind::counts_tokens`]); the default is a 400.
-    fn count_tokens(
-        &self,
-        _http: &reqwest::Client,
-        _target: &TargetConfig,
-        _base_url: &str,
-        _req: &ChatRequest,
-    ) -> BoxFuture<'static, Result<u64, ErrorInfo>> {
+    fn count_tokens(&self, _up: Upstream<'_>, _req: &ChatRequest) -> Call<u64> {
         no_count_endpoint(self.kind())
     }
 }

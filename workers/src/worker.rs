@@ -37,7 +37,7 @@
 use crate::breaker::{Breakers, CallResult, Permit};
 use crate::frame_sink::{Flow, FrameSink};
 use crate::limits::Limiter;
-use crate::provider::{EventStream, Provider};
+use crate::provider::{EventStream, Provider, Upstream};
 use crate::providers::openai::OpenAiProvider;
 use futures::StreamExt;
 use parking_lot::Mutex;
@@ -670,7 +670,12 @@ impl Call<'_> {
         let provider = adapter(self.target.provider);
         let http = self.shared.http_for(timeouts.connect_ms);
         let base = base_url(self.shared, self.target);
-        let call = provider.stream_chat(&http, self.target, &base, self.req);
+        let up = Upstream {
+            http: &http,
+            target: self.target,
+            base_url: &base,
+        };
+        let call = provider.stream_chat(up, self.req);
         let limit = first_deadline.saturating_duration_since(call_started);
         let mut stream: EventStream =
             match wait_beating(call, limit, timeouts.heartbeat, sink, cancel).await {

@@ -17,14 +17,14 @@
 
 use std::collections::VecDeque;
 
-use futures::future::BoxFuture;
-use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderValue};
+use reqwest::header::{ACCEPT, CONTENT_TYPE};
 use serde_json::{Map, Value, json};
-use switchyard_schemas::config::{OpenAiApi, ProviderKind, TargetConfig};
-use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, FrameBody};
+use switchyard_schemas::config::{OpenAiApi, ProviderKind};
+use switchyard_schemas::{ChatRequest, ErrorInfo, FrameBody};
 
 use super::openai::{OpenAiTranslator, accept, build_object, read_answer, send_chat};
-use crate::provider::{EventStream, Provider, SseTranslator};
+use super::shared::api_key_header;
+use crate::provider::{Call, EventStream, Provider, SseTranslator, Upstream};
 use crate::sse::SseEvent;
 
 /// `api-version` used when the target sets none: the GA data-plane inference version
@@ -42,13 +42,8 @@ impl Provider for AzureOpenAiProvider {
         ProviderKind::AzureOpenai
     }
 
-    fn stream_chat(
-        &self,
-        http: &reqwest::Client,
-        target: &TargetConfig,
-        base_url: &str,
-        req: &ChatRequest,
-    ) -> BoxFuture<'static, Result<EventStream, ErrorInfo>> {
+    fn stream_chat(&self, up: Upstream<'_>, req: &ChatRequest) -> Call<EventStream> {
+        let (http, target, base_url) = (up.http, up.target, up.base_url);
         if target.api == OpenAiApi::Responses {
             let auth = (!target.api_key.is_empty())
                 .then(|| ("api-key", target.api_key.expose().to_owned()));
@@ -65,23 +60,13 @@ impl Provider for AzureOpenAiProvider {
         let body = build_map(&target.upstream_model, version, req);
         let url = chat_url(base_url, &target.upstream_model, version);
         let http = http.clone();
-        let key =
-            (!target.api_key.is_empty()).then(|| HeaderValue::from_str(target.api_key.expose()));
+        let key = api_key_header(target);
         let memo = format!("{}|{base_url}", target.id);
         let translator = AzureTranslator {
             inner: OpenAiTranslator::for_request(req),
         };
         Box::pin(async move {
-            let key = match key {
-                Some(key) => {
-                    let bad_key =
-                        |_| ErrorInfo::new(ErrorClass::Auth, "api_key is not a valid header value");
-                    let mut key = key.map_err(bad_key)?;
-                    key.set_sensitive(true);
-                    Some(key)
-                }
-                None => None,
-            };
+            let key = key?;
             let make = |body: &Map<String, Value>| {
                 let mut builder = http
                     .post(&url)
@@ -213,62 +198,26 @@ impl SseTranslator for AzureTranslator {
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
+    use crate::providers::test_support::{self, AZURE, end, text};
     use switchyard_mock::MockUpstream;
-    use switchyard_schemas::{FinishReason, Usage};
+    use switchyard_schemas::FinishReason;
+    use switchyard_schemas::config::TargetConfig;
 
     type Item = Result<FrameBody, ErrorInfo>;
 
     /// Feeds `chunks` as separate writes through the SSE parser and the translator.
     fn translate_chunks(chunks: &[&str]) -> Vec<Item> {
-        super::super::test_support::translate_chunks::<AzureTranslator>(chunks)
+        test_support::translate_chunks::<AzureTranslator>(chunks)
     }
 
-    fn text(t: &str) -> Item {
-        Ok(FrameBody::Text { text: t.into() })
-    }
-    fn end(finish_reason: FinishReason) -> Item {
-        Ok(FrameBody::End { finish_reason })
-    }
     fn usage(prompt: u64, cached: u64, completion: u64) -> Item {
-        let usage = Usage {
-            prompt_tokens: prompt,
-            cached_tokens: cached,
-            cache_write_tokens: 0,
-            completion_tokens: completion,
-            reasoning_tokens: 0,
-            ..Default::default()
-        };
-        Ok(FrameBody::Usage { usage })
+        test_support::usage(prompt, cached, 0, completion, 0)
     }
 
     fn target(base: &str, api_version: Option<&str>) -> TargetConfig {
-        serde_json::from_value(json!({"id": "az", "provider": "azure_openai",
-            "base_url": base, "upstream_model": "gpt4o-dep", "api_version": api_version}))
-        .unwrap()
-    }
-
-    fn request(messages: Value, extra: Value) -> ChatRequest {
-        super::super::test_support::request(
-            "demo/azure",
-            ("az", "azure_openai", "gpt4o-dep"),
-            messages,
-            extra,
-        )
-    }
-
-    fn ask(directives: &str) -> ChatRequest {
-        request(
-            super::super::test_support::directive_messages(directives),
-            json!({}),
-        )
-    }
-
-    async fn run_with(t: &TargetConfig, req: &ChatRequest) -> Result<Vec<Item>, ErrorInfo> {
-        super::super::test_support::collect(&AzureOpenAiProvider, t, req).await
-    }
-
-    async fn run(mock: &MockUpstream, req: &ChatRequest) -> Result<Vec<Item>, ErrorInfo> {
-        run_with(&target(&mock.base_url(), None), req).await
+        let mut t = AZURE.target(base);
+        t.api_version = api_version.map(str::to_owned);
+        t
     }
 
     #[tokio::test]
@@ -276,12 +225,12 @@ mod tests {
         let mock = MockUpstream::start().await.unwrap();
         let mut t = target(&mock.base_url(), None);
         t.api_key = switchyard_schemas::Secret::new("az-key");
-        let req = request(
+        let req = AZURE.request(
             json!([{"role": "developer", "content": "Be brief."},
                 {"role": "user", "content": "hi\n#mock text=Hello,+world chunks=2 prompt_tokens=5 completion_tokens=2"}]),
             json!({"params": {"max_tokens": 50}}),
         );
-        let events = run_with(&t, &req).await.unwrap();
+        let events = AZURE.run_with(&t, &req).await.unwrap();
         let expected = vec![
             text("Hello,"),
             text(" world"),
@@ -304,12 +253,12 @@ mod tests {
     async fn preview_version_keeps_new_names() {
         let mock = MockUpstream::start().await.unwrap();
         let t = target(&mock.base_url(), Some("2025-01-01-preview"));
-        let req = request(
+        let req = AZURE.request(
             json!([{"role": "developer", "content": "Be brief."},
                 {"role": "user", "content": "hi"}]),
             json!({"params": {"max_tokens": 50}}),
         );
-        run_with(&t, &req).await.unwrap();
+        AZURE.run_with(&t, &req).await.unwrap();
         let sent = &mock.requests()[0];
         assert_eq!(
             sent.query.as_deref(),
@@ -321,23 +270,12 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn usage_with_cached_tokens() {
-        let mock = MockUpstream::start().await.unwrap();
-        let events = run(
-            &mock,
-            &ask("cached_tokens=3 prompt_tokens=10 completion_tokens=4"),
-        )
-        .await
-        .unwrap();
-        assert!(events.iter().all(Result::is_ok), "{events:?}");
-        let tail = [usage(10, 3, 4), end(FinishReason::Stop)];
-        assert_eq!(events[events.len() - 2..], tail);
-    }
-
-    #[tokio::test]
     async fn two_parallel_tool_calls() {
         let mock = MockUpstream::start().await.unwrap();
-        let events = run(&mock, &ask("tool_calls=2 chunks=3")).await.unwrap();
+        let events = AZURE
+            .run(&mock, &AZURE.ask("tool_calls=2 chunks=3"))
+            .await
+            .unwrap();
         let mut calls: Vec<(String, String, String)> = Vec::new();
         for e in &events {
             if let Ok(FrameBody::ToolCall {
@@ -363,38 +301,6 @@ mod tests {
         assert_eq!(cities, [json!("Paris"), json!("London")]);
         assert_eq!(calls[1].0, "call_mock_1");
         assert_eq!(events.last(), Some(&end(FinishReason::ToolCalls)));
-    }
-
-    #[tokio::test]
-    async fn error_statuses() {
-        let mock = MockUpstream::start().await.unwrap();
-        let err = run(&mock, &ask("status=429 retry_after=7"))
-            .await
-            .unwrap_err();
-        assert_eq!(
-            (err.class, err.upstream_status, err.retry_after_ms),
-            (ErrorClass::RateLimited, Some(429), Some(7000))
-        );
-        let err = run(&mock, &ask("status=503")).await.unwrap_err();
-        assert_eq!((err.class, err.retryable), (ErrorClass::Overloaded, true));
-        let err = run(&mock, &ask("status=400")).await.unwrap_err();
-        assert_eq!(
-            (err.class, err.retryable),
-            (ErrorClass::InvalidRequest, false)
-        );
-    }
-
-    #[tokio::test]
-    async fn in_stream_error_after_two_chunks() {
-        let mock = MockUpstream::start().await.unwrap();
-        let events = run(&mock, &ask("error_after=2")).await.unwrap();
-        assert_eq!(events.len(), 3, "{events:?}");
-        assert!(matches!(
-            events[..2],
-            [Ok(FrameBody::Text { .. }), Ok(FrameBody::Text { .. })]
-        ));
-        let err = events[2].clone().unwrap_err();
-        assert_eq!((err.class, err.retryable), (ErrorClass::Upstream5xx, true));
     }
 
     #[tokio::test]

@@ -15,17 +15,15 @@
 //! the failing first call.
 
 use crate::provider::{
-    Answer, Embeddings, EventStream, Provider, SseTranslator, is_json_answer, send_checked,
-    translate_json, translate_sse,
+    Answer, Call, Embeddings, EventStream, Provider, SseTranslator, Upstream, send_checked,
 };
 use crate::sse::SseEvent;
 use futures::FutureExt;
-use futures::future::BoxFuture;
 use parking_lot::Mutex;
 use serde_json::{Map, Value, json};
 use std::collections::{HashSet, VecDeque};
 use std::sync::LazyLock;
-use switchyard_schemas::config::{OpenAiApi, ProviderKind, TargetConfig};
+use switchyard_schemas::config::{OpenAiApi, ProviderKind};
 use switchyard_schemas::embed::EmbedRequest;
 use switchyard_schemas::request::{Passthrough, Role};
 use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, FinishReason, FrameBody, Usage};
@@ -56,13 +54,8 @@ impl Provider for OpenAiProvider {
         self.kind
     }
 
-    fn stream_chat(
-        &self,
-        http: &reqwest::Client,
-        target: &TargetConfig,
-        base_url: &str,
-        req: &ChatRequest,
-    ) -> BoxFuture<'static, Result<EventStream, ErrorInfo>> {
+    fn stream_chat(&self, up: Upstream<'_>, req: &ChatRequest) -> Call<EventStream> {
+        let (http, target, base_url) = (up.http, up.target, up.base_url);
         if target.api == OpenAiApi::Responses {
             return crate::providers::openai_responses::stream_chat(http, target, base_url, req);
         }
@@ -91,13 +84,8 @@ impl Provider for OpenAiProvider {
         .boxed()
     }
 
-    fn embed(
-        &self,
-        http: &reqwest::Client,
-        target: &TargetConfig,
-        base_url: &str,
-        req: &EmbedRequest,
-    ) -> BoxFuture<'static, Result<Embeddings, ErrorInfo>> {
+    fn embed(&self, up: Upstream<'_>, req: &EmbedRequest) -> Call<Embeddings> {
+        let (http, target, base_url) = (up.http, up.target, up.base_url);
         let url = format!("{}/embeddings", base_url.trim_end_matches('/'));
         let mut rb = http
             .post(url)
@@ -324,11 +312,7 @@ pub async fn send_chat(
 /// Reads a successful chat answer by its `Content-Type`: one `chat.completion` JSON object
 /// ([`parse_completion`]) or a chunk stream through `translator`.
 pub fn read_answer<T: SseTranslator>(resp: reqwest::Response, translator: T) -> EventStream {
-    if is_json_answer(&resp) {
-        translate_json(resp, parse_completion)
-    } else {
-        translate_sse(resp, translator)
-    }
+    crate::providers::shared::read_answer(resp, parse_completion, translator)
 }
 
 /// Reads a `chat.completion` object (OpenAI API reference, "The chat completion object"): each
@@ -560,15 +544,8 @@ impl SseTranslator for OpenAiTranslator {
         if data.is_empty() {
             return false;
         }
-        let v: Value = match serde_json::from_str(data) {
-            Ok(v) => v,
-            Err(e) => {
-                out.push_back(Err(ErrorInfo::new(
-                    ErrorClass::Protocol,
-                    format!("upstream sent an unparsable stream chunk: {e}"),
-                )));
-                return true;
-            }
+        let Some(v) = crate::providers::shared::parse_event(data, "chunk", out) else {
+            return true;
         };
         // Errors can arrive inside an HTTP 200 stream, also in vLLM's top-level shape.
         if v.get("error").is_some() || v.get("object").and_then(Value::as_str) == Some("error") {

@@ -23,10 +23,9 @@
 //! partial items; `response.failed` and `error` are classified errors. Only when no item event
 //! came at all is the terminal `output` read.
 
-use crate::provider::{
-    Answer, EventStream, SseTranslator, is_json_answer, send_checked, translate_json, translate_sse,
-};
+use crate::provider::{Answer, EventStream, SseTranslator, send_checked};
 use crate::providers::classify::stream_error;
+use crate::providers::shared::{read_answer, secret_header};
 use crate::sse::SseEvent;
 use futures::FutureExt;
 use futures::future::BoxFuture;
@@ -75,21 +74,17 @@ pub fn call(
         .header("accept", accept)
         .header("idempotency-key", req.id.to_string())
         .body(serde_json::to_vec(&Value::Object(body)).unwrap_or_default());
-    let auth = auth.map(|(name, value)| (name, reqwest::header::HeaderValue::from_str(&value)));
+    let auth = auth.map(|(name, value)| (name, secret_header(&value)));
     async move {
         if let Some((name, value)) = auth {
-            let mut value = value.map_err(|_| {
-                ErrorInfo::new(ErrorClass::Auth, "api_key is not a valid header value")
-            })?;
-            value.set_sensitive(true);
-            rb = rb.header(name, value);
+            rb = rb.header(name, value?);
         }
         let resp = send_checked(rb).await?;
-        Ok(if is_json_answer(&resp) {
-            translate_json(resp, parse_response)
-        } else {
-            translate_sse(resp, ResponsesTranslator::default())
-        })
+        Ok(read_answer(
+            resp,
+            parse_response,
+            ResponsesTranslator::default(),
+        ))
     }
     .boxed()
 }
@@ -416,15 +411,8 @@ impl SseTranslator for ResponsesTranslator {
         if data.is_empty() || data == "[DONE]" {
             return false;
         }
-        let v: Value = match serde_json::from_str(data) {
-            Ok(v) => v,
-            Err(e) => {
-                out.push_back(Err(ErrorInfo::new(
-                    ErrorClass::Protocol,
-                    format!("upstream sent an unparsable stream event: {e}"),
-                )));
-                return true;
-            }
+        let Some(v) = crate::providers::shared::parse_event(data, "event", out) else {
+            return true;
         };
         let kind = v
             .get("type")

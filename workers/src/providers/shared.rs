@@ -1,9 +1,19 @@
-//! Request-building helpers every adapter with its own wire format uses (Anthropic, Gemini,
-//! Bedrock): one wording for invalid requests and one reading of tool-call arguments.
+//! Parts the adapters share: request building for those with their own wire format (Anthropic,
+//! Gemini, Bedrock: one wording for invalid requests, one reading of tool-call arguments and
+//! message content, one turn merging), the target's key as a header, and reading an answer that
+//! is either one JSON object or an SSE stream.
+
+use reqwest::header::HeaderValue;
+use std::collections::VecDeque;
 
 use serde_json::{Value, json};
-use switchyard_schemas::request::ToolCall;
-use switchyard_schemas::{ErrorClass, ErrorInfo};
+use switchyard_schemas::config::TargetConfig;
+use switchyard_schemas::request::{Content, ContentPart, FilePart, ToolCall};
+use switchyard_schemas::{ErrorClass, ErrorInfo, FrameBody};
+
+use crate::provider::{
+    Answer, EventStream, SseTranslator, is_json_answer, translate_json, translate_sse,
+};
 
 /// Name of the synthetic tool that carries a `response_format` JSON answer on providers that
 /// get it as a tool call (Anthropic always, Gemini alongside user tools); LiteLLM's name for it.
@@ -22,6 +32,126 @@ pub(crate) fn invalid(param: &str, message: impl Into<String>) -> ErrorInfo {
 /// An `invalid_request` error about `messages[i]`.
 pub(crate) fn bad_message(i: usize, what: impl std::fmt::Display) -> ErrorInfo {
     invalid("messages", format!("messages[{i}]: {what}"))
+}
+
+/// A `protocol` error: the upstream's answer could not be read.
+pub(crate) fn protocol(message: impl Into<String>) -> ErrorInfo {
+    ErrorInfo::new(ErrorClass::Protocol, message)
+}
+
+/// One SSE event's `data` as JSON; when it is not, a `protocol` error ("upstream sent an
+/// unparsable stream {what}") goes to `out` instead and the stream ends there.
+pub(crate) fn parse_event(
+    data: &str,
+    what: &str,
+    out: &mut VecDeque<Result<FrameBody, ErrorInfo>>,
+) -> Option<Value> {
+    match serde_json::from_str(data) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            out.push_back(Err(protocol(format!(
+                "upstream sent an unparsable stream {what}: {e}"
+            ))));
+            None
+        }
+    }
+}
+
+/// `value` as a header value marked sensitive (kept out of logs and debug output); an `auth`
+/// error when it is not a valid header value.
+pub(crate) fn secret_header(value: &str) -> Result<HeaderValue, ErrorInfo> {
+    let mut header = HeaderValue::from_str(value)
+        .map_err(|_| ErrorInfo::new(ErrorClass::Auth, "api_key is not a valid header value"))?;
+    header.set_sensitive(true);
+    Ok(header)
+}
+
+/// The target's `api_key` as a [`secret_header`]; `None` when the target has no key.
+pub(crate) fn api_key_header(target: &TargetConfig) -> Result<Option<HeaderValue>, ErrorInfo> {
+    if target.api_key.is_empty() {
+        return Ok(None);
+    }
+    secret_header(target.api_key.expose()).map(Some)
+}
+
+/// Reads a successful answer by its `Content-Type`: one JSON object through `parse`, or an SSE
+/// stream through `translator`.
+pub(crate) fn read_answer<T: SseTranslator>(
+    resp: reqwest::Response,
+    parse: fn(&Value) -> Result<Answer, ErrorInfo>,
+    translator: T,
+) -> EventStream {
+    if is_json_answer(&resp) {
+        translate_json(resp, parse)
+    } else {
+        translate_sse(resp, translator)
+    }
+}
+
+/// `v` without its top-level `null` members (absent optional fields).
+pub(crate) fn without_nulls(mut v: Value) -> Value {
+    if let Some(obj) = v.as_object_mut() {
+        obj.retain(|_, v| !v.is_null());
+    }
+    v
+}
+
+/// Appends `blocks` as a `role` turn, merging into the previous turn when it has the same role
+/// (Anthropic and Bedrock Converse require alternating roles). Turns without blocks are dropped
+/// (both reject empty content).
+pub(crate) fn push_turn(
+    turns: &mut Vec<(&'static str, Vec<Value>)>,
+    role: &'static str,
+    blocks: Vec<Value>,
+) {
+    if blocks.is_empty() {
+        return;
+    }
+    match turns.last_mut() {
+        Some((last, content)) if *last == role => content.extend(blocks),
+        _ => turns.push((role, blocks)),
+    }
+}
+
+/// How one provider writes the parts of a message's content: the codec [`PartCodec::blocks`]
+/// runs over each message.
+pub(crate) struct PartCodec {
+    /// A non-empty text part.
+    pub text: fn(&str) -> Value,
+    /// An image part's URL (`data:` or `http(s)`) of `messages[i]`.
+    pub image: fn(&str, usize) -> Result<Value, ErrorInfo>,
+    /// A file part of `messages[i]`.
+    pub file: fn(&FilePart, usize) -> Result<Value, ErrorInfo>,
+}
+
+impl PartCodec {
+    /// The blocks of `messages[i]`'s content; empty text is skipped (the providers reject it),
+    /// and the first image or file that cannot be sent fails the translation.
+    pub(crate) fn blocks(
+        &self,
+        content: Option<&Content>,
+        i: usize,
+    ) -> Result<Vec<Value>, ErrorInfo> {
+        match content {
+            None => Ok(Vec::new()),
+            Some(Content::Text(t)) if t.is_empty() => Ok(Vec::new()),
+            Some(Content::Text(t)) => Ok(vec![(self.text)(t)]),
+            Some(Content::Parts(parts)) => {
+                let mut out = Vec::with_capacity(parts.len());
+                for part in parts {
+                    match part {
+                        ContentPart::Text { text } if text.is_empty() => {}
+                        ContentPart::Text { text } => out.push((self.text)(text)),
+                        ContentPart::ImageUrl { image_url } => {
+                            out.push((self.image)(&image_url.url, i)?)
+                        }
+                        ContentPart::File { file } => out.push((self.file)(file, i)?),
+                    }
+                }
+                Ok(out)
+            }
+        }
+    }
 }
 
 /// An assistant tool call's `arguments` (a JSON string in the normalised request) as the JSON

@@ -4,8 +4,9 @@
 use crate::provider::Provider;
 use futures::StreamExt;
 use serde_json::{Value, json};
+use switchyard_mock::MockUpstream;
 use switchyard_schemas::config::TargetConfig;
-use switchyard_schemas::{ChatRequest, ErrorInfo, FrameBody};
+use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, FinishReason, FrameBody, Usage};
 
 /// One normalised event of an upstream stream.
 pub(crate) type Item = Result<FrameBody, ErrorInfo>;
@@ -33,18 +34,86 @@ pub(crate) fn directive_messages(directives: &str) -> Value {
     json!([{"role": "user", "content": format!("hi\n#mock {directives}")}])
 }
 
+/// A conversation with a system and a developer instruction, a user turn of `question` and
+/// `images` (URLs), and the user's "Please."; when `answered`, then the assistant's answer and
+/// an empty user turn (which the adapters drop).
+pub(crate) fn instructed(question: &str, images: &[&str], answered: bool) -> Value {
+    let mut content = vec![json!({"type": "text", "text": question})];
+    content.extend(
+        images
+            .iter()
+            .map(|url| json!({"type": "image_url", "image_url": {"url": url}})),
+    );
+    let mut messages = vec![
+        json!({"role": "system", "content": "Be brief."}),
+        json!({"role": "developer", "content": [{"type": "text", "text": "Use French."}]}),
+        json!({"role": "user", "content": content}),
+        json!({"role": "user", "content": "Please."}),
+    ];
+    if answered {
+        messages.push(json!({"role": "assistant", "content": "Deux chats."}));
+        messages.push(json!({"role": "user", "content": ""}));
+    }
+    Value::Array(messages)
+}
+
+/// A user `question`, the assistant's turn (`said`, then the `calls` as (id, name, arguments)),
+/// the tool `results` as (call id, content) in the given order, and the user's "Thanks".
+pub(crate) fn tool_round(
+    question: &str,
+    said: Value,
+    calls: &[(&str, &str, &str)],
+    results: &[(&str, &str)],
+) -> Value {
+    let calls: Vec<Value> = calls
+        .iter()
+        .map(|(id, name, arguments)| {
+            json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}})
+        })
+        .collect();
+    let mut messages = vec![
+        json!({"role": "user", "content": question}),
+        json!({"role": "assistant", "content": said, "tool_calls": calls}),
+    ];
+    messages.extend(
+        results
+            .iter()
+            .map(|(id, content)| json!({"role": "tool", "tool_call_id": id, "content": content})),
+    );
+    messages.push(json!({"role": "user", "content": "Thanks"}));
+    Value::Array(messages)
+}
+
+/// `tools`: `weather` (described, a closed object) and `clock` (no parameters).
+pub(crate) fn weather_and_clock() -> Value {
+    json!({"tools": [
+        {"type": "function", "function": {"name": "weather", "description": "w",
+            "parameters": {"type": "object", "additionalProperties": false}}},
+        {"type": "function", "function": {"name": "clock"}}]})
+}
+
+/// What the `tool_choice` tests start from: one tool `w`, one user message, and the choice
+/// naming `w`.
+pub(crate) fn choice_setup() -> (Value, Value, Value) {
+    (
+        json!([{"type": "function", "function": {"name": "w"}}]),
+        json!([{"role": "user", "content": "x"}]),
+        json!({"type": "function", "function": {"name": "w"}}),
+    )
+}
+
 /// Runs `req` against `target` through `provider` and collects every event.
 pub(crate) async fn collect(
     provider: &dyn Provider,
     target: &TargetConfig,
     req: &ChatRequest,
 ) -> Result<Vec<Item>, ErrorInfo> {
-    let http = reqwest::Client::new();
-    Ok(provider
-        .stream_chat(&http, target, &target.base_url, req)
-        .await?
-        .collect()
-        .await)
+    let up = crate::provider::Upstream {
+        http: &reqwest::Client::new(),
+        target,
+        base_url: &target.base_url,
+    };
+    Ok(provider.stream_chat(up, req).await?.collect().await)
 }
 
 /// Feeds `chunks` as separate writes through the SSE parser and a fresh `T`, as `translate_sse`
@@ -62,4 +131,249 @@ pub(crate) fn translate_chunks<T: crate::provider::SseTranslator + Default>(
         tr.on_eof(&mut out);
     }
     out.into_iter().collect()
+}
+
+/// A text event.
+pub(crate) fn text(t: &str) -> Item {
+    Ok(FrameBody::Text { text: t.into() })
+}
+
+/// The end event.
+pub(crate) fn end(finish_reason: FinishReason) -> Item {
+    Ok(FrameBody::End { finish_reason })
+}
+
+/// A usage event with these counts (the rest zero).
+pub(crate) fn usage(
+    prompt: u64,
+    cached: u64,
+    written: u64,
+    completion: u64,
+    reasoning: u64,
+) -> Item {
+    let usage = Usage {
+        prompt_tokens: prompt,
+        cached_tokens: cached,
+        cache_write_tokens: written,
+        completion_tokens: completion,
+        reasoning_tokens: reasoning,
+        ..Default::default()
+    };
+    Ok(FrameBody::Usage { usage })
+}
+
+/// The text pieces of `events`, in order; a tool call among them fails the test (a structured
+/// answer must come back as text).
+pub(crate) fn texts_only(events: &[Item]) -> Vec<&str> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Ok(FrameBody::Text { text }) => Some(text.as_str()),
+            Ok(FrameBody::ToolCall { .. }) => panic!("tool call in {events:?}"),
+            _ => None,
+        })
+        .collect()
+}
+
+/// One adapter under test: its provider, the public model and target its requests name, and the
+/// rest of its target configuration.
+pub(crate) struct Adapter {
+    /// The provider.
+    pub provider: &'static dyn Provider,
+    /// The request's `model`.
+    pub model: &'static str,
+    /// The request's target, and the configured target's: (`id`, `provider`, `upstream_model`).
+    pub target: (&'static str, &'static str, &'static str),
+    /// The configured target's other fields as JSON, `{base}` standing for the base URL; they
+    /// win over [`Adapter::target`]'s.
+    pub config: &'static str,
+}
+
+/// The Anthropic adapter of the tests.
+pub(crate) const ANTHROPIC: Adapter = Adapter {
+    provider: &crate::providers::anthropic::AnthropicProvider,
+    model: "demo/claude",
+    target: ("a", "anthropic", "claude-test"),
+    config: r#"{"base_url": "{base}/v1"}"#,
+};
+
+/// The Azure OpenAI adapter of the tests (default `api_version`).
+pub(crate) const AZURE: Adapter = Adapter {
+    provider: &crate::providers::azure::AzureOpenAiProvider,
+    model: "demo/azure",
+    target: ("az", "azure_openai", "gpt4o-dep"),
+    config: r#"{"base_url": "{base}"}"#,
+};
+
+/// The Bedrock adapter of the tests (static test credentials).
+pub(crate) const BEDROCK: Adapter = Adapter {
+    provider: &crate::providers::bedrock::BedrockProvider,
+    model: "demo/bedrock",
+    target: ("b", "bedrock", "m"),
+    config: r#"{"base_url": "{base}/v1",
+        "upstream_model": "anthropic.claude-3-haiku-20240307-v1:0",
+        "aws": {"region": "us-east-1", "access_key_id": "AKID",
+            "secret_access_key": "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"}}"#,
+};
+
+/// The Gemini adapter of the tests.
+pub(crate) const GEMINI: Adapter = Adapter {
+    provider: &crate::providers::gemini::GeminiProvider,
+    model: "demo/gemini",
+    target: ("g", "gemini", "gemini-test"),
+    config: r#"{"base_url": "{base}/v1beta"}"#,
+};
+
+impl Adapter {
+    /// The configured target, at `base`.
+    pub(crate) fn target(&self, base: &str) -> TargetConfig {
+        let (id, provider, upstream_model) = self.target;
+        let mut v = json!({"id": id, "provider": provider, "upstream_model": upstream_model});
+        let config: Value = serde_json::from_str(&self.config.replace("{base}", base)).unwrap();
+        if let (Some(obj), Value::Object(config)) = (v.as_object_mut(), config) {
+            obj.extend(config);
+        }
+        serde_json::from_value(v).unwrap()
+    }
+
+    /// A streaming request with `messages` and `extra` top-level fields (see [`request`]).
+    pub(crate) fn request(&self, messages: Value, extra: Value) -> ChatRequest {
+        request(self.model, self.target, messages, extra)
+    }
+
+    /// A one-message request steering the mock with a `#mock` directive line.
+    pub(crate) fn ask(&self, directives: &str) -> ChatRequest {
+        self.request(directive_messages(directives), json!({}))
+    }
+
+    /// Runs `req` against target `t` and collects every event.
+    pub(crate) async fn run_with(
+        &self,
+        t: &TargetConfig,
+        req: &ChatRequest,
+    ) -> Result<Vec<Item>, ErrorInfo> {
+        collect(self.provider, t, req).await
+    }
+
+    /// Runs `req` against the adapter's target on `mock`.
+    pub(crate) async fn run(
+        &self,
+        mock: &MockUpstream,
+        req: &ChatRequest,
+    ) -> Result<Vec<Item>, ErrorInfo> {
+        self.run_with(&self.target(&mock.base_url()), req).await
+    }
+}
+
+// ---- checks every adapter with that capability passes against the mock (see `mock_checks!`) ----
+
+/// `cached_tokens=3 prompt_tokens=10 completion_tokens=4`: no error, and the stream ends with
+/// `usage` (the provider's reading of those counts) and a `stop`. Returns the events.
+pub(crate) async fn usage_values_are_exact(a: &Adapter, usage: Item) -> Vec<Item> {
+    let mock = MockUpstream::start().await.unwrap();
+    let events = a
+        .run(
+            &mock,
+            &a.ask("cached_tokens=3 prompt_tokens=10 completion_tokens=4"),
+        )
+        .await
+        .unwrap();
+    assert!(events.iter().all(Result::is_ok), "{events:?}");
+    let tail = [usage, end(FinishReason::Stop)];
+    assert_eq!(events[events.len() - 2..], tail);
+    events
+}
+
+/// `max_tokens: 2` cuts the text after two words and finishes with `length`.
+pub(crate) async fn max_tokens_finishes_with_length(a: &Adapter) {
+    let mock = MockUpstream::start().await.unwrap();
+    let mut req = a.ask("text=one+two+three+four");
+    req.params.max_tokens = Some(2);
+    let events = a.run(&mock, &req).await.unwrap();
+    assert_eq!(events.last(), Some(&end(FinishReason::Length)));
+    assert_eq!(events[..2], [text("one "), text("two")]);
+}
+
+/// `error_after=2`: two text chunks (after the provisional usage of a provider that reports one
+/// first), then a retryable error of `class`, which is returned.
+pub(crate) async fn error_after_two_chunks(
+    a: &Adapter,
+    provisional_usage: bool,
+    class: ErrorClass,
+) -> ErrorInfo {
+    let mock = MockUpstream::start().await.unwrap();
+    let events = a.run(&mock, &a.ask("error_after=2")).await.unwrap();
+    let lead = usize::from(provisional_usage);
+    assert_eq!(events.len(), lead + 3, "{events:?}");
+    if provisional_usage {
+        assert!(matches!(events[0], Ok(FrameBody::Usage { .. })));
+    }
+    assert!(matches!(
+        events[lead..lead + 2],
+        [Ok(FrameBody::Text { .. }), Ok(FrameBody::Text { .. })]
+    ));
+    let err = events[lead + 2].clone().unwrap_err();
+    assert_eq!((err.class, err.retryable), (class, true));
+    err
+}
+
+/// HTTP 429 with `retry-after: 7` is `rate_limited` after 7 s, 503 a retryable `overloaded`, 400
+/// a final `invalid_request`. Returns the 429 and the 400 errors.
+pub(crate) async fn error_statuses(a: &Adapter) -> (ErrorInfo, ErrorInfo) {
+    let mock = MockUpstream::start().await.unwrap();
+    let limited = a
+        .run(&mock, &a.ask("status=429 retry_after=7"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (
+            limited.class,
+            limited.upstream_status,
+            limited.retry_after_ms
+        ),
+        (ErrorClass::RateLimited, Some(429), Some(7000))
+    );
+    let err = a.run(&mock, &a.ask("status=503")).await.unwrap_err();
+    assert_eq!((err.class, err.retryable), (ErrorClass::Overloaded, true));
+    let invalid = a.run(&mock, &a.ask("status=400")).await.unwrap_err();
+    assert_eq!(
+        (invalid.class, invalid.retryable),
+        (ErrorClass::InvalidRequest, false)
+    );
+    (limited, invalid)
+}
+
+/// The capability matrix: for each adapter (a module of tests), one `#[tokio::test]` per line
+/// `test => check(args…);`, running the check above with the adapter and its expected values.
+macro_rules! mock_checks {
+    ($($module:ident: $adapter:expr => { $($test:ident => $check:ident($($arg:expr),*);)* })*) => {$(
+        mod $module {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    super::$check(&$adapter, $($arg),*).await;
+                }
+            )*
+        }
+    )*};
+}
+
+mock_checks! {
+    anthropic: ANTHROPIC => {
+        in_stream_error_after_two_chunks => error_after_two_chunks(true, ErrorClass::Overloaded);
+    }
+    azure: AZURE => {
+        usage_with_cached_tokens => usage_values_are_exact(usage(10, 3, 0, 4, 0));
+        error_statuses => error_statuses();
+        in_stream_error_after_two_chunks => error_after_two_chunks(false, ErrorClass::Upstream5xx);
+    }
+    bedrock: BEDROCK => {
+        max_tokens_finishes_with_length => max_tokens_finishes_with_length();
+    }
+    gemini: GEMINI => {
+        usage_values_are_exact => usage_values_are_exact(usage(10, 3, 0, 4, 0));
+        max_tokens_finishes_with_length => max_tokens_finishes_with_length();
+        in_stream_error_after_two_chunks => error_after_two_chunks(false, ErrorClass::Overloaded);
+    }
 }

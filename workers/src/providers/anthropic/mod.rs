@@ -12,19 +12,13 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use futures::future::BoxFuture;
-use reqwest::header::{CONTENT_TYPE, HeaderValue};
+use reqwest::header::CONTENT_TYPE;
 use serde_json::{Value, json};
 use switchyard_schemas::config::{ProviderKind, TargetConfig};
-use switchyard_schemas::request::{
-    Content, ContentPart, Message, Passthrough, Role, ThinkingBlock, ToolCall,
-};
-use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, FinishReason, FrameBody, Usage};
+use switchyard_schemas::request::{Content, Message, Passthrough, Role, ThinkingBlock, ToolCall};
+use switchyard_schemas::{ChatRequest, ErrorInfo, FinishReason, FrameBody, Usage};
 
-use crate::provider::{
-    Answer, EventStream, Provider, SseTranslator, is_json_answer, send_checked, translate_json,
-    translate_sse,
-};
+use crate::provider::{Answer, Call, EventStream, Provider, SseTranslator, Upstream, send_checked};
 use crate::sse::SseEvent;
 
 /// Value of the `anthropic-version` header (Anthropic API reference, "Versions").
@@ -43,13 +37,8 @@ impl Provider for AnthropicProvider {
         ProviderKind::Anthropic
     }
 
-    fn stream_chat(
-        &self,
-        http: &reqwest::Client,
-        target: &TargetConfig,
-        base_url: &str,
-        req: &ChatRequest,
-    ) -> BoxFuture<'static, Result<EventStream, ErrorInfo>> {
+    fn stream_chat(&self, up: Upstream<'_>, req: &ChatRequest) -> Call<EventStream> {
+        let (http, target, base_url) = (up.http, up.target, up.base_url);
         let body = build_request(target, req).map(|body| body.to_string());
         // The synthetic JSON tool is in the request exactly when response_format asks for JSON.
         let structured = matches!(structured::json_tool(req), Ok(Some(_)));
@@ -61,32 +50,24 @@ impl Provider for AnthropicProvider {
         );
         Box::pin(async move {
             let resp = send_checked(builder?.body(body?)).await?;
-            if is_json_answer(&resp) {
-                let parse = if structured {
-                    parse_structured_message
-                } else {
-                    parse_message
-                };
-                return Ok(translate_json(resp, parse));
-            }
+            let parse = if structured {
+                parse_structured_message
+            } else {
+                parse_message
+            };
             let translator = AnthropicTranslator {
                 structured,
                 ..AnthropicTranslator::default()
             };
-            Ok(translate_sse(resp, translator))
+            Ok(read_answer(resp, parse, translator))
         })
     }
 
     /// `POST {base_url}/messages/count_tokens` (Anthropic API reference, "Count Message tokens"):
     /// the request's body reduced to the fields that endpoint takes ([`COUNT_FIELDS`]), with the
     /// same headers; the answer's `input_tokens`.
-    fn count_tokens(
-        &self,
-        http: &reqwest::Client,
-        target: &TargetConfig,
-        base_url: &str,
-        req: &ChatRequest,
-    ) -> BoxFuture<'static, Result<u64, ErrorInfo>> {
+    fn count_tokens(&self, up: Upstream<'_>, req: &ChatRequest) -> Call<u64> {
+        let (http, target, base_url) = (up.http, up.target, up.base_url);
         let body = build_request(target, req).map(|mut body| {
             if let Some(o) = body.as_object_mut() {
                 o.retain(|k, _| COUNT_FIELDS.contains(&k.as_str()));
@@ -141,16 +122,16 @@ fn post(
             builder = builder.header(name.as_str(), value.as_str());
         }
     }
-    if !target.api_key.is_empty() {
-        let bad_key = |_| ErrorInfo::new(ErrorClass::Auth, "api_key is not a valid header value");
-        let mut key = HeaderValue::from_str(target.api_key.expose()).map_err(bad_key)?;
-        key.set_sensitive(true);
+    if let Some(key) = api_key_header(target)? {
         builder = builder.header("x-api-key", key);
     }
     Ok(builder)
 }
 
-use crate::providers::shared::{bad_message, invalid};
+use crate::providers::shared::{
+    PartCodec, api_key_header, bad_message, invalid, protocol, push_turn, read_answer,
+    without_nulls,
+};
 
 pub mod structured;
 
@@ -203,7 +184,7 @@ pub fn build_request(target: &TargetConfig, req: &ChatRequest) -> Result<Value, 
                 }
             }
             Role::User => {
-                let blocks = cached(content_blocks(m.content.as_ref(), i)?, m);
+                let blocks = cached(PARTS.blocks(m.content.as_ref(), i)?, m);
                 push_turn(&mut turns, "user", blocks);
             }
             Role::Assistant => {
@@ -212,7 +193,7 @@ pub fn build_request(target: &TargetConfig, req: &ChatRequest) -> Result<Value, 
                     .iter()
                     .filter_map(thinking_block)
                     .collect();
-                blocks.extend(content_blocks(m.content.as_ref(), i)?);
+                blocks.extend(PARTS.blocks(m.content.as_ref(), i)?);
                 for call in &m.tool_calls {
                     blocks.push(tool_use_block(call, i)?);
                 }
@@ -376,49 +357,12 @@ fn map_reasoning_effort(obj: &mut serde_json::Map<String, Value>, req: &ChatRequ
     }
 }
 
-/// `v` without its top-level `null` members (absent optional fields).
-fn without_nulls(mut v: Value) -> Value {
-    if let Some(obj) = v.as_object_mut() {
-        obj.retain(|_, v| !v.is_null());
-    }
-    v
-}
-
-/// Appends `blocks` as a `role` turn, merging into the previous turn when it has the same role.
-/// Turns without blocks are dropped (Anthropic rejects empty content).
-fn push_turn(turns: &mut Vec<(&'static str, Vec<Value>)>, role: &'static str, blocks: Vec<Value>) {
-    if blocks.is_empty() {
-        return;
-    }
-    match turns.last_mut() {
-        Some((last, content)) if *last == role => content.extend(blocks),
-        _ => turns.push((role, blocks)),
-    }
-}
-
-/// Text and image blocks of a message's content; empty text is skipped (Anthropic rejects it).
-fn content_blocks(content: Option<&Content>, i: usize) -> Result<Vec<Value>, ErrorInfo> {
-    let text_block = |t: &str| json!({ "type": "text", "text": t });
-    match content {
-        None => Ok(Vec::new()),
-        Some(Content::Text(t)) if t.is_empty() => Ok(Vec::new()),
-        Some(Content::Text(t)) => Ok(vec![text_block(t)]),
-        Some(Content::Parts(parts)) => {
-            let mut out = Vec::with_capacity(parts.len());
-            for part in parts {
-                match part {
-                    ContentPart::Text { text } if text.is_empty() => {}
-                    ContentPart::Text { text } => out.push(text_block(text)),
-                    ContentPart::ImageUrl { image_url } => {
-                        out.push(image_block(&image_url.url, i)?)
-                    }
-                    ContentPart::File { file } => out.push(document_block(file, i)?),
-                }
-            }
-            Ok(out)
-        }
-    }
-}
+/// Anthropic's content blocks: `{"type":"text"}`, `image` and `document`.
+const PARTS: PartCodec = PartCodec {
+    text: |t| json!({ "type": "text", "text": t }),
+    image: image_block,
+    file: document_block,
+};
 
 /// `data:<media>;base64,<data>` → a base64 image source; `http(s)://` → a URL image source
 /// (`data:` syntax: [`switchyard_schemas::input::parse_data_url`]).
@@ -481,7 +425,7 @@ fn tool_result_block(m: &Message, i: usize) -> Result<Value, ErrorInfo> {
     let content = match &m.content {
         Some(Content::Text(t)) if !t.is_empty() => Some(json!(t)),
         Some(parts @ Content::Parts(_)) => {
-            Some(Value::Array(content_blocks(Some(parts), i)?)).filter(|v| v != &json!([]))
+            Some(Value::Array(PARTS.blocks(Some(parts), i)?)).filter(|v| v != &json!([]))
         }
         _ => None,
     };
@@ -527,10 +471,6 @@ fn tool_choice(choice: Option<&Value>, parallel: Option<bool>) -> Result<Option<
 }
 
 type Item = Result<FrameBody, ErrorInfo>;
-
-fn protocol(message: impl Into<String>) -> ErrorInfo {
-    ErrorInfo::new(ErrorClass::Protocol, message)
-}
 
 /// Anthropic stream → normalised events: a provisional `Usage` at `message_start` (input counts,
 /// when it reports any), `Text`, `ToolCall`, the final `Usage` right before `End` (at

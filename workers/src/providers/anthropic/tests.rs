@@ -1,30 +1,18 @@
 //! Unit tests of the Anthropic adapter.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 use super::*;
+use crate::providers::test_support::{self, ANTHROPIC, end, text};
 use futures::StreamExt;
 use switchyard_mock::MockUpstream;
+use switchyard_schemas::ErrorClass;
 
 /// Feeds `chunks` as separate writes through the SSE parser and the translator.
 fn translate_chunks(chunks: &[&str]) -> Vec<Item> {
-    super::super::test_support::translate_chunks::<AnthropicTranslator>(chunks)
+    test_support::translate_chunks::<AnthropicTranslator>(chunks)
 }
 
-fn text(t: &str) -> Item {
-    Ok(FrameBody::Text { text: t.into() })
-}
-fn end(finish_reason: FinishReason) -> Item {
-    Ok(FrameBody::End { finish_reason })
-}
 fn usage(prompt: u64, cached: u64, write: u64, completion: u64) -> Item {
-    let usage = Usage {
-        prompt_tokens: prompt,
-        cached_tokens: cached,
-        cache_write_tokens: write,
-        completion_tokens: completion,
-        reasoning_tokens: 0,
-        ..Default::default()
-    };
-    Ok(FrameBody::Usage { usage })
+    test_support::usage(prompt, cached, write, completion, 0)
 }
 /// One SSE event per line of JSON, named after its `type` (as Anthropic sends them).
 fn sse(lines: &str) -> String {
@@ -39,33 +27,6 @@ fn sse(lines: &str) -> String {
         .collect()
 }
 
-fn target(base: &str) -> TargetConfig {
-    serde_json::from_value(json!({"id": "a", "provider": "anthropic",
-        "base_url": format!("{base}/v1"), "upstream_model": "claude-test"}))
-    .unwrap()
-}
-
-fn request(messages: Value, extra: Value) -> ChatRequest {
-    super::super::test_support::request(
-        "demo/claude",
-        ("a", "anthropic", "claude-test"),
-        messages,
-        extra,
-    )
-}
-
-/// A one-message request steering the mock with a `#mock` directive line.
-fn ask(directives: &str) -> ChatRequest {
-    request(
-        super::super::test_support::directive_messages(directives),
-        json!({}),
-    )
-}
-
-async fn run(mock: &MockUpstream, req: &ChatRequest) -> Result<Vec<Item>, ErrorInfo> {
-    super::super::test_support::collect(&AnthropicProvider, &target(&mock.base_url()), req).await
-}
-
 fn find(hay: &str, needle: &str, from: usize) -> usize {
     from + hay[from..]
         .find(needle)
@@ -78,7 +39,11 @@ async fn fc01_split_delta_event() {
     let mock = MockUpstream::start().await.unwrap();
     let directives = "text=Hello,+world chunks=1 prompt_tokens=5 completion_tokens=2 id=msg_fc01";
     // Fetch the unsplit body once (same bytes: fixed id and usage) to find the byte offsets.
-    let body = build_request(&target(&mock.base_url()), &ask(directives)).unwrap();
+    let body = build_request(
+        &ANTHROPIC.target(&mock.base_url()),
+        &ANTHROPIC.ask(directives),
+    )
+    .unwrap();
     let url = format!("{}/v1/messages", mock.base_url());
     let resp = reqwest::Client::new()
         .post(url)
@@ -98,8 +63,8 @@ async fn fc01_split_delta_event() {
         "{raw}"
     );
 
-    let req = ask(&format!("{directives} split={start},{data},{cut},{end_at}"));
-    let events = run(&mock, &req).await.unwrap();
+    let req = ANTHROPIC.ask(&format!("{directives} split={start},{data},{cut},{end_at}"));
+    let events = ANTHROPIC.run(&mock, &req).await.unwrap();
     assert_eq!(
         events,
         vec![
@@ -201,10 +166,15 @@ fn in_stream_error_events_are_classified() {
 #[tokio::test]
 async fn usage_with_cached_tokens_and_api_key() {
     let mock = MockUpstream::start().await.unwrap();
-    let mut t = target(&mock.base_url());
+    let mut t = ANTHROPIC.target(&mock.base_url());
     t.api_key = switchyard_schemas::Secret::new("sk-ant-test");
-    let req = ask("cached_tokens=3 prompt_tokens=10 completion_tokens=4");
-    let s = AnthropicProvider.stream_chat(&reqwest::Client::new(), &t, &t.base_url, &req);
+    let req = ANTHROPIC.ask("cached_tokens=3 prompt_tokens=10 completion_tokens=4");
+    let up = crate::provider::Upstream {
+        http: &reqwest::Client::new(),
+        target: &t,
+        base_url: &t.base_url,
+    };
+    let s = AnthropicProvider.stream_chat(up, &req);
     let events: Vec<Item> = s.await.unwrap().collect().await;
     assert!(events.iter().all(Result::is_ok), "{events:?}");
     let tail = [usage(10, 3, 0, 4), end(FinishReason::Stop)];
@@ -215,7 +185,10 @@ async fn usage_with_cached_tokens_and_api_key() {
 #[tokio::test]
 async fn streamed_tool_calls() {
     let mock = MockUpstream::start().await.unwrap();
-    let events = run(&mock, &ask("tool_calls=2 chunks=3")).await.unwrap();
+    let events = ANTHROPIC
+        .run(&mock, &ANTHROPIC.ask("tool_calls=2 chunks=3"))
+        .await
+        .unwrap();
     let mut calls: Vec<(Option<String>, Option<String>, String)> = Vec::new();
     for e in &events {
         if let Ok(FrameBody::ToolCall {
@@ -247,43 +220,25 @@ async fn streamed_tool_calls() {
 #[tokio::test]
 async fn status_529_is_overloaded() {
     let mock = MockUpstream::start().await.unwrap();
-    let err = run(&mock, &ask("status=529")).await.unwrap_err();
+    let err = ANTHROPIC
+        .run(&mock, &ANTHROPIC.ask("status=529"))
+        .await
+        .unwrap_err();
     assert_eq!((err.class, err.retryable), (ErrorClass::Overloaded, true));
     assert_eq!(err.upstream_status, Some(529));
 }
 
-#[tokio::test]
-async fn in_stream_error_after_two_chunks() {
-    let mock = MockUpstream::start().await.unwrap();
-    let events = run(&mock, &ask("error_after=2")).await.unwrap();
-    assert_eq!(events.len(), 4, "{events:?}");
-    assert!(matches!(
-        events[..3],
-        [
-            Ok(FrameBody::Usage { .. }),
-            Ok(FrameBody::Text { .. }),
-            Ok(FrameBody::Text { .. })
-        ]
-    ));
-    let err = events[3].clone().unwrap_err();
-    assert_eq!((err.class, err.retryable), (ErrorClass::Overloaded, true));
-}
-
 fn build(messages: Value, extra: Value) -> Result<Value, ErrorInfo> {
-    build_request(&target("http://x"), &request(messages, extra))
+    build_request(
+        &ANTHROPIC.target("http://x"),
+        &ANTHROPIC.request(messages, extra),
+    )
 }
 
 #[test]
 fn hoists_system_and_maps_params() {
-    let messages = json!([
-        {"role": "system", "content": "Be brief."},
-        {"role": "developer", "content": [{"type": "text", "text": "Use French."}]},
-        {"role": "user", "content": [
-            {"type": "text", "text": "What is this?"},
-            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
-            {"type": "image_url", "image_url": {"url": "https://e.com/a.png"}}]},
-        {"role": "user", "content": "Please."}
-    ]);
+    let images = ["data:image/png;base64,AAAA", "https://e.com/a.png"];
+    let messages = test_support::instructed("What is this?", &images, false);
     let params = json!({"params": {"max_tokens": 50, "temperature": 0.5, "top_p": 0.9,
         "stop": ["END"], "user": "u-1", "seed": 7}});
     let body = build(messages, params).unwrap();
@@ -306,15 +261,10 @@ fn hoists_system_and_maps_params() {
 
 #[test]
 fn tool_calls_and_results_merge() {
-    let messages = json!([
-        {"role": "user", "content": "Weather in Paris and Rome?"},
-        {"role": "assistant", "content": null, "tool_calls": [
-            {"id": "t1", "type": "function", "function": {"name": "w", "arguments": "{\"city\":\"Paris\"}"}},
-            {"id": "t2", "type": "function", "function": {"name": "w", "arguments": ""}}]},
-        {"role": "tool", "tool_call_id": "t1", "content": "sunny"},
-        {"role": "tool", "tool_call_id": "t2", "content": "rain"},
-        {"role": "user", "content": "Thanks"}
-    ]);
+    let calls = [("t1", "w", r#"{"city":"Paris"}"#), ("t2", "w", "")];
+    let results = [("t1", "sunny"), ("t2", "rain")];
+    let messages =
+        test_support::tool_round("Weather in Paris and Rome?", json!(null), &calls, &results);
     let tools = json!({"tools": [{"type": "function", "function": {"name": "w",
         "description": "weather", "parameters": {"type": "object"}}}]});
     let body = build(messages, tools).unwrap();
@@ -397,9 +347,7 @@ fn passthrough_thinking_and_effort() {
 
 #[test]
 fn tool_choice_mapping() {
-    let tools = json!([{"type": "function", "function": {"name": "w"}}]);
-    let user = json!([{"role": "user", "content": "x"}]);
-    let named = json!({"type": "function", "function": {"name": "w"}});
+    let (tools, user, named) = test_support::choice_setup();
     let cases = [
         (json!("auto"), None, json!({"type": "auto"})),
         (json!("none"), Some(false), json!({"type": "none"})),
@@ -493,10 +441,7 @@ fn weather_directive() -> String {
 fn structured(directives: &str, extra: Value) -> ChatRequest {
     let mut extra = extra;
     extra["params"] = json!({ "response_format": weather_format() });
-    request(
-        super::super::test_support::directive_messages(directives),
-        extra,
-    )
+    ANTHROPIC.request(test_support::directive_messages(directives), extra)
 }
 
 #[test]
@@ -517,7 +462,7 @@ fn anthropic_schema_strips_non_keywords_only() {
 
 #[test]
 fn json_schema_without_tools_forces_the_json_tool() {
-    let t = target("http://x");
+    let t = ANTHROPIC.target("http://x");
     let body = build_request(&t, &structured("", json!({}))).unwrap();
     assert_eq!(
         body["tools"],
@@ -539,7 +484,7 @@ fn json_schema_without_tools_forces_the_json_tool() {
 
 #[test]
 fn json_schema_with_user_tools_is_auto_with_an_instruction() {
-    let t = target("http://x");
+    let t = ANTHROPIC.target("http://x");
     let body = build_request(&t, &structured("", json!({"tools": get_weather_tool()}))).unwrap();
     let names: Vec<&str> = body["tools"]
         .as_array()
@@ -576,17 +521,11 @@ fn json_schema_with_user_tools_is_auto_with_an_instruction() {
 #[tokio::test]
 async fn fc41_streamed_json_tool_is_text_content() {
     let mock = MockUpstream::start().await.unwrap();
-    let events = run(&mock, &structured(&weather_directive(), json!({})))
+    let events = ANTHROPIC
+        .run(&mock, &structured(&weather_directive(), json!({})))
         .await
         .unwrap();
-    let texts: Vec<&str> = events
-        .iter()
-        .filter_map(|e| match e {
-            Ok(FrameBody::Text { text }) => Some(text.as_str()),
-            Ok(FrameBody::ToolCall { .. }) => panic!("tool call in {events:?}"),
-            _ => None,
-        })
-        .collect();
+    let texts = test_support::texts_only(&events);
     assert!(texts.len() >= 2, "streamed as deltas: {texts:?}");
     assert_eq!(texts.concat(), WEATHER);
     assert_eq!(events.last(), Some(&end(FinishReason::Stop)));
@@ -605,15 +544,8 @@ async fn fc41_streamed_json_tool_is_text_content() {
 async fn fc41_non_streamed_json_tool_is_text_content() {
     let mock = MockUpstream::start().await.unwrap();
     let req = structured(&weather_directive(), json!({"stream": false}));
-    let events = run(&mock, &req).await.unwrap();
-    let texts: String = events
-        .iter()
-        .filter_map(|e| match e {
-            Ok(FrameBody::Text { text }) => Some(text.as_str()),
-            Ok(FrameBody::ToolCall { .. }) => panic!("tool call in {events:?}"),
-            _ => None,
-        })
-        .collect();
+    let events = ANTHROPIC.run(&mock, &req).await.unwrap();
+    let texts = test_support::texts_only(&events).concat();
     assert_eq!(texts, WEATHER);
     assert_eq!(events.last(), Some(&end(FinishReason::Stop)));
 }
@@ -627,7 +559,7 @@ async fn fc41_real_tool_call_instead_of_json() {
             directive,
             json!({"tools": get_weather_tool(), "stream": stream}),
         );
-        let events = run(&mock, &req).await.unwrap();
+        let events = ANTHROPIC.run(&mock, &req).await.unwrap();
         let mut args = String::new();
         for e in &events {
             match e {

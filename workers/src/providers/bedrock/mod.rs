@@ -40,17 +40,16 @@ use aws_sigv4::sign::v4;
 use aws_smithy_eventstream::frame::{DecodedFrame, MessageFrameDecoder};
 use aws_smithy_types::event_stream::{HeaderValue as FrameHeaderValue, Message as Frame};
 use bytes::{Bytes, BytesMut};
-use futures::future::BoxFuture;
 use futures::{Stream, StreamExt};
 use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use serde_json::{Map, Value, json};
 use switchyard_schemas::config::{AwsTarget, ProviderKind, TargetConfig};
-use switchyard_schemas::request::{Content, ContentPart, Message, Role, ToolCall};
+use switchyard_schemas::request::{Content, Message, Role, ToolCall};
 use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, FinishReason, FrameBody, Usage};
 
 use crate::provider::{
-    Answer, EventStream, MAX_ERROR_BODY, Provider, classify_transport_error, is_json_answer,
-    translate_json,
+    Answer, Call, EventStream, MAX_ERROR_BODY, Provider, Upstream, classify_transport_error,
+    is_json_answer, translate_json,
 };
 
 /// SigV4 signing name of the Bedrock runtime, the service part of the credential scope
@@ -82,13 +81,8 @@ impl Provider for BedrockProvider {
         ProviderKind::Bedrock
     }
 
-    fn stream_chat(
-        &self,
-        http: &reqwest::Client,
-        target: &TargetConfig,
-        base_url: &str,
-        req: &ChatRequest,
-    ) -> BoxFuture<'static, Result<EventStream, ErrorInfo>> {
+    fn stream_chat(&self, up: Upstream<'_>, req: &ChatRequest) -> Call<EventStream> {
+        let (http, target, base_url) = (up.http, up.target, up.base_url);
         let prepared = prepare(target, base_url, req, SystemTime::now());
         let http = http.clone();
         Box::pin(async move {
@@ -338,7 +332,9 @@ pub fn exception_class(shape: &str, message: &str) -> Option<ErrorClass> {
     crate::providers::classify::named_class(shape, message)
 }
 
-use crate::providers::shared::{bad_message, invalid};
+use crate::providers::shared::{
+    PartCodec, bad_message, invalid, protocol, push_turn, without_nulls,
+};
 
 /// Translates a normalised request into a Converse request body (the model goes in the URL).
 ///
@@ -411,9 +407,9 @@ pub fn build_request(req: &ChatRequest) -> Result<Value, ErrorInfo> {
                     system.push(json!({ "text": text }));
                 }
             }
-            Role::User => push_turn(&mut turns, "user", content_blocks(m.content.as_ref(), i)?),
+            Role::User => push_turn(&mut turns, "user", PARTS.blocks(m.content.as_ref(), i)?),
             Role::Assistant => {
-                let mut blocks = content_blocks(m.content.as_ref(), i)?;
+                let mut blocks = PARTS.blocks(m.content.as_ref(), i)?;
                 for call in &m.tool_calls {
                     blocks.push(tool_use_block(call, i)?);
                     tool_history = true;
@@ -510,48 +506,12 @@ fn tool_config(req: &ChatRequest, tool_history: bool) -> Result<Option<Value>, E
     Ok(Some(config))
 }
 
-/// `v` without its top-level `null` members (absent optional fields).
-fn without_nulls(mut v: Value) -> Value {
-    if let Some(obj) = v.as_object_mut() {
-        obj.retain(|_, v| !v.is_null());
-    }
-    v
-}
-
-/// Appends blocks as a turn, merging into the previous turn of the same role. Empty turns are
-/// dropped.
-fn push_turn(turns: &mut Vec<(&'static str, Vec<Value>)>, role: &'static str, blocks: Vec<Value>) {
-    if blocks.is_empty() {
-        return;
-    }
-    match turns.last_mut() {
-        Some((last, content)) if *last == role => content.extend(blocks),
-        _ => turns.push((role, blocks)),
-    }
-}
-
-/// Text and image blocks of a message's content; empty text is skipped.
-fn content_blocks(content: Option<&Content>, i: usize) -> Result<Vec<Value>, ErrorInfo> {
-    match content {
-        None => Ok(Vec::new()),
-        Some(Content::Text(t)) if t.is_empty() => Ok(Vec::new()),
-        Some(Content::Text(t)) => Ok(vec![json!({ "text": t })]),
-        Some(Content::Parts(parts)) => {
-            let mut out = Vec::with_capacity(parts.len());
-            for part in parts {
-                match part {
-                    ContentPart::Text { text } if text.is_empty() => {}
-                    ContentPart::Text { text } => out.push(json!({ "text": text })),
-                    ContentPart::ImageUrl { image_url } => {
-                        out.push(image_block(&image_url.url, i)?)
-                    }
-                    ContentPart::File { file } => out.push(document_block(file, i)?),
-                }
-            }
-            Ok(out)
-        }
-    }
-}
+/// Converse content blocks: `{"text"}`, `image` and `document`.
+const PARTS: PartCodec = PartCodec {
+    text: |t| json!({ "text": t }),
+    image: image_block,
+    file: document_block,
+};
 
 /// `data:image/<type>;base64,<data>` → `{"image":{"format","source":{"bytes"}}}` (Amazon Bedrock
 /// API Reference, "ImageBlock": formats `png | jpeg | gif | webp`).
@@ -652,10 +612,6 @@ fn tool_result_block(m: &Message, i: usize) -> Result<Value, ErrorInfo> {
 }
 
 type Item = Result<FrameBody, ErrorInfo>;
-
-fn protocol(message: impl Into<String>) -> ErrorInfo {
-    ErrorInfo::new(ErrorClass::Protocol, message)
-}
 
 /// The string value of event-stream header `name`, if present and a string.
 fn header_str<'a>(frame: &'a Frame, name: &str) -> Option<&'a str> {

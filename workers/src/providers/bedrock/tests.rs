@@ -1,28 +1,15 @@
 //! Unit tests of the bedrock adapter.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 use super::*;
+use crate::providers::test_support::{self, BEDROCK, end, text};
 use aws_smithy_eventstream::frame::write_message_to;
 use aws_smithy_types::event_stream::Header;
 use std::time::{Duration, UNIX_EPOCH};
 use switchyard_mock::MockUpstream;
 use switchyard_schemas::Secret;
 
-fn text(t: &str) -> Item {
-    Ok(FrameBody::Text { text: t.into() })
-}
-fn end(finish_reason: FinishReason) -> Item {
-    Ok(FrameBody::End { finish_reason })
-}
 fn usage(prompt: u64, cached: u64, written: u64, completion: u64) -> Item {
-    let usage = Usage {
-        prompt_tokens: prompt,
-        cached_tokens: cached,
-        cache_write_tokens: written,
-        completion_tokens: completion,
-        reasoning_tokens: 0,
-        ..Default::default()
-    };
-    Ok(FrameBody::Usage { usage })
+    test_support::usage(prompt, cached, written, completion, 0)
 }
 fn call(index: u32, id: Option<&str>, name: Option<&str>, arguments: &str) -> Item {
     tool_frame(
@@ -40,35 +27,6 @@ fn aws(akid: &str) -> AwsTarget {
         secret_access_key: Secret::new("wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"),
         session_token: None,
     }
-}
-
-fn target(base: &str) -> TargetConfig {
-    serde_json::from_value(json!({"id": "b", "provider": "bedrock",
-        "base_url": format!("{base}/v1"),
-        "upstream_model": "anthropic.claude-3-haiku-20240307-v1:0",
-        "aws": {"region": "us-east-1", "access_key_id": "AKID",
-            "secret_access_key": "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"}}))
-    .unwrap()
-}
-
-fn request(messages: Value, extra: Value) -> ChatRequest {
-    super::super::test_support::request("demo/bedrock", ("b", "bedrock", "m"), messages, extra)
-}
-
-/// A one-message request steering the mock with a `#mock` directive line.
-fn ask(directives: &str) -> ChatRequest {
-    request(
-        super::super::test_support::directive_messages(directives),
-        json!({}),
-    )
-}
-
-async fn run_with(t: &TargetConfig, req: &ChatRequest) -> Result<Vec<Item>, ErrorInfo> {
-    super::super::test_support::collect(&BedrockProvider, t, req).await
-}
-
-async fn run(mock: &MockUpstream, req: &ChatRequest) -> Result<Vec<Item>, ErrorInfo> {
-    run_with(&target(&mock.base_url()), req).await
 }
 
 // ---- event-stream frames made with the crate's writer -------------------------------
@@ -136,12 +94,12 @@ fn text_answer(stop: &str) -> Vec<u8> {
 #[tokio::test]
 async fn plain_text_stream_and_wire_request() {
     let mock = MockUpstream::start().await.unwrap();
-    let req = request(
+    let req = BEDROCK.request(
         json!([{"role": "system", "content": "Be brief."},
             {"role": "user", "content": "hi\n#mock text=Hello,+world chunks=2 prompt_tokens=5 completion_tokens=2"}]),
         json!({"params": {"temperature": 0.2, "max_tokens": 64}}),
     );
-    let events = run(&mock, &req).await.unwrap();
+    let events = BEDROCK.run(&mock, &req).await.unwrap();
     let expected = vec![
         text("Hello,"),
         text(" world"),
@@ -167,9 +125,9 @@ async fn plain_text_stream_and_wire_request() {
 #[tokio::test]
 async fn sigv4_authorization_header_arrives_with_the_bedrock_scope() {
     let mock = MockUpstream::start().await.unwrap();
-    let mut t = target(&mock.base_url());
+    let mut t = BEDROCK.target(&mock.base_url());
     t.aws.as_mut().unwrap().session_token = Some(Secret::new("FwoGZXIvYXdzE-session"));
-    let events = run_with(&t, &ask("text=ok")).await.unwrap();
+    let events = BEDROCK.run_with(&t, &BEDROCK.ask("text=ok")).await.unwrap();
     assert_eq!(events.last(), Some(&end(FinishReason::Stop)));
     let sent = &mock.requests()[0];
     let auth = sent.header("authorization").unwrap();
@@ -200,16 +158,7 @@ async fn sigv4_authorization_header_arrives_with_the_bedrock_scope() {
 
 #[tokio::test]
 async fn usage_values_are_exact() {
-    let mock = MockUpstream::start().await.unwrap();
-    let events = run(
-        &mock,
-        &ask("cached_tokens=3 prompt_tokens=10 completion_tokens=4"),
-    )
-    .await
-    .unwrap();
-    assert!(events.iter().all(Result::is_ok), "{events:?}");
-    let tail = [usage(10, 3, 0, 4), end(FinishReason::Stop)];
-    assert_eq!(events[events.len() - 2..], tail);
+    let events = test_support::usage_values_are_exact(&BEDROCK, usage(10, 3, 0, 4)).await;
     let text: String = events
         .iter()
         .filter_map(|e| match e {
@@ -225,11 +174,11 @@ async fn two_tool_calls() {
     let mock = MockUpstream::start().await.unwrap();
     let tools = json!([{"type": "function", "function": {"name": "get_weather",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
-    let req = request(
+    let req = BEDROCK.request(
         json!([{"role": "user", "content": "Weather?\n#mock tool_calls=2 prompt_tokens=9"}]),
         json!({"tools": tools, "tool_choice": "required"}),
     );
-    let events = run(&mock, &req).await.unwrap();
+    let events = BEDROCK.run(&mock, &req).await.unwrap();
     let expected = vec![
         call(0, Some("tooluse_mock_0"), Some("get_weather"), ""),
         call(0, None, None, "{\"city\":"),
@@ -251,26 +200,8 @@ async fn two_tool_calls() {
 }
 
 #[tokio::test]
-async fn max_tokens_finishes_with_length() {
-    let mock = MockUpstream::start().await.unwrap();
-    let mut req = ask("text=one+two+three+four");
-    req.params.max_tokens = Some(2);
-    let events = run(&mock, &req).await.unwrap();
-    assert_eq!(events.last(), Some(&end(FinishReason::Length)));
-    assert_eq!(events[..2], [text("one "), text("two")]);
-}
-
-#[tokio::test]
 async fn exception_frame_mid_stream() {
-    let mock = MockUpstream::start().await.unwrap();
-    let events = run(&mock, &ask("error_after=2")).await.unwrap();
-    assert_eq!(events.len(), 3, "{events:?}");
-    assert!(matches!(
-        events[..2],
-        [Ok(FrameBody::Text { .. }), Ok(FrameBody::Text { .. })]
-    ));
-    let err = events[2].clone().unwrap_err();
-    assert_eq!((err.class, err.retryable), (ErrorClass::Upstream5xx, true));
+    let err = test_support::error_after_two_chunks(&BEDROCK, false, ErrorClass::Upstream5xx).await;
     assert!(
         err.message
             .starts_with("upstream stream error modelStreamErrorException: "),
@@ -282,7 +213,8 @@ async fn exception_frame_mid_stream() {
 #[tokio::test]
 async fn http_errors_are_classified() {
     let mock = MockUpstream::start().await.unwrap();
-    let err = run(&mock, &ask("status=429 retry_after=7"))
+    let err = BEDROCK
+        .run(&mock, &BEDROCK.ask("status=429 retry_after=7"))
         .await
         .unwrap_err();
     assert_eq!(
@@ -295,7 +227,10 @@ async fn http_errors_are_classified() {
         "{}",
         err.message
     );
-    let err = run(&mock, &ask("status=429")).await.unwrap_err();
+    let err = BEDROCK
+        .run(&mock, &BEDROCK.ask("status=429"))
+        .await
+        .unwrap_err();
     assert_eq!(
         (err.class, err.retry_after_ms),
         (ErrorClass::RateLimited, None)
@@ -309,7 +244,8 @@ async fn http_errors_are_classified() {
         (424, ErrorClass::Upstream5xx),
         (500, ErrorClass::Upstream5xx),
     ] {
-        let err = run(&mock, &ask(&format!("status={status}")))
+        let err = BEDROCK
+            .run(&mock, &BEDROCK.ask(&format!("status={status}")))
             .await
             .unwrap_err();
         assert_eq!((err.class, err.upstream_status), (class, Some(status)));
@@ -319,10 +255,10 @@ async fn http_errors_are_classified() {
 #[tokio::test]
 async fn arn_model_ids_stay_one_path_segment() {
     let mock = MockUpstream::start().await.unwrap();
-    let mut t = target(&mock.base_url());
+    let mut t = BEDROCK.target(&mock.base_url());
     t.upstream_model =
         "arn:aws:bedrock:us-east-1:123456789012:inference-profile/us.amazon.nova-micro-v1:0".into();
-    let events = run_with(&t, &ask("text=ok")).await.unwrap();
+    let events = BEDROCK.run_with(&t, &BEDROCK.ask("text=ok")).await.unwrap();
     assert_eq!(
         events,
         vec![text("ok"), usage(3, 0, 0, 1), end(FinishReason::Stop)]
@@ -335,9 +271,9 @@ async fn arn_model_ids_stay_one_path_segment() {
 
 #[tokio::test]
 async fn default_endpoint_and_missing_credentials() {
-    let mut t = target("http://unused");
+    let mut t = BEDROCK.target("http://unused");
     t.base_url = String::new();
-    let req = ask("x");
+    let req = BEDROCK.ask("x");
     let at = UNIX_EPOCH + Duration::from_secs(1_440_938_160);
     let signed = prepare(&t, "", &req, at).unwrap();
     assert_eq!(
@@ -418,7 +354,7 @@ fn bedrock_signature_is_deterministic() {
         "aws": {"region": "us-west-2", "access_key_id": "AKIDEXAMPLE",
             "secret_access_key": "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"}}))
     .unwrap();
-    let req = request(json!([{"role": "user", "content": "Hello"}]), json!({}));
+    let req = BEDROCK.request(json!([{"role": "user", "content": "Hello"}]), json!({}));
     let at = UNIX_EPOCH + Duration::from_secs(1_440_938_160);
     let a = prepare(&t, "", &req, at).unwrap();
     let b = prepare(&t, "", &req, at).unwrap();
@@ -722,22 +658,13 @@ fn http_error_shapes() {
 // ---- request translation ----------------------------------------------------------------
 
 fn build(messages: Value, extra: Value) -> Result<Value, ErrorInfo> {
-    build_request(&request(messages, extra))
+    build_request(&BEDROCK.request(messages, extra))
 }
 
 #[test]
 fn system_roles_images_and_inference_config() {
-    let messages = json!([
-        {"role": "system", "content": "Be brief."},
-        {"role": "developer", "content": [{"type": "text", "text": "Use French."}]},
-        {"role": "user", "content": [
-            {"type": "text", "text": "What are these?"},
-            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
-            {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,BBBB"}}]},
-        {"role": "user", "content": "Please."},
-        {"role": "assistant", "content": "Deux chats."},
-        {"role": "user", "content": ""}
-    ]);
+    let images = ["data:image/png;base64,AAAA", "data:image/jpeg;base64,BBBB"];
+    let messages = test_support::instructed("What are these?", &images, true);
     let body = build(
         messages,
         json!({"params": {"stop": ["END"], "top_p": 0.9, "max_tokens": 10, "n": 1,
@@ -764,20 +691,18 @@ fn system_roles_images_and_inference_config() {
 
 #[test]
 fn tool_calls_and_results() {
-    let messages = json!([
-        {"role": "user", "content": "Weather in Paris, and the time?"},
-        {"role": "assistant", "content": "Checking.", "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{\"city\":\"Paris\"}"}},
-            {"id": "c2", "type": "function", "function": {"name": "clock", "arguments": ""}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
-        {"role": "tool", "tool_call_id": "c2", "content": "{\"time\":\"12:00\"}"},
-        {"role": "user", "content": "Thanks"}
-    ]);
-    let tools = json!({"tools": [
-        {"type": "function", "function": {"name": "weather", "description": "w",
-            "parameters": {"type": "object", "additionalProperties": false}}},
-        {"type": "function", "function": {"name": "clock"}}]});
-    let body = build(messages, tools).unwrap();
+    let calls = [
+        ("c1", "weather", r#"{"city":"Paris"}"#),
+        ("c2", "clock", ""),
+    ];
+    let results = [("c1", "sunny"), ("c2", r#"{"time":"12:00"}"#)];
+    let messages = test_support::tool_round(
+        "Weather in Paris, and the time?",
+        json!("Checking."),
+        &calls,
+        &results,
+    );
+    let body = build(messages, test_support::weather_and_clock()).unwrap();
     assert_eq!(
         body["messages"],
         json!([
@@ -804,9 +729,7 @@ fn tool_calls_and_results() {
 
 #[test]
 fn tool_choice_mapping() {
-    let tools = json!([{"type": "function", "function": {"name": "w"}}]);
-    let user = json!([{"role": "user", "content": "x"}]);
-    let named = json!({"type": "function", "function": {"name": "w"}});
+    let (tools, user, named) = test_support::choice_setup();
     for (choice, expected) in [
         (json!("auto"), None),
         (json!("required"), Some(json!({"any": {}}))),

@@ -13,17 +13,13 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use futures::future::BoxFuture;
-use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderValue};
+use reqwest::header::{ACCEPT, CONTENT_TYPE};
 use serde_json::{Map, Value, json};
-use switchyard_schemas::config::{ProviderKind, TargetConfig};
-use switchyard_schemas::request::{Content, ContentPart, Message, Role, ToolCall};
+use switchyard_schemas::config::ProviderKind;
+use switchyard_schemas::request::{Content, FilePart, Message, Role, ToolCall};
 use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, FinishReason, FrameBody, Usage};
 
-use crate::provider::{
-    Answer, EventStream, Provider, SseTranslator, is_json_answer, send_checked, translate_json,
-    translate_sse,
-};
+use crate::provider::{Answer, Call, EventStream, Provider, SseTranslator, Upstream, send_checked};
 use crate::sse::SseEvent;
 
 /// MIME type assumed for an `http(s)` image URL whose extension says nothing (`fileData.mimeType`
@@ -46,13 +42,8 @@ impl Provider for GeminiProvider {
         ProviderKind::Gemini
     }
 
-    fn stream_chat(
-        &self,
-        http: &reqwest::Client,
-        target: &TargetConfig,
-        base_url: &str,
-        req: &ChatRequest,
-    ) -> BoxFuture<'static, Result<EventStream, ErrorInfo>> {
+    fn stream_chat(&self, up: Upstream<'_>, req: &ChatRequest) -> Call<EventStream> {
+        let (http, target, base_url) = (up.http, up.target, up.base_url);
         let body = build_request(req).map(|body| body.to_string());
         let structured = matches!(json_tool(req), Ok(Some(_)));
         let (url, accept) = if req.stream {
@@ -70,31 +61,23 @@ impl Provider for GeminiProvider {
             .post(url)
             .header(CONTENT_TYPE, "application/json")
             .header(ACCEPT, accept);
-        let key =
-            (!target.api_key.is_empty()).then(|| HeaderValue::from_str(target.api_key.expose()));
+        let key = api_key_header(target);
         Box::pin(async move {
             let body = body?;
-            if let Some(key) = key {
-                let bad_key =
-                    |_| ErrorInfo::new(ErrorClass::Auth, "api_key is not a valid header value");
-                let mut key = key.map_err(bad_key)?;
-                key.set_sensitive(true);
+            if let Some(key) = key? {
                 builder = builder.header("x-goog-api-key", key);
             }
             let resp = send_checked(builder.body(body)).await?;
-            if is_json_answer(&resp) {
-                let parse = if structured {
-                    parse_structured_response
-                } else {
-                    parse_response
-                };
-                return Ok(translate_json(resp, parse));
-            }
+            let parse = if structured {
+                parse_structured_response
+            } else {
+                parse_response
+            };
             let translator = GeminiTranslator {
                 structured,
                 ..GeminiTranslator::default()
             };
-            Ok(translate_sse(resp, translator))
+            Ok(read_answer(resp, parse, translator))
         })
     }
 }
@@ -148,7 +131,10 @@ fn parse_with(v: &Value, mut t: GeminiTranslator) -> Result<Answer, ErrorInfo> {
     Answer::from_frames(out)
 }
 
-use crate::providers::shared::{JSON_INSTRUCTION, JSON_TOOL, bad_message, invalid};
+use crate::providers::shared::{
+    JSON_INSTRUCTION, JSON_TOOL, PartCodec, api_key_header, bad_message, invalid, protocol,
+    read_answer, without_nulls,
+};
 
 /// One `Content` being built: role, whether it holds tool results, parts.
 struct Turn {
@@ -203,9 +189,14 @@ pub fn build_request(req: &ChatRequest) -> Result<Value, ErrorInfo> {
                     system.push(json!({ "text": text }));
                 }
             }
-            Role::User => push_turn(&mut turns, "user", false, parts(m.content.as_ref(), i)?),
+            Role::User => push_turn(
+                &mut turns,
+                "user",
+                false,
+                PARTS.blocks(m.content.as_ref(), i)?,
+            ),
             Role::Assistant => {
-                let mut out = parts(m.content.as_ref(), i)?;
+                let mut out = PARTS.blocks(m.content.as_ref(), i)?;
                 for (j, call) in m.tool_calls.iter().enumerate() {
                     out.push(function_call_part(call, j == 0, i)?);
                     call_names.insert(&call.id, &call.function.name);
@@ -394,14 +385,6 @@ pub fn gemini_schema(schema: &Value) -> Value {
     out
 }
 
-/// `v` without its top-level `null` members (absent optional fields).
-fn without_nulls(mut v: Value) -> Value {
-    if let Some(obj) = v.as_object_mut() {
-        obj.retain(|_, v| !v.is_null());
-    }
-    v
-}
-
 /// Appends `parts` as a turn, merging into the previous turn when it has the same role and kind
 /// (tool results are never merged with ordinary user text). Empty turns are dropped.
 fn push_turn(turns: &mut Vec<Turn>, role: &'static str, tool_results: bool, parts: Vec<Value>) {
@@ -420,37 +403,25 @@ fn push_turn(turns: &mut Vec<Turn>, role: &'static str, tool_results: bool, part
     }
 }
 
-/// Text and image parts of a message's content; empty text is skipped.
-fn parts(content: Option<&Content>, i: usize) -> Result<Vec<Value>, ErrorInfo> {
-    match content {
-        None => Ok(Vec::new()),
-        Some(Content::Text(t)) if t.is_empty() => Ok(Vec::new()),
-        Some(Content::Text(t)) => Ok(vec![json!({ "text": t })]),
-        Some(Content::Parts(list)) => {
-            let mut out = Vec::with_capacity(list.len());
-            for part in list {
-                match part {
-                    ContentPart::Text { text } if text.is_empty() => {}
-                    ContentPart::Text { text } => out.push(json!({ "text": text })),
-                    ContentPart::ImageUrl { image_url } => out.push(image_part(&image_url.url, i)?),
-                    // `inlineData` takes documents too (Gemini API, "Document understanding").
-                    // Gemini `fileData` takes a document URI (Gemini API "Document understanding").
-                    ContentPart::File { file } if file.file_id.is_some() => {
-                        return Err(bad_message(
-                            i,
-                            "Gemini cannot read another provider's file_id: send the document inline or by URL",
-                        ));
-                    }
-                    ContentPart::File { file } => match &file.file_url {
-                        Some(url) => out.push(
-                            json!({ "fileData": { "mimeType": "application/pdf", "fileUri": url } }),
-                        ),
-                        None => out.push(image_part(&file.file_data, i)?),
-                    },
-                }
-            }
-            Ok(out)
-        }
+/// Gemini parts: `{"text"}`, `inlineData` / `fileData` for images and documents.
+const PARTS: PartCodec = PartCodec {
+    text: |t| json!({ "text": t }),
+    image: image_part,
+    file: file_part,
+};
+
+/// A document: by URL as `fileData` (Gemini API "Document understanding"), inline as
+/// `inlineData` (which takes documents too); another provider's `file_id` cannot be read.
+fn file_part(file: &FilePart, i: usize) -> Result<Value, ErrorInfo> {
+    if file.file_id.is_some() {
+        return Err(bad_message(
+            i,
+            "Gemini cannot read another provider's file_id: send the document inline or by URL",
+        ));
+    }
+    match &file.file_url {
+        Some(url) => Ok(json!({ "fileData": { "mimeType": "application/pdf", "fileUri": url } })),
+        None => image_part(&file.file_data, i),
     }
 }
 
@@ -552,10 +523,6 @@ fn tool_config(choice: Option<&Value>) -> Result<Option<Value>, ErrorInfo> {
 }
 
 type Item = Result<FrameBody, ErrorInfo>;
-
-fn protocol(message: impl Into<String>) -> ErrorInfo {
-    ErrorInfo::new(ErrorClass::Protocol, message)
-}
 
 /// Gemini stream → normalised events: `Text`, whole `ToolCall`s, then (at the end of the byte
 /// stream, Gemini has no end marker) one `Usage` and `End`; a stream that ends without any

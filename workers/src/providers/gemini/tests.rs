@@ -1,11 +1,12 @@
 //! Unit tests of the gemini adapter.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 use super::*;
+use crate::providers::test_support::{self, GEMINI, end, text};
 use switchyard_mock::MockUpstream;
 
 /// Feeds `chunks` as separate writes through the SSE parser and the translator.
 fn translate_chunks(chunks: &[&str]) -> Vec<Item> {
-    super::super::test_support::translate_chunks::<GeminiTranslator>(chunks)
+    test_support::translate_chunks::<GeminiTranslator>(chunks)
 }
 
 /// One SSE `data:` event per non-empty line of JSON.
@@ -18,22 +19,8 @@ fn sse(lines: &str) -> String {
         .collect()
 }
 
-fn text(t: &str) -> Item {
-    Ok(FrameBody::Text { text: t.into() })
-}
-fn end(finish_reason: FinishReason) -> Item {
-    Ok(FrameBody::End { finish_reason })
-}
 fn usage(prompt: u64, cached: u64, completion: u64, reasoning: u64) -> Item {
-    let usage = Usage {
-        prompt_tokens: prompt,
-        cached_tokens: cached,
-        cache_write_tokens: 0,
-        completion_tokens: completion,
-        reasoning_tokens: reasoning,
-        ..Default::default()
-    };
-    Ok(FrameBody::Usage { usage })
+    test_support::usage(prompt, cached, 0, completion, reasoning)
 }
 fn call(index: u32, id: &str, name: &str, arguments: &str) -> Item {
     Ok(FrameBody::ToolCall {
@@ -44,48 +31,17 @@ fn call(index: u32, id: &str, name: &str, arguments: &str) -> Item {
     })
 }
 
-fn target(base: &str) -> TargetConfig {
-    serde_json::from_value(json!({"id": "g", "provider": "gemini",
-        "base_url": format!("{base}/v1beta"), "upstream_model": "gemini-test"}))
-    .unwrap()
-}
-
-fn request(messages: Value, extra: Value) -> ChatRequest {
-    super::super::test_support::request(
-        "demo/gemini",
-        ("g", "gemini", "gemini-test"),
-        messages,
-        extra,
-    )
-}
-
-/// A one-message request steering the mock with a `#mock` directive line.
-fn ask(directives: &str) -> ChatRequest {
-    request(
-        super::super::test_support::directive_messages(directives),
-        json!({}),
-    )
-}
-
-async fn run_with(t: &TargetConfig, req: &ChatRequest) -> Result<Vec<Item>, ErrorInfo> {
-    super::super::test_support::collect(&GeminiProvider, t, req).await
-}
-
-async fn run(mock: &MockUpstream, req: &ChatRequest) -> Result<Vec<Item>, ErrorInfo> {
-    run_with(&target(&mock.base_url()), req).await
-}
-
 #[tokio::test]
 async fn plain_text_stream_and_wire_request() {
     let mock = MockUpstream::start().await.unwrap();
-    let mut t = target(&mock.base_url());
+    let mut t = GEMINI.target(&mock.base_url());
     t.api_key = switchyard_schemas::Secret::new("AIza-test");
-    let req = request(
+    let req = GEMINI.request(
         json!([{"role": "system", "content": "Be brief."},
             {"role": "user", "content": "hi\n#mock text=Hello,+world chunks=2 prompt_tokens=5 completion_tokens=2"}]),
         json!({"params": {"temperature": 0.2, "max_tokens": 64}}),
     );
-    let events = run_with(&t, &req).await.unwrap();
+    let events = GEMINI.run_with(&t, &req).await.unwrap();
     let expected = vec![
         text("Hello,"),
         text(" world"),
@@ -114,29 +70,15 @@ async fn plain_text_stream_and_wire_request() {
 }
 
 #[tokio::test]
-async fn usage_values_are_exact() {
-    let mock = MockUpstream::start().await.unwrap();
-    let events = run(
-        &mock,
-        &ask("cached_tokens=3 prompt_tokens=10 completion_tokens=4"),
-    )
-    .await
-    .unwrap();
-    assert!(events.iter().all(Result::is_ok), "{events:?}");
-    let tail = [usage(10, 3, 4, 0), end(FinishReason::Stop)];
-    assert_eq!(events[events.len() - 2..], tail);
-}
-
-#[tokio::test]
 async fn two_parallel_tool_calls() {
     let mock = MockUpstream::start().await.unwrap();
     let tools = json!([{"type": "function", "function": {"name": "get_weather",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
-    let req = request(
+    let req = GEMINI.request(
         json!([{"role": "user", "content": "Weather?\n#mock tool_calls=2 prompt_tokens=9"}]),
         json!({"tools": tools, "tool_choice": "required"}),
     );
-    let events = run(&mock, &req).await.unwrap();
+    let events = GEMINI.run(&mock, &req).await.unwrap();
     let expected = vec![
         call(0, "call_0", "get_weather", r#"{"city":"Paris"}"#),
         call(1, "call_1", "get_weather", r#"{"city":"London"}"#),
@@ -153,16 +95,6 @@ async fn two_parallel_tool_calls() {
         sent["toolConfig"],
         json!({"functionCallingConfig": {"mode": "ANY"}})
     );
-}
-
-#[tokio::test]
-async fn max_tokens_finishes_with_length() {
-    let mock = MockUpstream::start().await.unwrap();
-    let mut req = ask("text=one+two+three+four");
-    req.params.max_tokens = Some(2);
-    let events = run(&mock, &req).await.unwrap();
-    assert_eq!(events.last(), Some(&end(FinishReason::Length)));
-    assert_eq!(events[..2], [text("one "), text("two")]);
 }
 
 #[test]
@@ -242,61 +174,28 @@ fn in_stream_errors_are_classified() {
 }
 
 #[tokio::test]
-async fn in_stream_error_after_two_chunks() {
-    let mock = MockUpstream::start().await.unwrap();
-    let events = run(&mock, &ask("error_after=2")).await.unwrap();
-    assert_eq!(events.len(), 3, "{events:?}");
-    assert!(matches!(
-        events[..2],
-        [Ok(FrameBody::Text { .. }), Ok(FrameBody::Text { .. })]
-    ));
-    let err = events[2].clone().unwrap_err();
-    assert_eq!((err.class, err.retryable), (ErrorClass::Overloaded, true));
-}
-
-#[tokio::test]
 async fn error_statuses() {
-    let mock = MockUpstream::start().await.unwrap();
-    let err = run(&mock, &ask("status=429 retry_after=7"))
-        .await
-        .unwrap_err();
-    assert_eq!(
-        (err.class, err.upstream_status, err.retry_after_ms),
-        (ErrorClass::RateLimited, Some(429), Some(7000))
-    );
+    let (limited, invalid) = test_support::error_statuses(&GEMINI).await;
     assert!(
-        err.message.contains("Resource has been exhausted"),
+        limited.message.contains("Resource has been exhausted"),
         "{}",
-        err.message
+        limited.message
     );
-    let err = run(&mock, &ask("status=503")).await.unwrap_err();
-    assert_eq!((err.class, err.retryable), (ErrorClass::Overloaded, true));
-    let err = run(&mock, &ask("status=400")).await.unwrap_err();
-    assert_eq!(
-        (err.class, err.retryable),
-        (ErrorClass::InvalidRequest, false)
-    );
-    assert_eq!(err.upstream_status, Some(400));
+    assert_eq!(invalid.upstream_status, Some(400));
 }
 
 fn build(messages: Value, extra: Value) -> Result<Value, ErrorInfo> {
-    build_request(&request(messages, extra))
+    build_request(&GEMINI.request(messages, extra))
 }
 
 #[test]
 fn system_roles_and_images() {
-    let messages = json!([
-        {"role": "system", "content": "Be brief."},
-        {"role": "developer", "content": [{"type": "text", "text": "Use French."}]},
-        {"role": "user", "content": [
-            {"type": "text", "text": "What are these?"},
-            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
-            {"type": "image_url", "image_url": {"url": "https://e.com/a.WEBP?x=1"}},
-            {"type": "image_url", "image_url": {"url": "https://e.com/img"}}]},
-        {"role": "user", "content": "Please."},
-        {"role": "assistant", "content": "Deux chats."},
-        {"role": "user", "content": ""}
-    ]);
+    let images = [
+        "data:image/png;base64,AAAA",
+        "https://e.com/a.WEBP?x=1",
+        "https://e.com/img",
+    ];
+    let messages = test_support::instructed("What are these?", &images, true);
     let body = build(
         messages,
         json!({"params": {"stop": ["END"], "seed": 7, "top_p": 0.9, "top_k": 40,
@@ -330,20 +229,18 @@ fn system_roles_and_images() {
 
 #[test]
 fn tool_calls_and_results_with_name_lookup() {
-    let messages = json!([
-        {"role": "user", "content": "Weather in Paris, and the time?"},
-        {"role": "assistant", "content": null, "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{\"city\":\"Paris\"}"}},
-            {"id": "c2", "type": "function", "function": {"name": "clock", "arguments": ""}}]},
-        {"role": "tool", "tool_call_id": "c2", "content": "{\"time\":\"12:00\"}"},
-        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
-        {"role": "user", "content": "Thanks"}
-    ]);
-    let tools = json!({"tools": [
-        {"type": "function", "function": {"name": "weather", "description": "w",
-            "parameters": {"type": "object", "additionalProperties": false}}},
-        {"type": "function", "function": {"name": "clock"}}]});
-    let body = build(messages, tools).unwrap();
+    let calls = [
+        ("c1", "weather", r#"{"city":"Paris"}"#),
+        ("c2", "clock", ""),
+    ];
+    let results = [("c2", r#"{"time":"12:00"}"#), ("c1", "sunny")];
+    let messages = test_support::tool_round(
+        "Weather in Paris, and the time?",
+        json!(null),
+        &calls,
+        &results,
+    );
+    let body = build(messages, test_support::weather_and_clock()).unwrap();
     assert_eq!(
         body["contents"],
         json!([
@@ -370,9 +267,7 @@ fn tool_calls_and_results_with_name_lookup() {
 
 #[test]
 fn tool_choice_mapping() {
-    let tools = json!([{"type": "function", "function": {"name": "w"}}]);
-    let user = json!([{"role": "user", "content": "x"}]);
-    let named = json!({"type": "function", "function": {"name": "w"}});
+    let (tools, user, named) = test_support::choice_setup();
     for (choice, expected) in [
         (json!("auto"), json!({"mode": "AUTO"})),
         (json!("none"), json!({"mode": "NONE"})),
@@ -495,27 +390,20 @@ fn gemini_schema_inlines_refs_and_strips_rejected_keywords() {
 #[tokio::test]
 async fn fc41_json_schema_answer_is_text() {
     let mock = MockUpstream::start().await.unwrap();
-    let t = target(&mock.base_url());
+    let t = GEMINI.target(&mock.base_url());
     let schema = json!({"type": "object", "additionalProperties": false,
         "properties": {"city": {"type": "string"}, "temp_c": {"type": "integer"}},
         "required": ["city", "temp_c"]});
     for stream in [true, false] {
-        let req = request(
-            super::super::test_support::directive_messages(
+        let req = GEMINI.request(
+            test_support::directive_messages(
                 "tool_args=%7B%22city%22%3A%22Paris%22%2C%22temp_c%22%3A21%7D",
             ),
             json!({"stream": stream, "params": {"response_format": {"type": "json_schema",
                 "json_schema": {"name": "weather", "strict": true, "schema": schema}}}}),
         );
-        let events = run_with(&t, &req).await.unwrap();
-        let texts: String = events
-            .iter()
-            .filter_map(|e| match e {
-                Ok(FrameBody::Text { text }) => Some(text.as_str()),
-                Ok(FrameBody::ToolCall { .. }) => panic!("tool call in {events:?}"),
-                _ => None,
-            })
-            .collect();
+        let events = GEMINI.run_with(&t, &req).await.unwrap();
+        let texts = test_support::texts_only(&events).concat();
         assert_eq!(texts, r#"{"city":"Paris","temp_c":21}"#, "stream={stream}");
         assert_eq!(events.last(), Some(&end(FinishReason::Stop)));
     }
@@ -535,10 +423,7 @@ fn weather_tool_request(directives: &str, extra: Value) -> ChatRequest {
     extra["params"] = json!({"response_format": {"type": "json_schema", "json_schema": {
         "name": "weather", "schema": {"type": "object", "additionalProperties": false,
             "properties": {"city": {"type": "string"}, "temp_c": {"type": "integer"}}}}}});
-    request(
-        super::super::test_support::directive_messages(directives),
-        extra,
-    )
+    GEMINI.request(test_support::directive_messages(directives), extra)
 }
 
 /// With user tools Gemini gets no JSON mode (2.x rejects it with function calling) but the
@@ -573,14 +458,14 @@ fn json_schema_with_user_tools_is_the_json_tool() {
 #[tokio::test]
 async fn json_tool_call_is_text_and_real_tool_stays_a_tool() {
     let mock = MockUpstream::start().await.unwrap();
-    let t = target(&mock.base_url());
+    let t = GEMINI.target(&mock.base_url());
     let weather = "%7B%22city%22%3A%22Paris%22%2C%22temp_c%22%3A21%7D";
     for stream in [true, false] {
         let req = weather_tool_request(
             &format!("call=json_tool_call:{weather}"),
             json!({"stream": stream}),
         );
-        let events = run_with(&t, &req).await.unwrap();
+        let events = GEMINI.run_with(&t, &req).await.unwrap();
         assert_eq!(
             events,
             vec![
@@ -595,7 +480,7 @@ async fn json_tool_call_is_text_and_real_tool_stays_a_tool() {
             "call=get_weather:%7B%22city%22%3A%22Paris%22%7D",
             json!({"stream": stream}),
         );
-        let events = run_with(&t, &req).await.unwrap();
+        let events = GEMINI.run_with(&t, &req).await.unwrap();
         assert_eq!(
             events[0],
             call(0, "call_0", "get_weather", r#"{"city":"Paris"}"#)
