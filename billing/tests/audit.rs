@@ -65,10 +65,7 @@ fn charge(ts: u64, key: &str, model: &str, status: UsageStatus, http: u16) -> Us
 }
 
 async fn audit_count(ledger: &Ledger) -> i64 {
-    sqlx::query_scalar("SELECT COUNT(*) FROM audit_log")
-        .fetch_one(ledger.pool())
-        .await
-        .unwrap()
+    common::count_rows(ledger, "audit_log").await
 }
 
 async fn scenario(url: &str) {
@@ -272,13 +269,4 @@ async fn scenario(url: &str) {
     ledger.close().await;
 }
 
-#[tokio::test]
-async fn sqlite_audit_rows_pages_and_retention() {
-    let dir = tempfile::tempdir().unwrap();
-    scenario(&format!("sqlite://{}/ledger.db", dir.path().display())).await;
-}
-
-#[tokio::test]
-async fn postgres_audit_rows_pages_and_retention() {
-    common::on_postgres(|url| async move { scenario(&url).await }).await;
-}
+common::on_both_ledgers!(scenario: sqlite_audit_rows_pages_and_retention, postgres_audit_rows_pages_and_retention);

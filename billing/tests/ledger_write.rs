@@ -44,10 +44,7 @@ fn event(prompt: u64) -> UsageEvent {
 }
 
 async fn lines(ledger: &Ledger) -> i64 {
-    sqlx::query_scalar("SELECT COUNT(*) FROM ledger_lines")
-        .fetch_one(ledger.pool())
-        .await
-        .unwrap()
+    common::count_rows(ledger, "ledger_lines").await
 }
 
 async fn scenario(url: &str) {
@@ -96,13 +93,4 @@ async fn scenario(url: &str) {
     ledger.close().await;
 }
 
-#[tokio::test]
-async fn sqlite_batched_writes() {
-    let dir = tempfile::tempdir().unwrap();
-    scenario(&format!("sqlite://{}/ledger.db", dir.path().display())).await;
-}
-
-#[tokio::test]
-async fn postgres_batched_writes() {
-    common::on_postgres(|url| async move { scenario(&url).await }).await;
-}
+common::on_both_ledgers!(scenario: sqlite_batched_writes, postgres_batched_writes);

@@ -351,26 +351,14 @@ async fn scenario(url: &str) {
     ledger.close().await;
 }
 
-#[tokio::test]
-async fn sqlite_usage_queries() {
-    let dir = tempfile::tempdir().unwrap();
-    scenario(&format!("sqlite://{}/ledger.db", dir.path().display())).await;
-}
-
-#[tokio::test]
-async fn postgres_usage_queries() {
-    common::on_postgres(|url| async move { scenario(&url).await }).await;
-}
+common::on_both_ledgers!(scenario: sqlite_usage_queries, postgres_usage_queries);
 
 /// `run` answers `<prefix>.billing.usage` over NATS, errors included.
 #[tokio::test]
 async fn queries_over_nats() {
     let nats = NatsServer::start();
     let client = async_nats::connect(nats.url()).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let ledger = Ledger::connect(&format!("sqlite://{}/ledger.db", dir.path().display()))
-        .await
-        .unwrap();
+    let (_dir, ledger) = common::sqlite_ledger().await;
     ledger.insert_batch(&events()).await.unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let service = tokio::spawn(switchyard_billing::run(

@@ -439,16 +439,7 @@ async fn scenario(url: &str) {
     ledger.close().await;
 }
 
-#[tokio::test]
-async fn sqlite_daily_report_reconciliation_and_import() {
-    let dir = tempfile::tempdir().unwrap();
-    scenario(&format!("sqlite://{}/ledger.db", dir.path().display())).await;
-}
-
-#[tokio::test]
-async fn postgres_daily_report_reconciliation_and_import() {
-    common::on_postgres(|url| async move { scenario(&url).await }).await;
-}
+common::on_both_ledgers!(scenario: sqlite_daily_report_reconciliation_and_import, postgres_daily_report_reconciliation_and_import);
 
 /// Origins and the "no tenant" label: a live request without a tenant (auth off), a cache hit,
 /// a batch item whose upstream reported one token more than its charge, and a health probe.
@@ -456,10 +447,7 @@ async fn postgres_daily_report_reconciliation_and_import() {
 /// the batch item's finding names its origin, and "no tenant" is `(none)` in every human format.
 #[tokio::test]
 async fn origins_and_the_no_tenant_label() {
-    let dir = tempfile::tempdir().unwrap();
-    let ledger = Ledger::connect(&format!("sqlite://{}/ledger.db", dir.path().display()))
-        .await
-        .unwrap();
+    let (_dir, ledger) = common::sqlite_ledger().await;
     let gpt = "openai/gpt-4o";
     let ids: Vec<Uuid> = (0..4).map(|_| Uuid::now_v7()).collect();
     let mut ev = Vec::new();

@@ -1,5 +1,12 @@
 //! Shared test helpers: a real nats-server per test, a throwaway PostgreSQL schema, polling.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    dead_code,
+    unused_imports,
+    unused_macros,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic
+)]
 
 use sqlx::Connection;
 use std::future::Future;
@@ -117,3 +124,52 @@ where
         std::panic::resume_unwind(panic);
     }
 }
+
+/// `sqlite://<dir>/ledger.db`, the ledger file the scenario tests use in a temporary directory.
+pub fn sqlite_url(dir: &tempfile::TempDir) -> String {
+    format!("sqlite://{}/ledger.db", dir.path().display())
+}
+
+/// A ledger on a fresh SQLite file; the directory lives as long as the returned guard.
+pub async fn sqlite_ledger() -> (tempfile::TempDir, switchyard_billing::Ledger) {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = switchyard_billing::Ledger::connect(&sqlite_url(&dir))
+        .await
+        .unwrap();
+    (dir, ledger)
+}
+
+/// Runs `scenario` on the URL of a fresh SQLite ledger in a temporary directory.
+pub async fn on_sqlite<F, Fut>(scenario: F)
+where
+    F: FnOnce(String) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let dir = tempfile::tempdir().unwrap();
+    scenario(sqlite_url(&dir)).await;
+}
+
+/// `SELECT COUNT(*) FROM <table>` on the ledger.
+pub async fn count_rows(ledger: &switchyard_billing::Ledger, table: &str) -> i64 {
+    sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {table}"))
+        .fetch_one(ledger.pool())
+        .await
+        .unwrap()
+}
+
+/// Declares the tests `$sqlite` and `$postgres`, running the async `$scenario(&str)` on a ledger
+/// URL: a SQLite file ([`on_sqlite`]) and a fresh PostgreSQL schema ([`on_postgres`]).
+macro_rules! on_both_ledgers {
+    ($scenario:ident: $sqlite:ident, $postgres:ident) => {
+        #[tokio::test]
+        async fn $sqlite() {
+            $crate::common::on_sqlite(|url| async move { $scenario(&url).await }).await;
+        }
+
+        #[tokio::test]
+        async fn $postgres() {
+            $crate::common::on_postgres(|url| async move { $scenario(&url).await }).await;
+        }
+    };
+}
+pub(crate) use on_both_ledgers;
