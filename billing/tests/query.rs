@@ -15,7 +15,6 @@ use switchyard_schemas::ErrorClass;
 use switchyard_schemas::subjects::Subjects;
 use switchyard_schemas::usage::{Usage, UsageEvent, UsageKind, UsageStatus};
 use switchyard_schemas::usage_query::{GroupBy, UsageAnswer, UsageQuery, UsageReply, UsageRow};
-use uuid::Uuid;
 
 /// 2025-11-05T00:00:00Z, ms.
 const DAY: u64 = 1_762_300_800_000;
@@ -41,27 +40,12 @@ fn usage(prompt: u64, cached: u64, completion: u64, reasoning: u64) -> Usage {
 
 fn charge(ts: u64, tenant: &str, key: &str, model: &str, u: Usage) -> UsageEvent {
     UsageEvent {
-        request_id: Uuid::now_v7(),
-        kind: UsageKind::Charge,
-        attempt: 0,
-        ts_ms: ts,
         tenant: Some(tenant.into()),
         key_id: Some(key.into()),
         model: model.into(),
-        target: Some("openai-east".into()),
         upstream_model: Some(model.trim_start_matches("openai/").into()),
         usage: u,
-        estimated: false,
-        status: UsageStatus::Ok,
-        error_class: None,
-        ttft_ms: Some(100),
-        latency_ms: 500,
-        fallbacks: 0,
-        cache_hit: false,
-        budget_owed: None,
-        batch_id: None,
-        audit: None,
-        finish_reason: None,
+        ..common::event(UsageKind::Charge, ts)
     }
 }
 

@@ -39,26 +39,11 @@ fn usage(prompt: u64, cached: u64, write: u64, completion: u64) -> Usage {
 fn charge(id: Uuid, ts: u64, tenant: &str, model: &str, target: &str, up: &str) -> UsageEvent {
     UsageEvent {
         request_id: id,
-        kind: UsageKind::Charge,
-        attempt: 0,
-        ts_ms: ts,
         tenant: Some(tenant.into()),
-        key_id: None,
         model: model.into(),
         target: Some(target.into()),
         upstream_model: Some(up.into()),
-        usage: Usage::default(),
-        estimated: false,
-        status: UsageStatus::Ok,
-        error_class: None,
-        ttft_ms: Some(100),
-        latency_ms: 500,
-        fallbacks: 0,
-        cache_hit: false,
-        budget_owed: None,
-        batch_id: None,
-        audit: None,
-        finish_reason: None,
+        ..common::event(UsageKind::Charge, ts)
     }
 }
 
@@ -78,6 +63,15 @@ fn upstream(c: &UsageEvent, attempt: u32, target: &str, up: &str, u: Usage) -> U
     }
 }
 
+/// Pushes a clean request: its ok upstream call (attempt 0, on the charge's target and upstream
+/// model) and the charge `c`, both with usage `u`.
+fn served(ev: &mut Vec<UsageEvent>, mut c: UsageEvent, u: Usage) {
+    c.usage = u;
+    let (target, up) = (c.target.clone().unwrap(), c.upstream_model.clone().unwrap());
+    ev.push(upstream(&c, 0, &target, &up, u));
+    ev.push(c);
+}
+
 /// The day's events; comments give each request's cost (upstream) and charge at bundled prices.
 fn events() -> (Vec<UsageEvent>, Vec<Uuid>) {
     let ids: Vec<Uuid> = (0..13).map(|_| Uuid::now_v7()).collect();
@@ -90,17 +84,18 @@ fn events() -> (Vec<UsageEvent>, Vec<Uuid>) {
     let claude = "claude-sonnet-4-20250514";
 
     // R1 clean (FC-11): cost 0.005615, charge 0.005615.
-    let mut c = charge(
-        ids[1],
-        DAY + HOUR + 1000,
-        "acme",
-        gpt,
-        "openai-east",
-        "gpt-4o",
+    served(
+        &mut ev,
+        charge(
+            ids[1],
+            DAY + HOUR + 1000,
+            "acme",
+            gpt,
+            "openai-east",
+            "gpt-4o",
+        ),
+        usage(2006, 1920, 0, 300),
     );
-    c.usage = usage(2006, 1920, 0, 300);
-    ev.push(upstream(&c, 0, "openai-east", "gpt-4o", c.usage));
-    ev.push(c);
     // R2 fallback: attempt 0 fails on openai-east (cost 0), attempt 1 served by gpt-4o-mini
     // (cost 0.00045) and charged at gpt-4o prices (0.0075).
     let mut c = charge(
@@ -120,17 +115,18 @@ fn events() -> (Vec<UsageEvent>, Vec<Uuid>) {
     ev.push(upstream(&c, 1, "openai-mini", "gpt-4o-mini", c.usage));
     ev.push(c);
     // R3 clean (FC-10): cost and charge 0.03055725.
-    let mut c = charge(
-        ids[3],
-        DAY + 10 * HOUR,
-        "globex",
-        sonnet,
-        "anthropic",
-        claude,
+    served(
+        &mut ev,
+        charge(
+            ids[3],
+            DAY + 10 * HOUR,
+            "globex",
+            sonnet,
+            "anthropic",
+            claude,
+        ),
+        usage(9033, 0, 4511, 5),
     );
-    c.usage = usage(9033, 0, 4511, 5);
-    ev.push(upstream(&c, 0, "anthropic", claude, c.usage));
-    ev.push(c);
     // R4 cache hit, no upstream call: charged 0 (cache pricing policy), usage kept.
     let mut c = charge(
         ids[4],
@@ -213,23 +209,25 @@ fn events() -> (Vec<UsageEvent>, Vec<Uuid>) {
     ev.push(u);
     ev.push(c);
     // R11 the previous day: not in the report.
-    let mut c = charge(ids[11], DAY - 10_000, "acme", gpt, "openai-east", "gpt-4o");
-    c.usage = usage(1_000_000, 0, 0, 0);
-    ev.push(upstream(&c, 0, "openai-east", "gpt-4o", c.usage));
-    ev.push(c);
+    served(
+        &mut ev,
+        charge(ids[11], DAY - 10_000, "acme", gpt, "openai-east", "gpt-4o"),
+        usage(1_000_000, 0, 0, 0),
+    );
     // R12 straddles midnight: upstream row on the previous day, charge 2 ms into the day; filed
     // under the charge's day, clean. Cost and charge 0.15.
-    let mut c = charge(
-        ids[12],
-        DAY + 2,
-        "globex",
-        mini,
-        "openai-mini",
-        "gpt-4o-mini",
+    served(
+        &mut ev,
+        charge(
+            ids[12],
+            DAY + 2,
+            "globex",
+            mini,
+            "openai-mini",
+            "gpt-4o-mini",
+        ),
+        usage(1_000_000, 0, 0, 0),
     );
-    c.usage = usage(1_000_000, 0, 0, 0);
-    ev.push(upstream(&c, 0, "openai-mini", "gpt-4o-mini", c.usage));
-    ev.push(c);
     (ev, ids)
 }
 
@@ -454,9 +452,7 @@ async fn origins_and_the_no_tenant_label() {
     // Live, no tenant: 1,000 × $2.50 + 100 × $10 per 1M on both sides.
     let mut c = charge(ids[0], DAY + HOUR, "x", gpt, "openai-east", "gpt-4o");
     c.tenant = None;
-    c.usage = usage(1000, 0, 0, 100);
-    ev.push(upstream(&c, 0, "openai-east", "gpt-4o", c.usage));
-    ev.push(c);
+    served(&mut ev, c, usage(1000, 0, 0, 100));
     // Cache hit: charged $0, no upstream call.
     let mut c = charge(ids[1], DAY + HOUR + 1, "acme", gpt, "openai-east", "gpt-4o");
     c.usage = usage(1000, 0, 0, 100);

@@ -173,3 +173,55 @@ macro_rules! on_both_ledgers {
     };
 }
 pub(crate) use on_both_ledgers;
+
+/// An ok `kind` event at `ts_ms` with a fresh request id: attempt 0, tenant `acme`, no key,
+/// `openai/gpt-4o` on `openai-east` (upstream `gpt-4o`), no usage, TTFT 100 ms, latency 500 ms,
+/// no fallback, cache hit, batch or audit. Fixtures override what they are about.
+pub fn event(
+    kind: switchyard_schemas::usage::UsageKind,
+    ts_ms: u64,
+) -> switchyard_schemas::usage::UsageEvent {
+    switchyard_schemas::usage::UsageEvent {
+        request_id: uuid::Uuid::now_v7(),
+        kind,
+        attempt: 0,
+        ts_ms,
+        tenant: Some("acme".into()),
+        key_id: None,
+        model: "openai/gpt-4o".into(),
+        target: Some("openai-east".into()),
+        upstream_model: Some("gpt-4o".into()),
+        usage: switchyard_schemas::usage::Usage::default(),
+        estimated: false,
+        status: switchyard_schemas::usage::UsageStatus::Ok,
+        error_class: None,
+        ttft_ms: Some(100),
+        latency_ms: 500,
+        fallbacks: 0,
+        cache_hit: false,
+        budget_owed: None,
+        batch_id: None,
+        audit: None,
+        finish_reason: None,
+    }
+}
+
+/// A nats-server holding billing's usage stream ([`switchyard_billing::ensure_usage_stream`]) on
+/// the default subjects: the server (stopped on drop), a client, its JetStream context, the
+/// subjects and the stream.
+pub async fn usage_stream() -> (
+    NatsServer,
+    async_nats::Client,
+    async_nats::jetstream::Context,
+    switchyard_schemas::subjects::Subjects,
+    async_nats::jetstream::stream::Stream,
+) {
+    let nats = NatsServer::start();
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let js = async_nats::jetstream::new(client.clone());
+    let subjects = switchyard_schemas::subjects::Subjects::default();
+    let stream = switchyard_billing::ensure_usage_stream(&js, &subjects)
+        .await
+        .unwrap();
+    (nats, client, js, subjects, stream)
+}
