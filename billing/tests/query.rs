@@ -4,10 +4,10 @@
 
 mod common;
 
+use common::d;
+
 use common::NatsServer;
-use rust_decimal::Decimal;
 use std::collections::BTreeMap;
-use std::str::FromStr;
 use std::time::Duration;
 use switchyard_billing::Ledger;
 use switchyard_billing::query::{QueryError, usage as ask_usage};
@@ -22,10 +22,6 @@ const HOUR: u64 = 3_600_000;
 const DAY_MS: u64 = 24 * HOUR;
 const MINI: &str = "openai/gpt-4o-mini";
 const GPT: &str = "openai/gpt-4o";
-
-fn d(s: &str) -> Decimal {
-    Decimal::from_str(s).unwrap()
-}
 
 fn usage(prompt: u64, cached: u64, completion: u64, reasoning: u64) -> Usage {
     Usage {

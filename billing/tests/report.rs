@@ -4,8 +4,9 @@
 
 mod common;
 
+use common::d;
+
 use rust_decimal::Decimal;
-use std::str::FromStr;
 use switchyard_billing::reconcile::DiscrepancyClass;
 use switchyard_billing::report::{CSV_HEADER, GroupRow, GroupStats, utc_day_bounds};
 use switchyard_billing::report_import::DiffStatus;
@@ -19,10 +20,6 @@ use uuid::Uuid;
 /// 2025-11-05T00:00:00Z, ms.
 const DAY: u64 = 1_762_300_800_000;
 const HOUR: u64 = 3_600_000;
-
-fn d(s: &str) -> Decimal {
-    Decimal::from_str(s).unwrap()
-}
 
 fn usage(prompt: u64, cached: u64, write: u64, completion: u64) -> Usage {
     Usage {
@@ -65,10 +62,15 @@ fn upstream(c: &UsageEvent, attempt: u32, target: &str, up: &str, u: Usage) -> U
 
 /// Pushes a clean request: its ok upstream call (attempt 0, on the charge's target and upstream
 /// model) and the charge `c`, both with usage `u`.
-fn served(ev: &mut Vec<UsageEvent>, mut c: UsageEvent, u: Usage) {
-    c.usage = u;
+fn served(ev: &mut Vec<UsageEvent>, c: UsageEvent, u: Usage) {
+    served_with(ev, c, u, u);
+}
+
+/// [`served`] with the charge's usage `charged` and the upstream call's `used`.
+fn served_with(ev: &mut Vec<UsageEvent>, mut c: UsageEvent, charged: Usage, used: Usage) {
+    c.usage = charged;
     let (target, up) = (c.target.clone().unwrap(), c.upstream_model.clone().unwrap());
-    ev.push(upstream(&c, 0, &target, &up, u));
+    ev.push(upstream(&c, 0, &target, &up, used));
     ev.push(c);
 }
 
@@ -150,11 +152,9 @@ fn events() -> (Vec<UsageEvent>, Vec<Uuid>) {
     ));
     // R6 admitted_not_settled: upstream ok, charge cancelled; cost and charge 0.0007.
     let mut c = charge(ids[6], DAY + 4 * HOUR, "acme", gpt, "openai-east", "gpt-4o");
-    c.usage = usage(200, 0, 0, 20);
     c.status = UsageStatus::Cancelled;
     c.error_class = Some(ErrorClass::Cancelled);
-    ev.push(upstream(&c, 0, "openai-east", "gpt-4o", c.usage));
-    ev.push(c);
+    served(&mut ev, c, usage(200, 0, 0, 20));
     // R7 charge_without_upstream: charge 0.0000105.
     let mut c = charge(
         ids[7],
@@ -167,16 +167,8 @@ fn events() -> (Vec<UsageEvent>, Vec<Uuid>) {
     c.usage = usage(50, 0, 0, 5);
     ev.push(c);
     // R8 usage_mismatch: upstream 30 completion tokens (cost 0.00105), charge 31 (0.00106).
-    let mut c = charge(ids[8], DAY + 6 * HOUR, "acme", gpt, "openai-east", "gpt-4o");
-    c.usage = usage(300, 0, 0, 31);
-    ev.push(upstream(
-        &c,
-        0,
-        "openai-east",
-        "gpt-4o",
-        usage(300, 0, 0, 30),
-    ));
-    ev.push(c);
+    let c = charge(ids[8], DAY + 6 * HOUR, "acme", gpt, "openai-east", "gpt-4o");
+    served_with(&mut ev, c, usage(300, 0, 0, 31), usage(300, 0, 0, 30));
     // R9 estimated on both sides (cancelled mid-stream): cost and charge 0.00024.
     let mut c = charge(
         ids[9],
@@ -461,16 +453,8 @@ async fn origins_and_the_no_tenant_label() {
     // Batch item: cost at gpt-4o's batch discount (half of 1,000 × $2.50 + 101 × $10 per 1M);
     // the charge at the sale card's batch rate.
     let mut c = charge(ids[2], DAY + HOUR + 2, "acme", gpt, "openai-east", "gpt-4o");
-    c.usage = usage(1000, 0, 0, 100);
     c.batch_id = Some("batch_1".into());
-    ev.push(upstream(
-        &c,
-        0,
-        "openai-east",
-        "gpt-4o",
-        usage(1000, 0, 0, 101),
-    ));
-    ev.push(c);
+    served_with(&mut ev, c, usage(1000, 0, 0, 100), usage(1000, 0, 0, 101));
     // Health probe: one upstream row, no charge row by design.
     let mut p = charge(
         ids[3],

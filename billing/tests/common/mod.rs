@@ -225,3 +225,8 @@ pub async fn usage_stream() -> (
         .unwrap();
     (nats, client, js, subjects, stream)
 }
+
+/// An exact decimal from its text.
+pub fn d(s: &str) -> rust_decimal::Decimal {
+    s.parse().unwrap()
+}
