@@ -693,15 +693,10 @@ impl Ledger {
         kind: UsageKind,
         attempt: u32,
     ) -> Result<Option<Decimal>, BillingError> {
-        let v: Option<Option<String>> = sqlx::query_scalar(
-            "SELECT cost_usd FROM usage_events WHERE request_id = $1 AND kind = $2 AND attempt = $3",
-        )
-        .bind(request_id.to_string())
-        .bind(kind.as_str())
-        .bind(i64::from(attempt))
-        .fetch_optional(&self.pool)
-        .await?;
-        Ok(v.flatten().and_then(|s| s.parse().ok()))
+        let v = self
+            .text_column_of("cost_usd", request_id, kind, attempt)
+            .await?;
+        Ok(v.and_then(|s| s.parse().ok()))
     }
 
     /// What had no price on one event (the `unpriced` column split at commas; empty when
@@ -712,17 +707,31 @@ impl Ledger {
         kind: UsageKind,
         attempt: u32,
     ) -> Result<Vec<String>, BillingError> {
-        let v: Option<Option<String>> = sqlx::query_scalar(
-            "SELECT unpriced FROM usage_events WHERE request_id = $1 AND kind = $2 AND attempt = $3",
-        )
-        .bind(request_id.to_string())
-        .bind(kind.as_str())
-        .bind(i64::from(attempt))
-        .fetch_optional(&self.pool)
-        .await?;
-        Ok(v.flatten()
-            .map(|s| s.split(',').map(str::to_owned).collect())
+        let v = self
+            .text_column_of("unpriced", request_id, kind, attempt)
+            .await?;
+        Ok(v.map(|s| s.split(',').map(str::to_owned).collect())
             .unwrap_or_default())
+    }
+
+    /// The nullable TEXT `column` of one event; `None` when it is NULL or the event is missing.
+    async fn text_column_of(
+        &self,
+        column: &'static str,
+        request_id: Uuid,
+        kind: UsageKind,
+        attempt: u32,
+    ) -> Result<Option<String>, BillingError> {
+        let sql = format!(
+            "SELECT {column} FROM usage_events WHERE request_id = $1 AND kind = $2 AND attempt = $3"
+        );
+        let v: Option<Option<String>> = sqlx::query_scalar(&sql)
+            .bind(request_id.to_string())
+            .bind(kind.as_str())
+            .bind(i64::from(attempt))
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(v.flatten())
     }
 
     /// The ledger lines of one event as (billing type, tokens, amount USD), in billing-type order.
