@@ -18,8 +18,9 @@ pub const MAX_CONCURRENT_QUERIES: usize = 4;
 
 /// Serves `subject` until `shutdown` completes: each message with a reply subject gets
 /// `answer(ledger, payload, max_payload)` (a clone of `ledger`; the server's `max_payload`,
-/// bytes, so an answer can fit itself to one message) published back. A message without a reply subject is ignored. Returns
-/// after the answers under way are sent; fails only when subscribing fails.
+/// bytes, so an answer can fit itself to one message) published back. A message without a
+/// reply subject is ignored. Returns after the answers under way are sent; fails only when
+/// subscribing fails.
 pub(crate) async fn serve<F, Fut>(
     nats: async_nats::Client,
     subject: String,

@@ -259,4 +259,8 @@ async fn scenario(url: &str) {
     ledger.close().await;
 }
 
-common::on_both_ledgers!(scenario: sqlite_audit_rows_pages_and_retention, postgres_audit_rows_pages_and_retention);
+common::on_both_ledgers!(
+    scenario,
+    sqlite_audit_rows_pages_and_retention,
+    postgres_audit_rows_pages_and_retention
+);

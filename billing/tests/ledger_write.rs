@@ -74,4 +74,4 @@ async fn scenario(url: &str) {
     ledger.close().await;
 }
 
-common::on_both_ledgers!(scenario: sqlite_batched_writes, postgres_batched_writes);
+common::on_both_ledgers!(scenario, sqlite_batched_writes, postgres_batched_writes);

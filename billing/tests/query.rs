@@ -331,7 +331,7 @@ async fn scenario(url: &str) {
     ledger.close().await;
 }
 
-common::on_both_ledgers!(scenario: sqlite_usage_queries, postgres_usage_queries);
+common::on_both_ledgers!(scenario, sqlite_usage_queries, postgres_usage_queries);
 
 /// `run` answers `<prefix>.billing.usage` over NATS, errors included.
 #[tokio::test]

@@ -429,7 +429,11 @@ async fn scenario(url: &str) {
     ledger.close().await;
 }
 
-common::on_both_ledgers!(scenario: sqlite_daily_report_reconciliation_and_import, postgres_daily_report_reconciliation_and_import);
+common::on_both_ledgers!(
+    scenario,
+    sqlite_daily_report_reconciliation_and_import,
+    postgres_daily_report_reconciliation_and_import
+);
 
 /// Origins and the "no tenant" label: a live request without a tenant (auth off), a cache hit,
 /// a batch item whose upstream reported one token more than its charge, and a health probe.

@@ -160,7 +160,7 @@ pub async fn count_rows(ledger: &switchyard_billing::Ledger, table: &str) -> i64
 /// Declares the tests `$sqlite` and `$postgres`, running the async `$scenario(&str)` on a ledger
 /// URL: a SQLite file ([`on_sqlite`]) and a fresh PostgreSQL schema ([`on_postgres`]).
 macro_rules! on_both_ledgers {
-    ($scenario:ident: $sqlite:ident, $postgres:ident) => {
+    ($scenario:ident, $sqlite:ident, $postgres:ident) => {
         #[tokio::test]
         async fn $sqlite() {
             $crate::common::on_sqlite(|url| async move { $scenario(&url).await }).await;
