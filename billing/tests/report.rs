@@ -239,6 +239,14 @@ fn money_strings(v: &serde_json::Value, out: &mut Vec<String>) {
     }
 }
 
+/// `by_origin` as (name, requests, cost, charge).
+fn origins(r: &DailyReport) -> Vec<(&str, u64, Decimal, Decimal)> {
+    r.by_origin
+        .iter()
+        .map(|o| (o.name.as_str(), o.requests, o.cost_usd, o.charge_usd))
+        .collect()
+}
+
 fn group<'a>(r: &'a DailyReport, tenant: &str, model: &str, target: &str) -> &'a GroupStats {
     &r.groups
         .iter()
@@ -366,13 +374,8 @@ async fn scenario(url: &str) {
     }
 
     // Live traffic and the cache hit apart (no batch items, no probes that day).
-    let origins: Vec<(&str, u64, Decimal, Decimal)> = r
-        .by_origin
-        .iter()
-        .map(|o| (o.name.as_str(), o.requests, o.cost_usd, o.charge_usd))
-        .collect();
     assert_eq!(
-        origins,
+        origins(&r),
         vec![
             ("live", 9, d("0.18896225"), d("0.19568275")),
             ("cache", 1, d("0"), d("0")),
@@ -473,13 +476,8 @@ async fn origins_and_the_no_tenant_label() {
     assert_eq!(ledger.insert_batch(&ev).await.unwrap(), 6);
 
     let r = daily_report(&ledger, "2025-11-05").await.unwrap();
-    let origins: Vec<(&str, u64, Decimal, Decimal)> = r
-        .by_origin
-        .iter()
-        .map(|o| (o.name.as_str(), o.requests, o.cost_usd, o.charge_usd))
-        .collect();
     assert_eq!(
-        origins,
+        origins(&r),
         vec![
             ("live", 1, d("0.0035"), d("0.0035")),
             ("batch", 1, d("0.001755"), d("0.0035")),
