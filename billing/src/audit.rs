@@ -452,23 +452,21 @@ pub async fn serve_audit_queries(
         nats,
         subjects.audit_query(),
         "audit",
+        ledger,
         shutdown,
-        move |payload, max| {
-            let ledger = ledger.clone();
-            async move {
-                let answer = match serde_json::from_slice::<AuditQuery>(&payload) {
-                    Ok(q) => match page(&ledger, &q).await {
-                        Ok(p) => AuditAnswer::Ok(p),
-                        Err(e) => AuditAnswer::Err {
-                            error: e.to_string(),
-                        },
-                    },
+        |ledger, payload, max| async move {
+            let answer = match serde_json::from_slice::<AuditQuery>(&payload) {
+                Ok(q) => match page(&ledger, &q).await {
+                    Ok(p) => AuditAnswer::Ok(p),
                     Err(e) => AuditAnswer::Err {
-                        error: format!("bad audit query: {e}"),
+                        error: e.to_string(),
                     },
-                };
-                encode(answer, max)
-            }
+                },
+                Err(e) => AuditAnswer::Err {
+                    error: format!("bad audit query: {e}"),
+                },
+            };
+            encode(answer, max)
         },
     )
     .await

@@ -212,26 +212,23 @@ pub async fn serve_balance_queries(
         nats,
         subjects.balance(),
         "balance",
+        ledger,
         shutdown,
-        move |payload, _| {
-            let ledger = ledger.clone();
-            async move {
-                let answer = match serde_json::from_slice::<BalanceRequest>(&payload) {
-                    Ok(req) => answer(&ledger, req)
-                        .await
-                        .unwrap_or_else(|e| BalanceAnswer::Err {
-                            error: e.to_string(),
-                        }),
-                    Err(e) => BalanceAnswer::Err {
-                        error: format!("bad balance request: {e}"),
-                    },
-                };
-                serde_json::to_vec(&answer).unwrap_or_else(|e| {
-                    tracing::error!(error = %e, "encoding a balance answer failed");
-                    b"{\"result\":\"err\",\"error\":\"encoding the balance answer failed\"}"
-                        .to_vec()
-                })
-            }
+        |ledger, payload, _| async move {
+            let answer = match serde_json::from_slice::<BalanceRequest>(&payload) {
+                Ok(req) => answer(&ledger, req)
+                    .await
+                    .unwrap_or_else(|e| BalanceAnswer::Err {
+                        error: e.to_string(),
+                    }),
+                Err(e) => BalanceAnswer::Err {
+                    error: format!("bad balance request: {e}"),
+                },
+            };
+            serde_json::to_vec(&answer).unwrap_or_else(|e| {
+                tracing::error!(error = %e, "encoding a balance answer failed");
+                b"{\"result\":\"err\",\"error\":\"encoding the balance answer failed\"}".to_vec()
+            })
         },
     )
     .await

@@ -217,7 +217,8 @@ impl UsageRow {
     }
 }
 
-fn status_str(status: UsageStatus) -> &'static str {
+/// The name a [`UsageStatus`] is stored (and reported) under.
+pub(crate) fn status_str(status: UsageStatus) -> &'static str {
     match status {
         UsageStatus::Ok => "ok",
         UsageStatus::Error => "error",
@@ -692,15 +693,10 @@ impl Ledger {
         kind: UsageKind,
         attempt: u32,
     ) -> Result<Option<Decimal>, BillingError> {
-        let v: Option<Option<String>> = sqlx::query_scalar(
-            "SELECT cost_usd FROM usage_events WHERE request_id = $1 AND kind = $2 AND attempt = $3",
-        )
-        .bind(request_id.to_string())
-        .bind(kind.as_str())
-        .bind(i64::from(attempt))
-        .fetch_optional(&self.pool)
-        .await?;
-        Ok(v.flatten().and_then(|s| s.parse().ok()))
+        let v = self
+            .text_column_of("cost_usd", request_id, kind, attempt)
+            .await?;
+        Ok(v.and_then(|s| s.parse().ok()))
     }
 
     /// What had no price on one event (the `unpriced` column split at commas; empty when
@@ -711,17 +707,31 @@ impl Ledger {
         kind: UsageKind,
         attempt: u32,
     ) -> Result<Vec<String>, BillingError> {
-        let v: Option<Option<String>> = sqlx::query_scalar(
-            "SELECT unpriced FROM usage_events WHERE request_id = $1 AND kind = $2 AND attempt = $3",
-        )
-        .bind(request_id.to_string())
-        .bind(kind.as_str())
-        .bind(i64::from(attempt))
-        .fetch_optional(&self.pool)
-        .await?;
-        Ok(v.flatten()
-            .map(|s| s.split(',').map(str::to_owned).collect())
+        let v = self
+            .text_column_of("unpriced", request_id, kind, attempt)
+            .await?;
+        Ok(v.map(|s| s.split(',').map(str::to_owned).collect())
             .unwrap_or_default())
+    }
+
+    /// The nullable TEXT `column` of one event; `None` when it is NULL or the event is missing.
+    async fn text_column_of(
+        &self,
+        column: &'static str,
+        request_id: Uuid,
+        kind: UsageKind,
+        attempt: u32,
+    ) -> Result<Option<String>, BillingError> {
+        let sql = format!(
+            "SELECT {column} FROM usage_events WHERE request_id = $1 AND kind = $2 AND attempt = $3"
+        );
+        let v: Option<Option<String>> = sqlx::query_scalar(&sql)
+            .bind(request_id.to_string())
+            .bind(kind.as_str())
+            .bind(i64::from(attempt))
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(v.flatten())
     }
 
     /// The ledger lines of one event as (billing type, tokens, amount USD), in billing-type order.
@@ -803,20 +813,7 @@ fn event_from_row(row: &AnyRow) -> Result<UsageEvent, BillingError> {
         model: row.try_get("model")?,
         target: row.try_get("target")?,
         upstream_model: row.try_get("upstream_model")?,
-        usage: Usage {
-            prompt_tokens: uint(row, "prompt_tokens")?,
-            cached_tokens: uint(row, "cached_tokens")?,
-            cache_write_tokens: uint(row, "cache_write_tokens")?,
-            completion_tokens: uint(row, "completion_tokens")?,
-            reasoning_tokens: uint(row, "reasoning_tokens")?,
-            cache_write_1h_tokens: uint(row, "cache_write_1h_tokens")?,
-            audio_input_tokens: uint(row, "audio_input_tokens")?,
-            audio_output_tokens: uint(row, "audio_output_tokens")?,
-            service_tier: row
-                .try_get::<Option<String>, _>("service_tier")?
-                .as_deref()
-                .and_then(ServiceTier::from_provider),
-        },
+        usage: usage_from_row(row)?,
         estimated: row.try_get::<i64, _>("estimated")? != 0,
         status: parse_enum("status", &row.try_get::<String, _>("status")?)?,
         error_class,
@@ -837,7 +834,27 @@ fn event_from_row(row: &AnyRow) -> Result<UsageEvent, BillingError> {
     })
 }
 
-fn uint<T: TryFrom<i64>>(row: &AnyRow, column: &str) -> Result<T, BillingError> {
+/// The token counts and service tier of a `usage_events` row; shared by [`event_from_row`] and
+/// the rows reconciliation reads ([`crate::reconcile`]).
+pub(crate) fn usage_from_row(row: &AnyRow) -> Result<Usage, BillingError> {
+    Ok(Usage {
+        prompt_tokens: uint(row, "prompt_tokens")?,
+        cached_tokens: uint(row, "cached_tokens")?,
+        cache_write_tokens: uint(row, "cache_write_tokens")?,
+        completion_tokens: uint(row, "completion_tokens")?,
+        reasoning_tokens: uint(row, "reasoning_tokens")?,
+        cache_write_1h_tokens: uint(row, "cache_write_1h_tokens")?,
+        audio_input_tokens: uint(row, "audio_input_tokens")?,
+        audio_output_tokens: uint(row, "audio_output_tokens")?,
+        service_tier: row
+            .try_get::<Option<String>, _>("service_tier")?
+            .as_deref()
+            .and_then(ServiceTier::from_provider),
+    })
+}
+
+/// Reads an integer column into an unsigned type; a value out of its range is a corrupt row.
+pub(crate) fn uint<T: TryFrom<i64>>(row: &AnyRow, column: &str) -> Result<T, BillingError> {
     to_uint(column, row.try_get::<i64, _>(column)?)
 }
 
@@ -847,7 +864,10 @@ fn to_uint<T: TryFrom<i64>>(column: &str, value: i64) -> Result<T, BillingError>
 }
 
 /// Parses a snake_case enum value stored as TEXT through its serde name.
-fn parse_enum<T: DeserializeOwned>(column: &str, value: &str) -> Result<T, BillingError> {
+pub(crate) fn parse_enum<T: DeserializeOwned>(
+    column: &str,
+    value: &str,
+) -> Result<T, BillingError> {
     serde_json::from_value(serde_json::Value::String(value.to_owned()))
         .map_err(|e| BillingError::CorruptRow(format!("{column} `{value}`: {e}")))
 }

@@ -185,11 +185,9 @@ pub async fn serve_queries(
         nats,
         subjects.usage_query(),
         "usage",
+        ledger,
         shutdown,
-        move |payload, max| {
-            let ledger = ledger.clone();
-            async move { encode(&answer(&ledger, &payload).await, max) }
-        },
+        |ledger, payload, max| async move { encode(&answer(&ledger, &payload).await, max) },
     )
     .await
 }

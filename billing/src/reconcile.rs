@@ -13,9 +13,9 @@
 //!
 //! Money (`cost_usd`) is read as exact decimal text into [`Decimal`]; nothing here sums in SQL.
 
+use crate::ledger::{parse_enum, status_str, uint, usage_from_row};
 use crate::{BillingError, Ledger};
 use rust_decimal::Decimal;
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use sqlx::Row;
 use sqlx::any::AnyRow;
@@ -580,20 +580,7 @@ fn row_from_sql(row: &AnyRow) -> Result<LedgerRow, BillingError> {
         model: row.try_get("model")?,
         target: row.try_get("target")?,
         upstream_model: row.try_get("upstream_model")?,
-        usage: Usage {
-            prompt_tokens: uint(row, "prompt_tokens")?,
-            cached_tokens: uint(row, "cached_tokens")?,
-            cache_write_tokens: uint(row, "cache_write_tokens")?,
-            completion_tokens: uint(row, "completion_tokens")?,
-            reasoning_tokens: uint(row, "reasoning_tokens")?,
-            cache_write_1h_tokens: uint(row, "cache_write_1h_tokens")?,
-            audio_input_tokens: uint(row, "audio_input_tokens")?,
-            audio_output_tokens: uint(row, "audio_output_tokens")?,
-            service_tier: row
-                .try_get::<Option<String>, _>("service_tier")?
-                .as_deref()
-                .and_then(switchyard_schemas::usage::ServiceTier::from_provider),
-        },
+        usage: usage_from_row(row)?,
         estimated: row.try_get::<i64, _>("estimated")? != 0,
         status: parse_enum("status", &row.try_get::<String, _>("status")?)?,
         fallbacks: uint(row, "fallbacks")?,
@@ -609,24 +596,6 @@ fn row_from_sql(row: &AnyRow) -> Result<LedgerRow, BillingError> {
 pub(crate) fn parse_decimal(request_id: &str, s: &str) -> Result<Decimal, BillingError> {
     s.parse()
         .map_err(|e| BillingError::CorruptRow(format!("cost_usd `{s}` of {request_id}: {e}")))
-}
-
-fn uint<T: TryFrom<i64>>(row: &AnyRow, column: &str) -> Result<T, BillingError> {
-    let v = row.try_get::<i64, _>(column)?;
-    T::try_from(v).map_err(|_| BillingError::CorruptRow(format!("{column} = {v} out of range")))
-}
-
-fn parse_enum<T: DeserializeOwned>(column: &str, value: &str) -> Result<T, BillingError> {
-    serde_json::from_value(serde_json::Value::String(value.to_owned()))
-        .map_err(|e| BillingError::CorruptRow(format!("{column} `{value}`: {e}")))
-}
-
-fn status_str(s: UsageStatus) -> &'static str {
-    match s {
-        UsageStatus::Ok => "ok",
-        UsageStatus::Error => "error",
-        UsageStatus::Cancelled => "cancelled",
-    }
 }
 
 fn attempts(rows: &[LedgerRow]) -> String {

@@ -109,8 +109,9 @@ impl TokenBreakdown {
         self.reasoning = self.reasoning.saturating_add(o.reasoning);
     }
 
-    /// All parts, tokens.
-    pub fn total(&self) -> u64 {
+    /// The parts in billing-type order (new input, cached input, cache write, output,
+    /// reasoning), tokens: the token columns of every report format.
+    pub fn parts(&self) -> [u64; 5] {
         [
             self.new_input,
             self.cached_input,
@@ -118,8 +119,11 @@ impl TokenBreakdown {
             self.output,
             self.reasoning,
         ]
-        .iter()
-        .fold(0u64, |a, b| a.saturating_add(*b))
+    }
+
+    /// All parts, tokens.
+    pub fn total(&self) -> u64 {
+        self.parts().iter().fold(0u64, |a, b| a.saturating_add(*b))
     }
 }
 
@@ -164,6 +168,18 @@ pub struct GroupStats {
 }
 
 impl GroupStats {
+    /// Cache hits, fallbacks, errors, cancelled and estimated rows: the outcome columns of the
+    /// terminal and HTML tables (the CSV has every counter).
+    pub(crate) fn table_outcomes(&self) -> [u64; 5] {
+        [
+            self.cache_hits,
+            self.fallbacks,
+            self.errors,
+            self.cancelled,
+            self.estimated_rows,
+        ]
+    }
+
     /// Adds one ledger row.
     pub fn add_row(&mut self, row: &LedgerRow) {
         let amount = row.cost_usd.unwrap_or_default();
@@ -412,28 +428,10 @@ impl DailyReport {
         let head: Vec<&str> = TABLE_COLUMNS.split(' ').collect();
         let cells = |tenant: &str, model: &str, target: &str, s: &GroupStats| {
             let mut row = vec![tenant.to_owned(), model.to_owned(), target.to_owned()];
-            row.extend(
-                [
-                    s.requests,
-                    s.tokens.new_input,
-                    s.tokens.cached_input,
-                    s.tokens.cache_write,
-                    s.tokens.output,
-                    s.tokens.reasoning,
-                ]
-                .map(|n| n.to_string()),
-            );
+            row.push(s.requests.to_string());
+            row.extend(s.tokens.parts().map(|n| n.to_string()));
             row.extend([s.cost_usd, s.charge_usd, s.margin_usd].map(money));
-            row.extend(
-                [
-                    s.cache_hits,
-                    s.fallbacks,
-                    s.errors,
-                    s.cancelled,
-                    s.estimated_rows,
-                ]
-                .map(|n| n.to_string()),
-            );
+            row.extend(s.table_outcomes().map(|n| n.to_string()));
             row
         };
         let mut rows: Vec<Vec<String>> = self
@@ -536,19 +534,9 @@ impl DailyReport {
                 csv_field(&g.model),
                 csv_field(g.target.as_deref().unwrap_or("")),
             ];
-            fields.extend(
-                [
-                    s.requests,
-                    s.upstream_calls,
-                    s.tokens.new_input,
-                    s.tokens.cached_input,
-                    s.tokens.cache_write,
-                    s.tokens.output,
-                    s.tokens.reasoning,
-                    s.upstream_tokens,
-                ]
-                .map(|n| n.to_string()),
-            );
+            fields.extend([s.requests, s.upstream_calls].map(|n| n.to_string()));
+            fields.extend(s.tokens.parts().map(|n| n.to_string()));
+            fields.push(s.upstream_tokens.to_string());
             fields.extend([s.cost_usd, s.charge_usd, s.margin_usd].map(money));
             fields.extend(
                 [

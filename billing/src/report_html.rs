@@ -192,27 +192,16 @@ fn tdn(s: impl std::fmt::Display) -> String {
 
 fn stats_cells(s: &GroupStats) -> String {
     let mut out = String::new();
-    for n in [
-        s.requests,
-        s.upstream_calls,
-        s.tokens.new_input,
-        s.tokens.cached_input,
-        s.tokens.cache_write,
-        s.tokens.output,
-        s.tokens.reasoning,
-    ] {
+    for n in [s.requests, s.upstream_calls]
+        .into_iter()
+        .chain(s.tokens.parts())
+    {
         out.push_str(&tdn(n));
     }
     for m in [s.cost_usd, s.charge_usd, s.margin_usd] {
         out.push_str(&tdn(money(m)));
     }
-    for n in [
-        s.cache_hits,
-        s.fallbacks,
-        s.errors,
-        s.cancelled,
-        s.estimated_rows,
-    ] {
+    for n in s.table_outcomes() {
         out.push_str(&tdn(n));
     }
     out

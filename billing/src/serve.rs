@@ -3,7 +3,7 @@
 //! answers each query), at most [`MAX_CONCURRENT_QUERIES`] answers computed at once, and a
 //! shutdown that stops taking queries and then waits for the answers under way.
 
-use crate::BillingError;
+use crate::{BillingError, Ledger};
 use bytes::Bytes;
 use futures::StreamExt;
 use std::future::Future;
@@ -17,18 +17,20 @@ pub const QUERY_QUEUE_GROUP: &str = "billing";
 pub const MAX_CONCURRENT_QUERIES: usize = 4;
 
 /// Serves `subject` until `shutdown` completes: each message with a reply subject gets
-/// `answer(payload, max_payload)` (the server's `max_payload`, bytes, so an answer can fit
-/// itself to one message) published back. A message without a reply subject is ignored. Returns
-/// after the answers under way are sent; fails only when subscribing fails.
+/// `answer(ledger, payload, max_payload)` (a clone of `ledger`; the server's `max_payload`,
+/// bytes, so an answer can fit itself to one message) published back. A message without a
+/// reply subject is ignored. Returns after the answers under way are sent; fails only when
+/// subscribing fails.
 pub(crate) async fn serve<F, Fut>(
     nats: async_nats::Client,
     subject: String,
     what: &'static str,
+    ledger: Ledger,
     shutdown: impl Future,
     answer: F,
 ) -> Result<(), BillingError>
 where
-    F: Fn(Bytes, usize) -> Fut,
+    F: Fn(Ledger, Bytes, usize) -> Fut,
     Fut: Future<Output = Vec<u8>> + Send + 'static,
 {
     let mut sub = nats
@@ -53,7 +55,11 @@ where
         };
         // Reap finished answers so the set stays as small as the slots.
         while running.try_join_next().is_some() {}
-        let body = answer(message.payload, nats.server_info().max_payload);
+        let body = answer(
+            ledger.clone(),
+            message.payload,
+            nats.server_info().max_payload,
+        );
         let nats = nats.clone();
         running.spawn(async move {
             let body = body.await;

@@ -110,11 +110,7 @@ pub async fn run(
         crate::query::serve_queries(nats.clone(), subjects.clone(), ledger.clone(), async move {
             let _ = queries_stopped.await;
         });
-    let queries = tokio::spawn(async move {
-        if let Err(e) = served.await {
-            tracing::error!(error = %e, "usage queries are not served");
-        }
-    });
+    let queries = spawn_served(served, "usage queries");
     // The audit log's queries and retention, stopped with the usage queries.
     let (stop_audit, audit_stopped) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
@@ -126,22 +122,14 @@ pub async fn run(
         ledger.clone(),
         stopped(audit_stopped.clone()),
     );
-    let audit_queries = tokio::spawn(async move {
-        if let Err(e) = audit_served.await {
-            tracing::error!(error = %e, "audit queries are not served");
-        }
-    });
+    let audit_queries = spawn_served(audit_served, "audit queries");
     let balance_served = crate::balance::serve_balance_queries(
         nats.clone(),
         subjects.clone(),
         ledger.clone(),
         stopped(audit_stopped.clone()),
     );
-    let balance_queries = tokio::spawn(async move {
-        if let Err(e) = balance_served.await {
-            tracing::error!(error = %e, "balance requests are not served");
-        }
-    });
+    let balance_queries = spawn_served(balance_served, "balance requests");
     let retention = tokio::spawn(crate::audit::run_retention(
         ledger.clone(),
         stopped(audit_stopped),
@@ -163,6 +151,19 @@ pub async fn run(
         }
     }
     result
+}
+
+/// Spawns one of the query servers of [`run`]; `what` names it in the error logged when it
+/// cannot subscribe.
+fn spawn_served(
+    served: impl Future<Output = Result<(), BillingError>> + Send + 'static,
+    what: &'static str,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        if let Err(e) = served.await {
+            tracing::error!(error = %e, "{what} are not served");
+        }
+    })
 }
 
 /// What waiting for a batch produced.

@@ -19,29 +19,19 @@ const DAY_MS: u64 = 86_400_000;
 
 fn charge(ts: u64, key: &str, model: &str, status: UsageStatus, http: u16) -> UsageEvent {
     UsageEvent {
-        request_id: Uuid::now_v7(),
-        kind: UsageKind::Charge,
-        attempt: 0,
-        ts_ms: ts,
         tenant: Some(format!("tenant-of-{key}")),
         key_id: Some(key.into()),
         model: model.into(),
-        target: Some("openai-east".into()),
-        upstream_model: Some("gpt-4o".into()),
         usage: Usage {
             prompt_tokens: 1000,
             completion_tokens: 100,
             ..Usage::default()
         },
-        estimated: false,
         status,
         error_class: (status != UsageStatus::Ok).then_some(ErrorClass::InvalidRequest),
         ttft_ms: Some(120),
         latency_ms: 450,
         fallbacks: 1,
-        cache_hit: false,
-        budget_owed: None,
-        batch_id: None,
         audit: Some(Box::new(AuditInfo {
             front_door: Some("openai".into()),
             http_status: Some(http),
@@ -60,15 +50,12 @@ fn charge(ts: u64, key: &str, model: &str, status: UsageStatus, http: u16) -> Us
             request_body: Some("[{\"role\":\"user\"}]".into()),
             response_body: Some("hi".into()),
         })),
-        finish_reason: None,
+        ..common::event(UsageKind::Charge, ts)
     }
 }
 
 async fn audit_count(ledger: &Ledger) -> i64 {
-    sqlx::query_scalar("SELECT COUNT(*) FROM audit_log")
-        .fetch_one(ledger.pool())
-        .await
-        .unwrap()
+    common::count_rows(ledger, "audit_log").await
 }
 
 async fn scenario(url: &str) {
@@ -272,13 +259,8 @@ async fn scenario(url: &str) {
     ledger.close().await;
 }
 
-#[tokio::test]
-async fn sqlite_audit_rows_pages_and_retention() {
-    let dir = tempfile::tempdir().unwrap();
-    scenario(&format!("sqlite://{}/ledger.db", dir.path().display())).await;
-}
-
-#[tokio::test]
-async fn postgres_audit_rows_pages_and_retention() {
-    common::on_postgres(|url| async move { scenario(&url).await }).await;
-}
+common::on_both_ledgers!(
+    scenario,
+    sqlite_audit_rows_pages_and_retention,
+    postgres_audit_rows_pages_and_retention
+);

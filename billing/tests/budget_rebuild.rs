@@ -14,16 +14,10 @@ use switchyard_billing::budget_rebuild::rebuild;
 use switchyard_budgets::BudgetStore;
 use switchyard_schemas::now_ms;
 use switchyard_schemas::pricing::Catalog;
-use switchyard_schemas::usage::{Usage, UsageEvent, UsageKind, UsageStatus};
-use uuid::Uuid;
+use switchyard_schemas::usage::{Usage, UsageEvent, UsageKind};
 
 fn charge(ts_ms: u64, key: &str, prompt: u64, completion: u64, cache_hit: bool) -> UsageEvent {
     UsageEvent {
-        request_id: Uuid::now_v7(),
-        kind: UsageKind::Charge,
-        attempt: 0,
-        ts_ms,
-        tenant: Some("acme".into()),
         key_id: Some(key.into()),
         model: "gpt-t".into(),
         target: Some("t".into()),
@@ -33,17 +27,10 @@ fn charge(ts_ms: u64, key: &str, prompt: u64, completion: u64, cache_hit: bool) 
             completion_tokens: completion,
             ..Usage::default()
         },
-        estimated: false,
-        status: UsageStatus::Ok,
-        error_class: None,
         ttft_ms: None,
         latency_ms: 10,
-        fallbacks: 0,
         cache_hit,
-        budget_owed: None,
-        batch_id: None,
-        audit: None,
-        finish_reason: None,
+        ..common::event(UsageKind::Charge, ts_ms)
     }
 }
 

@@ -6,21 +6,12 @@
 mod common;
 
 use switchyard_billing::Ledger;
-use switchyard_schemas::usage::{Usage, UsageEvent, UsageKind, UsageStatus};
-use uuid::Uuid;
+use switchyard_schemas::usage::{Usage, UsageEvent, UsageKind};
 
 /// A priced upstream event (gpt-4o: one `new_input`, one `cached_input` and one `output` line).
 fn event(prompt: u64) -> UsageEvent {
     UsageEvent {
-        request_id: Uuid::now_v7(),
-        kind: UsageKind::Upstream,
-        attempt: 0,
-        ts_ms: 1_762_300_800_000 + prompt,
-        tenant: Some("acme".into()),
         key_id: Some("k1".into()),
-        model: "openai/gpt-4o".into(),
-        target: Some("openai-east".into()),
-        upstream_model: Some("gpt-4o".into()),
         usage: Usage {
             prompt_tokens: prompt,
             cached_tokens: 10,
@@ -29,25 +20,12 @@ fn event(prompt: u64) -> UsageEvent {
             reasoning_tokens: 0,
             ..Default::default()
         },
-        estimated: false,
-        status: UsageStatus::Ok,
-        error_class: None,
-        ttft_ms: Some(100),
-        latency_ms: 500,
-        fallbacks: 0,
-        cache_hit: false,
-        budget_owed: None,
-        batch_id: None,
-        audit: None,
-        finish_reason: None,
+        ..common::event(UsageKind::Upstream, 1_762_300_800_000 + prompt)
     }
 }
 
 async fn lines(ledger: &Ledger) -> i64 {
-    sqlx::query_scalar("SELECT COUNT(*) FROM ledger_lines")
-        .fetch_one(ledger.pool())
-        .await
-        .unwrap()
+    common::count_rows(ledger, "ledger_lines").await
 }
 
 async fn scenario(url: &str) {
@@ -96,13 +74,4 @@ async fn scenario(url: &str) {
     ledger.close().await;
 }
 
-#[tokio::test]
-async fn sqlite_batched_writes() {
-    let dir = tempfile::tempdir().unwrap();
-    scenario(&format!("sqlite://{}/ledger.db", dir.path().display())).await;
-}
-
-#[tokio::test]
-async fn postgres_batched_writes() {
-    common::on_postgres(|url| async move { scenario(&url).await }).await;
-}
+common::on_both_ledgers!(scenario, sqlite_batched_writes, postgres_batched_writes);

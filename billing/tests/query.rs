@@ -4,10 +4,10 @@
 
 mod common;
 
+use common::d;
+
 use common::NatsServer;
-use rust_decimal::Decimal;
 use std::collections::BTreeMap;
-use std::str::FromStr;
 use std::time::Duration;
 use switchyard_billing::Ledger;
 use switchyard_billing::query::{QueryError, usage as ask_usage};
@@ -15,7 +15,6 @@ use switchyard_schemas::ErrorClass;
 use switchyard_schemas::subjects::Subjects;
 use switchyard_schemas::usage::{Usage, UsageEvent, UsageKind, UsageStatus};
 use switchyard_schemas::usage_query::{GroupBy, UsageAnswer, UsageQuery, UsageReply, UsageRow};
-use uuid::Uuid;
 
 /// 2025-11-05T00:00:00Z, ms.
 const DAY: u64 = 1_762_300_800_000;
@@ -23,10 +22,6 @@ const HOUR: u64 = 3_600_000;
 const DAY_MS: u64 = 24 * HOUR;
 const MINI: &str = "openai/gpt-4o-mini";
 const GPT: &str = "openai/gpt-4o";
-
-fn d(s: &str) -> Decimal {
-    Decimal::from_str(s).unwrap()
-}
 
 fn usage(prompt: u64, cached: u64, completion: u64, reasoning: u64) -> Usage {
     Usage {
@@ -41,27 +36,12 @@ fn usage(prompt: u64, cached: u64, completion: u64, reasoning: u64) -> Usage {
 
 fn charge(ts: u64, tenant: &str, key: &str, model: &str, u: Usage) -> UsageEvent {
     UsageEvent {
-        request_id: Uuid::now_v7(),
-        kind: UsageKind::Charge,
-        attempt: 0,
-        ts_ms: ts,
         tenant: Some(tenant.into()),
         key_id: Some(key.into()),
         model: model.into(),
-        target: Some("openai-east".into()),
         upstream_model: Some(model.trim_start_matches("openai/").into()),
         usage: u,
-        estimated: false,
-        status: UsageStatus::Ok,
-        error_class: None,
-        ttft_ms: Some(100),
-        latency_ms: 500,
-        fallbacks: 0,
-        cache_hit: false,
-        budget_owed: None,
-        batch_id: None,
-        audit: None,
-        finish_reason: None,
+        ..common::event(UsageKind::Charge, ts)
     }
 }
 
@@ -351,26 +331,14 @@ async fn scenario(url: &str) {
     ledger.close().await;
 }
 
-#[tokio::test]
-async fn sqlite_usage_queries() {
-    let dir = tempfile::tempdir().unwrap();
-    scenario(&format!("sqlite://{}/ledger.db", dir.path().display())).await;
-}
-
-#[tokio::test]
-async fn postgres_usage_queries() {
-    common::on_postgres(|url| async move { scenario(&url).await }).await;
-}
+common::on_both_ledgers!(scenario, sqlite_usage_queries, postgres_usage_queries);
 
 /// `run` answers `<prefix>.billing.usage` over NATS, errors included.
 #[tokio::test]
 async fn queries_over_nats() {
     let nats = NatsServer::start();
     let client = async_nats::connect(nats.url()).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let ledger = Ledger::connect(&format!("sqlite://{}/ledger.db", dir.path().display()))
-        .await
-        .unwrap();
+    let (_dir, ledger) = common::sqlite_ledger().await;
     ledger.insert_batch(&events()).await.unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let service = tokio::spawn(switchyard_billing::run(

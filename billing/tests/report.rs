@@ -4,8 +4,9 @@
 
 mod common;
 
+use common::d;
+
 use rust_decimal::Decimal;
-use std::str::FromStr;
 use switchyard_billing::reconcile::DiscrepancyClass;
 use switchyard_billing::report::{CSV_HEADER, GroupRow, GroupStats, utc_day_bounds};
 use switchyard_billing::report_import::DiffStatus;
@@ -19,10 +20,6 @@ use uuid::Uuid;
 /// 2025-11-05T00:00:00Z, ms.
 const DAY: u64 = 1_762_300_800_000;
 const HOUR: u64 = 3_600_000;
-
-fn d(s: &str) -> Decimal {
-    Decimal::from_str(s).unwrap()
-}
 
 fn usage(prompt: u64, cached: u64, write: u64, completion: u64) -> Usage {
     Usage {
@@ -39,26 +36,11 @@ fn usage(prompt: u64, cached: u64, write: u64, completion: u64) -> Usage {
 fn charge(id: Uuid, ts: u64, tenant: &str, model: &str, target: &str, up: &str) -> UsageEvent {
     UsageEvent {
         request_id: id,
-        kind: UsageKind::Charge,
-        attempt: 0,
-        ts_ms: ts,
         tenant: Some(tenant.into()),
-        key_id: None,
         model: model.into(),
         target: Some(target.into()),
         upstream_model: Some(up.into()),
-        usage: Usage::default(),
-        estimated: false,
-        status: UsageStatus::Ok,
-        error_class: None,
-        ttft_ms: Some(100),
-        latency_ms: 500,
-        fallbacks: 0,
-        cache_hit: false,
-        budget_owed: None,
-        batch_id: None,
-        audit: None,
-        finish_reason: None,
+        ..common::event(UsageKind::Charge, ts)
     }
 }
 
@@ -78,6 +60,20 @@ fn upstream(c: &UsageEvent, attempt: u32, target: &str, up: &str, u: Usage) -> U
     }
 }
 
+/// Pushes a clean request: its ok upstream call (attempt 0, on the charge's target and upstream
+/// model) and the charge `c`, both with usage `u`.
+fn served(ev: &mut Vec<UsageEvent>, c: UsageEvent, u: Usage) {
+    served_with(ev, c, u, u);
+}
+
+/// [`served`] with the charge's usage `charged` and the upstream call's `used`.
+fn served_with(ev: &mut Vec<UsageEvent>, mut c: UsageEvent, charged: Usage, used: Usage) {
+    c.usage = charged;
+    let (target, up) = (c.target.clone().unwrap(), c.upstream_model.clone().unwrap());
+    ev.push(upstream(&c, 0, &target, &up, used));
+    ev.push(c);
+}
+
 /// The day's events; comments give each request's cost (upstream) and charge at bundled prices.
 fn events() -> (Vec<UsageEvent>, Vec<Uuid>) {
     let ids: Vec<Uuid> = (0..13).map(|_| Uuid::now_v7()).collect();
@@ -90,17 +86,18 @@ fn events() -> (Vec<UsageEvent>, Vec<Uuid>) {
     let claude = "claude-sonnet-4-20250514";
 
     // R1 clean (FC-11): cost 0.005615, charge 0.005615.
-    let mut c = charge(
-        ids[1],
-        DAY + HOUR + 1000,
-        "acme",
-        gpt,
-        "openai-east",
-        "gpt-4o",
+    served(
+        &mut ev,
+        charge(
+            ids[1],
+            DAY + HOUR + 1000,
+            "acme",
+            gpt,
+            "openai-east",
+            "gpt-4o",
+        ),
+        usage(2006, 1920, 0, 300),
     );
-    c.usage = usage(2006, 1920, 0, 300);
-    ev.push(upstream(&c, 0, "openai-east", "gpt-4o", c.usage));
-    ev.push(c);
     // R2 fallback: attempt 0 fails on openai-east (cost 0), attempt 1 served by gpt-4o-mini
     // (cost 0.00045) and charged at gpt-4o prices (0.0075).
     let mut c = charge(
@@ -120,17 +117,18 @@ fn events() -> (Vec<UsageEvent>, Vec<Uuid>) {
     ev.push(upstream(&c, 1, "openai-mini", "gpt-4o-mini", c.usage));
     ev.push(c);
     // R3 clean (FC-10): cost and charge 0.03055725.
-    let mut c = charge(
-        ids[3],
-        DAY + 10 * HOUR,
-        "globex",
-        sonnet,
-        "anthropic",
-        claude,
+    served(
+        &mut ev,
+        charge(
+            ids[3],
+            DAY + 10 * HOUR,
+            "globex",
+            sonnet,
+            "anthropic",
+            claude,
+        ),
+        usage(9033, 0, 4511, 5),
     );
-    c.usage = usage(9033, 0, 4511, 5);
-    ev.push(upstream(&c, 0, "anthropic", claude, c.usage));
-    ev.push(c);
     // R4 cache hit, no upstream call: charged 0 (cache pricing policy), usage kept.
     let mut c = charge(
         ids[4],
@@ -154,11 +152,9 @@ fn events() -> (Vec<UsageEvent>, Vec<Uuid>) {
     ));
     // R6 admitted_not_settled: upstream ok, charge cancelled; cost and charge 0.0007.
     let mut c = charge(ids[6], DAY + 4 * HOUR, "acme", gpt, "openai-east", "gpt-4o");
-    c.usage = usage(200, 0, 0, 20);
     c.status = UsageStatus::Cancelled;
     c.error_class = Some(ErrorClass::Cancelled);
-    ev.push(upstream(&c, 0, "openai-east", "gpt-4o", c.usage));
-    ev.push(c);
+    served(&mut ev, c, usage(200, 0, 0, 20));
     // R7 charge_without_upstream: charge 0.0000105.
     let mut c = charge(
         ids[7],
@@ -171,16 +167,8 @@ fn events() -> (Vec<UsageEvent>, Vec<Uuid>) {
     c.usage = usage(50, 0, 0, 5);
     ev.push(c);
     // R8 usage_mismatch: upstream 30 completion tokens (cost 0.00105), charge 31 (0.00106).
-    let mut c = charge(ids[8], DAY + 6 * HOUR, "acme", gpt, "openai-east", "gpt-4o");
-    c.usage = usage(300, 0, 0, 31);
-    ev.push(upstream(
-        &c,
-        0,
-        "openai-east",
-        "gpt-4o",
-        usage(300, 0, 0, 30),
-    ));
-    ev.push(c);
+    let c = charge(ids[8], DAY + 6 * HOUR, "acme", gpt, "openai-east", "gpt-4o");
+    served_with(&mut ev, c, usage(300, 0, 0, 31), usage(300, 0, 0, 30));
     // R9 estimated on both sides (cancelled mid-stream): cost and charge 0.00024.
     let mut c = charge(
         ids[9],
@@ -213,23 +201,25 @@ fn events() -> (Vec<UsageEvent>, Vec<Uuid>) {
     ev.push(u);
     ev.push(c);
     // R11 the previous day: not in the report.
-    let mut c = charge(ids[11], DAY - 10_000, "acme", gpt, "openai-east", "gpt-4o");
-    c.usage = usage(1_000_000, 0, 0, 0);
-    ev.push(upstream(&c, 0, "openai-east", "gpt-4o", c.usage));
-    ev.push(c);
+    served(
+        &mut ev,
+        charge(ids[11], DAY - 10_000, "acme", gpt, "openai-east", "gpt-4o"),
+        usage(1_000_000, 0, 0, 0),
+    );
     // R12 straddles midnight: upstream row on the previous day, charge 2 ms into the day; filed
     // under the charge's day, clean. Cost and charge 0.15.
-    let mut c = charge(
-        ids[12],
-        DAY + 2,
-        "globex",
-        mini,
-        "openai-mini",
-        "gpt-4o-mini",
+    served(
+        &mut ev,
+        charge(
+            ids[12],
+            DAY + 2,
+            "globex",
+            mini,
+            "openai-mini",
+            "gpt-4o-mini",
+        ),
+        usage(1_000_000, 0, 0, 0),
     );
-    c.usage = usage(1_000_000, 0, 0, 0);
-    ev.push(upstream(&c, 0, "openai-mini", "gpt-4o-mini", c.usage));
-    ev.push(c);
     (ev, ids)
 }
 
@@ -247,6 +237,14 @@ fn money_strings(v: &serde_json::Value, out: &mut Vec<String>) {
         serde_json::Value::Array(a) => a.iter().for_each(|x| money_strings(x, out)),
         _ => {}
     }
+}
+
+/// `by_origin` as (name, requests, cost, charge).
+fn origins(r: &DailyReport) -> Vec<(&str, u64, Decimal, Decimal)> {
+    r.by_origin
+        .iter()
+        .map(|o| (o.name.as_str(), o.requests, o.cost_usd, o.charge_usd))
+        .collect()
 }
 
 fn group<'a>(r: &'a DailyReport, tenant: &str, model: &str, target: &str) -> &'a GroupStats {
@@ -376,13 +374,8 @@ async fn scenario(url: &str) {
     }
 
     // Live traffic and the cache hit apart (no batch items, no probes that day).
-    let origins: Vec<(&str, u64, Decimal, Decimal)> = r
-        .by_origin
-        .iter()
-        .map(|o| (o.name.as_str(), o.requests, o.cost_usd, o.charge_usd))
-        .collect();
     assert_eq!(
-        origins,
+        origins(&r),
         vec![
             ("live", 9, d("0.18896225"), d("0.19568275")),
             ("cache", 1, d("0"), d("0")),
@@ -439,16 +432,11 @@ async fn scenario(url: &str) {
     ledger.close().await;
 }
 
-#[tokio::test]
-async fn sqlite_daily_report_reconciliation_and_import() {
-    let dir = tempfile::tempdir().unwrap();
-    scenario(&format!("sqlite://{}/ledger.db", dir.path().display())).await;
-}
-
-#[tokio::test]
-async fn postgres_daily_report_reconciliation_and_import() {
-    common::on_postgres(|url| async move { scenario(&url).await }).await;
-}
+common::on_both_ledgers!(
+    scenario,
+    sqlite_daily_report_reconciliation_and_import,
+    postgres_daily_report_reconciliation_and_import
+);
 
 /// Origins and the "no tenant" label: a live request without a tenant (auth off), a cache hit,
 /// a batch item whose upstream reported one token more than its charge, and a health probe.
@@ -456,19 +444,14 @@ async fn postgres_daily_report_reconciliation_and_import() {
 /// the batch item's finding names its origin, and "no tenant" is `(none)` in every human format.
 #[tokio::test]
 async fn origins_and_the_no_tenant_label() {
-    let dir = tempfile::tempdir().unwrap();
-    let ledger = Ledger::connect(&format!("sqlite://{}/ledger.db", dir.path().display()))
-        .await
-        .unwrap();
+    let (_dir, ledger) = common::sqlite_ledger().await;
     let gpt = "openai/gpt-4o";
     let ids: Vec<Uuid> = (0..4).map(|_| Uuid::now_v7()).collect();
     let mut ev = Vec::new();
     // Live, no tenant: 1,000 × $2.50 + 100 × $10 per 1M on both sides.
     let mut c = charge(ids[0], DAY + HOUR, "x", gpt, "openai-east", "gpt-4o");
     c.tenant = None;
-    c.usage = usage(1000, 0, 0, 100);
-    ev.push(upstream(&c, 0, "openai-east", "gpt-4o", c.usage));
-    ev.push(c);
+    served(&mut ev, c, usage(1000, 0, 0, 100));
     // Cache hit: charged $0, no upstream call.
     let mut c = charge(ids[1], DAY + HOUR + 1, "acme", gpt, "openai-east", "gpt-4o");
     c.usage = usage(1000, 0, 0, 100);
@@ -477,16 +460,8 @@ async fn origins_and_the_no_tenant_label() {
     // Batch item: cost at gpt-4o's batch discount (half of 1,000 × $2.50 + 101 × $10 per 1M);
     // the charge at the sale card's batch rate.
     let mut c = charge(ids[2], DAY + HOUR + 2, "acme", gpt, "openai-east", "gpt-4o");
-    c.usage = usage(1000, 0, 0, 100);
     c.batch_id = Some("batch_1".into());
-    ev.push(upstream(
-        &c,
-        0,
-        "openai-east",
-        "gpt-4o",
-        usage(1000, 0, 0, 101),
-    ));
-    ev.push(c);
+    served_with(&mut ev, c, usage(1000, 0, 0, 100), usage(1000, 0, 0, 101));
     // Health probe: one upstream row, no charge row by design.
     let mut p = charge(
         ids[3],
@@ -501,13 +476,8 @@ async fn origins_and_the_no_tenant_label() {
     assert_eq!(ledger.insert_batch(&ev).await.unwrap(), 6);
 
     let r = daily_report(&ledger, "2025-11-05").await.unwrap();
-    let origins: Vec<(&str, u64, Decimal, Decimal)> = r
-        .by_origin
-        .iter()
-        .map(|o| (o.name.as_str(), o.requests, o.cost_usd, o.charge_usd))
-        .collect();
     assert_eq!(
-        origins,
+        origins(&r),
         vec![
             ("live", 1, d("0.0035"), d("0.0035")),
             ("batch", 1, d("0.001755"), d("0.0035")),

@@ -4,25 +4,20 @@
 mod common;
 
 use async_nats::jetstream::{self, stream::Stream};
-use common::{NatsServer, wait_until};
+use common::wait_until;
 use std::time::Duration;
 use switchyard_billing::stream::{USAGE_DUPLICATE_WINDOW, USAGE_MAX_AGE, USAGE_MAX_BYTES};
-use switchyard_billing::{BillingError, BillingService, BillingStats, Ledger, ensure_usage_stream};
+use switchyard_billing::{BillingError, BillingService, BillingStats, Ledger};
 use switchyard_schemas::subjects::{BILLING_CONSUMER, Subjects, USAGE_STREAM};
 use switchyard_schemas::usage::{Usage, UsageEvent, UsageKind, UsageStatus};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use uuid::Uuid;
 
 const WAIT: Duration = Duration::from_secs(20);
 
 fn event(kind: UsageKind, attempt: u32, prompt: u64, completion: u64) -> UsageEvent {
     UsageEvent {
-        request_id: Uuid::now_v7(),
-        kind,
         attempt,
-        ts_ms: 1_750_000_000_000 + prompt,
-        tenant: Some("acme".into()),
         key_id: Some("key-1".into()),
         model: "gpt-4o-mini".into(),
         target: Some("openai-primary".into()),
@@ -35,17 +30,9 @@ fn event(kind: UsageKind, attempt: u32, prompt: u64, completion: u64) -> UsageEv
             reasoning_tokens: completion / 3,
             ..Default::default()
         },
-        estimated: false,
-        status: UsageStatus::Ok,
-        error_class: None,
         ttft_ms: Some(120),
         latency_ms: 900,
-        fallbacks: 0,
-        cache_hit: false,
-        budget_owed: None,
-        batch_id: None,
-        audit: None,
-        finish_reason: None,
+        ..common::event(kind, 1_750_000_000_000 + prompt)
     }
 }
 
@@ -119,12 +106,7 @@ async fn wait_rows(ledger: &Ledger, rows: u64) {
 /// 3 distinct events plus a redelivered duplicate → exactly 3 rows; a restart that replays the
 /// whole stream (fresh durable consumer) on the same ledger still leaves exactly 3 rows.
 async fn replay_scenario(ledger_url: &str) {
-    let nats = NatsServer::start();
-    let client = async_nats::connect(nats.url()).await.unwrap();
-    let js = jetstream::new(client.clone());
-    let subjects = Subjects::default();
-
-    let mut stream = ensure_usage_stream(&js, &subjects).await.unwrap();
+    let (_nats, client, js, subjects, mut stream) = common::usage_stream().await;
     let config = &stream.info().await.unwrap().config;
     assert_eq!(config.name, USAGE_STREAM);
     assert_eq!(config.subjects, vec!["sy.usage.>".to_owned()]);
@@ -217,11 +199,7 @@ async fn postgres_ledger_counts_each_event_once_across_redelivery_and_replay() {
 
 #[tokio::test]
 async fn stream_drops_republish_with_same_msg_id() {
-    let nats = NatsServer::start();
-    let client = async_nats::connect(nats.url()).await.unwrap();
-    let js = jetstream::new(client);
-    let subjects = Subjects::default();
-    ensure_usage_stream(&js, &subjects).await.unwrap();
+    let (_nats, _, js, subjects, _) = common::usage_stream().await;
     let e = event(UsageKind::Charge, 0, 1, 1);
     let subject = subjects.usage_kind("charge");
     let mut acks = Vec::new();
@@ -242,11 +220,7 @@ async fn stream_drops_republish_with_same_msg_id() {
 
 #[tokio::test]
 async fn malformed_messages_are_terminated_and_consumer_keeps_going() {
-    let nats = NatsServer::start();
-    let client = async_nats::connect(nats.url()).await.unwrap();
-    let js = jetstream::new(client.clone());
-    let subjects = Subjects::default();
-    let stream = ensure_usage_stream(&js, &subjects).await.unwrap();
+    let (_nats, client, js, subjects, stream) = common::usage_stream().await;
 
     // Not JSON at all, then JSON that is a UsageEvent but cannot be stored (count > i64::MAX).
     publish_raw(
@@ -259,10 +233,7 @@ async fn malformed_messages_are_terminated_and_consumer_keeps_going() {
     huge.usage.prompt_tokens = u64::MAX;
     let bad = publish(&js, &subjects, &huge).await;
 
-    let dir = tempfile::tempdir().unwrap();
-    let ledger = Ledger::connect(&format!("sqlite://{}/billing.db", dir.path().display()))
-        .await
-        .unwrap();
+    let (_dir, ledger) = common::sqlite_ledger().await;
     let service = Running::spawn(client.clone(), ledger.clone());
     wait_consumed(&stream, bad).await;
     assert_eq!(ledger.count().await.unwrap(), 0);
@@ -290,15 +261,8 @@ async fn malformed_messages_are_terminated_and_consumer_keeps_going() {
 /// twice (a producer's retry with another message id, or a redelivery).
 #[tokio::test]
 async fn owed_budget_settlements_are_applied_once() {
-    let nats = NatsServer::start();
-    let client = async_nats::connect(nats.url()).await.unwrap();
-    let js = jetstream::new(client.clone());
-    let subjects = Subjects::default();
-    let stream = ensure_usage_stream(&js, &subjects).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let ledger = Ledger::connect(&format!("sqlite://{}/billing.db", dir.path().display()))
-        .await
-        .unwrap();
+    let (_nats, client, js, subjects, stream) = common::usage_stream().await;
+    let (_dir, ledger) = common::sqlite_ledger().await;
     let running = Running::spawn(client.clone(), ledger.clone());
     let mut charge = event(UsageKind::Charge, 0, 100, 50);
     charge.budget_owed = Some(switchyard_schemas::usage::BudgetOwed {

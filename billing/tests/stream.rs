@@ -11,7 +11,7 @@ use switchyard_billing::{BillingService, Ledger, ensure_usage_stream};
 use switchyard_schemas::publish::publish_usage_event;
 use switchyard_schemas::publish_batch::UsagePublisher;
 use switchyard_schemas::subjects::{BILLING_CONSUMER, LEGACY_USAGE_STREAM, Subjects, USAGE_STREAM};
-use switchyard_schemas::usage::{Usage, UsageEvent, UsageKind, UsageStatus};
+use switchyard_schemas::usage::{Usage, UsageEvent, UsageKind};
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
@@ -20,10 +20,6 @@ const WAIT: Duration = Duration::from_secs(60);
 fn event(kind: UsageKind, request_id: Uuid, i: u64) -> UsageEvent {
     UsageEvent {
         request_id,
-        kind,
-        attempt: 0,
-        ts_ms: 1_750_000_000_000 + i,
-        tenant: Some("acme".into()),
         key_id: Some("key-1".into()),
         model: "demo/mock".into(),
         target: Some("mock".into()),
@@ -33,17 +29,9 @@ fn event(kind: UsageKind, request_id: Uuid, i: u64) -> UsageEvent {
             completion_tokens: 1 + i % 5,
             ..Usage::default()
         },
-        estimated: false,
-        status: UsageStatus::Ok,
-        error_class: None,
         ttft_ms: Some(3),
         latency_ms: 5,
-        fallbacks: 0,
-        cache_hit: false,
-        budget_owed: None,
-        batch_id: None,
-        audit: None,
-        finish_reason: None,
+        ..common::event(kind, 1_750_000_000_000 + i)
     }
 }
 
@@ -68,12 +56,6 @@ async fn publish_all(js: &jetstream::Context, subjects: &Subjects, events: &[Usa
                 .await;
         assert!(stored.iter().all(|s| *s), "every event acknowledged");
     }
-}
-
-async fn sqlite_ledger(dir: &tempfile::TempDir) -> Ledger {
-    Ledger::connect(&format!("sqlite://{}/billing.db", dir.path().display()))
-        .await
-        .unwrap()
 }
 
 /// Runs billing until the ledger holds `rows` and the stream is empty, then stops it.
@@ -111,11 +93,7 @@ async fn bill_until_drained(
 #[tokio::test]
 async fn subjects_stay_bounded_and_stored_events_leave_the_stream() {
     const N: u64 = 1_000;
-    let nats = NatsServer::start();
-    let client = async_nats::connect(nats.url()).await.unwrap();
-    let js = jetstream::new(client.clone());
-    let subjects = Subjects::default();
-    let mut stream = ensure_usage_stream(&js, &subjects).await.unwrap();
+    let (_nats, client, js, subjects, mut stream) = common::usage_stream().await;
 
     let all = events(N);
     publish_all(&js, &subjects, &all).await;
@@ -130,8 +108,7 @@ async fn subjects_stay_bounded_and_stored_events_leave_the_stream() {
     publish_all(&js, &subjects, &all[..10]).await;
     assert_eq!(stream.info().await.unwrap().state.messages, 2 * N);
 
-    let dir = tempfile::tempdir().unwrap();
-    let ledger = sqlite_ledger(&dir).await;
+    let (_dir, ledger) = common::sqlite_ledger().await;
     bill_until_drained(client, &ledger, &stream, 2 * N).await;
     let state = stream.info().await.unwrap().state.clone();
     assert_eq!((state.messages, state.bytes), (0, 0));
@@ -146,11 +123,7 @@ async fn subjects_stay_bounded_and_stored_events_leave_the_stream() {
 #[tokio::test]
 async fn batched_publishers_store_every_event_once_in_few_messages() {
     const N: u64 = 1_000;
-    let nats = NatsServer::start();
-    let client = async_nats::connect(nats.url()).await.unwrap();
-    let js = jetstream::new(client.clone());
-    let subjects = Subjects::default();
-    let mut stream = ensure_usage_stream(&js, &subjects).await.unwrap();
+    let (_nats, client, js, subjects, mut stream) = common::usage_stream().await;
     let producers = [
         UsagePublisher::start(js.clone(), subjects.clone()),
         UsagePublisher::start(js.clone(), subjects.clone()),
@@ -176,8 +149,7 @@ async fn batched_publishers_store_every_event_once_in_few_messages() {
     let late = events(1);
     assert!(producers[0].publish(late[0].clone()).await);
 
-    let dir = tempfile::tempdir().unwrap();
-    let ledger = sqlite_ledger(&dir).await;
+    let (_dir, ledger) = common::sqlite_ledger().await;
     bill_until_drained(client, &ledger, &stream, 4 * N + 1).await;
     let info = stream.consumer_info(BILLING_CONSUMER).await.unwrap();
     assert_eq!((info.num_pending, info.num_ack_pending), (0, 0));
@@ -225,8 +197,7 @@ async fn legacy_stream_is_migrated_without_loss_or_double_count() {
             .unwrap();
     }
     // The old billing stored (ledger) and acked the first ACKED events.
-    let dir = tempfile::tempdir().unwrap();
-    let ledger = sqlite_ledger(&dir).await;
+    let (_dir, ledger) = common::sqlite_ledger().await;
     ledger.insert_batch(&all[..ACKED]).await.unwrap();
     let old = legacy
         .create_consumer(switchyard_billing::stream::billing_consumer_config(
@@ -346,8 +317,7 @@ async fn measure_nats_rss() {
             .await
             .unwrap()
         };
-        let dir = tempfile::tempdir().unwrap();
-        let ledger = sqlite_ledger(&dir).await;
+        let (_dir, ledger) = common::sqlite_ledger().await;
         let mut line = format!(
             "{layout}: RSS KiB {:?}",
             nats_rss_kib(nats.store_dir()).unwrap_or(0)

@@ -531,6 +531,18 @@ fn err(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
     }
 }
 
+/// Adds `id` to `seen`; an empty or repeated one is an error at `field()`.
+fn unique_id<'a>(
+    seen: &mut HashSet<&'a str>,
+    id: &'a str,
+    field: impl FnOnce() -> String,
+) -> Result<(), ConfigError> {
+    if id.is_empty() || !seen.insert(id) {
+        return Err(err(field(), format!("`{id}` is empty or repeated")));
+    }
+    Ok(())
+}
+
 impl GatewayConfig {
     /// Checks rules serde cannot: unique ids, references, a valid subject prefix, timeout order.
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -546,12 +558,7 @@ impl GatewayConfig {
         self.tracing.validate().map_err(|e| err("tracing", e))?;
         let mut target_ids = HashSet::new();
         for (i, t) in self.targets.iter().enumerate() {
-            if t.id.is_empty() || !target_ids.insert(t.id.as_str()) {
-                return Err(err(
-                    format!("targets[{i}].id"),
-                    format!("`{}` is empty or repeated", t.id),
-                ));
-            }
+            unique_id(&mut target_ids, &t.id, || format!("targets[{i}].id"))?;
             let bedrock_default = t.base_url.is_empty() && t.provider == ProviderKind::Bedrock;
             if !bedrock_default
                 && t.base_url != BUILTIN_MOCK_URL
@@ -606,12 +613,7 @@ impl GatewayConfig {
         }
         let mut model_ids = HashSet::new();
         for (i, m) in self.models.iter().enumerate() {
-            if m.id.is_empty() || !model_ids.insert(m.id.as_str()) {
-                return Err(err(
-                    format!("models[{i}].id"),
-                    format!("`{}` is empty or repeated", m.id),
-                ));
-            }
+            unique_id(&mut model_ids, &m.id, || format!("models[{i}].id"))?;
             if m.targets.is_empty() {
                 return Err(err(
                     format!("models[{i}].targets"),
@@ -637,12 +639,7 @@ impl GatewayConfig {
         }
         let mut policy_ids = HashSet::new();
         for (i, p) in self.policies.iter().enumerate() {
-            if p.id.is_empty() || !policy_ids.insert(p.id.as_str()) {
-                return Err(err(
-                    format!("policies[{i}].id"),
-                    format!("`{}` is empty or repeated", p.id),
-                ));
-            }
+            unique_id(&mut policy_ids, &p.id, || format!("policies[{i}].id"))?;
             if let Some(c) = &p.canary {
                 if !(0.0..=100.0).contains(&c.percent) {
                     return Err(err(

@@ -60,150 +60,138 @@ fn opt_price<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Decimal>, D::Erro
     price(d).map(Some)
 }
 
-/// Prices of one model, USD per 1M tokens.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PriceCard {
-    /// New (uncached) input.
-    #[serde(deserialize_with = "price")]
-    pub input: Decimal,
-    /// Output (non-reasoning) tokens.
-    #[serde(deserialize_with = "price")]
-    pub output: Decimal,
-    /// Input read from the provider's prompt cache; default `input`.
-    #[serde(
-        default,
-        deserialize_with = "opt_price",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub cached_input: Option<Decimal>,
-    /// Input written to the provider's prompt cache with the 5-minute TTL (Anthropic's default
-    /// write; every other provider's only one); default `input`.
-    #[serde(
-        default,
-        deserialize_with = "opt_price",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub cache_write: Option<Decimal>,
-    /// Input written to the prompt cache with the 1-hour TTL (Anthropic `ttl: "1h"`). No
-    /// default: 1-hour writes on a card without it are an unpriced component.
-    #[serde(
-        default,
-        deserialize_with = "opt_price",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub cache_write_1h: Option<Decimal>,
-    /// Reasoning tokens, when priced apart from output; default `output`.
-    #[serde(
-        default,
-        deserialize_with = "opt_price",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub reasoning: Option<Decimal>,
-    /// Audio input tokens (OpenAI audio models). No default: audio input on a card without it
-    /// is an unpriced component.
-    #[serde(
-        default,
-        deserialize_with = "opt_price",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub audio_input: Option<Decimal>,
-    /// Audio output tokens. No default (unpriced component when missing).
-    #[serde(
-        default,
-        deserialize_with = "opt_price",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub audio_output: Option<Decimal>,
-    /// Fraction taken off for batch jobs, e.g. 0.5.
-    #[serde(
-        default,
-        deserialize_with = "opt_price",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub batch_discount: Option<Decimal>,
-    /// Prices of the `priority` service tier (OpenAI "Priority processing"); a priority call on
-    /// a card without them is an unpriced component (`service_tier`), billed at the base prices.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub priority: Option<Rates>,
-    /// Prices of the `flex` service tier (OpenAI "Flex processing"); as `priority`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub flex: Option<Rates>,
-    /// Prices above a prompt size (e.g. Gemini's > 200k tier); the highest matching tier applies.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tiers: Vec<Tier>,
-    /// The date this price was taken (ISO 8601).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub as_of: Option<String>,
+/// Declares a price struct: the fields given before `..rates`, the five prices every card and
+/// tier has (`input`, `output`, `cached_input`, `cache_write`, `cache_write_1h`, USD per 1M
+/// tokens, in that order on the wire), then the fields given after it. One list for
+/// [`PriceCard`], [`Rates`] and [`Tier`] (`#[serde(flatten)]` would share it too, but serde
+/// does not support it with `deny_unknown_fields`).
+macro_rules! price_struct {
+    (
+        $(#[$meta:meta])*
+        pub struct $name:ident {
+            $($(#[$before_meta:meta])* pub $before:ident: $before_ty:ty,)*
+            ..rates,
+            $($(#[$after_meta:meta])* pub $after:ident: $after_ty:ty,)*
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        pub struct $name {
+            $($(#[$before_meta])* pub $before: $before_ty,)*
+            /// New (uncached) input.
+            #[serde(deserialize_with = "price")]
+            pub input: Decimal,
+            /// Output (non-reasoning) tokens.
+            #[serde(deserialize_with = "price")]
+            pub output: Decimal,
+            /// Input read from the provider's prompt cache; default this card's or tier's
+            /// `input`.
+            #[serde(
+                default,
+                deserialize_with = "opt_price",
+                skip_serializing_if = "Option::is_none"
+            )]
+            pub cached_input: Option<Decimal>,
+            /// Input written to the provider's prompt cache with the 5-minute TTL (Anthropic's
+            /// default write; every other provider's only one); default this card's or tier's
+            /// `input`.
+            #[serde(
+                default,
+                deserialize_with = "opt_price",
+                skip_serializing_if = "Option::is_none"
+            )]
+            pub cache_write: Option<Decimal>,
+            /// Input written to the prompt cache with the 1-hour TTL (Anthropic `ttl: "1h"`). A
+            /// tier without it takes the card's; on a card without it, 1-hour writes are an
+            /// unpriced component (no default).
+            #[serde(
+                default,
+                deserialize_with = "opt_price",
+                skip_serializing_if = "Option::is_none"
+            )]
+            pub cache_write_1h: Option<Decimal>,
+            $($(#[$after_meta])* pub $after: $after_ty,)*
+        }
+
+        impl $name {
+            /// The five prices every card and tier has, as [`Rates`].
+            pub(crate) fn rates(&self) -> Rates {
+                Rates {
+                    input: self.input,
+                    output: self.output,
+                    cached_input: self.cached_input,
+                    cache_write: self.cache_write,
+                    cache_write_1h: self.cache_write_1h,
+                }
+            }
+        }
+    };
 }
 
-/// The prices of a service tier, USD per 1M tokens; the optional ones default as on the card
-/// (`cached_input`, `cache_write` → this tier's `input`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Rates {
-    /// New input.
-    #[serde(deserialize_with = "price")]
-    pub input: Decimal,
-    /// Output.
-    #[serde(deserialize_with = "price")]
-    pub output: Decimal,
-    /// Cached input; default this tier's `input`.
-    #[serde(
-        default,
-        deserialize_with = "opt_price",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub cached_input: Option<Decimal>,
-    /// 5-minute cache write; default this tier's `input`.
-    #[serde(
-        default,
-        deserialize_with = "opt_price",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub cache_write: Option<Decimal>,
-    /// 1-hour cache write; default the card's `cache_write_1h`.
-    #[serde(
-        default,
-        deserialize_with = "opt_price",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub cache_write_1h: Option<Decimal>,
+price_struct! {
+    /// Prices of one model, USD per 1M tokens.
+    pub struct PriceCard {
+        ..rates,
+        /// Reasoning tokens, when priced apart from output; default `output`.
+        #[serde(default, deserialize_with = "opt_price", skip_serializing_if = "Option::is_none")]
+        pub reasoning: Option<Decimal>,
+        /// Audio input tokens (OpenAI audio models). No default: audio input on a card without
+        /// it is an unpriced component.
+        #[serde(default, deserialize_with = "opt_price", skip_serializing_if = "Option::is_none")]
+        pub audio_input: Option<Decimal>,
+        /// Audio output tokens. No default (unpriced component when missing).
+        #[serde(default, deserialize_with = "opt_price", skip_serializing_if = "Option::is_none")]
+        pub audio_output: Option<Decimal>,
+        /// Fraction taken off for batch jobs, e.g. 0.5.
+        #[serde(default, deserialize_with = "opt_price", skip_serializing_if = "Option::is_none")]
+        pub batch_discount: Option<Decimal>,
+        /// Prices of the `priority` service tier (OpenAI "Priority processing"); a priority call
+        /// on a card without them is an unpriced component (`service_tier`), billed at the base
+        /// prices.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub priority: Option<Rates>,
+        /// Prices of the `flex` service tier (OpenAI "Flex processing"); as `priority`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub flex: Option<Rates>,
+        /// Prices above a prompt size (e.g. Gemini's > 200k tier); the highest matching tier
+        /// applies.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pub tiers: Vec<Tier>,
+        /// The date this price was taken (ISO 8601).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub as_of: Option<String>,
+    }
 }
 
-/// Prices that replace the base ones when `prompt_tokens > above_prompt_tokens`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Tier {
-    /// Threshold, tokens.
-    pub above_prompt_tokens: u64,
-    /// New input.
-    #[serde(deserialize_with = "price")]
-    pub input: Decimal,
-    /// Output.
-    #[serde(deserialize_with = "price")]
-    pub output: Decimal,
-    /// Cached input; default this tier's `input`.
-    #[serde(
-        default,
-        deserialize_with = "opt_price",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub cached_input: Option<Decimal>,
-    /// 5-minute cache write; default this tier's `input`.
-    #[serde(
-        default,
-        deserialize_with = "opt_price",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub cache_write: Option<Decimal>,
-    /// 1-hour cache write; default the card's `cache_write_1h`.
-    #[serde(
-        default,
-        deserialize_with = "opt_price",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub cache_write_1h: Option<Decimal>,
+price_struct! {
+    /// The prices of a service tier, USD per 1M tokens; the optional ones default as on the card
+    /// (`cached_input`, `cache_write` → this tier's `input`).
+    pub struct Rates {
+        ..rates,
+    }
+}
+
+impl Rates {
+    /// The prices by wire name, in wire order (`input` and `output` always set).
+    pub(crate) fn by_name(&self) -> [(&'static str, Option<Decimal>); 5] {
+        [
+            ("input", Some(self.input)),
+            ("output", Some(self.output)),
+            ("cached_input", self.cached_input),
+            ("cache_write", self.cache_write),
+            ("cache_write_1h", self.cache_write_1h),
+        ]
+    }
+}
+
+price_struct! {
+    /// Prices that replace the base ones when `prompt_tokens > above_prompt_tokens`.
+    pub struct Tier {
+        /// Threshold, tokens.
+        pub above_prompt_tokens: u64,
+        ..rates,
+    }
 }
 
 /// The billing type of a ledger line.
@@ -374,38 +362,21 @@ impl PriceCard {
             None => None,
         };
         let mut tier_unpriced = false;
-        let (input, output, cached, write, write_1h) = match (long, service) {
-            (Some(t), _) => (
-                t.input,
-                t.output,
-                t.cached_input,
-                t.cache_write,
-                t.cache_write_1h,
-            ),
-            (None, Some(Some(r))) => (
-                r.input,
-                r.output,
-                r.cached_input,
-                r.cache_write,
-                r.cache_write_1h,
-            ),
+        let rates = match (long, service) {
+            (Some(t), _) => t.rates(),
+            (None, Some(Some(r))) => r.rates(),
             (None, service) => {
                 tier_unpriced = service.is_some();
-                (
-                    self.input,
-                    self.output,
-                    self.cached_input,
-                    self.cache_write,
-                    None,
-                )
+                self.rates()
             }
         };
+        let (input, output) = (rates.input, rates.output);
         Applied {
             input,
             output,
-            cached: cached.unwrap_or(input),
-            write: write.unwrap_or(input),
-            write_1h: write_1h.or(self.cache_write_1h),
+            cached: rates.cached_input.unwrap_or(input),
+            write: rates.cache_write.unwrap_or(input),
+            write_1h: rates.cache_write_1h.or(self.cache_write_1h),
             reasoning: self.reasoning.unwrap_or(output),
             audio_in: self.audio_input,
             audio_out: self.audio_output,

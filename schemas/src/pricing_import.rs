@@ -189,29 +189,16 @@ fn fields(out: &mut Vec<String>, pairs: &[(&str, Option<Decimal>)]) {
 
 fn rates_yaml(r: &Rates) -> String {
     let mut f = Vec::new();
-    fields(
-        &mut f,
-        &[
-            ("input", Some(r.input)),
-            ("output", Some(r.output)),
-            ("cached_input", r.cached_input),
-            ("cache_write", r.cache_write),
-            ("cache_write_1h", r.cache_write_1h),
-        ],
-    );
+    fields(&mut f, &r.by_name());
     format!("{{{}}}", f.join(", "))
 }
 
 fn card_yaml(c: &PriceCard) -> String {
     let mut f = Vec::new();
+    fields(&mut f, &c.rates().by_name());
     fields(
         &mut f,
         &[
-            ("input", Some(c.input)),
-            ("output", Some(c.output)),
-            ("cached_input", c.cached_input),
-            ("cache_write", c.cache_write),
-            ("cache_write_1h", c.cache_write_1h),
             ("reasoning", c.reasoning),
             ("audio_input", c.audio_input),
             ("audio_output", c.audio_output),
@@ -229,16 +216,7 @@ fn card_yaml(c: &PriceCard) -> String {
             .iter()
             .map(|t| {
                 let mut tf = vec![format!("above_prompt_tokens: {}", t.above_prompt_tokens)];
-                fields(
-                    &mut tf,
-                    &[
-                        ("input", Some(t.input)),
-                        ("output", Some(t.output)),
-                        ("cached_input", t.cached_input),
-                        ("cache_write", t.cache_write),
-                        ("cache_write_1h", t.cache_write_1h),
-                    ],
-                );
+                fields(&mut tf, &t.rates().by_name());
                 format!("{{{}}}", tf.join(", "))
             })
             .collect();

@@ -1,5 +1,12 @@
 //! Shared test helpers: a real nats-server per test, a throwaway PostgreSQL schema, polling.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    dead_code,
+    unused_imports,
+    unused_macros,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic
+)]
 
 use sqlx::Connection;
 use std::future::Future;
@@ -116,4 +123,110 @@ where
     if let Err(panic) = outcome {
         std::panic::resume_unwind(panic);
     }
+}
+
+/// `sqlite://<dir>/ledger.db`, the ledger file the scenario tests use in a temporary directory.
+pub fn sqlite_url(dir: &tempfile::TempDir) -> String {
+    format!("sqlite://{}/ledger.db", dir.path().display())
+}
+
+/// A ledger on a fresh SQLite file; the directory lives as long as the returned guard.
+pub async fn sqlite_ledger() -> (tempfile::TempDir, switchyard_billing::Ledger) {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = switchyard_billing::Ledger::connect(&sqlite_url(&dir))
+        .await
+        .unwrap();
+    (dir, ledger)
+}
+
+/// Runs `scenario` on the URL of a fresh SQLite ledger in a temporary directory.
+pub async fn on_sqlite<F, Fut>(scenario: F)
+where
+    F: FnOnce(String) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let dir = tempfile::tempdir().unwrap();
+    scenario(sqlite_url(&dir)).await;
+}
+
+/// `SELECT COUNT(*) FROM <table>` on the ledger.
+pub async fn count_rows(ledger: &switchyard_billing::Ledger, table: &str) -> i64 {
+    sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {table}"))
+        .fetch_one(ledger.pool())
+        .await
+        .unwrap()
+}
+
+/// Declares the tests `$sqlite` and `$postgres`, running the async `$scenario(&str)` on a ledger
+/// URL: a SQLite file ([`on_sqlite`]) and a fresh PostgreSQL schema ([`on_postgres`]).
+macro_rules! on_both_ledgers {
+    ($scenario:ident, $sqlite:ident, $postgres:ident) => {
+        #[tokio::test]
+        async fn $sqlite() {
+            $crate::common::on_sqlite(|url| async move { $scenario(&url).await }).await;
+        }
+
+        #[tokio::test]
+        async fn $postgres() {
+            $crate::common::on_postgres(|url| async move { $scenario(&url).await }).await;
+        }
+    };
+}
+pub(crate) use on_both_ledgers;
+
+/// An ok `kind` event at `ts_ms` with a fresh request id: attempt 0, tenant `acme`, no key,
+/// `openai/gpt-4o` on `openai-east` (upstream `gpt-4o`), no usage, TTFT 100 ms, latency 500 ms,
+/// no fallback, cache hit, batch or audit. Fixtures override what they are about.
+pub fn event(
+    kind: switchyard_schemas::usage::UsageKind,
+    ts_ms: u64,
+) -> switchyard_schemas::usage::UsageEvent {
+    switchyard_schemas::usage::UsageEvent {
+        request_id: uuid::Uuid::now_v7(),
+        kind,
+        attempt: 0,
+        ts_ms,
+        tenant: Some("acme".into()),
+        key_id: None,
+        model: "openai/gpt-4o".into(),
+        target: Some("openai-east".into()),
+        upstream_model: Some("gpt-4o".into()),
+        usage: switchyard_schemas::usage::Usage::default(),
+        estimated: false,
+        status: switchyard_schemas::usage::UsageStatus::Ok,
+        error_class: None,
+        ttft_ms: Some(100),
+        latency_ms: 500,
+        fallbacks: 0,
+        cache_hit: false,
+        budget_owed: None,
+        batch_id: None,
+        audit: None,
+        finish_reason: None,
+    }
+}
+
+/// A nats-server holding billing's usage stream ([`switchyard_billing::ensure_usage_stream`]) on
+/// the default subjects: the server (stopped on drop), a client, its JetStream context, the
+/// subjects and the stream.
+pub async fn usage_stream() -> (
+    NatsServer,
+    async_nats::Client,
+    async_nats::jetstream::Context,
+    switchyard_schemas::subjects::Subjects,
+    async_nats::jetstream::stream::Stream,
+) {
+    let nats = NatsServer::start();
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let js = async_nats::jetstream::new(client.clone());
+    let subjects = switchyard_schemas::subjects::Subjects::default();
+    let stream = switchyard_billing::ensure_usage_stream(&js, &subjects)
+        .await
+        .unwrap();
+    (nats, client, js, subjects, stream)
+}
+
+/// An exact decimal from its text.
+pub fn d(s: &str) -> rust_decimal::Decimal {
+    s.parse().unwrap()
 }
