@@ -8,7 +8,7 @@
 //! through two ingress instances leaving exactly 1,000 audit rows, the 900 admitted ones the
 //! `charge` rows' ids.
 
-use crate::common::{self, Options, eventually};
+use crate::common::{self, Options, cli_ok, eventually, get_as};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -62,13 +62,7 @@ async fn send(
 }
 
 async fn admin_get(base: &str, query: &str) -> (u16, Value) {
-    let resp = reqwest::Client::new()
-        .get(format!("{base}/admin/requests?{query}"))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .unwrap();
-    (resp.status().as_u16(), resp.json().await.unwrap())
+    get_as(format!("{base}/admin/requests?{query}"), ADMIN).await
 }
 
 /// Waits until `/admin/requests?{query}` lists `n` records.
@@ -286,38 +280,17 @@ async fn one_record_per_request_with_exact_fields() {
     assert_eq!(client.status().as_u16(), 401);
 
     // The CLI's export follows the cursor: 4 JSON lines, newest first.
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
-        .args(["requests", "export", "--url", base])
-        .env("SWITCHYARD_ADMIN_KEY", ADMIN)
-        .output()
+    let lines: Vec<Value> = cli_ok(&["requests", "export", "--url", base], ADMIN)
         .await
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lines: Vec<Value> = String::from_utf8(out.stdout)
-        .unwrap()
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(lines, recs);
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
-        .args([
-            "requests", "tail", "-n", "2", "--key", "k-plain", "--url", base,
-        ])
-        .env("SWITCHYARD_ADMIN_KEY", ADMIN)
-        .output()
+    let tail_args = [
+        "requests", "tail", "-n", "2", "--key", "k-plain", "--url", base,
+    ];
+    let tail: Vec<String> = cli_ok(&tail_args, ADMIN)
         .await
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let tail: Vec<String> = String::from_utf8(out.stdout)
-        .unwrap()
         .lines()
         .map(|l| {
             serde_json::from_str::<Value>(l).unwrap()["request_id"]

@@ -8,7 +8,6 @@ use rust_decimal::Decimal;
 use serde_json::{Value, json};
 use std::time::Duration;
 use switchyard_ingress::budget::{Scope, Spend};
-use switchyard_schemas::request::{Content, Message, Role};
 use switchyard_schemas::tenancy::sha256_hex;
 
 const ADMIN_KEY: &str = "sk-admin-balance-0123456789";
@@ -36,20 +35,6 @@ fn catalog(dir: &std::path::Path) -> String {
     )
     .unwrap();
     path.display().to_string()
-}
-
-/// `PROMPT`'s admission estimate (o200k tokens of the one user message).
-fn prompt_tokens() -> u64 {
-    let messages = vec![Message {
-        role: Role::User,
-        content: Some(Content::Text(PROMPT.into())),
-        name: None,
-        tool_calls: vec![],
-        tool_call_id: None,
-        thinking_blocks: Vec::new(),
-        cache_control: None,
-    }];
-    switchyard_ingress::trim::Estimate::of(&messages, &[]).total()
 }
 
 /// Tenant `acme` with 8 keys and `balance`; the mock reports `prompt` + `completion` tokens.
@@ -109,13 +94,11 @@ async fn top_up(
 
 /// `GET /admin/tenants/{tenant}/balance`.
 async fn show(base: &str, admin: &str, tenant: &str) -> (u16, Value) {
-    let resp = reqwest::Client::new()
-        .get(format!("{base}/admin/tenants/{tenant}/balance?limit=1000"))
-        .bearer_auth(admin)
-        .send()
-        .await
-        .unwrap();
-    (resp.status().as_u16(), resp.json().await.unwrap())
+    get_as(
+        format!("{base}/admin/tenants/{tenant}/balance?limit=1000"),
+        admin,
+    )
+    .await
 }
 
 async fn chat_as(
@@ -155,7 +138,7 @@ async fn settled(gw: &Gateway, spent: Decimal) -> Spend {
 /// reserved, and a rebuild from the ledger yields the same entry.
 async fn exactly_what_it_covers(billing_url: Option<String>) {
     const K: usize = 100;
-    let prompt = prompt_tokens();
+    let prompt = prompt_tokens(PROMPT);
     let output = 100 - prompt;
     let dir = tempfile::tempdir().unwrap();
     let gw = start(Options {
@@ -177,41 +160,11 @@ async fn exactly_what_it_covers(billing_url: Option<String>) {
     assert_eq!(status, 201, "{body}");
     assert_eq!(body["balance"]["available_usd"], "0.01");
     let bases = [gw.base.clone(), second];
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(REQUESTS)
-        .build()
-        .unwrap();
-    let calls = (0..REQUESTS).map(|i| {
-        let (client, base) = (client.clone(), bases[i % 2].clone());
-        async move {
-            let resp = client
-                .post(format!("{base}/v1/chat/completions"))
-                .bearer_auth(key(i % 8))
-                .json(&json!({"model": "test/unit", "max_tokens": output,
-                              "messages": [{"role": "user", "content": PROMPT}]}))
-                .send()
-                .await
-                .unwrap();
-            let status = resp.status().as_u16();
-            let body: Value = resp.json().await.unwrap();
-            (status, body)
-        }
-    });
-    let results = tokio::time::timeout(Duration::from_secs(120), futures::future::join_all(calls))
-        .await
-        .expect("1,000 requests within 120 s");
-    let count = |s: u16| results.iter().filter(|r| r.0 == s).count();
-    assert_eq!(
-        (count(200), count(429), count(503)),
-        (K, REQUESTS - K, 0),
-        "statuses: {:?}",
-        results
-            .iter()
-            .filter(|r| r.0 != 200 && r.0 != 429)
-            .take(3)
-            .collect::<Vec<_>>()
-    );
-    for (status, body) in &results {
+    let body = json!({"model": "test/unit", "max_tokens": output,
+                      "messages": [{"role": "user", "content": PROMPT}]});
+    let results = chat_fan_out(&bases, REQUESTS, |i| key(i % 8), &body).await;
+    assert_admitted(&results, |r| r.status, K);
+    for Answer { status, body, .. } in &results {
         if *status == 429 {
             assert_eq!(body["error"]["type"], "insufficient_quota");
             assert_eq!(body["error"]["code"], "insufficient_quota");
@@ -515,23 +468,15 @@ async fn top_ups_are_idempotent_and_in_the_ledger_postgres() {
     schema.drop_schema().await.unwrap();
 }
 
-/// Below `low_balance_usd` with `on_low: downgrade`, `test/big` is served by its `cheaper` model;
-/// topped up above the threshold, by itself again.
-#[tokio::test]
-async fn a_low_balance_downgrades_to_the_cheaper_model() {
-    let dir = tempfile::tempdir().unwrap();
+/// A gateway with billing whose tenant `acme` has `balance` (the mock reports 100 prompt and 100
+/// completion tokens) and a $0.50 top-up credited (201).
+async fn topped_up_half_a_dollar(dir: &std::path::Path, balance: Value) -> Gateway {
     let gw = start(Options {
-        config: config(
-            dir.path(),
-            json!({"enabled": true, "low_balance_usd": 1.0, "on_low": "downgrade"}),
-            100,
-            100,
-        ),
+        config: config(dir, balance, 100, 100),
         billing: true,
         ..Options::default()
     })
     .await;
-    let k = key(1);
     let (s, _) = top_up(
         &gw.base,
         ADMIN_KEY,
@@ -541,6 +486,20 @@ async fn a_low_balance_downgrades_to_the_cheaper_model() {
     )
     .await;
     assert_eq!(s, 201);
+    gw
+}
+
+/// Below `low_balance_usd` with `on_low: downgrade`, `test/big` is served by its `cheaper` model;
+/// topped up above the threshold, by itself again.
+#[tokio::test]
+async fn a_low_balance_downgrades_to_the_cheaper_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let gw = topped_up_half_a_dollar(
+        dir.path(),
+        json!({"enabled": true, "low_balance_usd": 1.0, "on_low": "downgrade"}),
+    )
+    .await;
+    let k = key(1);
     let (s, h, body) = chat_as(&gw.base, &k, "test/big", 100).await;
     assert_eq!(s, 200, "{body}");
     assert_eq!(h["x-switchyard-target"], "small");
@@ -561,27 +520,12 @@ async fn a_low_balance_downgrades_to_the_cheaper_model() {
 #[tokio::test]
 async fn a_low_balance_refuses_until_topped_up() {
     let dir = tempfile::tempdir().unwrap();
-    let gw = start(Options {
-        config: config(
-            dir.path(),
-            json!({"enabled": true, "low_balance_usd": "1", "on_low": "refuse"}),
-            100,
-            100,
-        ),
-        billing: true,
-        ..Options::default()
-    })
-    .await;
-    let k = key(2);
-    let (s, _) = top_up(
-        &gw.base,
-        ADMIN_KEY,
-        "acme",
-        json!({"amount_usd": 0.5}),
-        None,
+    let gw = topped_up_half_a_dollar(
+        dir.path(),
+        json!({"enabled": true, "low_balance_usd": "1", "on_low": "refuse"}),
     )
     .await;
-    assert_eq!(s, 201);
+    let k = key(2);
     let (s, h, body) = chat_as(&gw.base, &k, "test/small", 100).await;
     assert_eq!(s, 429, "{body}");
     assert!(h.get("retry-after").is_none());
@@ -593,45 +537,25 @@ async fn a_low_balance_refuses_until_topped_up() {
     );
     // Topped up with the CLI (`switchyard balance topup`), twice with the same id: $1 once.
     for _ in 0..2 {
-        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
-            .args([
-                "balance",
-                "topup",
-                "--tenant",
-                "acme",
-                "--amount-usd",
-                "1.00",
-                "--id",
-                "cli-1",
-                "--url",
-                &gw.base,
-            ])
-            .env("SWITCHYARD_ADMIN_KEY", ADMIN_KEY)
-            .output()
-            .await
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let args = [
+            "balance",
+            "topup",
+            "--tenant",
+            "acme",
+            "--amount-usd",
+            "1.00",
+            "--id",
+            "cli-1",
+            "--url",
+            &gw.base,
+        ];
+        let v: Value = serde_json::from_str(&cli_ok(&args, ADMIN_KEY).await).unwrap();
         assert_eq!(v["balance"]["topped_up_usd"], "1.5");
     }
     let (s, _, body) = chat_as(&gw.base, &k, "test/small", 100).await;
     assert_eq!(s, 200, "{body}");
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
-        .args(["balance", "show", "--tenant", "acme", "--url", &gw.base])
-        .env("SWITCHYARD_ADMIN_KEY", ADMIN_KEY)
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let args = ["balance", "show", "--tenant", "acme", "--url", &gw.base];
+    let v: Value = serde_json::from_str(&cli_ok(&args, ADMIN_KEY).await).unwrap();
     assert_eq!(v["tenant"], "acme");
     assert_eq!(v["topped_up_usd"], "1.5");
 }

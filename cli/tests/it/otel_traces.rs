@@ -476,12 +476,8 @@ async fn a_reused_client_request_id_never_merges_requests_through_two_ingresses(
     .await;
     let (second, _) = common::spawn_ingress(&gw).await;
     let bases = [gw.base.clone(), second];
-    let http = reqwest::Client::builder()
-        .pool_max_idle_per_host(REQUESTS)
-        .build()
-        .unwrap();
-    let calls = (0..REQUESTS).map(|i| {
-        let (http, base) = (http.clone(), bases[i % 2].clone());
+    let results = common::fan_out(REQUESTS, |http, i| {
+        let base = bases[i % 2].clone();
         async move {
             let resp = http
                 .post(format!("{base}/v1/chat/completions"))
@@ -503,10 +499,8 @@ async fn a_reused_client_request_id_never_merges_requests_through_two_ingresses(
             resp.bytes().await.unwrap();
             got
         }
-    });
-    let results = tokio::time::timeout(Duration::from_secs(120), futures::future::join_all(calls))
-        .await
-        .expect("1,000 requests within 120 s");
+    })
+    .await;
     let mut gateway_ids = std::collections::BTreeSet::new();
     for (status, shown, gateway) in &results {
         assert_eq!((*status, shown.as_str()), (200, "same-id-for-all"));

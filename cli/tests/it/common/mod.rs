@@ -3,9 +3,14 @@
 //! cache service with the real embedding model (`Options::cache`).
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+pub mod fanout;
+pub mod http;
 pub mod otlp;
 pub mod procs;
 pub mod up;
+
+pub use fanout::{Answer, assert_admitted, chat_fan_out, fan_out, prompt_tokens};
+pub use http::{call, cli_ok, get_as, patch_as, post_as, post_empty};
 
 use std::time::Duration;
 use switchyard_mock::MockUpstream;
