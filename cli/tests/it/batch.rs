@@ -141,6 +141,18 @@ pub(crate) async fn retrieve(base: &str, key: &str, id: &str) -> Value {
     b
 }
 
+/// The batch, or `None` while the gateway cannot answer (nats-server restarting).
+pub(crate) async fn try_retrieve(base: &str, key: &str, id: &str) -> Option<Value> {
+    let (status, b) = call(
+        reqwest::Method::GET,
+        format!("{base}/v1/batches/{id}"),
+        key,
+        None,
+    )
+    .await;
+    (status == 200).then_some(b)
+}
+
 pub(crate) async fn wait_status(base: &str, key: &str, id: &str, want: &str) -> Value {
     eventually(Duration::from_secs(60), || async move {
         let b = retrieve(base, key, id).await;
@@ -158,6 +170,65 @@ pub(crate) async fn content(base: &str, key: &str, file_id: &str) -> String {
         .unwrap();
     assert_eq!(resp.status(), 200);
     resp.text().await.unwrap()
+}
+
+/// `n` chat-completion lines as JSONL, custom ids `{prefix}0…`, each with user message `content`.
+pub(crate) fn items(prefix: &str, n: usize, content: &str) -> String {
+    (0..n)
+        .map(|i| line(&format!("{prefix}{i}"), content))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Uploads `input` (JSONL) as `key` and creates a chat-completions batch of it within `window`:
+/// the batch object.
+pub(crate) async fn submit(base: &str, key: &str, input: &str, window: &str) -> Value {
+    submit_for(base, key, input, window, "/v1/chat/completions").await
+}
+
+/// [`submit`] for the batch `endpoint`.
+pub(crate) async fn submit_for(
+    base: &str,
+    key: &str,
+    input: &str,
+    window: &str,
+    endpoint: &str,
+) -> Value {
+    let file = upload(base, key, input).await;
+    create_batch_for(base, key, file["id"].as_str().unwrap(), window, endpoint).await
+}
+
+/// Waits (at most `limit`) until batch `id` has completed at least `n` items. With `outage`, a
+/// read that is not 200 (nats-server away) counts as not yet; without, it fails the test.
+pub(crate) async fn wait_completed(
+    base: &str,
+    key: &str,
+    id: &str,
+    n: u64,
+    outage: bool,
+    limit: Duration,
+) {
+    eventually(limit, || async move {
+        let b = if outage {
+            try_retrieve(base, key, id).await?
+        } else {
+            retrieve(base, key, id).await
+        };
+        (b["request_counts"]["completed"].as_u64().unwrap() >= n).then_some(())
+    })
+    .await
+}
+
+/// Waits for batch `id` to complete with all its `total` items completed and none failed: the
+/// batch and the lines of its output file.
+pub(crate) async fn finished(base: &str, key: &str, id: &str, total: usize) -> (Value, Vec<Value>) {
+    let done = wait_status(base, key, id, "completed").await;
+    assert_eq!(
+        done["request_counts"],
+        json!({"total": total, "completed": total, "failed": 0})
+    );
+    let out = lines(&content(base, key, done["output_file_id"].as_str().unwrap()).await);
+    (done, out)
 }
 
 pub(crate) fn lines(text: &str) -> Vec<Value> {
@@ -476,11 +547,13 @@ async fn tenants_never_see_each_others_files_or_batches() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_stops_dispatch_and_reports_partial_results() {
     let (gw, _dir) = gateway(json!({"batch": {"max_in_flight": 2}})).await;
-    let input: Vec<String> = (0..20)
-        .map(|i| line(&format!("c{i}"), "#mock ttft_ms=400\nslow"))
-        .collect();
-    let file = upload(&gw.base, KEY_A, &input.join("\n")).await;
-    let batch = create_batch(&gw.base, KEY_A, file["id"].as_str().unwrap(), "24h").await;
+    let batch = submit(
+        &gw.base,
+        KEY_A,
+        &items("c", 20, "#mock ttft_ms=400\nslow"),
+        "24h",
+    )
+    .await;
     let id = batch["id"].as_str().unwrap();
     let (status, c) = call(
         reqwest::Method::POST,
@@ -514,11 +587,13 @@ async fn cancel_stops_dispatch_and_reports_partial_results() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completion_window_expires_the_rest() {
     let (gw, _dir) = gateway(json!({"batch": {"max_in_flight": 1}})).await;
-    let input: Vec<String> = (0..30)
-        .map(|i| line(&format!("e{i}"), "#mock ttft_ms=300\nslow"))
-        .collect();
-    let file = upload(&gw.base, KEY_A, &input.join("\n")).await;
-    let batch = create_batch(&gw.base, KEY_A, file["id"].as_str().unwrap(), "2s").await;
+    let batch = submit(
+        &gw.base,
+        KEY_A,
+        &items("e", 30, "#mock ttft_ms=300\nslow"),
+        "2s",
+    )
+    .await;
     let id = batch["id"].as_str().unwrap();
     let done = wait_status(&gw.base, KEY_A, id, "expired").await;
     assert!(done["expired_at"].is_u64());
@@ -539,25 +614,15 @@ async fn completion_window_expires_the_rest() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn worker_restart_mid_batch_loses_and_doubles_nothing() {
     let (mut gw, _dir) = gateway(json!({"batch": {"max_in_flight": 32}})).await;
-    let input: Vec<String> = (0..1000)
-        .map(|i| {
-            line(
-                &format!("w{i}"),
-                "#mock prompt_tokens=10 completion_tokens=2\nhi",
-            )
-        })
-        .collect();
-    let file = upload(&gw.base, KEY_A, &input.join("\n")).await;
-    let batch = create_batch(&gw.base, KEY_A, file["id"].as_str().unwrap(), "24h").await;
-    let id = batch["id"].as_str().unwrap().to_owned();
-    eventually(Duration::from_secs(60), || {
-        let (base, id) = (gw.base.clone(), id.clone());
-        async move {
-            let b = retrieve(&base, KEY_A, &id).await;
-            (b["request_counts"]["completed"].as_u64().unwrap() >= 300).then_some(())
-        }
-    })
+    let batch = submit(
+        &gw.base,
+        KEY_A,
+        &items("w", 1000, "#mock prompt_tokens=10 completion_tokens=2\nhi"),
+        "24h",
+    )
     .await;
+    let id = batch["id"].as_str().unwrap().to_owned();
+    wait_completed(&gw.base, KEY_A, &id, 300, false, Duration::from_secs(60)).await;
     gw.worker_shutdown.cancel();
     let fresh = tokio_util::sync::CancellationToken::new();
     spawn_worker(
@@ -569,12 +634,7 @@ async fn worker_restart_mid_batch_loses_and_doubles_nothing() {
     )
     .await;
     gw.worker_shutdown = fresh;
-    let done = wait_status(&gw.base, KEY_A, &id, "completed").await;
-    assert_eq!(
-        done["request_counts"],
-        json!({"total": 1000, "completed": 1000, "failed": 0})
-    );
-    let out = lines(&content(&gw.base, KEY_A, done["output_file_id"].as_str().unwrap()).await);
+    let (_, out) = finished(&gw.base, KEY_A, &id, 1000).await;
     let ids: std::collections::BTreeSet<String> = out
         .iter()
         .map(|l| l["custom_id"].as_str().unwrap().to_owned())
@@ -685,19 +745,10 @@ async fn batch_leaves_live_traffic_its_share_of_the_target_limits() {
         "models": [{"id": "gpt-t", "targets": ["t"]}]
     }))
     .await;
-    let input: Vec<String> = (0..30).map(|i| line(&format!("r{i}"), "hi")).collect();
-    let file = upload(&gw.base, KEY_A, &input.join("\n")).await;
-    let batch = create_batch(&gw.base, KEY_A, file["id"].as_str().unwrap(), "24h").await;
+    let batch = submit(&gw.base, KEY_A, &items("r", 30, "hi"), "24h").await;
     let id = batch["id"].as_str().unwrap().to_owned();
     // The batch takes its 5 RPM tokens, then waits (429s are retried, not results).
-    eventually(Duration::from_secs(30), || {
-        let (base, id) = (gw.base.clone(), id.clone());
-        async move {
-            let b = retrieve(&base, KEY_A, &id).await;
-            (b["request_counts"]["completed"].as_u64().unwrap() >= 5).then_some(())
-        }
-    })
-    .await;
+    wait_completed(&gw.base, KEY_A, &id, 5, false, Duration::from_secs(30)).await;
     for _ in 0..5 {
         let (status, body) = call(
             reqwest::Method::POST,
@@ -729,22 +780,9 @@ async fn embeddings_batch_returns_live_bodies() {
         })
         .collect::<Vec<_>>()
         .join("\n");
-    let file = upload(&gw.base, KEY_A, &input).await;
-    let batch = create_batch_for(
-        &gw.base,
-        KEY_A,
-        file["id"].as_str().unwrap(),
-        "24h",
-        "/v1/embeddings",
-    )
-    .await;
+    let batch = submit_for(&gw.base, KEY_A, &input, "24h", "/v1/embeddings").await;
     let id = batch["id"].as_str().unwrap();
-    let done = wait_status(&gw.base, KEY_A, id, "completed").await;
-    assert_eq!(
-        done["request_counts"],
-        json!({"total": 2, "completed": 2, "failed": 0})
-    );
-    let out = lines(&content(&gw.base, KEY_A, done["output_file_id"].as_str().unwrap()).await);
+    let (done, out) = finished(&gw.base, KEY_A, id, 2).await;
     let e0 = out.iter().find(|l| l["custom_id"] == "e0").unwrap();
     assert_eq!(e0["response"]["body"]["object"], "list");
     assert_eq!(
@@ -772,22 +810,9 @@ async fn responses_batch_returns_response_objects() {
         })
         .collect::<Vec<_>>()
         .join("\n");
-    let file = upload(&gw.base, KEY_A, &input).await;
-    let batch = create_batch_for(
-        &gw.base,
-        KEY_A,
-        file["id"].as_str().unwrap(),
-        "24h",
-        "/v1/responses",
-    )
-    .await;
+    let batch = submit_for(&gw.base, KEY_A, &input, "24h", "/v1/responses").await;
     let id = batch["id"].as_str().unwrap();
-    let done = wait_status(&gw.base, KEY_A, id, "completed").await;
-    assert_eq!(
-        done["request_counts"],
-        json!({"total": 3, "completed": 3, "failed": 0})
-    );
-    let out = lines(&content(&gw.base, KEY_A, done["output_file_id"].as_str().unwrap()).await);
+    let (done, out) = finished(&gw.base, KEY_A, id, 3).await;
     for l in &out {
         let body = &l["response"]["body"];
         assert_eq!(body["object"], "response");
