@@ -101,22 +101,16 @@ async fn show(base: &str, admin: &str, tenant: &str) -> (u16, Value) {
     .await
 }
 
+/// A chat of `PROMPT` on `model` with bearer `key`.
 async fn chat_as(
     base: &str,
     key: &str,
     model: &str,
     max_tokens: u64,
 ) -> (u16, reqwest::header::HeaderMap, Value) {
-    let resp = reqwest::Client::new()
-        .post(format!("{base}/v1/chat/completions"))
-        .bearer_auth(key)
-        .json(&json!({"model": model, "max_tokens": max_tokens,
-                      "messages": [{"role": "user", "content": PROMPT}]}))
-        .send()
-        .await
-        .unwrap();
-    let (status, headers) = (resp.status().as_u16(), resp.headers().clone());
-    (status, headers, resp.json().await.unwrap())
+    let body = json!({"model": model, "max_tokens": max_tokens,
+                      "messages": [{"role": "user", "content": PROMPT}]});
+    post_chat_as(base, key, &body).await
 }
 
 /// The KV entry `balance.acme` once nothing is held and it has settled `spent`.
@@ -239,19 +233,11 @@ async fn exactly_what_it_covers(billing_url: Option<String>) {
     assert_eq!(after.prepaid, Some(p));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_one_cent_balance_admits_exactly_what_it_covers_through_two_ingresses() {
-    exactly_what_it_covers(None).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_one_cent_balance_admits_exactly_what_it_covers_postgres() {
-    let Some(schema) = pg_schema().await else {
-        return;
-    };
-    exactly_what_it_covers(Some(schema.url().to_owned())).await;
-    schema.drop_schema().await.unwrap();
-}
+sqlite_and_postgres!(
+    exactly_what_it_covers: a_one_cent_balance_admits_exactly_what_it_covers_through_two_ingresses,
+    a_one_cent_balance_admits_exactly_what_it_covers_postgres,
+    flavor = "multi_thread", worker_threads = 2
+);
 
 /// Top-ups: refused before the first one, idempotent by id (body `id` or `Idempotency-Key`), 409
 /// for an id reused with another amount, gateway-wide admin keys only; each in the ledger and
@@ -454,19 +440,10 @@ async fn top_ups(billing_url: Option<String>) {
     assert_eq!((p.topped_up_usd, p.spent_usd), (d("0.75"), d("0.004")));
 }
 
-#[tokio::test]
-async fn top_ups_are_idempotent_and_in_the_ledger() {
-    top_ups(None).await;
-}
-
-#[tokio::test]
-async fn top_ups_are_idempotent_and_in_the_ledger_postgres() {
-    let Some(schema) = pg_schema().await else {
-        return;
-    };
-    top_ups(Some(schema.url().to_owned())).await;
-    schema.drop_schema().await.unwrap();
-}
+sqlite_and_postgres!(
+    top_ups: top_ups_are_idempotent_and_in_the_ledger,
+    top_ups_are_idempotent_and_in_the_ledger_postgres
+);
 
 /// A gateway with billing whose tenant `acme` has `balance` (the mock reports 100 prompt and 100
 /// completion tokens) and a $0.50 top-up credited (201).

@@ -18,6 +18,20 @@ use std::time::Duration;
 use switchyard_ingress::budget::Scope;
 use switchyard_schemas::tenancy::Budget;
 
+/// A batch of `n` items (custom ids `{prefix}0…`, 20 ms each, 10 + 2 tokens) of tenant A, once
+/// 100 of them have completed (reads failing meanwhile count as not yet): its id.
+async fn submit_and_run_100(base: &str, prefix: &str, n: usize) -> String {
+    let input = items(
+        prefix,
+        n,
+        "#mock ttft_ms=20 prompt_tokens=10 completion_tokens=2\nhi",
+    );
+    let batch = submit(base, KEY_A, &input, "24h").await;
+    let id = batch["id"].as_str().unwrap().to_owned();
+    wait_completed(base, KEY_A, &id, 100, true, Duration::from_secs(60)).await;
+    id
+}
+
 async fn get(base: &str, key: &str, path: &str) -> Value {
     let (status, v) = call(reqwest::Method::GET, format!("{base}{path}"), key, None).await;
     assert_eq!(status, 200, "{path}: {v}");
@@ -58,19 +72,7 @@ fn ids(list: &Value) -> Vec<String> {
 async fn nats_restart_mid_batch_bills_once_and_reruns_at_most_the_window() {
     const ITEMS: usize = 400;
     let (mut gw, _dir) = gateway(json!({"batch": {"max_in_flight": 16, "ack_wait_s": 3}})).await;
-    let batch = submit(
-        &gw.base,
-        KEY_A,
-        &items(
-            "n",
-            ITEMS,
-            "#mock ttft_ms=20 prompt_tokens=10 completion_tokens=2\nhi",
-        ),
-        "24h",
-    )
-    .await;
-    let id = batch["id"].as_str().unwrap().to_owned();
-    wait_completed(&gw.base, KEY_A, &id, 100, true, Duration::from_secs(60)).await;
+    let id = submit_and_run_100(&gw.base, "n", ITEMS).await;
     gw.nats.restart().unwrap();
     let done = eventually(Duration::from_secs(90), || {
         let (base, id) = (gw.base.clone(), id.clone());
@@ -149,19 +151,7 @@ async fn ingress_restart_mid_batch_runs_every_item_once() {
         gateway(json!({"batch": {"run": false, "max_in_flight": 16, "ack_wait_s": 3}})).await;
     let first = tokio_util::sync::CancellationToken::new();
     let runner = spawn_runner_ingress(&gw, first.clone()).await;
-    let batch = submit(
-        &gw.base,
-        KEY_A,
-        &items(
-            "g",
-            ITEMS,
-            "#mock ttft_ms=20 prompt_tokens=10 completion_tokens=2\nhi",
-        ),
-        "24h",
-    )
-    .await;
-    let id = batch["id"].as_str().unwrap().to_owned();
-    wait_completed(&gw.base, KEY_A, &id, 100, true, Duration::from_secs(60)).await;
+    let id = submit_and_run_100(&gw.base, "g", ITEMS).await;
     first.cancel();
     tokio::time::timeout(Duration::from_secs(60), runner)
         .await

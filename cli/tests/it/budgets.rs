@@ -91,10 +91,6 @@ async fn settled(gw: &Gateway, kind: &'static str, id: &str) -> Spend {
     .await
 }
 
-fn request_id(h: &reqwest::header::HeaderMap) -> uuid::Uuid {
-    h["x-request-id"].to_str().unwrap().parse().unwrap()
-}
-
 /// FC-23: a key with a $0.010 daily budget and nothing spent; 5 concurrent non-streaming
 /// requests with `max_tokens: 100` to a model priced $10 / $30; the mock waits 500 ms and reports
 /// 100 + 100 tokens ($0.004 each). Exactly 2 succeed, 3 get 429 `insufficient_quota`, recorded
@@ -155,19 +151,10 @@ async fn fc23(billing_url: Option<String>) {
     assert_eq!((spent.day_usd, spent.day_tokens), (d("0.008"), 400));
 }
 
-#[tokio::test]
-async fn fc23_concurrent_requests_never_overshoot_the_daily_budget_sqlite() {
-    fc23(None).await;
-}
-
-#[tokio::test]
-async fn fc23_concurrent_requests_never_overshoot_the_daily_budget_postgres() {
-    let Some(schema) = pg_schema().await else {
-        return;
-    };
-    fc23(Some(schema.url().to_owned())).await;
-    schema.drop_schema().await.unwrap();
-}
+sqlite_and_postgres!(
+    fc23: fc23_concurrent_requests_never_overshoot_the_daily_budget_sqlite,
+    fc23_concurrent_requests_never_overshoot_the_daily_budget_postgres
+);
 
 #[tokio::test]
 async fn keys_are_required_and_checked_in_each_front_doors_error_shape() {

@@ -15,11 +15,6 @@ const K: usize = 100;
 const OUTPUT_TOKENS: u64 = 50;
 const PROMPT: &str = "What is the capital of France?";
 
-/// The request id the gateway echoed.
-fn request_id(headers: &reqwest::header::HeaderMap) -> uuid::Uuid {
-    headers["x-request-id"].to_str().unwrap().parse().unwrap()
-}
-
 fn key(i: usize) -> String {
     format!("sk-load-{i:02}-0123456789abcdef")
 }

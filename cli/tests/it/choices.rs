@@ -42,10 +42,6 @@ fn body(stream: bool) -> Value {
     b
 }
 
-fn request_id(h: &reqwest::header::HeaderMap) -> uuid::Uuid {
-    h["x-request-id"].to_str().unwrap().parse().unwrap()
-}
-
 /// One `logprobs.content` entry as the mock writes it with `top_logprobs: 2`.
 fn entry(token: &str) -> Value {
     json!({"token": token, "logprob": -0.5, "bytes": token.as_bytes(), "top_logprobs": [

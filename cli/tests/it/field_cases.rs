@@ -6,10 +6,6 @@ use crate::common::*;
 use switchyard_schemas::usage::UsageStatus;
 use switchyard_schemas::{ErrorClass, UsageKind};
 
-fn request_id(h: &reqwest::header::HeaderMap) -> uuid::Uuid {
-    h["x-request-id"].to_str().unwrap().parse().unwrap()
-}
-
 /// FC-06: Anthropic stream `Hi`, ` there`, then `event: error` overloaded_error and a close without
 /// `message_stop`: the client gets `Hi there` then an error, never `stop`/`[DONE]`; class overloaded.
 #[tokio::test]

@@ -75,42 +75,6 @@ async fn gateway(dir: &std::path::Path, billing_url: Option<String>, extra: Valu
     .await
 }
 
-/// Percent-encodes everything but ASCII letters and digits (a `#mock` directive value).
-fn pct(s: &str) -> String {
-    s.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
-}
-
-/// A prompt making the mock report `usage` verbatim.
-fn with_usage(usage: &str) -> String {
-    format!("#mock usage={}", pct(usage))
-}
-
-/// POSTs a chat body with API key `key`.
-async fn post_as(base: &str, key: &str, body: &Value) -> (u16, reqwest::header::HeaderMap, Value) {
-    let resp = reqwest::Client::new()
-        .post(format!("{base}/v1/chat/completions"))
-        .bearer_auth(key)
-        .json(body)
-        .send()
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    (status, headers, resp.json().await.unwrap())
-}
-
-fn request_id(h: &reqwest::header::HeaderMap) -> uuid::Uuid {
-    h["x-request-id"].to_str().unwrap().parse().unwrap()
-}
-
 async fn messages(base: &str, body: &Value, key: Option<&str>) -> reqwest::Response {
     let mut req = reqwest::Client::new()
         .post(format!("{base}/v1/messages"))
@@ -167,7 +131,7 @@ fn s(t: &str, n: u64, a: &str) -> (String, u64, String) {
 async fn fc34(billing_url: Option<String>) {
     let dir = tempfile::tempdir().unwrap();
     let gw = gateway(dir.path(), billing_url, json!({})).await;
-    let prompt = with_usage(FC34_USAGE);
+    let prompt = mock_usage(FC34_USAGE);
 
     // The usage object reaches the /v1/messages client unchanged, streamed or not.
     let resp = messages(&gw.base, &messages_body("claude-t", &prompt, false), None).await;
@@ -220,7 +184,7 @@ async fn fc34(billing_url: Option<String>) {
     let split = r#"{"input_tokens":12,"cache_creation_input_tokens":3000,"cache_read_input_tokens":0,"cache_creation":{"ephemeral_5m_input_tokens":1000,"ephemeral_1h_input_tokens":2000},"output_tokens":20}"#;
     let resp = messages(
         &gw.base,
-        &messages_body("claude-t", &with_usage(split), false),
+        &messages_body("claude-t", &mock_usage(split), false),
         None,
     )
     .await;
@@ -245,7 +209,7 @@ async fn fc34(billing_url: Option<String>) {
     let plain = r#"{"input_tokens":12,"cache_creation_input_tokens":3000,"cache_read_input_tokens":0,"output_tokens":20}"#;
     let resp = messages(
         &gw.base,
-        &messages_body("claude-t", &with_usage(plain), false),
+        &messages_body("claude-t", &mock_usage(plain), false),
         None,
     )
     .await;
@@ -296,26 +260,17 @@ async fn fc34(billing_url: Option<String>) {
     assert_eq!(rec.counts.unpriced_component, 1);
 }
 
-#[tokio::test]
-async fn fc34_anthropic_cache_writes_by_ttl_sqlite() {
-    fc34(None).await;
-}
-
-#[tokio::test]
-async fn fc34_anthropic_cache_writes_by_ttl_postgres() {
-    let Some(schema) = pg_schema().await else {
-        return;
-    };
-    fc34(Some(schema.url().to_owned())).await;
-    schema.drop_schema().await.unwrap();
-}
+sqlite_and_postgres!(
+    fc34: fc34_anthropic_cache_writes_by_ttl_sqlite,
+    fc34_anthropic_cache_writes_by_ttl_postgres
+);
 
 /// FC-35: a Gemini stream whose last `usageMetadata` has implicit-cache and thinking counts.
 async fn fc35(billing_url: Option<String>) {
     let dir = tempfile::tempdir().unwrap();
     let gw = gateway(dir.path(), billing_url, json!({})).await;
     let meta = r#"{"promptTokenCount":10000,"cachedContentTokenCount":8000,"candidatesTokenCount":50,"thoughtsTokenCount":400,"totalTokenCount":10450}"#;
-    let prompt = with_usage(meta);
+    let prompt = mock_usage(meta);
     let mut body = chat("gem-t", &prompt, true);
     body["stream_options"] = json!({"include_usage": true});
     let r = post_sse(&gw.base, &body).await;
@@ -354,19 +309,10 @@ async fn fc35(billing_url: Option<String>) {
     assert_eq!(u["output_tokens"], 450);
 }
 
-#[tokio::test]
-async fn fc35_gemini_thoughts_and_implicit_cache_sqlite() {
-    fc35(None).await;
-}
-
-#[tokio::test]
-async fn fc35_gemini_thoughts_and_implicit_cache_postgres() {
-    let Some(schema) = pg_schema().await else {
-        return;
-    };
-    fc35(Some(schema.url().to_owned())).await;
-    schema.drop_schema().await.unwrap();
-}
+sqlite_and_postgres!(
+    fc35: fc35_gemini_thoughts_and_implicit_cache_sqlite,
+    fc35_gemini_thoughts_and_implicit_cache_postgres
+);
 
 /// Bedrock Converse usage with cache reads and writes (`inputTokens` excludes both):
 /// 100 × 3 + 1000 × 0.30 + 3000 × 3.75 + 50 × 15 per 1M = $0.0126.
@@ -377,10 +323,10 @@ async fn bedrock_converse_cache_reads_and_writes_are_priced() {
     let usage = r#"{"inputTokens":100,"outputTokens":50,"totalTokens":4150,"cacheReadInputTokens":1000,"cacheWriteInputTokens":3000}"#;
     for stream in [false, true] {
         let (status, headers, body) = if stream {
-            let r = post_sse(&gw.base, &chat("bedrock-t", &with_usage(usage), true)).await;
+            let r = post_sse(&gw.base, &chat("bedrock-t", &mock_usage(usage), true)).await;
             (r.status, r.headers, Value::Null)
         } else {
-            post_json(&gw.base, &chat("bedrock-t", &with_usage(usage), false)).await
+            post_json(&gw.base, &chat("bedrock-t", &mock_usage(usage), false)).await
         };
         assert_eq!(status, 200, "{body}");
         if !stream {
@@ -420,7 +366,7 @@ async fn openai_usage_details_and_service_tier_are_priced() {
     // Default tier: 700 × 2.5 + 200 × 1.25 + 100 × 40 + 350 × 10 + 100 × 10 + 50 × 80 per 1M.
     // Priority: 700 × 4.25 + 200 × 2.125 + 100 × 40 + 350 × 17 + 100 × 17 + 50 × 80 per 1M.
     for (tier, cost) in [("default", "0.0145"), ("priority", "0.01905")] {
-        let prompt = format!("{} service_tier={tier}", with_usage(usage));
+        let prompt = format!("{} service_tier={tier}", mock_usage(usage));
         let (status, headers, body) = post_json(&gw.base, &chat("gpt-t", &prompt, false)).await;
         assert_eq!(status, 200, "{body}");
         assert_eq!(body["usage"]["prompt_tokens_details"]["audio_tokens"], 100);
@@ -470,7 +416,7 @@ async fn unpriced_model_refused_for_budgeted_keys_and_recorded_for_others() {
     ]);
     let gw = gateway(dir.path(), None, json!({"keys": keys})).await;
     let (status, _, body) =
-        post_as(&gw.base, KEY_BUDGET, &chat("test/unpriced", "hi", false)).await;
+        post_chat_as(&gw.base, KEY_BUDGET, &chat("test/unpriced", "hi", false)).await;
     assert_eq!(status, 400, "{body}");
     assert_eq!(body["error"]["type"], "invalid_request_error");
     assert_eq!(body["error"]["code"], "model_not_priced");
@@ -496,11 +442,11 @@ async fn unpriced_model_refused_for_budgeted_keys_and_recorded_for_others() {
             .contains("test/unpriced")
     );
     // A priced model is still served to the budgeted key.
-    let (status, _, _) = post_as(&gw.base, KEY_BUDGET, &chat("gpt-t", "hi", false)).await;
+    let (status, _, _) = post_chat_as(&gw.base, KEY_BUDGET, &chat("gpt-t", "hi", false)).await;
     assert_eq!(status, 200);
 
     // The key without a budget: served, charged nothing, the gap recorded.
-    let (status, headers, body) = post_as(
+    let (status, headers, body) = post_chat_as(
         &gw.base,
         KEY_FREE,
         &chat("test/unpriced", "hi there", false),
@@ -694,7 +640,8 @@ async fn pricing_check_gap_is_refused_for_a_budgeted_key() {
         ..Options::default()
     })
     .await;
-    let (status, _, body) = post_as(&gw.base, KEY_BUDGET, &chat("test/mystery", "hi", false)).await;
+    let (status, _, body) =
+        post_chat_as(&gw.base, KEY_BUDGET, &chat("test/mystery", "hi", false)).await;
     assert_eq!(status, 400, "{body}");
     assert_eq!(body["error"]["type"], "invalid_request_error");
     assert_eq!(body["error"]["code"], "model_not_priced");
@@ -704,6 +651,6 @@ async fn pricing_check_gap_is_refused_for_a_budgeted_key() {
          count its spend. Add it to the catalog (`standard:` in the pricing file), or set \
          `unpriced: {charge_at: <model>}`."
     );
-    let (status, _, _) = post_as(&gw.base, KEY_BUDGET, &chat("gpt-t", "hi", false)).await;
+    let (status, _, _) = post_chat_as(&gw.base, KEY_BUDGET, &chat("gpt-t", "hi", false)).await;
     assert_eq!(status, 200);
 }

@@ -493,6 +493,47 @@ pub async fn post_with(
     (status, headers, resp.json().await.unwrap())
 }
 
+/// POSTs `body` to `/v1/chat/completions` with bearer `key`; returns status, headers and JSON.
+pub async fn post_chat_as(
+    base: &str,
+    key: &str,
+    body: &serde_json::Value,
+) -> (u16, reqwest::header::HeaderMap, serde_json::Value) {
+    let resp = reqwest::Client::new()
+        .post(format!("{base}/v1/chat/completions"))
+        .bearer_auth(key)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    (status, headers, resp.json().await.unwrap())
+}
+
+/// The request id a response names in `x-request-id`.
+pub fn request_id(h: &reqwest::header::HeaderMap) -> uuid::Uuid {
+    h["x-request-id"].to_str().unwrap().parse().unwrap()
+}
+
+/// Percent-encodes everything but ASCII letters and digits (a `#mock` directive value).
+pub fn percent_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// A prompt making the mock report `usage` (a provider's usage JSON) verbatim.
+pub fn mock_usage(usage: &str) -> String {
+    format!("#mock usage={}", percent_encode(usage))
+}
+
 /// The `/metrics` text.
 pub async fn metrics_text(base: &str) -> String {
     reqwest::get(format!("{base}/metrics"))
@@ -502,6 +543,29 @@ pub async fn metrics_text(base: &str) -> String {
         .await
         .unwrap()
 }
+
+/// Two tests of one ledger scenario `$run` (an `async fn(Option<String>)` taking the billing
+/// database URL): `$sqlite` on the default SQLite ledger (`None`) and `$postgres` on a fresh
+/// PostgreSQL schema, dropped after (skipped with a notice when PostgreSQL is unreachable, see
+/// [`pg_schema`]). Options for `#[tokio::test(…)]` may follow the names.
+macro_rules! sqlite_and_postgres {
+    ($run:ident: $sqlite:ident, $postgres:ident $(, $($opt:tt)+)?) => {
+        #[tokio::test $(($($opt)+))?]
+        async fn $sqlite() {
+            $run(None).await;
+        }
+
+        #[tokio::test $(($($opt)+))?]
+        async fn $postgres() {
+            let Some(schema) = $crate::common::pg_schema().await else {
+                return;
+            };
+            $run(Some(schema.url().to_owned())).await;
+            schema.drop_schema().await.unwrap();
+        }
+    };
+}
+pub(crate) use sqlite_and_postgres;
 
 /// The PostgreSQL server tests use: `$SWITCHYARD_TEST_POSTGRES_URL` or the local default.
 pub fn postgres_base_url() -> String {
