@@ -193,11 +193,7 @@ async fn usage_rows_carry_tenant_and_key() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 200);
-    let id: uuid::Uuid = resp.headers()["x-request-id"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let id = request_id(resp.headers());
     let rows = ledger_rows(gw.ledger.as_ref().unwrap(), id, 2).await;
     for r in &rows {
         assert_eq!(r.tenant.as_deref(), Some("search"), "{:?}", r.kind);

@@ -161,11 +161,7 @@ async fn fc15_client_disconnect_reaches_the_upstream() {
     })
     .await;
     let resp = post(&gw.base, &chat("fc15", "hi", true)).await;
-    let id: uuid::Uuid = resp.headers()["x-request-id"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let id = request_id(resp.headers());
     let mut stream = resp.bytes_stream();
     let mut seen = 0;
     let mut buf = Vec::new();

@@ -258,11 +258,7 @@ async fn client_disconnect_cancels_the_upstream_call() {
         .send()
         .await
         .unwrap();
-    let id: uuid::Uuid = resp.headers()["x-request-id"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let id = request_id(resp.headers());
     let mut stream = resp.bytes_stream();
     use futures::StreamExt;
     // Read the first content, then go away.
