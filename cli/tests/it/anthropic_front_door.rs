@@ -64,21 +64,7 @@ async fn post_stream(base: &str, body: &Value) -> Events {
     let status = resp.status().as_u16();
     let headers = resp.headers().clone();
     let text = resp.text().await.unwrap();
-    let events = text
-        .split("\n\n")
-        .filter(|b| !b.trim().is_empty())
-        .map(|block| {
-            let (head, data) = block.split_once('\n').unwrap();
-            let name = head.strip_prefix("event: ").unwrap().to_owned();
-            let data: Value = serde_json::from_str(data.strip_prefix("data: ").unwrap()).unwrap();
-            assert_eq!(
-                data["type"],
-                name.as_str(),
-                "event name and data type agree"
-            );
-            (name, data)
-        })
-        .collect();
+    let events = typed_events(&text);
     Events {
         status,
         headers,

@@ -127,21 +127,8 @@ async fn n3_with_logprobs_streamed_like_the_upstream() {
     // upstream's, byte for byte, in the upstream's order.
     let sent = gw.mock.requests()[0].body.clone();
     assert_eq!((&sent["n"], &sent["stream"]), (&json!(3), &json!(true)));
-    let text = reqwest::Client::new()
-        .post(format!("{}/v1/chat/completions", gw.mock.base_url()))
-        .json(&sent)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let upstream: Vec<Value> = text
-        .split("\n\n")
-        .filter_map(|b| b.strip_prefix("data: "))
-        .filter(|d| *d != "[DONE]")
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect();
+    let text = post_text(format!("{}/v1/chat/completions", gw.mock.base_url()), &sent).await;
+    let upstream = data_events(&text);
     let choices = |events: &[Value]| -> Vec<String> {
         events.iter().map(|e| e["choices"].to_string()).collect()
     };

@@ -25,10 +25,7 @@ fn catalog(dir: &std::path::Path) -> String {
 }
 
 async fn send(base: &str, key: &str, body: &Value) -> reqwest::Response {
-    reqwest::Client::new()
-        .post(format!("{base}/v1/chat/completions"))
-        .bearer_auth(key)
-        .json(body)
+    chat_request(&reqwest::Client::new(), base, key, body)
         .send()
         .await
         .unwrap()

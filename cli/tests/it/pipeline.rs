@@ -293,15 +293,11 @@ async fn fc01_anthropic_event_split_across_three_writes() {
         "model": "claude-test", "max_tokens": 4096, "stream": true,
         "messages": [{"role": "user", "content": [{"type": "text", "text": format!("{prompt} split=1")}]}]
     });
-    let raw = reqwest::Client::new()
-        .post(format!("{}/v1/messages", gw.mock.base_url()))
-        .json(&upstream_body)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let raw = post_text(
+        format!("{}/v1/messages", gw.mock.base_url()),
+        &upstream_body,
+    )
+    .await;
     let event = raw.find("event: content_block_delta\n").unwrap();
     let data = event + "event: content_block_delta\n".len();
     let mid = data + raw[data..].find("text_del").unwrap() + "text_del".len();

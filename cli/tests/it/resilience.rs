@@ -608,15 +608,7 @@ async fn keepalive_comments_do_not_reset_target_timeouts() {
     assert_eq!(a.status, 504, "{}", a.body);
     assert!(a.elapsed < Duration::from_millis(2000), "{:?}", a.elapsed);
     // The mock did send keep-alives while silent.
-    let raw = reqwest::Client::new()
-        .post(format!("{}/x/ttft_ms=300,keepalive_ms=50/v1/chat/completions", gw.mock.base_url()))
-        .json(&serde_json::json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let raw = post_text(format!("{}/x/ttft_ms=300,keepalive_ms=50/v1/chat/completions", gw.mock.base_url()), &serde_json::json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]})).await;
     assert!(raw.starts_with(": keepalive\n\n"), "{raw}");
     assert!(raw.matches(": keepalive").count() >= 3, "{raw}");
     assert!(raw.ends_with("data: [DONE]\n\n"));

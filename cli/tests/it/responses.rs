@@ -65,16 +65,7 @@ async fn stream(base: &str, key: &str, body: &Value) -> Vec<(String, Value)> {
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.headers()["content-type"], "text/event-stream");
     let text = resp.text().await.unwrap();
-    text.split("\n\n")
-        .filter(|b| !b.trim().is_empty())
-        .map(|block| {
-            let (head, data) = block.split_once('\n').unwrap();
-            let name = head.strip_prefix("event: ").unwrap().to_owned();
-            let data: Value = serde_json::from_str(data.strip_prefix("data: ").unwrap()).unwrap();
-            assert_eq!(data["type"], name.as_str());
-            (name, data)
-        })
-        .collect()
+    typed_events(&text)
 }
 
 fn names(events: &[(String, Value)]) -> Vec<&str> {

@@ -5,7 +5,6 @@
 use crate::common::{Options, chat, eventually, start, test_config};
 use serde_json::json;
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -70,21 +69,7 @@ async fn start_up(config: serde_json::Value) -> UpProcess {
     let file = tmp.path().join("config.yaml");
     std::fs::write(&file, serde_json::to_string_pretty(&config).unwrap()).unwrap();
     let data_dir = tmp.path().join("data");
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
-        .args(["up", "--no-local-model", "--no-semantic", "--listen"])
-        .arg("127.0.0.1:0")
-        .arg("--config")
-        .arg(&file)
-        .arg("--data-dir")
-        .arg(&data_dir)
-        .env("NO_COLOR", "1")
-        .env("RUST_LOG", "info")
-        .env_remove("SWITCHYARD_CONFIG")
-        .env_remove("SWITCHYARD_NATS_URL")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
+    let mut child = crate::common::up::command(&data_dir, "127.0.0.1:0", Some(&file))
         .spawn()
         .unwrap();
     let stderr = child.stderr.take().unwrap();

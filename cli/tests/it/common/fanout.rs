@@ -44,10 +44,7 @@ pub async fn chat_fan_out(
     fan_out(n, |client, i| {
         let (base, key) = (bases[i % bases.len()].clone(), key(i));
         async move {
-            let resp = client
-                .post(format!("{base}/v1/chat/completions"))
-                .bearer_auth(key)
-                .json(body)
+            let resp = super::chat_request(&client, &base, &key, body)
                 .send()
                 .await
                 .unwrap();

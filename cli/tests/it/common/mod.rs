@@ -422,14 +422,55 @@ impl SseBody {
     }
 }
 
-pub async fn post(base: &str, body: &serde_json::Value) -> reqwest::Response {
-    reqwest::Client::new()
+/// A `POST {base}/v1/chat/completions` of JSON `body` with bearer `key` on `client`, not sent.
+pub fn chat_request(
+    client: &reqwest::Client,
+    base: &str,
+    key: &str,
+    body: &serde_json::Value,
+) -> reqwest::RequestBuilder {
+    client
         .post(format!("{base}/v1/chat/completions"))
-        .bearer_auth("sk-test")
+        .bearer_auth(key)
         .json(body)
-        .send()
-        .await
-        .unwrap()
+}
+
+/// POSTs chat `body` with bearer `sk-test` and the extra `headers`: the response, not read.
+pub async fn send_with(
+    base: &str,
+    headers: &[(&str, &str)],
+    body: &serde_json::Value,
+) -> reqwest::Response {
+    let mut req = chat_request(&reqwest::Client::new(), base, "sk-test", body);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    req.send().await.unwrap()
+}
+
+/// POSTs chat `body` with bearer `sk-test`: the response, not read.
+pub async fn post(base: &str, body: &serde_json::Value) -> reqwest::Response {
+    send_with(base, &[], body).await
+}
+
+/// POSTs JSON `body` to `{base}{path}` with the `headers` given and no others (no bearer): the
+/// status, headers and body text.
+pub async fn post_to(
+    base: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &serde_json::Value,
+) -> (u16, reqwest::header::HeaderMap, String) {
+    let mut req = reqwest::Client::new()
+        .post(format!("{base}{path}"))
+        .json(body);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    (status, headers, resp.text().await.unwrap())
 }
 
 /// Waits until the ledger holds `n` usage rows for `id` and returns them.
@@ -480,17 +521,59 @@ pub async fn post_with(
     headers: &[(&str, &str)],
     body: &serde_json::Value,
 ) -> (u16, reqwest::header::HeaderMap, serde_json::Value) {
-    let mut req = reqwest::Client::new()
-        .post(format!("{base}/v1/chat/completions"))
-        .bearer_auth("sk-test")
-        .json(body);
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    let resp = req.send().await.unwrap();
+    let resp = send_with(base, headers, body).await;
     let status = resp.status().as_u16();
     let headers = resp.headers().clone();
     (status, headers, resp.json().await.unwrap())
+}
+
+/// The `data:` JSON payloads of an OpenAI-style SSE body, without the closing `[DONE]`.
+pub fn data_events(text: &str) -> Vec<serde_json::Value> {
+    text.split("\n\n")
+        .filter_map(|b| b.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect()
+}
+
+/// POSTs JSON `body` to `url` without credentials (the mock upstream, directly): the body text.
+pub async fn post_text(url: String, body: &serde_json::Value) -> String {
+    reqwest::Client::new()
+        .post(url)
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// The `(event name, data)` pairs of an SSE body whose blocks are `event: …` then `data: …`
+/// (the Anthropic and Responses streams).
+pub fn named_events(text: &str) -> Vec<(String, serde_json::Value)> {
+    text.split("\n\n")
+        .filter(|b| !b.trim().is_empty())
+        .map(|block| {
+            let (head, data) = block.split_once('\n').unwrap();
+            let name = head.strip_prefix("event: ").unwrap().to_owned();
+            let data = serde_json::from_str(data.strip_prefix("data: ").unwrap()).unwrap();
+            (name, data)
+        })
+        .collect()
+}
+
+/// [`named_events`], asserting each event's name is its data's `type`.
+pub fn typed_events(text: &str) -> Vec<(String, serde_json::Value)> {
+    let events = named_events(text);
+    for (name, data) in &events {
+        assert_eq!(
+            data["type"],
+            name.as_str(),
+            "event name and data type agree"
+        );
+    }
+    events
 }
 
 /// POSTs `body` to `/v1/chat/completions` with bearer `key`; returns status, headers and JSON.
@@ -499,10 +582,7 @@ pub async fn post_chat_as(
     key: &str,
     body: &serde_json::Value,
 ) -> (u16, reqwest::header::HeaderMap, serde_json::Value) {
-    let resp = reqwest::Client::new()
-        .post(format!("{base}/v1/chat/completions"))
-        .bearer_auth(key)
-        .json(body)
+    let resp = chat_request(&reqwest::Client::new(), base, key, body)
         .send()
         .await
         .unwrap();
