@@ -479,16 +479,9 @@ async fn fc38_tool_call_without_arguments() {
     let r = post_sse(&gw.base, &chat("demo/mock", ask, true)).await;
     assert_eq!(r.status, 200);
     let mut args = vec![String::new(); 2];
-    for e in r.json_events() {
-        for tc in e
-            .pointer("/choices/0/delta/tool_calls")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            args[tc["index"].as_u64().unwrap() as usize]
-                .push_str(tc["function"]["arguments"].as_str().unwrap());
-        }
+    for tc in r.tool_call_deltas() {
+        args[tc["index"].as_u64().unwrap() as usize]
+            .push_str(tc["function"]["arguments"].as_str().unwrap());
     }
     assert_eq!(args, ["{\"city\":\"Paris\"}", "{}"]);
     assert_eq!(r.finish_reason().as_deref(), Some("tool_calls"));

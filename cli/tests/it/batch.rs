@@ -227,8 +227,13 @@ pub(crate) async fn finished(base: &str, key: &str, id: &str, total: usize) -> (
         done["request_counts"],
         json!({"total": total, "completed": total, "failed": 0})
     );
-    let out = lines(&content(base, key, done["output_file_id"].as_str().unwrap()).await);
+    let out = file_lines(base, key, &done, "output_file_id").await;
     (done, out)
+}
+
+/// The lines of the batch's JSONL file named by `field` (`output_file_id` or `error_file_id`).
+pub(crate) async fn file_lines(base: &str, key: &str, batch: &Value, field: &str) -> Vec<Value> {
+    lines(&content(base, key, batch[field].as_str().unwrap()).await)
 }
 
 pub(crate) fn lines(text: &str) -> Vec<Value> {
@@ -365,7 +370,7 @@ async fn fc33_batch_is_billed_once_at_the_batch_rate_from_any_ingress() {
     assert_eq!(done["usage"]["total_tokens"], 35);
     assert!(done["completed_at"].as_u64().unwrap() >= done["created_at"].as_u64().unwrap());
     assert!(done["error_file_id"].is_null());
-    let out = lines(&content(&second, KEY_A, done["output_file_id"].as_str().unwrap()).await);
+    let out = file_lines(&second, KEY_A, &done, "output_file_id").await;
     assert_eq!(out.len(), 2);
     let by_id = |cid: &str| out.iter().find(|l| l["custom_id"] == cid).unwrap().clone();
     let r1 = by_id("req-1");
@@ -405,8 +410,8 @@ async fn fc33_batch_is_billed_once_at_the_batch_rate_from_any_ingress() {
         done["request_counts"],
         json!({"total": 2, "completed": 1, "failed": 1})
     );
-    let out = lines(&content(&gw.base, KEY_A, done["output_file_id"].as_str().unwrap()).await);
-    let err = lines(&content(&gw.base, KEY_A, done["error_file_id"].as_str().unwrap()).await);
+    let out = file_lines(&gw.base, KEY_A, &done, "output_file_id").await;
+    let err = file_lines(&gw.base, KEY_A, &done, "error_file_id").await;
     assert_eq!(out.len(), 1);
     assert_eq!(out[0]["custom_id"], "ok");
     assert_eq!(err.len(), 1);
@@ -575,7 +580,7 @@ async fn cancel_stops_dispatch_and_reports_partial_results() {
     let ran = counts["completed"].as_u64().unwrap();
     assert!(ran < 20, "cancel stopped nothing: {done}");
     assert_eq!(gw.mock.request_count() as u64, ran);
-    let err = lines(&content(&gw.base, KEY_A, done["error_file_id"].as_str().unwrap()).await);
+    let err = file_lines(&gw.base, KEY_A, &done, "error_file_id").await;
     assert_eq!(err.len() as u64, 20 - ran);
     assert!(err.iter().all(|l| l["error"]["code"] == "batch_cancelled"));
     // Cancelling again is a no-op; billed items are the ones that ran.
@@ -603,7 +608,7 @@ async fn completion_window_expires_the_rest() {
         done["request_counts"]["failed"].as_u64().unwrap(),
         30 - completed
     );
-    let err = lines(&content(&gw.base, KEY_A, done["error_file_id"].as_str().unwrap()).await);
+    let err = file_lines(&gw.base, KEY_A, &done, "error_file_id").await;
     assert!(err.iter().all(|l| l["error"]["code"] == "batch_expired"));
     assert_eq!(err.len() as u64, 30 - completed);
 }

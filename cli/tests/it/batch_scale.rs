@@ -6,8 +6,8 @@
 //! cursors (`after`, `limit`, `has_more`, `first_id` / `last_id`, `before_id`, `order=asc`).
 
 use crate::batch::{
-    KEY_A, KEY_B, assert_billed_once, call, content, create_batch, finished, gateway, items, line,
-    lines, submit, try_retrieve, upload, wait_completed,
+    KEY_A, KEY_B, assert_billed_once, call, content, create_batch, file_lines, finished, gateway,
+    items, line, lines, submit, try_retrieve, upload, wait_completed,
 };
 use crate::common::{Gateway, eventually, spawn_ingress};
 use rust_decimal::Decimal;
@@ -86,7 +86,7 @@ async fn nats_restart_mid_batch_bills_once_and_reruns_at_most_the_window() {
         done["request_counts"],
         json!({"total": ITEMS, "completed": ITEMS, "failed": 0})
     );
-    let out = lines(&content(&gw.base, KEY_A, done["output_file_id"].as_str().unwrap()).await);
+    let out = file_lines(&gw.base, KEY_A, &done, "output_file_id").await;
     let cids: BTreeSet<&str> = out
         .iter()
         .map(|l| l["custom_id"].as_str().unwrap())

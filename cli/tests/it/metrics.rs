@@ -31,6 +31,15 @@ async fn send(base: &str, key: &str, body: &Value) -> reqwest::Response {
         .unwrap()
 }
 
+/// The `x-switchyard-overhead-ms` header of `r`, as a number.
+fn overhead_ms(r: &reqwest::Response) -> f64 {
+    r.headers()["x-switchyard-overhead-ms"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
 /// The value of the series `line_prefix` (name and labels exactly), if present.
 fn value(text: &str, series: &str) -> Option<f64> {
     text.lines()
@@ -78,11 +87,7 @@ async fn one_scrape_shows_every_family_after_mixed_traffic() {
     for i in 0..3 {
         let r = send(base, KEY, &chat("demo/mock", &format!("{ok}\nq{i}"), false)).await;
         assert_eq!(r.status(), 200);
-        let ms: f64 = r.headers()["x-switchyard-overhead-ms"]
-            .to_str()
-            .unwrap()
-            .parse()
-            .unwrap();
+        let ms = overhead_ms(&r);
         assert!((0.0..1000.0).contains(&ms), "{ms}");
         r.bytes().await.unwrap();
     }
@@ -395,11 +400,7 @@ async fn both_front_doors_carry_the_overhead_header() {
             .await
             .unwrap();
         assert_eq!(r.status(), 200);
-        let ms: f64 = r.headers()["x-switchyard-overhead-ms"]
-            .to_str()
-            .unwrap()
-            .parse()
-            .unwrap();
+        let ms = overhead_ms(&r);
         assert!(ms >= 0.0, "{ms}");
         r.bytes().await.unwrap();
         let r = post(&gw.base, &chat("demo/mock", "#mock text=hi", stream)).await;

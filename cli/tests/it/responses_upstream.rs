@@ -211,14 +211,8 @@ async fn fc31_responses_path_rebuilds_output() {
             ),
             (json!(17), json!(6), json!(23))
         );
-        let stored: Value = reqwest::Client::new()
-            .get(format!("{}/v1/responses/{id}", gw.base))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let url = format!("{}/v1/responses/{id}", gw.base);
+        let (_, stored) = call(reqwest::Method::GET, url, None, None).await;
         assert_eq!(stored["output"], r["output"], "{fixture}");
         let deltas: String = events
             .iter()

@@ -136,15 +136,7 @@ async fn fc41_claude_json_schema_streamed_as_content_deltas() {
         &weather_request("demo/claude", WEATHER_DIRECTIVE, true),
     )
     .await;
-    let deltas = r
-        .json_events()
-        .iter()
-        .filter(|e| {
-            e.pointer("/choices/0/delta/content")
-                .and_then(Value::as_str)
-                .is_some_and(|c| !c.is_empty())
-        })
-        .count();
+    let deltas = r.content_pieces();
     assert!(deltas >= 2, "streamed in pieces, got {deltas}");
     assert_eq!(r.done_count(), 1);
 }

@@ -417,6 +417,29 @@ impl SseBody {
                 .map(str::to_owned)
         })
     }
+    /// How many chunks carry a non-empty piece of content.
+    pub fn content_pieces(&self) -> usize {
+        self.json_events()
+            .iter()
+            .filter(|e| {
+                e.pointer("/choices/0/delta/content")
+                    .and_then(|c| c.as_str())
+                    .is_some_and(|c| !c.is_empty())
+            })
+            .count()
+    }
+    /// Every tool-call delta of the first choice, in stream order.
+    pub fn tool_call_deltas(&self) -> Vec<serde_json::Value> {
+        self.json_events()
+            .iter()
+            .filter_map(|e| {
+                e.pointer("/choices/0/delta/tool_calls")?
+                    .as_array()
+                    .cloned()
+            })
+            .flatten()
+            .collect()
+    }
     pub fn done_count(&self) -> usize {
         self.events.iter().filter(|e| *e == "[DONE]").count()
     }
