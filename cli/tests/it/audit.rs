@@ -488,66 +488,65 @@ async fn mixed_run_leaves_one_record_per_request_and_no_secret() {
     let chat =
         |model: &str, content: &str, stream: bool| common::chat(model, content, stream).to_string();
     let completions = "/v1/chat/completions";
-    let ok = post_raw(
-        base,
-        completions,
-        PLAIN,
-        &chat("openai/gpt-4o", "#mock text=hello", false),
-    )
-    .await;
-    assert_eq!(ok.0, 200);
-    let fallback = post_raw(
-        base,
-        completions,
-        PLAIN,
-        &chat("demo/fallback", "#mock text=ok", false),
-    )
-    .await;
-    assert_eq!(fallback.0, 200);
-    // Refused before admission: malformed body, unknown model (also for the captured key: a
-    // refusal never keeps a body), bad key, an Anthropic body without `max_tokens`.
-    let malformed = post_raw(
-        base,
-        completions,
-        PLAIN,
-        r#"{"model": "openai/gpt-4o", "messages": "#,
-    )
-    .await;
-    assert_eq!(malformed.0, 400);
-    let unknown = post_raw(base, completions, PLAIN, &chat("nope/unknown", "hi", false)).await;
-    assert_eq!(unknown.0, 404);
-    let unknown_cap = post_raw(
-        base,
-        completions,
-        CAPTURED,
-        &chat("nope/unknown", "hi", false),
-    )
-    .await;
-    assert_eq!(unknown_cap.0, 404);
-    let bad_key = post_raw(
-        base,
-        completions,
-        WRONG,
-        &chat("openai/gpt-4o", "hi", false),
-    )
-    .await;
-    assert_eq!(bad_key.0, 401);
     let no_max = json!({"model": "openai/gpt-4o", "messages": [{"role": "user", "content": "hi"}]});
-    let anthropic_400 = post_raw(base, "/v1/messages", PLAIN, &no_max.to_string()).await;
-    assert_eq!(anthropic_400.0, 400);
-    // Refused by the upstream after admission.
-    let upstream_400 = post_raw(
-        base,
-        completions,
-        PLAIN,
-        &chat(
-            "openai/gpt-4o",
-            "#mock status=400 error_message=bad+input",
-            false,
+    // Sent in this order, each answered `status`: two answers, then refusals before admission
+    // (malformed body, unknown model also for the captured key: a refusal never keeps a body, bad
+    // key, an Anthropic body without `max_tokens`), then one refused by the upstream.
+    let cases = [
+        (
+            completions,
+            PLAIN,
+            chat("openai/gpt-4o", "#mock text=hello", false),
+            200,
         ),
-    )
-    .await;
-    assert_eq!(upstream_400.0, 400);
+        (
+            completions,
+            PLAIN,
+            chat("demo/fallback", "#mock text=ok", false),
+            200,
+        ),
+        (
+            completions,
+            PLAIN,
+            r#"{"model": "openai/gpt-4o", "messages": "#.to_owned(),
+            400,
+        ),
+        (completions, PLAIN, chat("nope/unknown", "hi", false), 404),
+        (
+            completions,
+            CAPTURED,
+            chat("nope/unknown", "hi", false),
+            404,
+        ),
+        (completions, WRONG, chat("openai/gpt-4o", "hi", false), 401),
+        ("/v1/messages", PLAIN, no_max.to_string(), 400),
+        (
+            completions,
+            PLAIN,
+            chat(
+                "openai/gpt-4o",
+                "#mock status=400 error_message=bad+input",
+                false,
+            ),
+            400,
+        ),
+    ];
+    let mut ids = Vec::new();
+    for (path, key, body, status) in &cases {
+        let (got, id, _) = post_raw(base, path, key, body).await;
+        assert_eq!(got, *status, "{body}");
+        ids.push(id);
+    }
+    let [
+        ok,
+        fallback,
+        malformed,
+        unknown,
+        unknown_cap,
+        bad_key,
+        anthropic_400,
+        upstream_400,
+    ] = <[String; 8]>::try_from(ids).unwrap();
     // A miss, then the same request answered from the cache.
     let question = chat("demo/cached", "Name a prime number.", false);
     let miss = post_raw(base, completions, PLAIN, &question).await;
@@ -575,14 +574,14 @@ async fn mixed_run_leaves_one_record_per_request_and_no_secret() {
     drop(stream);
 
     let sent = [
-        &ok.1,
-        &fallback.1,
-        &malformed.1,
-        &unknown.1,
-        &unknown_cap.1,
-        &bad_key.1,
-        &anthropic_400.1,
-        &upstream_400.1,
+        &ok,
+        &fallback,
+        &malformed,
+        &unknown,
+        &unknown_cap,
+        &bad_key,
+        &anthropic_400,
+        &upstream_400,
         &miss.1,
         &hit.1,
         &cancelled,
@@ -599,9 +598,9 @@ async fn mixed_run_leaves_one_record_per_request_and_no_secret() {
     let plain = Some(("k-plain", "acme"));
     for (id, expected) in [
         (
-            &malformed.1,
+            &malformed,
             refusal(
-                &malformed.1,
+                &malformed,
                 "openai",
                 plain,
                 "",
@@ -611,9 +610,9 @@ async fn mixed_run_leaves_one_record_per_request_and_no_secret() {
             ),
         ),
         (
-            &unknown.1,
+            &unknown,
             refusal(
-                &unknown.1,
+                &unknown,
                 "openai",
                 plain,
                 "nope/unknown",
@@ -623,9 +622,9 @@ async fn mixed_run_leaves_one_record_per_request_and_no_secret() {
             ),
         ),
         (
-            &unknown_cap.1,
+            &unknown_cap,
             refusal(
-                &unknown_cap.1,
+                &unknown_cap,
                 "openai",
                 Some(("k-cap", "globex")),
                 "nope/unknown",
@@ -635,21 +634,13 @@ async fn mixed_run_leaves_one_record_per_request_and_no_secret() {
             ),
         ),
         (
-            &bad_key.1,
-            refusal(
-                &bad_key.1,
-                "openai",
-                None,
-                "",
-                401,
-                "auth",
-                "invalid_api_key",
-            ),
+            &bad_key,
+            refusal(&bad_key, "openai", None, "", 401, "auth", "invalid_api_key"),
         ),
         (
-            &anthropic_400.1,
+            &anthropic_400,
             refusal(
-                &anthropic_400.1,
+                &anthropic_400,
                 "anthropic",
                 plain,
                 "",
@@ -671,13 +662,13 @@ async fn mixed_run_leaves_one_record_per_request_and_no_secret() {
         )
     };
     let ok_outcome = ("ok".to_owned(), 200, Value::Null, false);
-    assert_eq!(outcome(&ok.1), ok_outcome);
-    assert_eq!(outcome(&fallback.1), ok_outcome);
-    assert_eq!(by_id(&recs, &fallback.1)["fallbacks"], 1);
+    assert_eq!(outcome(&ok), ok_outcome);
+    assert_eq!(outcome(&fallback), ok_outcome);
+    assert_eq!(by_id(&recs, &fallback)["fallbacks"], 1);
     assert_eq!(outcome(&miss.1), ok_outcome);
     assert_eq!(outcome(&hit.1), ("ok".to_owned(), 200, Value::Null, true));
     assert_eq!(
-        outcome(&upstream_400.1),
+        outcome(&upstream_400),
         ("error".to_owned(), 400, json!("invalid_request"), false)
     );
     assert_eq!(
@@ -718,14 +709,7 @@ async fn mixed_run_leaves_one_record_per_request_and_no_secret() {
         .fetch_one(ledger.pool())
         .await
         .unwrap();
-        let refused = [
-            &malformed.1,
-            &unknown.1,
-            &unknown_cap.1,
-            &bad_key.1,
-            &anthropic_400.1,
-        ]
-        .contains(&id);
+        let refused = [&malformed, &unknown, &unknown_cap, &bad_key, &anthropic_400].contains(&id);
         assert_eq!(rows, i64::from(!refused), "{id}");
     }
 }

@@ -547,19 +547,35 @@ async fn tenants_never_see_each_others_files_or_batches() {
     assert_eq!(retrieve(b, KEY_A, bid).await["status"], "in_progress");
 }
 
+/// A gateway running at most `in_flight` batch items at once, and tenant A's batch of `n` items
+/// of `ms` ms each (custom ids `{prefix}0…`) within `window`: the gateway, its dir, the batch id.
+async fn slow_batch(
+    in_flight: u64,
+    prefix: &str,
+    n: usize,
+    ms: u64,
+    window: &str,
+) -> (Gateway, tempfile::TempDir, String) {
+    let (gw, dir) = gateway(json!({"batch": {"max_in_flight": in_flight}})).await;
+    let input = items(prefix, n, &format!("#mock ttft_ms={ms}\nslow"));
+    let batch = submit(&gw.base, KEY_A, &input, window).await;
+    let id = batch["id"].as_str().unwrap().to_owned();
+    (gw, dir, id)
+}
+
+/// Asserts the error file of the ended batch `done` holds `n` lines, each with error `code`.
+async fn assert_errors(gw: &Gateway, done: &Value, n: u64, code: &str) {
+    let err = file_lines(&gw.base, KEY_A, done, "error_file_id").await;
+    assert_eq!(err.len() as u64, n);
+    assert!(err.iter().all(|l| l["error"]["code"] == code));
+}
+
 /// Cancel: in-flight items finish, the rest never run and are reported `batch_cancelled`; the
 /// batch ends `cancelled` with partial results.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_stops_dispatch_and_reports_partial_results() {
-    let (gw, _dir) = gateway(json!({"batch": {"max_in_flight": 2}})).await;
-    let batch = submit(
-        &gw.base,
-        KEY_A,
-        &items("c", 20, "#mock ttft_ms=400\nslow"),
-        "24h",
-    )
-    .await;
-    let id = batch["id"].as_str().unwrap();
+    let (gw, _dir, id) = slow_batch(2, "c", 20, 400, "24h").await;
+    let id = id.as_str();
     let (status, c) = call(
         reqwest::Method::POST,
         format!("{}/v1/batches/{id}/cancel", gw.base),
@@ -580,9 +596,7 @@ async fn cancel_stops_dispatch_and_reports_partial_results() {
     let ran = counts["completed"].as_u64().unwrap();
     assert!(ran < 20, "cancel stopped nothing: {done}");
     assert_eq!(gw.mock.request_count() as u64, ran);
-    let err = file_lines(&gw.base, KEY_A, &done, "error_file_id").await;
-    assert_eq!(err.len() as u64, 20 - ran);
-    assert!(err.iter().all(|l| l["error"]["code"] == "batch_cancelled"));
+    assert_errors(&gw, &done, 20 - ran, "batch_cancelled").await;
     // Cancelling again is a no-op; billed items are the ones that ran.
     assert_eq!(batch_charges(&gw, id, ran as usize).await.len() as u64, ran);
 }
@@ -591,15 +605,8 @@ async fn cancel_stops_dispatch_and_reports_partial_results() {
 /// the batch ends `expired`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completion_window_expires_the_rest() {
-    let (gw, _dir) = gateway(json!({"batch": {"max_in_flight": 1}})).await;
-    let batch = submit(
-        &gw.base,
-        KEY_A,
-        &items("e", 30, "#mock ttft_ms=300\nslow"),
-        "2s",
-    )
-    .await;
-    let id = batch["id"].as_str().unwrap();
+    let (gw, _dir, id) = slow_batch(1, "e", 30, 300, "2s").await;
+    let id = id.as_str();
     let done = wait_status(&gw.base, KEY_A, id, "expired").await;
     assert!(done["expired_at"].is_u64());
     let completed = done["request_counts"]["completed"].as_u64().unwrap();
@@ -608,9 +615,7 @@ async fn completion_window_expires_the_rest() {
         done["request_counts"]["failed"].as_u64().unwrap(),
         30 - completed
     );
-    let err = file_lines(&gw.base, KEY_A, &done, "error_file_id").await;
-    assert!(err.iter().all(|l| l["error"]["code"] == "batch_expired"));
-    assert_eq!(err.len() as u64, 30 - completed);
+    assert_errors(&gw, &done, 30 - completed, "batch_expired").await;
 }
 
 /// The worker is stopped a third of the way through a 1,000-item batch and a new one started:
