@@ -123,6 +123,24 @@ async fn lines(gw: &Gateway, id: uuid::Uuid) -> Vec<(String, u64, String)> {
         .collect()
 }
 
+/// Asserts request `id` cost `cost` upstream and was charged as much, and that its upstream row's
+/// lines are exactly `want` (billing type, tokens, amount); `ctx` names the case on failure.
+async fn assert_priced(
+    gw: &Gateway,
+    id: uuid::Uuid,
+    cost: &str,
+    want: &[(&str, u64, &str)],
+    ctx: &str,
+) {
+    assert_eq!(
+        cost_and_charge(gw, id).await,
+        (cost.to_owned(), cost.to_owned()),
+        "{ctx}"
+    );
+    let want: Vec<_> = want.iter().map(|(t, n, a)| s(t, *n, a)).collect();
+    assert_eq!(lines(gw, id).await, want, "{ctx}");
+}
+
 fn s(t: &str, n: u64, a: &str) -> (String, u64, String) {
     (t.to_owned(), n, a.to_owned())
 }
@@ -145,18 +163,18 @@ async fn fc34(billing_url: Option<String>) {
         FC34_USAGE
     );
     // Cost $0.058104: 12 × $3 + 9628 × $6.00 + 20 × $15 per 1M.
-    assert_eq!(
-        cost_and_charge(&gw, id).await,
-        ("0.058104".into(), "0.058104".into())
-    );
-    assert_eq!(
-        lines(&gw, id).await,
-        vec![
-            s("cache_write_1h", 9628, "0.057768"),
-            s("new_input", 12, "0.000036"),
-            s("output", 20, "0.0003"),
-        ]
-    );
+    assert_priced(
+        &gw,
+        id,
+        "0.058104",
+        &[
+            ("cache_write_1h", 9628, "0.057768"),
+            ("new_input", 12, "0.000036"),
+            ("output", 20, "0.0003"),
+        ],
+        "",
+    )
+    .await;
     let rows = ledger_rows(gw.ledger.as_ref().unwrap(), id, 2).await;
     for r in &rows {
         assert_eq!(
@@ -191,19 +209,19 @@ async fn fc34(billing_url: Option<String>) {
     let id = request_id(resp.headers());
     let body: Value = resp.json().await.unwrap();
     assert_eq!(body["usage"].to_string(), split);
-    assert_eq!(
-        cost_and_charge(&gw, id).await,
-        ("0.016086".into(), "0.016086".into())
-    );
-    assert_eq!(
-        lines(&gw, id).await,
-        vec![
-            s("cache_write", 1000, "0.00375"),
-            s("cache_write_1h", 2000, "0.012"),
-            s("new_input", 12, "0.000036"),
-            s("output", 20, "0.0003"),
-        ]
-    );
+    assert_priced(
+        &gw,
+        id,
+        "0.016086",
+        &[
+            ("cache_write", 1000, "0.00375"),
+            ("cache_write_1h", 2000, "0.012"),
+            ("new_input", 12, "0.000036"),
+            ("output", 20, "0.0003"),
+        ],
+        "",
+    )
+    .await;
 
     // No `cache_creation` object: all writes at the 5-minute rate (12 × 3 + 3000 × 3.75 + 20 × 15).
     let plain = r#"{"input_tokens":12,"cache_creation_input_tokens":3000,"cache_read_input_tokens":0,"output_tokens":20}"#;
@@ -288,19 +306,19 @@ async fn fc35(billing_url: Option<String>) {
     assert_eq!(usage["total_tokens"], 10450);
     let id = request_id(&r.headers);
     // 2000 × 1.25 + 8000 × 0.125 + 50 × 10 + 400 × 10 per 1M.
-    assert_eq!(
-        cost_and_charge(&gw, id).await,
-        ("0.008".into(), "0.008".into())
-    );
-    assert_eq!(
-        lines(&gw, id).await,
-        vec![
-            s("cached_input", 8000, "0.001"),
-            s("new_input", 2000, "0.0025"),
-            s("output", 50, "0.0005"),
-            s("reasoning", 400, "0.004"),
-        ]
-    );
+    assert_priced(
+        &gw,
+        id,
+        "0.008",
+        &[
+            ("cached_input", 8000, "0.001"),
+            ("new_input", 2000, "0.0025"),
+            ("output", 50, "0.0005"),
+            ("reasoning", 400, "0.004"),
+        ],
+        "",
+    )
+    .await;
     // The /v1/messages view, streamed.
     let resp = messages(&gw.base, &messages_body("gem-t", &prompt, true), None).await;
     let u = &last_message_delta(resp).await["usage"];
@@ -338,20 +356,19 @@ async fn bedrock_converse_cache_reads_and_writes_are_priced() {
             assert_eq!(body["usage"]["total_tokens"], 4150);
         }
         let id = request_id(&headers);
-        assert_eq!(
-            cost_and_charge(&gw, id).await,
-            ("0.0126".into(), "0.0126".into()),
-            "stream {stream}"
-        );
-        assert_eq!(
-            lines(&gw, id).await,
-            vec![
-                s("cache_write", 3000, "0.01125"),
-                s("cached_input", 1000, "0.0003"),
-                s("new_input", 100, "0.0003"),
-                s("output", 50, "0.00075"),
-            ]
-        );
+        assert_priced(
+            &gw,
+            id,
+            "0.0126",
+            &[
+                ("cache_write", 3000, "0.01125"),
+                ("cached_input", 1000, "0.0003"),
+                ("new_input", 100, "0.0003"),
+                ("output", 50, "0.00075"),
+            ],
+            &format!("stream {stream}"),
+        )
+        .await;
     }
 }
 
