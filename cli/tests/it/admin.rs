@@ -75,6 +75,19 @@ pub async fn two_replicas(text: &str, c: GatewayConfig) -> (Gateway, String, Con
     (gw, b, b_config)
 }
 
+/// The config text `yaml` sent to an admin config route with the global admin key: the status
+/// and the JSON answer.
+async fn send_config(method: reqwest::Method, url: String, yaml: String) -> (u16, Value) {
+    let resp = reqwest::Client::new()
+        .request(method, url)
+        .bearer_auth(ADMIN_KEY)
+        .body(yaml)
+        .send()
+        .await
+        .unwrap();
+    (resp.status().as_u16(), resp.json().await.unwrap())
+}
+
 async fn models_status(base: &str, key: &str) -> u16 {
     get_as(format!("{base}/v1/models"), key).await.0
 }
@@ -454,15 +467,13 @@ async fn config_routes_show_redacted_validate_and_apply() {
     let mut bad: Value = serde_json::from_str(&text).unwrap();
     bad["models"][0]["targets"][0] = json!("nope");
     let bad = bad.to_string();
-    let resp = reqwest::Client::new()
-        .post(format!("{a}/admin/config/validate"))
-        .bearer_auth(ADMIN_KEY)
-        .body(bad.clone())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 400);
-    let body: Value = resp.json().await.unwrap();
+    let (s, body) = send_config(
+        reqwest::Method::POST,
+        format!("{a}/admin/config/validate"),
+        bad.clone(),
+    )
+    .await;
+    assert_eq!(s, 400);
     assert_eq!(body["error"]["param"], "models[0].targets[0]");
     assert!(
         body["error"]["message"]
@@ -472,15 +483,13 @@ async fn config_routes_show_redacted_validate_and_apply() {
     );
 
     let next = text.replace("demo/mock", "demo/renamed");
-    let resp = reqwest::Client::new()
-        .post(format!("{a}/admin/config/validate"))
-        .bearer_auth(ADMIN_KEY)
-        .body(next.clone())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 200);
-    let body: Value = resp.json().await.unwrap();
+    let (s, body) = send_config(
+        reqwest::Method::POST,
+        format!("{a}/admin/config/validate"),
+        next.clone(),
+    )
+    .await;
+    assert_eq!(s, 200);
     assert_eq!(body["valid"], true);
     assert!(
         body["warnings"][0]
@@ -488,15 +497,8 @@ async fn config_routes_show_redacted_validate_and_apply() {
             .unwrap()
             .contains("targets[0].api_key is written literally")
     );
-    let resp = reqwest::Client::new()
-        .put(format!("{a}/admin/config"))
-        .bearer_auth(ADMIN_KEY)
-        .body(next)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 200);
-    let body: Value = resp.json().await.unwrap();
+    let (s, body) = send_config(reqwest::Method::PUT, format!("{a}/admin/config"), next).await;
+    assert_eq!(s, 200);
     let version = body["version"].as_u64().unwrap();
     assert_eq!(
         gw.config.version(),

@@ -94,12 +94,7 @@ fn stable(r: &Value) -> Value {
 
 #[tokio::test]
 async fn one_record_per_request_with_exact_fields() {
-    let gw = common::start(Options {
-        config: config(),
-        billing: true,
-        ..Options::default()
-    })
-    .await;
+    let gw = common::start_billed(config()).await;
     let base = &gw.base;
 
     // Plain, non-streamed: priced gpt-4o, 1000 in + 100 out = $0.0035 cost and charge.
@@ -317,12 +312,7 @@ async fn thousand_requests_through_two_ingresses_leave_a_thousand_records() {
         // than the default 2 s pickup bound, which this test is not about.
         "timeouts": {"first_frame_ms": 30000, "worker_silence_ms": 30000, "heartbeat_ms": 200}
     }));
-    let gw = common::start(Options {
-        config: c,
-        billing: true,
-        ..Options::default()
-    })
-    .await;
+    let gw = common::start_billed(c).await;
     let (second, _) = common::spawn_ingress(&gw).await;
     let bases = [gw.base.clone(), second];
     let client = reqwest::Client::new();
@@ -723,12 +713,7 @@ async fn refusal_flood_is_capped_and_counted() {
         "admin": {"keys": [{"id": "ops", "key_sha256": sha256_hex(ADMIN)}]},
         "audit": {"refused_per_second": 5}
     }));
-    let gw = common::start(Options {
-        config: c,
-        billing: true,
-        ..Options::default()
-    })
-    .await;
+    let gw = common::start_billed(c).await;
     let base = &gw.base;
     let started = std::time::Instant::now();
     let body = common::chat("demo/nope", "hi", false).to_string();

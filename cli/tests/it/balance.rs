@@ -448,12 +448,7 @@ sqlite_and_postgres!(
 /// A gateway with billing whose tenant `acme` has `balance` (the mock reports 100 prompt and 100
 /// completion tokens) and a $0.50 top-up credited (201).
 async fn topped_up_half_a_dollar(dir: &std::path::Path, balance: Value) -> Gateway {
-    let gw = start(Options {
-        config: config(dir, balance, 100, 100),
-        billing: true,
-        ..Options::default()
-    })
-    .await;
+    let gw = start_billed(config(dir, balance, 100, 100)).await;
     let (s, _) = top_up(
         &gw.base,
         ADMIN_KEY,

@@ -3,9 +3,7 @@
 //! often and wherever a batch is polled), validation before any upstream call, tenant isolation,
 //! cancellation, expiry, and a worker restart in the middle of a 1,000-item batch.
 
-use crate::common::{
-    Gateway, Options, eventually, spawn_ingress, spawn_worker, start, test_config,
-};
+use crate::common::{Gateway, eventually, spawn_ingress, spawn_worker, start_billed, test_config};
 use rust_decimal::Decimal;
 use serde_json::{Value, json};
 use std::str::FromStr;
@@ -49,12 +47,7 @@ pub(crate) async fn gateway(extra: Value) -> (Gateway, tempfile::TempDir) {
             o.insert(k.clone(), v.clone());
         }
     }
-    let gw = start(Options {
-        config: test_config(cfg),
-        billing: true,
-        ..Options::default()
-    })
-    .await;
+    let gw = start_billed(test_config(cfg)).await;
     (gw, dir)
 }
 
@@ -87,23 +80,14 @@ pub(crate) async fn upload(base: &str, key: &str, content: &str) -> Value {
     resp.json().await.unwrap()
 }
 
+/// [`crate::common::call`] with bearer `key`.
 pub(crate) async fn call(
     method: reqwest::Method,
     url: String,
     key: &str,
     body: Option<Value>,
 ) -> (u16, Value) {
-    let mut req = reqwest::Client::new().request(method, url).bearer_auth(key);
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    let resp = req.send().await.unwrap();
-    let status = resp.status().as_u16();
-    let text = resp.text().await.unwrap();
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
+    crate::common::call(method, url, Some(key), body).await
 }
 
 pub(crate) async fn create_batch(base: &str, key: &str, file_id: &str, window: &str) -> Value {

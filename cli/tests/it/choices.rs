@@ -69,12 +69,7 @@ async fn assert_billed(gw: &Gateway, id: uuid::Uuid) {
 
 #[tokio::test]
 async fn n3_with_logprobs_not_streamed() {
-    let gw = start(Options {
-        config: config(),
-        billing: true,
-        ..Options::default()
-    })
-    .await;
+    let gw = start_billed(config()).await;
     let (status, headers, v) = post_json(&gw.base, &body(false)).await;
     assert_eq!(status, 200, "{v}");
     let sent = &gw.mock.requests()[0].body;
@@ -112,12 +107,7 @@ async fn n3_with_logprobs_not_streamed() {
 
 #[tokio::test]
 async fn n3_with_logprobs_streamed_like_the_upstream() {
-    let gw = start(Options {
-        config: config(),
-        billing: true,
-        ..Options::default()
-    })
-    .await;
+    let gw = start_billed(config()).await;
     let sse = post_sse(&gw.base, &body(true)).await;
     assert_eq!(sse.status, 200, "{:?}", sse.events);
     assert_eq!(sse.done_count(), 1);

@@ -7,7 +7,7 @@
 //! statuses and bodies; afterwards B's things are all still there.
 
 use crate::batch::{call, upload};
-use crate::common::{Options, eventually, start};
+use crate::common::{eventually, start_billed};
 use reqwest::Method as M;
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -69,12 +69,7 @@ async fn tenant_a_gets_404_for_every_resource_of_tenant_b() {
     })
     .to_string();
     let cfg = switchyard_schemas::config_text::parse_valid("test", &text, |_| None).unwrap();
-    let gw = start(Options {
-        config: cfg,
-        billing: true,
-        ..Options::default()
-    })
-    .await;
+    let gw = start_billed(cfg).await;
     // The live config (admin writes are compare-and-set on it), watched by the ingress.
     let admin = async_nats::connect(gw.nats.url()).await.unwrap();
     let version = switchyard::reload::push(&admin, &text).await.unwrap();

@@ -227,6 +227,16 @@ pub async fn start(opts: Options) -> Gateway {
     }
 }
 
+/// [`start`] on `config` with billing (SQLite ledger) and everything else as by default.
+pub async fn start_billed(config: GatewayConfig) -> Gateway {
+    start(Options {
+        config,
+        billing: true,
+        ..Options::default()
+    })
+    .await
+}
+
 /// Starts another ingress process's worth of state (own NATS connection, own id, own budget
 /// holder) on the gateway's NATS and config; returns its base URL and state.
 pub async fn spawn_ingress(gw: &Gateway) -> (String, std::sync::Arc<switchyard_ingress::AppState>) {
