@@ -20,6 +20,20 @@ async fn send_json(
     (status, h, v)
 }
 
+/// Streams chat `body` (asserting 200): its `data:` events.
+async fn streamed_chat(base: &str, body: &Value) -> Vec<Value> {
+    let (status, _, text) = post_to(base, "/v1/chat/completions", &[], body).await;
+    assert_eq!(status, 200, "{text}");
+    data_events(&text)
+}
+
+/// The strings at `pointer` of the `events` that have one, in order.
+fn strings_at<'a>(events: &'a [Value], pointer: &'a str) -> impl Iterator<Item = &'a str> {
+    events
+        .iter()
+        .filter_map(move |e| e.pointer(pointer).and_then(Value::as_str))
+}
+
 const ANTHROPIC: &[(&str, &str)] = &[("x-api-key", "sk-x"), ("anthropic-version", "2023-06-01")];
 
 /// What the official SDKs send today is accepted, `null`s and replayed history included; OpenAI
@@ -40,16 +54,8 @@ async fn lenient_openai_door() {
             {"role": "assistant", "content": "It is noon.", "refusal": null, "tool_calls": null,
              "function_call": null, "audio": null},
             {"role": "user", "content": "Thanks"}]});
-    let (status, _, text) = post_to(&gw.base, "/v1/chat/completions", &[], &body).await;
-    assert_eq!(status, 200, "{text}");
-    let events = data_events(&text);
-    let content: String = events
-        .iter()
-        .filter_map(|e| {
-            e.pointer("/choices/0/delta/content")
-                .and_then(Value::as_str)
-        })
-        .collect();
+    let events = streamed_chat(&gw.base, &body).await;
+    let content: String = strings_at(&events, "/choices/0/delta/content").collect();
     assert_eq!(content, DEFAULT_TEXT);
     let sent = &gw.mock.requests()[0].body;
     assert_eq!(sent["reasoning_effort"], "low");
@@ -92,16 +98,8 @@ async fn lenient_openai_door() {
     // Streamed: `function_call` deltas and finish reason `function_call`.
     let mut streamed = body.clone();
     streamed["stream"] = json!(true);
-    let (status, _, text) = post_to(&gw.base, "/v1/chat/completions", &[], &streamed).await;
-    assert_eq!(status, 200, "{text}");
-    let events = data_events(&text);
-    let name: String = events
-        .iter()
-        .filter_map(|e| {
-            e.pointer("/choices/0/delta/function_call/name")
-                .and_then(Value::as_str)
-        })
-        .collect();
+    let events = streamed_chat(&gw.base, &streamed).await;
+    let name: String = strings_at(&events, "/choices/0/delta/function_call/name").collect();
     assert_eq!(name, "get_weather");
     assert!(
         events
@@ -315,16 +313,8 @@ async fn fc37_thinking_block_round_trip() {
 
     // The chat view: reasoning_content deltas, then the signature as a thinking block.
     let chat = json!({"model": "demo/claude", "stream": true, "messages": [ask]});
-    let (status, _, text) = post_to(&gw.base, "/v1/chat/completions", &[], &chat).await;
-    assert_eq!(status, 200, "{text}");
-    let events = data_events(&text);
-    let reasoning: Vec<&str> = events
-        .iter()
-        .filter_map(|e| {
-            e.pointer("/choices/0/delta/reasoning_content")
-                .and_then(Value::as_str)
-        })
-        .collect();
+    let events = streamed_chat(&gw.base, &chat).await;
+    let reasoning: Vec<&str> = strings_at(&events, "/choices/0/delta/reasoning_content").collect();
     assert_eq!(reasoning, ["Let me add ", "2 and 2."]);
     let sig: Vec<&Value> = events
         .iter()

@@ -92,6 +92,11 @@ async fn top_up(
     (resp.status().as_u16(), resp.json().await.unwrap())
 }
 
+/// [`top_up`] by the global admin without an `Idempotency-Key`.
+async fn credit(base: &str, tenant: &str, body: Value) -> (u16, Value) {
+    top_up(base, ADMIN_KEY, tenant, body, None).await
+}
+
 /// `GET /admin/tenants/{tenant}/balance`.
 async fn show(base: &str, admin: &str, tenant: &str) -> (u16, Value) {
     get_as(
@@ -143,12 +148,10 @@ async fn exactly_what_it_covers(billing_url: Option<String>) {
     })
     .await;
     let (second, _) = spawn_ingress(&gw).await;
-    let (status, body) = top_up(
+    let (status, body) = credit(
         &gw.base,
-        ADMIN_KEY,
         "acme",
         json!({"amount_usd": "0.01", "id": "inv-1"}),
-        None,
     )
     .await;
     assert_eq!(status, 201, "{body}");
@@ -282,12 +285,10 @@ async fn top_ups(billing_url: Option<String>) {
         "{body}"
     );
 
-    let (s, first) = top_up(
+    let (s, first) = credit(
         &gw.base,
-        ADMIN_KEY,
         "acme",
         json!({"amount_usd": 0.5, "id": "inv-7", "note": "PO 7"}),
-        None,
     )
     .await;
     assert_eq!(s, 201, "{first}");
@@ -297,25 +298,16 @@ async fn top_ups(billing_url: Option<String>) {
     assert_eq!(first["created"], true);
     assert_eq!(first["balance"]["topped_up_usd"], "0.5");
     // The same top-up again records nothing.
-    let (s, again) = top_up(
+    let (s, again) = credit(
         &gw.base,
-        ADMIN_KEY,
         "acme",
         json!({"amount_usd": "0.50", "id": "inv-7", "note": "PO 7"}),
-        None,
     )
     .await;
     assert_eq!(s, 200, "{again}");
     assert_eq!(again["created"], false);
     assert_eq!(again["balance"]["topped_up_usd"], "0.5");
-    let (s, conflict) = top_up(
-        &gw.base,
-        ADMIN_KEY,
-        "acme",
-        json!({"amount_usd": 0.7, "id": "inv-7"}),
-        None,
-    )
-    .await;
+    let (s, conflict) = credit(&gw.base, "acme", json!({"amount_usd": 0.7, "id": "inv-7"})).await;
     assert_eq!(s, 409, "{conflict}");
     assert_eq!(conflict["error"]["code"], "topup_id_conflict");
     // The Idempotency-Key header names the top-up when the body does not.
@@ -345,14 +337,7 @@ async fn top_ups(billing_url: Option<String>) {
         (s, v["error"]["code"].clone()),
         (403, json!("permission_denied"))
     );
-    let (s, _) = top_up(
-        &gw.base,
-        ADMIN_KEY,
-        "nobody",
-        json!({"amount_usd": 1}),
-        None,
-    )
-    .await;
+    let (s, _) = credit(&gw.base, "nobody", json!({"amount_usd": 1})).await;
     assert_eq!(s, 404);
     for bad in [
         json!({"amount_usd": 0}),
@@ -449,14 +434,7 @@ sqlite_and_postgres!(
 /// completion tokens) and a $0.50 top-up credited (201).
 async fn topped_up_half_a_dollar(dir: &std::path::Path, balance: Value) -> Gateway {
     let gw = start_billed(config(dir, balance, 100, 100)).await;
-    let (s, _) = top_up(
-        &gw.base,
-        ADMIN_KEY,
-        "acme",
-        json!({"amount_usd": 0.5}),
-        None,
-    )
-    .await;
+    let (s, _) = credit(&gw.base, "acme", json!({"amount_usd": 0.5})).await;
     assert_eq!(s, 201);
     gw
 }
@@ -479,7 +457,7 @@ async fn a_low_balance_downgrades_to_the_cheaper_model() {
     assert_eq!(body["model"], "test/big");
     // Charged at the cheaper model's price: 100 × $1/M + 100 × $3/M.
     settled(&gw, d("0.0004")).await;
-    let (s, _) = top_up(&gw.base, ADMIN_KEY, "acme", json!({"amount_usd": 5}), None).await;
+    let (s, _) = credit(&gw.base, "acme", json!({"amount_usd": 5})).await;
     assert_eq!(s, 201);
     let (s, h, body) = chat_as(&gw.base, &k, "test/big", 100).await;
     assert_eq!(s, 200, "{body}");
@@ -541,7 +519,7 @@ async fn a_top_up_without_billing_is_503_and_credits_nothing() {
         ..Options::default()
     })
     .await;
-    let (s, v) = top_up(&gw.base, ADMIN_KEY, "acme", json!({"amount_usd": 1}), None).await;
+    let (s, v) = credit(&gw.base, "acme", json!({"amount_usd": 1})).await;
     assert_eq!(s, 503, "{v}");
     assert_eq!(v["error"]["code"], "admin_unavailable");
     assert_eq!(
