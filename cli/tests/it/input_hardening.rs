@@ -179,27 +179,19 @@ async fn responses_door_refuses_bad_tools_tool_results_and_images() {
     let gw = start(Options::default()).await;
     let path = "/v1/responses";
     let with_tool = |t: Value| json!({"model": "demo/fallback", "input": "hi", "tools": [t]});
-    openai_400(
-        &gw,
-        path,
-        with_tool(json!({"type": "garbage", "name": "f"})),
-        "tools[0].type",
-    )
-    .await;
-    openai_400(
-        &gw,
-        path,
-        with_tool(json!({"type": "function", "name": "bad name!"})),
-        "tools[0].name",
-    )
-    .await;
-    openai_400(
-        &gw,
-        path,
-        with_tool(json!({"type": "function", "name": "f", "parameters": {"type": "string"}})),
-        "tools[0].parameters",
-    )
-    .await;
+    for (tool, param) in [
+        (json!({"type": "garbage", "name": "f"}), "tools[0].type"),
+        (
+            json!({"type": "function", "name": "bad name!"}),
+            "tools[0].name",
+        ),
+        (
+            json!({"type": "function", "name": "f", "parameters": {"type": "string"}}),
+            "tools[0].parameters",
+        ),
+    ] {
+        openai_400(&gw, path, with_tool(tool), param).await;
+    }
     let call = json!({"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"});
     for output in [
         json!({"type": "function_call_output", "output": "sunny"}),
