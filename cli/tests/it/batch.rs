@@ -3,7 +3,9 @@
 //! often and wherever a batch is polled), validation before any upstream call, tenant isolation,
 //! cancellation, expiry, and a worker restart in the middle of a 1,000-item batch.
 
-use crate::common::{Gateway, eventually, spawn_ingress, spawn_worker, start_billed, test_config};
+use crate::common::{
+    Gateway, eventually, get_as, post_empty, spawn_ingress, spawn_worker, start_billed, test_config,
+};
 use rust_decimal::Decimal;
 use serde_json::{Value, json};
 use std::str::FromStr;
@@ -114,26 +116,14 @@ async fn create_batch_for(
 }
 
 pub(crate) async fn retrieve(base: &str, key: &str, id: &str) -> Value {
-    let (status, b) = call(
-        reqwest::Method::GET,
-        format!("{base}/v1/batches/{id}"),
-        key,
-        None,
-    )
-    .await;
+    let (status, b) = get_as(format!("{base}/v1/batches/{id}"), key).await;
     assert_eq!(status, 200, "{b}");
     b
 }
 
 /// The batch, or `None` while the gateway cannot answer (nats-server restarting).
 pub(crate) async fn try_retrieve(base: &str, key: &str, id: &str) -> Option<Value> {
-    let (status, b) = call(
-        reqwest::Method::GET,
-        format!("{base}/v1/batches/{id}"),
-        key,
-        None,
-    )
-    .await;
+    let (status, b) = get_as(format!("{base}/v1/batches/{id}"), key).await;
     (status == 200).then_some(b)
 }
 
@@ -520,11 +510,11 @@ async fn tenants_never_see_each_others_files_or_batches() {
     )
     .await;
     assert_eq!(status, 404, "{e}");
-    let (_, files) = call(M::GET, format!("{b}/v1/files"), KEY_B, None).await;
+    let (_, files) = get_as(format!("{b}/v1/files"), KEY_B).await;
     assert_eq!(files["data"], json!([]));
-    let (_, batches) = call(M::GET, format!("{b}/v1/batches"), KEY_B, None).await;
+    let (_, batches) = get_as(format!("{b}/v1/batches"), KEY_B).await;
     assert_eq!(batches["data"], json!([]));
-    let (_, mine) = call(M::GET, format!("{b}/v1/batches?limit=1"), KEY_A, None).await;
+    let (_, mine) = get_as(format!("{b}/v1/batches?limit=1"), KEY_A).await;
     assert_eq!(mine["data"][0]["id"], bid);
     assert_eq!(mine["first_id"], bid);
     // Still A's: the cancel by B changed nothing.
@@ -560,13 +550,7 @@ async fn assert_errors(gw: &Gateway, done: &Value, n: u64, code: &str) {
 async fn cancel_stops_dispatch_and_reports_partial_results() {
     let (gw, _dir, id) = slow_batch(2, "c", 20, 400, "24h").await;
     let id = id.as_str();
-    let (status, c) = call(
-        reqwest::Method::POST,
-        format!("{}/v1/batches/{id}/cancel", gw.base),
-        KEY_A,
-        None,
-    )
-    .await;
+    let (status, c) = post_empty(format!("{}/v1/batches/{id}/cancel", gw.base), KEY_A).await;
     assert_eq!(status, 200);
     assert_eq!(c["status"], "cancelling");
     assert!(c["cancelling_at"].is_u64());
@@ -663,13 +647,7 @@ async fn anthropic_message_batches_round_trip() {
     let done = eventually(Duration::from_secs(30), || {
         let (base, id) = (gw.base.clone(), id.clone());
         async move {
-            let (_, b) = call(
-                reqwest::Method::GET,
-                format!("{base}/v1/messages/batches/{id}"),
-                KEY_A,
-                None,
-            )
-            .await;
+            let (_, b) = get_as(format!("{base}/v1/messages/batches/{id}"), KEY_A).await;
             (b["processing_status"] == "ended").then_some(b)
         }
     })
@@ -715,13 +693,7 @@ async fn anthropic_message_batches_round_trip() {
     );
     assert_eq!(gw.mock.request_count(), before);
     // Another tenant: 404 in Anthropic's envelope.
-    let (status, e) = call(
-        reqwest::Method::GET,
-        format!("{}/v1/messages/batches/{id}", gw.base),
-        KEY_B,
-        None,
-    )
-    .await;
+    let (status, e) = get_as(format!("{}/v1/messages/batches/{id}", gw.base), KEY_B).await;
     assert_eq!(status, 404);
     assert_eq!(e["error"]["type"], "not_found_error");
 }

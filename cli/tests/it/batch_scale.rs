@@ -9,7 +9,7 @@ use crate::batch::{
     KEY_A, KEY_B, assert_billed_once, call, content, create_batch, file_lines, finished, gateway,
     items, line, lines, submit, try_retrieve, upload, wait_completed,
 };
-use crate::common::{Gateway, eventually, spawn_ingress};
+use crate::common::{Gateway, eventually, get_as, spawn_ingress};
 use rust_decimal::Decimal;
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
@@ -33,7 +33,7 @@ async fn submit_and_run_100(base: &str, prefix: &str, n: usize) -> String {
 }
 
 async fn get(base: &str, key: &str, path: &str) -> Value {
-    let (status, v) = call(reqwest::Method::GET, format!("{base}{path}"), key, None).await;
+    let (status, v) = get_as(format!("{base}{path}"), key).await;
     assert_eq!(status, 200, "{path}: {v}");
     v
 }
@@ -318,13 +318,7 @@ async fn reads_and_creates_at_scale_through_two_ingress() {
             want.into_iter().collect::<BTreeSet<_>>()
         );
         let foreign = created.iter().find(|c| c.0 == other).unwrap();
-        let (status, _) = call(
-            reqwest::Method::GET,
-            format!("{base}/v1/batches/{}", foreign.1),
-            key,
-            None,
-        )
-        .await;
+        let (status, _) = get_as(format!("{base}/v1/batches/{}", foreign.1), key).await;
         assert_eq!(status, 404);
     }
 }

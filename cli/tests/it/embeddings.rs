@@ -23,7 +23,7 @@ async fn embed(base: &str, body: serde_json::Value) -> (u16, serde_json::Value) 
 
 #[tokio::test]
 async fn floats_in_input_order_with_usage() {
-    let gw = start_billed(test_config(serde_json::json!({}))).await;
+    let gw = billed_gateway().await;
     let (status, body) =
         embed(&gw.base, serde_json::json!({"model": "demo/mock", "input": ["alpha beta", "gamma"], "dimensions": 4})).await;
     assert_eq!(status, 200, "{body}");
@@ -120,7 +120,7 @@ async fn bad_input_and_unsupported_provider() {
 /// event bookkeeping.
 #[tokio::test]
 async fn fallback_is_recorded_like_chat() {
-    let gw = start_billed(test_config(serde_json::json!({}))).await;
+    let gw = billed_gateway().await;
     let resp = embed_as(
         &gw.base,
         "sk-test",

@@ -10,11 +10,7 @@ use switchyard_schemas::{ErrorClass, UsageKind};
 /// `message_stop`: the client gets `Hi there` then an error, never `stop`/`[DONE]`; class overloaded.
 #[tokio::test]
 async fn fc06_anthropic_error_after_content() {
-    let gw = start(Options {
-        billing: true,
-        ..Options::default()
-    })
-    .await;
+    let gw = billed_gateway().await;
     let r = post_sse(
         &gw.base,
         &chat(
@@ -68,11 +64,7 @@ async fn fc07_error_inside_200_stream_before_content() {
 /// prompt 9033, completion 5, total 9038, cache-write 4511, cost $0.03055725, nothing doubled.
 #[tokio::test]
 async fn fc10_anthropic_cache_write_usage_and_cost() {
-    let gw = start(Options {
-        billing: true,
-        ..Options::default()
-    })
-    .await;
+    let gw = billed_gateway().await;
     for fixture in [
         "fc10_anthropic_usage_in_delta",
         "fc10_anthropic_usage_in_start",
@@ -105,11 +97,7 @@ async fn fc10_anthropic_cache_write_usage_and_cost() {
 /// FC-12: usage is always asked upstream; the client sees the usage chunk only when it asked.
 #[tokio::test]
 async fn fc12_usage_chunk_only_when_asked() {
-    let gw = start(Options {
-        billing: true,
-        ..Options::default()
-    })
-    .await;
+    let gw = billed_gateway().await;
     let prompt = "#mock prompt_tokens=12 completion_tokens=5";
     let options = [None, Some(false), Some(true)];
     let mut ids = Vec::new();

@@ -213,11 +213,7 @@ async fn heartbeats_keep_a_slow_model_alive() {
 
 #[tokio::test]
 async fn usage_reaches_the_ledger_once_per_side() {
-    let gw = start(Options {
-        billing: true,
-        ..Options::default()
-    })
-    .await;
+    let gw = billed_gateway().await;
     let (status, headers, _) = post_json(
         &gw.base,
         &chat(
@@ -243,11 +239,7 @@ async fn usage_reaches_the_ledger_once_per_side() {
 
 #[tokio::test]
 async fn client_disconnect_cancels_the_upstream_call() {
-    let gw = start(Options {
-        billing: true,
-        ..Options::default()
-    })
-    .await;
+    let gw = billed_gateway().await;
     let resp = reqwest::Client::new()
         .post(format!("{}/v1/chat/completions", gw.base))
         .json(&chat(

@@ -227,6 +227,11 @@ pub async fn start(opts: Options) -> Gateway {
     }
 }
 
+/// [`start`] of the default test config ([`test_config`] of `{}`) with billing.
+pub async fn billed_gateway() -> Gateway {
+    start_billed(test_config(serde_json::json!({}))).await
+}
+
 /// [`start`] on `config` with billing (SQLite ledger) and everything else as by default.
 pub async fn start_billed(config: GatewayConfig) -> Gateway {
     start(Options {
