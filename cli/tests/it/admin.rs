@@ -176,10 +176,7 @@ async fn auth_failures_have_exact_statuses_and_bodies() {
     assert_eq!(s, 400);
     assert_eq!(body["error"]["type"], "invalid_request_error");
     assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("unknown field `expires`"),
+        error_message(&body).contains("unknown field `expires`"),
         "{body}"
     );
     let (s, body) = post_as(
@@ -360,13 +357,7 @@ async fn created_keys_work_at_once_everywhere_and_revocations_reach_every_replic
     assert_eq!((s, body["status"].as_str()), (200, Some("expired")));
     until_status(&b, &new_key, 401, Duration::from_secs(1)).await;
     let (_, body) = get_as(format!("{b}/v1/models"), &new_key).await;
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .ends_with("has expired."),
-        "{body}"
-    );
+    assert!(error_message(&body).ends_with("has expired."), "{body}");
 
     // Deleted.
     let (s, body) = call(
@@ -475,12 +466,7 @@ async fn config_routes_show_redacted_validate_and_apply() {
     .await;
     assert_eq!(s, 400);
     assert_eq!(body["error"]["param"], "models[0].targets[0]");
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("unknown target `nope`")
-    );
+    assert!(error_message(&body).contains("unknown target `nope`"));
 
     let next = text.replace("demo/mock", "demo/renamed");
     let (s, body) = send_config(

@@ -283,13 +283,7 @@ async fn errors_use_the_anthropic_shape() {
     assert_eq!(status, 404);
     assert_eq!(err["type"], "error");
     assert_eq!(err["error"]["type"], "not_found_error");
-    assert!(
-        err["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("nope/nope"),
-        "{err}"
-    );
+    assert!(error_message(&err).contains("nope/nope"), "{err}");
 
     let mut body = messages_body("demo/mock", "hi", false);
     body["bogus"] = json!(5);

@@ -165,7 +165,7 @@ async fn exactly_what_it_covers(billing_url: Option<String>) {
         if *status == 429 {
             assert_eq!(body["error"]["type"], "insufficient_quota");
             assert_eq!(body["error"]["code"], "insufficient_quota");
-            let msg = body["error"]["message"].as_str().unwrap();
+            let msg = error_message(body);
             assert!(
                 msg.starts_with("The prepaid balance of tenant `acme` is insufficient: $"),
                 "{msg}"
@@ -259,7 +259,7 @@ async fn top_ups(billing_url: Option<String>) {
     let (s, _, body) = chat_as(&gw.base, &k, "test/big", 100).await;
     assert_eq!(s, 429, "{body}");
     assert_eq!(body["error"]["code"], "insufficient_quota");
-    let msg = body["error"]["message"].as_str().unwrap();
+    let msg = error_message(&body);
     assert!(
         msg.starts_with("The prepaid balance of tenant `acme` is insufficient: $0 left, $0 of it"),
         "{msg}"
@@ -278,10 +278,7 @@ async fn top_ups(billing_url: Option<String>) {
     assert_eq!(body["type"], "error");
     assert_eq!(body["error"]["type"], "rate_limit_error");
     assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .starts_with("The prepaid balance of tenant `acme` is insufficient"),
+        error_message(&body).starts_with("The prepaid balance of tenant `acme` is insufficient"),
         "{body}"
     );
 

@@ -686,7 +686,7 @@ async fn anthropic_message_batches_round_trip() {
     assert_eq!(status, 400);
     assert_eq!(e["type"], "error");
     assert_eq!(e["error"]["type"], "invalid_request_error");
-    let msg = e["error"]["message"].as_str().unwrap();
+    let msg = crate::common::error_message(&e);
     assert!(
         msg.contains("requests.1") && msg.contains("requests.2"),
         "{msg}"

@@ -114,7 +114,7 @@ async fn fc23(billing_url: Option<String>) {
     for (_, _, body) in &refused {
         assert_eq!(body["error"]["type"], "insufficient_quota");
         assert_eq!(body["error"]["code"], "insufficient_quota");
-        let msg = body["error"]["message"].as_str().unwrap();
+        let msg = error_message(body);
         assert!(
             msg.starts_with("The daily budget of key `fc23-key` would be exceeded"),
             "{msg}"
@@ -171,12 +171,7 @@ async fn keys_are_required_and_checked_in_each_front_doors_error_shape() {
     let (status, _, body) = call(&gw.base, None, "test/cheap").await;
     assert_eq!(status, 401);
     assert_eq!(body["error"]["type"], "invalid_request_error");
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .starts_with("You didn't provide an API key")
-    );
+    assert!(error_message(&body).starts_with("You didn't provide an API key"));
     let (status, _, body) = call(&gw.base, Some("sk-wrong-0123456789"), "test/cheap").await;
     assert_eq!(status, 401);
     assert_eq!(body["error"]["code"], "invalid_api_key");
@@ -236,9 +231,7 @@ async fn tenant_budget_is_shared_by_its_keys() {
     let (s2, _, body) = call(&gw.base, Some(OTHER_KEY), "test/fc23").await;
     assert_eq!(s2, 429, "{body}");
     assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
+        error_message(&body)
             .starts_with("The daily budget of tenant `acme` would be exceeded: $0.004 of $0.005"),
         "{body}"
     );
@@ -264,7 +257,7 @@ async fn token_quota_per_minute() {
         let (s2, h, body) = call(&gw.base, Some(FC23_KEY), "test/cheap").await;
         if s2 == 429 {
             assert_eq!(body["error"]["type"], "insufficient_quota");
-            assert!(body["error"]["message"].as_str().unwrap().starts_with(
+            assert!(error_message(&body).starts_with(
                 "The per-minute token quota of key `k1` would be exceeded: 200 of 300 tokens"
             ));
             let retry: u64 = h["retry-after"].to_str().unwrap().parse().unwrap();
@@ -337,10 +330,7 @@ async fn embeddings_respect_token_quotas() {
     let body: Value = resp.json().await.unwrap();
     assert_eq!(body["error"]["code"], "insufficient_quota");
     assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .starts_with("The daily token quota of key `k1` would be exceeded"),
+        error_message(&body).starts_with("The daily token quota of key `k1` would be exceeded"),
         "{body}"
     );
 }

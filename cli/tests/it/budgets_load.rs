@@ -68,7 +68,7 @@ async fn exactly_k_of_1000_concurrent_requests_are_admitted_through_two_ingresse
     for Answer { status, body, .. } in &results {
         if *status == 429 {
             assert_eq!(body["error"]["code"], "insufficient_quota");
-            let msg = body["error"]["message"].as_str().unwrap();
+            let msg = error_message(body);
             assert!(
                 msg.starts_with("The daily budget of tenant `acme` would be exceeded"),
                 "{msg}"

@@ -252,7 +252,7 @@ async fn reservation_counts_every_choice() {
     assert_eq!(status, 429, "{v}");
     assert_eq!(v["error"]["type"], "insufficient_quota");
     assert!(
-        v["error"]["message"].as_str().unwrap().starts_with(
+        error_message(&v).starts_with(
             "The per-minute token quota of key `k1` would be exceeded: 0 of 1000 tokens"
         ),
         "{v}"

@@ -49,7 +49,7 @@ async fn fc07_error_inside_200_stream_before_content() {
         assert_eq!(status, 400, "{body}");
         assert_eq!(body["error"]["type"], "invalid_request_error");
         assert_eq!(body["error"]["code"], "context_length_exceeded");
-        let msg = body["error"]["message"].as_str().unwrap();
+        let msg = error_message(&body);
         assert!(
             msg.contains("This model's maximum context length is 8192 tokens."),
             "{msg}"

@@ -437,7 +437,7 @@ async fn unpriced_model_refused_for_budgeted_keys_and_recorded_for_others() {
     assert_eq!(status, 400, "{body}");
     assert_eq!(body["error"]["type"], "invalid_request_error");
     assert_eq!(body["error"]["code"], "model_not_priced");
-    let message = body["error"]["message"].as_str().unwrap();
+    let message = error_message(&body);
     assert!(
         message.contains("`test/unpriced` has no price"),
         "{message}"
@@ -452,12 +452,7 @@ async fn unpriced_model_refused_for_budgeted_keys_and_recorded_for_others() {
     let body: Value = resp.json().await.unwrap();
     assert_eq!(body["type"], "error");
     assert_eq!(body["error"]["type"], "invalid_request_error");
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("test/unpriced")
-    );
+    assert!(error_message(&body).contains("test/unpriced"));
     // A priced model is still served to the budgeted key.
     let (status, _, _) = post_chat_as(&gw.base, KEY_BUDGET, &chat("gpt-t", "hi", false)).await;
     assert_eq!(status, 200);

@@ -526,10 +526,7 @@ async fn documents_reach_every_provider_in_its_own_form() {
     let v: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v["type"], "error", "{text}");
     assert!(
-        v["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("messages[0].content[0].source.url"),
+        error_message(&v).contains("messages[0].content[0].source.url"),
         "{text}"
     );
     assert_eq!(gw.mock.requests().len(), 4);

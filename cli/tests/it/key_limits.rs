@@ -334,7 +334,7 @@ async fn concurrency_refusals_do_not_use_up_rpm() {
         }
         for b in &bodies {
             assert_eq!(b["error"]["code"], "rate_limit_exceeded");
-            let msg = b["error"]["message"].as_str().unwrap();
+            let msg = error_message(b);
             assert!(
                 msg.contains("concurrent requests: limit 2, in flight 2"),
                 "{msg}"
@@ -403,10 +403,7 @@ async fn tpm_charges_the_estimate_then_settles_to_actual_tokens() {
         assert_eq!(tokens, 30);
         assert_eq!(status, 429, "{body}");
         assert!(
-            body["error"]["message"]
-                .as_str()
-                .unwrap()
-                .contains("tokens per minute (TPM): limit 1000, used 30"),
+            error_message(&body).contains("tokens per minute (TPM): limit 1000, used 30"),
             "{body}"
         );
         assert_eq!(settled(&gw.ingress, "tpm").await.1, 30);
@@ -446,13 +443,7 @@ async fn saturated_targets_answer_429_with_retry_after() {
     assert_eq!(body["error"]["code"], "rate_limit_exceeded");
     assert_eq!(body["error"]["type"], "rate_limit_error");
     assert_eq!(h(&headers, "retry-after"), "1");
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("max_concurrency"),
-        "{body}"
-    );
+    assert!(error_message(&body).contains("max_concurrency"), "{body}");
     for b in busy {
         assert_eq!(b.await.unwrap(), 200);
     }

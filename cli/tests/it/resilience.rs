@@ -435,7 +435,7 @@ async fn fc19_request_errors_are_not_retried_and_trip_nothing() {
         let a = send(&http, &gw.base, &chat("demo/fc19", "hi", false)).await;
         assert_eq!(a.status, 400);
         assert_eq!(a.body["error"]["type"], "invalid_request_error");
-        let msg = a.body["error"]["message"].as_str().unwrap();
+        let msg = error_message(&a.body);
         assert!(msg.contains("messages.0.content: invalid"), "{msg}");
         assert_eq!(calls(&gw, spec), n, "exactly one upstream call per request");
     }

@@ -629,6 +629,11 @@ pub async fn post_chat_as(
     (status, headers, resp.json().await.unwrap())
 }
 
+/// The `error.message` of an error body (OpenAI's or Anthropic's shape).
+pub fn error_message(body: &serde_json::Value) -> &str {
+    body["error"]["message"].as_str().unwrap()
+}
+
 /// The request id a response names in `x-request-id`.
 pub fn request_id(h: &reqwest::header::HeaderMap) -> uuid::Uuid {
     h["x-request-id"].to_str().unwrap().parse().unwrap()
