@@ -458,23 +458,14 @@ async fn config_routes_show_redacted_validate_and_apply() {
     let mut bad: Value = serde_json::from_str(&text).unwrap();
     bad["models"][0]["targets"][0] = json!("nope");
     let bad = bad.to_string();
-    let (s, body) = send_config(
-        reqwest::Method::POST,
-        format!("{a}/admin/config/validate"),
-        bad.clone(),
-    )
-    .await;
+    let validate = format!("{a}/admin/config/validate");
+    let (s, body) = send_config(reqwest::Method::POST, validate.clone(), bad.clone()).await;
     assert_eq!(s, 400);
     assert_eq!(body["error"]["param"], "models[0].targets[0]");
     assert!(error_message(&body).contains("unknown target `nope`"));
 
     let next = text.replace("demo/mock", "demo/renamed");
-    let (s, body) = send_config(
-        reqwest::Method::POST,
-        format!("{a}/admin/config/validate"),
-        next.clone(),
-    )
-    .await;
+    let (s, body) = send_config(reqwest::Method::POST, validate.clone(), next.clone()).await;
     assert_eq!(s, 200);
     assert_eq!(body["valid"], true);
     assert!(

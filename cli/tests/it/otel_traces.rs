@@ -32,13 +32,7 @@ struct Answer {
 }
 
 async fn send(base: &str, body: &Value, headers: &[(&str, &str)]) -> Answer {
-    let mut req = reqwest::Client::new()
-        .post(format!("{base}/v1/chat/completions"))
-        .json(body);
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    let resp = req.send().await.unwrap();
+    let resp = common::post_request(base, "/v1/chat/completions", headers, body).await;
     let header = |n: &str| resp.headers()[n].to_str().unwrap().to_owned();
     let answer = Answer {
         status: resp.status().as_u16(),

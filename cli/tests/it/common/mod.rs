@@ -492,20 +492,30 @@ pub async fn post(base: &str, body: &serde_json::Value) -> reqwest::Response {
 }
 
 /// POSTs JSON `body` to `{base}{path}` with the `headers` given and no others (no bearer): the
-/// status, headers and body text.
-pub async fn post_to(
+/// response, not read.
+pub async fn post_request(
     base: &str,
     path: &str,
     headers: &[(&str, &str)],
     body: &serde_json::Value,
-) -> (u16, reqwest::header::HeaderMap, String) {
+) -> reqwest::Response {
     let mut req = reqwest::Client::new()
         .post(format!("{base}{path}"))
         .json(body);
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
-    let resp = req.send().await.unwrap();
+    req.send().await.unwrap()
+}
+
+/// [`post_request`], read: the status, headers and body text.
+pub async fn post_to(
+    base: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &serde_json::Value,
+) -> (u16, reqwest::header::HeaderMap, String) {
+    let resp = post_request(base, path, headers, body).await;
     let status = resp.status().as_u16();
     let headers = resp.headers().clone();
     (status, headers, resp.text().await.unwrap())
