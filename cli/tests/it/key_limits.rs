@@ -25,6 +25,16 @@ fn h<'a>(headers: &'a reqwest::header::HeaderMap, name: &str) -> &'a str {
         .unwrap_or("")
 }
 
+/// [`send`] to `/v1/chat/completions`.
+async fn send_chat(
+    http: &reqwest::Client,
+    base: &str,
+    key: &str,
+    body: &Value,
+) -> reqwest::Response {
+    send(http, base, "/v1/chat/completions", key, body).await
+}
+
 async fn send(
     http: &reqwest::Client,
     base: &str,
@@ -112,10 +122,9 @@ async fn fc44_key_headers_upstream_headers_under_a_prefix_and_an_upstream_429() 
     let m = minute();
 
     // Non-streaming.
-    let resp = send(
+    let resp = send_chat(
         &http,
         &gw.base,
-        "/v1/chat/completions",
         FC44_KEYS[0],
         &json!({"model": "fc44/gpt", "messages": [{"role": "user", "content": "hi"}]}),
     )
@@ -127,8 +136,8 @@ async fn fc44_key_headers_upstream_headers_under_a_prefix_and_an_upstream_429() 
     assert_eq!(body["object"], "chat.completion");
 
     // Streaming: the headers come with the first bytes, before the body is read.
-    let resp = send(&http, &gw.base, "/v1/chat/completions", FC44_KEYS[1],
-        &json!({"model": "fc44/gpt", "stream": true, "messages": [{"role": "user", "content": "hi"}]})).await;
+    let streamed = json!({"model": "fc44/gpt", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
+    let resp = send_chat(&http, &gw.base, FC44_KEYS[1], &streamed).await;
     assert_eq!(resp.status(), 200);
     assert_eq!(h(resp.headers(), "content-type"), "text/event-stream");
     own(resp.headers());
@@ -172,10 +181,9 @@ async fn fc44_key_headers_upstream_headers_under_a_prefix_and_an_upstream_429() 
 
     // The upstream's 429 with `retry-after: 17`, no other target: passed on, the SDK's backoff
     // applies; the refused request is given back to the key's RPM.
-    let resp = send(
+    let resp = send_chat(
         &http,
         &gw.base,
-        "/v1/chat/completions",
         FC44_KEYS[3],
         &chat("fc44/gpt", "#mock status=429 retry_after=17", false),
     )
@@ -188,10 +196,9 @@ async fn fc44_key_headers_upstream_headers_under_a_prefix_and_an_upstream_429() 
     assert_eq!(body["error"]["code"], "rate_limit_exceeded");
     if minute() == m {
         assert_eq!(settled(&gw.ingress, "u429").await, (0, 0));
-        let resp = send(
+        let resp = send_chat(
             &http,
             &gw.base,
-            "/v1/chat/completions",
             FC44_KEYS[3],
             &chat("fc44/gpt", "hi", false),
         )
@@ -307,7 +314,7 @@ async fn concurrency_refusals_do_not_use_up_rpm() {
         let slow = chat("demo/mock", "#mock chunks=5 chunk_delay_ms=400", true);
         let mut streams = Vec::new();
         for _ in 0..2 {
-            let resp = send(&http, &gw.base, "/v1/chat/completions", &key, &slow).await;
+            let resp = send_chat(&http, &gw.base, &key, &slow).await;
             assert_eq!(resp.status(), 200);
             streams.push(resp);
         }
@@ -383,7 +390,7 @@ async fn tpm_charges_the_estimate_then_settles_to_actual_tokens() {
     let m = minute();
     let body = json!({"model": "demo/mock", "max_tokens": 100,
         "messages": [{"role": "user", "content": "Hello world\n#mock prompt_tokens=10 completion_tokens=20"}]});
-    let resp = send(&http, &gw.base, "/v1/chat/completions", key, &body).await;
+    let resp = send_chat(&http, &gw.base, key, &body).await;
     assert_eq!(resp.status(), 200);
     assert_eq!(h(resp.headers(), "x-ratelimit-limit-tokens"), "1000");
     let estimate = 1000
@@ -396,7 +403,7 @@ async fn tpm_charges_the_estimate_then_settles_to_actual_tokens() {
     // One request over what is left: refused, nothing charged.
     let big = json!({"model": "demo/mock", "max_tokens": 990,
         "messages": [{"role": "user", "content": "hi"}]});
-    let resp = send(&http, &gw.base, "/v1/chat/completions", key, &big).await;
+    let resp = send_chat(&http, &gw.base, key, &big).await;
     let status = resp.status();
     let body: Value = resp.json().await.unwrap();
     if minute() == m {
@@ -476,7 +483,7 @@ async fn embeddings_and_cache_hits_count_and_carry_the_headers() {
             r1.status().as_u16(),
             h(r1.headers(), "x-ratelimit-remaining-requests").to_owned(),
         );
-        let r2 = send(&http, &gw.base, "/v1/chat/completions", KEY, &chat).await;
+        let r2 = send_chat(&http, &gw.base, KEY, &chat).await;
         let s2 = (
             r2.status().as_u16(),
             h(r2.headers(), "x-switchyard-cache").to_owned(),
