@@ -75,37 +75,21 @@ pub async fn two_replicas(text: &str, c: GatewayConfig) -> (Gateway, String, Con
     (gw, b, b_config)
 }
 
-pub async fn call(
-    method: reqwest::Method,
-    url: String,
-    key: Option<&str>,
-    body: Option<Value>,
-) -> (u16, Value) {
-    let mut rb = reqwest::Client::new().request(method, url);
-    if let Some(k) = key {
-        rb = rb.bearer_auth(k);
-    }
-    if let Some(b) = body {
-        rb = rb.json(&b);
-    }
-    let resp = rb.send().await.unwrap();
-    let status = resp.status().as_u16();
-    let text = resp.text().await.unwrap();
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
+/// The config text `yaml` sent to an admin config route with the global admin key: the status
+/// and the JSON answer.
+async fn send_config(method: reqwest::Method, url: String, yaml: String) -> (u16, Value) {
+    let resp = reqwest::Client::new()
+        .request(method, url)
+        .bearer_auth(ADMIN_KEY)
+        .body(yaml)
+        .send()
+        .await
+        .unwrap();
+    (resp.status().as_u16(), resp.json().await.unwrap())
 }
 
 async fn models_status(base: &str, key: &str) -> u16 {
-    call(
-        reqwest::Method::GET,
-        format!("{base}/v1/models"),
-        Some(key),
-        None,
-    )
-    .await
-    .0
+    get_as(format!("{base}/v1/models"), key).await.0
 }
 
 /// Requests `GET /v1/models` with `key` on `base` until it answers `want`; the elapsed time.
@@ -152,13 +136,7 @@ async fn auth_failures_have_exact_statuses_and_bodies() {
             "missing_admin_key"
         )
     );
-    let (s, body) = call(
-        Method::GET,
-        format!("{a}/admin/keys"),
-        Some("sk-wrong-admin-key-123456"),
-        None,
-    )
-    .await;
+    let (s, body) = get_as(format!("{a}/admin/keys"), "sk-wrong-admin-key-123456").await;
     assert_eq!(s, 401);
     assert_eq!(
         body,
@@ -170,13 +148,7 @@ async fn auth_failures_have_exact_statuses_and_bodies() {
         )
     );
     // A client key never opens /admin, and an admin key is not a client key.
-    let (s, body) = call(
-        Method::GET,
-        format!("{a}/admin/keys"),
-        Some(CLIENT_KEY),
-        None,
-    )
-    .await;
+    let (s, body) = get_as(format!("{a}/admin/keys"), CLIENT_KEY).await;
     assert_eq!(
         (s, body["error"]["code"].as_str()),
         (401, Some("invalid_admin_key"))
@@ -184,13 +156,7 @@ async fn auth_failures_have_exact_statuses_and_bodies() {
     assert_eq!(models_status(a, ADMIN_KEY).await, 401);
     assert_eq!(models_status(a, CLIENT_KEY).await, 200);
 
-    let (s, body) = call(
-        Method::GET,
-        format!("{a}/admin/keys/nope"),
-        Some(ADMIN_KEY),
-        None,
-    )
-    .await;
+    let (s, body) = get_as(format!("{a}/admin/keys/nope"), ADMIN_KEY).await;
     assert_eq!(s, 404);
     assert_eq!(
         body,
@@ -201,72 +167,53 @@ async fn auth_failures_have_exact_statuses_and_bodies() {
             "not_found"
         )
     );
-    let (s, body) = call(
-        Method::POST,
+    let (s, body) = post_as(
         format!("{a}/admin/keys"),
-        Some(ADMIN_KEY),
-        Some(json!({"tenant": "team-a", "expires": 5})),
+        ADMIN_KEY,
+        json!({"tenant": "team-a", "expires": 5}),
     )
     .await;
     assert_eq!(s, 400);
     assert_eq!(body["error"]["type"], "invalid_request_error");
     assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("unknown field `expires`"),
+        error_message(&body).contains("unknown field `expires`"),
         "{body}"
     );
-    let (s, body) = call(
-        Method::POST,
+    let (s, body) = post_as(
         format!("{a}/admin/keys"),
-        Some(ADMIN_KEY),
-        Some(json!({"tenant": "team a"})),
+        ADMIN_KEY,
+        json!({"tenant": "team a"}),
     )
     .await;
     assert_eq!((s, body["error"]["param"].as_str()), (400, Some("tenant")));
-    let (s, body) = call(
-        Method::POST,
+    let (s, body) = post_as(
         format!("{a}/admin/keys"),
-        Some(ADMIN_KEY),
-        Some(json!({"tenant": "team-a", "budget": {"daily_usd": -1}})),
+        ADMIN_KEY,
+        json!({"tenant": "team-a", "budget": {"daily_usd": -1}}),
     )
     .await;
     assert_eq!(
         (s, body["error"]["param"].as_str()),
         (400, Some("budget.daily_usd"))
     );
-    let (s, body) = call(
-        Method::POST,
+    let (s, body) = post_as(
         format!("{a}/admin/keys"),
-        Some(ADMIN_KEY),
-        Some(json!({"id": "b-1", "tenant": "team-b"})),
+        ADMIN_KEY,
+        json!({"id": "b-1", "tenant": "team-b"}),
     )
     .await;
     assert_eq!(
         (s, body["error"]["code"].as_str()),
         (409, Some("key_exists"))
     );
-    let (s, body) = call(
-        Method::GET,
-        format!("{a}/admin/nope"),
-        Some(ADMIN_KEY),
-        None,
-    )
-    .await;
+    let (s, body) = get_as(format!("{a}/admin/nope"), ADMIN_KEY).await;
     assert_eq!(
         (s, body["error"]["code"].as_str()),
         (404, Some("not_found"))
     );
 
     // Tenant isolation: team-a's admin key sees team-a only; team-b's key is 404 to it.
-    let (s, body) = call(
-        Method::GET,
-        format!("{a}/admin/keys/b-1"),
-        Some(TEAM_A_ADMIN),
-        None,
-    )
-    .await;
+    let (s, body) = get_as(format!("{a}/admin/keys/b-1"), TEAM_A_ADMIN).await;
     assert_eq!(s, 404);
     assert_eq!(
         body,
@@ -278,30 +225,17 @@ async fn auth_failures_have_exact_statuses_and_bodies() {
         )
     );
     for path in ["/admin/keys/b-1/revoke", "/admin/keys/b-1/rotate"] {
-        let (s, _) = call(Method::POST, format!("{a}{path}"), Some(TEAM_A_ADMIN), None).await;
+        let (s, _) = post_empty(format!("{a}{path}"), TEAM_A_ADMIN).await;
         assert_eq!(s, 404, "{path}");
     }
-    let (s, _) = call(
-        Method::GET,
-        format!("{a}/admin/tenants/team-b"),
-        Some(TEAM_A_ADMIN),
-        None,
-    )
-    .await;
+    let (s, _) = get_as(format!("{a}/admin/tenants/team-b"), TEAM_A_ADMIN).await;
     assert_eq!(s, 404);
-    let (s, body) = call(
-        Method::GET,
-        format!("{a}/admin/keys"),
-        Some(TEAM_A_ADMIN),
-        None,
-    )
-    .await;
+    let (s, body) = get_as(format!("{a}/admin/keys"), TEAM_A_ADMIN).await;
     assert_eq!((s, body["data"].as_array().unwrap().len()), (200, 0));
-    let (s, body) = call(
-        Method::POST,
+    let (s, body) = post_as(
         format!("{a}/admin/keys"),
-        Some(TEAM_A_ADMIN),
-        Some(json!({"tenant": "team-b"})),
+        TEAM_A_ADMIN,
+        json!({"tenant": "team-b"}),
     )
     .await;
     assert_eq!(
@@ -309,20 +243,14 @@ async fn auth_failures_have_exact_statuses_and_bodies() {
         (403, Some("permission_denied"))
     );
     for path in ["/admin/config", "/admin/health"] {
-        let (s, body) = call(Method::GET, format!("{a}{path}"), Some(TEAM_A_ADMIN), None).await;
+        let (s, body) = get_as(format!("{a}{path}"), TEAM_A_ADMIN).await;
         assert_eq!(
             (s, body["error"]["code"].as_str()),
             (403, Some("permission_denied")),
             "{path}"
         );
     }
-    let (s, body) = call(
-        Method::GET,
-        format!("{a}/admin/tenants"),
-        Some(ADMIN_KEY),
-        None,
-    )
-    .await;
+    let (s, body) = get_as(format!("{a}/admin/tenants"), ADMIN_KEY).await;
     assert_eq!(s, 200);
     assert_eq!(
         body["data"],
@@ -330,13 +258,7 @@ async fn auth_failures_have_exact_statuses_and_bodies() {
                {"object": "tenant", "id": "team-b", "keys": 1, "budget": {}}])
     );
     // b-1 is untouched.
-    let (_, body) = call(
-        Method::GET,
-        format!("{a}/admin/keys/b-1"),
-        Some(ADMIN_KEY),
-        None,
-    )
-    .await;
+    let (_, body) = get_as(format!("{a}/admin/keys/b-1"), ADMIN_KEY).await;
     assert_eq!(body["status"], "active");
 }
 
@@ -348,11 +270,10 @@ async fn created_keys_work_at_once_everywhere_and_revocations_reach_every_replic
     let a = gw.base.clone();
 
     // Created on A by team-a's admin: works at once on B (and A).
-    let (s, created) = call(
-        Method::POST,
+    let (s, created) = post_as(
         format!("{a}/admin/keys"),
-        Some(TEAM_A_ADMIN),
-        Some(json!({"id": "a-1", "budget": {"daily_usd": 5}})),
+        TEAM_A_ADMIN,
+        json!({"id": "a-1", "budget": {"daily_usd": 5}}),
     )
     .await;
     assert_eq!(s, 201, "{created}");
@@ -368,13 +289,7 @@ async fn created_keys_work_at_once_everywhere_and_revocations_reach_every_replic
     assert!(!kv_text.contains(&key), "{kv_text}");
     assert!(!kv_text.contains(&key["sk-sy-".len()..]));
     assert!(kv_text.contains(&sha256_hex(&key)));
-    let (_, got) = call(
-        Method::GET,
-        format!("{b}/admin/keys/a-1"),
-        Some(ADMIN_KEY),
-        None,
-    )
-    .await;
+    let (_, got) = get_as(format!("{b}/admin/keys/a-1"), ADMIN_KEY).await;
     assert!(got.get("key").is_none(), "{got}");
     assert_eq!(got["id"], "a-1");
 
@@ -398,19 +313,13 @@ async fn created_keys_work_at_once_everywhere_and_revocations_reach_every_replic
     assert_eq!(burst(key.clone()).await, [(200, 1000)].into());
 
     // Revoked on A: B refuses it within 1 s.
-    let (s, revoked) = call(
-        Method::POST,
-        format!("{a}/admin/keys/a-1/revoke"),
-        Some(ADMIN_KEY),
-        None,
-    )
-    .await;
+    let (s, revoked) = post_empty(format!("{a}/admin/keys/a-1/revoke"), ADMIN_KEY).await;
     assert_eq!((s, revoked["status"].as_str()), (200, Some("revoked")));
     let took = until_status(&b, &key, 401, Duration::from_secs(1)).await;
     eprintln!("revocation reached replica B in {took:?}");
     assert_eq!(models_status(&a, &key).await, 401);
     assert_eq!(burst(key.clone()).await, [(401, 1000)].into());
-    let (_, body) = call(Method::GET, format!("{b}/v1/models"), Some(&key), None).await;
+    let (_, body) = get_as(format!("{b}/v1/models"), &key).await;
     assert_eq!(
         body["error"]["message"],
         format!(
@@ -421,22 +330,15 @@ async fn created_keys_work_at_once_everywhere_and_revocations_reach_every_replic
     );
 
     // Re-enabled, rotated: the old key stops at once, the new one works on both.
-    let (s, _) = call(
-        Method::PATCH,
+    let (s, _) = patch_as(
         format!("{a}/admin/keys/a-1"),
-        Some(ADMIN_KEY),
-        Some(json!({"enabled": true})),
+        ADMIN_KEY,
+        json!({"enabled": true}),
     )
     .await;
     assert_eq!(s, 200);
     until_status(&b, &key, 200, Duration::from_secs(1)).await;
-    let (s, rotated) = call(
-        Method::POST,
-        format!("{b}/admin/keys/a-1/rotate"),
-        Some(ADMIN_KEY),
-        None,
-    )
-    .await;
+    let (s, rotated) = post_empty(format!("{b}/admin/keys/a-1/rotate"), ADMIN_KEY).await;
     assert_eq!(s, 200);
     let new_key = rotated["key"].as_str().unwrap().to_owned();
     assert_ne!(new_key, key);
@@ -446,23 +348,16 @@ async fn created_keys_work_at_once_everywhere_and_revocations_reach_every_replic
 
     // Expiry: a past expiry refuses the key on both with "expired".
     let past = switchyard_schemas::now_ms() / 1000 - 1;
-    let (s, body) = call(
-        Method::PATCH,
+    let (s, body) = patch_as(
         format!("{a}/admin/keys/a-1"),
-        Some(ADMIN_KEY),
-        Some(json!({"expires_at": past})),
+        ADMIN_KEY,
+        json!({"expires_at": past}),
     )
     .await;
     assert_eq!((s, body["status"].as_str()), (200, Some("expired")));
     until_status(&b, &new_key, 401, Duration::from_secs(1)).await;
-    let (_, body) = call(Method::GET, format!("{b}/v1/models"), Some(&new_key), None).await;
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .ends_with("has expired."),
-        "{body}"
-    );
+    let (_, body) = get_as(format!("{b}/v1/models"), &new_key).await;
+    assert!(error_message(&body).ends_with("has expired."), "{body}");
 
     // Deleted.
     let (s, body) = call(
@@ -473,13 +368,7 @@ async fn created_keys_work_at_once_everywhere_and_revocations_reach_every_replic
     )
     .await;
     assert_eq!((s, body["deleted"].as_bool()), (200, Some(true)));
-    let (s, _) = call(
-        Method::GET,
-        format!("{b}/admin/keys/a-1"),
-        Some(ADMIN_KEY),
-        None,
-    )
-    .await;
+    let (s, _) = get_as(format!("{b}/admin/keys/a-1"), ADMIN_KEY).await;
     assert_eq!(s, 404);
 }
 
@@ -506,13 +395,7 @@ async fn a_replica_that_cannot_confirm_its_config_fails_closed() {
     stop.cancel();
     let took = until_status(&b, CLIENT_KEY, 503, Duration::from_secs(3)).await;
     assert!(took >= Duration::from_millis(200), "{took:?}");
-    let (s, body) = call(
-        reqwest::Method::GET,
-        format!("{b}/v1/models"),
-        Some(CLIENT_KEY),
-        None,
-    )
-    .await;
+    let (s, body) = get_as(format!("{b}/v1/models"), CLIENT_KEY).await;
     assert_eq!(s, 503);
     assert_eq!(
         body,
@@ -545,13 +428,7 @@ async fn a_replica_that_cannot_confirm_its_config_fails_closed() {
         .await
         .unwrap();
     until_status(&b, CLIENT_KEY, 503, Duration::from_secs(1)).await;
-    let (s, body) = call(
-        reqwest::Method::GET,
-        format!("{b}/v1/models"),
-        Some(NEW),
-        None,
-    )
-    .await;
+    let (s, body) = get_as(format!("{b}/v1/models"), NEW).await;
     assert_eq!(s, 503);
     assert_eq!(
         body["error"]["message"],
@@ -572,13 +449,7 @@ async fn config_routes_show_redacted_validate_and_apply() {
     );
     let (gw, b, b_config) = two_replicas(&text, c).await;
     let a = gw.base.clone();
-    let (s, shown) = call(
-        Method::GET,
-        format!("{a}/admin/config"),
-        Some(ADMIN_KEY),
-        None,
-    )
-    .await;
+    let (s, shown) = get_as(format!("{a}/admin/config"), ADMIN_KEY).await;
     assert_eq!(s, 200);
     let yaml = shown["yaml"].as_str().unwrap();
     assert!(!yaml.contains("sk-literal-provider"), "{yaml}");
@@ -587,33 +458,15 @@ async fn config_routes_show_redacted_validate_and_apply() {
     let mut bad: Value = serde_json::from_str(&text).unwrap();
     bad["models"][0]["targets"][0] = json!("nope");
     let bad = bad.to_string();
-    let resp = reqwest::Client::new()
-        .post(format!("{a}/admin/config/validate"))
-        .bearer_auth(ADMIN_KEY)
-        .body(bad.clone())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 400);
-    let body: Value = resp.json().await.unwrap();
+    let validate = format!("{a}/admin/config/validate");
+    let (s, body) = send_config(reqwest::Method::POST, validate.clone(), bad.clone()).await;
+    assert_eq!(s, 400);
     assert_eq!(body["error"]["param"], "models[0].targets[0]");
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("unknown target `nope`")
-    );
+    assert!(error_message(&body).contains("unknown target `nope`"));
 
     let next = text.replace("demo/mock", "demo/renamed");
-    let resp = reqwest::Client::new()
-        .post(format!("{a}/admin/config/validate"))
-        .bearer_auth(ADMIN_KEY)
-        .body(next.clone())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 200);
-    let body: Value = resp.json().await.unwrap();
+    let (s, body) = send_config(reqwest::Method::POST, validate.clone(), next.clone()).await;
+    assert_eq!(s, 200);
     assert_eq!(body["valid"], true);
     assert!(
         body["warnings"][0]
@@ -621,15 +474,8 @@ async fn config_routes_show_redacted_validate_and_apply() {
             .unwrap()
             .contains("targets[0].api_key is written literally")
     );
-    let resp = reqwest::Client::new()
-        .put(format!("{a}/admin/config"))
-        .bearer_auth(ADMIN_KEY)
-        .body(next)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 200);
-    let body: Value = resp.json().await.unwrap();
+    let (s, body) = send_config(reqwest::Method::PUT, format!("{a}/admin/config"), next).await;
+    assert_eq!(s, 200);
     let version = body["version"].as_u64().unwrap();
     assert_eq!(
         gw.config.version(),
@@ -650,37 +496,24 @@ async fn config_routes_show_redacted_validate_and_apply() {
         .unwrap();
     assert_eq!(resp.status().as_u16(), 200);
 
-    let (s, health) = call(
-        Method::GET,
-        format!("{a}/admin/health"),
-        Some(ADMIN_KEY),
-        None,
-    )
-    .await;
+    let (s, health) = get_as(format!("{a}/admin/health"), ADMIN_KEY).await;
     assert_eq!(s, 200);
     assert_eq!(health["data"][0]["target"], "mock");
     assert_eq!(health["data"][0]["state"], "healthy");
     assert_eq!(health["data"][0]["in_flight"], 0);
 
     // No cache service runs here: the purge says so.
-    let (s, body) = call(
-        Method::POST,
+    let (s, body) = post_as(
         format!("{a}/admin/cache/purge"),
-        Some(ADMIN_KEY),
-        Some(json!({"all": true})),
+        ADMIN_KEY,
+        json!({"all": true}),
     )
     .await;
     assert_eq!(
         (s, body["error"]["code"].as_str()),
         (503, Some("admin_unavailable"))
     );
-    let (s, body) = call(
-        Method::POST,
-        format!("{a}/admin/cache/purge"),
-        Some(ADMIN_KEY),
-        Some(json!({})),
-    )
-    .await;
+    let (s, body) = post_as(format!("{a}/admin/cache/purge"), ADMIN_KEY, json!({})).await;
     assert_eq!(s, 400, "{body}");
 
     // The OpenAPI document lists the admin routes.

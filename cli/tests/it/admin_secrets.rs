@@ -4,7 +4,7 @@
 //! start-up error, and `switchyard key …` through the admin API.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use crate::admin::{ADMIN_KEY, CLIENT_KEY, call, config, watch};
+use crate::admin::{ADMIN_KEY, CLIENT_KEY, config, watch};
 use crate::common::*;
 use serde_json::json;
 use std::process::Stdio;
@@ -270,13 +270,7 @@ async fn key_commands_go_through_the_admin_api() {
         .find_map(|l| l.strip_prefix("key (shown once): "))
         .unwrap()
         .to_owned();
-    let (s, _) = call(
-        reqwest::Method::GET,
-        format!("{}/v1/models", gw.base),
-        Some(&key),
-        None,
-    )
-    .await;
+    let (s, _) = get_as(format!("{}/v1/models", gw.base), &key).await;
     assert_eq!(s, 200);
     let (code, out, _) = run(&["key", "list", "--tenant", "team-a"], &env, None).await;
     assert_eq!(code, 0);
@@ -291,13 +285,7 @@ async fn key_commands_go_through_the_admin_api() {
     );
     let (code, _, _) = run(&["key", "revoke", "cli-1"], &env, None).await;
     assert_eq!(code, 0);
-    let (s, _) = call(
-        reqwest::Method::GET,
-        format!("{}/v1/models", gw.base),
-        Some(&key),
-        None,
-    )
-    .await;
+    let (s, _) = get_as(format!("{}/v1/models", gw.base), &key).await;
     assert_eq!(s, 401);
     let (code, _, err) = run(&["key", "revoke", "nope"], &env, None).await;
     assert_eq!(code, 1);

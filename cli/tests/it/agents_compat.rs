@@ -9,57 +9,29 @@ use crate::common::*;
 use serde_json::{Value, json};
 use switchyard_mock::DEFAULT_TEXT;
 
-async fn send(
-    base: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &Value,
-) -> (u16, reqwest::header::HeaderMap, String) {
-    let mut req = reqwest::Client::new()
-        .post(format!("{base}{path}"))
-        .json(body);
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    let resp = req.send().await.unwrap();
-    let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    (status, headers, resp.text().await.unwrap())
-}
-
 async fn send_json(
     base: &str,
     path: &str,
     headers: &[(&str, &str)],
     body: &Value,
 ) -> (u16, reqwest::header::HeaderMap, Value) {
-    let (status, h, text) = send(base, path, headers, body).await;
+    let (status, h, text) = post_to(base, path, headers, body).await;
     let v = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
     (status, h, v)
 }
 
-/// `(event, data)` pairs of an Anthropic SSE body.
-fn anthropic_events(text: &str) -> Vec<(String, Value)> {
-    text.split("\n\n")
-        .filter(|b| !b.trim().is_empty())
-        .map(|block| {
-            let (head, data) = block.split_once('\n').unwrap();
-            let name = head.strip_prefix("event: ").unwrap().to_owned();
-            (
-                name,
-                serde_json::from_str(data.strip_prefix("data: ").unwrap()).unwrap(),
-            )
-        })
-        .collect()
+/// Streams chat `body` (asserting 200): its `data:` events.
+async fn streamed_chat(base: &str, body: &Value) -> Vec<Value> {
+    let (status, _, text) = post_to(base, "/v1/chat/completions", &[], body).await;
+    assert_eq!(status, 200, "{text}");
+    data_events(&text)
 }
 
-/// The `data:` JSON payloads of an OpenAI SSE body (without `[DONE]`).
-fn openai_events(text: &str) -> Vec<Value> {
-    text.split("\n\n")
-        .filter_map(|b| b.strip_prefix("data: "))
-        .filter(|d| *d != "[DONE]")
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect()
+/// The strings at `pointer` of the `events` that have one, in order.
+fn strings_at<'a>(events: &'a [Value], pointer: &'a str) -> impl Iterator<Item = &'a str> {
+    events
+        .iter()
+        .filter_map(move |e| e.pointer(pointer).and_then(Value::as_str))
 }
 
 const ANTHROPIC: &[(&str, &str)] = &[("x-api-key", "sk-x"), ("anthropic-version", "2023-06-01")];
@@ -82,16 +54,8 @@ async fn lenient_openai_door() {
             {"role": "assistant", "content": "It is noon.", "refusal": null, "tool_calls": null,
              "function_call": null, "audio": null},
             {"role": "user", "content": "Thanks"}]});
-    let (status, _, text) = send(&gw.base, "/v1/chat/completions", &[], &body).await;
-    assert_eq!(status, 200, "{text}");
-    let events = openai_events(&text);
-    let content: String = events
-        .iter()
-        .filter_map(|e| {
-            e.pointer("/choices/0/delta/content")
-                .and_then(Value::as_str)
-        })
-        .collect();
+    let events = streamed_chat(&gw.base, &body).await;
+    let content: String = strings_at(&events, "/choices/0/delta/content").collect();
     assert_eq!(content, DEFAULT_TEXT);
     let sent = &gw.mock.requests()[0].body;
     assert_eq!(sent["reasoning_effort"], "low");
@@ -106,7 +70,7 @@ async fn lenient_openai_door() {
     let mut body = body.clone();
     body["model"] = json!("demo/claude");
     body["max_completion_tokens"] = json!(3000);
-    let (status, _, text) = send(&gw.base, "/v1/chat/completions", &[], &body).await;
+    let (status, _, text) = post_to(&gw.base, "/v1/chat/completions", &[], &body).await;
     assert_eq!(status, 200, "{text}");
     let sent = &gw.mock.requests()[1].body;
     assert_eq!(
@@ -134,16 +98,8 @@ async fn lenient_openai_door() {
     // Streamed: `function_call` deltas and finish reason `function_call`.
     let mut streamed = body.clone();
     streamed["stream"] = json!(true);
-    let (status, _, text) = send(&gw.base, "/v1/chat/completions", &[], &streamed).await;
-    assert_eq!(status, 200, "{text}");
-    let events = openai_events(&text);
-    let name: String = events
-        .iter()
-        .filter_map(|e| {
-            e.pointer("/choices/0/delta/function_call/name")
-                .and_then(Value::as_str)
-        })
-        .collect();
+    let events = streamed_chat(&gw.base, &streamed).await;
+    let name: String = strings_at(&events, "/choices/0/delta/function_call/name").collect();
     assert_eq!(name, "get_weather");
     assert!(
         events
@@ -205,10 +161,10 @@ async fn model_by_id_and_legacy_completions() {
     assert_eq!(sent["stop"], json!(["\n"]));
 
     let body = json!({"model": "demo/mock", "prompt": ["Hi"], "stream": true});
-    let (status, _, text) = send(&gw.base, "/v1/completions", &[], &body).await;
+    let (status, _, text) = post_to(&gw.base, "/v1/completions", &[], &body).await;
     assert_eq!(status, 200);
     assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
-    let events = openai_events(&text);
+    let events = data_events(&text);
     let streamed: String = events
         .iter()
         .filter_map(|e| e["choices"][0]["text"].as_str())
@@ -251,7 +207,7 @@ async fn anthropic_passthrough_and_other_providers() {
         )],
     ]
     .concat();
-    let (status, _, text) = send(
+    let (status, _, text) = post_to(
         &gw.base,
         "/v1/messages?beta=true",
         &headers,
@@ -288,7 +244,7 @@ async fn anthropic_passthrough_and_other_providers() {
         {"type": "text", "text": "please"}]}])
     );
 
-    let (status, _, text) = send(&gw.base, "/v1/messages", &headers, &body("demo/mock")).await;
+    let (status, _, text) = post_to(&gw.base, "/v1/messages", &headers, &body("demo/mock")).await;
     assert_eq!(status, 200, "{text}");
     let sent = &gw.mock.requests()[1].body;
     for k in [
@@ -324,10 +280,10 @@ async fn fc37_thinking_block_round_trip() {
         json!({"role": "user", "content": "What is 2+2?\n#mock fixture=fc37_anthropic_thinking"});
     let body = json!({"model": "demo/claude", "max_tokens": 2048, "stream": true,
         "thinking": {"type": "enabled", "budget_tokens": 1024}, "messages": [ask]});
-    let (status, _, text) = send(&gw.base, "/v1/messages", ANTHROPIC, &body).await;
+    let (status, _, text) = post_to(&gw.base, "/v1/messages", ANTHROPIC, &body).await;
     assert_eq!(status, 200, "{text}");
-    let got = anthropic_events(&text);
-    let upstream = anthropic_events(include_str!(
+    let got = named_events(&text);
+    let upstream = named_events(include_str!(
         "../../../mock/src/fixtures/fc37_anthropic_thinking.sse"
     ));
     // Every content-block event is byte-for-byte the upstream's.
@@ -357,16 +313,8 @@ async fn fc37_thinking_block_round_trip() {
 
     // The chat view: reasoning_content deltas, then the signature as a thinking block.
     let chat = json!({"model": "demo/claude", "stream": true, "messages": [ask]});
-    let (status, _, text) = send(&gw.base, "/v1/chat/completions", &[], &chat).await;
-    assert_eq!(status, 200, "{text}");
-    let events = openai_events(&text);
-    let reasoning: Vec<&str> = events
-        .iter()
-        .filter_map(|e| {
-            e.pointer("/choices/0/delta/reasoning_content")
-                .and_then(Value::as_str)
-        })
-        .collect();
+    let events = streamed_chat(&gw.base, &chat).await;
+    let reasoning: Vec<&str> = strings_at(&events, "/choices/0/delta/reasoning_content").collect();
     assert_eq!(reasoning, ["Let me add ", "2 and 2."]);
     let sig: Vec<&Value> = events
         .iter()
@@ -521,16 +469,9 @@ async fn fc38_tool_call_without_arguments() {
     let r = post_sse(&gw.base, &chat("demo/mock", ask, true)).await;
     assert_eq!(r.status, 200);
     let mut args = vec![String::new(); 2];
-    for e in r.json_events() {
-        for tc in e
-            .pointer("/choices/0/delta/tool_calls")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            args[tc["index"].as_u64().unwrap() as usize]
-                .push_str(tc["function"]["arguments"].as_str().unwrap());
-        }
+    for tc in r.tool_call_deltas() {
+        args[tc["index"].as_u64().unwrap() as usize]
+            .push_str(tc["function"]["arguments"].as_str().unwrap());
     }
     assert_eq!(args, ["{\"city\":\"Paris\"}", "{}"]);
     assert_eq!(r.finish_reason().as_deref(), Some("tool_calls"));
@@ -543,10 +484,10 @@ async fn fc38_tool_call_without_arguments() {
     // The Anthropic door streams both tool_use blocks with valid JSON input.
     let body = json!({"model": "demo/mock", "max_tokens": 100, "stream": true,
         "messages": [{"role": "user", "content": ask}]});
-    let (status, _, text) = send(&gw.base, "/v1/messages", ANTHROPIC, &body).await;
+    let (status, _, text) = post_to(&gw.base, "/v1/messages", ANTHROPIC, &body).await;
     assert_eq!(status, 200);
     let mut inputs = vec![String::new(); 2];
-    for (_, d) in anthropic_events(&text) {
+    for (_, d) in named_events(&text) {
         if let Some(p) = d.pointer("/delta/partial_json").and_then(Value::as_str) {
             inputs[d["index"].as_u64().unwrap() as usize].push_str(p);
         }
@@ -609,9 +550,9 @@ async fn logprobs_pass_through() {
 
     let mut streamed = body.clone();
     streamed["stream"] = json!(true);
-    let (status, _, text) = send(&gw.base, "/v1/chat/completions", &[], &streamed).await;
+    let (status, _, text) = post_to(&gw.base, "/v1/chat/completions", &[], &streamed).await;
     assert_eq!(status, 200);
-    let tokens: String = openai_events(&text)
+    let tokens: String = data_events(&text)
         .iter()
         .filter_map(|e| {
             e.pointer("/choices/0/logprobs/content")
@@ -622,7 +563,7 @@ async fn logprobs_pass_through() {
         .collect();
     assert_eq!(tokens, DEFAULT_TEXT);
     // As in OpenAI's own stream, each chunk's logprobs ride on that chunk's content.
-    for e in openai_events(&text) {
+    for e in data_events(&text) {
         if let Some(lp) = e
             .pointer("/choices/0/logprobs/content")
             .and_then(Value::as_array)

@@ -64,21 +64,7 @@ async fn post_stream(base: &str, body: &Value) -> Events {
     let status = resp.status().as_u16();
     let headers = resp.headers().clone();
     let text = resp.text().await.unwrap();
-    let events = text
-        .split("\n\n")
-        .filter(|b| !b.trim().is_empty())
-        .map(|block| {
-            let (head, data) = block.split_once('\n').unwrap();
-            let name = head.strip_prefix("event: ").unwrap().to_owned();
-            let data: Value = serde_json::from_str(data.strip_prefix("data: ").unwrap()).unwrap();
-            assert_eq!(
-                data["type"],
-                name.as_str(),
-                "event name and data type agree"
-            );
-            (name, data)
-        })
-        .collect();
+    let events = typed_events(&text);
     Events {
         status,
         headers,
@@ -297,13 +283,7 @@ async fn errors_use_the_anthropic_shape() {
     assert_eq!(status, 404);
     assert_eq!(err["type"], "error");
     assert_eq!(err["error"]["type"], "not_found_error");
-    assert!(
-        err["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("nope/nope"),
-        "{err}"
-    );
+    assert!(error_message(&err).contains("nope/nope"), "{err}");
 
     let mut body = messages_body("demo/mock", "hi", false);
     body["bogus"] = json!(5);

@@ -8,7 +8,7 @@
 //! through two ingress instances leaving exactly 1,000 audit rows, the 900 admitted ones the
 //! `charge` rows' ids.
 
-use crate::common::{self, Options, eventually};
+use crate::common::{self, Options, cli_ok, eventually, get_as};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -62,13 +62,7 @@ async fn send(
 }
 
 async fn admin_get(base: &str, query: &str) -> (u16, Value) {
-    let resp = reqwest::Client::new()
-        .get(format!("{base}/admin/requests?{query}"))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .unwrap();
-    (resp.status().as_u16(), resp.json().await.unwrap())
+    get_as(format!("{base}/admin/requests?{query}"), ADMIN).await
 }
 
 /// Waits until `/admin/requests?{query}` lists `n` records.
@@ -100,12 +94,7 @@ fn stable(r: &Value) -> Value {
 
 #[tokio::test]
 async fn one_record_per_request_with_exact_fields() {
-    let gw = common::start(Options {
-        config: config(),
-        billing: true,
-        ..Options::default()
-    })
-    .await;
+    let gw = common::start_billed(config()).await;
     let base = &gw.base;
 
     // Plain, non-streamed: priced gpt-4o, 1000 in + 100 out = $0.0035 cost and charge.
@@ -286,38 +275,17 @@ async fn one_record_per_request_with_exact_fields() {
     assert_eq!(client.status().as_u16(), 401);
 
     // The CLI's export follows the cursor: 4 JSON lines, newest first.
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
-        .args(["requests", "export", "--url", base])
-        .env("SWITCHYARD_ADMIN_KEY", ADMIN)
-        .output()
+    let lines: Vec<Value> = cli_ok(&["requests", "export", "--url", base], ADMIN)
         .await
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lines: Vec<Value> = String::from_utf8(out.stdout)
-        .unwrap()
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(lines, recs);
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
-        .args([
-            "requests", "tail", "-n", "2", "--key", "k-plain", "--url", base,
-        ])
-        .env("SWITCHYARD_ADMIN_KEY", ADMIN)
-        .output()
+    let tail_args = [
+        "requests", "tail", "-n", "2", "--key", "k-plain", "--url", base,
+    ];
+    let tail: Vec<String> = cli_ok(&tail_args, ADMIN)
         .await
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let tail: Vec<String> = String::from_utf8(out.stdout)
-        .unwrap()
         .lines()
         .map(|l| {
             serde_json::from_str::<Value>(l).unwrap()["request_id"]
@@ -344,12 +312,7 @@ async fn thousand_requests_through_two_ingresses_leave_a_thousand_records() {
         // than the default 2 s pickup bound, which this test is not about.
         "timeouts": {"first_frame_ms": 30000, "worker_silence_ms": 30000, "heartbeat_ms": 200}
     }));
-    let gw = common::start(Options {
-        config: c,
-        billing: true,
-        ..Options::default()
-    })
-    .await;
+    let gw = common::start_billed(c).await;
     let (second, _) = common::spawn_ingress(&gw).await;
     let bases = [gw.base.clone(), second];
     let client = reqwest::Client::new();
@@ -515,66 +478,65 @@ async fn mixed_run_leaves_one_record_per_request_and_no_secret() {
     let chat =
         |model: &str, content: &str, stream: bool| common::chat(model, content, stream).to_string();
     let completions = "/v1/chat/completions";
-    let ok = post_raw(
-        base,
-        completions,
-        PLAIN,
-        &chat("openai/gpt-4o", "#mock text=hello", false),
-    )
-    .await;
-    assert_eq!(ok.0, 200);
-    let fallback = post_raw(
-        base,
-        completions,
-        PLAIN,
-        &chat("demo/fallback", "#mock text=ok", false),
-    )
-    .await;
-    assert_eq!(fallback.0, 200);
-    // Refused before admission: malformed body, unknown model (also for the captured key: a
-    // refusal never keeps a body), bad key, an Anthropic body without `max_tokens`.
-    let malformed = post_raw(
-        base,
-        completions,
-        PLAIN,
-        r#"{"model": "openai/gpt-4o", "messages": "#,
-    )
-    .await;
-    assert_eq!(malformed.0, 400);
-    let unknown = post_raw(base, completions, PLAIN, &chat("nope/unknown", "hi", false)).await;
-    assert_eq!(unknown.0, 404);
-    let unknown_cap = post_raw(
-        base,
-        completions,
-        CAPTURED,
-        &chat("nope/unknown", "hi", false),
-    )
-    .await;
-    assert_eq!(unknown_cap.0, 404);
-    let bad_key = post_raw(
-        base,
-        completions,
-        WRONG,
-        &chat("openai/gpt-4o", "hi", false),
-    )
-    .await;
-    assert_eq!(bad_key.0, 401);
     let no_max = json!({"model": "openai/gpt-4o", "messages": [{"role": "user", "content": "hi"}]});
-    let anthropic_400 = post_raw(base, "/v1/messages", PLAIN, &no_max.to_string()).await;
-    assert_eq!(anthropic_400.0, 400);
-    // Refused by the upstream after admission.
-    let upstream_400 = post_raw(
-        base,
-        completions,
-        PLAIN,
-        &chat(
-            "openai/gpt-4o",
-            "#mock status=400 error_message=bad+input",
-            false,
+    // Sent in this order, each answered `status`: two answers, then refusals before admission
+    // (malformed body, unknown model also for the captured key: a refusal never keeps a body, bad
+    // key, an Anthropic body without `max_tokens`), then one refused by the upstream.
+    let cases = [
+        (
+            completions,
+            PLAIN,
+            chat("openai/gpt-4o", "#mock text=hello", false),
+            200,
         ),
-    )
-    .await;
-    assert_eq!(upstream_400.0, 400);
+        (
+            completions,
+            PLAIN,
+            chat("demo/fallback", "#mock text=ok", false),
+            200,
+        ),
+        (
+            completions,
+            PLAIN,
+            r#"{"model": "openai/gpt-4o", "messages": "#.to_owned(),
+            400,
+        ),
+        (completions, PLAIN, chat("nope/unknown", "hi", false), 404),
+        (
+            completions,
+            CAPTURED,
+            chat("nope/unknown", "hi", false),
+            404,
+        ),
+        (completions, WRONG, chat("openai/gpt-4o", "hi", false), 401),
+        ("/v1/messages", PLAIN, no_max.to_string(), 400),
+        (
+            completions,
+            PLAIN,
+            chat(
+                "openai/gpt-4o",
+                "#mock status=400 error_message=bad+input",
+                false,
+            ),
+            400,
+        ),
+    ];
+    let mut ids = Vec::new();
+    for (path, key, body, status) in &cases {
+        let (got, id, _) = post_raw(base, path, key, body).await;
+        assert_eq!(got, *status, "{body}");
+        ids.push(id);
+    }
+    let [
+        ok,
+        fallback,
+        malformed,
+        unknown,
+        unknown_cap,
+        bad_key,
+        anthropic_400,
+        upstream_400,
+    ] = <[String; 8]>::try_from(ids).unwrap();
     // A miss, then the same request answered from the cache.
     let question = chat("demo/cached", "Name a prime number.", false);
     let miss = post_raw(base, completions, PLAIN, &question).await;
@@ -602,14 +564,14 @@ async fn mixed_run_leaves_one_record_per_request_and_no_secret() {
     drop(stream);
 
     let sent = [
-        &ok.1,
-        &fallback.1,
-        &malformed.1,
-        &unknown.1,
-        &unknown_cap.1,
-        &bad_key.1,
-        &anthropic_400.1,
-        &upstream_400.1,
+        &ok,
+        &fallback,
+        &malformed,
+        &unknown,
+        &unknown_cap,
+        &bad_key,
+        &anthropic_400,
+        &upstream_400,
         &miss.1,
         &hit.1,
         &cancelled,
@@ -626,9 +588,9 @@ async fn mixed_run_leaves_one_record_per_request_and_no_secret() {
     let plain = Some(("k-plain", "acme"));
     for (id, expected) in [
         (
-            &malformed.1,
+            &malformed,
             refusal(
-                &malformed.1,
+                &malformed,
                 "openai",
                 plain,
                 "",
@@ -638,9 +600,9 @@ async fn mixed_run_leaves_one_record_per_request_and_no_secret() {
             ),
         ),
         (
-            &unknown.1,
+            &unknown,
             refusal(
-                &unknown.1,
+                &unknown,
                 "openai",
                 plain,
                 "nope/unknown",
@@ -650,9 +612,9 @@ async fn mixed_run_leaves_one_record_per_request_and_no_secret() {
             ),
         ),
         (
-            &unknown_cap.1,
+            &unknown_cap,
             refusal(
-                &unknown_cap.1,
+                &unknown_cap,
                 "openai",
                 Some(("k-cap", "globex")),
                 "nope/unknown",
@@ -662,21 +624,13 @@ async fn mixed_run_leaves_one_record_per_request_and_no_secret() {
             ),
         ),
         (
-            &bad_key.1,
-            refusal(
-                &bad_key.1,
-                "openai",
-                None,
-                "",
-                401,
-                "auth",
-                "invalid_api_key",
-            ),
+            &bad_key,
+            refusal(&bad_key, "openai", None, "", 401, "auth", "invalid_api_key"),
         ),
         (
-            &anthropic_400.1,
+            &anthropic_400,
             refusal(
-                &anthropic_400.1,
+                &anthropic_400,
                 "anthropic",
                 plain,
                 "",
@@ -698,13 +652,13 @@ async fn mixed_run_leaves_one_record_per_request_and_no_secret() {
         )
     };
     let ok_outcome = ("ok".to_owned(), 200, Value::Null, false);
-    assert_eq!(outcome(&ok.1), ok_outcome);
-    assert_eq!(outcome(&fallback.1), ok_outcome);
-    assert_eq!(by_id(&recs, &fallback.1)["fallbacks"], 1);
+    assert_eq!(outcome(&ok), ok_outcome);
+    assert_eq!(outcome(&fallback), ok_outcome);
+    assert_eq!(by_id(&recs, &fallback)["fallbacks"], 1);
     assert_eq!(outcome(&miss.1), ok_outcome);
     assert_eq!(outcome(&hit.1), ("ok".to_owned(), 200, Value::Null, true));
     assert_eq!(
-        outcome(&upstream_400.1),
+        outcome(&upstream_400),
         ("error".to_owned(), 400, json!("invalid_request"), false)
     );
     assert_eq!(
@@ -745,14 +699,7 @@ async fn mixed_run_leaves_one_record_per_request_and_no_secret() {
         .fetch_one(ledger.pool())
         .await
         .unwrap();
-        let refused = [
-            &malformed.1,
-            &unknown.1,
-            &unknown_cap.1,
-            &bad_key.1,
-            &anthropic_400.1,
-        ]
-        .contains(&id);
+        let refused = [&malformed, &unknown, &unknown_cap, &bad_key, &anthropic_400].contains(&id);
         assert_eq!(rows, i64::from(!refused), "{id}");
     }
 }
@@ -766,12 +713,7 @@ async fn refusal_flood_is_capped_and_counted() {
         "admin": {"keys": [{"id": "ops", "key_sha256": sha256_hex(ADMIN)}]},
         "audit": {"refused_per_second": 5}
     }));
-    let gw = common::start(Options {
-        config: c,
-        billing: true,
-        ..Options::default()
-    })
-    .await;
+    let gw = common::start_billed(c).await;
     let base = &gw.base;
     let started = std::time::Instant::now();
     let body = common::chat("demo/nope", "hi", false).to_string();

@@ -8,7 +8,6 @@ use rust_decimal::Decimal;
 use serde_json::{Value, json};
 use std::time::Duration;
 use switchyard_ingress::budget::{Scope, Spend};
-use switchyard_schemas::request::{Content, Message, Role};
 use switchyard_schemas::tenancy::sha256_hex;
 
 const ADMIN_KEY: &str = "sk-admin-balance-0123456789";
@@ -36,20 +35,6 @@ fn catalog(dir: &std::path::Path) -> String {
     )
     .unwrap();
     path.display().to_string()
-}
-
-/// `PROMPT`'s admission estimate (o200k tokens of the one user message).
-fn prompt_tokens() -> u64 {
-    let messages = vec![Message {
-        role: Role::User,
-        content: Some(Content::Text(PROMPT.into())),
-        name: None,
-        tool_calls: vec![],
-        tool_call_id: None,
-        thinking_blocks: Vec::new(),
-        cache_control: None,
-    }];
-    switchyard_ingress::trim::Estimate::of(&messages, &[]).total()
 }
 
 /// Tenant `acme` with 8 keys and `balance`; the mock reports `prompt` + `completion` tokens.
@@ -107,33 +92,30 @@ async fn top_up(
     (resp.status().as_u16(), resp.json().await.unwrap())
 }
 
-/// `GET /admin/tenants/{tenant}/balance`.
-async fn show(base: &str, admin: &str, tenant: &str) -> (u16, Value) {
-    let resp = reqwest::Client::new()
-        .get(format!("{base}/admin/tenants/{tenant}/balance?limit=1000"))
-        .bearer_auth(admin)
-        .send()
-        .await
-        .unwrap();
-    (resp.status().as_u16(), resp.json().await.unwrap())
+/// [`top_up`] by the global admin without an `Idempotency-Key`.
+async fn credit(base: &str, tenant: &str, body: Value) -> (u16, Value) {
+    top_up(base, ADMIN_KEY, tenant, body, None).await
 }
 
+/// `GET /admin/tenants/{tenant}/balance`.
+async fn show(base: &str, admin: &str, tenant: &str) -> (u16, Value) {
+    get_as(
+        format!("{base}/admin/tenants/{tenant}/balance?limit=1000"),
+        admin,
+    )
+    .await
+}
+
+/// A chat of `PROMPT` on `model` with bearer `key`.
 async fn chat_as(
     base: &str,
     key: &str,
     model: &str,
     max_tokens: u64,
 ) -> (u16, reqwest::header::HeaderMap, Value) {
-    let resp = reqwest::Client::new()
-        .post(format!("{base}/v1/chat/completions"))
-        .bearer_auth(key)
-        .json(&json!({"model": model, "max_tokens": max_tokens,
-                      "messages": [{"role": "user", "content": PROMPT}]}))
-        .send()
-        .await
-        .unwrap();
-    let (status, headers) = (resp.status().as_u16(), resp.headers().clone());
-    (status, headers, resp.json().await.unwrap())
+    let body = json!({"model": model, "max_tokens": max_tokens,
+                      "messages": [{"role": "user", "content": PROMPT}]});
+    post_chat_as(base, key, &body).await
 }
 
 /// The KV entry `balance.acme` once nothing is held and it has settled `spent`.
@@ -155,7 +137,7 @@ async fn settled(gw: &Gateway, spent: Decimal) -> Spend {
 /// reserved, and a rebuild from the ledger yields the same entry.
 async fn exactly_what_it_covers(billing_url: Option<String>) {
     const K: usize = 100;
-    let prompt = prompt_tokens();
+    let prompt = prompt_tokens(PROMPT);
     let output = 100 - prompt;
     let dir = tempfile::tempdir().unwrap();
     let gw = start(Options {
@@ -166,56 +148,24 @@ async fn exactly_what_it_covers(billing_url: Option<String>) {
     })
     .await;
     let (second, _) = spawn_ingress(&gw).await;
-    let (status, body) = top_up(
+    let (status, body) = credit(
         &gw.base,
-        ADMIN_KEY,
         "acme",
         json!({"amount_usd": "0.01", "id": "inv-1"}),
-        None,
     )
     .await;
     assert_eq!(status, 201, "{body}");
     assert_eq!(body["balance"]["available_usd"], "0.01");
     let bases = [gw.base.clone(), second];
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(REQUESTS)
-        .build()
-        .unwrap();
-    let calls = (0..REQUESTS).map(|i| {
-        let (client, base) = (client.clone(), bases[i % 2].clone());
-        async move {
-            let resp = client
-                .post(format!("{base}/v1/chat/completions"))
-                .bearer_auth(key(i % 8))
-                .json(&json!({"model": "test/unit", "max_tokens": output,
-                              "messages": [{"role": "user", "content": PROMPT}]}))
-                .send()
-                .await
-                .unwrap();
-            let status = resp.status().as_u16();
-            let body: Value = resp.json().await.unwrap();
-            (status, body)
-        }
-    });
-    let results = tokio::time::timeout(Duration::from_secs(120), futures::future::join_all(calls))
-        .await
-        .expect("1,000 requests within 120 s");
-    let count = |s: u16| results.iter().filter(|r| r.0 == s).count();
-    assert_eq!(
-        (count(200), count(429), count(503)),
-        (K, REQUESTS - K, 0),
-        "statuses: {:?}",
-        results
-            .iter()
-            .filter(|r| r.0 != 200 && r.0 != 429)
-            .take(3)
-            .collect::<Vec<_>>()
-    );
-    for (status, body) in &results {
+    let body = json!({"model": "test/unit", "max_tokens": output,
+                      "messages": [{"role": "user", "content": PROMPT}]});
+    let results = chat_fan_out(&bases, REQUESTS, |i| key(i % 8), &body).await;
+    assert_admitted(&results, |r| r.status, K);
+    for Answer { status, body, .. } in &results {
         if *status == 429 {
             assert_eq!(body["error"]["type"], "insufficient_quota");
             assert_eq!(body["error"]["code"], "insufficient_quota");
-            let msg = body["error"]["message"].as_str().unwrap();
+            let msg = error_message(body);
             assert!(
                 msg.starts_with("The prepaid balance of tenant `acme` is insufficient: $"),
                 "{msg}"
@@ -286,19 +236,11 @@ async fn exactly_what_it_covers(billing_url: Option<String>) {
     assert_eq!(after.prepaid, Some(p));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_one_cent_balance_admits_exactly_what_it_covers_through_two_ingresses() {
-    exactly_what_it_covers(None).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_one_cent_balance_admits_exactly_what_it_covers_postgres() {
-    let Some(schema) = pg_schema().await else {
-        return;
-    };
-    exactly_what_it_covers(Some(schema.url().to_owned())).await;
-    schema.drop_schema().await.unwrap();
-}
+sqlite_and_postgres!(
+    exactly_what_it_covers: a_one_cent_balance_admits_exactly_what_it_covers_through_two_ingresses,
+    a_one_cent_balance_admits_exactly_what_it_covers_postgres,
+    flavor = "multi_thread", worker_threads = 2
+);
 
 /// Top-ups: refused before the first one, idempotent by id (body `id` or `Idempotency-Key`), 409
 /// for an id reused with another amount, gateway-wide admin keys only; each in the ledger and
@@ -317,7 +259,7 @@ async fn top_ups(billing_url: Option<String>) {
     let (s, _, body) = chat_as(&gw.base, &k, "test/big", 100).await;
     assert_eq!(s, 429, "{body}");
     assert_eq!(body["error"]["code"], "insufficient_quota");
-    let msg = body["error"]["message"].as_str().unwrap();
+    let msg = error_message(&body);
     assert!(
         msg.starts_with("The prepaid balance of tenant `acme` is insufficient: $0 left, $0 of it"),
         "{msg}"
@@ -336,19 +278,14 @@ async fn top_ups(billing_url: Option<String>) {
     assert_eq!(body["type"], "error");
     assert_eq!(body["error"]["type"], "rate_limit_error");
     assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .starts_with("The prepaid balance of tenant `acme` is insufficient"),
+        error_message(&body).starts_with("The prepaid balance of tenant `acme` is insufficient"),
         "{body}"
     );
 
-    let (s, first) = top_up(
+    let (s, first) = credit(
         &gw.base,
-        ADMIN_KEY,
         "acme",
         json!({"amount_usd": 0.5, "id": "inv-7", "note": "PO 7"}),
-        None,
     )
     .await;
     assert_eq!(s, 201, "{first}");
@@ -358,25 +295,16 @@ async fn top_ups(billing_url: Option<String>) {
     assert_eq!(first["created"], true);
     assert_eq!(first["balance"]["topped_up_usd"], "0.5");
     // The same top-up again records nothing.
-    let (s, again) = top_up(
+    let (s, again) = credit(
         &gw.base,
-        ADMIN_KEY,
         "acme",
         json!({"amount_usd": "0.50", "id": "inv-7", "note": "PO 7"}),
-        None,
     )
     .await;
     assert_eq!(s, 200, "{again}");
     assert_eq!(again["created"], false);
     assert_eq!(again["balance"]["topped_up_usd"], "0.5");
-    let (s, conflict) = top_up(
-        &gw.base,
-        ADMIN_KEY,
-        "acme",
-        json!({"amount_usd": 0.7, "id": "inv-7"}),
-        None,
-    )
-    .await;
+    let (s, conflict) = credit(&gw.base, "acme", json!({"amount_usd": 0.7, "id": "inv-7"})).await;
     assert_eq!(s, 409, "{conflict}");
     assert_eq!(conflict["error"]["code"], "topup_id_conflict");
     // The Idempotency-Key header names the top-up when the body does not.
@@ -406,14 +334,7 @@ async fn top_ups(billing_url: Option<String>) {
         (s, v["error"]["code"].clone()),
         (403, json!("permission_denied"))
     );
-    let (s, _) = top_up(
-        &gw.base,
-        ADMIN_KEY,
-        "nobody",
-        json!({"amount_usd": 1}),
-        None,
-    )
-    .await;
+    let (s, _) = credit(&gw.base, "nobody", json!({"amount_usd": 1})).await;
     assert_eq!(s, 404);
     for bad in [
         json!({"amount_usd": 0}),
@@ -501,18 +422,18 @@ async fn top_ups(billing_url: Option<String>) {
     assert_eq!((p.topped_up_usd, p.spent_usd), (d("0.75"), d("0.004")));
 }
 
-#[tokio::test]
-async fn top_ups_are_idempotent_and_in_the_ledger() {
-    top_ups(None).await;
-}
+sqlite_and_postgres!(
+    top_ups: top_ups_are_idempotent_and_in_the_ledger,
+    top_ups_are_idempotent_and_in_the_ledger_postgres
+);
 
-#[tokio::test]
-async fn top_ups_are_idempotent_and_in_the_ledger_postgres() {
-    let Some(schema) = pg_schema().await else {
-        return;
-    };
-    top_ups(Some(schema.url().to_owned())).await;
-    schema.drop_schema().await.unwrap();
+/// A gateway with billing whose tenant `acme` has `balance` (the mock reports 100 prompt and 100
+/// completion tokens) and a $0.50 top-up credited (201).
+async fn topped_up_half_a_dollar(dir: &std::path::Path, balance: Value) -> Gateway {
+    let gw = start_billed(config(dir, balance, 100, 100)).await;
+    let (s, _) = credit(&gw.base, "acme", json!({"amount_usd": 0.5})).await;
+    assert_eq!(s, 201);
+    gw
 }
 
 /// Below `low_balance_usd` with `on_low: downgrade`, `test/big` is served by its `cheaper` model;
@@ -520,27 +441,12 @@ async fn top_ups_are_idempotent_and_in_the_ledger_postgres() {
 #[tokio::test]
 async fn a_low_balance_downgrades_to_the_cheaper_model() {
     let dir = tempfile::tempdir().unwrap();
-    let gw = start(Options {
-        config: config(
-            dir.path(),
-            json!({"enabled": true, "low_balance_usd": 1.0, "on_low": "downgrade"}),
-            100,
-            100,
-        ),
-        billing: true,
-        ..Options::default()
-    })
-    .await;
-    let k = key(1);
-    let (s, _) = top_up(
-        &gw.base,
-        ADMIN_KEY,
-        "acme",
-        json!({"amount_usd": 0.5}),
-        None,
+    let gw = topped_up_half_a_dollar(
+        dir.path(),
+        json!({"enabled": true, "low_balance_usd": 1.0, "on_low": "downgrade"}),
     )
     .await;
-    assert_eq!(s, 201);
+    let k = key(1);
     let (s, h, body) = chat_as(&gw.base, &k, "test/big", 100).await;
     assert_eq!(s, 200, "{body}");
     assert_eq!(h["x-switchyard-target"], "small");
@@ -548,7 +454,7 @@ async fn a_low_balance_downgrades_to_the_cheaper_model() {
     assert_eq!(body["model"], "test/big");
     // Charged at the cheaper model's price: 100 × $1/M + 100 × $3/M.
     settled(&gw, d("0.0004")).await;
-    let (s, _) = top_up(&gw.base, ADMIN_KEY, "acme", json!({"amount_usd": 5}), None).await;
+    let (s, _) = credit(&gw.base, "acme", json!({"amount_usd": 5})).await;
     assert_eq!(s, 201);
     let (s, h, body) = chat_as(&gw.base, &k, "test/big", 100).await;
     assert_eq!(s, 200, "{body}");
@@ -561,27 +467,12 @@ async fn a_low_balance_downgrades_to_the_cheaper_model() {
 #[tokio::test]
 async fn a_low_balance_refuses_until_topped_up() {
     let dir = tempfile::tempdir().unwrap();
-    let gw = start(Options {
-        config: config(
-            dir.path(),
-            json!({"enabled": true, "low_balance_usd": "1", "on_low": "refuse"}),
-            100,
-            100,
-        ),
-        billing: true,
-        ..Options::default()
-    })
-    .await;
-    let k = key(2);
-    let (s, _) = top_up(
-        &gw.base,
-        ADMIN_KEY,
-        "acme",
-        json!({"amount_usd": 0.5}),
-        None,
+    let gw = topped_up_half_a_dollar(
+        dir.path(),
+        json!({"enabled": true, "low_balance_usd": "1", "on_low": "refuse"}),
     )
     .await;
-    assert_eq!(s, 201);
+    let k = key(2);
     let (s, h, body) = chat_as(&gw.base, &k, "test/small", 100).await;
     assert_eq!(s, 429, "{body}");
     assert!(h.get("retry-after").is_none());
@@ -593,45 +484,25 @@ async fn a_low_balance_refuses_until_topped_up() {
     );
     // Topped up with the CLI (`switchyard balance topup`), twice with the same id: $1 once.
     for _ in 0..2 {
-        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
-            .args([
-                "balance",
-                "topup",
-                "--tenant",
-                "acme",
-                "--amount-usd",
-                "1.00",
-                "--id",
-                "cli-1",
-                "--url",
-                &gw.base,
-            ])
-            .env("SWITCHYARD_ADMIN_KEY", ADMIN_KEY)
-            .output()
-            .await
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let args = [
+            "balance",
+            "topup",
+            "--tenant",
+            "acme",
+            "--amount-usd",
+            "1.00",
+            "--id",
+            "cli-1",
+            "--url",
+            &gw.base,
+        ];
+        let v: Value = serde_json::from_str(&cli_ok(&args, ADMIN_KEY).await).unwrap();
         assert_eq!(v["balance"]["topped_up_usd"], "1.5");
     }
     let (s, _, body) = chat_as(&gw.base, &k, "test/small", 100).await;
     assert_eq!(s, 200, "{body}");
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
-        .args(["balance", "show", "--tenant", "acme", "--url", &gw.base])
-        .env("SWITCHYARD_ADMIN_KEY", ADMIN_KEY)
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let args = ["balance", "show", "--tenant", "acme", "--url", &gw.base];
+    let v: Value = serde_json::from_str(&cli_ok(&args, ADMIN_KEY).await).unwrap();
     assert_eq!(v["tenant"], "acme");
     assert_eq!(v["topped_up_usd"], "1.5");
 }
@@ -645,7 +516,7 @@ async fn a_top_up_without_billing_is_503_and_credits_nothing() {
         ..Options::default()
     })
     .await;
-    let (s, v) = top_up(&gw.base, ADMIN_KEY, "acme", json!({"amount_usd": 1}), None).await;
+    let (s, v) = credit(&gw.base, "acme", json!({"amount_usd": 1})).await;
     assert_eq!(s, 503, "{v}");
     assert_eq!(v["error"]["code"], "admin_unavailable");
     assert_eq!(

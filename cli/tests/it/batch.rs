@@ -4,7 +4,7 @@
 //! cancellation, expiry, and a worker restart in the middle of a 1,000-item batch.
 
 use crate::common::{
-    Gateway, Options, eventually, spawn_ingress, spawn_worker, start, test_config,
+    Gateway, eventually, get_as, post_empty, spawn_ingress, spawn_worker, start_billed, test_config,
 };
 use rust_decimal::Decimal;
 use serde_json::{Value, json};
@@ -49,12 +49,7 @@ pub(crate) async fn gateway(extra: Value) -> (Gateway, tempfile::TempDir) {
             o.insert(k.clone(), v.clone());
         }
     }
-    let gw = start(Options {
-        config: test_config(cfg),
-        billing: true,
-        ..Options::default()
-    })
-    .await;
+    let gw = start_billed(test_config(cfg)).await;
     (gw, dir)
 }
 
@@ -87,23 +82,14 @@ pub(crate) async fn upload(base: &str, key: &str, content: &str) -> Value {
     resp.json().await.unwrap()
 }
 
+/// [`crate::common::call`] with bearer `key`.
 pub(crate) async fn call(
     method: reqwest::Method,
     url: String,
     key: &str,
     body: Option<Value>,
 ) -> (u16, Value) {
-    let mut req = reqwest::Client::new().request(method, url).bearer_auth(key);
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    let resp = req.send().await.unwrap();
-    let status = resp.status().as_u16();
-    let text = resp.text().await.unwrap();
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
+    crate::common::call(method, url, Some(key), body).await
 }
 
 pub(crate) async fn create_batch(base: &str, key: &str, file_id: &str, window: &str) -> Value {
@@ -130,15 +116,15 @@ async fn create_batch_for(
 }
 
 pub(crate) async fn retrieve(base: &str, key: &str, id: &str) -> Value {
-    let (status, b) = call(
-        reqwest::Method::GET,
-        format!("{base}/v1/batches/{id}"),
-        key,
-        None,
-    )
-    .await;
+    let (status, b) = get_as(format!("{base}/v1/batches/{id}"), key).await;
     assert_eq!(status, 200, "{b}");
     b
+}
+
+/// The batch, or `None` while the gateway cannot answer (nats-server restarting).
+pub(crate) async fn try_retrieve(base: &str, key: &str, id: &str) -> Option<Value> {
+    let (status, b) = get_as(format!("{base}/v1/batches/{id}"), key).await;
+    (status == 200).then_some(b)
 }
 
 pub(crate) async fn wait_status(base: &str, key: &str, id: &str, want: &str) -> Value {
@@ -158,6 +144,70 @@ pub(crate) async fn content(base: &str, key: &str, file_id: &str) -> String {
         .unwrap();
     assert_eq!(resp.status(), 200);
     resp.text().await.unwrap()
+}
+
+/// `n` chat-completion lines as JSONL, custom ids `{prefix}0…`, each with user message `content`.
+pub(crate) fn items(prefix: &str, n: usize, content: &str) -> String {
+    (0..n)
+        .map(|i| line(&format!("{prefix}{i}"), content))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Uploads `input` (JSONL) as `key` and creates a chat-completions batch of it within `window`:
+/// the batch object.
+pub(crate) async fn submit(base: &str, key: &str, input: &str, window: &str) -> Value {
+    submit_for(base, key, input, window, "/v1/chat/completions").await
+}
+
+/// [`submit`] for the batch `endpoint`.
+pub(crate) async fn submit_for(
+    base: &str,
+    key: &str,
+    input: &str,
+    window: &str,
+    endpoint: &str,
+) -> Value {
+    let file = upload(base, key, input).await;
+    create_batch_for(base, key, file["id"].as_str().unwrap(), window, endpoint).await
+}
+
+/// Waits (at most `limit`) until batch `id` has completed at least `n` items. With `outage`, a
+/// read that is not 200 (nats-server away) counts as not yet; without, it fails the test.
+pub(crate) async fn wait_completed(
+    base: &str,
+    key: &str,
+    id: &str,
+    n: u64,
+    outage: bool,
+    limit: Duration,
+) {
+    eventually(limit, || async move {
+        let b = if outage {
+            try_retrieve(base, key, id).await?
+        } else {
+            retrieve(base, key, id).await
+        };
+        (b["request_counts"]["completed"].as_u64().unwrap() >= n).then_some(())
+    })
+    .await
+}
+
+/// Waits for batch `id` to complete with all its `total` items completed and none failed: the
+/// batch and the lines of its output file.
+pub(crate) async fn finished(base: &str, key: &str, id: &str, total: usize) -> (Value, Vec<Value>) {
+    let done = wait_status(base, key, id, "completed").await;
+    assert_eq!(
+        done["request_counts"],
+        json!({"total": total, "completed": total, "failed": 0})
+    );
+    let out = file_lines(base, key, &done, "output_file_id").await;
+    (done, out)
+}
+
+/// The lines of the batch's JSONL file named by `field` (`output_file_id` or `error_file_id`).
+pub(crate) async fn file_lines(base: &str, key: &str, batch: &Value, field: &str) -> Vec<Value> {
+    lines(&content(base, key, batch[field].as_str().unwrap()).await)
 }
 
 pub(crate) fn lines(text: &str) -> Vec<Value> {
@@ -294,7 +344,7 @@ async fn fc33_batch_is_billed_once_at_the_batch_rate_from_any_ingress() {
     assert_eq!(done["usage"]["total_tokens"], 35);
     assert!(done["completed_at"].as_u64().unwrap() >= done["created_at"].as_u64().unwrap());
     assert!(done["error_file_id"].is_null());
-    let out = lines(&content(&second, KEY_A, done["output_file_id"].as_str().unwrap()).await);
+    let out = file_lines(&second, KEY_A, &done, "output_file_id").await;
     assert_eq!(out.len(), 2);
     let by_id = |cid: &str| out.iter().find(|l| l["custom_id"] == cid).unwrap().clone();
     let r1 = by_id("req-1");
@@ -334,8 +384,8 @@ async fn fc33_batch_is_billed_once_at_the_batch_rate_from_any_ingress() {
         done["request_counts"],
         json!({"total": 2, "completed": 1, "failed": 1})
     );
-    let out = lines(&content(&gw.base, KEY_A, done["output_file_id"].as_str().unwrap()).await);
-    let err = lines(&content(&gw.base, KEY_A, done["error_file_id"].as_str().unwrap()).await);
+    let out = file_lines(&gw.base, KEY_A, &done, "output_file_id").await;
+    let err = file_lines(&gw.base, KEY_A, &done, "error_file_id").await;
     assert_eq!(out.len(), 1);
     assert_eq!(out[0]["custom_id"], "ok");
     assert_eq!(err.len(), 1);
@@ -460,35 +510,47 @@ async fn tenants_never_see_each_others_files_or_batches() {
     )
     .await;
     assert_eq!(status, 404, "{e}");
-    let (_, files) = call(M::GET, format!("{b}/v1/files"), KEY_B, None).await;
+    let (_, files) = get_as(format!("{b}/v1/files"), KEY_B).await;
     assert_eq!(files["data"], json!([]));
-    let (_, batches) = call(M::GET, format!("{b}/v1/batches"), KEY_B, None).await;
+    let (_, batches) = get_as(format!("{b}/v1/batches"), KEY_B).await;
     assert_eq!(batches["data"], json!([]));
-    let (_, mine) = call(M::GET, format!("{b}/v1/batches?limit=1"), KEY_A, None).await;
+    let (_, mine) = get_as(format!("{b}/v1/batches?limit=1"), KEY_A).await;
     assert_eq!(mine["data"][0]["id"], bid);
     assert_eq!(mine["first_id"], bid);
     // Still A's: the cancel by B changed nothing.
     assert_eq!(retrieve(b, KEY_A, bid).await["status"], "in_progress");
 }
 
+/// A gateway running at most `in_flight` batch items at once, and tenant A's batch of `n` items
+/// of `ms` ms each (custom ids `{prefix}0…`) within `window`: the gateway, its dir, the batch id.
+async fn slow_batch(
+    in_flight: u64,
+    prefix: &str,
+    n: usize,
+    ms: u64,
+    window: &str,
+) -> (Gateway, tempfile::TempDir, String) {
+    let (gw, dir) = gateway(json!({"batch": {"max_in_flight": in_flight}})).await;
+    let input = items(prefix, n, &format!("#mock ttft_ms={ms}\nslow"));
+    let batch = submit(&gw.base, KEY_A, &input, window).await;
+    let id = batch["id"].as_str().unwrap().to_owned();
+    (gw, dir, id)
+}
+
+/// Asserts the error file of the ended batch `done` holds `n` lines, each with error `code`.
+async fn assert_errors(gw: &Gateway, done: &Value, n: u64, code: &str) {
+    let err = file_lines(&gw.base, KEY_A, done, "error_file_id").await;
+    assert_eq!(err.len() as u64, n);
+    assert!(err.iter().all(|l| l["error"]["code"] == code));
+}
+
 /// Cancel: in-flight items finish, the rest never run and are reported `batch_cancelled`; the
 /// batch ends `cancelled` with partial results.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_stops_dispatch_and_reports_partial_results() {
-    let (gw, _dir) = gateway(json!({"batch": {"max_in_flight": 2}})).await;
-    let input: Vec<String> = (0..20)
-        .map(|i| line(&format!("c{i}"), "#mock ttft_ms=400\nslow"))
-        .collect();
-    let file = upload(&gw.base, KEY_A, &input.join("\n")).await;
-    let batch = create_batch(&gw.base, KEY_A, file["id"].as_str().unwrap(), "24h").await;
-    let id = batch["id"].as_str().unwrap();
-    let (status, c) = call(
-        reqwest::Method::POST,
-        format!("{}/v1/batches/{id}/cancel", gw.base),
-        KEY_A,
-        None,
-    )
-    .await;
+    let (gw, _dir, id) = slow_batch(2, "c", 20, 400, "24h").await;
+    let id = id.as_str();
+    let (status, c) = post_empty(format!("{}/v1/batches/{id}/cancel", gw.base), KEY_A).await;
     assert_eq!(status, 200);
     assert_eq!(c["status"], "cancelling");
     assert!(c["cancelling_at"].is_u64());
@@ -502,9 +564,7 @@ async fn cancel_stops_dispatch_and_reports_partial_results() {
     let ran = counts["completed"].as_u64().unwrap();
     assert!(ran < 20, "cancel stopped nothing: {done}");
     assert_eq!(gw.mock.request_count() as u64, ran);
-    let err = lines(&content(&gw.base, KEY_A, done["error_file_id"].as_str().unwrap()).await);
-    assert_eq!(err.len() as u64, 20 - ran);
-    assert!(err.iter().all(|l| l["error"]["code"] == "batch_cancelled"));
+    assert_errors(&gw, &done, 20 - ran, "batch_cancelled").await;
     // Cancelling again is a no-op; billed items are the ones that ran.
     assert_eq!(batch_charges(&gw, id, ran as usize).await.len() as u64, ran);
 }
@@ -513,13 +573,8 @@ async fn cancel_stops_dispatch_and_reports_partial_results() {
 /// the batch ends `expired`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completion_window_expires_the_rest() {
-    let (gw, _dir) = gateway(json!({"batch": {"max_in_flight": 1}})).await;
-    let input: Vec<String> = (0..30)
-        .map(|i| line(&format!("e{i}"), "#mock ttft_ms=300\nslow"))
-        .collect();
-    let file = upload(&gw.base, KEY_A, &input.join("\n")).await;
-    let batch = create_batch(&gw.base, KEY_A, file["id"].as_str().unwrap(), "2s").await;
-    let id = batch["id"].as_str().unwrap();
+    let (gw, _dir, id) = slow_batch(1, "e", 30, 300, "2s").await;
+    let id = id.as_str();
     let done = wait_status(&gw.base, KEY_A, id, "expired").await;
     assert!(done["expired_at"].is_u64());
     let completed = done["request_counts"]["completed"].as_u64().unwrap();
@@ -528,9 +583,7 @@ async fn completion_window_expires_the_rest() {
         done["request_counts"]["failed"].as_u64().unwrap(),
         30 - completed
     );
-    let err = lines(&content(&gw.base, KEY_A, done["error_file_id"].as_str().unwrap()).await);
-    assert!(err.iter().all(|l| l["error"]["code"] == "batch_expired"));
-    assert_eq!(err.len() as u64, 30 - completed);
+    assert_errors(&gw, &done, 30 - completed, "batch_expired").await;
 }
 
 /// The worker is stopped a third of the way through a 1,000-item batch and a new one started:
@@ -539,25 +592,15 @@ async fn completion_window_expires_the_rest() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn worker_restart_mid_batch_loses_and_doubles_nothing() {
     let (mut gw, _dir) = gateway(json!({"batch": {"max_in_flight": 32}})).await;
-    let input: Vec<String> = (0..1000)
-        .map(|i| {
-            line(
-                &format!("w{i}"),
-                "#mock prompt_tokens=10 completion_tokens=2\nhi",
-            )
-        })
-        .collect();
-    let file = upload(&gw.base, KEY_A, &input.join("\n")).await;
-    let batch = create_batch(&gw.base, KEY_A, file["id"].as_str().unwrap(), "24h").await;
-    let id = batch["id"].as_str().unwrap().to_owned();
-    eventually(Duration::from_secs(60), || {
-        let (base, id) = (gw.base.clone(), id.clone());
-        async move {
-            let b = retrieve(&base, KEY_A, &id).await;
-            (b["request_counts"]["completed"].as_u64().unwrap() >= 300).then_some(())
-        }
-    })
+    let batch = submit(
+        &gw.base,
+        KEY_A,
+        &items("w", 1000, "#mock prompt_tokens=10 completion_tokens=2\nhi"),
+        "24h",
+    )
     .await;
+    let id = batch["id"].as_str().unwrap().to_owned();
+    wait_completed(&gw.base, KEY_A, &id, 300, false, Duration::from_secs(60)).await;
     gw.worker_shutdown.cancel();
     let fresh = tokio_util::sync::CancellationToken::new();
     spawn_worker(
@@ -569,12 +612,7 @@ async fn worker_restart_mid_batch_loses_and_doubles_nothing() {
     )
     .await;
     gw.worker_shutdown = fresh;
-    let done = wait_status(&gw.base, KEY_A, &id, "completed").await;
-    assert_eq!(
-        done["request_counts"],
-        json!({"total": 1000, "completed": 1000, "failed": 0})
-    );
-    let out = lines(&content(&gw.base, KEY_A, done["output_file_id"].as_str().unwrap()).await);
+    let (_, out) = finished(&gw.base, KEY_A, &id, 1000).await;
     let ids: std::collections::BTreeSet<String> = out
         .iter()
         .map(|l| l["custom_id"].as_str().unwrap().to_owned())
@@ -609,13 +647,7 @@ async fn anthropic_message_batches_round_trip() {
     let done = eventually(Duration::from_secs(30), || {
         let (base, id) = (gw.base.clone(), id.clone());
         async move {
-            let (_, b) = call(
-                reqwest::Method::GET,
-                format!("{base}/v1/messages/batches/{id}"),
-                KEY_A,
-                None,
-            )
-            .await;
+            let (_, b) = get_as(format!("{base}/v1/messages/batches/{id}"), KEY_A).await;
             (b["processing_status"] == "ended").then_some(b)
         }
     })
@@ -654,20 +686,14 @@ async fn anthropic_message_batches_round_trip() {
     assert_eq!(status, 400);
     assert_eq!(e["type"], "error");
     assert_eq!(e["error"]["type"], "invalid_request_error");
-    let msg = e["error"]["message"].as_str().unwrap();
+    let msg = crate::common::error_message(&e);
     assert!(
         msg.contains("requests.1") && msg.contains("requests.2"),
         "{msg}"
     );
     assert_eq!(gw.mock.request_count(), before);
     // Another tenant: 404 in Anthropic's envelope.
-    let (status, e) = call(
-        reqwest::Method::GET,
-        format!("{}/v1/messages/batches/{id}", gw.base),
-        KEY_B,
-        None,
-    )
-    .await;
+    let (status, e) = get_as(format!("{}/v1/messages/batches/{id}", gw.base), KEY_B).await;
     assert_eq!(status, 404);
     assert_eq!(e["error"]["type"], "not_found_error");
 }
@@ -685,19 +711,10 @@ async fn batch_leaves_live_traffic_its_share_of_the_target_limits() {
         "models": [{"id": "gpt-t", "targets": ["t"]}]
     }))
     .await;
-    let input: Vec<String> = (0..30).map(|i| line(&format!("r{i}"), "hi")).collect();
-    let file = upload(&gw.base, KEY_A, &input.join("\n")).await;
-    let batch = create_batch(&gw.base, KEY_A, file["id"].as_str().unwrap(), "24h").await;
+    let batch = submit(&gw.base, KEY_A, &items("r", 30, "hi"), "24h").await;
     let id = batch["id"].as_str().unwrap().to_owned();
     // The batch takes its 5 RPM tokens, then waits (429s are retried, not results).
-    eventually(Duration::from_secs(30), || {
-        let (base, id) = (gw.base.clone(), id.clone());
-        async move {
-            let b = retrieve(&base, KEY_A, &id).await;
-            (b["request_counts"]["completed"].as_u64().unwrap() >= 5).then_some(())
-        }
-    })
-    .await;
+    wait_completed(&gw.base, KEY_A, &id, 5, false, Duration::from_secs(30)).await;
     for _ in 0..5 {
         let (status, body) = call(
             reqwest::Method::POST,
@@ -729,22 +746,9 @@ async fn embeddings_batch_returns_live_bodies() {
         })
         .collect::<Vec<_>>()
         .join("\n");
-    let file = upload(&gw.base, KEY_A, &input).await;
-    let batch = create_batch_for(
-        &gw.base,
-        KEY_A,
-        file["id"].as_str().unwrap(),
-        "24h",
-        "/v1/embeddings",
-    )
-    .await;
+    let batch = submit_for(&gw.base, KEY_A, &input, "24h", "/v1/embeddings").await;
     let id = batch["id"].as_str().unwrap();
-    let done = wait_status(&gw.base, KEY_A, id, "completed").await;
-    assert_eq!(
-        done["request_counts"],
-        json!({"total": 2, "completed": 2, "failed": 0})
-    );
-    let out = lines(&content(&gw.base, KEY_A, done["output_file_id"].as_str().unwrap()).await);
+    let (done, out) = finished(&gw.base, KEY_A, id, 2).await;
     let e0 = out.iter().find(|l| l["custom_id"] == "e0").unwrap();
     assert_eq!(e0["response"]["body"]["object"], "list");
     assert_eq!(
@@ -772,22 +776,9 @@ async fn responses_batch_returns_response_objects() {
         })
         .collect::<Vec<_>>()
         .join("\n");
-    let file = upload(&gw.base, KEY_A, &input).await;
-    let batch = create_batch_for(
-        &gw.base,
-        KEY_A,
-        file["id"].as_str().unwrap(),
-        "24h",
-        "/v1/responses",
-    )
-    .await;
+    let batch = submit_for(&gw.base, KEY_A, &input, "24h", "/v1/responses").await;
     let id = batch["id"].as_str().unwrap();
-    let done = wait_status(&gw.base, KEY_A, id, "completed").await;
-    assert_eq!(
-        done["request_counts"],
-        json!({"total": 3, "completed": 3, "failed": 0})
-    );
-    let out = lines(&content(&gw.base, KEY_A, done["output_file_id"].as_str().unwrap()).await);
+    let (done, out) = finished(&gw.base, KEY_A, id, 3).await;
     for l in &out {
         let body = &l["response"]["body"];
         assert_eq!(body["object"], "response");

@@ -6,9 +6,10 @@
 //! cursors (`after`, `limit`, `has_more`, `first_id` / `last_id`, `before_id`, `order=asc`).
 
 use crate::batch::{
-    KEY_A, KEY_B, assert_billed_once, call, content, create_batch, gateway, line, lines, upload,
+    KEY_A, KEY_B, assert_billed_once, call, content, create_batch, file_lines, finished, gateway,
+    items, line, lines, submit, try_retrieve, upload, wait_completed,
 };
-use crate::common::{Gateway, eventually, spawn_ingress};
+use crate::common::{Gateway, eventually, get_as, spawn_ingress};
 use rust_decimal::Decimal;
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
@@ -17,22 +18,38 @@ use std::time::Duration;
 use switchyard_ingress::budget::Scope;
 use switchyard_schemas::tenancy::Budget;
 
-/// The batch, or `None` while the gateway cannot answer (nats-server restarting).
-async fn try_retrieve(base: &str, key: &str, id: &str) -> Option<Value> {
-    let (status, b) = call(
-        reqwest::Method::GET,
-        format!("{base}/v1/batches/{id}"),
-        key,
-        None,
-    )
-    .await;
-    (status == 200).then_some(b)
+/// A batch of `n` items (custom ids `{prefix}0…`, 20 ms each, 10 + 2 tokens) of tenant A, once
+/// 100 of them have completed (reads failing meanwhile count as not yet): its id.
+async fn submit_and_run_100(base: &str, prefix: &str, n: usize) -> String {
+    let input = items(
+        prefix,
+        n,
+        "#mock ttft_ms=20 prompt_tokens=10 completion_tokens=2\nhi",
+    );
+    let batch = submit(base, KEY_A, &input, "24h").await;
+    let id = batch["id"].as_str().unwrap().to_owned();
+    wait_completed(base, KEY_A, &id, 100, true, Duration::from_secs(60)).await;
+    id
 }
 
 async fn get(base: &str, key: &str, path: &str) -> Value {
-    let (status, v) = call(reqwest::Method::GET, format!("{base}{path}"), key, None).await;
+    let (status, v) = get_as(format!("{base}{path}"), key).await;
     assert_eq!(status, 200, "{path}: {v}");
     v
+}
+
+/// Asserts that `GET {path}` (200) lists exactly `want`, newest first unless asked otherwise, with
+/// `first_id` / `last_id` naming its ends and `has_more` = `more`.
+async fn page(base: &str, key: &str, path: &str, want: &[&String], more: bool) {
+    let list = get(base, key, path).await;
+    assert_eq!(
+        ids(&list),
+        want.iter().map(|s| (*s).clone()).collect::<Vec<_>>(),
+        "{path}"
+    );
+    assert_eq!(list["first_id"], json!(want.first()));
+    assert_eq!(list["last_id"], json!(want.last()));
+    assert_eq!(list["has_more"], more);
 }
 
 fn ids(list: &Value) -> Vec<String> {
@@ -55,25 +72,7 @@ fn ids(list: &Value) -> Vec<String> {
 async fn nats_restart_mid_batch_bills_once_and_reruns_at_most_the_window() {
     const ITEMS: usize = 400;
     let (mut gw, _dir) = gateway(json!({"batch": {"max_in_flight": 16, "ack_wait_s": 3}})).await;
-    let input: Vec<String> = (0..ITEMS)
-        .map(|i| {
-            line(
-                &format!("n{i}"),
-                "#mock ttft_ms=20 prompt_tokens=10 completion_tokens=2\nhi",
-            )
-        })
-        .collect();
-    let file = upload(&gw.base, KEY_A, &input.join("\n")).await;
-    let batch = create_batch(&gw.base, KEY_A, file["id"].as_str().unwrap(), "24h").await;
-    let id = batch["id"].as_str().unwrap().to_owned();
-    eventually(Duration::from_secs(60), || {
-        let (base, id) = (gw.base.clone(), id.clone());
-        async move {
-            let b = try_retrieve(&base, KEY_A, &id).await?;
-            (b["request_counts"]["completed"].as_u64().unwrap() >= 100).then_some(())
-        }
-    })
-    .await;
+    let id = submit_and_run_100(&gw.base, "n", ITEMS).await;
     gw.nats.restart().unwrap();
     let done = eventually(Duration::from_secs(90), || {
         let (base, id) = (gw.base.clone(), id.clone());
@@ -87,7 +86,7 @@ async fn nats_restart_mid_batch_bills_once_and_reruns_at_most_the_window() {
         done["request_counts"],
         json!({"total": ITEMS, "completed": ITEMS, "failed": 0})
     );
-    let out = lines(&content(&gw.base, KEY_A, done["output_file_id"].as_str().unwrap()).await);
+    let out = file_lines(&gw.base, KEY_A, &done, "output_file_id").await;
     let cids: BTreeSet<&str> = out
         .iter()
         .map(|l| l["custom_id"].as_str().unwrap())
@@ -152,25 +151,7 @@ async fn ingress_restart_mid_batch_runs_every_item_once() {
         gateway(json!({"batch": {"run": false, "max_in_flight": 16, "ack_wait_s": 3}})).await;
     let first = tokio_util::sync::CancellationToken::new();
     let runner = spawn_runner_ingress(&gw, first.clone()).await;
-    let input: Vec<String> = (0..ITEMS)
-        .map(|i| {
-            line(
-                &format!("g{i}"),
-                "#mock ttft_ms=20 prompt_tokens=10 completion_tokens=2\nhi",
-            )
-        })
-        .collect();
-    let file = upload(&gw.base, KEY_A, &input.join("\n")).await;
-    let batch = create_batch(&gw.base, KEY_A, file["id"].as_str().unwrap(), "24h").await;
-    let id = batch["id"].as_str().unwrap().to_owned();
-    eventually(Duration::from_secs(60), || {
-        let (base, id) = (gw.base.clone(), id.clone());
-        async move {
-            let b = try_retrieve(&base, KEY_A, &id).await?;
-            (b["request_counts"]["completed"].as_u64().unwrap() >= 100).then_some(())
-        }
-    })
-    .await;
+    let id = submit_and_run_100(&gw.base, "g", ITEMS).await;
     first.cancel();
     tokio::time::timeout(Duration::from_secs(60), runner)
         .await
@@ -180,12 +161,7 @@ async fn ingress_restart_mid_batch_runs_every_item_once() {
     assert_eq!(stopped["status"], "in_progress");
     let second = tokio_util::sync::CancellationToken::new();
     let _runner = spawn_runner_ingress(&gw, second.clone()).await;
-    let done = crate::batch::wait_status(&gw.base, KEY_A, &id, "completed").await;
-    assert_eq!(
-        done["request_counts"],
-        json!({"total": ITEMS, "completed": ITEMS, "failed": 0})
-    );
-    let out = lines(&content(&gw.base, KEY_A, done["output_file_id"].as_str().unwrap()).await);
+    let (_, out) = finished(&gw.base, KEY_A, &id, ITEMS).await;
     let cids: BTreeSet<&str> = out
         .iter()
         .map(|l| l["custom_id"].as_str().unwrap())
@@ -342,13 +318,7 @@ async fn reads_and_creates_at_scale_through_two_ingress() {
             want.into_iter().collect::<BTreeSet<_>>()
         );
         let foreign = created.iter().find(|c| c.0 == other).unwrap();
-        let (status, _) = call(
-            reqwest::Method::GET,
-            format!("{base}/v1/batches/{}", foreign.1),
-            key,
-            None,
-        )
-        .await;
+        let (status, _) = get_as(format!("{base}/v1/batches/{}", foreign.1), key).await;
         assert_eq!(status, 404);
     }
 }
@@ -371,64 +341,65 @@ async fn lists_page_with_exact_cursors() {
         files.push(id);
         batches.push(b["id"].as_str().unwrap().to_owned());
     }
-    let page = |list: &Value, want: &[&String], more: bool| {
-        assert_eq!(
-            ids(list),
-            want.iter().map(|s| (*s).clone()).collect::<Vec<_>>()
-        );
-        assert_eq!(list["first_id"], json!(want.first()));
-        assert_eq!(list["last_id"], json!(want.last()));
-        assert_eq!(list["has_more"], more);
-    };
     let b = &batches;
-    let l = get(&gw.base, KEY_A, "/v1/batches?limit=2").await;
-    page(&l, &[&b[4], &b[3]], true);
-    let l = get(
-        &gw.base,
-        KEY_A,
-        &format!("/v1/batches?limit=2&after={}", b[3]),
-    )
-    .await;
-    page(&l, &[&b[2], &b[1]], true);
-    let l = get(
-        &gw.base,
-        KEY_A,
-        &format!("/v1/batches?limit=2&after={}", b[1]),
-    )
-    .await;
-    page(&l, &[&b[0]], false);
-    let l = get(
-        &gw.base,
-        KEY_A,
-        &format!("/v1/batches?limit=2&after={}", b[0]),
-    )
-    .await;
-    page(&l, &[], false);
-    let l = get(&gw.base, KEY_A, "/v1/batches").await;
-    page(&l, &[&b[4], &b[3], &b[2], &b[1], &b[0]], false);
-    // Another tenant's cursor and list: nothing.
-    let l = get(&gw.base, KEY_B, &format!("/v1/batches?after={}", b[3])).await;
-    page(&l, &[], false);
-    page(&get(&gw.base, KEY_B, "/v1/batches").await, &[], false);
-    page(&get(&gw.base, KEY_B, "/v1/files").await, &[], false);
+    for (key, path, want, more) in [
+        (
+            KEY_A,
+            "/v1/batches?limit=2".to_owned(),
+            vec![&b[4], &b[3]],
+            true,
+        ),
+        (
+            KEY_A,
+            format!("/v1/batches?limit=2&after={}", b[3]),
+            vec![&b[2], &b[1]],
+            true,
+        ),
+        (
+            KEY_A,
+            format!("/v1/batches?limit=2&after={}", b[1]),
+            vec![&b[0]],
+            false,
+        ),
+        (
+            KEY_A,
+            format!("/v1/batches?limit=2&after={}", b[0]),
+            vec![],
+            false,
+        ),
+        (
+            KEY_A,
+            "/v1/batches".to_owned(),
+            vec![&b[4], &b[3], &b[2], &b[1], &b[0]],
+            false,
+        ),
+        // Another tenant's cursor and list: nothing.
+        (KEY_B, format!("/v1/batches?after={}", b[3]), vec![], false),
+        (KEY_B, "/v1/batches".to_owned(), vec![], false),
+        (KEY_B, "/v1/files".to_owned(), vec![], false),
+    ] {
+        page(&gw.base, key, &path, &want, more).await;
+    }
 
     let f = &files;
-    let l = get(&gw.base, KEY_A, "/v1/files?purpose=batch&limit=2").await;
-    page(&l, &[&f[4], &f[3]], true);
-    let l = get(&gw.base, KEY_A, "/v1/files?purpose=batch&order=asc&limit=2").await;
-    page(&l, &[&f[0], &f[1]], true);
     let asc_after =
         |after: &String| format!("/v1/files?purpose=batch&order=asc&limit=2&after={after}");
-    page(
-        &get(&gw.base, KEY_A, &asc_after(&f[1])).await,
-        &[&f[2], &f[3]],
-        true,
-    );
-    page(
-        &get(&gw.base, KEY_A, &asc_after(&f[3])).await,
-        &[&f[4]],
-        false,
-    );
+    for (path, want, more) in [
+        (
+            "/v1/files?purpose=batch&limit=2".to_owned(),
+            vec![&f[4], &f[3]],
+            true,
+        ),
+        (
+            "/v1/files?purpose=batch&order=asc&limit=2".to_owned(),
+            vec![&f[0], &f[1]],
+            true,
+        ),
+        (asc_after(&f[1]), vec![&f[2], &f[3]], true),
+        (asc_after(&f[3]), vec![&f[4]], false),
+    ] {
+        page(&gw.base, KEY_A, &path, &want, more).await;
+    }
     // A deleted file leaves the listing; the pages around it close up.
     let (status, _) = call(
         reqwest::Method::DELETE,
@@ -438,11 +409,7 @@ async fn lists_page_with_exact_cursors() {
     )
     .await;
     assert_eq!(status, 200);
-    page(
-        &get(&gw.base, KEY_A, &asc_after(&f[1])).await,
-        &[&f[3], &f[4]],
-        false,
-    );
+    page(&gw.base, KEY_A, &asc_after(&f[1]), &[&f[3], &f[4]], false).await;
 
     // Anthropic message batches: their own listing, `after_id` and `before_id`.
     let mut m = Vec::new();
@@ -461,29 +428,27 @@ async fn lists_page_with_exact_cursors() {
         assert_eq!(status, 200, "{v}");
         m.push(v["id"].as_str().unwrap().to_owned());
     }
-    let l = get(&gw.base, KEY_A, "/v1/messages/batches?limit=2").await;
-    page(&l, &[&m[2], &m[1]], true);
-    let l = get(
-        &gw.base,
-        KEY_A,
-        &format!("/v1/messages/batches?limit=2&after_id={}", m[1]),
-    )
-    .await;
-    page(&l, &[&m[0]], false);
-    let l = get(
-        &gw.base,
-        KEY_A,
-        &format!("/v1/messages/batches?limit=1&before_id={}", m[0]),
-    )
-    .await;
-    page(&l, &[&m[1]], true);
-    let l = get(
-        &gw.base,
-        KEY_A,
-        &format!("/v1/messages/batches?limit=5&before_id={}", m[0]),
-    )
-    .await;
-    page(&l, &[&m[2], &m[1]], false);
+    let messages = "/v1/messages/batches";
+    for (path, want, more) in [
+        (format!("{messages}?limit=2"), vec![&m[2], &m[1]], true),
+        (
+            format!("{messages}?limit=2&after_id={}", m[1]),
+            vec![&m[0]],
+            false,
+        ),
+        (
+            format!("{messages}?limit=1&before_id={}", m[0]),
+            vec![&m[1]],
+            true,
+        ),
+        (
+            format!("{messages}?limit=5&before_id={}", m[0]),
+            vec![&m[2], &m[1]],
+            false,
+        ),
+    ] {
+        page(&gw.base, KEY_A, &path, &want, more).await;
+    }
     // Each API lists only its own batches.
     let l = get(&gw.base, KEY_A, "/v1/batches?limit=100").await;
     assert_eq!(ids(&l).len(), 5);

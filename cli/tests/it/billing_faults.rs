@@ -102,6 +102,23 @@ async fn send(client: &reqwest::Client, base: &str, i: u64) -> Sent {
     }
 }
 
+/// A SQLite ledger in `dir`.
+async fn sqlite_ledger(dir: &std::path::Path) -> Ledger {
+    Ledger::connect(&format!("sqlite://{}/ledger.db", dir.display()))
+        .await
+        .unwrap()
+}
+
+/// Requests `0..n`, 32 in flight, sent in the background: their answers to come and the count
+/// of those done so far.
+fn load(base: &str, n: u64) -> (tokio::task::JoinHandle<Vec<Sent>>, watch::Receiver<u64>) {
+    let (done, progress) = watch::channel(0u64);
+    (
+        tokio::spawn(drive(base.to_owned(), 0..n, 32, None, done)),
+        progress,
+    )
+}
+
 /// Sends requests `range` with `concurrency` in flight, at most one start per `pace` when given;
 /// counts completions in `done`.
 async fn drive(
@@ -341,12 +358,9 @@ async fn billing_consumer_killed_under_load_loses_and_doubles_nothing() {
     let t0 = Instant::now();
     let (gw, subjects) = gateway("fa").await;
     let tmp = tempfile::tempdir().unwrap();
-    let ledger = Ledger::connect(&format!("sqlite://{}/ledger.db", tmp.path().display()))
-        .await
-        .unwrap();
+    let ledger = sqlite_ledger(tmp.path()).await;
     let billing = spawn_billing(gw.nats.url(), subjects.clone(), ledger.clone());
-    let (done, mut progress) = watch::channel(0u64);
-    let load = tokio::spawn(drive(gw.base.clone(), 0..N, 32, None, done));
+    let (load, mut progress) = load(&gw.base, N);
 
     reached(&mut progress, N / 3).await;
     billing.abort();
@@ -646,12 +660,9 @@ async fn nats_restart_loses_and_doubles_nothing() {
         drainer_shutdown.clone().cancelled_owned(),
     ));
     let tmp = tempfile::tempdir().unwrap();
-    let ledger = Ledger::connect(&format!("sqlite://{}/ledger.db", tmp.path().display()))
-        .await
-        .unwrap();
+    let ledger = sqlite_ledger(tmp.path()).await;
     let _billing = spawn_billing(gw.nats.url(), subjects.clone(), ledger.clone());
-    let (done, mut progress) = watch::channel(0u64);
-    let load = tokio::spawn(drive(gw.base.clone(), 0..N, 32, None, done));
+    let (load, mut progress) = load(&gw.base, N);
 
     reached(&mut progress, N / 3).await;
     let spool = switchyard_schemas::publish::current_spool().unwrap();

@@ -91,10 +91,6 @@ async fn settled(gw: &Gateway, kind: &'static str, id: &str) -> Spend {
     .await
 }
 
-fn request_id(h: &reqwest::header::HeaderMap) -> uuid::Uuid {
-    h["x-request-id"].to_str().unwrap().parse().unwrap()
-}
-
 /// FC-23: a key with a $0.010 daily budget and nothing spent; 5 concurrent non-streaming
 /// requests with `max_tokens: 100` to a model priced $10 / $30; the mock waits 500 ms and reports
 /// 100 + 100 tokens ($0.004 each). Exactly 2 succeed, 3 get 429 `insufficient_quota`, recorded
@@ -118,7 +114,7 @@ async fn fc23(billing_url: Option<String>) {
     for (_, _, body) in &refused {
         assert_eq!(body["error"]["type"], "insufficient_quota");
         assert_eq!(body["error"]["code"], "insufficient_quota");
-        let msg = body["error"]["message"].as_str().unwrap();
+        let msg = error_message(body);
         assert!(
             msg.starts_with("The daily budget of key `fc23-key` would be exceeded"),
             "{msg}"
@@ -155,19 +151,10 @@ async fn fc23(billing_url: Option<String>) {
     assert_eq!((spent.day_usd, spent.day_tokens), (d("0.008"), 400));
 }
 
-#[tokio::test]
-async fn fc23_concurrent_requests_never_overshoot_the_daily_budget_sqlite() {
-    fc23(None).await;
-}
-
-#[tokio::test]
-async fn fc23_concurrent_requests_never_overshoot_the_daily_budget_postgres() {
-    let Some(schema) = pg_schema().await else {
-        return;
-    };
-    fc23(Some(schema.url().to_owned())).await;
-    schema.drop_schema().await.unwrap();
-}
+sqlite_and_postgres!(
+    fc23: fc23_concurrent_requests_never_overshoot_the_daily_budget_sqlite,
+    fc23_concurrent_requests_never_overshoot_the_daily_budget_postgres
+);
 
 #[tokio::test]
 async fn keys_are_required_and_checked_in_each_front_doors_error_shape() {
@@ -184,12 +171,7 @@ async fn keys_are_required_and_checked_in_each_front_doors_error_shape() {
     let (status, _, body) = call(&gw.base, None, "test/cheap").await;
     assert_eq!(status, 401);
     assert_eq!(body["error"]["type"], "invalid_request_error");
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .starts_with("You didn't provide an API key")
-    );
+    assert!(error_message(&body).starts_with("You didn't provide an API key"));
     let (status, _, body) = call(&gw.base, Some("sk-wrong-0123456789"), "test/cheap").await;
     assert_eq!(status, 401);
     assert_eq!(body["error"]["code"], "invalid_api_key");
@@ -249,9 +231,7 @@ async fn tenant_budget_is_shared_by_its_keys() {
     let (s2, _, body) = call(&gw.base, Some(OTHER_KEY), "test/fc23").await;
     assert_eq!(s2, 429, "{body}");
     assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
+        error_message(&body)
             .starts_with("The daily budget of tenant `acme` would be exceeded: $0.004 of $0.005"),
         "{body}"
     );
@@ -277,7 +257,7 @@ async fn token_quota_per_minute() {
         let (s2, h, body) = call(&gw.base, Some(FC23_KEY), "test/cheap").await;
         if s2 == 429 {
             assert_eq!(body["error"]["type"], "insufficient_quota");
-            assert!(body["error"]["message"].as_str().unwrap().starts_with(
+            assert!(error_message(&body).starts_with(
                 "The per-minute token quota of key `k1` would be exceeded: 200 of 300 tokens"
             ));
             let retry: u64 = h["retry-after"].to_str().unwrap().parse().unwrap();
@@ -350,10 +330,7 @@ async fn embeddings_respect_token_quotas() {
     let body: Value = resp.json().await.unwrap();
     assert_eq!(body["error"]["code"], "insufficient_quota");
     assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .starts_with("The daily token quota of key `k1` would be exceeded"),
+        error_message(&body).starts_with("The daily token quota of key `k1` would be exceeded"),
         "{body}"
     );
 }

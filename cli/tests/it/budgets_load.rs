@@ -7,7 +7,6 @@ use serde_json::json;
 use std::time::Duration;
 use switchyard_ingress::budget::{Scope, Spend};
 use switchyard_schemas::UsageKind;
-use switchyard_schemas::request::{Content, Message, Role};
 use switchyard_schemas::tenancy::Budget;
 
 const REQUESTS: usize = 1_000;
@@ -24,16 +23,7 @@ fn key(i: usize) -> String {
 async fn exactly_k_of_1000_concurrent_requests_are_admitted_through_two_ingresses() {
     // The mock reports exactly the reserved token counts and the margin is 0, so every settled
     // charge equals its reservation: the admitted count is K whatever the interleaving.
-    let messages = vec![Message {
-        role: Role::User,
-        content: Some(Content::Text(PROMPT.into())),
-        name: None,
-        tool_calls: vec![],
-        tool_call_id: None,
-        thinking_blocks: Vec::new(),
-        cache_control: None,
-    }];
-    let prompt_tokens = switchyard_ingress::trim::Estimate::of(&messages, &[]).total();
+    let prompt_tokens = prompt_tokens(PROMPT);
     let dir = tempfile::tempdir().unwrap();
     let catalog = dir.path().join("catalog.yaml");
     std::fs::write(
@@ -71,49 +61,14 @@ async fn exactly_k_of_1000_concurrent_requests_are_admitted_through_two_ingresse
     let (second, _) = spawn_ingress(&gw).await;
     let bases = [gw.base.clone(), second];
 
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(REQUESTS)
-        .build()
-        .unwrap();
-    let calls = (0..REQUESTS).map(|i| {
-        let (client, base) = (client.clone(), bases[i % 2].clone());
-        async move {
-            let resp = client
-                .post(format!("{base}/v1/chat/completions"))
-                .bearer_auth(key(i % 8))
-                .json(&json!({"model": "test/load", "max_tokens": OUTPUT_TOKENS,
-                              "messages": [{"role": "user", "content": PROMPT}]}))
-                .send()
-                .await
-                .unwrap();
-            let status = resp.status().as_u16();
-            let id = resp
-                .headers()
-                .get("x-request-id")
-                .map(|v| v.to_str().unwrap().parse::<uuid::Uuid>().unwrap());
-            let body: serde_json::Value = resp.json().await.unwrap();
-            (status, id, body)
-        }
-    });
-    let results = tokio::time::timeout(Duration::from_secs(120), futures::future::join_all(calls))
-        .await
-        .expect("1,000 requests within 120 s");
-
-    let count = |s: u16| results.iter().filter(|r| r.0 == s).count();
-    assert_eq!(
-        (count(200), count(429), count(503)),
-        (K, REQUESTS - K, 0),
-        "statuses: {:?}",
-        results
-            .iter()
-            .filter(|r| r.0 != 200 && r.0 != 429)
-            .take(3)
-            .collect::<Vec<_>>()
-    );
-    for (status, _, body) in &results {
+    let body = json!({"model": "test/load", "max_tokens": OUTPUT_TOKENS,
+                      "messages": [{"role": "user", "content": PROMPT}]});
+    let results = chat_fan_out(&bases, REQUESTS, |i| key(i % 8), &body).await;
+    assert_admitted(&results, |r| r.status, K);
+    for Answer { status, body, .. } in &results {
         if *status == 429 {
             assert_eq!(body["error"]["code"], "insufficient_quota");
-            let msg = body["error"]["message"].as_str().unwrap();
+            let msg = error_message(body);
             assert!(
                 msg.starts_with("The daily budget of tenant `acme` would be exceeded"),
                 "{msg}"
@@ -139,8 +94,8 @@ async fn exactly_k_of_1000_concurrent_requests_are_admitted_through_two_ingresse
     .await;
     let ledger = gw.ledger.as_ref().unwrap();
     let mut ledger_spend = Decimal::ZERO;
-    for (_, id, _) in results.iter().filter(|r| r.0 == 200) {
-        let id = id.unwrap();
+    for answer in results.iter().filter(|r| r.status == 200) {
+        let id = request_id(&answer.headers);
         ledger_rows(ledger, id, 2).await;
         ledger_spend += ledger
             .cost_of(id, UsageKind::Charge, 0)

@@ -32,24 +32,13 @@ fn user(model: &str, text: &str) -> Value {
     json!({"model": model, "messages": [{"role": "user", "content": text}]})
 }
 
-async fn post_with(base: &str, body: &Value, headers: &[(&str, &str)]) -> reqwest::Response {
-    let mut req = reqwest::Client::new()
-        .post(format!("{base}/v1/chat/completions"))
-        .bearer_auth("sk-test")
-        .json(body);
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    req.send().await.unwrap()
-}
-
 /// Sends `body` and returns (x-switchyard-cache, content, headers).
 async fn ask(
     base: &str,
     body: &Value,
     headers: &[(&str, &str)],
 ) -> (String, String, reqwest::header::HeaderMap) {
-    let resp = post_with(base, body, headers).await;
+    let resp = send_with(base, headers, body).await;
     assert_eq!(resp.status(), 200);
     let h = resp.headers().clone();
     let v: Value = resp.json().await.unwrap();

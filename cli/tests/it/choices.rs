@@ -42,10 +42,6 @@ fn body(stream: bool) -> Value {
     b
 }
 
-fn request_id(h: &reqwest::header::HeaderMap) -> uuid::Uuid {
-    h["x-request-id"].to_str().unwrap().parse().unwrap()
-}
-
 /// One `logprobs.content` entry as the mock writes it with `top_logprobs: 2`.
 fn entry(token: &str) -> Value {
     json!({"token": token, "logprob": -0.5, "bytes": token.as_bytes(), "top_logprobs": [
@@ -73,12 +69,7 @@ async fn assert_billed(gw: &Gateway, id: uuid::Uuid) {
 
 #[tokio::test]
 async fn n3_with_logprobs_not_streamed() {
-    let gw = start(Options {
-        config: config(),
-        billing: true,
-        ..Options::default()
-    })
-    .await;
+    let gw = start_billed(config()).await;
     let (status, headers, v) = post_json(&gw.base, &body(false)).await;
     assert_eq!(status, 200, "{v}");
     let sent = &gw.mock.requests()[0].body;
@@ -116,12 +107,7 @@ async fn n3_with_logprobs_not_streamed() {
 
 #[tokio::test]
 async fn n3_with_logprobs_streamed_like_the_upstream() {
-    let gw = start(Options {
-        config: config(),
-        billing: true,
-        ..Options::default()
-    })
-    .await;
+    let gw = start_billed(config()).await;
     let sse = post_sse(&gw.base, &body(true)).await;
     assert_eq!(sse.status, 200, "{:?}", sse.events);
     assert_eq!(sse.done_count(), 1);
@@ -131,21 +117,8 @@ async fn n3_with_logprobs_streamed_like_the_upstream() {
     // upstream's, byte for byte, in the upstream's order.
     let sent = gw.mock.requests()[0].body.clone();
     assert_eq!((&sent["n"], &sent["stream"]), (&json!(3), &json!(true)));
-    let text = reqwest::Client::new()
-        .post(format!("{}/v1/chat/completions", gw.mock.base_url()))
-        .json(&sent)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let upstream: Vec<Value> = text
-        .split("\n\n")
-        .filter_map(|b| b.strip_prefix("data: "))
-        .filter(|d| *d != "[DONE]")
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect();
+    let text = post_text(format!("{}/v1/chat/completions", gw.mock.base_url()), &sent).await;
+    let upstream = data_events(&text);
     let choices = |events: &[Value]| -> Vec<String> {
         events.iter().map(|e| e["choices"].to_string()).collect()
     };
@@ -279,7 +252,7 @@ async fn reservation_counts_every_choice() {
     assert_eq!(status, 429, "{v}");
     assert_eq!(v["error"]["type"], "insufficient_quota");
     assert!(
-        v["error"]["message"].as_str().unwrap().starts_with(
+        error_message(&v).starts_with(
             "The per-minute token quota of key `k1` would be exceeded: 0 of 1000 tokens"
         ),
         "{v}"

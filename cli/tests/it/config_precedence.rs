@@ -79,11 +79,7 @@ async fn charge_of_next_request(up: &up::Up) -> Decimal {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    let id: uuid::Uuid = r.headers()["x-request-id"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let id = crate::common::request_id(r.headers());
     let ledger =
         switchyard_billing::Ledger::connect(&format!("sqlite://{}/ledger.db", data_dir.display()))
             .await

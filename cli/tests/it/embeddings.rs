@@ -5,24 +5,25 @@ use crate::common::*;
 use base64::Engine;
 use switchyard_mock::embeddings::mock_vector;
 
-async fn embed(base: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
-    let resp = reqwest::Client::new()
+/// `POST /v1/embeddings` of `body` with bearer `key`, the response not read yet.
+async fn embed_as(base: &str, key: &str, body: serde_json::Value) -> reqwest::Response {
+    reqwest::Client::new()
         .post(format!("{base}/v1/embeddings"))
-        .bearer_auth("sk-test")
+        .bearer_auth(key)
         .json(&body)
         .send()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+async fn embed(base: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
+    let resp = embed_as(base, "sk-test", body).await;
     (resp.status().as_u16(), resp.json().await.unwrap())
 }
 
 #[tokio::test]
 async fn floats_in_input_order_with_usage() {
-    let gw = start(Options {
-        billing: true,
-        ..Options::default()
-    })
-    .await;
+    let gw = billed_gateway().await;
     let (status, body) =
         embed(&gw.base, serde_json::json!({"model": "demo/mock", "input": ["alpha beta", "gamma"], "dimensions": 4})).await;
     assert_eq!(status, 200, "{body}");
@@ -119,18 +120,13 @@ async fn bad_input_and_unsupported_provider() {
 /// event bookkeeping.
 #[tokio::test]
 async fn fallback_is_recorded_like_chat() {
-    let gw = start(Options {
-        billing: true,
-        ..Options::default()
-    })
+    let gw = billed_gateway().await;
+    let resp = embed_as(
+        &gw.base,
+        "sk-test",
+        serde_json::json!({"model": "demo/fallback", "input": "x"}),
+    )
     .await;
-    let resp = reqwest::Client::new()
-        .post(format!("{}/v1/embeddings", gw.base))
-        .bearer_auth("sk-test")
-        .json(&serde_json::json!({"model": "demo/fallback", "input": "x"}))
-        .send()
-        .await
-        .unwrap();
     assert_eq!(resp.status().as_u16(), 200);
     let h = resp.headers();
     assert_eq!(h["x-switchyard-target"], "mock");
@@ -185,19 +181,14 @@ async fn usage_rows_carry_tenant_and_key() {
         ..Options::default()
     })
     .await;
-    let resp = reqwest::Client::new()
-        .post(format!("{}/v1/embeddings", gw.base))
-        .bearer_auth("sk-embeddings-tenant-01")
-        .json(&serde_json::json!({"model": "demo/mock", "input": "alpha beta"}))
-        .send()
-        .await
-        .unwrap();
+    let resp = embed_as(
+        &gw.base,
+        "sk-embeddings-tenant-01",
+        serde_json::json!({"model": "demo/mock", "input": "alpha beta"}),
+    )
+    .await;
     assert_eq!(resp.status(), 200);
-    let id: uuid::Uuid = resp.headers()["x-request-id"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let id = request_id(resp.headers());
     let rows = ledger_rows(gw.ledger.as_ref().unwrap(), id, 2).await;
     for r in &rows {
         assert_eq!(r.tenant.as_deref(), Some("search"), "{:?}", r.kind);

@@ -6,19 +6,11 @@ use crate::common::*;
 use switchyard_schemas::usage::UsageStatus;
 use switchyard_schemas::{ErrorClass, UsageKind};
 
-fn request_id(h: &reqwest::header::HeaderMap) -> uuid::Uuid {
-    h["x-request-id"].to_str().unwrap().parse().unwrap()
-}
-
 /// FC-06: Anthropic stream `Hi`, ` there`, then `event: error` overloaded_error and a close without
 /// `message_stop`: the client gets `Hi there` then an error, never `stop`/`[DONE]`; class overloaded.
 #[tokio::test]
 async fn fc06_anthropic_error_after_content() {
-    let gw = start(Options {
-        billing: true,
-        ..Options::default()
-    })
-    .await;
+    let gw = billed_gateway().await;
     let r = post_sse(
         &gw.base,
         &chat(
@@ -57,7 +49,7 @@ async fn fc07_error_inside_200_stream_before_content() {
         assert_eq!(status, 400, "{body}");
         assert_eq!(body["error"]["type"], "invalid_request_error");
         assert_eq!(body["error"]["code"], "context_length_exceeded");
-        let msg = body["error"]["message"].as_str().unwrap();
+        let msg = error_message(&body);
         assert!(
             msg.contains("This model's maximum context length is 8192 tokens."),
             "{msg}"
@@ -72,11 +64,7 @@ async fn fc07_error_inside_200_stream_before_content() {
 /// prompt 9033, completion 5, total 9038, cache-write 4511, cost $0.03055725, nothing doubled.
 #[tokio::test]
 async fn fc10_anthropic_cache_write_usage_and_cost() {
-    let gw = start(Options {
-        billing: true,
-        ..Options::default()
-    })
-    .await;
+    let gw = billed_gateway().await;
     for fixture in [
         "fc10_anthropic_usage_in_delta",
         "fc10_anthropic_usage_in_start",
@@ -109,11 +97,7 @@ async fn fc10_anthropic_cache_write_usage_and_cost() {
 /// FC-12: usage is always asked upstream; the client sees the usage chunk only when it asked.
 #[tokio::test]
 async fn fc12_usage_chunk_only_when_asked() {
-    let gw = start(Options {
-        billing: true,
-        ..Options::default()
-    })
-    .await;
+    let gw = billed_gateway().await;
     let prompt = "#mock prompt_tokens=12 completion_tokens=5";
     let options = [None, Some(false), Some(true)];
     let mut ids = Vec::new();

@@ -74,51 +74,20 @@ async fn gateway(dir: &std::path::Path, billing_url: Option<String>) -> Gateway 
     .await
 }
 
-#[tokio::test]
-async fn disconnect_after_start_usage_is_billed_from_the_report_sqlite() {
-    disconnect_after_start_usage(None).await;
-}
+sqlite_and_postgres!(
+    disconnect_after_start_usage: disconnect_after_start_usage_is_billed_from_the_report_sqlite,
+    disconnect_after_start_usage_is_billed_from_the_report_postgres
+);
 
-#[tokio::test]
-async fn disconnect_after_start_usage_is_billed_from_the_report_postgres() {
-    let Some(schema) = pg_schema().await else {
-        return;
-    };
-    disconnect_after_start_usage(Some(schema.url().to_owned())).await;
-    schema.drop_schema().await.unwrap();
-}
+sqlite_and_postgres!(
+    usage_after_the_stop: usage_only_after_the_stop_is_billed_from_it_sqlite,
+    usage_only_after_the_stop_is_billed_from_it_postgres
+);
 
-#[tokio::test]
-async fn usage_only_after_the_stop_is_billed_from_it_sqlite() {
-    usage_after_the_stop(None).await;
-}
-
-#[tokio::test]
-async fn usage_only_after_the_stop_is_billed_from_it_postgres() {
-    let Some(schema) = pg_schema().await else {
-        return;
-    };
-    usage_after_the_stop(Some(schema.url().to_owned())).await;
-    schema.drop_schema().await.unwrap();
-}
-
-#[tokio::test]
-async fn safety_blocks_end_as_content_filter_on_both_doors_sqlite() {
-    safety_blocks(None).await;
-}
-
-#[tokio::test]
-async fn safety_blocks_end_as_content_filter_on_both_doors_postgres() {
-    let Some(schema) = pg_schema().await else {
-        return;
-    };
-    safety_blocks(Some(schema.url().to_owned())).await;
-    schema.drop_schema().await.unwrap();
-}
-
-fn request_id(h: &reqwest::header::HeaderMap) -> uuid::Uuid {
-    h["x-request-id"].to_str().unwrap().parse().unwrap()
-}
+sqlite_and_postgres!(
+    safety_blocks: safety_blocks_end_as_content_filter_on_both_doors_sqlite,
+    safety_blocks_end_as_content_filter_on_both_doors_postgres
+);
 
 /// Cost (`upstream`, attempt 0) and charge of request `id`, normalised USD strings.
 async fn cost_and_charge(gw: &Gateway, id: uuid::Uuid) -> (String, String) {
@@ -226,7 +195,7 @@ async fn usage_after_the_stop(billing_url: Option<String>) {
         // 100 × $3 + 500 × $0.30 + 40 × $15 per 1M.
         (
             "bedrock-t",
-            format!("#mock usage={}", urlencoding(bedrock_usage)),
+            mock_usage(bedrock_usage),
             usage(600, 500, 40, 0),
             "0.00105",
         ),
@@ -249,19 +218,6 @@ async fn usage_after_the_stop(billing_url: Option<String>) {
             "{model}"
         );
     }
-}
-
-/// Percent-encodes everything but ASCII letters and digits (a `#mock` directive value).
-fn urlencoding(s: &str) -> String {
-    s.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
 }
 
 /// Field case (c): every provider family's safety-block reason ends the answer as

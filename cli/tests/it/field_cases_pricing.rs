@@ -75,42 +75,6 @@ async fn gateway(dir: &std::path::Path, billing_url: Option<String>, extra: Valu
     .await
 }
 
-/// Percent-encodes everything but ASCII letters and digits (a `#mock` directive value).
-fn pct(s: &str) -> String {
-    s.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
-}
-
-/// A prompt making the mock report `usage` verbatim.
-fn with_usage(usage: &str) -> String {
-    format!("#mock usage={}", pct(usage))
-}
-
-/// POSTs a chat body with API key `key`.
-async fn post_as(base: &str, key: &str, body: &Value) -> (u16, reqwest::header::HeaderMap, Value) {
-    let resp = reqwest::Client::new()
-        .post(format!("{base}/v1/chat/completions"))
-        .bearer_auth(key)
-        .json(body)
-        .send()
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    (status, headers, resp.json().await.unwrap())
-}
-
-fn request_id(h: &reqwest::header::HeaderMap) -> uuid::Uuid {
-    h["x-request-id"].to_str().unwrap().parse().unwrap()
-}
-
 async fn messages(base: &str, body: &Value, key: Option<&str>) -> reqwest::Response {
     let mut req = reqwest::Client::new()
         .post(format!("{base}/v1/messages"))
@@ -159,6 +123,24 @@ async fn lines(gw: &Gateway, id: uuid::Uuid) -> Vec<(String, u64, String)> {
         .collect()
 }
 
+/// Asserts request `id` cost `cost` upstream and was charged as much, and that its upstream row's
+/// lines are exactly `want` (billing type, tokens, amount); `ctx` names the case on failure.
+async fn assert_priced(
+    gw: &Gateway,
+    id: uuid::Uuid,
+    cost: &str,
+    want: &[(&str, u64, &str)],
+    ctx: &str,
+) {
+    assert_eq!(
+        cost_and_charge(gw, id).await,
+        (cost.to_owned(), cost.to_owned()),
+        "{ctx}"
+    );
+    let want: Vec<_> = want.iter().map(|(t, n, a)| s(t, *n, a)).collect();
+    assert_eq!(lines(gw, id).await, want, "{ctx}");
+}
+
 fn s(t: &str, n: u64, a: &str) -> (String, u64, String) {
     (t.to_owned(), n, a.to_owned())
 }
@@ -167,7 +149,7 @@ fn s(t: &str, n: u64, a: &str) -> (String, u64, String) {
 async fn fc34(billing_url: Option<String>) {
     let dir = tempfile::tempdir().unwrap();
     let gw = gateway(dir.path(), billing_url, json!({})).await;
-    let prompt = with_usage(FC34_USAGE);
+    let prompt = mock_usage(FC34_USAGE);
 
     // The usage object reaches the /v1/messages client unchanged, streamed or not.
     let resp = messages(&gw.base, &messages_body("claude-t", &prompt, false), None).await;
@@ -181,18 +163,18 @@ async fn fc34(billing_url: Option<String>) {
         FC34_USAGE
     );
     // Cost $0.058104: 12 × $3 + 9628 × $6.00 + 20 × $15 per 1M.
-    assert_eq!(
-        cost_and_charge(&gw, id).await,
-        ("0.058104".into(), "0.058104".into())
-    );
-    assert_eq!(
-        lines(&gw, id).await,
-        vec![
-            s("cache_write_1h", 9628, "0.057768"),
-            s("new_input", 12, "0.000036"),
-            s("output", 20, "0.0003"),
-        ]
-    );
+    assert_priced(
+        &gw,
+        id,
+        "0.058104",
+        &[
+            ("cache_write_1h", 9628, "0.057768"),
+            ("new_input", 12, "0.000036"),
+            ("output", 20, "0.0003"),
+        ],
+        "",
+    )
+    .await;
     let rows = ledger_rows(gw.ledger.as_ref().unwrap(), id, 2).await;
     for r in &rows {
         assert_eq!(
@@ -220,32 +202,32 @@ async fn fc34(billing_url: Option<String>) {
     let split = r#"{"input_tokens":12,"cache_creation_input_tokens":3000,"cache_read_input_tokens":0,"cache_creation":{"ephemeral_5m_input_tokens":1000,"ephemeral_1h_input_tokens":2000},"output_tokens":20}"#;
     let resp = messages(
         &gw.base,
-        &messages_body("claude-t", &with_usage(split), false),
+        &messages_body("claude-t", &mock_usage(split), false),
         None,
     )
     .await;
     let id = request_id(resp.headers());
     let body: Value = resp.json().await.unwrap();
     assert_eq!(body["usage"].to_string(), split);
-    assert_eq!(
-        cost_and_charge(&gw, id).await,
-        ("0.016086".into(), "0.016086".into())
-    );
-    assert_eq!(
-        lines(&gw, id).await,
-        vec![
-            s("cache_write", 1000, "0.00375"),
-            s("cache_write_1h", 2000, "0.012"),
-            s("new_input", 12, "0.000036"),
-            s("output", 20, "0.0003"),
-        ]
-    );
+    assert_priced(
+        &gw,
+        id,
+        "0.016086",
+        &[
+            ("cache_write", 1000, "0.00375"),
+            ("cache_write_1h", 2000, "0.012"),
+            ("new_input", 12, "0.000036"),
+            ("output", 20, "0.0003"),
+        ],
+        "",
+    )
+    .await;
 
     // No `cache_creation` object: all writes at the 5-minute rate (12 × 3 + 3000 × 3.75 + 20 × 15).
     let plain = r#"{"input_tokens":12,"cache_creation_input_tokens":3000,"cache_read_input_tokens":0,"output_tokens":20}"#;
     let resp = messages(
         &gw.base,
-        &messages_body("claude-t", &with_usage(plain), false),
+        &messages_body("claude-t", &mock_usage(plain), false),
         None,
     )
     .await;
@@ -296,26 +278,17 @@ async fn fc34(billing_url: Option<String>) {
     assert_eq!(rec.counts.unpriced_component, 1);
 }
 
-#[tokio::test]
-async fn fc34_anthropic_cache_writes_by_ttl_sqlite() {
-    fc34(None).await;
-}
-
-#[tokio::test]
-async fn fc34_anthropic_cache_writes_by_ttl_postgres() {
-    let Some(schema) = pg_schema().await else {
-        return;
-    };
-    fc34(Some(schema.url().to_owned())).await;
-    schema.drop_schema().await.unwrap();
-}
+sqlite_and_postgres!(
+    fc34: fc34_anthropic_cache_writes_by_ttl_sqlite,
+    fc34_anthropic_cache_writes_by_ttl_postgres
+);
 
 /// FC-35: a Gemini stream whose last `usageMetadata` has implicit-cache and thinking counts.
 async fn fc35(billing_url: Option<String>) {
     let dir = tempfile::tempdir().unwrap();
     let gw = gateway(dir.path(), billing_url, json!({})).await;
     let meta = r#"{"promptTokenCount":10000,"cachedContentTokenCount":8000,"candidatesTokenCount":50,"thoughtsTokenCount":400,"totalTokenCount":10450}"#;
-    let prompt = with_usage(meta);
+    let prompt = mock_usage(meta);
     let mut body = chat("gem-t", &prompt, true);
     body["stream_options"] = json!({"include_usage": true});
     let r = post_sse(&gw.base, &body).await;
@@ -333,19 +306,19 @@ async fn fc35(billing_url: Option<String>) {
     assert_eq!(usage["total_tokens"], 10450);
     let id = request_id(&r.headers);
     // 2000 × 1.25 + 8000 × 0.125 + 50 × 10 + 400 × 10 per 1M.
-    assert_eq!(
-        cost_and_charge(&gw, id).await,
-        ("0.008".into(), "0.008".into())
-    );
-    assert_eq!(
-        lines(&gw, id).await,
-        vec![
-            s("cached_input", 8000, "0.001"),
-            s("new_input", 2000, "0.0025"),
-            s("output", 50, "0.0005"),
-            s("reasoning", 400, "0.004"),
-        ]
-    );
+    assert_priced(
+        &gw,
+        id,
+        "0.008",
+        &[
+            ("cached_input", 8000, "0.001"),
+            ("new_input", 2000, "0.0025"),
+            ("output", 50, "0.0005"),
+            ("reasoning", 400, "0.004"),
+        ],
+        "",
+    )
+    .await;
     // The /v1/messages view, streamed.
     let resp = messages(&gw.base, &messages_body("gem-t", &prompt, true), None).await;
     let u = &last_message_delta(resp).await["usage"];
@@ -354,19 +327,10 @@ async fn fc35(billing_url: Option<String>) {
     assert_eq!(u["output_tokens"], 450);
 }
 
-#[tokio::test]
-async fn fc35_gemini_thoughts_and_implicit_cache_sqlite() {
-    fc35(None).await;
-}
-
-#[tokio::test]
-async fn fc35_gemini_thoughts_and_implicit_cache_postgres() {
-    let Some(schema) = pg_schema().await else {
-        return;
-    };
-    fc35(Some(schema.url().to_owned())).await;
-    schema.drop_schema().await.unwrap();
-}
+sqlite_and_postgres!(
+    fc35: fc35_gemini_thoughts_and_implicit_cache_sqlite,
+    fc35_gemini_thoughts_and_implicit_cache_postgres
+);
 
 /// Bedrock Converse usage with cache reads and writes (`inputTokens` excludes both):
 /// 100 × 3 + 1000 × 0.30 + 3000 × 3.75 + 50 × 15 per 1M = $0.0126.
@@ -377,10 +341,10 @@ async fn bedrock_converse_cache_reads_and_writes_are_priced() {
     let usage = r#"{"inputTokens":100,"outputTokens":50,"totalTokens":4150,"cacheReadInputTokens":1000,"cacheWriteInputTokens":3000}"#;
     for stream in [false, true] {
         let (status, headers, body) = if stream {
-            let r = post_sse(&gw.base, &chat("bedrock-t", &with_usage(usage), true)).await;
+            let r = post_sse(&gw.base, &chat("bedrock-t", &mock_usage(usage), true)).await;
             (r.status, r.headers, Value::Null)
         } else {
-            post_json(&gw.base, &chat("bedrock-t", &with_usage(usage), false)).await
+            post_json(&gw.base, &chat("bedrock-t", &mock_usage(usage), false)).await
         };
         assert_eq!(status, 200, "{body}");
         if !stream {
@@ -392,20 +356,19 @@ async fn bedrock_converse_cache_reads_and_writes_are_priced() {
             assert_eq!(body["usage"]["total_tokens"], 4150);
         }
         let id = request_id(&headers);
-        assert_eq!(
-            cost_and_charge(&gw, id).await,
-            ("0.0126".into(), "0.0126".into()),
-            "stream {stream}"
-        );
-        assert_eq!(
-            lines(&gw, id).await,
-            vec![
-                s("cache_write", 3000, "0.01125"),
-                s("cached_input", 1000, "0.0003"),
-                s("new_input", 100, "0.0003"),
-                s("output", 50, "0.00075"),
-            ]
-        );
+        assert_priced(
+            &gw,
+            id,
+            "0.0126",
+            &[
+                ("cache_write", 3000, "0.01125"),
+                ("cached_input", 1000, "0.0003"),
+                ("new_input", 100, "0.0003"),
+                ("output", 50, "0.00075"),
+            ],
+            &format!("stream {stream}"),
+        )
+        .await;
     }
 }
 
@@ -420,7 +383,7 @@ async fn openai_usage_details_and_service_tier_are_priced() {
     // Default tier: 700 × 2.5 + 200 × 1.25 + 100 × 40 + 350 × 10 + 100 × 10 + 50 × 80 per 1M.
     // Priority: 700 × 4.25 + 200 × 2.125 + 100 × 40 + 350 × 17 + 100 × 17 + 50 × 80 per 1M.
     for (tier, cost) in [("default", "0.0145"), ("priority", "0.01905")] {
-        let prompt = format!("{} service_tier={tier}", with_usage(usage));
+        let prompt = format!("{} service_tier={tier}", mock_usage(usage));
         let (status, headers, body) = post_json(&gw.base, &chat("gpt-t", &prompt, false)).await;
         assert_eq!(status, 200, "{body}");
         assert_eq!(body["usage"]["prompt_tokens_details"]["audio_tokens"], 100);
@@ -470,11 +433,11 @@ async fn unpriced_model_refused_for_budgeted_keys_and_recorded_for_others() {
     ]);
     let gw = gateway(dir.path(), None, json!({"keys": keys})).await;
     let (status, _, body) =
-        post_as(&gw.base, KEY_BUDGET, &chat("test/unpriced", "hi", false)).await;
+        post_chat_as(&gw.base, KEY_BUDGET, &chat("test/unpriced", "hi", false)).await;
     assert_eq!(status, 400, "{body}");
     assert_eq!(body["error"]["type"], "invalid_request_error");
     assert_eq!(body["error"]["code"], "model_not_priced");
-    let message = body["error"]["message"].as_str().unwrap();
+    let message = error_message(&body);
     assert!(
         message.contains("`test/unpriced` has no price"),
         "{message}"
@@ -489,18 +452,13 @@ async fn unpriced_model_refused_for_budgeted_keys_and_recorded_for_others() {
     let body: Value = resp.json().await.unwrap();
     assert_eq!(body["type"], "error");
     assert_eq!(body["error"]["type"], "invalid_request_error");
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("test/unpriced")
-    );
+    assert!(error_message(&body).contains("test/unpriced"));
     // A priced model is still served to the budgeted key.
-    let (status, _, _) = post_as(&gw.base, KEY_BUDGET, &chat("gpt-t", "hi", false)).await;
+    let (status, _, _) = post_chat_as(&gw.base, KEY_BUDGET, &chat("gpt-t", "hi", false)).await;
     assert_eq!(status, 200);
 
     // The key without a budget: served, charged nothing, the gap recorded.
-    let (status, headers, body) = post_as(
+    let (status, headers, body) = post_chat_as(
         &gw.base,
         KEY_FREE,
         &chat("test/unpriced", "hi there", false),
@@ -694,7 +652,8 @@ async fn pricing_check_gap_is_refused_for_a_budgeted_key() {
         ..Options::default()
     })
     .await;
-    let (status, _, body) = post_as(&gw.base, KEY_BUDGET, &chat("test/mystery", "hi", false)).await;
+    let (status, _, body) =
+        post_chat_as(&gw.base, KEY_BUDGET, &chat("test/mystery", "hi", false)).await;
     assert_eq!(status, 400, "{body}");
     assert_eq!(body["error"]["type"], "invalid_request_error");
     assert_eq!(body["error"]["code"], "model_not_priced");
@@ -704,6 +663,6 @@ async fn pricing_check_gap_is_refused_for_a_budgeted_key() {
          count its spend. Add it to the catalog (`standard:` in the pricing file), or set \
          `unpriced: {charge_at: <model>}`."
     );
-    let (status, _, _) = post_as(&gw.base, KEY_BUDGET, &chat("gpt-t", "hi", false)).await;
+    let (status, _, _) = post_chat_as(&gw.base, KEY_BUDGET, &chat("gpt-t", "hi", false)).await;
     assert_eq!(status, 200);
 }

@@ -48,12 +48,7 @@ fn config() -> switchyard_schemas::config::GatewayConfig {
 /// `[DONE]`: the client gets the finish chunk and `[DONE]` at once, and usage is recorded.
 #[tokio::test]
 async fn fc08_keepalive_after_usage_without_done() {
-    let gw = start(Options {
-        config: config(),
-        billing: true,
-        ..Options::default()
-    })
-    .await;
+    let gw = start_billed(config()).await;
     let started = Instant::now();
     let mut body = chat("fc08", "weather?", true);
     body["stream_options"] = json!({"include_usage": true});
@@ -154,18 +149,9 @@ async fn fc22_first_byte_and_idle_timeouts() {
 /// non-streaming client leaves after 1 s while the upstream waits 20 s.
 #[tokio::test]
 async fn fc15_client_disconnect_reaches_the_upstream() {
-    let gw = start(Options {
-        config: config(),
-        billing: true,
-        ..Options::default()
-    })
-    .await;
+    let gw = start_billed(config()).await;
     let resp = post(&gw.base, &chat("fc15", "hi", true)).await;
-    let id: uuid::Uuid = resp.headers()["x-request-id"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let id = request_id(resp.headers());
     let mut stream = resp.bytes_stream();
     let mut seen = 0;
     let mut buf = Vec::new();

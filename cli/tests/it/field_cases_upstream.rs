@@ -29,7 +29,7 @@ async fn fc07_any_4xx_field_inside_200_stream_is_final() {
             assert_eq!(body["error"]["type"], "invalid_request_error", "{fixture}");
             assert_eq!(body["error"]["code"], serde_json::Value::Null, "{fixture}");
             assert_eq!(body["error"]["param"].as_str(), param, "{fixture}");
-            let msg = body["error"]["message"].as_str().unwrap();
+            let msg = error_message(&body);
             assert!(
                 msg.ends_with(": Invalid value for 'temperature': must be between 0 and 2."),
                 "{fixture}: {msg}"
@@ -46,11 +46,7 @@ async fn fc07_any_4xx_field_inside_200_stream_is_final() {
 /// next request to the same target leaves `stream_options` out from the start (one call).
 #[tokio::test]
 async fn fc12_stream_options_rejected_retried_without() {
-    let gw = start(Options {
-        billing: true,
-        ..Options::default()
-    })
-    .await;
+    let gw = billed_gateway().await;
     let prompt = "#mock reject_stream_options=1";
     let mut body = chat("demo/mock", prompt, true);
     body["stream_options"] = serde_json::json!({"include_usage": true});

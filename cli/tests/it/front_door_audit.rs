@@ -12,15 +12,8 @@ const ANTHROPIC: &[(&str, &str)] = &[("x-api-key", "sk-x"), ("anthropic-version"
 const MODELS: [&str; 2] = ["demo/mock", "demo/claude"];
 
 async fn send(base: &str, path: &str, headers: &[(&str, &str)], body: &Value) -> (u16, String) {
-    let mut req = reqwest::Client::new()
-        .post(format!("{base}{path}"))
-        .json(body);
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    let resp = req.send().await.unwrap();
-    let status = resp.status().as_u16();
-    (status, resp.text().await.unwrap())
+    let (status, _, text) = post_to(base, path, headers, body).await;
+    (status, text)
 }
 
 fn user(text: &str) -> Value {
@@ -426,12 +419,7 @@ async fn models_by_id_and_legacy_completions_with_n() {
     let (status, text) = send(&gw.base, "/v1/completions", &[], &streamed).await;
     assert_eq!(status, 200, "{text}");
     assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
-    let events: Vec<Value> = text
-        .split("\n\n")
-        .filter_map(|b| b.strip_prefix("data: "))
-        .filter(|d| *d != "[DONE]")
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect();
+    let events = data_events(&text);
     let mut texts = [String::new(), String::new()];
     let mut finishes = Vec::new();
     for e in &events {
@@ -538,10 +526,7 @@ async fn documents_reach_every_provider_in_its_own_form() {
     let v: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v["type"], "error", "{text}");
     assert!(
-        v["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("messages[0].content[0].source.url"),
+        error_message(&v).contains("messages[0].content[0].source.url"),
         "{text}"
     );
     assert_eq!(gw.mock.requests().len(), 4);

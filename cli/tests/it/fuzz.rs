@@ -465,6 +465,9 @@ fn sse_events(input: &[u8], cuts: &[usize]) -> Vec<switchyard_workers::sse::SseE
     out
 }
 
+/// A fuzz target taking one input.
+type Target = fn(&[u8]);
+
 fn translate<T: SseTranslator + Default>(input: &[u8]) {
     let mut parser = SseParser::new();
     let mut events = Vec::new();
@@ -550,36 +553,36 @@ async fn fuzz_sse_parser_and_stream_translation() {
             let bytewise: Vec<usize> = (0..input.len()).collect();
             assert_eq!(whole, sse_events(input, &bytewise));
         })];
-        runs.push(fuzz(
-            "stream_openai",
-            s.openai.clone(),
-            false,
-            translate::<openai::OpenAiTranslator>,
-        ));
-        runs.push(fuzz(
-            "stream_azure",
-            s.openai,
-            false,
-            translate::<azure::AzureTranslator>,
-        ));
-        runs.push(fuzz(
-            "stream_anthropic",
-            s.anthropic,
-            false,
-            translate::<anthropic::AnthropicTranslator>,
-        ));
-        runs.push(fuzz(
-            "stream_gemini",
-            s.gemini,
-            false,
-            translate::<gemini::GeminiTranslator>,
-        ));
-        runs.push(fuzz(
-            "stream_responses",
-            s.responses,
-            false,
-            translate::<openai_responses::ResponsesTranslator>,
-        ));
+        let streams: [(&str, Vec<Vec<u8>>, Target); 5] = [
+            (
+                "stream_openai",
+                s.openai.clone(),
+                translate::<openai::OpenAiTranslator>,
+            ),
+            (
+                "stream_azure",
+                s.openai,
+                translate::<azure::AzureTranslator>,
+            ),
+            (
+                "stream_anthropic",
+                s.anthropic,
+                translate::<anthropic::AnthropicTranslator>,
+            ),
+            (
+                "stream_gemini",
+                s.gemini,
+                translate::<gemini::GeminiTranslator>,
+            ),
+            (
+                "stream_responses",
+                s.responses,
+                translate::<openai_responses::ResponsesTranslator>,
+            ),
+        ];
+        for (name, seeds, target) in streams {
+            runs.push(fuzz(name, seeds, false, target));
+        }
         runs.push(fuzz("stream_bedrock", s.bedrock, false, |input| {
             let chunks: Vec<Result<bytes::Bytes, std::io::Error>> = input
                 .chunks(97)

@@ -58,7 +58,7 @@ async fn openai_400(gw: &Gateway, path: &str, body: Value, param: &str) {
     assert_eq!(status, 400, "{path} {body}: {b}");
     assert_eq!(b["error"]["type"], "invalid_request_error", "{b}");
     assert_eq!(b["error"]["param"], param, "{body}: {b}");
-    let msg = b["error"]["message"].as_str().unwrap();
+    let msg = crate::common::error_message(&b);
     assert!(msg.contains(param), "{msg}");
 }
 
@@ -68,7 +68,7 @@ async fn anthropic_400(gw: &Gateway, body: Value, param: &str) {
     assert_eq!(status, 400, "{body}: {b}");
     assert_eq!(b["type"], "error", "{b}");
     assert_eq!(b["error"]["type"], "invalid_request_error", "{b}");
-    let msg = b["error"]["message"].as_str().unwrap();
+    let msg = crate::common::error_message(&b);
     assert!(msg.starts_with(&format!("{param}: ")), "{body}: {msg}");
 }
 
@@ -155,7 +155,7 @@ async fn chat_door_refuses_bad_tools_tool_results_and_images() {
     let (status, b) = send(&gw, path, &json!({"model": long, "messages": hi()})).await;
     assert_eq!(status, 404, "{b}");
     assert_eq!(b["error"]["code"], "model_not_found");
-    assert!(b["error"]["message"].as_str().unwrap().len() < 200, "{b}");
+    assert!(crate::common::error_message(&b).len() < 200, "{b}");
     // Nothing went upstream, nothing was retried or failed over.
     assert_eq!(gw.mock.request_count(), 0);
 
@@ -179,27 +179,19 @@ async fn responses_door_refuses_bad_tools_tool_results_and_images() {
     let gw = start(Options::default()).await;
     let path = "/v1/responses";
     let with_tool = |t: Value| json!({"model": "demo/fallback", "input": "hi", "tools": [t]});
-    openai_400(
-        &gw,
-        path,
-        with_tool(json!({"type": "garbage", "name": "f"})),
-        "tools[0].type",
-    )
-    .await;
-    openai_400(
-        &gw,
-        path,
-        with_tool(json!({"type": "function", "name": "bad name!"})),
-        "tools[0].name",
-    )
-    .await;
-    openai_400(
-        &gw,
-        path,
-        with_tool(json!({"type": "function", "name": "f", "parameters": {"type": "string"}})),
-        "tools[0].parameters",
-    )
-    .await;
+    for (tool, param) in [
+        (json!({"type": "garbage", "name": "f"}), "tools[0].type"),
+        (
+            json!({"type": "function", "name": "bad name!"}),
+            "tools[0].name",
+        ),
+        (
+            json!({"type": "function", "name": "f", "parameters": {"type": "string"}}),
+            "tools[0].parameters",
+        ),
+    ] {
+        openai_400(&gw, path, with_tool(tool), param).await;
+    }
     let call = json!({"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"});
     for output in [
         json!({"type": "function_call_output", "output": "sunny"}),
@@ -267,10 +259,7 @@ async fn anthropic_door_refuses_bad_tools_tool_results_and_images() {
     .await;
     assert_eq!(status, 400, "{b}");
     assert!(
-        b["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("tool_use_id"),
+        crate::common::error_message(&b).contains("tool_use_id"),
         "{b}"
     );
     anthropic_400(

@@ -148,27 +148,20 @@ async fn tools_and_stream_tools() {
                     row.model
                 );
                 let mut calls: Vec<(String, String, String)> = Vec::new();
-                for e in r.json_events() {
-                    for tc in e
-                        .pointer("/choices/0/delta/tool_calls")
-                        .and_then(Value::as_array)
-                        .into_iter()
-                        .flatten()
-                    {
-                        let i = tc["index"].as_u64().unwrap() as usize;
-                        if calls.len() <= i {
-                            calls.resize(i + 1, Default::default());
-                        }
-                        if let Some(id) = tc["id"].as_str() {
-                            calls[i].0 = id.into();
-                        }
-                        if let Some(n) = tc["function"]["name"].as_str() {
-                            calls[i].1 = n.into();
-                        }
-                        calls[i]
-                            .2
-                            .push_str(tc["function"]["arguments"].as_str().unwrap_or(""));
+                for tc in &r.tool_call_deltas() {
+                    let i = tc["index"].as_u64().unwrap() as usize;
+                    if calls.len() <= i {
+                        calls.resize(i + 1, Default::default());
                     }
+                    if let Some(id) = tc["id"].as_str() {
+                        calls[i].0 = id.into();
+                    }
+                    if let Some(n) = tc["function"]["name"].as_str() {
+                        calls[i].1 = n.into();
+                    }
+                    calls[i]
+                        .2
+                        .push_str(tc["function"]["arguments"].as_str().unwrap_or(""));
                 }
                 calls
             } else {
@@ -371,15 +364,7 @@ async fn upstream_call_fits_the_client() {
         let r = post_sse(&gw.base, &body).await;
         assert_eq!(r.status, 200, "{}", row.model);
         assert_eq!(r.content(), DEFAULT_TEXT, "{}", row.model);
-        let pieces = r
-            .json_events()
-            .iter()
-            .filter(|e| {
-                e.pointer("/choices/0/delta/content")
-                    .and_then(Value::as_str)
-                    .is_some_and(|c| !c.is_empty())
-            })
-            .count();
+        let pieces = r.content_pieces();
         assert_eq!(pieces, 1, "{}: text coalesced", row.model);
         assert_eq!(r.finish_reason().as_deref(), Some("stop"), "{}", row.model);
         assert_eq!(r.done_count(), 1, "{}", row.model);

@@ -25,12 +25,18 @@ fn catalog(dir: &std::path::Path) -> String {
 }
 
 async fn send(base: &str, key: &str, body: &Value) -> reqwest::Response {
-    reqwest::Client::new()
-        .post(format!("{base}/v1/chat/completions"))
-        .bearer_auth(key)
-        .json(body)
+    chat_request(&reqwest::Client::new(), base, key, body)
         .send()
         .await
+        .unwrap()
+}
+
+/// The `x-switchyard-overhead-ms` header of `r`, as a number.
+fn overhead_ms(r: &reqwest::Response) -> f64 {
+    r.headers()["x-switchyard-overhead-ms"]
+        .to_str()
+        .unwrap()
+        .parse()
         .unwrap()
 }
 
@@ -81,11 +87,7 @@ async fn one_scrape_shows_every_family_after_mixed_traffic() {
     for i in 0..3 {
         let r = send(base, KEY, &chat("demo/mock", &format!("{ok}\nq{i}"), false)).await;
         assert_eq!(r.status(), 200);
-        let ms: f64 = r.headers()["x-switchyard-overhead-ms"]
-            .to_str()
-            .unwrap()
-            .parse()
-            .unwrap();
+        let ms = overhead_ms(&r);
         assert!((0.0..1000.0).contains(&ms), "{ms}");
         r.bytes().await.unwrap();
     }
@@ -398,11 +400,7 @@ async fn both_front_doors_carry_the_overhead_header() {
             .await
             .unwrap();
         assert_eq!(r.status(), 200);
-        let ms: f64 = r.headers()["x-switchyard-overhead-ms"]
-            .to_str()
-            .unwrap()
-            .parse()
-            .unwrap();
+        let ms = overhead_ms(&r);
         assert!(ms >= 0.0, "{ms}");
         r.bytes().await.unwrap();
         let r = post(&gw.base, &chat("demo/mock", "#mock text=hi", stream)).await;

@@ -272,14 +272,8 @@ async fn the_pipeline_works_with_each_service_on_its_own_identity() {
     assert_eq!(resp.status(), 200);
     let created: serde_json::Value = resp.json().await.unwrap();
     let rid = created["id"].as_str().unwrap();
-    let fetched: serde_json::Value = http
-        .get(format!("{}/v1/responses/{rid}", gw.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let url = format!("{}/v1/responses/{rid}", gw.base);
+    let (_, fetched) = crate::common::call(reqwest::Method::GET, url, None, None).await;
     assert_eq!(fetched["id"], rid);
     assert_eq!(fetched["status"], "completed");
     let line = serde_json::json!({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",

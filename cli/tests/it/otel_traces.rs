@@ -7,7 +7,7 @@
 //! export only every 60 s, so every span checked here was sent by the flush at shutdown.
 
 use crate::common::otlp::{Collector, Received};
-use crate::common::procs::Service;
+use crate::common::procs::{Service, config_file};
 use crate::common::{self, Options};
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use serde_json::{Value, json};
@@ -32,13 +32,7 @@ struct Answer {
 }
 
 async fn send(base: &str, body: &Value, headers: &[(&str, &str)]) -> Answer {
-    let mut req = reqwest::Client::new()
-        .post(format!("{base}/v1/chat/completions"))
-        .json(body);
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    let resp = req.send().await.unwrap();
+    let resp = common::post_request(base, "/v1/chat/completions", headers, body).await;
     let header = |n: &str| resp.headers()[n].to_str().unwrap().to_owned();
     let answer = Answer {
         status: resp.status().as_u16(),
@@ -110,11 +104,10 @@ fn cache_spans<'a>(trace: &[&'a Received]) -> (&'a Received, &'a Received) {
 async fn one_trace_per_request_across_ingress_and_worker_processes() {
     let collector = Collector::start().await;
     let tmp = tempfile::tempdir().unwrap();
-    let mut config = common::test_config(json!({"tracing": {"endpoint": collector.url}}));
-    config.data_dir = tmp.path().join("data").display().to_string();
-    let path = tmp.path().join("config.json");
-    std::fs::write(&path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
-    let path = path.display().to_string();
+    let (config, path) = config_file(
+        tmp.path(),
+        common::test_config(json!({"tracing": {"endpoint": collector.url}})),
+    );
     // NATS, the mock upstream and billing (the audit log) in this process; no worker here.
     let gw = common::start(Options {
         config,
@@ -126,20 +119,7 @@ async fn one_trace_per_request_across_ingress_and_worker_processes() {
     let nats = gw.nats.url();
     let mock = format!("{}/v1", gw.mock.base_url());
     let envs = [("OTEL_BSP_SCHEDULE_DELAY", EXPORT_DELAY_MS)];
-    let worker = Service::start(
-        &[
-            "worker",
-            "--config",
-            &path,
-            "--nats-url",
-            &nats,
-            "--mock-url",
-            &mock,
-        ],
-        &envs,
-        "worker serving",
-    )
-    .await;
+    let worker = Service::worker(&path, &nats, &mock, &envs).await;
     // The cache service (exact layer only): its lookups continue the ingress's traces.
     let cache = Service::start(
         &[
@@ -155,22 +135,7 @@ async fn one_trace_per_request_across_ingress_and_worker_processes() {
     )
     .await;
     // JSON log lines: those inside a request's spans carry its trace id.
-    let ingress = Service::start(
-        &[
-            "--log-format",
-            "json",
-            "ingress",
-            "--config",
-            &path,
-            "--nats-url",
-            &nats,
-            "--listen",
-            "127.0.0.1:0",
-        ],
-        &envs,
-        "ingress listening on http://",
-    )
-    .await;
+    let ingress = Service::ingress(&["--log-format", "json"], &path, &nats, &envs).await;
     let ready: Value = serde_json::from_str(&ingress.ready_line).unwrap();
     let base = ready["message"]
         .as_str()
@@ -476,12 +441,8 @@ async fn a_reused_client_request_id_never_merges_requests_through_two_ingresses(
     .await;
     let (second, _) = common::spawn_ingress(&gw).await;
     let bases = [gw.base.clone(), second];
-    let http = reqwest::Client::builder()
-        .pool_max_idle_per_host(REQUESTS)
-        .build()
-        .unwrap();
-    let calls = (0..REQUESTS).map(|i| {
-        let (http, base) = (http.clone(), bases[i % 2].clone());
+    let results = common::fan_out(REQUESTS, |http, i| {
+        let base = bases[i % 2].clone();
         async move {
             let resp = http
                 .post(format!("{base}/v1/chat/completions"))
@@ -503,10 +464,8 @@ async fn a_reused_client_request_id_never_merges_requests_through_two_ingresses(
             resp.bytes().await.unwrap();
             got
         }
-    });
-    let results = tokio::time::timeout(Duration::from_secs(120), futures::future::join_all(calls))
-        .await
-        .expect("1,000 requests within 120 s");
+    })
+    .await;
     let mut gateway_ids = std::collections::BTreeSet::new();
     for (status, shown, gateway) in &results {
         assert_eq!((*status, shown.as_str()), (200, "same-id-for-all"));
@@ -566,13 +525,12 @@ async fn a_hung_collector_never_slows_requests() {
         }
     });
     let tmp = tempfile::tempdir().unwrap();
-    let mut config = common::test_config(json!({
-        "tracing": {"endpoint": endpoint, "export_timeout_ms": EXPORT_TIMEOUT_MS}
-    }));
-    config.data_dir = tmp.path().join("data").display().to_string();
-    let path = tmp.path().join("config.json");
-    std::fs::write(&path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
-    let path = path.display().to_string();
+    let (config, path) = config_file(
+        tmp.path(),
+        common::test_config(json!({
+            "tracing": {"endpoint": endpoint, "export_timeout_ms": EXPORT_TIMEOUT_MS}
+        })),
+    );
     let gw = common::start(Options {
         config,
         worker: false,
@@ -583,36 +541,9 @@ async fn a_hung_collector_never_slows_requests() {
     let mock = format!("{}/v1", gw.mock.base_url());
     // Export every 100 ms: the first export reaches the collector (and hangs) at once.
     let envs = [("OTEL_BSP_SCHEDULE_DELAY", "100")];
-    let worker = Service::start(
-        &[
-            "worker",
-            "--config",
-            &path,
-            "--nats-url",
-            &nats,
-            "--mock-url",
-            &mock,
-        ],
-        &envs,
-        "worker serving",
-    )
-    .await;
-    let ingress = Service::start(
-        &[
-            "ingress",
-            "--config",
-            &path,
-            "--nats-url",
-            &nats,
-            "--listen",
-            "127.0.0.1:0",
-        ],
-        &envs,
-        "ingress listening on http://",
-    )
-    .await;
-    let addr = ingress.ready_line.split("http://").nth(1).unwrap().trim();
-    let base = format!("http://{addr}");
+    let worker = Service::worker(&path, &nats, &mock, &envs).await;
+    let ingress = Service::ingress(&[], &path, &nats, &envs).await;
+    let base = ingress.base_url();
     let body = common::chat("demo/mock", "#mock text=hi", false);
     // The first request's spans open the first (hanging) export of each process.
     assert_eq!(send(&base, &body, &[]).await.status, 200);
@@ -656,11 +587,10 @@ async fn measure_span_export_overhead() {
         } else {
             json!({})
         };
-        let mut config = common::test_config(json!({ "tracing": tracing }));
-        config.data_dir = tmp.path().join("data").display().to_string();
-        let path = tmp.path().join("config.json");
-        std::fs::write(&path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
-        let path = path.display().to_string();
+        let (config, path) = config_file(
+            tmp.path(),
+            common::test_config(json!({ "tracing": tracing })),
+        );
         let gw = common::start(Options {
             config,
             worker: false,
@@ -668,36 +598,9 @@ async fn measure_span_export_overhead() {
         })
         .await;
         let (nats, mock) = (gw.nats.url(), format!("{}/v1", gw.mock.base_url()));
-        let worker = Service::start(
-            &[
-                "worker",
-                "--config",
-                &path,
-                "--nats-url",
-                &nats,
-                "--mock-url",
-                &mock,
-            ],
-            &[],
-            "worker serving",
-        )
-        .await;
-        let ingress = Service::start(
-            &[
-                "ingress",
-                "--config",
-                &path,
-                "--nats-url",
-                &nats,
-                "--listen",
-                "127.0.0.1:0",
-            ],
-            &[],
-            "ingress listening on http://",
-        )
-        .await;
-        let addr = ingress.ready_line.split("http://").nth(1).unwrap().trim();
-        let base = format!("http://{addr}");
+        let worker = Service::worker(&path, &nats, &mock, &[]).await;
+        let ingress = Service::ingress(&[], &path, &nats, &[]).await;
+        let base = ingress.base_url();
         let mut ms: Vec<f64> = Vec::new();
         for i in 0..320 {
             let body = common::chat("demo/mock", &format!("#mock text=hi n{i}"), false);

@@ -213,11 +213,7 @@ async fn heartbeats_keep_a_slow_model_alive() {
 
 #[tokio::test]
 async fn usage_reaches_the_ledger_once_per_side() {
-    let gw = start(Options {
-        billing: true,
-        ..Options::default()
-    })
-    .await;
+    let gw = billed_gateway().await;
     let (status, headers, _) = post_json(
         &gw.base,
         &chat(
@@ -243,11 +239,7 @@ async fn usage_reaches_the_ledger_once_per_side() {
 
 #[tokio::test]
 async fn client_disconnect_cancels_the_upstream_call() {
-    let gw = start(Options {
-        billing: true,
-        ..Options::default()
-    })
-    .await;
+    let gw = billed_gateway().await;
     let resp = reqwest::Client::new()
         .post(format!("{}/v1/chat/completions", gw.base))
         .json(&chat(
@@ -258,11 +250,7 @@ async fn client_disconnect_cancels_the_upstream_call() {
         .send()
         .await
         .unwrap();
-    let id: uuid::Uuid = resp.headers()["x-request-id"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let id = request_id(resp.headers());
     let mut stream = resp.bytes_stream();
     use futures::StreamExt;
     // Read the first content, then go away.
@@ -297,15 +285,11 @@ async fn fc01_anthropic_event_split_across_three_writes() {
         "model": "claude-test", "max_tokens": 4096, "stream": true,
         "messages": [{"role": "user", "content": [{"type": "text", "text": format!("{prompt} split=1")}]}]
     });
-    let raw = reqwest::Client::new()
-        .post(format!("{}/v1/messages", gw.mock.base_url()))
-        .json(&upstream_body)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let raw = post_text(
+        format!("{}/v1/messages", gw.mock.base_url()),
+        &upstream_body,
+    )
+    .await;
     let event = raw.find("event: content_block_delta\n").unwrap();
     let data = event + "event: content_block_delta\n".len();
     let mid = data + raw[data..].find("text_del").unwrap() + "text_del".len();

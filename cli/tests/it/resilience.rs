@@ -134,6 +134,11 @@ async fn send(http: &reqwest::Client, base: &str, body: &serde_json::Value) -> A
     }
 }
 
+/// [`send`] on a client of its own.
+async fn send_one(base: &str, body: &serde_json::Value) -> Answer {
+    send(&reqwest::Client::new(), base, body).await
+}
+
 /// Fires `n` copies of `body` at once.
 async fn burst(base: &str, body: &serde_json::Value, n: usize) -> Vec<Answer> {
     let http = reqwest::Client::new();
@@ -223,12 +228,7 @@ async fn rpm_limit_holds_across_two_worker_replicas() {
         .limits
         .rpm = Some(600_000);
     assert!(gw.config.set(1, c));
-    let a = send(
-        &reqwest::Client::new(),
-        &gw.base,
-        &chat("demo/lim", "hi", false),
-    )
-    .await;
+    let a = send_one(&gw.base, &chat("demo/lim", "hi", false)).await;
     assert_eq!(a.status, 200, "{}", a.body);
 }
 
@@ -435,7 +435,7 @@ async fn fc19_request_errors_are_not_retried_and_trip_nothing() {
         let a = send(&http, &gw.base, &chat("demo/fc19", "hi", false)).await;
         assert_eq!(a.status, 400);
         assert_eq!(a.body["error"]["type"], "invalid_request_error");
-        let msg = a.body["error"]["message"].as_str().unwrap();
+        let msg = error_message(&a.body);
         assert!(msg.contains("messages.0.content: invalid"), "{msg}");
         assert_eq!(calls(&gw, spec), n, "exactly one upstream call per request");
     }
@@ -496,12 +496,7 @@ async fn a_429_then_success_is_retried_once() {
     );
     opts.billing = true;
     let gw = start(opts).await;
-    let a = send(
-        &reqwest::Client::new(),
-        &gw.base,
-        &chat("demo/once", "one two three", false),
-    )
-    .await;
+    let a = send_one(&gw.base, &chat("demo/once", "one two three", false)).await;
     assert_eq!(a.status, 200, "{}", a.body);
     assert_eq!(header(&a, "x-switchyard-fallbacks"), "0");
     let reqs = gw.mock.requests();
@@ -599,24 +594,11 @@ async fn keepalive_comments_do_not_reset_target_timeouts() {
         started.elapsed()
     );
 
-    let a = send(
-        &reqwest::Client::new(),
-        &gw.base,
-        &chat("demo/ttft", "hi", false),
-    )
-    .await;
+    let a = send_one(&gw.base, &chat("demo/ttft", "hi", false)).await;
     assert_eq!(a.status, 504, "{}", a.body);
     assert!(a.elapsed < Duration::from_millis(2000), "{:?}", a.elapsed);
     // The mock did send keep-alives while silent.
-    let raw = reqwest::Client::new()
-        .post(format!("{}/x/ttft_ms=300,keepalive_ms=50/v1/chat/completions", gw.mock.base_url()))
-        .json(&serde_json::json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let raw = post_text(format!("{}/x/ttft_ms=300,keepalive_ms=50/v1/chat/completions", gw.mock.base_url()), &serde_json::json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]})).await;
     assert!(raw.starts_with(": keepalive\n\n"), "{raw}");
     assert!(raw.matches(": keepalive").count() >= 3, "{raw}");
     assert!(raw.ends_with("data: [DONE]\n\n"));

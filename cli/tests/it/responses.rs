@@ -29,15 +29,26 @@ async fn send(
     req.send().await.unwrap()
 }
 
-async fn create(base: &str, key: &str, body: &Value) -> (u16, reqwest::header::HeaderMap, Value) {
-    let resp = send(
+/// `POST /v1/responses` with `body`, the response not read yet.
+async fn post_response(base: &str, key: &str, body: &Value) -> reqwest::Response {
+    send(
         base,
         key,
         reqwest::Method::POST,
         "/v1/responses",
         Some(body),
     )
-    .await;
+    .await
+}
+
+/// `DELETE /v1/responses/{id}`, the response not read yet.
+async fn delete(base: &str, key: &str, id: &str) -> reqwest::Response {
+    let path = format!("/v1/responses/{id}");
+    send(base, key, reqwest::Method::DELETE, &path, None).await
+}
+
+async fn create(base: &str, key: &str, body: &Value) -> (u16, reqwest::header::HeaderMap, Value) {
+    let resp = post_response(base, key, body).await;
     let status = resp.status().as_u16();
     let headers = resp.headers().clone();
     (status, headers, resp.json().await.unwrap())
@@ -50,27 +61,11 @@ async fn get(base: &str, key: &str, path: &str) -> (u16, Value) {
 
 /// `(event name, data)` of a streamed answer; each name equals its data's `type`.
 async fn stream(base: &str, key: &str, body: &Value) -> Vec<(String, Value)> {
-    let resp = send(
-        base,
-        key,
-        reqwest::Method::POST,
-        "/v1/responses",
-        Some(body),
-    )
-    .await;
+    let resp = post_response(base, key, body).await;
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.headers()["content-type"], "text/event-stream");
     let text = resp.text().await.unwrap();
-    text.split("\n\n")
-        .filter(|b| !b.trim().is_empty())
-        .map(|block| {
-            let (head, data) = block.split_once('\n').unwrap();
-            let name = head.strip_prefix("event: ").unwrap().to_owned();
-            let data: Value = serde_json::from_str(data.strip_prefix("data: ").unwrap()).unwrap();
-            assert_eq!(data["type"], name.as_str());
-            (name, data)
-        })
-        .collect()
+    typed_events(&text)
 }
 
 fn names(events: &[(String, Value)]) -> Vec<&str> {
@@ -350,14 +345,7 @@ async fn stored_responses_are_tenant_scoped_and_shared_by_replicas() {
         let (status, b) = get(&gw.base, KEY_B, &path).await;
         assert_eq!((status, &b), (404, &not_found), "{path}");
     }
-    let resp = send(
-        &gw.base,
-        KEY_B,
-        reqwest::Method::DELETE,
-        &format!("/v1/responses/{id}"),
-        None,
-    )
-    .await;
+    let resp = delete(&gw.base, KEY_B, &id).await;
     assert_eq!(resp.status(), 404);
     let (status, _, b) = create(
         &gw.base,
@@ -388,14 +376,7 @@ async fn stored_responses_are_tenant_scoped_and_shared_by_replicas() {
         json!([{"type": "input_text", "text": "My name is Ada."}])
     );
     assert_eq!(items["first_id"], data[0]["id"]);
-    let resp = send(
-        &gw.base,
-        KEY_A,
-        reqwest::Method::DELETE,
-        &format!("/v1/responses/{id}"),
-        None,
-    )
-    .await;
+    let resp = delete(&gw.base, KEY_A, &id).await;
     assert_eq!(resp.status(), 200);
     assert_eq!(
         resp.json::<Value>().await.unwrap(),
@@ -471,10 +452,7 @@ async fn hosted_tools_and_unknown_parameters_are_named() {
         assert_eq!(status, 400, "{body}");
         assert_eq!(b["error"]["param"], param, "{b}");
         assert_eq!(b["error"]["type"], "invalid_request_error");
-        assert!(
-            b["error"]["message"].as_str().unwrap().contains(needle),
-            "{b}"
-        );
+        assert!(error_message(&b).contains(needle), "{b}");
     }
     // Accepted as the real API accepts them, even when null.
     let body = json!({"model": "demo/mock", "input": "hi", "store": null, "service_tier": "auto",

@@ -51,17 +51,7 @@ async fn responses(base: &str, body: &Value) -> reqwest::Response {
 /// The `(name, data)` events of a streamed Responses answer.
 async fn responses_events(base: &str, body: &Value) -> Vec<(String, Value)> {
     let text = responses(base, body).await.text().await.unwrap();
-    text.split("\n\n")
-        .filter(|b| !b.trim().is_empty())
-        .map(|block| {
-            let (head, data) = block.split_once('\n').unwrap();
-            let name = head.strip_prefix("event: ").unwrap().to_owned();
-            (
-                name,
-                serde_json::from_str(data.strip_prefix("data: ").unwrap()).unwrap(),
-            )
-        })
-        .collect()
+    named_events(&text)
 }
 
 #[tokio::test]
@@ -221,14 +211,8 @@ async fn fc31_responses_path_rebuilds_output() {
             ),
             (json!(17), json!(6), json!(23))
         );
-        let stored: Value = reqwest::Client::new()
-            .get(format!("{}/v1/responses/{id}", gw.base))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let url = format!("{}/v1/responses/{id}", gw.base);
+        let (_, stored) = call(reqwest::Method::GET, url, None, None).await;
         assert_eq!(stored["output"], r["output"], "{fixture}");
         let deltas: String = events
             .iter()

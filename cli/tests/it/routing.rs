@@ -161,7 +161,7 @@ async fn canary_is_stable_per_user_and_splits_by_percent() {
         }
         let mut body = chat("r/canary", "#mock text=ok", false);
         body["user"] = json!(user);
-        let (_, h, _) = post_with(&gw.base, &[], &body).await;
+        let (_, h, _) = post_json(&gw.base, &body).await;
         assert_eq!(h["x-switchyard-target"], expected);
     }
     // ~30 % of 200 users go to the canary, each exactly where the stable hash puts them.
@@ -250,7 +250,7 @@ async fn capability_filter_skips_targets_that_cannot_serve() {
     let mut body = chat("r/caps", "weather?", false);
     body["tools"] = json!([{"type": "function", "function": {"name": "get_weather",
         "parameters": {"type": "object", "properties": {}}}}]);
-    let (status, h, resp) = post_with(&gw.base, &[], &body).await;
+    let (status, h, resp) = post_json(&gw.base, &body).await;
     assert_eq!(status, 200, "{resp}");
     assert_eq!(h["x-switchyard-target"], "claude");
     assert_eq!(h["x-switchyard-fallbacks"], "0");
@@ -269,7 +269,7 @@ async fn capability_filter_skips_targets_that_cannot_serve() {
     assert_eq!(gw.mock.request_count(), before);
     // Lacking on one target, unhealthy on the other: 503 listing both.
     publish_health(&gw, "claude", HealthState::Unhealthy).await;
-    let (status, _, resp) = post_with(&gw.base, &[], &body).await;
+    let (status, _, resp) = post_json(&gw.base, &body).await;
     assert_eq!(status, 503);
     assert_eq!(resp["error"]["code"], "no_capacity");
     assert_eq!(
@@ -287,11 +287,11 @@ async fn capability_filter_skips_targets_that_cannot_serve() {
         .set(ProviderKind::Anthropic, no_json);
     let mut body = chat("r/json", "#mock text=ok", false);
     body["response_format"] = json!({"type": "json_object"});
-    let (status, h, _) = post_with(&gw.base, &[], &body).await;
+    let (status, h, _) = post_json(&gw.base, &body).await;
     assert_eq!(status, 200);
     assert_eq!(h["x-switchyard-target"], "m1");
     body["model"] = json!("demo/claude");
-    let (status, _, resp) = post_with(&gw.base, &[], &body).await;
+    let (status, _, resp) = post_json(&gw.base, &body).await;
     assert_eq!(status, 400);
     assert_eq!(resp["error"]["param"], "response_format");
     assert_eq!(
@@ -306,7 +306,7 @@ async fn health_events_skip_then_restore_a_target() {
     no_probes(&gw);
     assert_eq!(served_by(&gw, "r/health", &[]).await, "m1");
     publish_health(&gw, "m1", HealthState::Unhealthy).await;
-    let (status, h, _) = post_with(&gw.base, &[], &chat("r/health", "#mock text=ok", false)).await;
+    let (status, h, _) = post_json(&gw.base, &chat("r/health", "#mock text=ok", false)).await;
     assert_eq!(status, 200);
     assert_eq!(h["x-switchyard-target"], "m2");
     assert_eq!(h["x-switchyard-fallbacks"], "0");
@@ -323,7 +323,7 @@ async fn health_events_skip_then_restore_a_target() {
     publish_health(&gw, "m1", HealthState::Unhealthy).await;
     publish_health(&gw, "m2", HealthState::Unhealthy).await;
     let before = gw.mock.request_count();
-    let (status, _, body) = post_with(&gw.base, &[], &chat("r/health", "hi", false)).await;
+    let (status, _, body) = post_json(&gw.base, &chat("r/health", "hi", false)).await;
     assert_eq!(status, 503);
     assert_eq!(
         body["error"]["message"],
@@ -337,23 +337,14 @@ async fn consecutive_failures_degrade_a_target_in_this_ingress() {
     let gw = gateway().await;
     no_probes(&gw);
     for _ in 0..3 {
-        let (status, h, _) = post_with(
-            &gw.base,
-            &[],
-            &chat("demo/fallback", "#mock text=ok", false),
-        )
-        .await;
+        let (status, h, _) =
+            post_json(&gw.base, &chat("demo/fallback", "#mock text=ok", false)).await;
         assert_eq!(status, 200);
         assert_eq!(h["x-switchyard-fallbacks"], "1");
     }
     assert_eq!(gw.ingress.health.state("dead"), HealthState::Degraded);
     // Now `dead` is tried last: the mock serves at once.
-    let (status, h, _) = post_with(
-        &gw.base,
-        &[],
-        &chat("demo/fallback", "#mock text=ok", false),
-    )
-    .await;
+    let (status, h, _) = post_json(&gw.base, &chat("demo/fallback", "#mock text=ok", false)).await;
     assert_eq!(status, 200);
     assert_eq!(h["x-switchyard-target"], "mock");
     assert_eq!(h["x-switchyard-fallbacks"], "0");
@@ -404,11 +395,10 @@ async fn lowest_cost_picks_the_cheaper_upstream_model() {
 #[tokio::test]
 async fn max_attempts_caps_the_fallbacks() {
     let gw = gateway().await;
-    let (status, _, body) = post_with(&gw.base, &[], &chat("r/capped", "hi", false)).await;
+    let (status, _, body) = post_json(&gw.base, &chat("r/capped", "hi", false)).await;
     assert_eq!(status, 502, "{body}");
     assert_eq!(body["error"]["code"], "upstream_unreachable");
-    let (status, h, _) =
-        post_with(&gw.base, &[], &chat("r/uncapped", "#mock text=ok", false)).await;
+    let (status, h, _) = post_json(&gw.base, &chat("r/uncapped", "#mock text=ok", false)).await;
     assert_eq!(status, 200);
     assert_eq!(h["x-switchyard-target"], "m1");
     assert_eq!(h["x-switchyard-fallbacks"], "2");
@@ -420,7 +410,7 @@ async fn policy_timeouts() {
     // total_ms 400 against a 2 s first token: 504 after ~0.4 s.
     let started = Instant::now();
     let (status, _, body) =
-        post_with(&gw.base, &[], &chat("r/total", "#mock ttft_ms=2000", false)).await;
+        post_json(&gw.base, &chat("r/total", "#mock ttft_ms=2000", false)).await;
     assert_eq!(status, 504, "{body}");
     // (The worker holds the same deadline, so either side may report it first.)
     assert_eq!(body["error"]["code"], "timeout");
@@ -431,12 +421,8 @@ async fn policy_timeouts() {
     );
     // first_byte_ms 300: each target gets 300 ms to send content, then the next one is tried.
     let started = Instant::now();
-    let (status, _, body) = post_with(
-        &gw.base,
-        &[],
-        &chat("r/first-byte", "#mock ttft_ms=2000", true),
-    )
-    .await;
+    let (status, _, body) =
+        post_json(&gw.base, &chat("r/first-byte", "#mock ttft_ms=2000", true)).await;
     assert_eq!(status, 504, "{body}");
     assert_eq!(
         body["error"]["message"],
@@ -499,7 +485,7 @@ async fn trimming_keeps_system_prompts_and_the_latest_turns() {
     let gw = gateway().await;
     // 381 + 20 tokens against a 240-token window: the two oldest messages go; the kept part
     // starts at the `cherry` user turn.
-    let (status, h, body) = post_with(&gw.base, &[], &long_conversation("r/trim240")).await;
+    let (status, h, body) = post_json(&gw.base, &long_conversation("r/trim240")).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(h["x-switchyard-trimmed"], "2");
     assert_eq!(body["model"], "r/trim240");
@@ -516,7 +502,7 @@ async fn trimming_keeps_system_prompts_and_the_latest_turns() {
     );
     // A 70-token window: everything but the system prompt and the last turn goes, the tool call
     // together with its result.
-    let (status, h, _) = post_with(&gw.base, &[], &long_conversation("r/trim70")).await;
+    let (status, h, _) = post_json(&gw.base, &long_conversation("r/trim70")).await;
     assert_eq!(status, 200);
     assert_eq!(h["x-switchyard-trimmed"], "6");
     assert_eq!(
@@ -524,12 +510,12 @@ async fn trimming_keeps_system_prompts_and_the_latest_turns() {
         pairs(&[("system", "You"), ("user", "#mock")])
     );
     // A request that fits is not touched and gets no header.
-    let (status, h, _) = post_with(&gw.base, &[], &chat("r/trim70", "#mock text=ok", false)).await;
+    let (status, h, _) = post_json(&gw.base, &chat("r/trim70", "#mock text=ok", false)).await;
     assert_eq!(status, 200);
     assert!(h.get("x-switchyard-trimmed").is_none());
     // Without trim_context the same conversation is a 400, and nothing goes upstream.
     let before = gw.mock.request_count();
-    let (status, _, body) = post_with(&gw.base, &[], &long_conversation("r/notrim")).await;
+    let (status, _, body) = post_json(&gw.base, &long_conversation("r/notrim")).await;
     assert_eq!(status, 400, "{body}");
     assert_eq!(body["error"]["code"], "context_length_exceeded");
     assert_eq!(gw.mock.request_count(), before);
@@ -544,14 +530,9 @@ async fn metrics_count_requests_exactly() {
         assert_eq!(resp.status().as_u16(), 200);
         resp.bytes().await.unwrap();
     }
-    let (status, _, _) = post_with(
-        &gw.base,
-        &[],
-        &chat("demo/fallback", "#mock text=ok", false),
-    )
-    .await;
+    let (status, _, _) = post_json(&gw.base, &chat("demo/fallback", "#mock text=ok", false)).await;
     assert_eq!(status, 200);
-    let (status, _, _) = post_with(&gw.base, &[], &chat("demo/dead", "hi", false)).await;
+    let (status, _, _) = post_json(&gw.base, &chat("demo/dead", "hi", false)).await;
     assert_eq!(status, 502);
     let text = metrics_text(&gw.base).await;
     for line in [

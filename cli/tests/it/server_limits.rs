@@ -5,7 +5,6 @@
 use crate::common::{Options, chat, eventually, start, test_config};
 use serde_json::json;
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -70,21 +69,7 @@ async fn start_up(config: serde_json::Value) -> UpProcess {
     let file = tmp.path().join("config.yaml");
     std::fs::write(&file, serde_json::to_string_pretty(&config).unwrap()).unwrap();
     let data_dir = tmp.path().join("data");
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
-        .args(["up", "--no-local-model", "--no-semantic", "--listen"])
-        .arg("127.0.0.1:0")
-        .arg("--config")
-        .arg(&file)
-        .arg("--data-dir")
-        .arg(&data_dir)
-        .env("NO_COLOR", "1")
-        .env("RUST_LOG", "info")
-        .env_remove("SWITCHYARD_CONFIG")
-        .env_remove("SWITCHYARD_NATS_URL")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
+    let mut child = crate::common::up::command(&data_dir, "127.0.0.1:0", Some(&file))
         .spawn()
         .unwrap();
     let stderr = child.stderr.take().unwrap();
@@ -107,18 +92,12 @@ async fn start_up(config: serde_json::Value) -> UpProcess {
     let base = format!("http://{addr}");
     // Ready once a worker answers (it subscribes concurrently with ingress).
     let client = reqwest::Client::new();
-    eventually(Duration::from_secs(30), || {
-        let (client, base) = (client.clone(), base.clone());
-        async move {
-            let r = client
-                .post(format!("{base}/v1/chat/completions"))
-                .json(&chat("demo/mock", "ready?", false))
-                .send()
-                .await
-                .ok()?;
-            (r.status() == 200).then_some(())
-        }
-    })
+    until_200(
+        &client,
+        &format!("{base}/v1/chat/completions"),
+        "ready?",
+        Duration::from_secs(30),
+    )
     .await;
     UpProcess {
         child,
@@ -132,6 +111,21 @@ async fn start_up(config: serde_json::Value) -> UpProcess {
 /// Raises this test process's soft descriptor limit to the hard one; returns the soft limit.
 fn raise_own_fd_limit() -> u64 {
     rlimit::increase_nofile_limit(u64::MAX).unwrap()
+}
+
+/// Posts a chat of `prompt` to `url` until one is answered 200 (a refused or failed try counts
+/// as not yet), for at most `limit`.
+async fn until_200(client: &reqwest::Client, url: &str, prompt: &str, limit: Duration) {
+    eventually(limit, || async move {
+        let r = client
+            .post(url)
+            .json(&chat("demo/mock", prompt, false))
+            .send()
+            .await
+            .ok()?;
+        (r.status() == 200).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -286,11 +280,7 @@ async fn sigterm_lets_fifty_streams_finish_and_bills_them() {
                 .await
                 .unwrap();
             assert_eq!(resp.status(), 200);
-            let id: uuid::Uuid = resp.headers()["x-request-id"]
-                .to_str()
-                .unwrap()
-                .parse()
-                .unwrap();
+            let id = crate::common::request_id(resp.headers());
             let mut body = Vec::new();
             let first = resp.chunk().await.unwrap().expect("stream without a chunk");
             body.extend_from_slice(&first);
@@ -430,7 +420,7 @@ async fn requests_beyond_the_in_flight_cap_get_a_fast_503() {
         assert_eq!(retry.unwrap(), "1");
         assert_eq!(body["error"]["code"], "server_overloaded");
         assert_eq!(body["error"]["type"], "service_unavailable_error");
-        assert!(body["error"]["message"].as_str().unwrap().contains("3"));
+        assert!(crate::common::error_message(&body).contains("3"));
         assert!(body["error"].get("param").is_some());
         assert!(took < Duration::from_millis(500), "503 took {took:?}");
     }
@@ -455,19 +445,7 @@ async fn requests_beyond_the_in_flight_cap_get_a_fast_503() {
     assert_eq!(health.status(), 200);
     // Slots come back when the streams end (here: their clients go away).
     drop(held);
-    eventually(Duration::from_secs(10), || {
-        let (client, url) = (client.clone(), url.clone());
-        async move {
-            let r = client
-                .post(&url)
-                .json(&chat("demo/mock", "Hello", false))
-                .send()
-                .await
-                .ok()?;
-            (r.status() == 200).then_some(())
-        }
-    })
-    .await;
+    until_200(&client, &url, "Hello", Duration::from_secs(10)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -508,19 +486,7 @@ async fn a_client_that_stops_reading_is_cut_after_the_write_stall() {
     // it, the slot is free again.
     let client = reqwest::Client::new();
     let url = format!("{}/v1/chat/completions", gw.base);
-    eventually(Duration::from_secs(30), || {
-        let (client, url) = (client.clone(), url.clone());
-        async move {
-            let r = client
-                .post(&url)
-                .json(&chat("demo/mock", "Hello", false))
-                .send()
-                .await
-                .ok()?;
-            (r.status() == 200).then_some(())
-        }
-    })
-    .await;
+    until_200(&client, &url, "Hello", Duration::from_secs(30)).await;
     // What the stalled client got ends without `[DONE]`: the stream was cut, not finished.
     timeout(Duration::from_secs(30), stalled.read_to_end(&mut got))
         .await

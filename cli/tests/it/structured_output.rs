@@ -75,19 +75,45 @@ fn assert_no_tool_call_deltas(r: &SseBody) {
     }
 }
 
-#[tokio::test]
-async fn fc41_claude_json_schema_is_content_not_tool_calls() {
-    let gw = gateway().await;
-    let (status, _, b) = post_json(
-        &gw.base,
-        &weather_request("demo/claude", WEATHER_DIRECTIVE, false),
-    )
-    .await;
+/// POSTs `body` (not streamed) and asserts the answer is [`WEATHER`] as `content`, no
+/// `tool_calls`, `finish_reason: "stop"`.
+async fn assert_weather_content(gw: &Gateway, body: &Value) {
+    let (status, _, b) = post_json(&gw.base, body).await;
     assert_eq!(status, 200, "{b}");
     let choice = &b["choices"][0];
     assert_eq!(choice["message"]["content"], WEATHER);
     assert!(choice["message"].get("tool_calls").is_none(), "{b}");
     assert_eq!(choice["finish_reason"], "stop");
+}
+
+/// Streams `body` and asserts [`WEATHER`] comes as content deltas, none a tool call, ending
+/// with `finish_reason: "stop"`; the stream, for more checks.
+async fn assert_weather_streamed(gw: &Gateway, body: &Value) -> SseBody {
+    let r = post_sse(&gw.base, body).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.content(), WEATHER);
+    assert_no_tool_call_deltas(&r);
+    assert_eq!(r.finish_reason().as_deref(), Some("stop"));
+    r
+}
+
+/// [`weather_format`]'s schema as Gemini gets it: `$schema` and `additionalProperties` stripped,
+/// the rest unchanged.
+fn gemini_schema() -> Value {
+    json!({"title": "Weather", "type": "object",
+        "properties": {"city": {"title": "City", "type": "string"},
+                       "temp_c": {"title": "Temp C", "type": "integer"}},
+        "required": ["city", "temp_c"]})
+}
+
+#[tokio::test]
+async fn fc41_claude_json_schema_is_content_not_tool_calls() {
+    let gw = gateway().await;
+    assert_weather_content(
+        &gw,
+        &weather_request("demo/claude", WEATHER_DIRECTIVE, false),
+    )
+    .await;
     // The upstream got the synthetic tool, forced, with the schema as its input_schema.
     let sent = upstream_body(&gw);
     assert_eq!(
@@ -96,37 +122,22 @@ async fn fc41_claude_json_schema_is_content_not_tool_calls() {
     );
     assert_eq!(sent["tools"].as_array().unwrap().len(), 1);
     assert_eq!(sent["tools"][0]["name"], "json_tool_call");
-    assert_eq!(
-        sent["tools"][0]["input_schema"],
-        json!({"title": "Weather", "type": "object",
-            "properties": {"city": {"title": "City", "type": "string"},
-                           "temp_c": {"title": "Temp C", "type": "integer"}},
-            "required": ["city", "temp_c"], "additionalProperties": false})
-    );
+    // Only `$schema` stripped.
+    let mut schema = gemini_schema();
+    schema["additionalProperties"] = json!(false);
+    assert_eq!(sent["tools"][0]["input_schema"], schema);
 }
 
 #[tokio::test]
 async fn fc41_claude_json_schema_streamed_as_content_deltas() {
     let gw = gateway().await;
-    let r = post_sse(
-        &gw.base,
+    let r = assert_weather_streamed(
+        &gw,
         &weather_request("demo/claude", WEATHER_DIRECTIVE, true),
     )
     .await;
-    assert_eq!(r.status, 200);
-    assert_eq!(r.content(), WEATHER);
-    let deltas = r
-        .json_events()
-        .iter()
-        .filter(|e| {
-            e.pointer("/choices/0/delta/content")
-                .and_then(Value::as_str)
-                .is_some_and(|c| !c.is_empty())
-        })
-        .count();
+    let deltas = r.content_pieces();
     assert!(deltas >= 2, "streamed in pieces, got {deltas}");
-    assert_no_tool_call_deltas(&r);
-    assert_eq!(r.finish_reason().as_deref(), Some("stop"));
     assert_eq!(r.done_count(), 1);
 }
 
@@ -194,52 +205,26 @@ async fn claude_json_schema_with_unused_user_tool() {
     let mut body = weather_request("demo/claude", WEATHER_DIRECTIVE, false);
     body["tools"] = get_weather();
     body["tool_choice"] = json!("none");
-    let (status, _, b) = post_json(&gw.base, &body).await;
-    assert_eq!(status, 200, "{b}");
-    assert_eq!(b["choices"][0]["message"]["content"], WEATHER);
-    assert!(
-        b["choices"][0]["message"].get("tool_calls").is_none(),
-        "{b}"
-    );
-    assert_eq!(b["choices"][0]["finish_reason"], "stop");
+    assert_weather_content(&gw, &body).await;
 }
 
 #[tokio::test]
 async fn fc41_gemini_json_schema_is_content_with_translated_schema() {
     let gw = gateway().await;
-    let (status, _, b) = post_json(
-        &gw.base,
+    assert_weather_content(
+        &gw,
         &weather_request("demo/gemini", WEATHER_DIRECTIVE, false),
     )
     .await;
-    assert_eq!(status, 200, "{b}");
-    assert_eq!(b["choices"][0]["message"]["content"], WEATHER);
-    assert!(
-        b["choices"][0]["message"].get("tool_calls").is_none(),
-        "{b}"
-    );
-    assert_eq!(b["choices"][0]["finish_reason"], "stop");
     let sent = upstream_body(&gw);
     let config = &sent["generationConfig"];
     assert_eq!(config["responseMimeType"], "application/json");
-    // `$schema` and `additionalProperties` stripped; the rest unchanged.
-    assert_eq!(
-        config["responseJsonSchema"],
-        json!({"title": "Weather", "type": "object",
-            "properties": {"city": {"title": "City", "type": "string"},
-                           "temp_c": {"title": "Temp C", "type": "integer"}},
-            "required": ["city", "temp_c"]})
-    );
-
-    let r = post_sse(
-        &gw.base,
+    assert_eq!(config["responseJsonSchema"], gemini_schema());
+    assert_weather_streamed(
+        &gw,
         &weather_request("demo/gemini", WEATHER_DIRECTIVE, true),
     )
     .await;
-    assert_eq!(r.status, 200);
-    assert_eq!(r.content(), WEATHER);
-    assert_no_tool_call_deltas(&r);
-    assert_eq!(r.finish_reason().as_deref(), Some("stop"));
 }
 
 /// The Responses door's `text.format` maps to the same field: a Claude answer is one
@@ -283,14 +268,7 @@ async fn gemini_json_schema_alongside_user_tools() {
         false,
     );
     body["tools"] = get_weather();
-    let (status, _, b) = post_json(&gw.base, &body).await;
-    assert_eq!(status, 200, "{b}");
-    assert_eq!(b["choices"][0]["message"]["content"], WEATHER);
-    assert!(
-        b["choices"][0]["message"].get("tool_calls").is_none(),
-        "{b}"
-    );
-    assert_eq!(b["choices"][0]["finish_reason"], "stop");
+    assert_weather_content(&gw, &body).await;
     let sent = upstream_body(&gw);
     assert!(
         sent["generationConfig"].get("responseMimeType").is_none(),
@@ -298,10 +276,7 @@ async fn gemini_json_schema_alongside_user_tools() {
     );
     assert_eq!(
         sent["tools"][0]["functionDeclarations"][1]["parametersJsonSchema"],
-        json!({"title": "Weather", "type": "object",
-            "properties": {"city": {"title": "City", "type": "string"},
-                           "temp_c": {"title": "Temp C", "type": "integer"}},
-            "required": ["city", "temp_c"]})
+        gemini_schema()
     );
 
     let mut body = weather_request(

@@ -7,7 +7,7 @@
 //! statuses and bodies; afterwards B's things are all still there.
 
 use crate::batch::{call, upload};
-use crate::common::{Options, eventually, start};
+use crate::common::{eventually, get_as, start_billed};
 use reqwest::Method as M;
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -42,7 +42,7 @@ async fn call_x(method: M, url: String, key: &str) -> (u16, Value) {
 /// Tenant B's usage totals as B sees them, once billing has `n` requests of B.
 async fn usage_requests(base: &str, key: &str, n: u64) -> Value {
     eventually(Duration::from_secs(20), || async move {
-        let (s, u) = call(M::GET, format!("{base}/v1/usage"), key, None).await;
+        let (s, u) = get_as(format!("{base}/v1/usage"), key).await;
         (s == 200 && u["totals"]["requests"] == n).then_some(u)
     })
     .await
@@ -69,12 +69,7 @@ async fn tenant_a_gets_404_for_every_resource_of_tenant_b() {
     })
     .to_string();
     let cfg = switchyard_schemas::config_text::parse_valid("test", &text, |_| None).unwrap();
-    let gw = start(Options {
-        config: cfg,
-        billing: true,
-        ..Options::default()
-    })
-    .await;
+    let gw = start_billed(cfg).await;
     // The live config (admin writes are compare-and-set on it), watched by the ingress.
     let admin = async_nats::connect(gw.nats.url()).await.unwrap();
     let version = switchyard::reload::push(&admin, &text).await.unwrap();
@@ -146,11 +141,11 @@ async fn tenant_a_gets_404_for_every_resource_of_tenant_b() {
         let (s, e) = call(method.clone(), format!("{b}{path}"), ADMIN_A, body).await;
         assert_eq!((s, &e), (404, &no_key), "{method} {path}");
     }
-    let (s, e) = call(M::GET, format!("{b}/admin/tenants/b"), ADMIN_A, None).await;
+    let (s, e) = get_as(format!("{b}/admin/tenants/b"), ADMIN_A).await;
     assert_eq!(s, 404, "{e}");
     assert_eq!(e["error"]["code"], "not_found");
     assert_eq!(e["error"]["param"], "id");
-    let (s, list) = call(M::GET, format!("{b}/admin/keys"), ADMIN_A, None).await;
+    let (s, list) = get_as(format!("{b}/admin/keys"), ADMIN_A).await;
     assert_eq!(s, 200);
     let ids: Vec<&str> = list["data"]
         .as_array()
@@ -170,11 +165,11 @@ async fn tenant_a_gets_404_for_every_resource_of_tenant_b() {
         (KEY_A, "/v1/usage?tenant=b"),
         (ADMIN_A, "/admin/usage?tenant=b"),
     ] {
-        let (s, e) = call(M::GET, format!("{b}{path}"), key, None).await;
+        let (s, e) = get_as(format!("{b}{path}"), key).await;
         assert_eq!((s, &e), (404, &no_tenant), "{path}");
     }
     for (key, path) in [(KEY_A, "/v1/usage?key=kb"), (ADMIN_A, "/admin/usage")] {
-        let (s, u) = call(M::GET, format!("{b}{path}"), key, None).await;
+        let (s, u) = get_as(format!("{b}{path}"), key).await;
         assert_eq!(s, 200, "{path}: {u}");
         assert_eq!(u["totals"]["requests"], 0, "{path}: {u}");
         assert_eq!(u["data"], json!([]), "{path}: {u}");
@@ -206,7 +201,7 @@ async fn tenant_a_gets_404_for_every_resource_of_tenant_b() {
     assert_eq!(s, 404, "{e}");
     assert_eq!(e["error"]["type"], "invalid_request_error");
     for path in ["/v1/files", "/v1/batches"] {
-        let (s, l) = call(M::GET, format!("{b}{path}"), KEY_A, None).await;
+        let (s, l) = get_as(format!("{b}{path}"), KEY_A).await;
         assert_eq!((s, &l["data"]), (200, &json!([])), "{path}");
     }
 
@@ -252,7 +247,7 @@ async fn tenant_a_gets_404_for_every_resource_of_tenant_b() {
         (format!("/v1/files/{fid}"), "file"),
         (format!("/v1/batches/{bid}"), "batch"),
     ] {
-        let (s, v) = call(M::GET, format!("{b}{path}"), KEY_B, None).await;
+        let (s, v) = get_as(format!("{b}{path}"), KEY_B).await;
         assert_eq!((s, v["object"].as_str()), (200, Some(want)), "{path}: {v}");
     }
     let (s, v) = call_x(M::GET, format!("{b}/v1/messages/batches/{mbid}"), KEY_B).await;
@@ -260,6 +255,6 @@ async fn tenant_a_gets_404_for_every_resource_of_tenant_b() {
         (s, v["processing_status"].as_str()),
         (200, Some("in_progress"))
     );
-    let (s, v) = call(M::GET, format!("{b}/v1/batches/{bid}"), KEY_B, None).await;
+    let (s, v) = get_as(format!("{b}/v1/batches/{bid}"), KEY_B).await;
     assert_eq!((s, v["status"].as_str()), (200, Some("in_progress")), "{v}");
 }

@@ -3,9 +3,14 @@
 //! cache service with the real embedding model (`Options::cache`).
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+pub mod fanout;
+pub mod http;
 pub mod otlp;
 pub mod procs;
 pub mod up;
+
+pub use fanout::{Answer, assert_admitted, chat_fan_out, fan_out, prompt_tokens};
+pub use http::{call, cli_ok, get_as, patch_as, post_as, post_empty};
 
 use std::time::Duration;
 use switchyard_mock::MockUpstream;
@@ -222,6 +227,21 @@ pub async fn start(opts: Options) -> Gateway {
     }
 }
 
+/// [`start`] of the default test config ([`test_config`] of `{}`) with billing.
+pub async fn billed_gateway() -> Gateway {
+    start_billed(test_config(serde_json::json!({}))).await
+}
+
+/// [`start`] on `config` with billing (SQLite ledger) and everything else as by default.
+pub async fn start_billed(config: GatewayConfig) -> Gateway {
+    start(Options {
+        config,
+        billing: true,
+        ..Options::default()
+    })
+    .await
+}
+
 /// Starts another ingress process's worth of state (own NATS connection, own id, own budget
 /// holder) on the gateway's NATS and config; returns its base URL and state.
 pub async fn spawn_ingress(gw: &Gateway) -> (String, std::sync::Arc<switchyard_ingress::AppState>) {
@@ -412,19 +432,93 @@ impl SseBody {
                 .map(str::to_owned)
         })
     }
+    /// How many chunks carry a non-empty piece of content.
+    pub fn content_pieces(&self) -> usize {
+        self.json_events()
+            .iter()
+            .filter(|e| {
+                e.pointer("/choices/0/delta/content")
+                    .and_then(|c| c.as_str())
+                    .is_some_and(|c| !c.is_empty())
+            })
+            .count()
+    }
+    /// Every tool-call delta of the first choice, in stream order.
+    pub fn tool_call_deltas(&self) -> Vec<serde_json::Value> {
+        self.json_events()
+            .iter()
+            .filter_map(|e| {
+                e.pointer("/choices/0/delta/tool_calls")?
+                    .as_array()
+                    .cloned()
+            })
+            .flatten()
+            .collect()
+    }
     pub fn done_count(&self) -> usize {
         self.events.iter().filter(|e| *e == "[DONE]").count()
     }
 }
 
-pub async fn post(base: &str, body: &serde_json::Value) -> reqwest::Response {
-    reqwest::Client::new()
+/// A `POST {base}/v1/chat/completions` of JSON `body` with bearer `key` on `client`, not sent.
+pub fn chat_request(
+    client: &reqwest::Client,
+    base: &str,
+    key: &str,
+    body: &serde_json::Value,
+) -> reqwest::RequestBuilder {
+    client
         .post(format!("{base}/v1/chat/completions"))
-        .bearer_auth("sk-test")
+        .bearer_auth(key)
         .json(body)
-        .send()
-        .await
-        .unwrap()
+}
+
+/// POSTs chat `body` with bearer `sk-test` and the extra `headers`: the response, not read.
+pub async fn send_with(
+    base: &str,
+    headers: &[(&str, &str)],
+    body: &serde_json::Value,
+) -> reqwest::Response {
+    let mut req = chat_request(&reqwest::Client::new(), base, "sk-test", body);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    req.send().await.unwrap()
+}
+
+/// POSTs chat `body` with bearer `sk-test`: the response, not read.
+pub async fn post(base: &str, body: &serde_json::Value) -> reqwest::Response {
+    send_with(base, &[], body).await
+}
+
+/// POSTs JSON `body` to `{base}{path}` with the `headers` given and no others (no bearer): the
+/// response, not read.
+pub async fn post_request(
+    base: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &serde_json::Value,
+) -> reqwest::Response {
+    let mut req = reqwest::Client::new()
+        .post(format!("{base}{path}"))
+        .json(body);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    req.send().await.unwrap()
+}
+
+/// [`post_request`], read: the status, headers and body text.
+pub async fn post_to(
+    base: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &serde_json::Value,
+) -> (u16, reqwest::header::HeaderMap, String) {
+    let resp = post_request(base, path, headers, body).await;
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    (status, headers, resp.text().await.unwrap())
 }
 
 /// Waits until the ledger holds `n` usage rows for `id` and returns them.
@@ -475,17 +569,102 @@ pub async fn post_with(
     headers: &[(&str, &str)],
     body: &serde_json::Value,
 ) -> (u16, reqwest::header::HeaderMap, serde_json::Value) {
-    let mut req = reqwest::Client::new()
-        .post(format!("{base}/v1/chat/completions"))
-        .bearer_auth("sk-test")
-        .json(body);
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    let resp = req.send().await.unwrap();
+    let resp = send_with(base, headers, body).await;
     let status = resp.status().as_u16();
     let headers = resp.headers().clone();
     (status, headers, resp.json().await.unwrap())
+}
+
+/// The `data:` JSON payloads of an OpenAI-style SSE body, without the closing `[DONE]`.
+pub fn data_events(text: &str) -> Vec<serde_json::Value> {
+    text.split("\n\n")
+        .filter_map(|b| b.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect()
+}
+
+/// POSTs JSON `body` to `url` without credentials (the mock upstream, directly): the body text.
+pub async fn post_text(url: String, body: &serde_json::Value) -> String {
+    reqwest::Client::new()
+        .post(url)
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// The `(event name, data)` pairs of an SSE body whose blocks are `event: …` then `data: …`
+/// (the Anthropic and Responses streams).
+pub fn named_events(text: &str) -> Vec<(String, serde_json::Value)> {
+    text.split("\n\n")
+        .filter(|b| !b.trim().is_empty())
+        .map(|block| {
+            let (head, data) = block.split_once('\n').unwrap();
+            let name = head.strip_prefix("event: ").unwrap().to_owned();
+            let data = serde_json::from_str(data.strip_prefix("data: ").unwrap()).unwrap();
+            (name, data)
+        })
+        .collect()
+}
+
+/// [`named_events`], asserting each event's name is its data's `type`.
+pub fn typed_events(text: &str) -> Vec<(String, serde_json::Value)> {
+    let events = named_events(text);
+    for (name, data) in &events {
+        assert_eq!(
+            data["type"],
+            name.as_str(),
+            "event name and data type agree"
+        );
+    }
+    events
+}
+
+/// POSTs `body` to `/v1/chat/completions` with bearer `key`; returns status, headers and JSON.
+pub async fn post_chat_as(
+    base: &str,
+    key: &str,
+    body: &serde_json::Value,
+) -> (u16, reqwest::header::HeaderMap, serde_json::Value) {
+    let resp = chat_request(&reqwest::Client::new(), base, key, body)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    (status, headers, resp.json().await.unwrap())
+}
+
+/// The `error.message` of an error body (OpenAI's or Anthropic's shape).
+pub fn error_message(body: &serde_json::Value) -> &str {
+    body["error"]["message"].as_str().unwrap()
+}
+
+/// The request id a response names in `x-request-id`.
+pub fn request_id(h: &reqwest::header::HeaderMap) -> uuid::Uuid {
+    h["x-request-id"].to_str().unwrap().parse().unwrap()
+}
+
+/// Percent-encodes everything but ASCII letters and digits (a `#mock` directive value).
+pub fn percent_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// A prompt making the mock report `usage` (a provider's usage JSON) verbatim.
+pub fn mock_usage(usage: &str) -> String {
+    format!("#mock usage={}", percent_encode(usage))
 }
 
 /// The `/metrics` text.
@@ -497,6 +676,29 @@ pub async fn metrics_text(base: &str) -> String {
         .await
         .unwrap()
 }
+
+/// Two tests of one ledger scenario `$run` (an `async fn(Option<String>)` taking the billing
+/// database URL): `$sqlite` on the default SQLite ledger (`None`) and `$postgres` on a fresh
+/// PostgreSQL schema, dropped after (skipped with a notice when PostgreSQL is unreachable, see
+/// [`pg_schema`]). Options for `#[tokio::test(…)]` may follow the names.
+macro_rules! sqlite_and_postgres {
+    ($run:ident: $sqlite:ident, $postgres:ident $(, $($opt:tt)+)?) => {
+        #[tokio::test $(($($opt)+))?]
+        async fn $sqlite() {
+            $run(None).await;
+        }
+
+        #[tokio::test $(($($opt)+))?]
+        async fn $postgres() {
+            let Some(schema) = $crate::common::pg_schema().await else {
+                return;
+            };
+            $run(Some(schema.url().to_owned())).await;
+            schema.drop_schema().await.unwrap();
+        }
+    };
+}
+pub(crate) use sqlite_and_postgres;
 
 /// The PostgreSQL server tests use: `$SWITCHYARD_TEST_POSTGRES_URL` or the local default.
 pub fn postgres_base_url() -> String {

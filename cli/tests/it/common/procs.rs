@@ -1,9 +1,22 @@
 //! Switchyard services as child processes (`switchyard ingress`, `switchyard worker`, …), for
 //! tests that need them in processes of their own (separate OpenTelemetry exporters, RSS).
 
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
+
+/// `config` with its `data_dir` under `dir`, written to `dir/config.json` for child processes:
+/// the config and that file's path.
+pub fn config_file(
+    dir: &Path,
+    mut config: switchyard_schemas::config::GatewayConfig,
+) -> (switchyard_schemas::config::GatewayConfig, String) {
+    config.data_dir = dir.join("data").display().to_string();
+    let path = dir.join("config.json");
+    std::fs::write(&path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
+    (config, path.display().to_string())
+}
 
 /// A running service process; killed when dropped.
 pub struct Service {
@@ -53,6 +66,43 @@ impl Service {
             ready_line,
             log,
         }
+    }
+
+    /// `switchyard worker` on the config file `config`, against `nats` and the mock upstream at
+    /// `mock`, once it says it serves.
+    pub async fn worker(config: &str, nats: &str, mock: &str, envs: &[(&str, &str)]) -> Self {
+        let args = [
+            "worker",
+            "--config",
+            config,
+            "--nats-url",
+            nats,
+            "--mock-url",
+            mock,
+        ];
+        Self::start(&args, envs, "worker serving").await
+    }
+
+    /// `switchyard [global…] ingress` on the config file `config` against `nats`, listening on
+    /// a free port, once it says it listens; `global` are options before the subcommand.
+    pub async fn ingress(global: &[&str], config: &str, nats: &str, envs: &[(&str, &str)]) -> Self {
+        let mut args = global.to_vec();
+        args.extend([
+            "ingress",
+            "--config",
+            config,
+            "--nats-url",
+            nats,
+            "--listen",
+            "127.0.0.1:0",
+        ]);
+        Self::start(&args, envs, "ingress listening on http://").await
+    }
+
+    /// The base URL an ingress started with text logs announced in its ready line.
+    pub fn base_url(&self) -> String {
+        let addr = self.ready_line.split("http://").nth(1).unwrap().trim();
+        format!("http://{addr}")
     }
 
     /// Sends SIGTERM and waits (at most 60 s) for the process to exit; returns its exit code.
