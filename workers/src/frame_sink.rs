@@ -40,7 +40,14 @@ pub(crate) struct FrameSink {
     /// the answer (non-streaming client), so a complete answer is one NATS message after `start`
     /// instead of one per frame.
     pub(crate) batch: Option<Vec<Frame>>,
+    /// `start` is held in `batch`, to go out with the answer if it comes within [`START_HOLD`].
+    pub(crate) start_held: bool,
 }
+
+/// How long a coalescing sink holds `start` for the answer to join it (one NATS message for a
+/// fast upstream instead of two). Past it `start` goes alone, so ingress learns the worker (for
+/// cancels and credit) within this much of the call starting; far below any first-frame timeout.
+pub(crate) const START_HOLD: Duration = Duration::from_millis(10);
 
 /// Most frames one coalesced message carries.
 pub(crate) const BATCH_FRAMES: usize = 64;
@@ -103,10 +110,8 @@ impl FrameSink {
             return;
         }
         self.content_sent |= body.is_content();
-        let (terminal, passes) = (
-            body.is_terminal(),
-            matches!(body, FrameBody::Start { .. } | FrameBody::Heartbeat),
-        );
+        let (terminal, passes) = (body.is_terminal(), matches!(body, FrameBody::Heartbeat));
+        self.start_held |= self.batch.is_some() && matches!(body, FrameBody::Start { .. });
         let frame = Frame {
             seq: self.seq,
             body,
@@ -121,7 +126,7 @@ impl FrameSink {
             }
             return;
         }
-        // A heartbeat or `start` must not overtake held frames.
+        // A heartbeat must not overtake held frames.
         self.flush().await;
         self.publish(serde_json::to_vec(&frame)).await;
     }
@@ -134,6 +139,7 @@ impl FrameSink {
         if batch.is_empty() {
             return;
         }
+        self.start_held = false;
         let bytes = serde_json::to_vec(&*batch);
         batch.clear();
         self.publish(bytes).await;

@@ -35,7 +35,7 @@
 //! the same total.
 
 use crate::breaker::{Breakers, CallResult, Permit};
-use crate::frame_sink::{Flow, FrameSink};
+use crate::frame_sink::{Flow, FrameSink, START_HOLD};
 use crate::limits::Limiter;
 use crate::provider::{EventStream, Provider, Upstream};
 use crate::providers::openai::OpenAiProvider;
@@ -335,7 +335,8 @@ enum Waited<T> {
     Cancelled,
 }
 
-/// Awaits `fut` for at most `limit`, sending heartbeats while waiting.
+/// Awaits `fut` for at most `limit`, sending heartbeats while waiting (and a held `start` once
+/// [`START_HOLD`] passed).
 async fn wait_beating<F: std::future::Future>(
     fut: F,
     limit: Duration,
@@ -351,6 +352,7 @@ async fn wait_beating<F: std::future::Future>(
             _ = cancel.cancelled() => return Waited::Cancelled,
             r = &mut fut => return Waited::Ready(r),
             _ = tokio::time::sleep_until(deadline) => return Waited::TimedOut,
+            _ = tokio::time::sleep(START_HOLD), if sink.start_held => sink.flush().await,
             _ = tokio::time::sleep(heartbeat) => sink.heartbeat().await,
         }
     }
@@ -385,6 +387,7 @@ async fn handle_request(shared: Arc<Shared>, msg: async_nats::Message) {
         cancel: token.clone(),
         halted: None,
         batch: None,
+        start_held: false,
     };
     let req: ChatRequest = match serde_json::from_slice(&msg.payload) {
         Ok(r) => r,
