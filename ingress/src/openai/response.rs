@@ -142,10 +142,21 @@ fn sse(value: &impl Serialize) -> Bytes {
 
 impl ResponseMeta {
     fn chunk(&self, delta: Delta<'_>, finish: Option<FinishReason>) -> Bytes {
+        self.chunk_with(delta, None, finish)
+    }
+
+    /// One `chat.completion.chunk` SSE event of this choice: `delta`, `logprobs` and the
+    /// finish reason as given (`usage: null` when the client asked for usage).
+    fn chunk_with(
+        &self,
+        delta: Delta<'_>,
+        logprobs: Option<serde_json::Value>,
+        finish: Option<FinishReason>,
+    ) -> Bytes {
         let choices = [ChunkChoice {
             index: self.choice,
             delta,
-            logprobs: None,
+            logprobs,
             finish_reason: finish.map(|f| self.finish_name(f)),
         }];
         sse(&Chunk {
@@ -198,24 +209,14 @@ impl ResponseMeta {
     }
 
     fn logprobs_chunk_of(&self, text: Option<&str>, content: Vec<serde_json::Value>) -> Bytes {
-        let choices = [ChunkChoice {
-            index: self.choice,
-            delta: Delta {
+        self.chunk_with(
+            Delta {
                 content: text,
                 ..Delta::default()
             },
-            logprobs: Some(serde_json::json!({"content": content, "refusal": null})),
-            finish_reason: None,
-        }];
-        sse(&Chunk {
-            id: &self.id,
-            object: "chat.completion.chunk",
-            created: self.created,
-            model: &self.model,
-            system_fingerprint: None,
-            choices: &choices,
-            usage: self.include_usage.then_some(None),
-        })
+            Some(serde_json::json!({"content": content, "refusal": null})),
+            None,
+        )
     }
 
     /// A reasoning delta: `{"reasoning_content": text}`.
