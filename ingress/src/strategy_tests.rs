@@ -60,37 +60,33 @@ impl Fixture {
         prefs: &Preferences,
         seed: u64,
     ) -> Vec<String> {
-        let c = config(policy);
-        let model = c.model("m").unwrap();
-        let mut rng = StdRng::seed_from_u64(seed);
-        plan(
-            &c,
-            model,
-            needs,
-            prefs,
-            |t| self.obs[t.id.as_str()],
-            &mut rng,
-        )
-        .unwrap()
-        .targets
-        .iter()
-        .map(|t| t.id.clone())
-        .collect()
+        self.plan_ids(policy, needs, prefs, seed).unwrap()
     }
 
     fn error(&self, policy: serde_json::Value, needs: &Needs, prefs: &Preferences) -> ErrorInfo {
+        self.plan_ids(policy, needs, prefs, 1).unwrap_err()
+    }
+
+    /// The planned target ids of model `m` under `policy`, drawing with `seed`.
+    fn plan_ids(
+        &self,
+        policy: serde_json::Value,
+        needs: &Needs,
+        prefs: &Preferences,
+        seed: u64,
+    ) -> Result<Vec<String>, ErrorInfo> {
         let c = config(policy);
         let model = c.model("m").unwrap();
-        let mut rng = StdRng::seed_from_u64(1);
-        plan(
+        let mut rng = StdRng::seed_from_u64(seed);
+        let planned = plan(
             &c,
             model,
             needs,
             prefs,
             |t| self.obs[t.id.as_str()],
             &mut rng,
-        )
-        .unwrap_err()
+        )?;
+        Ok(planned.targets.iter().map(|t| t.id.clone()).collect())
     }
 }
 

@@ -141,6 +141,20 @@ fn sse(value: &impl Serialize) -> Bytes {
 }
 
 impl ResponseMeta {
+    /// One `chat.completion.chunk` SSE event of this response with `choices` and `usage`
+    /// (outer `None`: no `usage` field; `Some(None)`: `usage: null`).
+    fn event(&self, choices: &[ChunkChoice<'_>], usage: Option<Option<UsageOut>>) -> Bytes {
+        sse(&Chunk {
+            id: &self.id,
+            object: "chat.completion.chunk",
+            created: self.created,
+            model: &self.model,
+            system_fingerprint: None,
+            choices,
+            usage,
+        })
+    }
+
     fn chunk(&self, delta: Delta<'_>, finish: Option<FinishReason>) -> Bytes {
         self.chunk_with(delta, None, finish)
     }
@@ -159,15 +173,7 @@ impl ResponseMeta {
             logprobs,
             finish_reason: finish.map(|f| self.finish_name(f)),
         }];
-        sse(&Chunk {
-            id: &self.id,
-            object: "chat.completion.chunk",
-            created: self.created,
-            model: &self.model,
-            system_fingerprint: None,
-            choices: &choices,
-            usage: self.include_usage.then_some(None),
-        })
+        self.event(&choices, self.include_usage.then_some(None))
     }
 
     /// The first chunk: `{"role":"assistant","content":""}`.
@@ -294,15 +300,7 @@ impl ResponseMeta {
 
     /// The final usage chunk (`choices: []`), only sent when the client asked for it.
     pub fn usage_chunk(&self, usage: Usage) -> Bytes {
-        sse(&Chunk {
-            id: &self.id,
-            object: "chat.completion.chunk",
-            created: self.created,
-            model: &self.model,
-            system_fingerprint: None,
-            choices: &[],
-            usage: Some(Some(usage.into())),
-        })
+        self.event(&[], Some(Some(usage.into())))
     }
 }
 
