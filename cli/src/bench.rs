@@ -577,6 +577,16 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// The JSON body of `req`'s answer (any status); a transport or decoding failure as text.
+async fn json_of(req: reqwest::RequestBuilder) -> Result<serde_json::Value, String> {
+    req.send()
+        .await
+        .map_err(|e| e.to_string())?
+        .json()
+        .await
+        .map_err(|e| e.to_string())
+}
+
 /// Interactive latency without and with a batch running: a baseline slice, the batch submitted
 /// (`--batch-items` items, each `--batch-item-ms` upstream), two slices while it runs, a
 /// baseline slice after it ended; p50/p99 with the batch vs the baselines, as a ratio.
@@ -606,44 +616,31 @@ async fn batch_phase(
             "file",
             reqwest::multipart::Part::bytes(lines.join("\n").into_bytes()).file_name("bench.jsonl"),
         );
-    let file: serde_json::Value = http
-        .post(format!("{gateway}/v1/files"))
-        .bearer_auth(KEY)
-        .multipart(form)
-        .send()
-        .await
-        .map_err(|e| e.to_string())?
-        .json()
-        .await
-        .map_err(|e| e.to_string())?;
-    let batch: serde_json::Value = http
-        .post(format!("{gateway}/v1/batches"))
-        .bearer_auth(KEY)
-        .json(
-            &serde_json::json!({"input_file_id": file["id"], "endpoint": "/v1/chat/completions",
-            "completion_window": "24h"}),
-        )
-        .send()
-        .await
-        .map_err(|e| e.to_string())?
-        .json()
-        .await
-        .map_err(|e| e.to_string())?;
+    let file = json_of(
+        http.post(format!("{gateway}/v1/files"))
+            .bearer_auth(KEY)
+            .multipart(form),
+    )
+    .await?;
+    let batch = json_of(
+        http.post(format!("{gateway}/v1/batches"))
+            .bearer_auth(KEY)
+            .json(
+                &serde_json::json!({"input_file_id": file["id"], "endpoint": "/v1/chat/completions",
+                "completion_window": "24h"}),
+            ),
+    )
+    .await?;
     let id = batch["id"]
         .as_str()
         .ok_or(format!("batch not created: {batch}"))?
         .to_owned();
     let status = |http: reqwest::Client, id: String| async move {
-        let b: serde_json::Value = http
-            .get(format!("{gateway}/v1/batches/{id}"))
-            .bearer_auth(KEY)
-            .send()
-            .await
-            .map_err(|e| e.to_string())?
-            .json()
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok::<_, String>(b)
+        json_of(
+            http.get(format!("{gateway}/v1/batches/{id}"))
+                .bearer_auth(KEY),
+        )
+        .await
     };
     let during = Arc::new(Mutex::new(PathStats::new()?));
     slice(http, via, rate, length, false, counter, &during).await;

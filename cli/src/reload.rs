@@ -80,21 +80,9 @@ fn kv_err(e: impl std::fmt::Display) -> ReloadError {
 pub async fn bucket(
     nats: &async_nats::Client,
 ) -> Result<async_nats::jetstream::kv::Store, ReloadError> {
-    let js = async_nats::jetstream::new(nats.clone());
-    match js.get_key_value(BUCKET).await {
-        Ok(kv) => Ok(kv),
-        Err(_) => js
-            .create_key_value(switchyard_schemas::replicas::kv(
-                async_nats::jetstream::kv::Config {
-                    bucket: BUCKET.to_owned(),
-                    history: 10,
-                    description: "Switchyard live gateway config (YAML)".to_owned(),
-                    ..Default::default()
-                },
-            ))
-            .await
-            .map_err(kv_err),
-    }
+    switchyard_ingress::admin::config_bucket(nats.clone())
+        .await
+        .map_err(kv_err)
 }
 
 /// A pushed config: its version and what was done with literal credentials.

@@ -100,9 +100,9 @@ impl Scope {
                      this request needs up to ${}.",
                     self.kind,
                     self.id,
-                    used.round_dp(6).normalize(),
+                    usd(used),
                     limit.normalize(),
-                    need.round_dp(6).normalize()
+                    usd(need)
                 ),
                 None,
             ),
@@ -116,9 +116,9 @@ impl Scope {
                      reserved by requests in flight, this request needs up to ${}. Top it up \
                      (POST /admin/tenants/{}/balance/topups).",
                     self.id,
-                    balance.round_dp(6).normalize(),
-                    reserved.round_dp(6).normalize(),
-                    need.round_dp(6).normalize(),
+                    usd(balance),
+                    usd(reserved),
+                    usd(need),
                     self.id
                 ),
                 None,
@@ -137,25 +137,34 @@ impl Scope {
                 (period == "per-minute").then(|| 60 - (now_ms() / 1000) % 60),
             ),
         };
-        ApiError {
-            status: StatusCode::TOO_MANY_REQUESTS,
-            message,
-            kind: "insufficient_quota",
-            param: None,
-            code: Some("insufficient_quota"),
-            retry_after_s: retry,
-            request_id: None,
-        }
+        insufficient_quota(message, retry)
+    }
+}
+
+/// A dollar amount as the refusals print it: at most 6 decimals, no trailing zeros.
+fn usd(d: Decimal) -> Decimal {
+    d.round_dp(6).normalize()
+}
+
+/// The 429 `insufficient_quota` (type and code) refusal with `message`, `Retry-After: retry`
+/// seconds when given.
+fn insufficient_quota(message: String, retry: Option<u64>) -> ApiError {
+    ApiError {
+        status: StatusCode::TOO_MANY_REQUESTS,
+        message,
+        kind: "insufficient_quota",
+        param: None,
+        code: Some("insufficient_quota"),
+        retry_after_s: retry,
+        request_id: None,
     }
 }
 
 /// The scopes with limits that apply to `caller` under `config` (key first, then tenant).
 pub fn scopes(config: &GatewayConfig, caller: &Caller) -> Vec<Scope> {
     let mut out = Vec::new();
-    if let Some(k) = caller
-        .key_id
-        .as_deref()
-        .and_then(|id| config.keys.iter().find(|k| k.id == id))
+    let (key, tenant) = caller.entries(config);
+    if let Some(k) = key
         && k.budget.is_limited()
     {
         out.push(Scope {
@@ -164,25 +173,17 @@ pub fn scopes(config: &GatewayConfig, caller: &Caller) -> Vec<Scope> {
             budget: k.budget.clone(),
         });
     }
-    if let Some(t) = caller
-        .tenant
-        .as_deref()
-        .and_then(|id| config.tenants.iter().find(|t| t.id == id))
-        && t.budget.is_limited()
-    {
-        out.push(Scope {
-            kind: "tenant",
-            id: t.id.clone(),
-            budget: t.budget.clone(),
-        });
-    }
-    if let Some(t) = caller
-        .tenant
-        .as_deref()
-        .and_then(|id| config.tenants.iter().find(|t| t.id == id))
-        && t.prepaid().is_some()
-    {
-        out.push(Scope::balance(&t.id));
+    if let Some(t) = tenant {
+        if t.budget.is_limited() {
+            out.push(Scope {
+                kind: "tenant",
+                id: t.id.clone(),
+                budget: t.budget.clone(),
+            });
+        }
+        if t.prepaid().is_some() {
+            out.push(Scope::balance(&t.id));
+        }
     }
     out
 }
@@ -451,23 +452,18 @@ async fn low_balance(
         match on_low {
             OnLowBalance::Downgrade => return Ok(true),
             OnLowBalance::Refuse => {
-                return Err(ApiError {
-                    status: StatusCode::TOO_MANY_REQUESTS,
-                    message: format!(
+                return Err(insufficient_quota(
+                    format!(
                         "The prepaid balance of tenant `{}` is below its low-balance threshold: \
                          ${} left after requests in flight, threshold ${}. Top it up \
                          (POST /admin/tenants/{}/balance/topups).",
                         scope.id,
-                        left.round_dp(6).normalize(),
+                        usd(left),
                         threshold.normalize(),
                         scope.id
                     ),
-                    kind: "insufficient_quota",
-                    param: None,
-                    code: Some("insufficient_quota"),
-                    retry_after_s: None,
-                    request_id: None,
-                });
+                    None,
+                ));
             }
         }
     }

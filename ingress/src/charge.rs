@@ -28,6 +28,28 @@ pub struct Caller {
     pub admin: bool,
 }
 
+impl Caller {
+    /// This caller's key and tenant entries in `config` (`None` where it has no such id, or
+    /// `config` lists none).
+    pub fn entries<'a>(
+        &self,
+        config: &'a switchyard_schemas::config::GatewayConfig,
+    ) -> (
+        Option<&'a switchyard_schemas::tenancy::KeyConfig>,
+        Option<&'a switchyard_schemas::tenancy::TenantConfig>,
+    ) {
+        let key = self
+            .key_id
+            .as_deref()
+            .and_then(|id| config.keys.iter().find(|k| k.id == id));
+        let tenant = self
+            .tenant
+            .as_deref()
+            .and_then(|id| config.tenants.iter().find(|t| t.id == id));
+        (key, tenant)
+    }
+}
+
 /// The hand-over of a batch item's `charge` event: the request's [`Charge`] takes the sender
 /// when it starts and, once settled, sends the event here instead of publishing it; the batch
 /// runner publishes it when the try is the item's last and drops it when the item is retried

@@ -57,16 +57,7 @@ impl FrontDoor for OpenAiChat {
         let p = request::parse(body)?;
         self.legacy_functions
             .store(p.legacy_functions, std::sync::atomic::Ordering::Relaxed);
-        Ok(Inbound {
-            model: p.model,
-            messages: p.messages,
-            tools: p.tools,
-            tool_choice: p.tool_choice,
-            params: p.params,
-            stream: p.stream,
-            include_usage: p.include_usage,
-            passthrough: p.passthrough,
-        })
+        Ok(p.into_inbound())
     }
 
     fn stream(&self, m: &ReplyMeta) -> OpenAiStream {

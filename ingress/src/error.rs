@@ -49,6 +49,20 @@ impl ApiError {
         Self::invalid(format!("Invalid '{param}': {problem}"), Some(param))
     }
 
+    /// A 403 `invalid_request_error` with code `permission_denied`: the caller may not reach
+    /// what `param` names (no `param` when the route itself is out of reach).
+    pub fn permission_denied(message: impl Into<String>, param: Option<&str>) -> Self {
+        Self {
+            status: StatusCode::FORBIDDEN,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: param.map(str::to_owned),
+            code: Some("permission_denied"),
+            retry_after_s: None,
+            request_id: None,
+        }
+    }
+
     /// 404 for a model or route nobody configured (OpenAI's `model_not_found`); a long model
     /// name is cut (see [`switchyard_schemas::input::echo`]).
     pub fn model_not_found(model: &str) -> Self {

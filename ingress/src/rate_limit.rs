@@ -64,10 +64,8 @@ impl RateScope {
 /// The limited scopes of `caller` under `config` (key first, then tenant).
 pub fn scopes(config: &GatewayConfig, caller: &Caller) -> Vec<RateScope> {
     let mut out = Vec::new();
-    if let Some(k) = caller
-        .key_id
-        .as_deref()
-        .and_then(|id| config.keys.iter().find(|k| k.id == id))
+    let (key, tenant) = caller.entries(config);
+    if let Some(k) = key
         && !k.limits.is_none()
     {
         out.push(RateScope {
@@ -76,10 +74,7 @@ pub fn scopes(config: &GatewayConfig, caller: &Caller) -> Vec<RateScope> {
             limits: k.limits,
         });
     }
-    if let Some(t) = caller
-        .tenant
-        .as_deref()
-        .and_then(|id| config.tenants.iter().find(|t| t.id == id))
+    if let Some(t) = tenant
         && !t.limits.is_none()
     {
         out.push(RateScope {

@@ -60,42 +60,44 @@ impl Fixture {
         prefs: &Preferences,
         seed: u64,
     ) -> Vec<String> {
-        let c = config(policy);
-        let model = c.model("m").unwrap();
-        let mut rng = StdRng::seed_from_u64(seed);
-        plan(
-            &c,
-            model,
-            needs,
-            prefs,
-            |t| self.obs[t.id.as_str()],
-            &mut rng,
-        )
-        .unwrap()
-        .targets
-        .iter()
-        .map(|t| t.id.clone())
-        .collect()
+        self.plan_ids(policy, needs, prefs, seed).unwrap()
     }
 
     fn error(&self, policy: serde_json::Value, needs: &Needs, prefs: &Preferences) -> ErrorInfo {
+        self.plan_ids(policy, needs, prefs, 1).unwrap_err()
+    }
+
+    /// The planned target ids of model `m` under `policy`, drawing with `seed`.
+    fn plan_ids(
+        &self,
+        policy: serde_json::Value,
+        needs: &Needs,
+        prefs: &Preferences,
+        seed: u64,
+    ) -> Result<Vec<String>, ErrorInfo> {
         let c = config(policy);
         let model = c.model("m").unwrap();
-        let mut rng = StdRng::seed_from_u64(1);
-        plan(
+        let mut rng = StdRng::seed_from_u64(seed);
+        let planned = plan(
             &c,
             model,
             needs,
             prefs,
             |t| self.obs[t.id.as_str()],
             &mut rng,
-        )
-        .unwrap_err()
+        )?;
+        Ok(planned.targets.iter().map(|t| t.id.clone()).collect())
     }
 }
 
 fn p(strategy: &str) -> serde_json::Value {
     json!({"id": "p", "strategy": strategy})
+}
+
+/// `e` is a no-capacity error with exactly `message`.
+fn assert_no_capacity(e: &ErrorInfo, message: &str) {
+    assert_eq!(e.class, ErrorClass::NoCapacity);
+    assert_eq!(e.message, message);
 }
 
 fn none() -> (Needs, Preferences) {
@@ -235,10 +237,9 @@ fn health_skips_unhealthy_and_puts_degraded_last() {
         .set("c", |o| o.health = HealthState::Unhealthy)
         .set("d", |o| o.health = HealthState::Unhealthy);
     let e = f.error(p("priority"), &n, &pr);
-    assert_eq!(e.class, ErrorClass::NoCapacity);
-    assert_eq!(
-        e.message,
-        "Model `m`: every target is unhealthy (a: unhealthy; b: unhealthy; c: unhealthy; d: unhealthy)."
+    assert_no_capacity(
+        &e,
+        "Model `m`: every target is unhealthy (a: unhealthy; b: unhealthy; c: unhealthy; d: unhealthy).",
     );
 }
 
@@ -270,10 +271,9 @@ fn capabilities_filter_targets() {
     };
     let f = no_json().set("c", |o| o.health = HealthState::Unhealthy);
     let e = f.error(p("priority"), &json, &only_cd);
-    assert_eq!(e.class, ErrorClass::NoCapacity);
-    assert_eq!(
-        e.message,
-        "Model `m`: no target can serve this request (c: unhealthy; d: provider anthropic lacks json_mode)."
+    assert_no_capacity(
+        &e,
+        "Model `m`: no target can serve this request (c: unhealthy; d: provider anthropic lacks json_mode).",
     );
     let emb = Needs::embeddings();
     assert_eq!(
@@ -338,10 +338,9 @@ fn context_window_filter_and_the_400_when_only_length_is_the_reason() {
         ..Preferences::default()
     };
     let e = f.error(p("priority"), &long, &only_cd);
-    assert_eq!(e.class, ErrorClass::NoCapacity);
-    assert_eq!(
-        e.message,
-        "Model `m`: no target can serve this request (c: unhealthy; d: needs ~1001 tokens, context window is 1000)."
+    assert_no_capacity(
+        &e,
+        "Model `m`: no target can serve this request (c: unhealthy; d: needs ~1001 tokens, context window is 1000).",
     );
 }
 

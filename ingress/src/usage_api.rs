@@ -271,15 +271,7 @@ fn invalid(param: &str, message: String) -> ApiError {
 }
 
 fn forbidden(message: String, param: &str) -> ApiError {
-    ApiError {
-        status: StatusCode::FORBIDDEN,
-        message,
-        kind: "invalid_request_error",
-        param: Some(param.to_owned()),
-        code: Some("permission_denied"),
-        retry_after_s: None,
-        request_id: None,
-    }
+    ApiError::permission_denied(message, Some(param))
 }
 
 #[cfg(test)]

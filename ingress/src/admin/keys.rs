@@ -73,15 +73,7 @@ fn key_not_found(id: &str) -> ApiError {
 }
 
 fn forbidden(param: &str, message: String) -> ApiError {
-    ApiError {
-        status: StatusCode::FORBIDDEN,
-        message,
-        kind: "invalid_request_error",
-        param: Some(param.to_owned()),
-        code: Some("permission_denied"),
-        retry_after_s: None,
-        request_id: None,
-    }
+    ApiError::permission_denied(message, Some(param))
 }
 
 /// The key `id` of the live config, if the caller may see it.

@@ -21,6 +21,7 @@ mod keys;
 mod ops;
 mod requests;
 mod store;
+pub use store::config_bucket;
 
 pub use dashboard_page::page_routes as dashboard_routes;
 
@@ -86,18 +87,13 @@ impl AdminCaller {
     fn require_global(&self) -> Result<(), ApiError> {
         match &self.tenant {
             None => Ok(()),
-            Some(t) => Err(ApiError {
-                status: StatusCode::FORBIDDEN,
-                message: format!(
+            Some(t) => Err(ApiError::permission_denied(
+                format!(
                     "This admin key is limited to tenant `{t}`; this route needs a gateway-wide \
                      admin key."
                 ),
-                kind: "invalid_request_error",
-                param: None,
-                code: Some("permission_denied"),
-                retry_after_s: None,
-                request_id: None,
-            }),
+                None,
+            )),
         }
     }
 }

@@ -36,15 +36,10 @@ async fn answer(app: &AppState, query: &str) -> Result<Response, ApiError> {
     let mut q = parse(query)?;
     if let Some(own) = caller().tenant {
         if q.tenant.as_deref().is_some_and(|t| t != own) {
-            return Err(ApiError {
-                status: StatusCode::FORBIDDEN,
-                message: format!("This admin key may read the requests of tenant `{own}` only."),
-                kind: "invalid_request_error",
-                param: Some("tenant".into()),
-                code: Some("permission_denied"),
-                retry_after_s: None,
-                request_id: None,
-            });
+            return Err(ApiError::permission_denied(
+                format!("This admin key may read the requests of tenant `{own}` only."),
+                Some("tenant"),
+            ));
         }
         q.tenant = Some(own);
     }

@@ -25,22 +25,32 @@ pub(super) struct Written {
     pub warnings: Vec<String>,
 }
 
+/// Gets or creates the live config bucket ([`BUCKET`], 10 revisions of history), as the admin
+/// API and `switchyard config push` open it; the create error when it neither exists nor can
+/// be made.
+pub async fn config_bucket(
+    nats: async_nats::Client,
+) -> Result<Store, async_nats::jetstream::context::CreateKeyValueError> {
+    let js = async_nats::jetstream::new(nats);
+    if let Ok(kv) = js.get_key_value(BUCKET).await {
+        return Ok(kv);
+    }
+    js.create_key_value(switchyard_schemas::replicas::kv(
+        async_nats::jetstream::kv::Config {
+            bucket: BUCKET.to_owned(),
+            history: 10,
+            description: "Switchyard live gateway config (YAML)".to_owned(),
+            ..Default::default()
+        },
+    ))
+    .await
+}
+
 impl AdminState {
     async fn bucket(&self, app: &AppState) -> Result<Store, ApiError> {
-        let js = async_nats::jetstream::new(self.writer(app).clone());
-        if let Ok(kv) = js.get_key_value(BUCKET).await {
-            return Ok(kv);
-        }
-        js.create_key_value(switchyard_schemas::replicas::kv(
-            async_nats::jetstream::kv::Config {
-                bucket: BUCKET.to_owned(),
-                history: 10,
-                description: "Switchyard live gateway config (YAML)".to_owned(),
-                ..Default::default()
-            },
-        ))
-        .await
-        .map_err(|e| unavailable(format!("The live config bucket cannot be opened: {e}")))
+        config_bucket(self.writer(app).clone())
+            .await
+            .map_err(|e| unavailable(format!("The live config bucket cannot be opened: {e}")))
     }
 
     /// The stored text and its revision, or this process's start-up text as revision 0 when

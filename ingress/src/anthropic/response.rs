@@ -376,6 +376,11 @@ mod tests {
         }
     }
 
+    /// The event names of `encode`'s output, in order.
+    fn names_of(events: &[(String, Value)]) -> Vec<&str> {
+        events.iter().map(|(n, _)| n.as_str()).collect()
+    }
+
     fn encode(frames: Vec<FrameBody>) -> Vec<(String, Value)> {
         let mut enc = StreamEncoder::new(meta());
         let mut out = VecDeque::new();
@@ -426,7 +431,7 @@ mod tests {
                 finish_reason: FinishReason::ToolCalls,
             },
         ]);
-        let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+        let names = names_of(&events);
         assert_eq!(
             names,
             [
@@ -493,7 +498,7 @@ mod tests {
                 finish_reason: FinishReason::ToolCalls,
             },
         ]);
-        let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+        let names = names_of(&events);
         assert_eq!(
             names,
             [

@@ -5,10 +5,9 @@
 //! Anthropic's envelope.
 
 use super::records::{
-    Api, BatchRecord, Counts, FileRecord, ItemResult, Outcome, Status, batch_key, batch_list,
-    valid_id,
+    Api, BatchRecord, Counts, FileRecord, ItemResult, Outcome, Status, batch_key, valid_id,
 };
-use super::{Cursor, FileSlot, not_found, store_error, store_of, submit};
+use super::{FileSlot, not_found, store_error, store_of, submit};
 use crate::AppState;
 use crate::error::ApiError;
 use axum::Json;
@@ -74,6 +73,14 @@ fn base_url(headers: &HeaderMap) -> String {
 
 fn fail(e: ApiError) -> Response {
     e.into_anthropic_response()
+}
+
+/// `r` as a 200 JSON body, or its error in Anthropic's envelope.
+fn reply(r: Result<Value, ApiError>) -> Response {
+    match r {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => fail(e),
+    }
 }
 
 /// `POST /v1/messages/batches` body.
@@ -161,10 +168,7 @@ pub async fn retrieve(
         Ok::<_, ApiError>(batch_json(&b, &c, &base_url(&headers)))
     }
     .await;
-    match r {
-        Ok(v) => Json(v).into_response(),
-        Err(e) => fail(e),
-    }
+    reply(r)
 }
 
 /// `?limit&after_id&before_id` of the list.
@@ -188,37 +192,27 @@ pub async fn list(
             Some(before) => (Some(before.as_str()), true),
             None => (q.after_id.as_deref(), false),
         };
-        let cursor = Cursor::of(&store, id, |id| batch_key(tenant.as_deref(), id)).await?;
-        let (mut batches, has_more) = cursor
-            .page::<BatchRecord>(
-                &store,
-                &batch_list(tenant.as_deref(), Api::Anthropic),
-                ascending,
-                q.limit.unwrap_or(20).clamp(1, 1000),
-                |b| b.list_seq,
-                |b| b.api == Api::Anthropic,
-            )
-            .await?;
+        let (mut batches, has_more) = super::batch_page(
+            &store,
+            tenant.as_deref(),
+            Api::Anthropic,
+            id,
+            ascending,
+            q.limit.unwrap_or(20).clamp(1, 1000),
+        )
+        .await?;
         if ascending {
             batches.reverse();
         }
         let base = base_url(&headers);
-        let mut data = Vec::with_capacity(batches.len());
-        for b in &batches {
-            let c = super::live_counts(&app, b).await.unwrap_or(b.counts);
-            data.push(batch_json(b, &c, &base));
-        }
-        let first = data.first().map(|d| d["id"].clone());
-        let last = data.last().map(|d| d["id"].clone());
+        let data = super::with_live_counts(&app, &batches, |b, c| batch_json(b, c, &base)).await;
+        let (first, last) = super::end_ids(&data);
         Ok::<_, ApiError>(
             json!({"data": data, "has_more": has_more, "first_id": first, "last_id": last}),
         )
     }
     .await;
-    match result {
-        Ok(v) => Json(v).into_response(),
-        Err(e) => fail(e),
-    }
+    reply(result)
 }
 
 /// `POST /v1/messages/batches/{id}/cancel`.
@@ -234,10 +228,7 @@ pub async fn cancel(
         Ok::<_, ApiError>(batch_json(&b, &c, &base_url(&headers)))
     }
     .await;
-    match r {
-        Ok(v) => Json(v).into_response(),
-        Err(e) => fail(e),
-    }
+    reply(r)
 }
 
 /// `GET /v1/messages/batches/{id}/results`: one JSON line per request, once the batch ended.
@@ -295,10 +286,7 @@ pub async fn delete(State(app): State<Arc<AppState>>, Path(id): Path<String>) ->
         Ok(json!({"id": b.id, "type": "message_batch_deleted"}))
     }
     .await;
-    match r {
-        Ok(v) => Json(v).into_response(),
-        Err(e) => fail(e),
-    }
+    reply(r)
 }
 
 /// The results file of a finished batch: `{"custom_id","result":{...}}` per request with

@@ -329,10 +329,58 @@ impl Cursor {
     }
 }
 
+/// One page of the caller's `api` batches (tenant `tenant`) from the cursor id `from`: newest
+/// first, or oldest first when `ascending`; at most `limit`, with whether more follow. An id
+/// that is not the caller's gives an empty page; a store failure is its [`store_error`].
+pub async fn batch_page(
+    store: &BatchStore,
+    tenant: Option<&str>,
+    api: records::Api,
+    from: Option<&str>,
+    ascending: bool,
+    limit: usize,
+) -> Result<(Vec<BatchRecord>, bool), ApiError> {
+    let cursor = Cursor::of(store, from, |id| records::batch_key(tenant, id)).await?;
+    cursor
+        .page::<BatchRecord>(
+            store,
+            &records::batch_list(tenant, api),
+            ascending,
+            limit,
+            |b| b.list_seq,
+            |b| b.api == api,
+        )
+        .await
+}
+
+/// `json(batch, counts)` of each of `batches`, with [`live_counts`] (the stored counts when
+/// those cannot be read, so one unreadable batch does not fail the listing).
+pub async fn with_live_counts(
+    app: &AppState,
+    batches: &[BatchRecord],
+    json: impl Fn(&BatchRecord, &Counts) -> serde_json::Value,
+) -> Vec<serde_json::Value> {
+    let mut data = Vec::with_capacity(batches.len());
+    for b in batches {
+        let c = live_counts(app, b).await.unwrap_or(b.counts);
+        data.push(json(b, &c));
+    }
+    data
+}
+
+/// The `id` of the first and of the last object of a listing's `data` (`first_id`, `last_id`).
+pub fn end_ids(
+    data: &[serde_json::Value],
+) -> (Option<serde_json::Value>, Option<serde_json::Value>) {
+    (
+        data.first().map(|d| d["id"].clone()),
+        data.last().map(|d| d["id"].clone()),
+    )
+}
+
 /// The OpenAI list object around `data` (`first_id` / `last_id` from its ends).
 pub fn openai_list(data: Vec<serde_json::Value>, has_more: bool) -> serde_json::Value {
-    let first = data.first().map(|d| d["id"].clone());
-    let last = data.last().map(|d| d["id"].clone());
+    let (first, last) = end_ids(&data);
     serde_json::json!({
         "object": "list", "data": data, "first_id": first, "last_id": last,
         "has_more": has_more,

@@ -4,9 +4,10 @@
 //! Everything is scoped to the caller's tenant: another tenant's id is a 404.
 
 use super::records::{
-    Api, BatchRecord, Counts, FileRecord, ItemResult, Outcome, batch_key, batch_list, file_key,
-    file_list, valid_id,
+    Api, BatchRecord, Counts, FileRecord, ItemResult, Outcome, batch_key, file_key, file_list,
+    valid_id,
 };
+use super::store::BatchStore;
 use super::{Cursor, FileSlot, new_id, not_found, openai_list, parse_window, store_error, submit};
 use crate::AppState;
 use crate::error::ApiError;
@@ -188,35 +189,34 @@ pub async fn list_files(State(app): State<Arc<AppState>>, Query(q): Query<ListQu
     }
 }
 
-async fn owned_file(app: &AppState, id: &str) -> Result<FileRecord, ApiError> {
+/// The caller's file `id` and the store it is in: 503 without a store, 404 when the id is
+/// malformed or not the caller's, the store's error when it cannot be read.
+async fn owned_file(app: &AppState, id: &str) -> Result<(FileRecord, Arc<BatchStore>), ApiError> {
     let store = super::store_of(app)?;
     if !valid_id(id) {
         return Err(not_found("file", id));
     }
     let caller = crate::auth::current_caller();
-    store
+    let file = store
         .file(&file_key(caller.tenant.as_deref(), id))
         .await
         .map_err(store_error)?
-        .ok_or_else(|| not_found("file", id))
+        .ok_or_else(|| not_found("file", id))?;
+    Ok((file, store))
 }
 
 /// `GET /v1/files/{id}`.
 pub async fn get_file(State(app): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
     match owned_file(&app, &id).await {
-        Ok(f) => Json(file_json(&f)).into_response(),
+        Ok((f, _)) => Json(file_json(&f)).into_response(),
         Err(e) => e.into_response(),
     }
 }
 
 /// `GET /v1/files/{id}/content`: the raw bytes.
 pub async fn file_content(State(app): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
-    let f = match owned_file(&app, &id).await {
-        Ok(f) => f,
-        Err(e) => return e.into_response(),
-    };
-    let store = match super::store_of(&app) {
-        Ok(s) => s,
+    let (f, store) = match owned_file(&app, &id).await {
+        Ok(found) => found,
         Err(e) => return e.into_response(),
     };
     match store.file_content(&f.id).await {
@@ -234,12 +234,8 @@ pub async fn file_content(State(app): State<Arc<AppState>>, Path(id): Path<Strin
 
 /// `DELETE /v1/files/{id}`.
 pub async fn delete_file(State(app): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
-    let f = match owned_file(&app, &id).await {
-        Ok(f) => f,
-        Err(e) => return e.into_response(),
-    };
-    let store = match super::store_of(&app) {
-        Ok(s) => s,
+    let (f, store) = match owned_file(&app, &id).await {
+        Ok(found) => found,
         Err(e) => return e.into_response(),
     };
     let key = file_key(f.tenant.as_deref(), &f.id);
@@ -291,12 +287,8 @@ pub async fn create(State(app): State<Arc<AppState>>, body: axum::body::Bytes) -
         Ok(w) => w,
         Err(e) => return e.into_response(),
     };
-    let file = match owned_file(&app, &req.input_file_id).await {
-        Ok(f) => f,
-        Err(e) => return e.into_response(),
-    };
-    let store = match super::store_of(&app) {
-        Ok(s) => s,
+    let (file, store) = match owned_file(&app, &req.input_file_id).await {
+        Ok(found) => found,
         Err(e) => return e.into_response(),
     };
     let content = match store.file_content(&file.id).await {
@@ -350,25 +342,16 @@ pub async fn list(State(app): State<Arc<AppState>>, Query(q): Query<ListQuery>) 
     let result = async {
         let store = super::store_of(&app)?;
         let tenant = crate::auth::current_caller().tenant;
-        let cursor = Cursor::of(&store, q.after.as_deref(), |id| {
-            batch_key(tenant.as_deref(), id)
-        })
+        let (batches, has_more) = super::batch_page(
+            &store,
+            tenant.as_deref(),
+            Api::OpenAi,
+            q.after.as_deref(),
+            false,
+            q.limit.unwrap_or(20).clamp(1, 100),
+        )
         .await?;
-        let (batches, has_more) = cursor
-            .page::<BatchRecord>(
-                &store,
-                &batch_list(tenant.as_deref(), Api::OpenAi),
-                false,
-                q.limit.unwrap_or(20).clamp(1, 100),
-                |b| b.list_seq,
-                |b| b.api == Api::OpenAi,
-            )
-            .await?;
-        let mut data = Vec::with_capacity(batches.len());
-        for b in &batches {
-            let c = super::live_counts(&app, b).await.unwrap_or(b.counts);
-            data.push(batch_json(b, &c));
-        }
+        let data = super::with_live_counts(&app, &batches, batch_json).await;
         Ok::<_, ApiError>(openai_list(data, has_more))
     }
     .await;

@@ -79,31 +79,26 @@ impl std::fmt::Debug for BatchStore {
     }
 }
 
+/// Gets or creates the KV bucket `bucket` keeping one revision per key.
+async fn latest_only_kv(js: &jetstream::Context, bucket: &str) -> Result<kv::Store, StoreError> {
+    match js.get_key_value(bucket).await {
+        Ok(s) => Ok(s),
+        Err(_) => js
+            .create_key_value(switchyard_schemas::replicas::kv(kv::Config {
+                bucket: bucket.into(),
+                history: 1,
+                ..Default::default()
+            }))
+            .await
+            .map_err(nats),
+    }
+}
+
 impl BatchStore {
     /// Opens (creating when absent) the buckets and streams under subject prefix `prefix`.
     pub async fn open(js: &jetstream::Context, prefix: &str) -> Result<Self, StoreError> {
-        let records = match js.get_key_value(RECORDS_BUCKET).await {
-            Ok(s) => s,
-            Err(_) => js
-                .create_key_value(switchyard_schemas::replicas::kv(kv::Config {
-                    bucket: RECORDS_BUCKET.into(),
-                    history: 1,
-                    ..Default::default()
-                }))
-                .await
-                .map_err(nats)?,
-        };
-        let active = match js.get_key_value(ACTIVE_BUCKET).await {
-            Ok(s) => s,
-            Err(_) => js
-                .create_key_value(switchyard_schemas::replicas::kv(kv::Config {
-                    bucket: ACTIVE_BUCKET.into(),
-                    history: 1,
-                    ..Default::default()
-                }))
-                .await
-                .map_err(nats)?,
-        };
+        let records = latest_only_kv(js, RECORDS_BUCKET).await?;
+        let active = latest_only_kv(js, ACTIVE_BUCKET).await?;
         let files = match js.get_object_store(FILES_BUCKET).await {
             Ok(s) => s,
             Err(_) => js

@@ -165,6 +165,11 @@ pub fn openai_file(
             line: None,
         });
     }
+    verdict(out, errors)
+}
+
+/// The checked items when no line failed; else the first [`MAX_LISTED`] errors.
+fn verdict<T>(out: Vec<T>, mut errors: Vec<LineError>) -> Result<Vec<T>, Vec<LineError>> {
     if errors.is_empty() {
         Ok(out)
     } else {
@@ -273,10 +278,5 @@ pub fn anthropic_requests(
             },
         );
     }
-    if errors.is_empty() {
-        Ok(out)
-    } else {
-        errors.truncate(MAX_LISTED);
-        Err(errors)
-    }
+    verdict(out, errors)
 }

@@ -157,16 +157,7 @@ impl FrontDoor for OpenAiCompletions {
     fn parse(&self, body: &[u8]) -> Result<Inbound, ApiError> {
         let chat = serde_json::to_vec(&Value::Object(chat_body(body)?)).unwrap_or_default();
         let p = request::parse(&chat)?;
-        Ok(Inbound {
-            model: p.model,
-            messages: p.messages,
-            tools: p.tools,
-            tool_choice: p.tool_choice,
-            params: p.params,
-            stream: p.stream,
-            include_usage: p.include_usage,
-            passthrough: p.passthrough,
-        })
+        Ok(p.into_inbound())
     }
 
     fn stream(&self, m: &ReplyMeta) -> CompletionStream {

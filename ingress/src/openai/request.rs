@@ -125,6 +125,22 @@ pub struct ParsedChat {
     pub legacy_functions: bool,
 }
 
+impl ParsedChat {
+    /// The request as the router takes it (`legacy_functions` is the front door's to keep).
+    pub fn into_inbound(self) -> crate::route::Inbound {
+        crate::route::Inbound {
+            model: self.model,
+            messages: self.messages,
+            tools: self.tools,
+            tool_choice: self.tool_choice,
+            params: self.params,
+            stream: self.stream,
+            include_usage: self.include_usage,
+            passthrough: self.passthrough,
+        }
+    }
+}
+
 /// The body as JSON, or OpenAI's 400 for unparsable JSON.
 pub(crate) fn json_body(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
     match serde_json::from_slice::<Value>(body) {

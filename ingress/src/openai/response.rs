@@ -141,22 +141,39 @@ fn sse(value: &impl Serialize) -> Bytes {
 }
 
 impl ResponseMeta {
-    fn chunk(&self, delta: Delta<'_>, finish: Option<FinishReason>) -> Bytes {
-        let choices = [ChunkChoice {
-            index: self.choice,
-            delta,
-            logprobs: None,
-            finish_reason: finish.map(|f| self.finish_name(f)),
-        }];
+    /// One `chat.completion.chunk` SSE event of this response with `choices` and `usage`
+    /// (outer `None`: no `usage` field; `Some(None)`: `usage: null`).
+    fn event(&self, choices: &[ChunkChoice<'_>], usage: Option<Option<UsageOut>>) -> Bytes {
         sse(&Chunk {
             id: &self.id,
             object: "chat.completion.chunk",
             created: self.created,
             model: &self.model,
             system_fingerprint: None,
-            choices: &choices,
-            usage: self.include_usage.then_some(None),
+            choices,
+            usage,
         })
+    }
+
+    fn chunk(&self, delta: Delta<'_>, finish: Option<FinishReason>) -> Bytes {
+        self.chunk_with(delta, None, finish)
+    }
+
+    /// One `chat.completion.chunk` SSE event of this choice: `delta`, `logprobs` and the
+    /// finish reason as given (`usage: null` when the client asked for usage).
+    fn chunk_with(
+        &self,
+        delta: Delta<'_>,
+        logprobs: Option<serde_json::Value>,
+        finish: Option<FinishReason>,
+    ) -> Bytes {
+        let choices = [ChunkChoice {
+            index: self.choice,
+            delta,
+            logprobs,
+            finish_reason: finish.map(|f| self.finish_name(f)),
+        }];
+        self.event(&choices, self.include_usage.then_some(None))
     }
 
     /// The first chunk: `{"role":"assistant","content":""}`.
@@ -198,24 +215,14 @@ impl ResponseMeta {
     }
 
     fn logprobs_chunk_of(&self, text: Option<&str>, content: Vec<serde_json::Value>) -> Bytes {
-        let choices = [ChunkChoice {
-            index: self.choice,
-            delta: Delta {
+        self.chunk_with(
+            Delta {
                 content: text,
                 ..Delta::default()
             },
-            logprobs: Some(serde_json::json!({"content": content, "refusal": null})),
-            finish_reason: None,
-        }];
-        sse(&Chunk {
-            id: &self.id,
-            object: "chat.completion.chunk",
-            created: self.created,
-            model: &self.model,
-            system_fingerprint: None,
-            choices: &choices,
-            usage: self.include_usage.then_some(None),
-        })
+            Some(serde_json::json!({"content": content, "refusal": null})),
+            None,
+        )
     }
 
     /// A reasoning delta: `{"reasoning_content": text}`.
@@ -293,15 +300,7 @@ impl ResponseMeta {
 
     /// The final usage chunk (`choices: []`), only sent when the client asked for it.
     pub fn usage_chunk(&self, usage: Usage) -> Bytes {
-        sse(&Chunk {
-            id: &self.id,
-            object: "chat.completion.chunk",
-            created: self.created,
-            model: &self.model,
-            system_fingerprint: None,
-            choices: &[],
-            usage: Some(Some(usage.into())),
-        })
+        self.event(&[], Some(Some(usage.into())))
     }
 }
 
