@@ -51,9 +51,12 @@ fn events(n: u64) -> Vec<UsageEvent> {
 /// Publishes every event through the producers' publisher, 64 at a time.
 async fn publish_all(js: &jetstream::Context, subjects: &Subjects, events: &[UsageEvent]) {
     for chunk in events.chunks(64) {
-        let stored =
-            futures::future::join_all(chunk.iter().map(|e| publish_usage_event(js, subjects, e)))
-                .await;
+        let stored = futures::future::join_all(
+            chunk
+                .iter()
+                .map(|e| publish_usage_event(js, None, subjects, e)),
+        )
+        .await;
         assert!(stored.iter().all(|s| *s), "every event acknowledged");
     }
 }
@@ -125,8 +128,8 @@ async fn batched_publishers_store_every_event_once_in_few_messages() {
     const N: u64 = 1_000;
     let (_nats, client, js, subjects, mut stream) = common::usage_stream().await;
     let producers = [
-        UsagePublisher::start(js.clone(), subjects.clone()),
-        UsagePublisher::start(js.clone(), subjects.clone()),
+        UsagePublisher::start(js.clone(), subjects.clone(), None),
+        UsagePublisher::start(js.clone(), subjects.clone(), None),
     ];
     let all = events(2 * N);
     let stored = futures::future::join_all(
@@ -416,7 +419,7 @@ async fn a_small_jetstream_store_still_gets_a_usage_stream() {
     let mut stream = ensure_usage_stream(&js, &subjects).await.unwrap();
     assert_eq!(stream.info().await.unwrap().config.max_bytes, -1);
     let e = event(UsageKind::Charge, Uuid::now_v7(), 1);
-    publish_usage_event(&js, &subjects, &e).await;
+    publish_usage_event(&js, None, &subjects, &e).await;
     assert_eq!(stream.info().await.unwrap().state.messages, 1);
     let _ = child.kill();
     let _ = child.wait();

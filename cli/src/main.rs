@@ -409,7 +409,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             let subjects = Subjects::new(c.subject_prefix.clone());
             // Reload and the spool drainer outlive the HTTP drain; the spool is flushed last.
             let services = CancellationToken::new();
-            services::start_spool(&nats, &c, &new_id("ingress"), &services);
+            let spool = services::start_spool(&nats, &c, &new_id("ingress"), &services);
             let handle = ConfigHandle::new(c);
             services::spawn_reload(&nats, &handle, &services, Arc::new(|_| Ok(())));
             let writer = match &admin_nats_user {
@@ -440,11 +440,13 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                 handle,
                 admin,
                 shutdown_token(),
-                Readiness::default(),
-                None,
+                switchyard_ingress::Wiring {
+                    spool: spool.clone(),
+                    ..Default::default()
+                },
             )
             .await;
-            services::flush_spool(&nats, &subjects).await;
+            services::flush_spool(&nats, &subjects, spool.as_ref()).await;
             services.cancel();
             result
         }
@@ -461,10 +463,10 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             let nats = connect(&require_nats(&c)?, "switchyard-worker", &c.nats).await?;
             let subjects = Subjects::new(c.subject_prefix.clone());
             let services = CancellationToken::new();
-            services::start_spool(&nats, &c, &new_id("worker"), &services);
+            let spool = services::start_spool(&nats, &c, &new_id("worker"), &services);
             let handle = ConfigHandle::new(c);
             services::spawn_reload(&nats, &handle, &services, Arc::new(config::resolve_secrets));
-            let registry = services::process_registry();
+            let registry = services::process_registry(spool.as_ref());
             let metrics = services::listen_metrics(metrics_listen, &registry, &services).await?;
             let opts = switchyard_workers::worker::WorkerOptions {
                 worker_id: new_id("worker"),
@@ -474,12 +476,13 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                 builtin_mock_url: mock_url,
                 builtin_local_model_url: local_model_url,
                 metrics: registry,
+                spool: spool.clone(),
             };
             // Returns after in-flight requests and their usage publications finished.
             let result = switchyard_workers::worker::run(nats.clone(), opts, shutdown_token())
                 .await
                 .map_err(msg);
-            services::flush_spool(&nats, &subjects).await;
+            services::flush_spool(&nats, &subjects, spool.as_ref()).await;
             services.cancel();
             if let Some(task) = metrics {
                 let _ = task.await;

@@ -2,11 +2,14 @@
 //! `billing`, and the parts they share (the usage spool, live reload, the metrics listener).
 
 use super::*;
+use switchyard_schemas::publish::Spool;
 
-/// A registry with this process's spool and publish-error collectors.
-pub(crate) fn process_registry() -> switchyard_schemas::metrics::Registry {
+/// A registry with this process's `spool` and publish-error collectors.
+pub(crate) fn process_registry(
+    spool: Option<&Arc<Spool>>,
+) -> switchyard_schemas::metrics::Registry {
     let registry = switchyard_schemas::metrics::Registry::new();
-    switchyard_schemas::metrics::add_process_collectors(&registry);
+    switchyard_schemas::metrics::add_process_collectors(&registry, spool.cloned());
     registry
 }
 
@@ -25,28 +28,33 @@ pub(crate) async fn listen_metrics(
     Ok(Some(task))
 }
 
-/// Makes `<data_dir>/spool/<id>` this process's usage spool (usage events JetStream does not
-/// acknowledge are kept there) and drains it, and spools left by earlier runs, until `shutdown`.
+/// Opens `<data_dir>/spool/<id>` as this process's usage spool (usage events JetStream does not
+/// acknowledge are kept there; its publishers are handed it) and drains it, and spools left by
+/// earlier runs, until `shutdown`. `None` (logged) when it cannot be opened.
 pub(crate) fn start_spool(
     nats: &async_nats::Client,
     c: &GatewayConfig,
     id: &str,
     shutdown: &CancellationToken,
-) {
-    use switchyard_schemas::publish::{drain_spool, set_spool_dir};
+) -> Option<Arc<Spool>> {
     let dir = PathBuf::from(&c.data_dir).join("spool").join(id);
-    if let Err(e) = set_spool_dir(&dir) {
-        tracing::warn!(spool = %dir.display(), error = %e,
-            "no usage spool: usage events are dropped when NATS stays unreachable");
-        return;
-    }
+    let spool = match Spool::open(&dir) {
+        Ok(s) => Arc::new(s),
+        Err(e) => {
+            tracing::warn!(spool = %dir.display(), error = %e,
+                "no usage spool: usage events are dropped when NATS stays unreachable");
+            return None;
+        }
+    };
     let js = async_nats::jetstream::new(nats.clone());
     let subjects = Subjects::new(c.subject_prefix.clone());
-    tokio::spawn(drain_spool(
+    tokio::spawn(switchyard_schemas::publish::drain_spool(
         js,
         subjects,
+        spool.clone(),
         shutdown.clone().cancelled_owned(),
     ));
+    Some(spool)
 }
 
 /// Longest final spool pass at exit; what it cannot deliver stays on disk for the next start.
@@ -55,8 +63,12 @@ pub(crate) const SPOOL_FLUSH_DEADLINE: std::time::Duration = std::time::Duration
 pub(crate) const BILLING_CATCH_UP: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// One last spool pass before exit (the drainer task may be sleeping between passes).
-pub(crate) async fn flush_spool(nats: &async_nats::Client, subjects: &Subjects) {
-    let Some(spool) = switchyard_schemas::publish::current_spool() else {
+pub(crate) async fn flush_spool(
+    nats: &async_nats::Client,
+    subjects: &Subjects,
+    spool: Option<&Arc<Spool>>,
+) {
+    let Some(spool) = spool else {
         return;
     };
     if spool.is_empty().unwrap_or(false) {
@@ -148,8 +160,7 @@ pub(crate) async fn run_ingress(
     handle: ConfigHandle,
     admin: AdminWiring,
     shutdown: CancellationToken,
-    readiness: Readiness,
-    registry: Option<switchyard_schemas::metrics::Registry>,
+    wiring: switchyard_ingress::Wiring,
 ) -> Result<(), CliError> {
     let c = handle.get();
     let listener = switchyard_ingress::server::bind(&c.listen)
@@ -157,11 +168,9 @@ pub(crate) async fn run_ingress(
         .map_err(|e| msg(format!("binding {}: {e}", c.listen)))?;
     let addr = listener.local_addr().map_err(msg)?;
     let id = new_id("ingress");
-    let state = match registry {
-        Some(r) => switchyard_ingress::state_with_registry(nats, handle, &id, readiness, r).await,
-        None => switchyard_ingress::state_with_readiness(nats, handle, &id, readiness).await,
-    }
-    .map_err(msg)?;
+    let state = switchyard_ingress::state_with(nats, handle, &id, wiring)
+        .await
+        .map_err(msg)?;
     if let Some(w) = admin.writer {
         state.admin.set_writer(w);
     }
@@ -340,7 +349,7 @@ pub(crate) async fn up(
     let services = CancellationToken::new();
     // The spool holds the usage events of this process's ingress and worker.
     let spool_nats = connect(&url, "switchyard-spool", &ingress_nats).await?;
-    start_spool(&spool_nats, &c, &new_id("up"), &services);
+    let spool = start_spool(&spool_nats, &c, &new_id("up"), &services);
     // The local model server for `builtin:local-model` targets (removed from `c` when unavailable).
     let local_model = local_model::start(&mut c, local_model, services.clone()).await;
     let handle = ConfigHandle::new_at(version, c);
@@ -418,7 +427,7 @@ pub(crate) async fn up(
         js
     };
     // One registry for every service of this process: ingress's `/metrics` shows them all.
-    let registry = process_registry();
+    let registry = process_registry(spool.as_ref());
     switchyard_billing::lag::add_lag_collector(&registry, billing_js.clone());
     let billing = {
         let nats = connect(&url, "switchyard-billing", &billing_nats).await?;
@@ -471,6 +480,7 @@ pub(crate) async fn up(
             builtin_mock_url: mock_url,
             builtin_local_model_url: local_model.as_ref().map(local_model::LocalModel::api_url),
             metrics: registry.clone(),
+            spool: spool.clone(),
         };
         let token = workers_stop.clone();
         let ready = readiness.register("worker", "subscribing");
@@ -494,12 +504,14 @@ pub(crate) async fn up(
         };
         let handle = handle.clone();
         let token = shutdown.clone();
-        let readiness = readiness.clone();
+        let wiring = switchyard_ingress::Wiring {
+            readiness: readiness.clone(),
+            registry: Some(registry),
+            spool: spool.clone(),
+        };
         spawn(
             "ingress",
-            Box::pin(async move {
-                run_ingress(nats, handle, admin, token, readiness, Some(registry)).await
-            }),
+            Box::pin(async move { run_ingress(nats, handle, admin, token, wiring).await }),
         )
     };
     for m in &config.models {
@@ -517,7 +529,7 @@ pub(crate) async fn up(
     record(ingress.await);
     workers_stop.cancel();
     record(worker.await);
-    flush_spool(&spool_nats, &subjects).await;
+    flush_spool(&spool_nats, &subjects, spool.as_ref()).await;
     if !billing.is_finished() {
         billing_caught_up(&billing_js, BILLING_CATCH_UP).await;
     }

@@ -138,38 +138,46 @@ pub enum IngressError {
     Io(#[from] std::io::Error),
 }
 
+/// What a process hands its ingress besides NATS and the config.
+#[derive(Default)]
+pub struct Wiring {
+    /// `/readyz` reports these (the process's other services) plus component `ingress`.
+    pub readiness: Readiness,
+    /// Where metrics are recorded (`switchyard up` shares one between its services, and the
+    /// caller adds its collectors); `None`: a registry of its own with the process collectors.
+    pub registry: Option<switchyard_schemas::metrics::Registry>,
+    /// Where usage events JetStream does not acknowledge are kept (the caller drains it);
+    /// `None`: they are dropped, logged.
+    pub spool: Option<Arc<switchyard_schemas::publish::Spool>>,
+}
+
 /// Builds the state: subscribes this process's reply inbox (`ingress_id` must be unique per
-/// process) and the target health subjects. `/readyz` reports ingress alone.
+/// process) and the target health subjects. `/readyz` reports ingress alone; no usage spool.
 pub async fn state(
     nats: async_nats::Client,
     config: ConfigHandle,
     ingress_id: &str,
 ) -> Result<Arc<AppState>, IngressError> {
-    state_with_readiness(nats, config, ingress_id, Readiness::default()).await
+    state_with(nats, config, ingress_id, Wiring::default()).await
 }
 
-/// Like [`state`], with `/readyz` reporting `readiness` (the other services of this process,
-/// registered by the caller) plus component `ingress`.
-pub async fn state_with_readiness(
+/// Like [`state`], wired into its process by `wiring`.
+pub async fn state_with(
     nats: async_nats::Client,
     config: ConfigHandle,
     ingress_id: &str,
-    readiness: Readiness,
+    wiring: Wiring,
 ) -> Result<Arc<AppState>, IngressError> {
-    let registry = switchyard_schemas::metrics::Registry::new();
-    switchyard_schemas::metrics::add_process_collectors(&registry);
-    state_with_registry(nats, config, ingress_id, readiness, registry).await
-}
-
-/// Like [`state_with_readiness`], recording metrics into `registry` (`switchyard up` shares
-/// one between its services, so `/metrics` shows them all; the caller adds its collectors).
-pub async fn state_with_registry(
-    nats: async_nats::Client,
-    config: ConfigHandle,
-    ingress_id: &str,
-    readiness: Readiness,
-    registry: switchyard_schemas::metrics::Registry,
-) -> Result<Arc<AppState>, IngressError> {
+    let Wiring {
+        readiness,
+        registry,
+        spool,
+    } = wiring;
+    let registry = registry.unwrap_or_else(|| {
+        let r = switchyard_schemas::metrics::Registry::new();
+        switchyard_schemas::metrics::add_process_collectors(&r, spool.clone());
+        r
+    });
     let ingress_ready = readiness.register("ingress", "starting");
     let subjects = Subjects::new(config.get().subject_prefix.clone());
     let dispatcher =
@@ -193,8 +201,11 @@ pub async fn state_with_registry(
         responses::store::ResponseStore::connect(&js, config.get().responses.ttl_s).await;
     // Loading the tokenizer takes a moment: do it now, off the request path.
     tokio::task::spawn_blocking(trim::warm_up);
-    let usage =
-        switchyard_schemas::publish_batch::UsagePublisher::start(js.clone(), subjects.clone());
+    let usage = switchyard_schemas::publish_batch::UsagePublisher::start(
+        js.clone(),
+        subjects.clone(),
+        spool,
+    );
     Ok(Arc::new(AppState {
         usage,
         config,

@@ -12,8 +12,9 @@
 //! event later: inside the stream's duplicate window JetStream drops it, after it the ledger's
 //! primary key (request id, kind, attempt) does, so an event is never counted twice.
 //!
-//! The spool is configured process-wide with [`set_spool_dir`] (the CLI uses
-//! `<data_dir>/spool/<service>-<id>`). The directory holds an exclusive lock file
+//! A process opens its spool ([`Spool::open`]; the CLI uses `<data_dir>/spool/<service>-<id>`)
+//! and hands it to its publishers and to one [`drain_spool`] task: there is no process-wide
+//! spool, so two gateways in one process (tests) never spool into each other's directory. The directory holds an exclusive lock file
 //! ([`LOCK_FILE`]) for the lifetime of the process, `pending.jsonl` (appended to) and
 //! `draining-<uuid>.jsonl` (taken over by the drainer). Sibling directories whose lock is free
 //! (left by a process that has exited) are adopted by the drainer: their files move into this
@@ -27,7 +28,7 @@ use std::future::Future;
 use std::io::{self, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// What a failed NATS publish was carrying (the `subject` label of
@@ -95,6 +96,7 @@ const SWEEP_INTERVAL: Duration = Duration::from_secs(60);
 /// configured, or writing it failed), which is logged as an error.
 pub async fn publish_usage_event(
     js: &async_nats::jetstream::Context,
+    spool: Option<&Arc<Spool>>,
     subjects: &Subjects,
     event: &UsageEvent,
 ) -> bool {
@@ -108,7 +110,7 @@ pub async fn publish_usage_event(
         event: event.clone(),
     };
     let msg_id = entry.msg_id.clone();
-    store(js, &subject, &msg_id, payload, vec![entry]).await
+    store(js, spool, &subject, &msg_id, payload, vec![entry]).await
 }
 
 /// Publishes `payload` (one event, or a JSON array of events, all on `subject`) with `msg_id`,
@@ -117,6 +119,7 @@ pub async fn publish_usage_event(
 /// whether the events are stored (acknowledged or spooled).
 pub(crate) async fn store(
     js: &async_nats::jetstream::Context,
+    spool: Option<&Arc<Spool>>,
     subject: &str,
     msg_id: &str,
     payload: Vec<u8>,
@@ -143,7 +146,7 @@ pub(crate) async fn store(
             delay *= 2;
         }
     }
-    let Some(spool) = current_spool() else {
+    let Some(spool) = spool else {
         tracing::error!(%subject, events = entries.len(), "usage events could not be stored in JetStream and no spool is configured; dropped");
         return false;
     };
@@ -255,8 +258,8 @@ pub struct DrainOutcome {
     pub foreign: u64,
 }
 
-/// A durable local spool directory of usage events (see the module docs). Usually used through
-/// [`set_spool_dir`], [`publish_usage_event`] and [`drain_spool`].
+/// A durable local spool directory of usage events (see the module docs), used through
+/// [`publish_usage_event`] (or a [`crate::publish_batch::UsagePublisher`]) and [`drain_spool`].
 #[derive(Debug)]
 pub struct Spool {
     dir: PathBuf,
@@ -655,39 +658,16 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
-/// The process-wide spool.
-static SPOOL: RwLock<Option<Arc<Spool>>> = RwLock::new(None);
-
-/// Makes `dir` this process's usage spool (created if missing, locked while the process runs).
-/// Called once at start-up, before the services publish; a later call replaces the spool.
-pub fn set_spool_dir(dir: impl AsRef<Path>) -> io::Result<()> {
-    let spool = Arc::new(Spool::open(dir.as_ref())?);
-    *SPOOL.write().unwrap_or_else(|p| p.into_inner()) = Some(spool);
-    Ok(())
-}
-
-/// Turns the process-wide spool off again (failed publishes are then dropped, as logged).
-pub fn clear_spool() {
-    *SPOOL.write().unwrap_or_else(|p| p.into_inner()) = None;
-}
-
-/// The process-wide spool, if [`set_spool_dir`] configured one.
-pub fn current_spool() -> Option<Arc<Spool>> {
-    SPOOL.read().unwrap_or_else(|p| p.into_inner()).clone()
-}
-
-/// Drains the process-wide spool into JetStream until `shutdown` completes: a pass at start
-/// (which also adopts spools left by exited processes), a pass right after each newly spooled
-/// event, retries every 250 ms to 5 s while events remain, and a sweep every minute otherwise.
-/// Only events under `subjects`' prefix are published. Returns at once when no spool is set.
+/// Drains `spool` into JetStream until `shutdown` completes: a pass at start (which also adopts
+/// spools left by exited processes), a pass right after each newly spooled event, retries every
+/// 250 ms to 5 s while events remain, and a sweep every minute otherwise. Only events under
+/// `subjects`' prefix are published.
 pub async fn drain_spool(
     js: async_nats::jetstream::Context,
     subjects: Subjects,
+    spool: Arc<Spool>,
     shutdown: impl Future<Output = ()>,
 ) {
-    let Some(spool) = current_spool() else {
-        return;
-    };
     let mut shutdown = std::pin::pin!(shutdown);
     let mut delay = RETRY_MIN;
     loop {
@@ -838,27 +818,26 @@ mod tests {
         }
     }
 
-    /// The only test using the process-wide spool: events published while the server is down are
+    /// Events published while the server is down are
     /// spooled (fsync'd lines) and drained exactly once when it is back; a spooled event the stream
     /// already holds (its acknowledgement was lost) is dropped by the `Nats-Msg-Id` dedupe.
     #[tokio::test]
     async fn spooled_while_down_then_drained_exactly_once() {
         let tmp = tempfile::tempdir().unwrap();
-        set_spool_dir(tmp.path().join("spool").join("test-1")).unwrap();
-        let spool = current_spool().unwrap();
+        let spool = Arc::new(Spool::open(&tmp.path().join("spool").join("test-1")).unwrap());
         let (mut server, js, mut stream) = server().await;
         let subjects = Subjects::default();
 
         let stored = event(UsageKind::Charge);
-        assert!(publish_usage_event(&js, &subjects, &stored).await);
+        assert!(publish_usage_event(&js, Some(&spool), &subjects, &stored).await);
         assert_eq!(spool.stats().spooled, 0);
 
         server.stop().unwrap();
         let a = event(UsageKind::Upstream);
         let b = event(UsageKind::Charge);
         let (ra, rb) = tokio::join!(
-            publish_usage_event(&js, &subjects, &a),
-            publish_usage_event(&js, &subjects, &b)
+            publish_usage_event(&js, Some(&spool), &subjects, &a),
+            publish_usage_event(&js, Some(&spool), &subjects, &b)
         );
         assert!(ra && rb, "spooled counts as stored");
         assert_eq!(spool.stats().spooled, 2);
@@ -878,9 +857,14 @@ mod tests {
         spool.append(&entry(&subjects, &stored)).unwrap();
 
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let drainer = tokio::spawn(drain_spool(js.clone(), subjects.clone(), async {
-            let _ = stopped.await;
-        }));
+        let drainer = tokio::spawn(drain_spool(
+            js.clone(),
+            subjects.clone(),
+            spool.clone(),
+            async {
+                let _ = stopped.await;
+            },
+        ));
         server.restart().unwrap();
         until(Duration::from_secs(20), || {
             let spool = spool.clone();
@@ -905,7 +889,6 @@ mod tests {
         assert_eq!(messages(&mut stream).await, 3);
         stop.send(()).unwrap();
         drainer.await.unwrap();
-        clear_spool();
     }
 
     /// An event spooled by an earlier version on its per-request subject is delivered on the

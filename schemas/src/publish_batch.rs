@@ -20,7 +20,7 @@
 //! The latency of the client's request is unaffected: producers publish usage after the answer,
 //! in tasks their shutdown waits for.
 
-use crate::publish::{Entry, msg_id_of, publish_usage_event, store, subject_of};
+use crate::publish::{Entry, Spool, msg_id_of, publish_usage_event, store, subject_of};
 use crate::subjects::Subjects;
 use crate::usage::UsageEvent;
 use std::collections::HashMap;
@@ -47,6 +47,7 @@ pub struct UsagePublisher {
     tx: mpsc::Sender<Pending>,
     js: async_nats::jetstream::Context,
     subjects: Subjects,
+    spool: Option<Arc<Spool>>,
     close: Arc<Notify>,
     task: Arc<Mutex<Option<tokio::task::JoinHandle<()>>>>,
 }
@@ -61,15 +62,29 @@ impl std::fmt::Debug for UsagePublisher {
 
 impl UsagePublisher {
     /// Starts the batching task (on the current tokio runtime) publishing to `js` under
-    /// `subjects`' prefix. Call [`Self::close`] at shutdown.
-    pub fn start(js: async_nats::jetstream::Context, subjects: Subjects) -> Self {
+    /// `subjects`' prefix; what JetStream does not take goes to `spool` (its owner drains it),
+    /// without one it is dropped (logged). Call [`Self::close`] at shutdown.
+    pub fn start(
+        js: async_nats::jetstream::Context,
+        subjects: Subjects,
+        spool: Option<Arc<Spool>>,
+    ) -> Self {
         let (tx, rx) = mpsc::channel(QUEUE);
         let close = Arc::new(Notify::new());
-        let task = tokio::spawn(run(rx, js.clone(), subjects.clone(), close.clone()));
+        let task = tokio::spawn(run(
+            rx,
+            Sink {
+                js: js.clone(),
+                spool: spool.clone(),
+            },
+            subjects.clone(),
+            close.clone(),
+        ));
         Self {
             tx,
             js,
             subjects,
+            spool,
             close,
             task: Arc::new(Mutex::new(Some(task))),
         }
@@ -83,7 +98,7 @@ impl UsagePublisher {
         match self.tx.send(Pending { event, done }).await {
             Ok(()) => stored.await.unwrap_or(false),
             Err(mpsc::error::SendError(p)) => {
-                publish_usage_event(&self.js, &self.subjects, &p.event).await
+                publish_usage_event(&self.js, self.spool.as_ref(), &self.subjects, &p.event).await
             }
         }
     }
@@ -102,12 +117,7 @@ impl UsagePublisher {
 
 /// The batching loop: takes every event queued (up to [`MAX_EVENTS`]), publishes one message per
 /// subject, and gathers the next batch while [`IN_FLIGHT`] batches await acknowledgement.
-async fn run(
-    mut rx: mpsc::Receiver<Pending>,
-    js: async_nats::jetstream::Context,
-    subjects: Subjects,
-    close: Arc<Notify>,
-) {
+async fn run(mut rx: mpsc::Receiver<Pending>, sink: Sink, subjects: Subjects, close: Arc<Notify>) {
     let mut in_flight = JoinSet::new();
     let mut closing = false;
     loop {
@@ -133,7 +143,7 @@ async fn run(
             }
         }
         for (subject, group) in by_subject(&subjects, batch) {
-            in_flight.spawn(publish_batch(js.clone(), subject, group));
+            in_flight.spawn(publish_batch(sink.clone(), subject, group));
         }
         while in_flight.try_join_next().is_some() {}
     }
@@ -152,8 +162,15 @@ fn by_subject(subjects: &Subjects, batch: Vec<Pending>) -> HashMap<String, Vec<P
     groups
 }
 
+/// Where batches go: the stream, else the spool.
+#[derive(Clone)]
+struct Sink {
+    js: async_nats::jetstream::Context,
+    spool: Option<Arc<Spool>>,
+}
+
 /// Publishes one group as a JSON array (a lone event as itself) and tells each producer.
-async fn publish_batch(js: async_nats::jetstream::Context, subject: String, group: Vec<Pending>) {
+async fn publish_batch(sink: Sink, subject: String, group: Vec<Pending>) {
     let events: Vec<&UsageEvent> = group.iter().map(|p| &p.event).collect();
     let encoded = match events.as_slice() {
         [one] => serde_json::to_vec(one),
@@ -174,7 +191,15 @@ async fn publish_batch(js: async_nats::jetstream::Context, subject: String, grou
                     event: p.event.clone(),
                 })
                 .collect();
-            store(&js, &subject, &msg_id, payload, entries).await
+            store(
+                &sink.js,
+                sink.spool.as_ref(),
+                &subject,
+                &msg_id,
+                payload,
+                entries,
+            )
+            .await
         }
         (Err(e), _) => {
             tracing::error!(error = %e, "usage events not encodable; dropped");

@@ -92,6 +92,9 @@ pub struct WorkerOptions {
     /// docs/metrics.md): `switchyard up` shares its ingress's, `switchyard worker` serves its
     /// own on `--metrics-listen`.
     pub metrics: switchyard_schemas::metrics::Registry,
+    /// Where usage events JetStream does not acknowledge are kept (the process drains it);
+    /// `None`: they are dropped, logged.
+    pub spool: Option<Arc<switchyard_schemas::publish::Spool>>,
 }
 
 /// Returns the adapter for a provider family.
@@ -232,7 +235,7 @@ impl Worker {
             tracing::warn!("could not confirm the worker's subscriptions with the NATS server");
         }
         tracing::info!(worker = %opts.worker_id, providers = ?kinds, "worker serving");
-        let usage = UsagePublisher::start(js.clone(), opts.subjects.clone());
+        let usage = UsagePublisher::start(js.clone(), opts.subjects.clone(), opts.spool.clone());
         let shared = Arc::new(Shared {
             usage,
             nats,

@@ -97,16 +97,17 @@ async fn nats_restart_mid_batch_bills_once_and_reruns_at_most_the_window() {
     // Every upstream row (the lost answers' included) joins its item's one charge row:
     // reconciliation finds nothing.
     let ledger = gw.ledger.clone().unwrap();
-    let r = eventually(Duration::from_secs(30), || {
-        let ledger = ledger.clone();
-        async move {
-            let r = switchyard_billing::reconcile(&ledger, 0, u64::MAX, 1000)
-                .await
-                .unwrap();
-            (r.counts.total() == 0).then_some(r)
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let r = loop {
+        let r = switchyard_billing::reconcile(&ledger, 0, u64::MAX, 1000)
+            .await
+            .unwrap();
+        if r.counts.total() == 0 || tokio::time::Instant::now() > deadline {
+            break r;
         }
-    })
-    .await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(r.rows, Vec::new(), "reconciliation findings after 30 s");
     assert_eq!(r.requests, ITEMS as u64);
     let calls = gw.mock.request_count();
     assert!(
@@ -125,10 +126,14 @@ async fn spawn_runner_ingress(
     let mut config = (*gw.config.get()).clone();
     config.batch.run = true;
     let client = gw.nats_as(switchyard::nats_auth::Identity::Ingress).await;
-    let state = switchyard_ingress::state(
+    let state = switchyard_ingress::state_with(
         client,
         switchyard_schemas::config::ConfigHandle::new(config),
         &format!("ingress-{}", uuid::Uuid::now_v7().simple()),
+        switchyard_ingress::Wiring {
+            spool: Some(gw.spool.clone()),
+            ..Default::default()
+        },
     )
     .await
     .unwrap();

@@ -646,26 +646,15 @@ async fn postgres_outage_of_60s_loses_and_doubles_nothing() {
 async fn nats_restart_loses_and_doubles_nothing() {
     const N: u64 = 3_000;
     let t0 = Instant::now();
-    // Its own subject prefix: the spool is process-wide, and its drainer only re-publishes
-    // events of its own prefix, so other tests of this binary cannot leak into this ledger.
+    // The gateway's ingress and worker spool into its own spool (drained by its own task).
     let (mut gw, subjects) = gateway("fc").await;
-    let spool_root = tempfile::tempdir().unwrap();
-    switchyard_schemas::publish::set_spool_dir(spool_root.path().join("spool").join("fc-1"))
-        .unwrap();
-    let drainer_shutdown = tokio_util::sync::CancellationToken::new();
-    let drainer_nats = async_nats::connect(gw.nats.url()).await.unwrap();
-    tokio::spawn(switchyard_schemas::publish::drain_spool(
-        async_nats::jetstream::new(drainer_nats),
-        subjects.clone(),
-        drainer_shutdown.clone().cancelled_owned(),
-    ));
     let tmp = tempfile::tempdir().unwrap();
     let ledger = sqlite_ledger(tmp.path()).await;
     let _billing = spawn_billing(gw.nats.url(), subjects.clone(), ledger.clone());
     let (load, mut progress) = load(&gw.base, N);
 
     reached(&mut progress, N / 3).await;
-    let spool = switchyard_schemas::publish::current_spool().unwrap();
+    let spool = gw.spool.clone();
     let stopped = Instant::now();
     tokio::task::block_in_place(|| gw.nats.stop()).unwrap();
     // Down until usage events publishes could not store went to the spool (a few seconds: failed
@@ -711,8 +700,6 @@ async fn nats_restart_loses_and_doubles_nothing() {
     assert_eq!(spool.drain(&js, &subjects).await.unwrap().remaining, 0);
     let stats = spool.stats();
     assert!(stats.drained >= 10, "{stats:?}");
-    drainer_shutdown.cancel();
-    switchyard_schemas::publish::clear_spool();
     let distinct: HashSet<&str> = requests.iter().map(|r| r.request_id.as_str()).collect();
     assert_eq!(distinct.len() as u64, N);
     eprintln!(

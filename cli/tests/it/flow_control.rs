@@ -366,6 +366,7 @@ async fn non_readers_stall_only_their_own_upstream_calls() {
         builtin_mock_url: Some(format!("{mock_url}/v1")),
         builtin_local_model_url: None,
         metrics: switchyard_schemas::metrics::Registry::new(),
+        spool: None,
     };
     let c = async_nats::connect(nats.url()).await.unwrap();
     let worker = switchyard_workers::worker::Worker::subscribe(c, worker)

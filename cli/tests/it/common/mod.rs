@@ -34,6 +34,9 @@ pub struct Gateway {
     /// The per-identity NATS passwords when started with `Options::auth` (each component then
     /// connects as its own identity; `None`: an open server).
     pub creds: Option<switchyard::nats_auth::Credentials>,
+    /// The usage spool of the gateway's ingress and worker (drained until `shutdown`), under
+    /// its temp dir: a gateway's spooled events never reach another test's NATS.
+    pub spool: std::sync::Arc<switchyard_schemas::publish::Spool>,
     _tmp: tempfile::TempDir,
 }
 
@@ -148,9 +151,18 @@ pub async fn start(opts: Options) -> Gateway {
         .await
         .unwrap();
 
-    // One registry for the worker and ingress, as `switchyard up` has.
+    // One spool and one registry for the worker and ingress, as `switchyard up` has.
+    let spool = std::sync::Arc::new(
+        switchyard_schemas::publish::Spool::open(&tmp.path().join("spool").join("gw")).unwrap(),
+    );
+    tokio::spawn(switchyard_schemas::publish::drain_spool(
+        async_nats::jetstream::new(client.clone()),
+        subjects.clone(),
+        spool.clone(),
+        shutdown.clone().cancelled_owned(),
+    ));
     let registry = switchyard_schemas::metrics::Registry::new();
-    switchyard_schemas::metrics::add_process_collectors(&registry);
+    switchyard_schemas::metrics::add_process_collectors(&registry, Some(spool.clone()));
     switchyard_billing::lag::add_lag_collector(&registry, js.clone());
     let mut ledger = None;
     if opts.billing {
@@ -184,6 +196,7 @@ pub async fn start(opts: Options) -> Gateway {
             "worker-a",
             worker_shutdown.clone(),
             registry.clone(),
+            Some(spool.clone()),
         )
         .await;
     }
@@ -193,12 +206,15 @@ pub async fn start(opts: Options) -> Gateway {
         let probe = connect_as(&nats.url(), creds.as_ref(), Identity::Ingress).await;
         spawn_cache_on(c, probe, &subjects, cache_shutdown.clone()).await;
     }
-    let state = switchyard_ingress::state_with_registry(
+    let state = switchyard_ingress::state_with(
         client,
         config.clone(),
         &format!("ingress-{}", uuid::Uuid::now_v7().simple()),
-        switchyard_schemas::ready::Readiness::default(),
-        registry,
+        switchyard_ingress::Wiring {
+            registry: Some(registry),
+            spool: Some(spool.clone()),
+            ..Default::default()
+        },
     )
     .await
     .unwrap();
@@ -223,6 +239,7 @@ pub async fn start(opts: Options) -> Gateway {
         config,
         ingress: state,
         creds,
+        spool,
         _tmp: tmp,
     }
 }
@@ -349,10 +366,10 @@ pub async fn spawn_worker_on(
     shutdown: CancellationToken,
 ) {
     let registry = switchyard_schemas::metrics::Registry::new();
-    spawn_worker_into(c, mock, config, id, shutdown, registry).await;
+    spawn_worker_into(c, mock, config, id, shutdown, registry, None).await;
 }
 
-/// [`spawn_worker_on`] recording its metrics into `registry`.
+/// [`spawn_worker_on`] recording its metrics into `registry`, spooling into `spool`.
 pub async fn spawn_worker_into(
     c: async_nats::Client,
     mock: &MockUpstream,
@@ -360,6 +377,7 @@ pub async fn spawn_worker_into(
     id: &str,
     shutdown: CancellationToken,
     registry: switchyard_schemas::metrics::Registry,
+    spool: Option<std::sync::Arc<switchyard_schemas::publish::Spool>>,
 ) {
     let opts = switchyard_workers::worker::WorkerOptions {
         worker_id: id.to_owned(),
@@ -369,6 +387,7 @@ pub async fn spawn_worker_into(
         builtin_mock_url: Some(format!("{}/v1", mock.base_url())),
         builtin_local_model_url: None,
         metrics: registry,
+        spool,
     };
     let worker = switchyard_workers::worker::Worker::subscribe(c, opts)
         .await
