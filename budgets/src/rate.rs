@@ -439,13 +439,14 @@ impl RateStore {
         charged: u64,
         actual: u64,
     ) -> Result<Window, RateError> {
+        let settle = Op::Settle {
+            minute,
+            refund,
+            charged,
+            actual: if refund { 0 } else { actual },
+        };
         self.scope(key)?
-            .submit(Op::Settle {
-                minute,
-                refund,
-                charged,
-                actual: if refund { 0 } else { actual },
-            })
+            .submit_deferred(settle, crate::store::SETTLE_WITHIN)
             .await
             .unwrap_or_else(|e| Err(RateError::Unavailable(e.to_string())))
     }

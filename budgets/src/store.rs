@@ -31,6 +31,11 @@ pub const BUDGETS_BUCKET: &str = "SY_BUDGETS";
 
 /// How long a batch keeps retrying compare-and-set conflicts before giving up.
 pub const MAX_CONTENTION: Duration = Duration::from_secs(10);
+/// Longest a settlement waits to ride the next reservation's write of its scope before it is
+/// written on its own. Until then the scope counts the reservation (≥ the charge) as held:
+/// other replicas see the spend up to this much later, never less of it. In this process the
+/// next reservation applies it first, so admission here is as if it were written at once.
+pub const SETTLE_WITHIN: Duration = Duration::from_millis(10);
 
 /// The budget store cannot be read or written (or an entry is unreadable: fail closed).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -377,7 +382,13 @@ impl BudgetStore {
         reserved: Demand,
         actual: Demand,
     ) -> Result<(), Unavailable> {
-        match self.submit(key, OpKind::Settle { reserved, actual }).await {
+        let settle = OpKind::Settle { reserved, actual };
+        let answer = self
+            .scope(self.scopes()?, key)
+            .submit_deferred(settle, SETTLE_WITHIN)
+            .await
+            .unwrap_or_else(|_| Err(Unavailable("budget batch aborted".into()).into()));
+        match answer {
             Ok(()) => Ok(()),
             Err(ReserveError::Unavailable(e)) => Err(e),
             Err(ReserveError::Exceeded(_)) => Ok(()),

@@ -10,6 +10,12 @@
 //!
 //! The leader's work runs in a task of the [`Combiners`]' tracker: the batch carries other
 //! callers' operations, so it finishes even if the leading caller goes away.
+//!
+//! **Deferred operations** ([`Combiner::submit_deferred`]) do not start a batch: they wait for
+//! the next one (ahead of its operations) or for a flush after a short delay, whichever comes
+//! first. For operations nobody waits on the critical path — settlements after the answer was
+//! sent — so under load they ride the next admission's write instead of costing one of their
+//! own (one JetStream write and acknowledgement less per request).
 
 use crate::cas::{KvError, Stored, WriteError, backoff, load, write};
 use async_nats::jetstream::kv;
@@ -101,9 +107,16 @@ struct Leader<B: Batch> {
     cached: Option<(u64, B::Value)>,
 }
 
+/// Operations waiting for the next batch.
+struct Queue<B: Batch> {
+    ops: Vec<Queued<B>>,
+    /// When the scheduled flush of deferred operations runs, if one is.
+    flush_at: Option<tokio::time::Instant>,
+}
+
 /// The combiner of one key.
 pub struct Combiner<B: Batch> {
-    queue: Mutex<Vec<Queued<B>>>,
+    queue: Arc<Mutex<Queue<B>>>,
     leader: Arc<tokio::sync::Mutex<Leader<B>>>,
     tasks: TaskTracker,
 }
@@ -113,7 +126,7 @@ impl<B: Batch> Combiner<B> {
     /// process is writing the entry.
     pub async fn submit(&self, op: B::Op) -> Result<B::Answer, Aborted> {
         let (tx, mut rx) = oneshot::channel();
-        self.queue.lock().push((op, tx));
+        self.queue.lock().ops.push((op, tx));
         let guard = tokio::select! {
             biased;
             answer = &mut rx => return answer.map_err(|_| Aborted),
@@ -122,13 +135,50 @@ impl<B: Batch> Combiner<B> {
         if let Ok(answer) = rx.try_recv() {
             return Ok(answer);
         }
-        let batch = std::mem::take(&mut *self.queue.lock());
+        let batch = std::mem::take(&mut self.queue.lock().ops);
         if !batch.is_empty() {
             let leader = self.tasks.spawn(async move {
                 let mut guard = guard;
                 guard.commit(batch).await;
             });
             let _ = leader.await;
+        }
+        rx.await.map_err(|_| Aborted)
+    }
+
+    /// Queues `op` for the next batch without starting one: it is applied ahead of the next
+    /// [`Self::submit`]'s operations, or by a flush `within` after it was queued, whichever
+    /// comes first. The answer arrives then. The flush runs in the tracker [`Combiners::close`]
+    /// waits on.
+    pub async fn submit_deferred(&self, op: B::Op, within: Duration) -> Result<B::Answer, Aborted> {
+        let (tx, rx) = oneshot::channel();
+        let at = tokio::time::Instant::now() + within;
+        let arm = {
+            let mut q = self.queue.lock();
+            q.ops.push((op, tx));
+            // A flush already due sooner takes this one too.
+            let arm = q.flush_at.is_none_or(|t| t > at);
+            if arm {
+                q.flush_at = Some(at);
+            }
+            arm
+        };
+        if arm {
+            let (leader, queue) = (self.leader.clone(), self.queue.clone());
+            self.tasks.spawn(async move {
+                tokio::time::sleep_until(at).await;
+                let mut guard = leader.lock_owned().await;
+                let batch = {
+                    let mut q = queue.lock();
+                    if q.flush_at == Some(at) {
+                        q.flush_at = None;
+                    }
+                    std::mem::take(&mut q.ops)
+                };
+                if !batch.is_empty() {
+                    guard.commit(batch).await;
+                }
+            });
         }
         rx.await.map_err(|_| Aborted)
     }
@@ -260,7 +310,10 @@ impl<B: Batch> Combiners<B> {
             .entry(key.to_owned())
             .or_insert_with(|| {
                 Arc::new(Combiner {
-                    queue: Mutex::new(Vec::new()),
+                    queue: Arc::new(Mutex::new(Queue {
+                        ops: Vec::new(),
+                        flush_at: None,
+                    })),
                     leader: Arc::new(tokio::sync::Mutex::new(Leader {
                         kv: self.kv.clone(),
                         key: key.to_owned(),

@@ -127,3 +127,59 @@ async fn an_unreadable_entry_is_the_callers_policy() {
     let r = c.submit(1).await.unwrap();
     assert!(matches!(r, Err(KvError::Unreadable { .. })), "{r:?}");
 }
+
+/// A deferred operation starts no batch: it is applied ahead of the next submitted one, in the
+/// same write, or flushed on its own after its delay; under 2,000 concurrent operations from two
+/// processes, half of them deferred, every one is applied exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deferred_operations_ride_the_next_batch_or_flush() {
+    let nats = switchyard_natsd::NatsServer::start_temp().unwrap();
+    let (applies, fresh) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let p = Combiners::<Counter>::new(bucket(&nats).await);
+    let c = p.get("d", || Counter {
+        applies: applies.clone(),
+        fresh: fresh.clone(),
+    });
+    let deferred = c.submit_deferred(5, Duration::from_secs(5));
+    tokio::pin!(deferred);
+    assert!(futures::poll!(&mut deferred).is_pending());
+    assert_eq!(c.submit(1).await.unwrap().unwrap(), 6);
+    assert_eq!(deferred.await.unwrap().unwrap(), 5);
+    assert_eq!(applies.load(Ordering::Relaxed), 1, "one write for both");
+    // Alone, it is flushed after its delay.
+    let alone = c.submit_deferred(2, Duration::from_millis(20)).await;
+    assert_eq!(alone.unwrap().unwrap(), 8);
+    assert_eq!(applies.load(Ordering::Relaxed), 2);
+
+    let procs = [p, Combiners::<Counter>::new(bucket(&nats).await)].map(Arc::new);
+    let tasks = (0..2_000u64).map(|i| {
+        let (p, applies, fresh) = (
+            procs[(i % 2) as usize].clone(),
+            applies.clone(),
+            fresh.clone(),
+        );
+        tokio::spawn(async move {
+            let c = p.get("d", || Counter { applies, fresh });
+            if i % 4 < 2 {
+                c.submit_deferred(1, Duration::from_millis(10)).await
+            } else {
+                c.submit(1).await
+            }
+            .unwrap()
+            .unwrap()
+        })
+    });
+    let mut seen: Vec<u64> = Vec::new();
+    for t in futures::future::join_all(tasks).await {
+        seen.push(t.unwrap());
+    }
+    seen.sort_unstable();
+    assert_eq!(seen, (9..=2_008).collect::<Vec<_>>());
+    for p in &procs {
+        p.close().await;
+    }
+    let (_, stored) = switchyard_kv::load::<u64>(procs[0].store(), "d")
+        .await
+        .unwrap();
+    assert_eq!(stored, Stored::Value(2_008));
+}
