@@ -334,7 +334,7 @@ impl BillingService {
 
     /// Decodes, stores and acks one batch. Returns false when an insert failed (its messages
     /// nak'ed). A message may carry several events (a JSON array, see
-    /// `switchyard_schemas::publish_batch`); it is acked once every row it carries committed.
+    /// `switchyard_publish::batch`); it is acked once every row it carries committed.
     async fn process(&mut self, batch: Vec<jetstream::Message>) -> bool {
         let mut rows: Vec<(UsageRow, Owed, usize)> = Vec::with_capacity(batch.len());
         let mut messages = Vec::with_capacity(batch.len());

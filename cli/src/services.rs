@@ -2,14 +2,14 @@
 //! `billing`, and the parts they share (the usage spool, live reload, the metrics listener).
 
 use super::*;
-use switchyard_schemas::publish::Spool;
+use switchyard_publish::Spool;
 
 /// A registry with this process's `spool` and publish-error collectors.
 pub(crate) fn process_registry(
     spool: Option<&Arc<Spool>>,
 ) -> switchyard_schemas::metrics::Registry {
     let registry = switchyard_schemas::metrics::Registry::new();
-    switchyard_schemas::metrics::add_process_collectors(&registry, spool.cloned());
+    switchyard_publish::add_process_collectors(&registry, spool.cloned());
     registry
 }
 
@@ -48,7 +48,7 @@ pub(crate) fn start_spool(
     };
     let js = async_nats::jetstream::new(nats.clone());
     let subjects = Subjects::new(c.subject_prefix.clone());
-    tokio::spawn(switchyard_schemas::publish::drain_spool(
+    tokio::spawn(switchyard_publish::drain_spool(
         js,
         subjects,
         spool.clone(),

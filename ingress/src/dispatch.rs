@@ -84,7 +84,7 @@ impl Dispatcher {
             shards.push(tx);
         }
         // Make sure the server knows the inbox before the first reply can arrive.
-        if !switchyard_schemas::publish::sync_with_server(&nats).await {
+        if !switchyard_publish::sync_with_server(&nats).await {
             tracing::warn!("could not confirm the inbox subscriptions with the NATS server");
         }
         let (control, mut control_rx) = mpsc::channel::<(String, Bytes)>(CONTROL_CAPACITY);
@@ -154,9 +154,7 @@ impl Dispatcher {
             .publish_with_reply_and_headers(subject, reply, headers, payload.into())
             .await
             .map_err(|e| {
-                switchyard_schemas::publish::count_publish_error(
-                    switchyard_schemas::publish::PublishKind::Request,
-                );
+                switchyard_publish::count_publish_error(switchyard_publish::PublishKind::Request);
                 ErrorInfo::new(
                     ErrorClass::NoCapacity,
                     format!("publishing to NATS failed: {e}"),

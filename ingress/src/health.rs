@@ -249,7 +249,7 @@ impl HealthView {
         let mut sub = nats
             .subscribe(format!("{}.health.>", subjects.prefix()))
             .await?;
-        if !switchyard_schemas::publish::sync_with_server(nats).await {
+        if !switchyard_publish::sync_with_server(nats).await {
             tracing::warn!("could not confirm the health subscription with the NATS server");
         }
         let view = self.clone();

@@ -94,7 +94,7 @@ pub struct AppState {
     /// Stored responses of `POST /v1/responses` (KV bucket `SY_RESPONSES`).
     pub responses: responses::store::ResponseStore,
     /// Usage events (`charge`), batched into few JetStream messages; closed after `tasks`.
-    pub usage: switchyard_schemas::publish_batch::UsagePublisher,
+    pub usage: switchyard_publish::UsagePublisher,
     /// This process's services for `GET /readyz` (ingress itself is component `ingress`,
     /// ready once [`serve`] accepts connections).
     pub readiness: Readiness,
@@ -148,7 +148,7 @@ pub struct Wiring {
     pub registry: Option<switchyard_schemas::metrics::Registry>,
     /// Where usage events JetStream does not acknowledge are kept (the caller drains it);
     /// `None`: they are dropped, logged.
-    pub spool: Option<Arc<switchyard_schemas::publish::Spool>>,
+    pub spool: Option<Arc<switchyard_publish::Spool>>,
 }
 
 /// Builds the state: subscribes this process's reply inbox (`ingress_id` must be unique per
@@ -175,7 +175,7 @@ pub async fn state_with(
     } = wiring;
     let registry = registry.unwrap_or_else(|| {
         let r = switchyard_schemas::metrics::Registry::new();
-        switchyard_schemas::metrics::add_process_collectors(&r, spool.clone());
+        switchyard_publish::add_process_collectors(&r, spool.clone());
         r
     });
     let ingress_ready = readiness.register("ingress", "starting");
@@ -201,11 +201,7 @@ pub async fn state_with(
         responses::store::ResponseStore::connect(&js, config.get().responses.ttl_s).await;
     // Loading the tokenizer takes a moment: do it now, off the request path.
     tokio::task::spawn_blocking(trim::warm_up);
-    let usage = switchyard_schemas::publish_batch::UsagePublisher::start(
-        js.clone(),
-        subjects.clone(),
-        spool,
-    );
+    let usage = switchyard_publish::UsagePublisher::start(js.clone(), subjects.clone(), spool);
     Ok(Arc::new(AppState {
         usage,
         config,

@@ -27,10 +27,6 @@ pub mod metrics;
 pub mod nats_config;
 pub mod pricing;
 pub mod pricing_import;
-#[cfg(feature = "nats")]
-pub mod publish;
-#[cfg(feature = "nats")]
-pub mod publish_batch;
 pub mod ready;
 pub mod replicas;
 pub mod request;

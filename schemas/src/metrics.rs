@@ -327,39 +327,6 @@ fn describe() {
     );
 }
 
-/// Registers the collector of this process's usage `spool` (none: 0) and NATS publish errors
-/// (process-wide counts: every registry of the process shows the same values).
-pub fn add_process_collectors(registry: &Registry, spool: Option<Arc<crate::publish::Spool>>) {
-    let r = registry.clone();
-    let (events, bytes) = (r.gauge(SPOOL_EVENTS, &[]), r.gauge(SPOOL_BYTES, &[]));
-    let errors: Vec<(&'static str, Counter)> = crate::publish::PublishKind::ALL
-        .iter()
-        .map(|k| {
-            (
-                k.as_str(),
-                r.counter(NATS_PUBLISH_ERRORS, &[("subject", k.as_str())]),
-            )
-        })
-        .collect();
-    registry.add_collector(Arc::new(move || {
-        let (events, bytes, errors) = (events.clone(), bytes.clone(), errors.clone());
-        let spool = spool.clone();
-        Box::pin(async move {
-            for ((_, c), k) in errors.iter().zip(crate::publish::PublishKind::ALL) {
-                c.absolute(crate::publish::publish_errors(*k));
-            }
-            let size = match spool {
-                Some(s) => tokio::task::spawn_blocking(move || s.size())
-                    .await
-                    .unwrap_or_default(),
-                None => (0, 0),
-            };
-            events.set(size.0 as f64);
-            bytes.set(size.1 as f64);
-        })
-    }));
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

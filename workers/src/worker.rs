@@ -44,12 +44,12 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use switchyard_publish::UsagePublisher;
 use switchyard_schemas::config::{
     BUILTIN_LOCAL_MODEL_URL, BUILTIN_MOCK_URL, ConfigHandle, GatewayConfig, ProviderKind,
     TargetConfig,
 };
 use switchyard_schemas::frame::{Credit, WINDOW_HEADER};
-use switchyard_schemas::publish_batch::UsagePublisher;
 use switchyard_schemas::subjects::{CAP_CHAT, CAP_COUNT, CAP_EMBED, Subjects};
 use switchyard_schemas::usage::UsageStatus;
 use switchyard_schemas::{
@@ -94,7 +94,7 @@ pub struct WorkerOptions {
     pub metrics: switchyard_schemas::metrics::Registry,
     /// Where usage events JetStream does not acknowledge are kept (the process drains it);
     /// `None`: they are dropped, logged.
-    pub spool: Option<Arc<switchyard_schemas::publish::Spool>>,
+    pub spool: Option<Arc<switchyard_publish::Spool>>,
 }
 
 /// Returns the adapter for a provider family.
@@ -231,7 +231,7 @@ impl Worker {
         let credit_sub = nats
             .subscribe(opts.subjects.credit(&opts.worker_id))
             .await?;
-        if !switchyard_schemas::publish::sync_with_server(&nats).await {
+        if !switchyard_publish::sync_with_server(&nats).await {
             tracing::warn!("could not confirm the worker's subscriptions with the NATS server");
         }
         tracing::info!(worker = %opts.worker_id, providers = ?kinds, "worker serving");

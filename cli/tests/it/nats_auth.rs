@@ -8,7 +8,7 @@ use futures::{FutureExt as _, StreamExt as _};
 use std::time::Duration;
 use switchyard::nats_auth::{Credentials, Identity};
 use switchyard_mock::DEFAULT_TEXT;
-use switchyard_schemas::publish::sync_with_server;
+use switchyard_publish::sync_with_server;
 use switchyard_schemas::usage::UsageKind;
 use tokio::sync::mpsc;
 

@@ -39,7 +39,7 @@ fn calls(gw: &Gateway, spec: &str) -> usize {
 async fn health(gw: &Gateway, target: &str) -> (async_nats::Client, async_nats::Subscriber) {
     let c = async_nats::connect(gw.nats.url()).await.unwrap();
     let sub = c.subscribe(format!("sy.health.{target}")).await.unwrap();
-    assert!(switchyard_schemas::publish::sync_with_server(&c).await);
+    assert!(switchyard_publish::sync_with_server(&c).await);
     (c, sub)
 }
 
@@ -383,7 +383,7 @@ async fn primary_503_fallback_healthy_1000_requests() {
 
     // Count the breaker's transitions: every half-open admits one probe.
     // Drain until quiet: without traffic the breaker rests open or half-open.
-    assert!(switchyard_schemas::publish::sync_with_server(&c).await);
+    assert!(switchyard_publish::sync_with_server(&c).await);
     let mut opened = 0;
     let mut half_opened = 0;
     while let Ok(Some(msg)) = tokio::time::timeout(Duration::from_millis(600), events.next()).await
@@ -446,7 +446,7 @@ async fn fc19_request_errors_are_not_retried_and_trip_nothing() {
             .all(|p| p.starts_with(&format!("/x/{spec}/v1/"))),
         "{paths:?}"
     );
-    assert!(switchyard_schemas::publish::sync_with_server(&c).await);
+    assert!(switchyard_publish::sync_with_server(&c).await);
     let none = tokio::time::timeout(Duration::from_millis(100), events.next()).await;
     assert!(none.is_err(), "unexpected health event {none:?}");
 }

@@ -36,7 +36,7 @@ pub struct Gateway {
     pub creds: Option<switchyard::nats_auth::Credentials>,
     /// The usage spool of the gateway's ingress and worker (drained until `shutdown`), under
     /// its temp dir: a gateway's spooled events never reach another test's NATS.
-    pub spool: std::sync::Arc<switchyard_schemas::publish::Spool>,
+    pub spool: std::sync::Arc<switchyard_publish::Spool>,
     _tmp: tempfile::TempDir,
 }
 
@@ -153,16 +153,16 @@ pub async fn start(opts: Options) -> Gateway {
 
     // One spool and one registry for the worker and ingress, as `switchyard up` has.
     let spool = std::sync::Arc::new(
-        switchyard_schemas::publish::Spool::open(&tmp.path().join("spool").join("gw")).unwrap(),
+        switchyard_publish::Spool::open(&tmp.path().join("spool").join("gw")).unwrap(),
     );
-    tokio::spawn(switchyard_schemas::publish::drain_spool(
+    tokio::spawn(switchyard_publish::drain_spool(
         async_nats::jetstream::new(client.clone()),
         subjects.clone(),
         spool.clone(),
         shutdown.clone().cancelled_owned(),
     ));
     let registry = switchyard_schemas::metrics::Registry::new();
-    switchyard_schemas::metrics::add_process_collectors(&registry, Some(spool.clone()));
+    switchyard_publish::add_process_collectors(&registry, Some(spool.clone()));
     switchyard_billing::lag::add_lag_collector(&registry, js.clone());
     let mut ledger = None;
     if opts.billing {
@@ -377,7 +377,7 @@ pub async fn spawn_worker_into(
     id: &str,
     shutdown: CancellationToken,
     registry: switchyard_schemas::metrics::Registry,
-    spool: Option<std::sync::Arc<switchyard_schemas::publish::Spool>>,
+    spool: Option<std::sync::Arc<switchyard_publish::Spool>>,
 ) {
     let opts = switchyard_workers::worker::WorkerOptions {
         worker_id: id.to_owned(),

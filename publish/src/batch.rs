@@ -1,4 +1,4 @@
-//! Usage events batched into few acknowledged JetStream messages (feature `nats`).
+//! Usage events batched into few acknowledged JetStream messages.
 //!
 //! Every request leaves one or two usage events; publishing each as its own acknowledged message
 //! costs a publish, an acknowledgement, a delivery to billing and billing's ack — four NATS
@@ -20,11 +20,12 @@
 //! The latency of the client's request is unaffected: producers publish usage after the answer,
 //! in tasks their shutdown waits for.
 
-use crate::publish::{Entry, Spool, msg_id_of, publish_usage_event, store, subject_of};
-use crate::subjects::Subjects;
-use crate::usage::UsageEvent;
+use crate::publish::{Entry, msg_id_of, publish_usage_event, store, subject_of};
+use crate::spool::Spool;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use switchyard_schemas::subjects::Subjects;
+use switchyard_schemas::usage::UsageEvent;
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::task::JoinSet;
 

@@ -1,7 +1,4 @@
-//! Acknowledged, deduplicated JetStream publish of usage events (feature `nats`), shared by the
-//! producers (ingress and workers) so they retry, deduplicate and spool the same way.
-//!
-//! # The local spool
+//! The durable local spool of usage events JetStream did not acknowledge, and its drainer.
 //!
 //! When JetStream does not acknowledge an event after [`PUBLISH_ATTEMPTS`] attempts (NATS down or
 //! unreachable for longer than the retries last), [`publish_usage_event`] appends it as one JSON
@@ -14,15 +11,16 @@
 //!
 //! A process opens its spool ([`Spool::open`]; the CLI uses `<data_dir>/spool/<service>-<id>`)
 //! and hands it to its publishers and to one [`drain_spool`] task: there is no process-wide
-//! spool, so two gateways in one process (tests) never spool into each other's directory. The directory holds an exclusive lock file
-//! ([`LOCK_FILE`]) for the lifetime of the process, `pending.jsonl` (appended to) and
+//! spool, so two gateways in one process (tests) never spool into each other's directory. The
+//! directory holds an exclusive lock file ([`LOCK_FILE`]) for the lifetime of the process, `pending.jsonl` (appended to) and
 //! `draining-<uuid>.jsonl` (taken over by the drainer). Sibling directories whose lock is free
 //! (left by a process that has exited) are adopted by the drainer: their files move into this
 //! process's spool and are drained with it, so a restart never strands spooled events.
+//!
+//! [`PUBLISH_ATTEMPTS`]: crate::publish::PUBLISH_ATTEMPTS
+//! [`publish_usage_event`]: crate::publish::publish_usage_event
 
-use crate::subjects::Subjects;
-use crate::usage::UsageEvent;
-use serde::{Deserialize, Serialize};
+use crate::publish::{Entry, connected, send, subject_of};
 use std::fs::{File, OpenOptions};
 use std::future::Future;
 use std::io::{self, Write as _};
@@ -30,45 +28,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use switchyard_schemas::subjects::Subjects;
 
-/// What a failed NATS publish was carrying (the `subject` label of
-/// [`crate::metrics::NATS_PUBLISH_ERRORS`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PublishKind {
-    /// An acknowledged publish attempt of usage events.
-    Usage,
-    /// A request ingress publishes to the workers.
-    Request,
-}
-
-impl PublishKind {
-    /// Every kind, in label order.
-    pub const ALL: &'static [PublishKind] = &[PublishKind::Usage, PublishKind::Request];
-
-    /// The label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PublishKind::Usage => "usage",
-            PublishKind::Request => "request",
-        }
-    }
-}
-
-/// Failed publishes of this process by [`PublishKind`] (process-wide, like the spool).
-static PUBLISH_ERRORS: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
-
-/// Counts one failed publish of `kind`.
-pub fn count_publish_error(kind: PublishKind) {
-    PUBLISH_ERRORS[kind as usize].fetch_add(1, Ordering::Relaxed);
-}
-
-/// Failed publishes of `kind` in this process so far.
-pub fn publish_errors(kind: PublishKind) -> u64 {
-    PUBLISH_ERRORS[kind as usize].load(Ordering::Relaxed)
-}
-
-/// Acknowledged publish attempts before an event goes to the spool.
-pub const PUBLISH_ATTEMPTS: u32 = 5;
 /// Name of the lock file every spool directory holds while its process runs.
 pub const LOCK_FILE: &str = ".switchyard-spool.lock";
 /// The file new spooled events are appended to.
@@ -85,103 +46,6 @@ const RETRY_MAX: Duration = Duration::from_secs(5);
 /// Wait between passes while the spool is empty (looks for directories left by other processes).
 const SWEEP_INTERVAL: Duration = Duration::from_secs(60);
 
-/// Publishes `event` on `<prefix>.usage.<kind>` with `Nats-Msg-Id`
-/// `<request-id>:<kind>:<attempt>` (JetStream drops duplicates inside the stream's duplicate window),
-/// waiting for the stream's acknowledgement and retrying [`PUBLISH_ATTEMPTS`] times with exponential
-/// backoff from 50 ms (an attempt while the client is disconnected fails at once, so an outage sends
-/// events to the spool within about 0.75 s instead of after five acknowledgement timeouts). When
-/// every attempt fails, the event is appended to the local spool (see the module docs), from which
-/// [`drain_spool`] publishes it later. Returns whether the event is stored:
-/// acknowledged by JetStream or durably spooled; false only when neither worked (no spool
-/// configured, or writing it failed), which is logged as an error.
-pub async fn publish_usage_event(
-    js: &async_nats::jetstream::Context,
-    spool: Option<&Arc<Spool>>,
-    subjects: &Subjects,
-    event: &UsageEvent,
-) -> bool {
-    let Ok(payload) = serde_json::to_vec(event) else {
-        return false;
-    };
-    let subject = subject_of(subjects, event);
-    let entry = Entry {
-        subject: subject.clone(),
-        msg_id: msg_id_of(event),
-        event: event.clone(),
-    };
-    let msg_id = entry.msg_id.clone();
-    store(js, spool, &subject, &msg_id, payload, vec![entry]).await
-}
-
-/// Publishes `payload` (one event, or a JSON array of events, all on `subject`) with `msg_id`,
-/// retrying as [`publish_usage_event`] documents; when every attempt fails, appends `entries`
-/// (the events it carries, each with its own subject and `Nats-Msg-Id`) to the spool. Returns
-/// whether the events are stored (acknowledged or spooled).
-pub(crate) async fn store(
-    js: &async_nats::jetstream::Context,
-    spool: Option<&Arc<Spool>>,
-    subject: &str,
-    msg_id: &str,
-    payload: Vec<u8>,
-    entries: Vec<Entry>,
-) -> bool {
-    let mut delay = Duration::from_millis(50);
-    for attempt in 0..PUBLISH_ATTEMPTS {
-        // While disconnected a publish would only wait for the acknowledgement timeout (5 s by
-        // default); failing the attempt at once gets the event onto disk within ~0.75 s.
-        let result = if connected(js) {
-            publish_once(js, subject, msg_id, &payload).await
-        } else {
-            Err("NATS is not connected".to_owned())
-        };
-        match result {
-            Ok(()) => return true,
-            Err(e) => {
-                count_publish_error(PublishKind::Usage);
-                tracing::debug!(attempt, error = %e, "usage publish failed");
-            }
-        }
-        if attempt + 1 < PUBLISH_ATTEMPTS {
-            tokio::time::sleep(delay).await;
-            delay *= 2;
-        }
-    }
-    let Some(spool) = spool else {
-        tracing::error!(%subject, events = entries.len(), "usage events could not be stored in JetStream and no spool is configured; dropped");
-        return false;
-    };
-    let events = entries.len();
-    let appended = {
-        let spool = spool.clone();
-        tokio::task::spawn_blocking(move || entries.iter().try_for_each(|e| spool.append(e))).await
-    };
-    match appended {
-        Ok(Ok(())) => {
-            tracing::warn!(%subject, events, spool = %spool.dir().display(),
-                "usage events not acknowledged by JetStream; spooled locally for later delivery");
-            true
-        }
-        Ok(Err(e)) => {
-            tracing::error!(%subject, events, error = %e, "usage events could not be spooled; dropped");
-            false
-        }
-        Err(e) => {
-            tracing::error!(%subject, events, error = %e, "usage event spool task failed; dropped");
-            false
-        }
-    }
-}
-
-/// Whether the context's client is connected to a server right now.
-fn connected(js: &async_nats::jetstream::Context) -> bool {
-    js.client().connection_state() == async_nats::connection::State::Connected
-}
-
-/// The subject an event is published on: one per kind, never per request.
-pub(crate) fn subject_of(subjects: &Subjects, event: &UsageEvent) -> String {
-    subjects.usage_kind(event.kind.as_str())
-}
-
 /// Whether a spooled entry belongs to `subjects`' prefix: its subject is the event's current one
 /// or the per-request one earlier versions spooled (`<prefix>.usage.<kind>.<request-id>`).
 fn ours(subjects: &Subjects, entry: &Entry) -> bool {
@@ -191,51 +55,6 @@ fn ours(subjects: &Subjects, entry: &Entry) -> bool {
                 entry.event.kind.as_str(),
                 &entry.event.request_id.to_string(),
             )
-}
-
-/// The `Nats-Msg-Id` of an event: `<request-id>:<kind>:<attempt>`.
-pub(crate) fn msg_id_of(event: &UsageEvent) -> String {
-    format!(
-        "{}:{}:{}",
-        event.request_id,
-        event.kind.as_str(),
-        event.attempt
-    )
-}
-
-/// One acknowledged publish; the error says what failed.
-async fn publish_once(
-    js: &async_nats::jetstream::Context,
-    subject: &str,
-    msg_id: &str,
-    payload: &[u8],
-) -> Result<(), String> {
-    let ack = send(js, subject, msg_id, payload).await?;
-    ack.await
-        .map(|_| ())
-        .map_err(|e| format!("not acknowledged: {e}"))
-}
-
-/// Sends one publish and returns the future of its acknowledgement.
-async fn send(
-    js: &async_nats::jetstream::Context,
-    subject: &str,
-    msg_id: &str,
-    payload: &[u8],
-) -> Result<async_nats::jetstream::context::PublishAckFuture, String> {
-    let mut headers = async_nats::HeaderMap::new();
-    headers.insert("Nats-Msg-Id", msg_id);
-    js.publish_with_headers(subject.to_owned(), headers, payload.to_vec().into())
-        .await
-        .map_err(|e| format!("publish failed: {e}"))
-}
-
-/// One spooled event: where and with which `Nats-Msg-Id` it is to be published.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct Entry {
-    pub(crate) subject: String,
-    pub(crate) msg_id: String,
-    pub(crate) event: UsageEvent,
 }
 
 /// Counters of one [`Spool`].
@@ -259,7 +78,7 @@ pub struct DrainOutcome {
 }
 
 /// A durable local spool directory of usage events (see the module docs), used through
-/// [`publish_usage_event`] (or a [`crate::publish_batch::UsagePublisher`]) and [`drain_spool`].
+/// [`publish_usage_event`] (or a [`crate::batch::UsagePublisher`]) and [`drain_spool`].
 #[derive(Debug)]
 pub struct Spool {
     dir: PathBuf,
@@ -330,7 +149,7 @@ impl Spool {
 
     /// Appends one entry to `pending.jsonl` and fsyncs it (and the directory when the file is
     /// new) before returning. Blocking.
-    fn append(&self, entry: &Entry) -> io::Result<()> {
+    pub(crate) fn append(&self, entry: &Entry) -> io::Result<()> {
         let mut line = serde_json::to_vec(entry).map_err(io::Error::other)?;
         line.push(b'\n');
         let _guard = self.write.lock().unwrap_or_else(|p| p.into_inner());
@@ -715,31 +534,13 @@ pub async fn drain_spool(
     }
 }
 
-/// Waits until the server has processed everything `client` sent before (e.g. subscriptions):
-/// publishes to a fresh subject the client itself subscribes to and waits, up to 5 s, for the
-/// echo. (`Client::flush` only empties the socket buffer; it does not prove the server has
-/// registered a SUB.) Returns false on timeout or failure.
-pub async fn sync_with_server(client: &async_nats::Client) -> bool {
-    use futures::StreamExt as _;
-    let subject = client.new_inbox();
-    let Ok(mut sub) = client.subscribe(subject.clone()).await else {
-        return false;
-    };
-    if client.publish(subject, bytes::Bytes::new()).await.is_err() {
-        return false;
-    }
-    matches!(
-        tokio::time::timeout(Duration::from_secs(5), sub.next()).await,
-        Ok(Some(_))
-    )
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
-    use crate::usage::{Usage, UsageKind, UsageStatus};
+    use crate::publish::{msg_id_of, publish_usage_event};
     use async_nats::jetstream;
+    use switchyard_schemas::usage::{Usage, UsageEvent, UsageKind, UsageStatus};
 
     fn event(kind: UsageKind) -> UsageEvent {
         UsageEvent {
@@ -791,7 +592,7 @@ mod tests {
         let mut js = jetstream::new(client);
         let stream = js
             .create_stream(jetstream::stream::Config {
-                name: crate::subjects::USAGE_STREAM.into(),
+                name: switchyard_schemas::subjects::USAGE_STREAM.into(),
                 subjects: vec![Subjects::default().usage_all()],
                 duplicate_window: Duration::from_secs(120),
                 ..Default::default()
