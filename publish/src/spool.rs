@@ -78,7 +78,8 @@ pub struct DrainOutcome {
 }
 
 /// A durable local spool directory of usage events (see the module docs), used through
-/// [`publish_usage_event`] (or a [`crate::batch::UsagePublisher`]) and [`drain_spool`].
+/// [`crate::publish::publish_usage_event`] (or a [`crate::batch::UsagePublisher`]) and
+/// [`drain_spool`].
 #[derive(Debug)]
 pub struct Spool {
     dir: PathBuf,
