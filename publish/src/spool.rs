@@ -12,10 +12,11 @@
 //! A process opens its spool ([`Spool::open`]; the CLI uses `<data_dir>/spool/<service>-<id>`)
 //! and hands it to its publishers and to one [`drain_spool`] task: there is no process-wide
 //! spool, so two gateways in one process (tests) never spool into each other's directory. The
-//! directory holds an exclusive lock file ([`LOCK_FILE`]) for the lifetime of the process, `pending.jsonl` (appended to) and
-//! `draining-<uuid>.jsonl` (taken over by the drainer). Sibling directories whose lock is free
-//! (left by a process that has exited) are adopted by the drainer: their files move into this
-//! process's spool and are drained with it, so a restart never strands spooled events.
+//! directory holds an exclusive lock file ([`LOCK_FILE`]) for the lifetime of the process,
+//! `pending.jsonl` (appended to) and `draining-<uuid>.jsonl` (taken over by the drainer). Sibling
+//! directories whose lock is free (left by a process that has exited) are adopted by the drainer:
+//! their files move into this process's spool and are drained with it, so a restart never
+//! strands spooled events.
 //!
 //! [`PUBLISH_ATTEMPTS`]: crate::publish::PUBLISH_ATTEMPTS
 //! [`publish_usage_event`]: crate::publish::publish_usage_event
