@@ -350,11 +350,15 @@ def run_scenario(c: Cluster, name: str, fault, duration_s: float = DURATION_S,
                 for h in hits[:6]:
                     print(f"  {log.name}: {h[:400]}", flush=True)
     row.mismatch = len(admitted ^ set(charged_ids)) + sum(n - 1 for n in charged_ids.values()) + abs(orphans)
+    # A refused connection is the expected reroute; any other kind is printed one by one.
+    refused = [o for o in outcomes if o.rerouted and "ConnectError" in o.reroute_why]
+    if refused:
+        print(f"  rerouted after a refused connection: {len(refused)}", flush=True)
     for o in outcomes:
-        if o.rerouted:
+        if o.rerouted and o not in refused:
             print(f"  rerouted at {o.at:.1f} s: {o.reroute_why} -> {o.kind} {o.request_id}", flush=True)
     slow = sorted(outcomes, key=lambda o: o.at - o.end)[:3]
-    print(f"{row.md()}\n  slowest: " + "; ".join(
+    print(f"{row.md()}\n  load average {os.getloadavg()[0]:.1f}; slowest: " + "; ".join(
         f"{o.kind} sent at {o.at:.1f} s took {o.end - o.at:.1f} s{' (rerouted)' if o.rerouted else ''}"
         for o in slow), flush=True)
     return row, outcomes
