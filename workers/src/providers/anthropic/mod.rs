@@ -10,16 +10,13 @@
 //! (stop reason, cumulative usage) and `message_stop`; `ping` may appear anywhere; an `error` event
 //! (e.g. `overloaded_error`) may end the stream; unknown event types must be ignored.
 
-use std::collections::{HashMap, VecDeque};
-
 use reqwest::header::CONTENT_TYPE;
 use serde_json::{Value, json};
 use switchyard_schemas::config::{ProviderKind, TargetConfig};
 use switchyard_schemas::request::{Content, Message, Passthrough, Role, ThinkingBlock, ToolCall};
-use switchyard_schemas::{ChatRequest, ErrorInfo, FinishReason, FrameBody, Usage};
+use switchyard_schemas::{ChatRequest, ErrorInfo};
 
-use crate::provider::{Answer, Call, EventStream, Provider, SseTranslator, Upstream, send_checked};
-use crate::sse::SseEvent;
+use crate::provider::{Call, EventStream, Provider, Upstream, send_checked};
 
 /// Value of the `anthropic-version` header (Anthropic API reference, "Versions").
 pub const ANTHROPIC_VERSION: &str = "2023-06-01";
@@ -55,10 +52,7 @@ impl Provider for AnthropicProvider {
             } else {
                 parse_message
             };
-            let translator = AnthropicTranslator {
-                structured,
-                ..AnthropicTranslator::default()
-            };
+            let translator = AnthropicTranslator::new(structured);
             Ok(read_answer(resp, parse, translator))
         })
     }
@@ -133,7 +127,12 @@ use crate::providers::shared::{
     without_nulls,
 };
 
+mod stream;
 pub mod structured;
+
+#[cfg(test)]
+use stream::Item;
+pub use stream::{AnthropicTranslator, parse_message, parse_structured_message};
 
 /// Translates a normalised request into an Anthropic Messages request body (JSON object).
 ///
@@ -468,329 +467,6 @@ fn tool_choice(choice: Option<&Value>, parallel: Option<bool>) -> Result<Option<
         obj.insert("disable_parallel_tool_use".into(), json!(true));
     }
     Ok(Some(out))
-}
-
-type Item = Result<FrameBody, ErrorInfo>;
-
-/// Anthropic stream → normalised events: a provisional `Usage` at `message_start` (input counts,
-/// when it reports any), `Text`, `ToolCall`, the final `Usage` right before `End` (at
-/// `message_stop`), or an error; the byte stream ending before `message_stop` is a `protocol` error.
-#[derive(Debug, Default)]
-pub struct AnthropicTranslator {
-    /// `usage.input_tokens` (excludes cache reads and writes).
-    input: u64,
-    /// `usage.cache_read_input_tokens`.
-    cache_read: u64,
-    /// `usage.cache_creation_input_tokens` (all cache writes).
-    cache_creation: u64,
-    /// `usage.cache_creation.ephemeral_1h_input_tokens`: the 1-hour writes among them (the
-    /// rest, `ephemeral_5m_input_tokens`, are 5-minute writes; no `cache_creation` object: all
-    /// 5-minute). Anthropic docs, "Prompt caching" → "Tracking cache performance".
-    cache_creation_1h: u64,
-    /// `usage.service_tier` (`standard`, `priority`, `batch`).
-    service_tier: Option<switchyard_schemas::usage::ServiceTier>,
-    /// `usage.output_tokens` (cumulative).
-    output: u64,
-    /// From `message_delta.delta.stop_reason`.
-    finish: Option<FinishReason>,
-    /// Content block index → (tool index, whether any argument piece was sent).
-    tools: HashMap<u64, (u32, bool)>,
-    /// Next tool index (counts only `tool_use` blocks, from 0).
-    next_tool: u32,
-    /// The request carried [`structured::JSON_TOOL`]: its `tool_use` is the text answer, and
-    /// text blocks are held in `held` until the end (see [`structured`]).
-    structured: bool,
-    /// Block index of the [`structured::JSON_TOOL`] call, and whether any of its input was sent.
-    json_block: Option<(u64, bool)>,
-    /// Text written while `structured`, sent at `message_stop` unless the JSON tool answered.
-    held: String,
-}
-
-impl SseTranslator for AnthropicTranslator {
-    fn on_event(&mut self, event: SseEvent, out: &mut VecDeque<Item>) -> bool {
-        self.event(&event, out)
-    }
-
-    fn on_eof(&mut self, out: &mut VecDeque<Item>) {
-        out.push_back(Err(protocol("upstream stream ended before message_stop")));
-    }
-}
-
-impl AnthropicTranslator {
-    /// Handles one SSE event; returns true when the stream is finished (stop or error).
-    fn event(&mut self, ev: &SseEvent, out: &mut VecDeque<Item>) -> bool {
-        let name = ev.event.as_deref().unwrap_or("message");
-        let result = serde_json::from_str::<Value>(&ev.data)
-            .map_err(|e| protocol(format!("unparsable JSON in `{name}` event: {e}")))
-            .and_then(|data| {
-                let kind = data.get("type").and_then(Value::as_str).unwrap_or(name);
-                self.handle(kind, &data, out)
-            });
-        result.unwrap_or_else(|e| {
-            out.push_back(Err(e));
-            true
-        })
-    }
-
-    fn handle(
-        &mut self,
-        kind: &str,
-        data: &Value,
-        out: &mut VecDeque<Item>,
-    ) -> Result<bool, ErrorInfo> {
-        let at = data.get("index").and_then(Value::as_u64);
-        let block_index = || at.ok_or_else(|| protocol(format!("`{kind}` event without an index")));
-        match kind {
-            "message_start" => {
-                self.merge_usage(data.pointer("/message/usage"));
-                // The input counts are known now ("Streaming Messages": `message_start` carries
-                // them): a provisional `Usage`, replaced by the final one at `message_stop`, lets
-                // the worker bill a call the client abandons mid-stream from the upstream's
-                // report instead of a byte estimate.
-                let u = self.usage();
-                if u.prompt_tokens > 0 {
-                    out.push_back(Ok(FrameBody::Usage { usage: u }));
-                }
-            }
-            "content_block_start" => match str_at(data, "/content_block/type") {
-                Some("tool_use") => {
-                    let field = |k: &str| {
-                        let v = str_at(data, &format!("/content_block/{k}")).map(str::to_owned);
-                        v.ok_or_else(|| protocol(format!("tool_use content block without `{k}`")))
-                    };
-                    let (id, name) = (field("id")?, field("name")?);
-                    if self.structured && name == structured::JSON_TOOL {
-                        self.json_block = Some((block_index()?, false));
-                        return Ok(false);
-                    }
-                    let index = self.next_tool;
-                    self.next_tool += 1;
-                    self.tools.insert(block_index()?, (index, false));
-                    out.push_back(tool_frame(index, Some(id), Some(name), String::new()));
-                }
-                Some("text") => self.text(out, str_at(data, "/content_block/text")),
-                Some("thinking") => {
-                    if let Some(t) =
-                        str_at(data, "/content_block/thinking").filter(|t| !t.is_empty())
-                    {
-                        out.push_back(Ok(FrameBody::Reasoning { text: t.to_owned() }));
-                    }
-                }
-                Some("redacted_thinking") => {
-                    let data = str_at(data, "/content_block/data").unwrap_or("").to_owned();
-                    out.push_back(Ok(FrameBody::RedactedReasoning { data }));
-                }
-                _ => {}
-            },
-            "content_block_delta" => match str_at(data, "/delta/type") {
-                Some("text_delta") => self.text(out, str_at(data, "/delta/text")),
-                Some("input_json_delta") => {
-                    let piece = str_at(data, "/delta/partial_json").unwrap_or("");
-                    let at = block_index()?;
-                    if let Some((json_at, sent)) = &mut self.json_block
-                        && *json_at == at
-                    {
-                        *sent |= !piece.is_empty();
-                        push_text(out, Some(piece));
-                        return Ok(false);
-                    }
-                    let not_tool = || protocol(format!("input_json_delta for non-tool block {at}"));
-                    let (index, sent) = self.tools.get_mut(&at).ok_or_else(not_tool)?;
-                    if !piece.is_empty() {
-                        *sent = true;
-                        out.push_back(tool_frame(*index, None, None, piece.to_owned()));
-                    }
-                }
-                Some("thinking_delta") => {
-                    if let Some(t) = str_at(data, "/delta/thinking").filter(|t| !t.is_empty()) {
-                        out.push_back(Ok(FrameBody::Reasoning { text: t.to_owned() }));
-                    }
-                }
-                Some("signature_delta") => {
-                    let signature = str_at(data, "/delta/signature").unwrap_or("").to_owned();
-                    out.push_back(Ok(FrameBody::ReasoningSignature { signature }));
-                }
-                // citations_delta, …: not forwarded.
-                _ => {}
-            },
-            "content_block_stop" => {
-                if let Some((json_at, sent @ false)) = &mut self.json_block
-                    && Some(*json_at) == at
-                {
-                    *sent = true;
-                    push_text(out, Some("{}"));
-                }
-                // A tool called without arguments still needs valid JSON arguments.
-                if let Some((index, sent @ false)) = at.and_then(|at| self.tools.get_mut(&at)) {
-                    *sent = true;
-                    out.push_back(tool_frame(*index, None, None, "{}".into()));
-                }
-            }
-            "message_delta" => {
-                if let Some(reason) = str_at(data, "/delta/stop_reason") {
-                    let json_only = self.json_block.is_some() && self.next_tool == 0;
-                    self.finish = Some(match finish_reason(reason) {
-                        FinishReason::ToolCalls if json_only => FinishReason::Stop,
-                        other => other,
-                    });
-                }
-                self.merge_usage(data.get("usage"));
-            }
-            "message_stop" => {
-                if self.json_block.is_none() {
-                    let held = std::mem::take(&mut self.held);
-                    push_text(out, Some(&held));
-                }
-                out.push_back(Ok(FrameBody::Usage {
-                    usage: self.usage(),
-                }));
-                let finish_reason = self.finish.unwrap_or(FinishReason::Stop);
-                out.push_back(Ok(FrameBody::End { finish_reason }));
-                return Ok(true);
-            }
-            "error" => return Err(stream_error(data)),
-            // `ping` and event types added later (Anthropic versioning policy) are ignored.
-            _ => {}
-        }
-        Ok(false)
-    }
-
-    /// A text piece: sent now, or held while structured output may still replace it.
-    fn text(&mut self, out: &mut VecDeque<Item>, text: Option<&str>) {
-        match text {
-            Some(t) if self.structured => self.held.push_str(t),
-            _ => push_text(out, text),
-        }
-    }
-
-    /// Merges an Anthropic usage object. Counts are cumulative, so the larger value wins (this
-    /// also keeps `message_start` input counts when `message_delta` omits or zeroes them).
-    fn merge_usage(&mut self, u: Option<&Value>) {
-        let get = |k: &str| {
-            u.and_then(|u| u.get(k))
-                .and_then(Value::as_u64)
-                .unwrap_or(0)
-        };
-        self.input = self.input.max(get("input_tokens"));
-        self.cache_read = self.cache_read.max(get("cache_read_input_tokens"));
-        self.cache_creation = self.cache_creation.max(get("cache_creation_input_tokens"));
-        let split = u.and_then(|u| u.get("cache_creation"));
-        let ttl = |k: &str| split.and_then(|c| c.get(k)).and_then(Value::as_u64);
-        if let Some(h1) = ttl("ephemeral_1h_input_tokens") {
-            self.cache_creation_1h = self.cache_creation_1h.max(h1);
-        }
-        // A `cache_creation` split without the total (or a larger one): the split wins.
-        let split_total = ttl("ephemeral_5m_input_tokens").unwrap_or(0) + self.cache_creation_1h;
-        self.cache_creation = self.cache_creation.max(split_total);
-        if let Some(tier) = u
-            .and_then(|u| u.get("service_tier"))
-            .and_then(Value::as_str)
-        {
-            self.service_tier = switchyard_schemas::usage::ServiceTier::from_provider(tier);
-        }
-        self.output = self.output.max(get("output_tokens"));
-    }
-
-    /// Normalised usage: Anthropic `input_tokens` excludes cache reads and writes, so they are
-    /// added into `prompt_tokens` (see [`Usage`]).
-    fn usage(&self) -> Usage {
-        Usage {
-            prompt_tokens: self
-                .input
-                .saturating_add(self.cache_read)
-                .saturating_add(self.cache_creation),
-            cached_tokens: self.cache_read,
-            cache_write_tokens: self.cache_creation,
-            completion_tokens: self.output,
-            reasoning_tokens: 0,
-            cache_write_1h_tokens: self.cache_creation_1h.min(self.cache_creation),
-            service_tier: self.service_tier,
-            ..Usage::default()
-        }
-    }
-}
-
-/// The string at JSON pointer `ptr` of `v`, if any.
-fn str_at<'a>(v: &'a Value, ptr: &str) -> Option<&'a str> {
-    v.pointer(ptr).and_then(Value::as_str)
-}
-
-/// Pushes a `Text` event unless the text is absent or empty.
-fn push_text(out: &mut VecDeque<Item>, text: Option<&str>) {
-    if let Some(text) = text.filter(|t| !t.is_empty()) {
-        out.push_back(Ok(FrameBody::Text {
-            text: text.to_owned(),
-        }));
-    }
-}
-
-/// A `ToolCall` event (`id`/`name` only on the first piece of a call).
-fn tool_frame(index: u32, id: Option<String>, name: Option<String>, arguments: String) -> Item {
-    Ok(FrameBody::ToolCall {
-        index,
-        id,
-        name,
-        arguments,
-    })
-}
-
-/// Anthropic `stop_reason` → OpenAI `finish_reason` (unknown reasons map to `stop`).
-fn finish_reason(reason: &str) -> FinishReason {
-    match reason {
-        "max_tokens" | "model_context_window_exceeded" => FinishReason::Length,
-        "tool_use" => FinishReason::ToolCalls,
-        "refusal" => FinishReason::ContentFilter,
-        // end_turn, stop_sequence, pause_turn, …
-        _ => FinishReason::Stop,
-    }
-}
-
-/// Reads a non-streamed `message` object (Anthropic API reference, "Messages" → response):
-/// `text` blocks coalesced, `tool_use` blocks as tool calls (`input` serialised), `stop_reason`,
-/// `usage` normalised as in the stream (cache reads and writes added into `prompt_tokens`).
-pub fn parse_message(v: &Value) -> Result<Answer, ErrorInfo> {
-    let blocks = v
-        .get("content")
-        .and_then(Value::as_array)
-        .ok_or_else(|| protocol("upstream JSON answer has no `content` array"))?;
-    let mut answer = Answer::default();
-    for b in blocks {
-        match b.get("type").and_then(Value::as_str) {
-            Some("text") => answer.text.push_str(str_at(b, "/text").unwrap_or("")),
-            Some("tool_use") => answer.tool_calls.push((
-                str_at(b, "/id").map(str::to_owned),
-                str_at(b, "/name").map(str::to_owned),
-                b.get("input")
-                    .map_or_else(|| "{}".to_owned(), Value::to_string),
-            )),
-            Some("thinking") => answer.thinking.push(ThinkingBlock::Thinking {
-                thinking: str_at(b, "/thinking").unwrap_or("").to_owned(),
-                signature: str_at(b, "/signature").map(str::to_owned),
-            }),
-            Some("redacted_thinking") => answer.thinking.push(ThinkingBlock::RedactedThinking {
-                data: str_at(b, "/data").unwrap_or("").to_owned(),
-            }),
-            // Server tool blocks: not part of the normalised answer.
-            _ => {}
-        }
-    }
-    let mut t = AnthropicTranslator::default();
-    t.merge_usage(v.get("usage"));
-    answer.usage = Some(t.usage());
-    answer.finish_reason = str_at(v, "/stop_reason").map_or(FinishReason::Stop, finish_reason);
-    Ok(answer)
-}
-
-/// [`parse_message`] for a request that carried [`structured::JSON_TOOL`]: its call becomes the
-/// text content ([`structured::into_content`]).
-pub fn parse_structured_message(v: &Value) -> Result<Answer, ErrorInfo> {
-    parse_message(v).map(structured::into_content)
-}
-
-/// An in-stream `{"type":"error","error":{"type","message"}}` event → a classified error (the
-/// shared classifier, [`crate::providers::classify`]).
-fn stream_error(data: &Value) -> ErrorInfo {
-    crate::providers::classify::stream_error(data)
 }
 
 #[cfg(test)]

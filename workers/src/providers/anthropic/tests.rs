@@ -1,10 +1,14 @@
 //! Unit tests of the Anthropic adapter.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+use super::stream::tool_frame;
 use super::*;
+use crate::provider::SseTranslator;
 use crate::providers::test_support::{self, ANTHROPIC, end, text};
 use futures::StreamExt;
+use std::collections::VecDeque;
 use switchyard_mock::MockUpstream;
 use switchyard_schemas::ErrorClass;
+use switchyard_schemas::{FinishReason, FrameBody};
 
 /// Feeds `chunks` as separate writes through the SSE parser and the translator.
 fn translate_chunks(chunks: &[&str]) -> Vec<Item> {
@@ -601,10 +605,7 @@ fn structured_preamble_text_is_dropped_for_the_json_tool() {
     "#);
     let (mut parser, mut events) = (crate::sse::SseParser::new(), Vec::new());
     parser.push(body.as_bytes(), &mut events).unwrap();
-    let mut tr = AnthropicTranslator {
-        structured: true,
-        ..AnthropicTranslator::default()
-    };
+    let mut tr = AnthropicTranslator::new(true);
     let mut out = VecDeque::new();
     for ev in events {
         tr.on_event(ev, &mut out);
