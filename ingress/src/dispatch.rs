@@ -141,6 +141,7 @@ impl Dispatcher {
             granted: window,
             worker: None,
             finished: false,
+            lost: false,
             pending: std::collections::VecDeque::new(),
         };
         let payload = serde_json::to_vec(req)
@@ -235,6 +236,9 @@ pub struct Attempt {
     granted: u32,
     worker: Option<String>,
     finished: bool,
+    /// The attempt ended because its worker went silent or none picked it up: the worker's
+    /// failure, not the target's ([`Attempt::worker_lost`]).
+    lost: bool,
     /// Frames of a coalesced message (a JSON array) not yet handed out.
     pending: std::collections::VecDeque<Frame>,
 }
@@ -291,6 +295,7 @@ impl Attempt {
             }
             Ok(None) => return Err(self.fail(ErrorClass::Internal, "reply channel closed")),
             Err(()) => {
+                self.lost = true;
                 let what = if self.worker.is_some() {
                     "the worker went silent (no frame or heartbeat)"
                 } else {
@@ -369,6 +374,12 @@ impl Attempt {
     /// The worker serving this attempt, once its `start` frame arrived.
     pub fn worker(&self) -> Option<&str> {
         self.worker.as_deref()
+    }
+
+    /// Whether the attempt failed because its worker went silent (no frame or heartbeat within
+    /// the limit) or no worker picked the request up: another replica may serve the same target.
+    pub fn worker_lost(&self) -> bool {
+        self.lost
     }
 }
 

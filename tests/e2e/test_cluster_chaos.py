@@ -177,6 +177,7 @@ class Outcome:
     worker: str | None = None  # x-switchyard-worker
     rerouted: bool = False  # its first ingress refused the connection
     reroute_why: str = ""   # what the first ingress did instead of answering
+    message: str = ""       # a failed request's error code and message
 
 
 async def one(client: httpx.AsyncClient, urls: list[str], t0: float) -> Outcome:
@@ -214,7 +215,8 @@ async def attempt(client: httpx.AsyncClient, url: str, at: float) -> Outcome:
                 text = (await r.aread()).decode()
                 try:
                     err = json.loads(text)["error"]
-                    return Outcome("failed", rid, f"{r.status_code} {err['type']}", at)
+                    return Outcome("failed", rid, f"{r.status_code} {err['type']}", at,
+                                   message=f"{err.get('code')}: {err.get('message')}")
                 except (ValueError, KeyError, TypeError):
                     return Outcome("lost", rid, f"{r.status_code} without an error body: {text[:80]}", at)
             finished = done = False
@@ -227,7 +229,8 @@ async def attempt(client: httpx.AsyncClient, url: str, at: float) -> Outcome:
                     continue
                 ev = json.loads(data)
                 if "error" in ev:
-                    return Outcome("failed", rid, f"stream error {ev['error'].get('type')}", at=at, worker=worker)
+                    return Outcome("failed", rid, f"stream error {ev['error'].get('type')}", at=at, worker=worker,
+                                   message=f"{ev['error'].get('code')}: {ev['error'].get('message')}")
                 if any(ch.get("finish_reason") for ch in ev.get("choices", [])):
                     finished = True
             if finished and done:
@@ -350,6 +353,14 @@ def run_scenario(c: Cluster, name: str, fault, duration_s: float = DURATION_S,
                 for h in hits[:6]:
                     print(f"  {log.name}: {h[:400]}", flush=True)
     row.mismatch = len(admitted ^ set(charged_ids)) + sum(n - 1 for n in charged_ids.values()) + abs(orphans)
+    # What the failures said, for a report that explains the error column.
+    said: dict[str, int] = {}
+    for o in outcomes:
+        if o.kind != "ok":
+            key = f"{o.detail} ({o.message[:160]})" if o.message else o.detail
+            said[key] = said.get(key, 0) + 1
+    for key, n in sorted(said.items(), key=lambda kv: -kv[1])[:5]:
+        print(f"  ×{n} {key}", flush=True)
     # A refused connection is the expected reroute; any other kind is printed one by one.
     refused = [o for o in outcomes if o.rerouted and "ConnectError" in o.reroute_why]
     if refused:

@@ -2,6 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use crate::common::*;
+use futures::StreamExt as _;
 use std::time::Duration;
 use switchyard_mock::DEFAULT_TEXT;
 
@@ -326,4 +327,61 @@ async fn body_larger_than_nats_max_payload_is_413() {
     assert_eq!(status, 413);
     assert_eq!(body["error"]["code"], "request_too_large");
     assert_eq!(gw.mock.request_count(), 0);
+}
+
+/// A worker replica that takes a request and then dies (here: a queue-group member that never
+/// answers and leaves) costs the client nothing: the same target is tried once more, on the
+/// worker that is left, and the client gets the answer (not 503 `no_capacity`).
+#[tokio::test]
+async fn a_lost_worker_is_replaced_by_another_replica_of_the_same_target() {
+    use switchyard_schemas::subjects::{CAP_CHAT, Subjects};
+    let gw = start(Options {
+        worker: false,
+        ..Options::default()
+    })
+    .await;
+    let subjects = Subjects::new(gw.config.get().subject_prefix.clone());
+    let nats = async_nats::connect(gw.nats.url()).await.unwrap();
+    // The "dead" replica: in the workers' queue group, it swallows the first request.
+    let mut dead = nats
+        .queue_subscribe(
+            subjects.request(CAP_CHAT, "openai"),
+            Subjects::worker_queue_group("openai"),
+        )
+        .await
+        .unwrap();
+    nats.flush().await.unwrap();
+    let base = gw.base.clone();
+    let client = tokio::spawn(async move {
+        post_json(
+            &base,
+            &chat("demo/mock", "#mock text=served-by-the-other", false),
+        )
+        .await
+    });
+    let swallowed = tokio::time::timeout(Duration::from_secs(20), dead.next())
+        .await
+        .expect("the first attempt reached the dead replica")
+        .unwrap();
+    let first: switchyard_schemas::ChatRequest =
+        serde_json::from_slice(&swallowed.payload).unwrap();
+    dead.unsubscribe().await.unwrap();
+    // The live replica joins; the retry (after `first_frame_ms`, 2 s) goes to it.
+    spawn_worker(
+        &gw.nats.url(),
+        &gw.mock,
+        gw.config.clone(),
+        "live",
+        gw.worker_shutdown.clone(),
+    )
+    .await;
+    let (status, headers, body) = client.await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["choices"][0]["message"]["content"],
+        "served-by-the-other"
+    );
+    assert_eq!(headers["x-switchyard-worker"], "live");
+    assert_eq!(headers["x-request-id"], first.id.to_string().as_str());
+    assert_eq!(gw.mock.request_count(), 1);
 }

@@ -42,6 +42,13 @@ pub trait Dispatch {
         target: &TargetConfig,
         attempt: u32,
     ) -> impl Future<Output = Result<Self::Committed, ErrorInfo>> + Send;
+
+    /// Whether the attempt that just failed lost its worker (silent, or never picked up) before
+    /// anything reached the client: the failure says nothing about the target, and another
+    /// worker replica may serve it. Default: never.
+    fn worker_lost(&self) -> bool {
+        false
+    }
 }
 
 /// The attempt that committed.
@@ -73,7 +80,14 @@ pub async fn attempts<'c, D: Dispatch>(
     let mut soonest: Option<u64> = None;
     // A batch item's later try numbers its attempts after the earlier tries' (same request id).
     let base = crate::route::current_attempt_base();
-    for (n, target) in (0u32..).zip(targets) {
+    let mut queue: VecDeque<&'c TargetConfig> = targets.into();
+    // One more attempt on the same target after its worker was lost (a killed or stuck worker
+    // replica), once per request: another worker of the queue group takes it.
+    let mut worker_retry = true;
+    for n in 0u32.. {
+        let Some(target) = queue.pop_front() else {
+            break;
+        };
         if let Some(e) = dispatch.expired(target) {
             last_err = Some(e);
             break;
@@ -100,6 +114,14 @@ pub async fn attempts<'c, D: Dispatch>(
                     .attempt_failed(crate::error::class_to_http(error.class).0.as_u16());
                 switchyard_schemas::trace::fail(&span, error.class.as_str());
                 ledger.charge.attempt_failed(&error);
+                if worker_retry && dispatch.worker_lost() && error.disposition().fallback {
+                    worker_retry = false;
+                    tracing::warn!(request = %request, target = %target.id, error = %error,
+                        "worker lost before the answer started, trying the same target again");
+                    queue.push_front(target);
+                    last_err = Some(error);
+                    continue;
+                }
                 if !judge(app, &target.id, &error) {
                     // The message is the sanitised one (credentials redacted, as the client sees).
                     tracing::info!(request = %request, target = %target.id, error = %error,
@@ -182,6 +204,7 @@ pub(super) async fn chat(
         trim: planned.trim,
         timeouts,
         deadline,
+        lost_worker: false,
     };
     let won = match attempts(app, request_id, &mut ledger, planned.targets, &mut stream).await {
         Ok(w) => w,
@@ -241,6 +264,8 @@ pub(super) struct ChatStream<'a> {
     trim: Option<Trimming>,
     timeouts: RequestTimeouts,
     deadline: Instant,
+    /// The last attempt failed by losing its worker ([`Dispatch::worker_lost`]).
+    lost_worker: bool,
 }
 
 impl ChatStream<'_> {
@@ -277,6 +302,10 @@ impl Dispatch for ChatStream<'_> {
         (Instant::now() >= self.deadline).then(|| self.timeouts.error(Expiry::Total, &target.id))
     }
 
+    fn worker_lost(&self) -> bool {
+        self.lost_worker
+    }
+
     async fn attempt(&mut self, target: &TargetConfig, attempt: u32) -> Result<Opened, ErrorInfo> {
         self.req.target = TargetRef {
             id: target.id.clone(),
@@ -286,6 +315,7 @@ impl Dispatch for ChatStream<'_> {
         self.req.attempt = attempt;
         let trimmed = self.trim_for(target);
         let dispatched = Instant::now();
+        self.lost_worker = false;
         let mut attempt = self.app.dispatcher.send(&self.req).await?;
         let t = self.timeouts;
         let mut buffered = VecDeque::new();
@@ -301,7 +331,10 @@ impl Dispatch for ChatStream<'_> {
             limit = t.silence;
             match frame {
                 FrameBody::Start { .. } => {}
-                FrameBody::Error { error, .. } => return Err(error),
+                FrameBody::Error { error, .. } => {
+                    self.lost_worker = attempt.worker_lost();
+                    return Err(error);
+                }
                 f => {
                     if f.is_content() {
                         let now = Instant::now();
