@@ -236,8 +236,9 @@ pub struct Attempt {
     granted: u32,
     worker: Option<String>,
     finished: bool,
-    /// The attempt ended because its worker went silent or none picked it up: the worker's
-    /// failure, not the target's ([`Attempt::worker_lost`]).
+    /// The attempt ended because its worker went silent, none picked it up, or reply frames were
+    /// lost on the way: the worker's (or the path's) failure, not the target's
+    /// ([`Attempt::worker_lost`]).
     lost: bool,
     /// Frames of a coalesced message (a JSON array) not yet handed out.
     pending: std::collections::VecDeque<Frame>,
@@ -258,11 +259,15 @@ impl Attempt {
                 },
             };
             if frame.seq != self.next_seq {
+                // Core NATS dropped frames on the way (a server between ingress and the worker
+                // failed, its clients reconnected): the path is lost, like a silent worker, and
+                // another attempt may get through (503, not 500).
+                self.lost = true;
                 let msg = format!(
                     "lost reply frames: expected seq {}, got {}",
                     self.next_seq, frame.seq
                 );
-                return self.fail(ErrorClass::Internal, &msg);
+                return self.fail(ErrorClass::NoCapacity, &msg);
             }
             self.next_seq += 1;
             match frame.body {
@@ -377,7 +382,8 @@ impl Attempt {
     }
 
     /// Whether the attempt failed because its worker went silent (no frame or heartbeat within
-    /// the limit) or no worker picked the request up: another replica may serve the same target.
+    /// the limit), no worker picked the request up, or reply frames were lost between the worker
+    /// and ingress: another replica (or path) may serve the same target.
     pub fn worker_lost(&self) -> bool {
         self.lost
     }
