@@ -101,27 +101,17 @@ async fn handle_request(shared: Arc<Shared>, msg: async_nats::Message) {
     };
     answer(reply).await;
     let event = UsageEvent {
-        request_id: req.id,
-        kind: UsageKind::Upstream,
         attempt: req.attempt,
-        ts_ms: now_ms(),
         tenant: req.tenant,
         key_id: req.key_id,
-        model: req.model,
         target: Some(target.id),
         upstream_model: Some(target.upstream_model),
         usage,
-        estimated: false,
         status,
         error_class,
-        ttft_ms: None,
         latency_ms: started.elapsed().as_millis() as u64,
-        fallbacks: 0,
-        cache_hit: false,
-        budget_owed: None,
         batch_id: req.batch_id,
-        audit: None,
-        finish_reason: None,
+        ..UsageEvent::new(req.id, UsageKind::Upstream, now_ms(), req.model)
     };
     shared.usage.publish(event).await;
 }

@@ -927,13 +927,9 @@ fn publish_usage(
     latency_ms: u64,
 ) {
     let event = UsageEvent {
-        request_id: req.id,
-        kind: UsageKind::Upstream,
         attempt: req.attempt,
-        ts_ms: now_ms(),
         tenant: req.tenant.clone(),
         key_id: req.key_id.clone(),
-        model: req.model.clone(),
         target: Some(target.id.clone()),
         upstream_model: Some(target.upstream_model.clone()),
         usage,
@@ -942,12 +938,9 @@ fn publish_usage(
         error_class: o.error,
         ttft_ms: o.ttft_ms,
         latency_ms,
-        fallbacks: 0,
-        cache_hit: false,
-        budget_owed: None,
         batch_id: req.batch_id.clone(),
-        audit: None,
         finish_reason: o.finish_reason,
+        ..UsageEvent::new(req.id, UsageKind::Upstream, now_ms(), req.model.clone())
     };
     let usage = shared.usage.clone();
     shared.usage_tasks.spawn(async move {
