@@ -14,6 +14,7 @@ use crate::metrics::Outcome;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
+use switchyard_schemas::cache::CachedToolCall;
 use switchyard_schemas::{ErrorInfo, FinishReason, FrameBody, Usage};
 
 /// The frames of the committed attempt, in order, ending with `End` or `Error`. Keeps the charge
@@ -160,16 +161,9 @@ impl FrameFeed {
     }
 }
 
-/// A tool call accumulated from deltas.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct ToolCallAcc {
-    /// Call id.
-    pub id: String,
-    /// Function name.
-    pub name: String,
-    /// Concatenated JSON argument pieces.
-    pub arguments: String,
-}
+/// A tool call accumulated from deltas ([`CachedToolCall::accumulate`]): id, name and the
+/// concatenated JSON argument pieces; the same type the cache stores.
+pub type ToolCallAcc = CachedToolCall;
 
 /// A complete answer.
 #[derive(Debug, Default, Clone)]
@@ -215,18 +209,7 @@ impl Aggregate {
                 name,
                 arguments,
             } => {
-                let i = index as usize;
-                if self.tool_calls.len() <= i {
-                    self.tool_calls.resize(i + 1, ToolCallAcc::default());
-                }
-                let call = &mut self.tool_calls[i];
-                if let Some(id) = id {
-                    call.id = id;
-                }
-                if let Some(name) = name {
-                    call.name = name;
-                }
-                call.arguments.push_str(&arguments);
+                ToolCallAcc::accumulate(&mut self.tool_calls, index, id, name, &arguments);
             }
             FrameBody::Logprobs { content } => self.logprobs.extend(content),
             other => {
