@@ -9,12 +9,9 @@ use switchyard_schemas::usage::UsageStatus;
 use switchyard_schemas::{ErrorClass, ErrorInfo, Usage, UsageEvent, UsageKind, now_ms};
 
 /// Serves one embeddings request message, in its span ([`crate::spans::worker`]) and with its
-/// request id for the upstream's `X-Request-Id`.
+/// request id for the upstream's `X-Request-Id` ([`crate::spans::in_request`]).
 pub(crate) async fn handle(shared: Arc<Shared>, msg: async_nats::Message) {
-    let span = crate::spans::worker(msg.headers.as_ref());
-    let id = switchyard_schemas::trace::request_id(msg.headers.as_ref());
-    let run = crate::provider::with_request_id(id, handle_request(shared, msg));
-    tracing::Instrument::instrument(run, span).await
+    crate::spans::in_request(msg, |msg| handle_request(shared, msg)).await
 }
 
 async fn handle_request(shared: Arc<Shared>, msg: async_nats::Message) {
