@@ -312,19 +312,8 @@ impl Capture {
                     self.answer.chunks.push(text.clone());
                 }
             }
-            FrameBody::ToolCall {
-                index,
-                id,
-                name,
-                arguments,
-            } => {
-                CachedToolCall::accumulate(
-                    &mut self.answer.tool_calls,
-                    *index,
-                    id.clone(),
-                    name.clone(),
-                    arguments,
-                );
+            FrameBody::ToolCall { .. } => {
+                frame.accumulate_tool_call(&mut self.answer.tool_calls);
             }
             FrameBody::Usage { usage } => self.answer.usage = *usage,
             FrameBody::End { finish_reason } => {

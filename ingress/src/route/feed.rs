@@ -203,13 +203,8 @@ impl Aggregate {
     pub fn add(&mut self, f: FrameBody) {
         match f {
             FrameBody::Text { text } => self.text.push_str(&text),
-            FrameBody::ToolCall {
-                index,
-                id,
-                name,
-                arguments,
-            } => {
-                ToolCallAcc::accumulate(&mut self.tool_calls, index, id, name, &arguments);
+            f @ FrameBody::ToolCall { .. } => {
+                f.accumulate_tool_call(&mut self.tool_calls);
             }
             FrameBody::Logprobs { content } => self.logprobs.extend(content),
             other => {
