@@ -221,17 +221,13 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use rust_decimal::Decimal;
-    use switchyard_schemas::usage::{Usage, UsageEvent, UsageKind, UsageStatus};
+    use switchyard_schemas::usage::{Usage, UsageEvent, UsageKind};
 
     fn ev(id: u128, kind: UsageKind, ts: u64, tenant: &str, target: &str) -> UsageEvent {
         UsageEvent {
-            request_id: uuid::Uuid::from_u128(id),
-            kind,
             attempt: u32::from(kind == UsageKind::Upstream),
-            ts_ms: ts,
             tenant: Some(tenant.into()),
             key_id: Some(format!("{tenant}-key")),
-            model: "m".into(),
             target: Some(target.into()),
             upstream_model: Some("u".into()),
             usage: Usage {
@@ -242,17 +238,8 @@ mod tests {
                 reasoning_tokens: 1,
                 ..Default::default()
             },
-            estimated: false,
-            status: UsageStatus::Ok,
-            error_class: None,
-            ttft_ms: None,
             latency_ms: 1,
-            fallbacks: 0,
-            cache_hit: false,
-            budget_owed: None,
-            batch_id: None,
-            audit: None,
-            finish_reason: None,
+            ..UsageEvent::new(uuid::Uuid::from_u128(id), kind, ts, "m")
         }
     }
 

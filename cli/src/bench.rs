@@ -665,24 +665,21 @@ async fn batch_phase(
     slice(http, via, rate, length, false, counter, &before).await;
     let (b, d) = (before.lock(), during.lock());
     let ms = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
-    println!(
-        "| {rate} rps JSON, no batch | switchyard latency | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | | {} |",
-        ms(&b.latency, 0.5),
-        ms(&b.latency, 0.9),
-        ms(&b.latency, 0.99),
-        ms(&b.latency, 0.999),
-        b.latency.max() as f64 / 1000.0,
-        b.errors
-    );
-    println!(
-        "| {rate} rps JSON, {}-item batch running | switchyard latency | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | | {} |",
-        args.batch_items,
-        ms(&d.latency, 0.5),
-        ms(&d.latency, 0.9),
-        ms(&d.latency, 0.99),
-        ms(&d.latency, 0.999),
-        d.latency.max() as f64 / 1000.0,
-        d.errors
+    let row = |phase: &str, s: &PathStats| {
+        println!(
+            "| {phase} | switchyard latency | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | | {} |",
+            ms(&s.latency, 0.5),
+            ms(&s.latency, 0.9),
+            ms(&s.latency, 0.99),
+            ms(&s.latency, 0.999),
+            s.latency.max() as f64 / 1000.0,
+            s.errors
+        );
+    };
+    row(&format!("{rate} rps JSON, no batch"), &b);
+    row(
+        &format!("{rate} rps JSON, {}-item batch running", args.batch_items),
+        &d,
     );
     Ok(format!(
         "batch phase at {rate} rps: interactive p50 {:.3} → {:.3} ms, p99 {:.3} → {:.3} ms \

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use switchyard_billing::ledger::ScratchSchema;
 use switchyard_billing::{BillingService, Ledger, ServiceConfig};
 use switchyard_schemas::subjects::{BILLING_CONSUMER, Subjects};
-use switchyard_schemas::usage::{Usage, UsageEvent, UsageKind, UsageStatus};
+use switchyard_schemas::usage::{Usage, UsageEvent, UsageKind};
 
 /// Publish acknowledgements awaited at once by the end-to-end publisher, acks.
 const PUBLISH_WINDOW: usize = 4096;
@@ -102,18 +102,15 @@ fn events(n: u64) -> Vec<UsageEvent> {
         if upstream {
             request_id = uuid::Uuid::now_v7();
         }
+        let kind = if upstream {
+            UsageKind::Upstream
+        } else {
+            UsageKind::Charge
+        };
         out.push(UsageEvent {
-            request_id,
-            kind: if upstream {
-                UsageKind::Upstream
-            } else {
-                UsageKind::Charge
-            },
             attempt: u32::from(upstream),
-            ts_ms: now + i,
             tenant: Some(format!("tenant-{}", i % 7)),
             key_id: Some(format!("key-{}", i % 31)),
-            model: "openai/gpt-4o-mini".into(),
             target: Some("openai-primary".into()),
             upstream_model: Some("gpt-4o-mini".into()),
             usage: Usage {
@@ -124,17 +121,9 @@ fn events(n: u64) -> Vec<UsageEvent> {
                 reasoning_tokens: i % 3 * 10,
                 ..Usage::default()
             },
-            estimated: false,
-            status: UsageStatus::Ok,
-            error_class: None,
             ttft_ms: Some(180),
             latency_ms: 950,
-            fallbacks: 0,
-            cache_hit: false,
-            budget_owed: None,
-            batch_id: None,
-            audit: None,
-            finish_reason: None,
+            ..UsageEvent::new(request_id, kind, now + i, "openai/gpt-4o-mini")
         });
     }
     out

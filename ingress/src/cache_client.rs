@@ -20,7 +20,7 @@
 
 use crate::AppState;
 use crate::charge::Charge;
-use crate::route::{self, Aggregate, Inbound, Served, ToolCallAcc};
+use crate::route::{self, Aggregate, Inbound, Served};
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::Response;
 use std::sync::Arc;
@@ -312,31 +312,8 @@ impl Capture {
                     self.answer.chunks.push(text.clone());
                 }
             }
-            FrameBody::ToolCall {
-                index,
-                id,
-                name,
-                arguments,
-            } => {
-                let i = *index as usize;
-                let calls = &mut self.answer.tool_calls;
-                if calls.len() <= i {
-                    calls.resize(
-                        i + 1,
-                        CachedToolCall {
-                            id: String::new(),
-                            name: String::new(),
-                            arguments: String::new(),
-                        },
-                    );
-                }
-                if let Some(id) = id {
-                    calls[i].id.clone_from(id);
-                }
-                if let Some(name) = name {
-                    calls[i].name.clone_from(name);
-                }
-                calls[i].arguments.push_str(arguments);
+            FrameBody::ToolCall { .. } => {
+                frame.accumulate_tool_call(&mut self.answer.tool_calls);
             }
             FrameBody::Usage { usage } => self.answer.usage = *usage,
             FrameBody::End { finish_reason } => {
@@ -441,15 +418,7 @@ pub(crate) fn aggregate(answer: &CachedAnswer) -> Aggregate {
     Aggregate {
         more_choices: Vec::new(),
         text: answer.text(),
-        tool_calls: answer
-            .tool_calls
-            .iter()
-            .map(|c| ToolCallAcc {
-                id: c.id.clone(),
-                name: c.name.clone(),
-                arguments: c.arguments.clone(),
-            })
-            .collect(),
+        tool_calls: answer.tool_calls.clone(),
         finish: answer.finish_reason,
         usage: Some(answer.usage),
         thinking: Vec::new(),

@@ -160,28 +160,13 @@ impl Charge {
                 .then_some(c.max_bytes)
         };
         let event = UsageEvent {
-            request_id,
-            kind: UsageKind::Charge,
-            attempt: 0,
-            ts_ms: now_ms(),
             tenant: who.tenant,
             key_id: who.key_id,
-            model: model.to_owned(),
-            target: None,
-            upstream_model: None,
-            usage: Usage::default(),
-            estimated: false,
             status: UsageStatus::Cancelled,
             error_class: Some(ErrorClass::Cancelled),
-            ttft_ms: None,
-            latency_ms: 0,
-            fallbacks: 0,
-            cache_hit: false,
-            budget_owed: None,
             // Every charge of a batch item (live answer, cache hit, embeddings) is marked.
             batch_id: crate::route::current_batch_id(),
-            audit: None,
-            finish_reason: None,
+            ..UsageEvent::new(request_id, UsageKind::Charge, now_ms(), model)
         };
         Self {
             app,

@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 use switchyard_schemas::audit::AuditInfo;
 use switchyard_schemas::usage::UsageStatus;
-use switchyard_schemas::{ErrorClass, Usage, UsageEvent, UsageKind, now_ms};
+use switchyard_schemas::{ErrorClass, UsageEvent, UsageKind, now_ms};
 
 /// Most refusal records one ingress holds awaiting storage (queued in the usage publisher or
 /// being spooled); more are dropped and counted.
@@ -189,25 +189,11 @@ pub async fn record(State(app): State<Arc<AppState>>, req: Request, next: Next) 
     let client = crate::route::current_client();
     let caller = seen.caller.unwrap_or_default();
     let event = UsageEvent {
-        request_id,
-        kind: UsageKind::Audit,
-        attempt: 0,
-        ts_ms: now_ms(),
         tenant: caller.tenant,
         key_id: caller.key_id,
-        model: seen.model.unwrap_or_default(),
-        target: None,
-        upstream_model: None,
-        usage: Usage::default(),
-        estimated: false,
         status: UsageStatus::Error,
         error_class: Some(class_of(status, code.as_deref())),
-        ttft_ms: None,
         latency_ms: started.elapsed().as_millis() as u64,
-        fallbacks: 0,
-        cache_hit: false,
-        budget_owed: None,
-        batch_id: None,
         audit: Some(Box::new(AuditInfo {
             front_door: Some(door.to_owned()),
             http_status: Some(status),
@@ -217,7 +203,12 @@ pub async fn record(State(app): State<Arc<AppState>>, req: Request, next: Next) 
             client_request_id: client.request_id.clone(),
             ..AuditInfo::default()
         })),
-        finish_reason: None,
+        ..UsageEvent::new(
+            request_id,
+            UsageKind::Audit,
+            now_ms(),
+            seen.model.unwrap_or_default(),
+        )
     };
     let app2 = app.clone();
     // Tracked: shutdown waits for the acknowledged publish (or the spool).

@@ -542,17 +542,10 @@ mod tests {
     use super::*;
     use crate::publish::{msg_id_of, publish_usage_event};
     use async_nats::jetstream;
-    use switchyard_schemas::usage::{Usage, UsageEvent, UsageKind, UsageStatus};
+    use switchyard_schemas::usage::{Usage, UsageEvent, UsageKind};
 
     fn event(kind: UsageKind) -> UsageEvent {
         UsageEvent {
-            request_id: uuid::Uuid::now_v7(),
-            kind,
-            attempt: 0,
-            ts_ms: 1,
-            tenant: None,
-            key_id: None,
-            model: "demo/mock".into(),
             target: Some("mock".into()),
             upstream_model: Some("mock".into()),
             usage: Usage {
@@ -560,17 +553,8 @@ mod tests {
                 completion_tokens: 3,
                 ..Usage::default()
             },
-            estimated: false,
-            status: UsageStatus::Ok,
-            error_class: None,
-            ttft_ms: None,
             latency_ms: 1,
-            fallbacks: 0,
-            cache_hit: false,
-            budget_owed: None,
-            batch_id: None,
-            audit: None,
-            finish_reason: None,
+            ..UsageEvent::new(uuid::Uuid::now_v7(), kind, 1, "demo/mock")
         }
     }
 

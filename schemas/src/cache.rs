@@ -176,8 +176,9 @@ impl LookupReply {
     }
 }
 
-/// One tool call of a stored answer.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// One tool call of a stored answer (and of an answer being put together from
+/// [`FrameBody::ToolCall`](crate::FrameBody::ToolCall) pieces: [`CachedToolCall::accumulate`]).
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CachedToolCall {
     /// Call id.
     pub id: String,
@@ -185,6 +186,34 @@ pub struct CachedToolCall {
     pub name: String,
     /// JSON-encoded arguments.
     pub arguments: String,
+}
+
+impl CachedToolCall {
+    /// Adds one tool-call piece (the fields of a [`FrameBody::ToolCall`](crate::FrameBody::ToolCall))
+    /// to `calls`, an answer's calls by index: grows `calls` with empty calls up to `index`,
+    /// sets the call's id and name where the piece carries them (a later piece replaces an
+    /// earlier one) and appends `arguments`. Returns the call.
+    pub fn accumulate<'a>(
+        calls: &'a mut Vec<Self>,
+        index: u32,
+        id: Option<String>,
+        name: Option<String>,
+        arguments: &str,
+    ) -> &'a mut Self {
+        let i = index as usize;
+        if calls.len() <= i {
+            calls.resize(i + 1, Self::default());
+        }
+        let call = &mut calls[i];
+        if let Some(id) = id {
+            call.id = id;
+        }
+        if let Some(name) = name {
+            call.name = name;
+        }
+        call.arguments.push_str(arguments);
+        call
+    }
 }
 
 /// A complete answer as the upstream produced it.

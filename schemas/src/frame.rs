@@ -22,6 +22,7 @@
 //! frames. A worker with no credit stops reading the upstream; after `timeouts.stall_ms` without
 //! credit it cancels the call. A request without the header is not flow-controlled.
 
+use crate::cache::CachedToolCall;
 use crate::error::ErrorInfo;
 use crate::request::ThinkingBlock;
 use crate::usage::Usage;
@@ -239,6 +240,22 @@ impl FrameBody {
             }
             _ => return false,
         }
+        true
+    }
+
+    /// Adds a tool-call piece to `calls` (the answer's calls, by index; see
+    /// [`CachedToolCall::accumulate`]). Returns false, leaving `calls` alone, for any other frame.
+    pub fn accumulate_tool_call(&self, calls: &mut Vec<CachedToolCall>) -> bool {
+        let Self::ToolCall {
+            index,
+            id,
+            name,
+            arguments,
+        } = self
+        else {
+            return false;
+        };
+        CachedToolCall::accumulate(calls, *index, id.clone(), name.clone(), arguments);
         true
     }
 

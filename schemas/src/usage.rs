@@ -196,6 +196,40 @@ pub struct UsageEvent {
     pub finish_reason: Option<crate::FinishReason>,
 }
 
+impl UsageEvent {
+    /// A completed (`status` `ok`) `kind` event of `request_id` for `model`, produced at
+    /// `ts_ms` (ms since the Unix epoch), with everything else at its zero value: attempt 0,
+    /// no tenant, key, target or upstream model, no tokens (not estimated), no error, no TTFT,
+    /// latency 0 ms, no fallback, no cache hit, nothing owed, no batch, audit or finish reason.
+    /// Producers set the rest with struct update syntax:
+    /// `UsageEvent { latency_ms: 12, ..UsageEvent::new(id, kind, now_ms(), model) }`.
+    pub fn new(request_id: Uuid, kind: UsageKind, ts_ms: u64, model: impl Into<String>) -> Self {
+        Self {
+            request_id,
+            kind,
+            attempt: 0,
+            ts_ms,
+            tenant: None,
+            key_id: None,
+            model: model.into(),
+            target: None,
+            upstream_model: None,
+            usage: Usage::default(),
+            estimated: false,
+            status: UsageStatus::Ok,
+            error_class: None,
+            ttft_ms: None,
+            latency_ms: 0,
+            fallbacks: 0,
+            cache_hit: false,
+            budget_owed: None,
+            batch_id: None,
+            audit: None,
+            finish_reason: None,
+        }
+    }
+}
+
 /// What a request still owes its budget scopes: `usd` (sale price) and `tokens` (input +
 /// output) to add to each of `scopes` (`key.<id>`, `tenant.<id>` in the `SY_BUDGETS` bucket).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -9,12 +9,9 @@ use switchyard_schemas::usage::UsageStatus;
 use switchyard_schemas::{ErrorClass, ErrorInfo, Usage, UsageEvent, UsageKind, now_ms};
 
 /// Serves one embeddings request message, in its span ([`crate::spans::worker`]) and with its
-/// request id for the upstream's `X-Request-Id`.
+/// request id for the upstream's `X-Request-Id` ([`crate::spans::in_request`]).
 pub(crate) async fn handle(shared: Arc<Shared>, msg: async_nats::Message) {
-    let span = crate::spans::worker(msg.headers.as_ref());
-    let id = switchyard_schemas::trace::request_id(msg.headers.as_ref());
-    let run = crate::provider::with_request_id(id, handle_request(shared, msg));
-    tracing::Instrument::instrument(run, span).await
+    crate::spans::in_request(msg, |msg| handle_request(shared, msg)).await
 }
 
 async fn handle_request(shared: Arc<Shared>, msg: async_nats::Message) {
@@ -101,27 +98,17 @@ async fn handle_request(shared: Arc<Shared>, msg: async_nats::Message) {
     };
     answer(reply).await;
     let event = UsageEvent {
-        request_id: req.id,
-        kind: UsageKind::Upstream,
         attempt: req.attempt,
-        ts_ms: now_ms(),
         tenant: req.tenant,
         key_id: req.key_id,
-        model: req.model,
         target: Some(target.id),
         upstream_model: Some(target.upstream_model),
         usage,
-        estimated: false,
         status,
         error_class,
-        ttft_ms: None,
         latency_ms: started.elapsed().as_millis() as u64,
-        fallbacks: 0,
-        cache_hit: false,
-        budget_owed: None,
         batch_id: req.batch_id,
-        audit: None,
-        finish_reason: None,
+        ..UsageEvent::new(req.id, UsageKind::Upstream, now_ms(), req.model)
     };
     shared.usage.publish(event).await;
 }

@@ -150,31 +150,18 @@ async fn probe_once(
     permit.record(result, took);
     tracing::debug!(target = %target.id, healthy, ms = took.as_millis() as u64, "active probe");
     let event = UsageEvent {
-        request_id: req.id,
-        kind: UsageKind::Upstream,
-        attempt: 0,
-        ts_ms: now_ms(),
         tenant: req.tenant.clone(),
-        key_id: None,
-        model: req.model.clone(),
         target: Some(target.id.clone()),
         upstream_model: Some(target.upstream_model.clone()),
         usage,
-        estimated: false,
         status: if healthy {
             UsageStatus::Ok
         } else {
             UsageStatus::Error
         },
         error_class: error.map(|e| e.class),
-        ttft_ms: None,
         latency_ms: took.as_millis() as u64,
-        fallbacks: 0,
-        cache_hit: false,
-        budget_owed: None,
-        batch_id: None,
-        audit: None,
-        finish_reason: None,
+        ..UsageEvent::new(req.id, UsageKind::Upstream, now_ms(), req.model.clone())
     };
     shared.usage.publish(event).await;
     healthy

@@ -165,13 +165,21 @@ pub async fn send_checked(req: reqwest::RequestBuilder) -> Result<reqwest::Respo
         None => req,
     };
     let resp = req.send().await.map_err(|e| classify_transport_error(&e))?;
+    check_status(resp, classify_http_error).await
+}
+
+/// `resp` when its status is 2xx; otherwise the error `classify` (e.g. [`classify_http_error`])
+/// makes of its status, headers and at most [`MAX_ERROR_BODY`] bytes of its body.
+pub async fn check_status(
+    mut resp: reqwest::Response,
+    classify: fn(u16, &HeaderMap, &[u8]) -> ErrorInfo,
+) -> Result<reqwest::Response, ErrorInfo> {
     let status = resp.status();
     if status.is_success() {
         return Ok(resp);
     }
     let headers = resp.headers().clone();
     let mut body = Vec::new();
-    let mut resp = resp;
     while body.len() < MAX_ERROR_BODY {
         match resp.chunk().await {
             Ok(Some(chunk)) => body.extend_from_slice(&chunk),
@@ -179,7 +187,7 @@ pub async fn send_checked(req: reqwest::RequestBuilder) -> Result<reqwest::Respo
         }
     }
     body.truncate(MAX_ERROR_BODY);
-    Err(classify_http_error(status.as_u16(), &headers, &body))
+    Err(classify(status.as_u16(), &headers, &body))
 }
 
 /// Turns one provider's SSE events into normalised events. Implemented once per provider file.

@@ -12,6 +12,19 @@ use switchyard_schemas::trace::{OpenTelemetrySpanExt, StringValue, Value, enable
 use switchyard_schemas::{ChatRequest, FinishReason, Usage};
 use tracing::Span;
 
+/// Runs `handle(msg)` (one request message's handling) in the message's [`worker`] span and
+/// with its request id for the upstream's `X-Request-Id` ([`crate::provider::with_request_id`]).
+pub async fn in_request<F, Fut>(msg: async_nats::Message, handle: F) -> Fut::Output
+where
+    F: FnOnce(async_nats::Message) -> Fut,
+    Fut: std::future::Future,
+{
+    let span = worker(msg.headers.as_ref());
+    let id = switchyard_schemas::trace::request_id(msg.headers.as_ref());
+    let run = crate::provider::with_request_id(id, handle(msg));
+    tracing::Instrument::instrument(run, span).await
+}
+
 /// The span of one request message (`headers`: its NATS headers).
 pub fn worker(headers: Option<&async_nats::HeaderMap>) -> Span {
     if !enabled() {

@@ -362,12 +362,9 @@ async fn wait_beating<F: std::future::Future>(
 }
 
 /// One request message, in its span ([`crate::spans::worker`]) and with its request id for the
-/// upstream's `X-Request-Id` ([`crate::provider::with_request_id`]).
+/// upstream's `X-Request-Id` ([`crate::spans::in_request`]).
 async fn handle(shared: Arc<Shared>, msg: async_nats::Message) {
-    let span = crate::spans::worker(msg.headers.as_ref());
-    let id = switchyard_schemas::trace::request_id(msg.headers.as_ref());
-    let run = crate::provider::with_request_id(id, handle_request(shared, msg));
-    tracing::Instrument::instrument(run, span).await
+    crate::spans::in_request(msg, |msg| handle_request(shared, msg)).await
 }
 
 async fn handle_request(shared: Arc<Shared>, msg: async_nats::Message) {
@@ -927,13 +924,9 @@ fn publish_usage(
     latency_ms: u64,
 ) {
     let event = UsageEvent {
-        request_id: req.id,
-        kind: UsageKind::Upstream,
         attempt: req.attempt,
-        ts_ms: now_ms(),
         tenant: req.tenant.clone(),
         key_id: req.key_id.clone(),
-        model: req.model.clone(),
         target: Some(target.id.clone()),
         upstream_model: Some(target.upstream_model.clone()),
         usage,
@@ -942,12 +935,9 @@ fn publish_usage(
         error_class: o.error,
         ttft_ms: o.ttft_ms,
         latency_ms,
-        fallbacks: 0,
-        cache_hit: false,
-        budget_owed: None,
         batch_id: req.batch_id.clone(),
-        audit: None,
         finish_reason: o.finish_reason,
+        ..UsageEvent::new(req.id, UsageKind::Upstream, now_ms(), req.model.clone())
     };
     let usage = shared.usage.clone();
     shared.usage_tasks.spawn(async move {

@@ -182,27 +182,17 @@ pub fn event(
     ts_ms: u64,
 ) -> switchyard_schemas::usage::UsageEvent {
     switchyard_schemas::usage::UsageEvent {
-        request_id: uuid::Uuid::now_v7(),
-        kind,
-        attempt: 0,
-        ts_ms,
         tenant: Some("acme".into()),
-        key_id: None,
-        model: "openai/gpt-4o".into(),
         target: Some("openai-east".into()),
         upstream_model: Some("gpt-4o".into()),
-        usage: switchyard_schemas::usage::Usage::default(),
-        estimated: false,
-        status: switchyard_schemas::usage::UsageStatus::Ok,
-        error_class: None,
         ttft_ms: Some(100),
         latency_ms: 500,
-        fallbacks: 0,
-        cache_hit: false,
-        budget_owed: None,
-        batch_id: None,
-        audit: None,
-        finish_reason: None,
+        ..switchyard_schemas::usage::UsageEvent::new(
+            uuid::Uuid::now_v7(),
+            kind,
+            ts_ms,
+            "openai/gpt-4o",
+        )
     }
 }
 

@@ -267,20 +267,11 @@ impl StreamEncode for ResponsesStream {
                 name,
                 arguments,
             } => {
+                // The arguments may go in before the item opens: its `added` event shows none.
+                ToolCallAcc::accumulate(&mut self.answer.calls, index, id, name, &arguments);
                 let index = index as usize;
-                if self.answer.calls.len() <= index {
-                    self.answer.calls.resize(index + 1, ToolCallAcc::default());
-                }
-                let call = &mut self.answer.calls[index];
-                if let Some(id) = id {
-                    call.id = id;
-                }
-                if let Some(name) = name {
-                    call.name = name;
-                }
                 let i = self.open_call(index, out);
                 if !arguments.is_empty() {
-                    self.answer.calls[index].arguments.push_str(&arguments);
                     self.event(
                         "response.function_call_arguments.delta",
                         json!({"item_id": self.ident.call_id(index), "output_index": i,

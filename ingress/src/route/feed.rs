@@ -14,6 +14,7 @@ use crate::metrics::Outcome;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
+use switchyard_schemas::cache::CachedToolCall;
 use switchyard_schemas::{ErrorInfo, FinishReason, FrameBody, Usage};
 
 /// The frames of the committed attempt, in order, ending with `End` or `Error`. Keeps the charge
@@ -160,16 +161,9 @@ impl FrameFeed {
     }
 }
 
-/// A tool call accumulated from deltas.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct ToolCallAcc {
-    /// Call id.
-    pub id: String,
-    /// Function name.
-    pub name: String,
-    /// Concatenated JSON argument pieces.
-    pub arguments: String,
-}
+/// A tool call accumulated from deltas ([`CachedToolCall::accumulate`]): id, name and the
+/// concatenated JSON argument pieces; the same type the cache stores.
+pub type ToolCallAcc = CachedToolCall;
 
 /// A complete answer.
 #[derive(Debug, Default, Clone)]
@@ -209,24 +203,8 @@ impl Aggregate {
     pub fn add(&mut self, f: FrameBody) {
         match f {
             FrameBody::Text { text } => self.text.push_str(&text),
-            FrameBody::ToolCall {
-                index,
-                id,
-                name,
-                arguments,
-            } => {
-                let i = index as usize;
-                if self.tool_calls.len() <= i {
-                    self.tool_calls.resize(i + 1, ToolCallAcc::default());
-                }
-                let call = &mut self.tool_calls[i];
-                if let Some(id) = id {
-                    call.id = id;
-                }
-                if let Some(name) = name {
-                    call.name = name;
-                }
-                call.arguments.push_str(&arguments);
+            f @ FrameBody::ToolCall { .. } => {
+                f.accumulate_tool_call(&mut self.tool_calls);
             }
             FrameBody::Logprobs { content } => self.logprobs.extend(content),
             other => {

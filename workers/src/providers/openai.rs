@@ -206,11 +206,7 @@ pub fn build_object(
         o.insert("tool_choice".into(), tc.clone());
     }
     let p = &req.params;
-    let mut put = |k: &str, v: Option<Value>| {
-        if let Some(v) = v {
-            o.insert(k.into(), v);
-        }
-    };
+    let mut put = |k: &str, v| crate::providers::shared::put_some(&mut o, k, v);
     put("temperature", p.temperature.map(Value::from));
     put("top_p", p.top_p.map(Value::from));
     // OpenAI deprecated `max_tokens` for `max_completion_tokens`; compatible servers mostly know the old name.

@@ -186,11 +186,7 @@ pub fn build_object(upstream_model: &str, req: &ChatRequest) -> Map<String, Valu
         o.insert("tool_choice".into(), mapped);
     }
     let p = &req.params;
-    let mut put = |k: &str, v: Option<Value>| {
-        if let Some(v) = v {
-            o.insert(k.into(), v);
-        }
-    };
+    let mut put = |k: &str, v| crate::providers::shared::put_some(&mut o, k, v);
     put("temperature", p.temperature.map(Value::from));
     put("top_p", p.top_p.map(Value::from));
     put("max_output_tokens", p.max_tokens.map(Value::from));

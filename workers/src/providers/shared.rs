@@ -88,6 +88,14 @@ pub(crate) fn read_answer<T: SseTranslator>(
     }
 }
 
+/// Inserts `key` into the request object `o` when there is a `value` (an unset optional
+/// parameter is left out rather than sent as `null`).
+pub(crate) fn put_some(o: &mut serde_json::Map<String, Value>, key: &str, value: Option<Value>) {
+    if let Some(v) = value {
+        o.insert(key.into(), v);
+    }
+}
+
 /// `v` without its top-level `null` members (absent optional fields).
 pub(crate) fn without_nulls(mut v: Value) -> Value {
     if let Some(obj) = v.as_object_mut() {

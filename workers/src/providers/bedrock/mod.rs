@@ -48,8 +48,8 @@ use switchyard_schemas::request::{Content, Message, Role, ToolCall};
 use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, FinishReason, FrameBody, Usage};
 
 use crate::provider::{
-    Answer, Call, EventStream, MAX_ERROR_BODY, Provider, Upstream, classify_transport_error,
-    is_json_answer, translate_json,
+    Answer, Call, EventStream, Provider, Upstream, classify_transport_error, is_json_answer,
+    translate_json,
 };
 
 /// SigV4 signing name of the Bedrock runtime, the service part of the credential scope
@@ -262,27 +262,14 @@ pub fn sigv4_headers(
 }
 
 /// Sends the signed request; a non-2xx answer becomes an error classified by
-/// [`classify_http_error`] (reading at most [`MAX_ERROR_BODY`] bytes), a transport failure a
+/// [`classify_http_error`] (reading at most [`MAX_ERROR_BODY`](crate::provider::MAX_ERROR_BODY) bytes), a transport failure a
 /// `network` / `timeout` error.
 async fn send(builder: reqwest::RequestBuilder) -> Result<reqwest::Response, ErrorInfo> {
-    let mut resp = builder
+    let resp = builder
         .send()
         .await
         .map_err(|e| classify_transport_error(&e))?;
-    let status = resp.status();
-    if status.is_success() {
-        return Ok(resp);
-    }
-    let headers = resp.headers().clone();
-    let mut body = Vec::new();
-    while body.len() < MAX_ERROR_BODY {
-        match resp.chunk().await {
-            Ok(Some(chunk)) => body.extend_from_slice(&chunk),
-            _ => break,
-        }
-    }
-    body.truncate(MAX_ERROR_BODY);
-    Err(classify_http_error(status.as_u16(), &headers, &body))
+    crate::provider::check_status(resp, classify_http_error).await
 }
 
 /// The bare error shape name of an AWS error code (see
