@@ -244,3 +244,51 @@ async fn fc11_cost_and_lines_are_stored_once() {
         None
     );
 }
+
+#[tokio::test]
+async fn a_corrupt_amount_is_an_error_not_zero() {
+    let ledger = Ledger::connect("sqlite::memory:").await.unwrap();
+    let mut e = event(UsageKind::Upstream, 0);
+    e.upstream_model = Some("gpt-4o".into());
+    ledger.insert_batch(&[e.clone()]).await.unwrap();
+    let id = e.request_id.to_string();
+    for sql in [
+        "UPDATE usage_events SET cost_usd = 'x1' WHERE request_id = $1",
+        "UPDATE ledger_lines SET amount_usd = 'y2' WHERE request_id = $1 AND billing_type = 'output'",
+    ] {
+        sqlx::query(sql)
+            .bind(&id)
+            .execute(ledger.pool())
+            .await
+            .unwrap();
+    }
+    let err = ledger
+        .cost_of(e.request_id, UsageKind::Upstream, 0)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!("corrupt ledger row: cost_usd `x1` of {id}: Invalid decimal: unknown character")
+    );
+    let err = ledger
+        .lines_of(e.request_id, UsageKind::Upstream, 0)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!("corrupt ledger row: amount_usd `y2` of {id}: Invalid decimal: unknown character")
+    );
+    sqlx::query("UPDATE ledger_lines SET amount_usd = '0.003', tokens = -1 WHERE request_id = $1")
+        .bind(&id)
+        .execute(ledger.pool())
+        .await
+        .unwrap();
+    let err = ledger
+        .lines_of(e.request_id, UsageKind::Upstream, 0)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "corrupt ledger row: tokens = -1 out of range"
+    );
+}
