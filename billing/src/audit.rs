@@ -305,7 +305,9 @@ async fn add_costs(ledger: &Ledger, data: &mut [AuditRecord]) -> Result<(), Bill
     for row in query.fetch_all(ledger.pool()).await? {
         let id: String = row.try_get(0)?;
         let cost: Option<String> = row.try_get(1)?;
-        if let Some(c) = cost.and_then(|c| c.parse::<Decimal>().ok()) {
+        if let Some(c) = cost {
+            // A cost that does not parse fails the page rather than shrink the sum.
+            let c = crate::reconcile::parse_decimal(&id, &c)?;
             *sums.entry(id).or_default() += c;
         }
     }

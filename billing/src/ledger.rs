@@ -686,7 +686,8 @@ impl Ledger {
     }
 
     /// The stored cost (`upstream`) or charge (`charge`) of one event, USD; `None` when the event is
-    /// missing or its model is not priced.
+    /// missing or its model is not priced; [`BillingError::CorruptRow`] when the stored text does
+    /// not parse.
     pub async fn cost_of(
         &self,
         request_id: Uuid,
@@ -696,7 +697,9 @@ impl Ledger {
         let v = self
             .text_column_of("cost_usd", request_id, kind, attempt)
             .await?;
-        Ok(v.and_then(|s| s.parse().ok()))
+        // A cost that does not parse is a corrupt row, not "unpriced".
+        v.map(|s| crate::reconcile::parse_decimal(&request_id.to_string(), &s))
+            .transpose()
     }
 
     /// What had no price on one event (the `unpriced` column split at commas; empty when
@@ -735,6 +738,7 @@ impl Ledger {
     }
 
     /// The ledger lines of one event as (billing type, tokens, amount USD), in billing-type order.
+    /// An amount that does not parse or a negative count is [`BillingError::CorruptRow`].
     pub async fn lines_of(
         &self,
         request_id: Uuid,
@@ -753,11 +757,10 @@ impl Ledger {
         rows.iter()
             .map(|r| {
                 let amount: String = r.try_get(2)?;
-                Ok((
-                    r.try_get(0)?,
-                    u64::try_from(r.try_get::<i64, _>(1)?).unwrap_or(0),
-                    amount.parse().unwrap_or_default(),
-                ))
+                let amount = amount.parse().map_err(|e| {
+                    BillingError::CorruptRow(format!("amount_usd `{amount}` of {request_id}: {e}"))
+                })?;
+                Ok((r.try_get(0)?, to_uint("tokens", r.try_get(1)?)?, amount))
             })
             .collect()
     }

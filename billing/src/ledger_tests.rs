@@ -244,3 +244,36 @@ async fn fc11_cost_and_lines_are_stored_once() {
         None
     );
 }
+
+#[tokio::test]
+async fn a_corrupt_amount_is_an_error_not_zero() {
+    let ledger = Ledger::connect("sqlite::memory:").await.unwrap();
+    let mut e = event(UsageKind::Upstream, 0);
+    e.upstream_model = Some("gpt-4o".into());
+    ledger.insert_batch(&[e.clone()]).await.unwrap();
+    let id = e.request_id.to_string();
+    let corrupt = |sql: &'static str| {
+        let (ledger, id) = (ledger.clone(), id.clone());
+        async move {
+            let q = sqlx::query(sql).bind(id);
+            q.execute(ledger.pool()).await.unwrap();
+        }
+    };
+    let (rid, kind) = (e.request_id, UsageKind::Upstream);
+    corrupt("UPDATE usage_events SET cost_usd = 'x1' WHERE request_id = $1").await;
+    corrupt("UPDATE ledger_lines SET amount_usd = 'y2' WHERE request_id = $1 AND billing_type = 'output'").await;
+    let bad = |what: &str| {
+        format!("corrupt ledger row: {what} of {id}: Invalid decimal: unknown character")
+    };
+    let err = ledger.cost_of(rid, kind, 0).await.unwrap_err();
+    assert_eq!(err.to_string(), bad("cost_usd `x1`"));
+    let err = ledger.lines_of(rid, kind, 0).await.unwrap_err();
+    assert_eq!(err.to_string(), bad("amount_usd `y2`"));
+    corrupt("UPDATE ledger_lines SET amount_usd = '0.003', tokens = -1 WHERE request_id = $1")
+        .await;
+    let err = ledger.lines_of(rid, kind, 0).await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "corrupt ledger row: tokens = -1 out of range"
+    );
+}

@@ -389,7 +389,7 @@ impl ImportDiff {
                 let status = serde_json::to_value(r.status)
                     .ok()
                     .and_then(|v| v.as_str().map(str::to_owned))
-                    .unwrap_or_default();
+                    .unwrap_or_else(|| format!("{:?}", r.status));
                 vec![
                     r.date.clone(),
                     r.model.clone(),

@@ -259,6 +259,31 @@ async fn scenario(url: &str) {
     ledger.close().await;
 }
 
+/// A stored cost that does not parse fails the page: a record's `cost_usd` is never a sum that
+/// silently left one out.
+#[tokio::test]
+async fn a_corrupt_cost_fails_the_page() {
+    let ledger = Ledger::connect("sqlite::memory:").await.unwrap();
+    let a = charge(T0, "k1", "openai/gpt-4o", UsageStatus::Ok, 200);
+    let mut up = a.clone();
+    up.kind = UsageKind::Upstream;
+    up.audit = None;
+    ledger.insert_batch(&[a.clone(), up]).await.unwrap();
+    let id = a.request_id.to_string();
+    sqlx::query(
+        "UPDATE usage_events SET cost_usd = 'x' WHERE request_id = $1 AND kind = 'upstream'",
+    )
+    .bind(&id)
+    .execute(ledger.pool())
+    .await
+    .unwrap();
+    let err = page(&ledger, &AuditQuery::default()).await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!("corrupt ledger row: cost_usd `x` of {id}: Invalid decimal: unknown character")
+    );
+}
+
 common::on_both_ledgers!(
     scenario,
     sqlite_audit_rows_pages_and_retention,

@@ -52,40 +52,40 @@ fn sorted(v: &Value) -> Value {
 }
 
 /// Text-only content as one trimmed string; otherwise the parts (text trimmed).
-fn content_value(c: &Content) -> Value {
-    match c {
+fn content_value(c: &Content) -> Result<Value, serde_json::Error> {
+    Ok(match c {
         Content::Text(t) => Value::String(t.trim().to_owned()),
         Content::Parts(parts) => {
             if parts.iter().all(|p| matches!(p, ContentPart::Text { .. })) {
                 Value::String(c.text().trim().to_owned())
             } else {
-                serde_json::to_value(parts).unwrap_or(Value::Null)
+                serde_json::to_value(parts)?
             }
         }
-    }
+    })
 }
 
-fn message_value(m: &Message, content: Value) -> Value {
+fn message_value(m: &Message, content: Value) -> Result<Value, serde_json::Error> {
     let mut v = json!({"role": m.role, "content": content});
     if let Some(n) = &m.name {
         v["name"] = json!(n);
     }
     if !m.tool_calls.is_empty() {
-        v["tool_calls"] = serde_json::to_value(&m.tool_calls).unwrap_or(Value::Null);
+        v["tool_calls"] = serde_json::to_value(&m.tool_calls)?;
     }
     if let Some(id) = &m.tool_call_id {
         v["tool_call_id"] = json!(id);
     }
-    v
+    Ok(v)
 }
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn hash(v: &Value) -> String {
-    let text = serde_json::to_string(&sorted(v)).unwrap_or_default();
-    hex(&Sha256::digest(text.as_bytes()))
+fn hash(v: &Value) -> Result<String, serde_json::Error> {
+    let text = serde_json::to_string(&sorted(v))?;
+    Ok(hex(&Sha256::digest(text.as_bytes())))
 }
 
 /// The final user message's text, when the conversation ends with a text-only user message.
@@ -94,21 +94,23 @@ fn final_query(messages: &[Message]) -> Option<String> {
     if last.role != Role::User {
         return None;
     }
-    match content_value(last.content.as_ref()?) {
+    // An encoding failure here also fails the exact key (same content), so `None` hides nothing.
+    match content_value(last.content.as_ref()?).ok()? {
         Value::String(s) if !s.is_empty() => Some(s),
         _ => None,
     }
 }
 
-/// Computes the keys of `key`.
-pub fn canonical(key: &CacheKey) -> Canonical {
-    let mut params = serde_json::to_value(&key.params).unwrap_or(Value::Null);
+/// Computes the keys of `key`. Fails when a part cannot be encoded as JSON: a part left out
+/// (`null`, empty) could make two different requests share a key.
+pub fn canonical(key: &CacheKey) -> Result<Canonical, serde_json::Error> {
+    let mut params = serde_json::to_value(&key.params)?;
     if let Value::Object(m) = &mut params {
         m.remove("user");
     }
     let query = final_query(&key.messages);
     let n = key.messages.len();
-    let messages = |blank_last: bool| -> Vec<Value> {
+    let messages = |blank_last: bool| -> Result<Vec<Value>, serde_json::Error> {
         key.messages
             .iter()
             .enumerate()
@@ -116,11 +118,15 @@ pub fn canonical(key: &CacheKey) -> Canonical {
                 let content = if blank_last && i + 1 == n {
                     json!({"$query": true})
                 } else {
-                    m.content.as_ref().map(content_value).unwrap_or(Value::Null)
+                    m.content
+                        .as_ref()
+                        .map(content_value)
+                        .transpose()?
+                        .unwrap_or(Value::Null)
                 };
                 message_value(m, content)
             })
-            .collect()
+            .collect::<Result<Vec<_>, _>>()
     };
     let doc = |msgs: Vec<Value>| {
         let mut d = json!({
@@ -137,14 +143,14 @@ pub fn canonical(key: &CacheKey) -> Canonical {
         }
         d
     };
-    let exact = hash(&doc(messages(false)));
-    let scope = hash(&doc(messages(query.is_some())));
-    Canonical {
+    let exact = hash(&doc(messages(false)?))?;
+    let scope = hash(&doc(messages(query.is_some())?))?;
+    Ok(Canonical {
         exact,
         scope,
         query,
         user_turns: key.messages.iter().filter(|m| m.role == Role::User).count(),
-    }
+    })
 }
 
 #[cfg(test)]
@@ -154,6 +160,10 @@ mod tests {
 
     fn key(v: serde_json::Value) -> CacheKey {
         serde_json::from_value(v).unwrap()
+    }
+
+    fn canonical(key: &CacheKey) -> Canonical {
+        super::canonical(key).unwrap()
     }
 
     fn base() -> serde_json::Value {

@@ -215,7 +215,14 @@ impl Service {
     /// preconditions; microseconds, fine on the async executor): the answer, or the
     /// [`SemanticProbe`] still to run, which embeds the query and belongs on the blocking pool.
     pub fn lookup_exact(&self, req: &LookupRequest) -> Result<LookupReply, SemanticProbe> {
-        let c = canon::canonical(&req.key);
+        let c = match canon::canonical(&req.key) {
+            Ok(c) => c,
+            // No key, no lookup: a partial key could match another request's answer.
+            Err(e) => {
+                let reason = format!("request not encodable: {e}");
+                return Ok(LookupReply::empty(CacheOutcome::Bypass, reason));
+            }
+        };
         let now = now_ms();
         if req.key.params.n.is_some_and(|n| n > 1) {
             return Ok(LookupReply::empty(CacheOutcome::Bypass, "n > 1"));
@@ -307,7 +314,13 @@ impl Service {
         if req.key.params.n.is_some_and(|n| n > 1) {
             return None;
         }
-        let c = canon::canonical(&req.key);
+        let c = match canon::canonical(&req.key) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "cache store skipped: request not encodable");
+                return None;
+            }
+        };
         let now = now_ms();
         let ttl_s = req.ttl_s.min(self.opts.max_ttl_s);
         if ttl_s == 0 {

@@ -307,12 +307,23 @@ fn changed_keys(current: &GatewayConfig, text: &str) -> HashSet<String> {
         (k.sha256(), k.enabled, k.expires_at, k.tenant.clone())
     };
     let mut out = HashSet::new();
-    let new: Vec<switchyard_schemas::tenancy::KeyConfig> =
-        serde_yaml_ng::from_str::<serde_yaml_ng::Value>(text)
-            .ok()
-            .and_then(|v| v.get("keys").cloned())
-            .and_then(|k| serde_yaml_ng::from_value(k).ok())
-            .unwrap_or_default();
+    let keys = serde_yaml_ng::from_str::<serde_yaml_ng::Value>(text)
+        .map_err(|e| e.to_string())
+        .map(|v| v.get("keys").cloned())
+        .and_then(|k| {
+            k.map(serde_yaml_ng::from_value)
+                .transpose()
+                .map_err(|e| e.to_string())
+        });
+    let new: Vec<switchyard_schemas::tenancy::KeyConfig> = match keys {
+        Ok(k) => k.unwrap_or_default(),
+        // Nothing to compare against: no key is marked. Said loudly, since a key that revision
+        // disables or expires stays usable here until a revision loads.
+        Err(e) => {
+            tracing::warn!(error = %e, "unloadable config revision: its keys are unreadable too, so no key is refused");
+            Vec::new()
+        }
+    };
     let old: std::collections::HashMap<String, _> = current
         .keys
         .iter()

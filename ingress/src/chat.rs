@@ -71,7 +71,7 @@ impl FrontDoor for OpenAiChat {
     }
 
     fn aggregate(&self, m: &ReplyMeta, agg: &Aggregate) -> Result<serde_json::Value, ApiError> {
-        Ok(response::completion(&self.meta(m), agg))
+        response::completion(&self.meta(m), agg)
     }
 
     fn error(&self, e: ApiError) -> Response {

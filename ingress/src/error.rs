@@ -49,6 +49,12 @@ impl ApiError {
         Self::invalid(format!("Invalid '{param}': {problem}"), Some(param))
     }
 
+    /// A 500 `server_error`: `what` could not be encoded as JSON. Sent instead of a body with
+    /// the part left empty or `null`.
+    pub fn encoding(what: &str, e: &serde_json::Error) -> Self {
+        ErrorInfo::new(ErrorClass::Internal, format!("encoding {what}: {e}")).into()
+    }
+
     /// A 403 `invalid_request_error` with code `permission_denied`: the caller may not reach
     /// what `param` names (no `param` when the route itself is out of reach).
     pub fn permission_denied(message: impl Into<String>, param: Option<&str>) -> Self {
@@ -247,6 +253,21 @@ impl IntoResponse for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    #[allow(clippy::unwrap_used)]
+    fn an_encoding_failure_is_a_500() {
+        let cause = serde_json::from_str::<serde_json::Value>("{").err();
+        let e = ApiError::encoding("usage", cause.as_ref().unwrap());
+        assert_eq!(
+            (e.status, e.kind, e.code),
+            (StatusCode::INTERNAL_SERVER_ERROR, "server_error", None)
+        );
+        assert_eq!(
+            e.message,
+            "encoding usage: EOF while parsing an object at line 1 column 1"
+        );
+    }
 
     #[test]
     fn shape_and_retry_after() {

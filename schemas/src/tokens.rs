@@ -104,12 +104,17 @@ pub fn message_cost(m: &Message, text_cost: &dyn Fn(&str) -> u64) -> u64 {
     n
 }
 
-/// The declared tools as the JSON their tokens are counted of (empty without tools).
+/// The declared tools as the JSON their tokens are counted of (empty without tools). Should
+/// encoding fail, their `Debug` form (longer than the JSON) is counted: an over-estimate, never
+/// the zero an empty string would make of them.
 pub fn tools_json(tools: &[Tool]) -> String {
     if tools.is_empty() {
         return String::new();
     }
-    serde_json::to_string(tools).unwrap_or_default()
+    serde_json::to_string(tools).unwrap_or_else(|e| {
+        tracing::error!(error = %e, "tools not encodable: counting their Debug form");
+        format!("{tools:?}")
+    })
 }
 
 /// An upper bound of the prompt's tokens from its byte length, without tokenizing (a BPE token

@@ -341,7 +341,7 @@ async fn seeds() -> Seeds {
     let mut openai = mock_streams(
         &base,
         "/v1/chat/completions",
-        |r| openai::build_body(ProviderKind::Openai, "mock", r),
+        |r| openai::build_body(ProviderKind::Openai, "mock", r).unwrap(),
         "openai",
     )
     .await;

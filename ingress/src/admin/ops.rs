@@ -103,7 +103,8 @@ pub(super) async fn cache_purge(
             None,
         ));
     }
-    let payload = serde_json::to_vec(&req).unwrap_or_default();
+    let payload =
+        serde_json::to_vec(&req).map_err(|e| ApiError::encoding("the purge request", &e))?;
     let asked = app
         .admin
         .writer(&app)

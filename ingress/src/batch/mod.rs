@@ -273,7 +273,7 @@ fn status_name(s: Status) -> String {
     serde_json::to_value(s)
         .ok()
         .and_then(|v| v.as_str().map(str::to_owned))
-        .unwrap_or_default()
+        .unwrap_or_else(|| format!("{s:?}"))
 }
 
 /// Where a page starts, from the client's cursor id (`after`, `after_id`, `before_id`).

@@ -352,7 +352,14 @@ async fn execute(
         }),
         ..RequestHints::default()
     };
-    let body = Bytes::from(serde_json::to_vec(&item.body).unwrap_or_default());
+    let body = match serde_json::to_vec(&item.body) {
+        Ok(b) => Bytes::from(b),
+        // The item fails (500) rather than run with an empty body.
+        Err(e) => {
+            let err = crate::error::ApiError::encoding("the batch item body", &e);
+            return Ok((err.status.as_u16(), err.body(), None));
+        }
+    };
     let headers = HeaderMap::new();
     let endpoint = batch.endpoint.clone();
     let app2 = app.clone();

@@ -131,19 +131,21 @@ fn meta(m: &ReplyMeta) -> Meta {
 }
 
 impl Meta {
-    fn object(&self, choices: Value, usage: Option<Usage>) -> Value {
-        let mut v = json!({"id": self.id, "object": "text_completion", "created": self.created,
-            "model": self.model, "system_fingerprint": null, "choices": choices});
-        if let Some(u) = usage {
-            v["usage"] = serde_json::to_value(UsageOut::from(u)).unwrap_or_default();
-        }
-        v
+    fn object(&self, choices: Value) -> Value {
+        json!({"id": self.id, "object": "text_completion", "created": self.created,
+            "model": self.model, "system_fingerprint": null, "choices": choices})
+    }
+
+    fn object_with_usage(&self, choices: Value, usage: Usage) -> Result<Value, ApiError> {
+        let mut v = self.object(choices);
+        v["usage"] = UsageOut::json(usage)?;
+        Ok(v)
     }
 
     fn chunk(&self, index: u32, text: &str, finish: Option<FinishReason>) -> Bytes {
         let choice = json!([{"text": text, "index": index, "logprobs": null,
             "finish_reason": finish.map(FinishReason::as_str)}]);
-        sse(&self.object(choice, None))
+        sse(&self.object(choice))
     }
 }
 
@@ -155,7 +157,8 @@ impl FrontDoor for OpenAiCompletions {
     type Stream = CompletionStream;
 
     fn parse(&self, body: &[u8]) -> Result<Inbound, ApiError> {
-        let chat = serde_json::to_vec(&Value::Object(chat_body(body)?)).unwrap_or_default();
+        let chat = serde_json::to_vec(&Value::Object(chat_body(body)?))
+            .map_err(|e| ApiError::encoding("the chat body", &e))?;
         let p = request::parse(&chat)?;
         Ok(p.into_inbound())
     }
@@ -179,7 +182,7 @@ impl FrontDoor for OpenAiCompletions {
                     "finish_reason": c.finish.as_str()})
             })
             .collect();
-        Ok(meta(m).object(Value::Array(choices), Some(agg.usage.unwrap_or_default())))
+        meta(m).object_with_usage(Value::Array(choices), agg.usage.unwrap_or_default())
     }
 
     fn error(&self, e: ApiError) -> Response {
@@ -218,8 +221,11 @@ impl StreamEncode for CompletionStream {
                     out.push_back(self.meta.chunk(self.choice, "", Some(finish_reason)));
                 }
                 if self.meta.include_usage {
-                    let usage = Some(self.usage.unwrap_or_default());
-                    out.push_back(sse(&self.meta.object(json!([]), usage)));
+                    let usage = self.usage.unwrap_or_default();
+                    out.push_back(match self.meta.object_with_usage(json!([]), usage) {
+                        Ok(v) => sse(&v),
+                        Err(e) => crate::openai::response::error_event(&e),
+                    });
                 }
                 out.push_back(Bytes::from_static(DONE));
             }

@@ -3,6 +3,7 @@
 //! "The chat completion chunk object" (usage chunk with `choices: []` when
 //! `stream_options.include_usage` is true; every other chunk then carries `"usage": null`).
 
+use crate::error::ApiError;
 use bytes::Bytes;
 use serde::Serialize;
 use switchyard_schemas::{FinishReason, Usage};
@@ -111,6 +112,13 @@ struct CompletionDetails {
     /// Audio output tokens, when any (OpenAI `completion_tokens_details.audio_tokens`).
     #[serde(skip_serializing_if = "is_zero")]
     audio_tokens: u64,
+}
+
+impl UsageOut {
+    /// `u` as OpenAI's usage object; an error (500) if encoding fails, never `usage: null`.
+    pub fn json(u: Usage) -> Result<serde_json::Value, ApiError> {
+        serde_json::to_value(Self::from(u)).map_err(|e| ApiError::encoding("usage", &e))
+    }
 }
 
 impl From<Usage> for UsageOut {
@@ -317,25 +325,33 @@ pub fn error_event(err: &crate::error::ApiError) -> Bytes {
 /// `finish_reason`; one `usage` for all.
 ///
 /// [`Aggregate::more_choices`]: crate::route::Aggregate::more_choices
-pub fn completion(meta: &ResponseMeta, agg: &crate::route::Aggregate) -> serde_json::Value {
-    let choices: Vec<serde_json::Value> = std::iter::once(agg)
+/// Fails (500) only if a part cannot be encoded as JSON.
+pub fn completion(
+    meta: &ResponseMeta,
+    agg: &crate::route::Aggregate,
+) -> Result<serde_json::Value, ApiError> {
+    let choices = std::iter::once(agg)
         .chain(&agg.more_choices)
         .enumerate()
         .map(|(index, c)| choice(meta, index, c))
-        .collect();
-    serde_json::json!({
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(serde_json::json!({
         "id": meta.id,
         "object": "chat.completion",
         "created": meta.created,
         "model": meta.model,
         "system_fingerprint": null,
         "choices": choices,
-        "usage": serde_json::to_value(UsageOut::from(agg.usage.unwrap_or_default())).unwrap_or_default(),
-    })
+        "usage": UsageOut::json(agg.usage.unwrap_or_default())?,
+    }))
 }
 
 /// One entry of a `chat.completion`'s `choices`.
-fn choice(meta: &ResponseMeta, index: usize, agg: &crate::route::Aggregate) -> serde_json::Value {
+fn choice(
+    meta: &ResponseMeta,
+    index: usize,
+    agg: &crate::route::Aggregate,
+) -> Result<serde_json::Value, ApiError> {
     let calls: Vec<serde_json::Value> = agg
         .tool_calls
         .iter()
@@ -360,11 +376,14 @@ fn choice(meta: &ResponseMeta, index: usize, agg: &crate::route::Aggregate) -> s
     if !agg.thinking.is_empty() {
         let text: String = agg.thinking.iter().map(|b| b.text()).collect();
         message["reasoning_content"] = serde_json::Value::String(text);
-        message["thinking_blocks"] = serde_json::to_value(&agg.thinking).unwrap_or_default();
+        message["thinking_blocks"] = serde_json::to_value(&agg.thinking)
+            .map_err(|e| ApiError::encoding("thinking blocks", &e))?;
     }
     let logprobs = (!agg.logprobs.is_empty())
         .then(|| serde_json::json!({"content": agg.logprobs, "refusal": null}));
-    serde_json::json!({"index": index, "message": message, "logprobs": logprobs, "finish_reason": meta.finish_name(agg.finish)})
+    Ok(
+        serde_json::json!({"index": index, "message": message, "logprobs": logprobs, "finish_reason": meta.finish_name(agg.finish)}),
+    )
 }
 
 #[cfg(test)]

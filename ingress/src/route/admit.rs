@@ -163,7 +163,13 @@ pub async fn admit<'c>(
         prompt_tokens,
     };
     let mut charge = Charge::new(app.clone(), &req, admitted);
-    charge.capture_request(|| serde_json::to_string(&req.messages).unwrap_or_default());
+    charge.capture_request(|| {
+        // A marker, never an empty capture that reads as an empty request.
+        serde_json::to_string(&req.messages).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "audit capture: request messages not encodable");
+            format!("<request not encodable: {e}>")
+        })
+    });
     if let Some(r) = reservation {
         charge.reserved(r);
     }

@@ -72,7 +72,8 @@ impl Provider for AzureOpenAiProvider {
                     .post(&url)
                     .header(CONTENT_TYPE, "application/json")
                     .header(ACCEPT, accept(body))
-                    .body(serde_json::to_vec(body).unwrap_or_default());
+                    // `json` fails the send (no request) if encoding fails: never an empty body.
+                    .json(body);
                 if let Some(key) = &key {
                     builder = builder.header("api-key", key.clone());
                 }
@@ -136,8 +137,13 @@ pub fn supports_developer_role(api_version: &str) -> bool {
 
 /// The upstream JSON body: OpenAI's ([`build_object`]) with `max_completion_tokens` renamed to
 /// `max_tokens` and `developer` messages sent as `system` where `api_version` predates them.
-pub fn build_body(deployment: &str, api_version: &str, req: &ChatRequest) -> Vec<u8> {
-    serde_json::to_vec(&Value::Object(build_map(deployment, api_version, req))).unwrap_or_default()
+/// Fails only if JSON encoding does.
+pub fn build_body(
+    deployment: &str,
+    api_version: &str,
+    req: &ChatRequest,
+) -> Result<Vec<u8>, serde_json::Error> {
+    serde_json::to_vec(&Value::Object(build_map(deployment, api_version, req)))
 }
 
 /// [`build_body`] as an object.

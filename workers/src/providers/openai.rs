@@ -69,7 +69,8 @@ impl Provider for OpenAiProvider {
                 .header("accept", accept(body))
                 // Lets providers that support it deduplicate our retries of the same request.
                 .header("idempotency-key", id.to_string())
-                .body(serde_json::to_vec(body).unwrap_or_default());
+                // `json` fails the send (no request) if encoding fails: never an empty body.
+                .json(body);
             if !key.is_empty() {
                 rb = rb.bearer_auth(key.expose());
             }
@@ -157,9 +158,14 @@ pub fn parse_embeddings(body: &Value) -> Result<Embeddings, ErrorInfo> {
     })
 }
 
-/// Builds the upstream JSON body. Public for tests and benchmarks.
-pub fn build_body(kind: ProviderKind, upstream_model: &str, req: &ChatRequest) -> Vec<u8> {
-    serde_json::to_vec(&Value::Object(build_object(kind, upstream_model, req))).unwrap_or_default()
+/// Builds the upstream JSON body (fails only if JSON encoding does). Public for tests and
+/// benchmarks.
+pub fn build_body(
+    kind: ProviderKind,
+    upstream_model: &str,
+    req: &ChatRequest,
+) -> Result<Vec<u8>, serde_json::Error> {
+    serde_json::to_vec(&Value::Object(build_object(kind, upstream_model, req)))
 }
 
 /// The upstream JSON body as an object, for adapters that speak a dialect of this wire format

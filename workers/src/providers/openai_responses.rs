@@ -73,7 +73,8 @@ pub fn call(
         .header("content-type", "application/json")
         .header("accept", accept)
         .header("idempotency-key", req.id.to_string())
-        .body(serde_json::to_vec(&Value::Object(body)).unwrap_or_default());
+        // `json` fails the send (no request) if encoding fails: never an empty body.
+        .json(&Value::Object(body));
     let auth = auth.map(|(name, value)| (name, secret_header(&value)));
     async move {
         if let Some((name, value)) = auth {
