@@ -105,12 +105,14 @@ pub async fn run(
     ledger: Ledger,
     shutdown: impl Future,
 ) -> Result<(), BillingError> {
+    // The query servers and the retention; each is stopped and awaited below.
+    let tasks = tokio_util::task::TaskTracker::new();
     let (stop_queries, queries_stopped) = tokio::sync::oneshot::channel::<()>();
     let served =
         crate::query::serve_queries(nats.clone(), subjects.clone(), ledger.clone(), async move {
             let _ = queries_stopped.await;
         });
-    let queries = spawn_served(served, "usage queries");
+    let queries = spawn_served(&tasks, served, "usage queries");
     // The audit log's queries and retention, stopped with the usage queries.
     let (stop_audit, audit_stopped) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
@@ -122,15 +124,15 @@ pub async fn run(
         ledger.clone(),
         stopped(audit_stopped.clone()),
     );
-    let audit_queries = spawn_served(audit_served, "audit queries");
+    let audit_queries = spawn_served(&tasks, audit_served, "audit queries");
     let balance_served = crate::balance::serve_balance_queries(
         nats.clone(),
         subjects.clone(),
         ledger.clone(),
         stopped(audit_stopped.clone()),
     );
-    let balance_queries = spawn_served(balance_served, "balance requests");
-    let retention = tokio::spawn(crate::audit::run_retention(
+    let balance_queries = spawn_served(&tasks, balance_served, "balance requests");
+    let retention = tasks.spawn(crate::audit::run_retention(
         ledger.clone(),
         stopped(audit_stopped),
     ));
@@ -150,16 +152,19 @@ pub async fn run(
             tracing::error!(error = %e, "{what} task failed");
         }
     }
+    tasks.close();
+    tasks.wait().await;
     result
 }
 
-/// Spawns one of the query servers of [`run`]; `what` names it in the error logged when it
-/// cannot subscribe.
+/// Spawns one of the query servers of [`run`] on `tasks`; `what` names it in the error logged
+/// when it cannot subscribe.
 fn spawn_served(
+    tasks: &tokio_util::task::TaskTracker,
     served: impl Future<Output = Result<(), BillingError>> + Send + 'static,
     what: &'static str,
 ) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
+    tasks.spawn(async move {
         if let Err(e) = served.await {
             tracing::error!(error = %e, "{what} are not served");
         }

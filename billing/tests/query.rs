@@ -1,6 +1,7 @@
 //! Usage queries (the billing side of `GET /v1/usage`) against a real ledger, SQLite and
 //! PostgreSQL, priced with the bundled catalog; and one query over NATS through `run`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::disallowed_methods, reason = "tasks end with their test")]
 
 mod common;
 

@@ -1,5 +1,6 @@
 //! End-to-end tests of the billing consumer against a real nats-server, on SQLite and PostgreSQL.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::disallowed_methods, reason = "tasks end with their test")]
 
 mod common;
 

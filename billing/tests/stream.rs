@@ -1,6 +1,7 @@
 //! The usage stream sized for production: per-kind subjects (bounded subject count), work-queue
 //! retention (stored events leave the stream), and the migration of a legacy `SY_USAGE` stream.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::disallowed_methods, reason = "tasks end with their test")]
 
 mod common;
 

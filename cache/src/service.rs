@@ -446,11 +446,12 @@ fn apply_kv(service: &Service, entry: &async_nats::jetstream::kv::Entry) {
 }
 
 /// Loads every entry of the bucket into `service`, then keeps applying changes in the background
-/// until `shutdown` fires.
+/// (a task on `tasks`) until `shutdown` fires.
 async fn rebuild_and_watch(
     service: Arc<Service>,
     kv: async_nats::jetstream::kv::Store,
     shutdown: tokio_util_like::Shutdown,
+    tasks: &tokio_util::task::TaskTracker,
 ) -> Result<(), CacheError> {
     let pending = {
         let js_info = kv.status().await.map_err(kv_err)?;
@@ -476,7 +477,7 @@ async fn rebuild_and_watch(
             }
         }
     }
-    tokio::spawn(async move {
+    tasks.spawn(async move {
         loop {
             tokio::select! {
                 _ = shutdown.wait() => return,
@@ -588,7 +589,9 @@ pub async fn run_with_ready(
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stop = tokio_util_like::Shutdown(stop_rx);
     let started = std::time::Instant::now();
-    rebuild_and_watch(service.clone(), kv.clone(), stop.clone()).await?;
+    // The KV watch and the sweeper: they end on `stop`, and shutdown waits for them.
+    let background = tokio_util::task::TaskTracker::new();
+    rebuild_and_watch(service.clone(), kv.clone(), stop.clone(), &background).await?;
     let (entries, scopes, largest) = service.stats();
     tracing::info!(
         entries,
@@ -601,7 +604,7 @@ pub async fn run_with_ready(
     // Expired entries leave KV (and so every index).
     {
         let (service, kv, stop) = (service.clone(), kv.clone(), stop.clone());
-        tokio::spawn(async move {
+        background.spawn(async move {
             let mut tick = tokio::time::interval(sweep_every);
             loop {
                 tokio::select! {
@@ -705,6 +708,8 @@ pub async fn run_with_ready(
     tasks.close();
     tasks.wait().await;
     let _ = stop_tx.send(true);
+    background.close();
+    background.wait().await;
     result
 }
 

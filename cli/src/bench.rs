@@ -489,6 +489,10 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
             let (_, cpu0) = tree_usage(up_pid);
             let msgs0 = nats_counts(&http, monitor).await;
             let sampling = Arc::new(AtomicU64::new(0));
+            #[expect(
+                clippy::disallowed_methods,
+                reason = "awaited right after the slice it samples"
+            )]
             let sampler = {
                 let sampling = sampling.clone();
                 tokio::spawn(async move {

@@ -140,6 +140,7 @@ async fn raw_inserts(
     let batches: Vec<Vec<UsageEvent>> = events.chunks(batch).map(<[_]>::to_vec).collect();
     let queue = std::sync::Arc::new(parking_lot::Mutex::new(batches.into_iter()));
     let start = Instant::now();
+    #[expect(clippy::disallowed_methods, reason = "every writer is awaited below")]
     let tasks: Vec<_> = (0..writers)
         .map(|_| {
             let (queue, ledger) = (queue.clone(), ledger.clone());
@@ -270,6 +271,10 @@ async fn end_to_end(
     let service = BillingService::new(consumer_nats, subjects.clone(), target.ledger.clone())
         .with_config(config);
     let consumer_start = Instant::now();
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "awaited at the end of the run (the bench exits on an error before)"
+    )]
     let service = tokio::spawn(service.run(async move {
         let _ = stopped.await;
     }));
@@ -346,6 +351,10 @@ async fn end_to_end(
 
 /// Publishes (subject, `Nats-Msg-Id`, payload) messages with up to [`PUBLISH_WINDOW`]
 /// acknowledgements outstanding; returns the time from `start` to the last acknowledgement.
+#[expect(
+    clippy::disallowed_methods,
+    reason = "the bench awaits the handle (it exits on an error before)"
+)]
 fn spawn_publisher(
     js: async_nats::jetstream::Context,
     messages: Vec<(String, String, Vec<u8>)>,

@@ -236,6 +236,10 @@ async fn launch(
         "local model ready"
     );
     let port = port_of(&url).ok_or_else(|| format!("no port in the launcher's address {url}"))?;
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "LocalModel keeps the handle: `stopped` awaits it at shutdown, Drop aborts it"
+    )]
     let supervisor = tokio::spawn(supervise(launch, running, port, shutdown));
     Ok(LocalModel { url, supervisor })
 }
@@ -301,6 +305,10 @@ async fn spawn_ready(
             }
         };
         // The launcher prints nothing more; drain anyway so it can never block on a full pipe.
+        #[expect(
+            clippy::disallowed_methods,
+            reason = "ends at the pipe's EOF: when the child exits (`stop` kills it at the latest)"
+        )]
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         let health = format!("{url}/health");
         loop {

@@ -27,6 +27,7 @@ use switchyard_schemas::config::{BUILTIN_MOCK_URL, ConfigHandle, GatewayConfig, 
 use switchyard_schemas::ready::{Readiness, ReadyFlag};
 use switchyard_schemas::subjects::Subjects;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 // jemalloc for the whole process, ONNX Runtime's C++ allocations included (unprefixed `malloc`):
 // glibc kept ~57 MB freed while the embedding model loaded, and its per-thread arenas held on to
@@ -315,6 +316,10 @@ fn tracing_section(
 }
 
 /// Fires on Ctrl-C or SIGTERM.
+#[expect(
+    clippy::disallowed_methods,
+    reason = "the signal listener holds nothing to flush: it ends with the process or a signal"
+)]
 fn shutdown_token() -> CancellationToken {
     let token = CancellationToken::new();
     let t = token.clone();
@@ -409,9 +414,10 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             let subjects = Subjects::new(c.subject_prefix.clone());
             // Reload and the spool drainer outlive the HTTP drain; the spool is flushed last.
             let services = CancellationToken::new();
-            let spool = services::start_spool(&nats, &c, &new_id("ingress"), &services);
+            let tasks = TaskTracker::new();
+            let spool = services::start_spool(&nats, &c, &new_id("ingress"), &services, &tasks);
             let handle = ConfigHandle::new(c);
-            services::spawn_reload(&nats, &handle, &services, Arc::new(|_| Ok(())));
+            services::spawn_reload(&nats, &handle, &services, Arc::new(|_| Ok(())), &tasks);
             let writer = match &admin_nats_user {
                 Some(user) => {
                     let mut n = handle.get().nats.clone();
@@ -448,6 +454,8 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             .await;
             services::flush_spool(&nats, &subjects, spool.as_ref()).await;
             services.cancel();
+            tasks.close();
+            tasks.wait().await;
             result
         }
         Command::Worker {
@@ -463,11 +471,13 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             let nats = connect(&require_nats(&c)?, "switchyard-worker", &c.nats).await?;
             let subjects = Subjects::new(c.subject_prefix.clone());
             let services = CancellationToken::new();
-            let spool = services::start_spool(&nats, &c, &new_id("worker"), &services);
+            let tasks = TaskTracker::new();
+            let spool = services::start_spool(&nats, &c, &new_id("worker"), &services, &tasks);
             let handle = ConfigHandle::new(c);
-            services::spawn_reload(&nats, &handle, &services, Arc::new(config::resolve_secrets));
+            let resolve = Arc::new(config::resolve_secrets);
+            services::spawn_reload(&nats, &handle, &services, resolve, &tasks);
             let registry = services::process_registry(spool.as_ref());
-            let metrics = services::listen_metrics(metrics_listen, &registry, &services).await?;
+            services::listen_metrics(metrics_listen, &registry, &services, &tasks).await?;
             let opts = switchyard_workers::worker::WorkerOptions {
                 worker_id: new_id("worker"),
                 subjects: subjects.clone(),
@@ -484,9 +494,8 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                 .map_err(msg);
             services::flush_spool(&nats, &subjects, spool.as_ref()).await;
             services.cancel();
-            if let Some(task) = metrics {
-                let _ = task.await;
-            }
+            tasks.close();
+            tasks.wait().await;
             result
         }
         Command::Billing {
@@ -499,19 +508,19 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             // Live config: a pushed `pricing_file` prices the next usage row.
             let handle = ConfigHandle::new(c);
             let services = CancellationToken::new();
-            services::spawn_reload(&nats, &handle, &services, Arc::new(|_| Ok(())));
+            let tasks = TaskTracker::new();
+            services::spawn_reload(&nats, &handle, &services, Arc::new(|_| Ok(())), &tasks);
             let registry = switchyard_schemas::metrics::Registry::new();
             switchyard_billing::lag::add_lag_collector(
                 &registry,
                 async_nats::jetstream::new(nats.clone()),
             );
-            let metrics = services::listen_metrics(metrics_listen, &registry, &services).await?;
+            services::listen_metrics(metrics_listen, &registry, &services, &tasks).await?;
             let result =
                 services::run_billing(nats, handle, database_url, shutdown_token(), None).await;
             services.cancel();
-            if let Some(task) = metrics {
-                let _ = task.await;
-            }
+            tasks.close();
+            tasks.wait().await;
             result
         }
         Command::Budgets {
@@ -560,10 +569,16 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                     cache_cmd::semantic_reloaded(semantic.as_ref(), c);
                     Ok(())
                 });
-                services::spawn_reload(&nats, &ConfigHandle::new(c), &token, fixup);
-                switchyard_cache::run(nats, opts, token.cancelled_owned())
+                let tasks = TaskTracker::new();
+                services::spawn_reload(&nats, &ConfigHandle::new(c), &token, fixup, &tasks);
+                let result = switchyard_cache::run(nats, opts, token.clone().cancelled_owned())
                     .await
-                    .map_err(msg)
+                    .map_err(msg);
+                // Also when the cache failed before a signal: stops the reload.
+                token.cancel();
+                tasks.close();
+                tasks.wait().await;
+                result
             }
         },
         Command::MockUpstream { listen } => {

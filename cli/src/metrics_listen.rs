@@ -6,14 +6,17 @@
 use std::net::SocketAddr;
 use switchyard_schemas::metrics::Registry;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
-/// Binds `addr` and serves `registry` at `GET /metrics` until `shutdown`; the returned task ends
-/// once the server stopped (await it at exit). Fails when `addr` cannot be bound.
+/// Binds `addr` and serves `registry` at `GET /metrics` until `shutdown`, in a task on `tasks`
+/// that ends once the server stopped (wait on `tasks` at exit). Returns the bound address; fails
+/// when `addr` cannot be bound.
 pub async fn serve(
     addr: SocketAddr,
     registry: Registry,
     shutdown: CancellationToken,
-) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    tasks: &TaskTracker,
+) -> std::io::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
     let app = axum::Router::new().route(
@@ -32,7 +35,7 @@ pub async fn serve(
         }),
     );
     tracing::info!("metrics on http://{bound}/metrics");
-    let task = tokio::spawn(async move {
+    tasks.spawn(async move {
         let served = axum::serve(listener, app)
             .with_graceful_shutdown(shutdown.cancelled_owned())
             .await;
@@ -40,5 +43,5 @@ pub async fn serve(
             tracing::error!(error = %e, "metrics listener failed");
         }
     });
-    Ok((bound, task))
+    Ok(bound)
 }

@@ -13,29 +13,31 @@ pub(crate) fn process_registry(
     registry
 }
 
-/// Serves `registry` on `addr` (when set) until `stop`; await the task at exit.
+/// Serves `registry` on `addr` (when set) until `stop`, in a task on `tasks` (wait on it at exit).
 pub(crate) async fn listen_metrics(
     addr: Option<SocketAddr>,
     registry: &switchyard_schemas::metrics::Registry,
     stop: &CancellationToken,
-) -> Result<Option<tokio::task::JoinHandle<()>>, CliError> {
+    tasks: &TaskTracker,
+) -> Result<(), CliError> {
     let Some(addr) = addr else {
-        return Ok(None);
+        return Ok(());
     };
-    let (_, task) = switchyard::metrics_listen::serve(addr, registry.clone(), stop.clone())
+    switchyard::metrics_listen::serve(addr, registry.clone(), stop.clone(), tasks)
         .await
         .map_err(|e| msg(format!("binding --metrics-listen {addr}: {e}")))?;
-    Ok(Some(task))
+    Ok(())
 }
 
 /// Opens `<data_dir>/spool/<id>` as this process's usage spool (usage events JetStream does not
 /// acknowledge are kept there; its publishers are handed it) and drains it, and spools left by
-/// earlier runs, until `shutdown`. `None` (logged) when it cannot be opened.
+/// earlier runs, in a task on `tasks`, until `shutdown`. `None` (logged) when it cannot be opened.
 pub(crate) fn start_spool(
     nats: &async_nats::Client,
     c: &GatewayConfig,
     id: &str,
     shutdown: &CancellationToken,
+    tasks: &TaskTracker,
 ) -> Option<Arc<Spool>> {
     let dir = PathBuf::from(&c.data_dir).join("spool").join(id);
     let spool = match Spool::open(&dir) {
@@ -48,7 +50,7 @@ pub(crate) fn start_spool(
     };
     let js = async_nats::jetstream::new(nats.clone());
     let subjects = Subjects::new(c.subject_prefix.clone());
-    tokio::spawn(switchyard_publish::drain_spool(
+    tasks.spawn(switchyard_publish::drain_spool(
         js,
         subjects,
         spool.clone(),
@@ -122,15 +124,16 @@ pub(crate) async fn billing_caught_up(
     }
 }
 
-/// Applies live config pushes (NATS KV) to `handle` until `shutdown`.
+/// Applies live config pushes (NATS KV) to `handle`, in a task on `tasks`, until `shutdown`.
 pub(crate) fn spawn_reload(
     nats: &async_nats::Client,
     handle: &ConfigHandle,
     shutdown: &CancellationToken,
     fixup: reload::Fixup,
+    tasks: &TaskTracker,
 ) {
     let (nats, handle, shutdown) = (nats.clone(), handle.clone(), shutdown.clone());
-    tokio::spawn(async move {
+    tasks.spawn(async move {
         if let Err(e) = reload::watch_kv(nats, handle, shutdown, fixup).await {
             tracing::warn!(error = %e, "live config reload is off");
         }
@@ -347,9 +350,11 @@ pub(crate) async fn up(
     let shutdown = shutdown_token();
     let workers_stop = CancellationToken::new();
     let services = CancellationToken::new();
+    // Every task of this process; the last step of the shutdown waits for them.
+    let tasks = TaskTracker::new();
     // The spool holds the usage events of this process's ingress and worker.
     let spool_nats = connect(&url, "switchyard-spool", &ingress_nats).await?;
-    let spool = start_spool(&spool_nats, &c, &new_id("up"), &services);
+    let spool = start_spool(&spool_nats, &c, &new_id("up"), &services, &tasks);
     // The local model server for `builtin:local-model` targets (removed from `c` when unavailable).
     let local_model = local_model::start(&mut c, local_model, services.clone()).await;
     let handle = ConfigHandle::new_at(version, c);
@@ -372,9 +377,9 @@ pub(crate) async fn up(
             // `up` runs a worker: it needs the provider credentials in clear.
             config::resolve_secrets(c)
         });
-        spawn_reload(&nats, &handle, &services, fixup);
+        spawn_reload(&nats, &handle, &services, fixup, &tasks);
         if let Some(file) = common.config.clone() {
-            tokio::spawn(reload::watch_file(
+            tasks.spawn(reload::watch_file(
                 nats,
                 file,
                 std::time::Duration::from_secs(1),
@@ -383,7 +388,7 @@ pub(crate) async fn up(
         }
     }
 
-    // Built-in mock upstream for `builtin:mock` targets (lives until the process exits).
+    // Built-in mock upstream for `builtin:mock` targets (until `services` stops: after the worker).
     let mut mock_url = None;
     if config
         .targets
@@ -395,10 +400,14 @@ pub(crate) async fn up(
             .map_err(msg)?;
         let addr = listener.local_addr().map_err(msg)?;
         mock_url = Some(format!("http://{addr}/v1"));
-        tokio::spawn(switchyard_mock::serve(
-            listener,
-            switchyard_mock::MockState::new(),
-        ));
+        let stop = services.clone();
+        tasks.spawn(async move {
+            let serve = switchyard_mock::serve(listener, switchyard_mock::MockState::new());
+            tokio::select! {
+                _ = serve => {}
+                _ = stop.cancelled() => {}
+            }
+        });
         tracing::info!("built-in mock upstream on http://{addr}");
     }
 
@@ -408,7 +417,7 @@ pub(crate) async fn up(
         Box<dyn std::future::Future<Output = Result<(), CliError>> + Send>,
     >| {
         let stop = shutdown.clone();
-        tokio::spawn(async move {
+        tasks.spawn(async move {
             let r = fut.await;
             if let Err(e) = &r {
                 tracing::error!(service = name, error = %e, "service failed; shutting down");
@@ -539,6 +548,8 @@ pub(crate) async fn up(
     if let Some(m) = local_model {
         m.stopped().await;
     }
+    tasks.close();
+    tasks.wait().await;
     tracing::info!("stopped");
     result
 }

@@ -24,6 +24,8 @@ use switchyard_schemas::frame::{AGGREGATE_WINDOW, Credit, STREAM_WINDOW, WINDOW_
 use switchyard_schemas::subjects::{CAP_CHAT, Subjects};
 use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, Frame, FrameBody};
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 type Key = (Uuid, u32);
@@ -63,12 +65,15 @@ pub struct Dispatcher {
 }
 
 impl Dispatcher {
-    /// Subscribes one inbox shard per core and starts their demultiplexer tasks and the task that
-    /// publishes cancels of dropped attempts.
+    /// Subscribes one inbox shard per core and starts, on `tasks`, their demultiplexer tasks and
+    /// the task that publishes cancels of dropped attempts; all end when `stop` fires (the cancels
+    /// queued by then are still published).
     pub async fn start(
         nats: async_nats::Client,
         subjects: Subjects,
         ingress_id: &str,
+        tasks: &TaskTracker,
+        stop: CancellationToken,
     ) -> Result<Self, async_nats::SubscribeError> {
         let inbox = subjects.inbox(ingress_id);
         let n = std::thread::available_parallelism()
@@ -80,7 +85,7 @@ impl Dispatcher {
             let prefix = format!("{inbox}.{shard}");
             let sub = nats.subscribe(format!("{prefix}.>")).await?;
             let (tx, rx) = mpsc::channel(REGISTER_CAPACITY);
-            tokio::spawn(demux(sub, rx, prefix.len() + 1));
+            tasks.spawn(demux(sub, rx, prefix.len() + 1, stop.clone()));
             shards.push(tx);
         }
         // Make sure the server knows the inbox before the first reply can arrive.
@@ -89,9 +94,18 @@ impl Dispatcher {
         }
         let (control, mut control_rx) = mpsc::channel::<(String, Bytes)>(CONTROL_CAPACITY);
         let publisher = nats.clone();
-        // Lives as long as any dispatcher clone or attempt; ends after the last cancel is out.
-        tokio::spawn(async move {
-            while let Some((subject, payload)) = control_rx.recv().await {
+        // Lives as long as any dispatcher clone or attempt, or until `stop`; ends after the last
+        // cancel queued is out.
+        tasks.spawn(async move {
+            loop {
+                let (subject, payload) = tokio::select! {
+                    biased;
+                    c = control_rx.recv() => match c {
+                        Some(c) => c,
+                        None => break,
+                    },
+                    _ = stop.cancelled() => break,
+                };
                 if let Err(e) = publisher.publish(subject, payload).await {
                     tracing::debug!(error = %e, "publishing a cancel failed");
                 }
@@ -172,6 +186,7 @@ async fn demux(
     mut sub: async_nats::Subscriber,
     mut register: mpsc::Receiver<(Key, Route)>,
     prefix_len: usize,
+    stop: CancellationToken,
 ) {
     let mut routes: HashMap<Key, Route> = HashMap::new();
     // Dropped attempts leave closed entries; sweeping when the table doubles keeps it O(1) amortised.
@@ -179,6 +194,8 @@ async fn demux(
     loop {
         tokio::select! {
             biased;
+            // Shutdown: every attempt is over by then.
+            _ = stop.cancelled() => break,
             r = register.recv() => {
                 let Some((key, route)) = r else { break };
                 routes.insert(key, route);

@@ -239,12 +239,15 @@ impl HealthView {
         }
     }
 
-    /// Subscribes `<prefix>.health.>` and applies every event until the connection closes. The
-    /// subscription is confirmed with the server before this returns.
+    /// Subscribes `<prefix>.health.>` and applies every event, in a task on `tasks`, until the
+    /// connection closes or `stop` fires. The subscription is confirmed with the server before
+    /// this returns.
     pub async fn subscribe(
         self: &Arc<Self>,
         nats: &async_nats::Client,
         subjects: &Subjects,
+        tasks: &tokio_util::task::TaskTracker,
+        stop: tokio_util::sync::CancellationToken,
     ) -> Result<(), async_nats::SubscribeError> {
         let mut sub = nats
             .subscribe(format!("{}.health.>", subjects.prefix()))
@@ -253,8 +256,11 @@ impl HealthView {
             tracing::warn!("could not confirm the health subscription with the NATS server");
         }
         let view = self.clone();
-        tokio::spawn(async move {
-            while let Some(msg) = sub.next().await {
+        tasks.spawn(async move {
+            while let Some(msg) = tokio::select! {
+                msg = sub.next() => msg,
+                _ = stop.cancelled() => None,
+            } {
                 match serde_json::from_slice::<HealthEvent>(&msg.payload) {
                     Ok(event) => {
                         tracing::info!(target_id = %event.target, state = event.state.as_str(),

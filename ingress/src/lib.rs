@@ -103,6 +103,10 @@ pub struct AppState {
     pub admin: admin::AdminState,
     /// The caps on audit records of refused requests ([`refusal_audit`]).
     pub refusals: refusal_audit::Limiter,
+    /// Loops that live as long as the ingress (reply demultiplexers, the health subscriber):
+    /// [`serve`] fires `stop_background` and waits on them last.
+    background: tokio_util::task::TaskTracker,
+    stop_background: tokio_util::sync::CancellationToken,
 }
 
 /// The OpenAPI 3.1 document served at `GET /openapi.json`: hand-written (one file,
@@ -180,10 +184,20 @@ pub async fn state_with(
     });
     let ingress_ready = readiness.register("ingress", "starting");
     let subjects = Subjects::new(config.get().subject_prefix.clone());
-    let dispatcher =
-        dispatch::Dispatcher::start(nats.clone(), subjects.clone(), ingress_id).await?;
+    let background = tokio_util::task::TaskTracker::new();
+    let stop_background = tokio_util::sync::CancellationToken::new();
+    let dispatcher = dispatch::Dispatcher::start(
+        nats.clone(),
+        subjects.clone(),
+        ingress_id,
+        &background,
+        stop_background.clone(),
+    )
+    .await?;
     let health = Arc::new(health::HealthView::new(health::HealthSettings::default()));
-    health.subscribe(&nats, &subjects).await?;
+    health
+        .subscribe(&nats, &subjects, &background, stop_background.clone())
+        .await?;
     if let Err(e) = Catalog::load(config.get().pricing_file.as_deref()) {
         tracing::error!(error = %e, "pricing catalog unreadable; lowest_cost cannot rank targets and budgets reserve $0");
     }
@@ -225,6 +239,8 @@ pub async fn state_with(
         ingress_ready,
         admin: admin::AdminState::default(),
         refusals: refusal_audit::Limiter::default(),
+        background,
+        stop_background,
     }))
 }
 
@@ -320,6 +336,9 @@ pub async fn serve(
     state.usage.close().await;
     state.budgets.store().close().await;
     state.rates.store().close().await;
+    state.stop_background.cancel();
+    state.background.close();
+    state.background.wait().await;
     Ok(())
 }
 

@@ -640,6 +640,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for StallGuard<S> {
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
+    #![allow(clippy::disallowed_methods, reason = "tasks end with their test")]
     use super::*;
     use tokio::io::AsyncWriteExt as _;
 

@@ -1,6 +1,7 @@
 //! The group commit against a real nats-server: two processes' worth of combiners on one key,
 //! 2,000 concurrent operations, every one applied exactly once; conflicts retried, not failed.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::disallowed_methods, reason = "tasks end with their test")]
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -297,6 +297,10 @@ impl MockUpstream {
         let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
         let addr = listener.local_addr()?;
         let shutdown = CancellationToken::new();
+        #[expect(
+            clippy::disallowed_methods,
+            reason = "aborted when the MockUpstream is dropped, so it cannot outlive it"
+        )]
         let task = tokio::spawn(serve_until_dropped(
             listener,
             state.clone(),

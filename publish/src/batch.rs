@@ -23,11 +23,12 @@
 use crate::publish::{Entry, msg_id_of, publish_usage_event, store, subject_of};
 use crate::spool::Spool;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use switchyard_schemas::subjects::Subjects;
 use switchyard_schemas::usage::UsageEvent;
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::task::JoinSet;
+use tokio_util::task::TaskTracker;
 
 /// Most events in one message (≈ 400 bytes each: far below NATS's 1 MiB payload limit).
 pub const MAX_EVENTS: usize = 256;
@@ -50,7 +51,8 @@ pub struct UsagePublisher {
     subjects: Subjects,
     spool: Option<Arc<Spool>>,
     close: Arc<Notify>,
-    task: Arc<Mutex<Option<tokio::task::JoinHandle<()>>>>,
+    /// The batching task.
+    task: TaskTracker,
 }
 
 impl std::fmt::Debug for UsagePublisher {
@@ -72,7 +74,8 @@ impl UsagePublisher {
     ) -> Self {
         let (tx, rx) = mpsc::channel(QUEUE);
         let close = Arc::new(Notify::new());
-        let task = tokio::spawn(run(
+        let task = TaskTracker::new();
+        task.spawn(run(
             rx,
             Sink {
                 js: js.clone(),
@@ -87,7 +90,7 @@ impl UsagePublisher {
             subjects,
             spool,
             close,
-            task: Arc::new(Mutex::new(Some(task))),
+            task,
         }
     }
 
@@ -107,12 +110,8 @@ impl UsagePublisher {
     /// Stops taking events, publishes what is queued, and waits until every batch is stored.
     pub async fn close(&self) {
         self.close.notify_one();
-        let task = self.task.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(task) = task
-            && let Err(e) = task.await
-        {
-            tracing::error!(error = %e, "usage publisher task failed");
-        }
+        self.task.close();
+        self.task.wait().await;
     }
 }
 

@@ -539,6 +539,7 @@ pub async fn drain_spool(
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    #![allow(clippy::disallowed_methods, reason = "tasks end with their test")]
     use super::*;
     use crate::publish::{msg_id_of, publish_usage_event};
     use async_nats::jetstream;

@@ -44,6 +44,8 @@ use switchyard_schemas::routing::Breaker as BreakerConfig;
 use switchyard_schemas::{ErrorClass, ErrorInfo, TargetHealth, now_ms};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 /// How one upstream call ended, as far as the breaker is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -154,6 +156,9 @@ struct Inner {
     worker: String,
     events: mpsc::UnboundedSender<HealthEvent>,
     state: Mutex<State>,
+    /// Half-open and cooldown-end timers; [`Breakers::close`] cancels and waits for them.
+    timers: TaskTracker,
+    stop: CancellationToken,
 }
 
 /// The breakers and cooldowns of one worker process. Cheap to clone.
@@ -227,9 +232,34 @@ impl Breakers {
                 worker: worker.into(),
                 events: tx,
                 state: Mutex::new(State::default()),
+                timers: TaskTracker::new(),
+                stop: CancellationToken::new(),
             }),
         };
         (b, rx)
+    }
+
+    /// Cancels the pending half-open and cooldown-end timers (their transitions no longer
+    /// matter once the worker stops serving) and waits until none runs.
+    pub async fn close(&self) {
+        self.inner.stop.cancel();
+        self.inner.timers.close();
+        self.inner.timers.wait().await;
+    }
+
+    /// Runs `then` once `sleep` ends, unless [`Breakers::close`] comes first.
+    fn after(
+        &self,
+        sleep: impl Future<Output = ()> + Send + 'static,
+        then: impl FnOnce() + Send + 'static,
+    ) {
+        let stop = self.inner.stop.clone();
+        self.inner.timers.spawn(async move {
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = sleep => then(),
+            }
+        });
     }
 
     /// Lets a call to `target` through, or says why not (retryable `no_capacity`, with the time
@@ -402,8 +432,7 @@ impl Breakers {
         let generation = tb.generation;
         let me = self.clone();
         let target = target.to_owned();
-        tokio::spawn(async move {
-            tokio::time::sleep_until(now + open).await;
+        self.after(tokio::time::sleep_until(now + open), move || {
             let mut st = me.inner.state.lock();
             if let Some(tb) = st.targets.get_mut(&target)
                 && tb.generation == generation
@@ -475,8 +504,8 @@ impl Breakers {
         }
         let me = self.clone();
         let provider = p.provider;
-        tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(pause)).await;
+        let sleep = tokio::time::sleep(Duration::from_millis(pause));
+        self.after(sleep, move || {
             let st = me.inner.state.lock();
             if st.cooldowns.get(&provider).map(|c| c.generation) != Some(generation) {
                 return;

@@ -4,17 +4,31 @@
 use switchyard_schemas::health::HealthEvent;
 use switchyard_schemas::subjects::Subjects;
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
-/// Spawns the task that publishes every event of `events` until the channel closes, counting
-/// each in `metrics` ([`switchyard_schemas::metrics::BREAKER`]).
+/// Spawns on `tasks` the task that publishes every event of `events`, counting each in `metrics`
+/// ([`switchyard_schemas::metrics::BREAKER`]), until the channel closes or `stop` fires (events
+/// already queued then are still published).
 pub fn spawn_publisher(
+    tasks: &TaskTracker,
+    stop: CancellationToken,
     nats: async_nats::Client,
     subjects: Subjects,
     mut events: mpsc::UnboundedReceiver<HealthEvent>,
     metrics: switchyard_schemas::metrics::Registry,
-) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        while let Some(event) = events.recv().await {
+) {
+    tasks.spawn(async move {
+        loop {
+            let event = tokio::select! {
+                // Queued events first, so none sent before `stop` is lost.
+                biased;
+                event = events.recv() => match event {
+                    Some(event) => event,
+                    None => break,
+                },
+                _ = stop.cancelled() => break,
+            };
             metrics
                 .counter(
                     switchyard_schemas::metrics::BREAKER,
@@ -31,5 +45,5 @@ pub fn spawn_publisher(
                 Err(e) => tracing::error!(error = %e, "encoding a health event failed"),
             }
         }
-    })
+    });
 }

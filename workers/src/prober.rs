@@ -34,6 +34,10 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
         let config = shared.opts.config.get();
         let now = Instant::now();
         for target in config.targets.iter().filter(|t| t.enabled) {
+            // Shutdown waits for this task: at most the probe in flight, not one per target.
+            if shutdown.is_cancelled() {
+                return;
+            }
             let Some(probe) = &target.probe else { continue };
             if next.get(&target.id).is_some_and(|at| *at > now) {
                 continue;

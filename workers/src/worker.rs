@@ -165,6 +165,10 @@ pub struct Worker {
     embed_marker: String,
     /// `.req.count.`: token-count requests.
     count_marker: String,
+    /// The health publisher and the prober; [`Worker::serve`] waits for them before it returns.
+    background: TaskTracker,
+    /// Stops the health publisher (after the breakers' last events).
+    health_stop: CancellationToken,
 }
 
 /// Subscribes and serves until `shutdown` fires (see [`Worker`]).
@@ -192,7 +196,11 @@ impl Worker {
             crate::limits::warm_tokenizer();
         }
         let (breakers, health) = Breakers::new(opts.worker_id.clone());
+        let background = TaskTracker::new();
+        let health_stop = CancellationToken::new();
         crate::health::spawn_publisher(
+            &background,
+            health_stop.clone(),
             nats.clone(),
             opts.subjects.clone(),
             health,
@@ -255,6 +263,8 @@ impl Worker {
             credit_sub,
             embed_marker,
             count_marker,
+            background,
+            health_stop,
         })
     }
 
@@ -268,9 +278,13 @@ impl Worker {
             mut credit_sub,
             embed_marker,
             count_marker,
+            background,
+            health_stop,
         } = self;
         let tracker = TaskTracker::new();
-        tokio::spawn(crate::prober::run(shared.clone(), shutdown.clone()));
+        // Also stopped when the request subscriptions end without `shutdown`.
+        let stop_probes = shutdown.child_token();
+        background.spawn(crate::prober::run(shared.clone(), stop_probes.clone()));
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
@@ -306,10 +320,17 @@ impl Worker {
             }
         }
         drop(requests);
+        stop_probes.cancel();
         tracker.close();
         tracker.wait().await;
         shared.usage_tasks.close();
         shared.usage_tasks.wait().await;
+        // The prober's last usage event goes out before the publisher closes; the breakers'
+        // last health events before the health publisher stops.
+        shared.breakers.close().await;
+        health_stop.cancel();
+        background.close();
+        background.wait().await;
         shared.usage.close().await;
         // TPM corrections of the last requests may still be in a batch.
         shared.limiter.close().await;

@@ -3,6 +3,7 @@
 //! refill continuously, so each bound is computed from the elapsed time: with capacity N per
 //! minute, at most `elapsed_ms × N / 60 000` tokens came back during the test.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::disallowed_methods, reason = "tasks end with their test")]
 
 use std::sync::Arc;
 use std::time::Instant;

@@ -1,6 +1,7 @@
 //! Every gateway integration test in one binary: one link and one copy of the dependencies on
 //! disk instead of one per file (CI once ran out of disk linking a dozen test binaries).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::disallowed_methods, reason = "tasks end with their test")]
 
 mod admin;
 mod admin_secrets;

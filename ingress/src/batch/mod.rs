@@ -387,7 +387,8 @@ pub fn openai_list(data: Vec<serde_json::Value>, has_more: bool) -> serde_json::
     })
 }
 
-/// Starts the batch runner of this ingress when `batch.run` is on and the store opened.
+/// Starts the batch runner of this ingress (on [`AppState::tasks`]) when `batch.run` is on and
+/// the store opened.
 pub fn start_runner(
     app: &Arc<AppState>,
     stop: tokio_util::sync::CancellationToken,
@@ -396,7 +397,7 @@ pub fn start_runner(
     if !app.config.get().batch.run {
         return None;
     }
-    Some(tokio::spawn(runner::run(app.clone(), store, stop)))
+    Some(app.tasks.spawn(runner::run(app.clone(), store, stop)))
 }
 
 #[cfg(test)]
