@@ -29,7 +29,6 @@ pub mod dispatch;
 pub mod embeddings;
 pub mod error;
 pub mod front_door;
-pub mod health;
 pub mod metrics;
 pub mod openai;
 mod query_string;
@@ -40,6 +39,7 @@ pub mod route;
 pub mod server;
 pub mod spans;
 pub mod strategy;
+pub mod target_health;
 pub mod trim;
 pub mod usage_api;
 
@@ -67,9 +67,9 @@ pub struct AppState {
     /// The NATS connection (health).
     pub nats: async_nats::Client,
     /// Latest target health (events on `<prefix>.health.>` plus passive failure counts).
-    pub health: Arc<health::HealthView>,
+    pub health: Arc<target_health::HealthView>,
     /// In-flight counts and TTFT averages per target.
-    pub stats: Arc<health::TargetStats>,
+    pub stats: Arc<target_health::TargetStats>,
     /// Provider capabilities used to filter candidates.
     pub capabilities: strategy::CapabilityTable,
     /// Prometheus metrics.
@@ -194,7 +194,9 @@ pub async fn state_with(
         stop_background.clone(),
     )
     .await?;
-    let health = Arc::new(health::HealthView::new(health::HealthSettings::default()));
+    let health = Arc::new(target_health::HealthView::new(
+        target_health::HealthSettings::default(),
+    ));
     health
         .subscribe(&nats, &subjects, &background, stop_background.clone())
         .await?;
@@ -224,7 +226,7 @@ pub async fn state_with(
         subjects,
         nats,
         health,
-        stats: Arc::new(health::TargetStats::default()),
+        stats: Arc::new(target_health::TargetStats::default()),
         capabilities: strategy::CapabilityTable::default(),
         metrics: metrics::Metrics::with_registry(registry),
         cache: cache_client::CacheClient::default(),

@@ -9,7 +9,7 @@ pub mod breaker;
 mod count;
 mod embed;
 mod frame_sink;
-pub mod health;
+pub mod health_events;
 pub mod limits;
 pub mod prober;
 pub mod provider;

@@ -198,7 +198,7 @@ impl Worker {
         let (breakers, health) = Breakers::new(opts.worker_id.clone());
         let background = TaskTracker::new();
         let health_stop = CancellationToken::new();
-        crate::health::spawn_publisher(
+        crate::health_events::spawn_publisher(
             &background,
             health_stop.clone(),
             nats.clone(),

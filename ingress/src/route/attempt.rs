@@ -13,7 +13,7 @@ use super::timeouts::{Expiry, RequestTimeouts};
 use crate::AppState;
 use crate::dispatch::Attempt;
 use crate::error::ApiError;
-use crate::health::InFlight;
+use crate::target_health::InFlight;
 use crate::trim;
 use std::collections::VecDeque;
 use std::future::Future;
