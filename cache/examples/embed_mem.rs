@@ -74,7 +74,7 @@ fn direct(paths: &ModelPaths) -> Result<(), Box<dyn Error>> {
 }
 
 /// Loads the model and prints the memory after each step.
-pub fn main() -> Result<(), Box<dyn Error>> {
+pub(crate) fn main() -> Result<(), Box<dyn Error>> {
     eprintln!("start:            {}", status());
     let paths = ModelPaths::locate()?;
     if std::env::var("EMBED_MEM_DIRECT").is_ok_and(|v| v == "1") {

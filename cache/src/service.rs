@@ -503,11 +503,11 @@ mod tokio_util_like {
 
     /// Fires once.
     #[derive(Clone)]
-    pub struct Shutdown(pub watch::Receiver<bool>);
+    pub(super) struct Shutdown(pub watch::Receiver<bool>);
 
     impl Shutdown {
         /// Resolves when fired (or when the sender is gone).
-        pub async fn wait(&self) {
+        pub(super) async fn wait(&self) {
             let mut rx = self.0.clone();
             let _ = rx.wait_for(|v| *v).await;
         }

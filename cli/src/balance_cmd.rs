@@ -7,7 +7,7 @@ use serde_json::json;
 
 /// `switchyard balance …`.
 #[derive(Subcommand)]
-pub enum BalanceAction {
+pub(crate) enum BalanceAction {
     /// Top up a tenant's balance (`POST /admin/tenants/{id}/balance/topups`); repeating it with
     /// the same `--id` records it once.
     Topup {
@@ -41,7 +41,7 @@ pub enum BalanceAction {
 }
 
 /// Runs one action; the error is printed by the caller.
-pub async fn run(action: BalanceAction) -> Result<(), String> {
+pub(crate) async fn run(action: BalanceAction) -> Result<(), String> {
     let v = match action {
         BalanceAction::Topup {
             tenant,

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 /// `switchyard batch …`.
 #[derive(Args)]
-pub struct BatchArgs {
+pub(crate) struct BatchArgs {
     /// The gateway's base URL.
     #[arg(
         long,
@@ -27,7 +27,7 @@ pub struct BatchArgs {
 
 /// The actions.
 #[derive(Subcommand)]
-pub enum BatchAction {
+pub(crate) enum BatchAction {
     /// Upload FILE.jsonl (one `{"custom_id","method","url","body"}` per line) and start a batch.
     Submit {
         /// The input file.
@@ -110,7 +110,7 @@ impl Api {
 }
 
 /// Runs the action; JSON objects go to stdout.
-pub async fn run(args: BatchArgs) -> Result<(), String> {
+pub(crate) async fn run(args: BatchArgs) -> Result<(), String> {
     let api = Api {
         http: reqwest::Client::new(),
         url: args.url.trim_end_matches('/').to_owned(),

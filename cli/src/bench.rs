@@ -33,7 +33,7 @@ const CHUNKS: u64 = 20;
 
 /// Options of one run.
 #[derive(Debug, Clone, clap::Args)]
-pub struct BenchArgs {
+pub(crate) struct BenchArgs {
     /// Another benchmark instead of the added latency (`billing`: usage rows/s into the ledger).
     #[command(subcommand)]
     pub what: Option<BenchWhat>,
@@ -66,7 +66,7 @@ pub struct BenchArgs {
 
 /// The other benchmarks of `switchyard bench`.
 #[derive(Debug, Clone, clap::Subcommand)]
-pub enum BenchWhat {
+pub(crate) enum BenchWhat {
     /// Usage rows/s into the billing ledger: raw `Ledger::insert_batch`, then end to end (JetStream
     /// publish → billing consumer → ledger commit). PostgreSQL runs in a throwaway schema.
     Billing(crate::bench_billing::BillingBenchArgs),
@@ -355,7 +355,7 @@ async fn cool_down(http: &reqwest::Client, via: &Path2, counter: &Arc<AtomicU64>
 }
 
 /// Runs the benchmark and prints the report.
-pub async fn run(args: BenchArgs) -> Result<(), String> {
+pub(crate) async fn run(args: BenchArgs) -> Result<(), String> {
     if let Some(BenchWhat::Billing(billing)) = args.what {
         return crate::bench_billing::run(billing).await;
     }

@@ -14,7 +14,7 @@ const POLL: Duration = Duration::from_millis(20);
 
 /// Options of `switchyard bench billing`.
 #[derive(Debug, Clone, clap::Args)]
-pub struct BillingBenchArgs {
+pub(crate) struct BillingBenchArgs {
     /// Usage events (ledger rows) per measurement, rows.
     #[arg(long, default_value_t = 100_000)]
     pub rows: u64,
@@ -168,7 +168,7 @@ fn rate(rows: u64, elapsed: Duration) -> f64 {
 }
 
 /// Runs both measurements and prints them.
-pub async fn run(args: BillingBenchArgs) -> Result<(), String> {
+pub(crate) async fn run(args: BillingBenchArgs) -> Result<(), String> {
     let batch = args.batch.max(1);
     eprintln!(
         "switchyard bench billing: {} rows, batches of {batch}, ledger {}",

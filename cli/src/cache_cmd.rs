@@ -14,7 +14,7 @@ use switchyard_schemas::subjects::Subjects;
 /// Where the embedding model and ONNX Runtime are (default: found under `.tools/venv`, installed
 /// by `scripts/bootstrap`).
 #[derive(Args, Clone, Debug)]
-pub struct ModelArgs {
+pub(crate) struct ModelArgs {
     /// ONNX Runtime shared library (`libonnxruntime.so`).
     #[arg(long, env = "ORT_DYLIB_PATH")]
     pub ort_dylib: Option<PathBuf>,
@@ -44,7 +44,7 @@ impl ModelArgs {
     }
 
     /// Loads the model (off the async executor).
-    pub async fn load(&self) -> Result<Arc<dyn Embed>, String> {
+    pub(crate) async fn load(&self) -> Result<Arc<dyn Embed>, String> {
         let args = self.clone();
         tokio::task::spawn_blocking(move || args.load_blocking())
             .await
@@ -68,7 +68,7 @@ impl ModelArgs {
 
     /// The model for the service, loaded on first need ([`OnDemand`]; nothing is loaded here):
     /// `None` with `--no-semantic`. See [`Self::load_if_wanted`] and [`semantic_reloaded`].
-    pub fn on_demand(&self) -> Option<Arc<OnDemand>> {
+    pub(crate) fn on_demand(&self) -> Option<Arc<OnDemand>> {
         if self.no_semantic {
             tracing::info!("semantic cache layer off (--no-semantic)");
             return None;
@@ -81,7 +81,7 @@ impl ModelArgs {
     /// usual rules (explicit paths that do not load are an error; a model
     /// that cannot be found is a warning, exact layer only). Otherwise it stays unloaded until
     /// a reload ([`semantic_reloaded`]) or a semantic lookup asks for it.
-    pub async fn load_if_wanted(
+    pub(crate) async fn load_if_wanted(
         &self,
         od: Option<&Arc<OnDemand>>,
         config: &switchyard_schemas::config::GatewayConfig,
@@ -104,7 +104,7 @@ impl ModelArgs {
 
 /// Starts loading the embedding model when a reloaded `config` has a route that uses the semantic
 /// layer (a no-op when loaded or without a model, `--no-semantic`).
-pub fn semantic_reloaded(
+pub(crate) fn semantic_reloaded(
     od: Option<&Arc<OnDemand>>,
     config: &switchyard_schemas::config::GatewayConfig,
 ) {
@@ -117,7 +117,7 @@ pub fn semantic_reloaded(
 
 /// Service settings.
 #[derive(Args, Clone, Debug)]
-pub struct ServiceArgs {
+pub(crate) struct ServiceArgs {
     /// Entries kept (least recently used are evicted beyond).
     #[arg(long, default_value_t = 100_000)]
     pub max_entries: usize,
@@ -145,7 +145,7 @@ impl Default for ServiceArgs {
 
 impl ServiceArgs {
     /// The service options with a model loaded on first need (`None`: exact layer only).
-    pub fn options_on_demand(
+    pub(crate) fn options_on_demand(
         &self,
         subjects: Subjects,
         on_demand: Option<Arc<OnDemand>>,
@@ -157,7 +157,11 @@ impl ServiceArgs {
     }
 
     /// The service options with `embedder`.
-    pub fn options(&self, subjects: Subjects, embedder: Option<Arc<dyn Embed>>) -> ServiceOptions {
+    pub(crate) fn options(
+        &self,
+        subjects: Subjects,
+        embedder: Option<Arc<dyn Embed>>,
+    ) -> ServiceOptions {
         ServiceOptions {
             max_entries: self.max_entries,
             max_ttl_s: self.max_ttl_s,
@@ -171,7 +175,7 @@ impl ServiceArgs {
 /// `switchyard cache [ACTION]`.
 #[derive(Args)]
 #[command(args_conflicts_with_subcommands = true)]
-pub struct CacheArgs {
+pub(crate) struct CacheArgs {
     /// What to do; without one, run the cache service.
     #[command(subcommand)]
     pub action: Option<CacheAction>,
@@ -190,7 +194,7 @@ pub struct CacheArgs {
 // Parsed once at start-up: the size of the largest variant (NATS flags of `purge`) does not matter.
 #[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
-pub enum CacheAction {
+pub(crate) enum CacheAction {
     /// Precision, recall and hit rate of the semantic layer on labelled pairs
     /// (JSONL `{"a","b","same"}`; the shipped set is cache/data/pairs.jsonl).
     Eval {
@@ -254,7 +258,7 @@ pub enum CacheAction {
 }
 
 /// Runs an action (the service itself is started by `main`).
-pub async fn run_action(action: CacheAction) -> Result<(), String> {
+pub(crate) async fn run_action(action: CacheAction) -> Result<(), String> {
     match action {
         CacheAction::Eval {
             pairs,

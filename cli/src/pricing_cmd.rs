@@ -16,7 +16,7 @@ use switchyard_schemas::pricing_import::{import_litellm, to_yaml};
 
 /// `switchyard pricing …`.
 #[derive(Args)]
-pub struct PricingArgs {
+pub(crate) struct PricingArgs {
     #[command(subcommand)]
     command: PricingCommand,
 }
@@ -52,7 +52,7 @@ enum PricingCommand {
 
 /// One gap [`missing`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Gap {
+pub(crate) struct Gap {
     /// `target <id> (upstream model <m>)` or `model <id>`.
     pub subject: String,
     /// What is missing, e.g. `no cost price` or `no cache_write_1h price`.
@@ -60,7 +60,7 @@ pub struct Gap {
 }
 
 /// The gaps of `config`'s targets and models in `catalog`, targets first, in config order.
-pub fn missing(config: &GatewayConfig, catalog: &Catalog) -> Vec<Gap> {
+pub(crate) fn missing(config: &GatewayConfig, catalog: &Catalog) -> Vec<Gap> {
     let mut gaps = Vec::new();
     for t in &config.targets {
         let subject = format!("target {} (upstream model {})", t.id, t.upstream_model);
@@ -92,7 +92,7 @@ pub fn missing(config: &GatewayConfig, catalog: &Catalog) -> Vec<Gap> {
 }
 
 /// Runs `switchyard pricing …`.
-pub fn run(args: PricingArgs) -> Result<(), String> {
+pub(crate) fn run(args: PricingArgs) -> Result<(), String> {
     match args.command {
         PricingCommand::Check { config } => {
             let c = switchyard::config::load(config.as_deref()).map_err(|e| e.to_string())?;

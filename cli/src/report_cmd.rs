@@ -17,7 +17,7 @@ use switchyard_billing::{Ledger, daily_report, import_usage_diff, parse_usage_ex
 
 /// `switchyard report …`.
 #[derive(Args)]
-pub struct ReportArgs {
+pub(crate) struct ReportArgs {
     #[command(subcommand)]
     command: ReportCommand,
 }
@@ -101,7 +101,7 @@ struct ImportArgs {
 }
 
 /// Runs `switchyard report …`; the error is the message to print.
-pub async fn run(args: ReportArgs) -> Result<(), String> {
+pub(crate) async fn run(args: ReportArgs) -> Result<(), String> {
     match args.command {
         ReportCommand::Daily(a) => {
             let date = a.date.clone().unwrap_or_else(today_utc);

@@ -9,7 +9,7 @@ use std::io::Write;
 
 /// The filters of `GET /admin/requests`.
 #[derive(Args, Clone, Default)]
-pub struct Filters {
+pub(crate) struct Filters {
     /// Records at or after this time (RFC 3339 or YYYY-MM-DD).
     #[arg(long)]
     from: Option<String>,
@@ -32,7 +32,7 @@ pub struct Filters {
 
 /// `switchyard requests …`.
 #[derive(Subcommand)]
-pub enum RequestsAction {
+pub(crate) enum RequestsAction {
     /// Print the latest `--lines` records (oldest first); with `--follow`, keep printing new
     /// ones (polling every `--interval-ms`) until interrupted.
     Tail {
@@ -63,7 +63,7 @@ pub enum RequestsAction {
 }
 
 /// Runs one action; the error is printed by the caller.
-pub async fn run(action: RequestsAction) -> Result<(), String> {
+pub(crate) async fn run(action: RequestsAction) -> Result<(), String> {
     match action {
         RequestsAction::Export { out, filters, api } => {
             let mut sink: Box<dyn Write> = match &out {

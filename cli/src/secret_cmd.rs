@@ -11,7 +11,7 @@ use switchyard_schemas::sealed::{MASTER_KEY_ENV, MasterKey, rotate_text};
 /// `switchyard secret …` (parsed once: variant sizes do not matter).
 #[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
-pub enum SecretAction {
+pub(crate) enum SecretAction {
     /// Print a new random master key (32 bytes, base64) for `SWITCHYARD_MASTER_KEY`.
     Keygen,
     /// Encrypt the credential read from standard input under `SWITCHYARD_MASTER_KEY`; prints
@@ -48,7 +48,7 @@ fn key_from(var: &str) -> Result<MasterKey, String> {
 }
 
 /// Runs the action.
-pub async fn run(action: SecretAction) -> Result<(), String> {
+pub(crate) async fn run(action: SecretAction) -> Result<(), String> {
     match action {
         SecretAction::Keygen => {
             let (_, text) = MasterKey::generate();

@@ -17,14 +17,14 @@ use tracing_subscriber::util::SubscriberInitExt;
 
 /// The installed exporter; [`Telemetry::shutdown`] flushes it.
 #[derive(Default)]
-pub struct Telemetry {
+pub(crate) struct Telemetry {
     provider: Option<SdkTracerProvider>,
 }
 
 impl Telemetry {
     /// Exports the spans still queued (waits for the collector, bounded by the export timeout)
     /// and stops the exporter thread.
-    pub fn shutdown(self) {
+    pub(crate) fn shutdown(self) {
         if let Some(p) = self.provider {
             if let Err(e) = p.force_flush() {
                 eprintln!("switchyard: flushing spans failed: {e}");
@@ -41,7 +41,7 @@ type Boxed = Box<dyn Layer<tracing_subscriber::Registry> + Send + Sync>;
 /// Installs the global subscriber: logs in `format`, plus span export when `tracing` has an
 /// endpoint (`service` names the resource unless `tracing.service_name` does). An exporter
 /// that cannot be built is reported on stderr and the process runs without it.
-pub fn init(format: LogFormat, tracing: Option<&TracingConfig>, service: &str) -> Telemetry {
+pub(crate) fn init(format: LogFormat, tracing: Option<&TracingConfig>, service: &str) -> Telemetry {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);

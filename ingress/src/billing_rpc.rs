@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use std::time::Duration;
 
 /// How long ingress waits for billing's answer (one billing instance of the queue group).
-pub const BILLING_RPC_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const BILLING_RPC_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What a call is for, as its errors name it.
 #[derive(Debug, Clone, Copy)]

@@ -16,21 +16,21 @@ use std::time::Duration;
 const NATS_START_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// A real nats-server on a port it picks itself, with a temporary JetStream directory.
-pub struct NatsServer(switchyard_natsd::NatsServer);
+pub(crate) struct NatsServer(switchyard_natsd::NatsServer);
 
 impl NatsServer {
     /// Starts it, panicking with the reason when it cannot.
-    pub fn start() -> Self {
+    pub(crate) fn start() -> Self {
         Self(switchyard_natsd::NatsServer::start_temp().expect("start nats-server"))
     }
 
     /// `nats://127.0.0.1:<port>`.
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         self.0.url()
     }
 }
 
-pub async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut check: F)
+pub(crate) async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut check: F)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
@@ -48,13 +48,13 @@ where
 }
 
 /// The PostgreSQL server tests use: `$SWITCHYARD_TEST_POSTGRES_URL`, else the local trust-auth one.
-pub fn postgres_base_url() -> String {
+pub(crate) fn postgres_base_url() -> String {
     std::env::var("SWITCHYARD_TEST_POSTGRES_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
 }
 
 /// A fresh schema `billing_test_<random>` that ledger connections use via `search_path`.
-pub struct PgSchema {
+pub(crate) struct PgSchema {
     /// Base URL plus `options=-c search_path=<schema>`.
     pub url: String,
     base: String,
@@ -64,7 +64,7 @@ pub struct PgSchema {
 impl PgSchema {
     /// Creates the schema. `None` (after printing a skip notice) when PostgreSQL is unreachable,
     /// unless `SWITCHYARD_REQUIRE_POSTGRES` is set, in which case this panics.
-    pub async fn create() -> Option<Self> {
+    pub(crate) async fn create() -> Option<Self> {
         let base = postgres_base_url();
         let conn = tokio::time::timeout(Duration::from_secs(5), sqlx::PgConnection::connect(&base))
             .await
@@ -97,7 +97,7 @@ impl PgSchema {
     }
 
     /// Drops the schema and everything in it.
-    pub async fn drop_schema(self) {
+    pub(crate) async fn drop_schema(self) {
         let mut conn = sqlx::PgConnection::connect(&self.base).await.unwrap();
         let sql = format!("DROP SCHEMA IF EXISTS {} CASCADE", self.name);
         sqlx::query(&sql).execute(&mut conn).await.unwrap();
@@ -107,7 +107,7 @@ impl PgSchema {
 
 /// Runs `scenario` on a fresh schema's URL (skipped like [`PgSchema::create`]) and drops the
 /// schema afterwards, also when the scenario panics (the panic is then re-raised).
-pub async fn on_postgres<F, Fut>(scenario: F)
+pub(crate) async fn on_postgres<F, Fut>(scenario: F)
 where
     F: FnOnce(String) -> Fut,
     Fut: Future<Output = ()>,
@@ -126,12 +126,12 @@ where
 }
 
 /// `sqlite://<dir>/ledger.db`, the ledger file the scenario tests use in a temporary directory.
-pub fn sqlite_url(dir: &tempfile::TempDir) -> String {
+pub(crate) fn sqlite_url(dir: &tempfile::TempDir) -> String {
     format!("sqlite://{}/ledger.db", dir.path().display())
 }
 
 /// A ledger on a fresh SQLite file; the directory lives as long as the returned guard.
-pub async fn sqlite_ledger() -> (tempfile::TempDir, switchyard_billing::Ledger) {
+pub(crate) async fn sqlite_ledger() -> (tempfile::TempDir, switchyard_billing::Ledger) {
     let dir = tempfile::tempdir().unwrap();
     let ledger = switchyard_billing::Ledger::connect(&sqlite_url(&dir))
         .await
@@ -140,7 +140,7 @@ pub async fn sqlite_ledger() -> (tempfile::TempDir, switchyard_billing::Ledger) 
 }
 
 /// Runs `scenario` on the URL of a fresh SQLite ledger in a temporary directory.
-pub async fn on_sqlite<F, Fut>(scenario: F)
+pub(crate) async fn on_sqlite<F, Fut>(scenario: F)
 where
     F: FnOnce(String) -> Fut,
     Fut: Future<Output = ()>,
@@ -150,7 +150,7 @@ where
 }
 
 /// `SELECT COUNT(*) FROM <table>` on the ledger.
-pub async fn count_rows(ledger: &switchyard_billing::Ledger, table: &str) -> i64 {
+pub(crate) async fn count_rows(ledger: &switchyard_billing::Ledger, table: &str) -> i64 {
     sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {table}"))
         .fetch_one(ledger.pool())
         .await
@@ -177,7 +177,7 @@ pub(crate) use on_both_ledgers;
 /// An ok `kind` event at `ts_ms` with a fresh request id: attempt 0, tenant `acme`, no key,
 /// `openai/gpt-4o` on `openai-east` (upstream `gpt-4o`), no usage, TTFT 100 ms, latency 500 ms,
 /// no fallback, cache hit, batch or audit. Fixtures override what they are about.
-pub fn event(
+pub(crate) fn event(
     kind: switchyard_schemas::usage::UsageKind,
     ts_ms: u64,
 ) -> switchyard_schemas::usage::UsageEvent {
@@ -199,7 +199,7 @@ pub fn event(
 /// A nats-server holding billing's usage stream ([`switchyard_billing::ensure_usage_stream`]) on
 /// the default subjects: the server (stopped on drop), a client, its JetStream context, the
 /// subjects and the stream.
-pub async fn usage_stream() -> (
+pub(crate) async fn usage_stream() -> (
     NatsServer,
     async_nats::Client,
     async_nats::jetstream::Context,
@@ -217,6 +217,6 @@ pub async fn usage_stream() -> (
 }
 
 /// An exact decimal from its text.
-pub fn d(s: &str) -> rust_decimal::Decimal {
+pub(crate) fn d(s: &str) -> rust_decimal::Decimal {
     s.parse().unwrap()
 }

@@ -12,12 +12,12 @@ use switchyard_schemas::config::{ConfigHandle, GatewayConfig};
 use switchyard_schemas::tenancy::sha256_hex;
 use tokio_util::sync::CancellationToken;
 
-pub const ADMIN_KEY: &str = "sk-admin-test-global-0123456789";
-pub const TEAM_A_ADMIN: &str = "sk-admin-test-team-a-0123456789";
-pub const CLIENT_KEY: &str = "sk-client-test-b-0123456789abc";
+pub(crate) const ADMIN_KEY: &str = "sk-admin-test-global-0123456789";
+pub(crate) const TEAM_A_ADMIN: &str = "sk-admin-test-team-a-0123456789";
+pub(crate) const CLIENT_KEY: &str = "sk-client-test-b-0123456789abc";
 
 /// The config as JSON text (YAML is a superset) and as loaded; `extra` is merged at the top.
-pub fn config(extra: Value) -> (String, GatewayConfig) {
+pub(crate) fn config(extra: Value) -> (String, GatewayConfig) {
     let mut v = json!({
         "targets": [{"id": "mock", "provider": "openai", "base_url": "builtin:mock",
             "upstream_model": "mock"}],
@@ -39,7 +39,7 @@ pub fn config(extra: Value) -> (String, GatewayConfig) {
 }
 
 /// A watch of the live config on `handle` until `stop`.
-pub async fn watch(gw: &Gateway, handle: &ConfigHandle, stop: &CancellationToken) {
+pub(crate) async fn watch(gw: &Gateway, handle: &ConfigHandle, stop: &CancellationToken) {
     let client = async_nats::connect(gw.nats.url()).await.unwrap();
     tokio::spawn(switchyard::reload::watch_kv(
         client,
@@ -51,7 +51,7 @@ pub async fn watch(gw: &Gateway, handle: &ConfigHandle, stop: &CancellationToken
 
 /// Two replicas: `gw.base` (on `gw.config`) and a second one on its own handle, both watching
 /// the live config, which holds `text`.
-pub async fn two_replicas(text: &str, c: GatewayConfig) -> (Gateway, String, ConfigHandle) {
+pub(crate) async fn two_replicas(text: &str, c: GatewayConfig) -> (Gateway, String, ConfigHandle) {
     let gw = start(Options {
         config: c.clone(),
         ..Default::default()

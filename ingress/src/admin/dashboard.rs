@@ -33,26 +33,26 @@ use switchyard_schemas::usage::Usage;
 use switchyard_schemas::usage_query::{GroupBy, UsageQuery, UsageReply};
 
 /// Default spend range, UTC days (today included).
-pub const DEFAULT_DAYS: u32 = 14;
+pub(super) const DEFAULT_DAYS: u32 = 14;
 /// Longest spend range, days.
-pub const MAX_DAYS: u32 = 62;
+pub(super) const MAX_DAYS: u32 = 62;
 /// Default latency / savings window, minutes.
-pub const DEFAULT_WINDOW_MINUTES: u32 = 60;
+pub(super) const DEFAULT_WINDOW_MINUTES: u32 = 60;
 /// Longest window, minutes (one day).
-pub const MAX_WINDOW_MINUTES: u32 = 1440;
+pub(super) const MAX_WINDOW_MINUTES: u32 = 1440;
 /// Audit records read per page for the window.
 const WINDOW_PAGE: u32 = 500;
 /// Most audit records the window reads (the newest ones; `latency.window.truncated` says when
 /// more exist), records.
-pub const WINDOW_RECORDS: usize = 2000;
+pub(super) const WINDOW_RECORDS: usize = 2000;
 /// Latest audit records shown.
-pub const RECENT_RECORDS: usize = 20;
+pub(super) const RECENT_RECORDS: usize = 20;
 /// A limit counts as "near" from this share of it used or reserved.
-pub const NEAR_SHARE: f64 = 0.8;
+pub(super) const NEAR_SHARE: f64 = 0.8;
 /// Most budget scopes read per answer (each one KV read), scopes.
-pub const MAX_BUDGET_SCOPES: usize = 500;
+pub(super) const MAX_BUDGET_SCOPES: usize = 500;
 /// Budget limits listed (highest share first).
-pub const BUDGET_ROWS: usize = 20;
+pub(super) const BUDGET_ROWS: usize = 20;
 /// Budget scopes read at once.
 const BUDGET_READS_AT_ONCE: usize = 16;
 const HOUR_MS: u64 = 3_600_000;
@@ -62,13 +62,13 @@ const DAY_MS: u64 = 86_400_000;
 /// heavy part of an answer when the ledger is large) is reused for this many times as long as it
 /// took to build, so every browser polling every 5 s keeps billing busy at most about a tenth of
 /// the time; a small ledger is asked afresh each time.
-pub const SPEND_REUSE_FACTOR: u64 = 10;
+pub(super) const SPEND_REUSE_FACTOR: u64 = 10;
 /// Longest reuse of the spend history, ms.
-pub const SPEND_MAX_REUSE_MS: u64 = 30_000;
+pub(super) const SPEND_MAX_REUSE_MS: u64 = 30_000;
 
 /// The last spend history built, per `days`: `(days, built at ms, reusable until ms, section)`.
 #[derive(Debug, Default)]
-pub struct SpendCache(parking_lot::Mutex<Vec<(u32, u64, u64, Value)>>);
+pub(super) struct SpendCache(parking_lot::Mutex<Vec<(u32, u64, u64, Value)>>);
 
 impl SpendCache {
     /// The section for `days`, while reusable and built on the same UTC day as `now`.
@@ -91,7 +91,7 @@ impl SpendCache {
 
 /// The parsed query.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Params {
+pub(super) struct Params {
     /// Spend range, days.
     pub days: u32,
     /// Latency window, minutes.
@@ -99,7 +99,7 @@ pub struct Params {
 }
 
 /// Parses `days` and `window_minutes`; a 400 naming the parameter otherwise.
-pub fn parse(query: &str) -> Result<Params, ApiError> {
+pub(super) fn parse(query: &str) -> Result<Params, ApiError> {
     use crate::query_string::{int, params};
     let p = params(
         query,

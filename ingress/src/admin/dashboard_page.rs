@@ -24,9 +24,9 @@ use axum::routing::{get, post};
 use std::sync::Arc;
 
 /// The session cookie's name.
-pub const COOKIE: &str = "switchyard_admin";
+pub(super) const COOKIE: &str = "switchyard_admin";
 /// The session cookie's lifetime, seconds (12 h).
-pub const COOKIE_MAX_AGE_S: u64 = 12 * 3600;
+pub(super) const COOKIE_MAX_AGE_S: u64 = 12 * 3600;
 /// The dashboard page.
 const PAGE: &str = include_str!("dashboard.html");
 /// Every page's Content Security Policy: inline script and style of this page only, data from
@@ -160,7 +160,7 @@ fn tls(headers: &HeaderMap) -> bool {
 }
 
 /// The `Set-Cookie` value holding `key`.
-pub fn session_cookie(key: &str, secure: bool) -> String {
+pub(super) fn session_cookie(key: &str, secure: bool) -> String {
     format!(
         "{COOKIE}={}; Path=/; Max-Age={COOKIE_MAX_AGE_S}; HttpOnly; SameSite=Strict{}",
         percent_encode(key),

@@ -66,7 +66,7 @@ pub(super) async fn page(app: &AppState, q: &AuditQuery) -> Result<AuditPage, Ap
 }
 
 /// Parses the query string; errors name the parameter.
-pub fn parse(query: &str) -> Result<AuditQuery, ApiError> {
+pub(super) fn parse(query: &str) -> Result<AuditQuery, ApiError> {
     let mut p = crate::query_string::params(
         query,
         "/admin/requests",

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 /// Runs `call(client, i)` for every `i` in `0..n` concurrently on one client pooling `n`
 /// connections; the results in order of `i`, or a panic when they take over 120 s.
-pub async fn fan_out<T, F, Fut>(n: usize, call: F) -> Vec<T>
+pub(crate) async fn fan_out<T, F, Fut>(n: usize, call: F) -> Vec<T>
 where
     F: Fn(reqwest::Client, usize) -> Fut,
     Fut: Future<Output = T>,
@@ -24,7 +24,7 @@ where
 
 /// One answer of [`chat_fan_out`].
 #[derive(Debug)]
-pub struct Answer {
+pub(crate) struct Answer {
     /// The HTTP status.
     pub status: u16,
     /// The response headers.
@@ -35,7 +35,7 @@ pub struct Answer {
 
 /// `n` concurrent `POST /v1/chat/completions`, the i-th to `bases[i % bases.len()]` with bearer
 /// `key(i)` and JSON `body`: their answers in order.
-pub async fn chat_fan_out(
+pub(crate) async fn chat_fan_out(
     bases: &[String],
     n: usize,
     key: impl Fn(usize) -> String,
@@ -60,7 +60,7 @@ pub async fn chat_fan_out(
 
 /// Asserts that of `results` (statuses read by `status`) exactly `admitted` are 200 and all the
 /// others 429 (so none 503); the message shows the first three that are neither.
-pub fn assert_admitted<T: std::fmt::Debug>(
+pub(crate) fn assert_admitted<T: std::fmt::Debug>(
     results: &[T],
     status: impl Fn(&T) -> u16,
     admitted: usize,
@@ -79,7 +79,7 @@ pub fn assert_admitted<T: std::fmt::Debug>(
 }
 
 /// The admission estimate of one user message `text` (its o200k tokens), as ingress reserves it.
-pub fn prompt_tokens(text: &str) -> u64 {
+pub(crate) fn prompt_tokens(text: &str) -> u64 {
     use switchyard_schemas::request::{Content, Message, Role};
     let messages = vec![Message {
         role: Role::User,

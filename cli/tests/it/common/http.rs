@@ -6,7 +6,7 @@ use serde_json::Value;
 
 /// One request to `url`, with bearer `key` and JSON `body` when given: the status and the body as
 /// JSON (a body that is not JSON comes back as a JSON string).
-pub async fn call(
+pub(crate) async fn call(
     method: reqwest::Method,
     url: String,
     key: Option<&str>,
@@ -29,28 +29,28 @@ pub async fn call(
 }
 
 /// `GET url` with bearer `key`: [`call`] without a body.
-pub async fn get_as(url: String, key: &str) -> (u16, Value) {
+pub(crate) async fn get_as(url: String, key: &str) -> (u16, Value) {
     call(reqwest::Method::GET, url, Some(key), None).await
 }
 
 /// `POST url` with bearer `key` and JSON `body`: [`call`].
-pub async fn post_as(url: String, key: &str, body: Value) -> (u16, Value) {
+pub(crate) async fn post_as(url: String, key: &str, body: Value) -> (u16, Value) {
     call(reqwest::Method::POST, url, Some(key), Some(body)).await
 }
 
 /// `PATCH url` with bearer `key` and JSON `body`: [`call`].
-pub async fn patch_as(url: String, key: &str, body: Value) -> (u16, Value) {
+pub(crate) async fn patch_as(url: String, key: &str, body: Value) -> (u16, Value) {
     call(reqwest::Method::PATCH, url, Some(key), Some(body)).await
 }
 
 /// `POST url` with bearer `key` and no body: [`call`].
-pub async fn post_empty(url: String, key: &str) -> (u16, Value) {
+pub(crate) async fn post_empty(url: String, key: &str) -> (u16, Value) {
     call(reqwest::Method::POST, url, Some(key), None).await
 }
 
 /// Runs `switchyard ARGS…` with `SWITCHYARD_ADMIN_KEY=admin_key`; asserts it exits 0 (its stderr
 /// is the message otherwise) and returns its stdout.
-pub async fn cli_ok(args: &[&str], admin_key: &str) -> String {
+pub(crate) async fn cli_ok(args: &[&str], admin_key: &str) -> String {
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
         .args(args)
         .env("SWITCHYARD_ADMIN_KEY", admin_key)

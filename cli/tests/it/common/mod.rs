@@ -3,14 +3,14 @@
 //! cache service with the real embedding model (`Options::cache`).
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-pub mod fanout;
-pub mod http;
-pub mod otlp;
-pub mod procs;
-pub mod up;
+pub(crate) mod fanout;
+pub(crate) mod http;
+pub(crate) mod otlp;
+pub(crate) mod procs;
+pub(crate) mod up;
 
-pub use fanout::{Answer, assert_admitted, chat_fan_out, fan_out, prompt_tokens};
-pub use http::{call, cli_ok, get_as, patch_as, post_as, post_empty};
+pub(crate) use fanout::{Answer, assert_admitted, chat_fan_out, fan_out, prompt_tokens};
+pub(crate) use http::{call, cli_ok, get_as, patch_as, post_as, post_empty};
 
 use std::time::Duration;
 use switchyard_mock::MockUpstream;
@@ -18,7 +18,7 @@ use switchyard_schemas::config::{ConfigHandle, GatewayConfig};
 use switchyard_schemas::subjects::Subjects;
 use tokio_util::sync::CancellationToken;
 
-pub struct Gateway {
+pub(crate) struct Gateway {
     pub base: String,
     pub nats: switchyard_natsd::NatsServer,
     pub mock: MockUpstream,
@@ -42,13 +42,13 @@ pub struct Gateway {
 
 impl Gateway {
     /// A new client of the gateway's NATS as `id` (anonymous on an open server).
-    pub async fn nats_as(&self, id: switchyard::nats_auth::Identity) -> async_nats::Client {
+    pub(crate) async fn nats_as(&self, id: switchyard::nats_auth::Identity) -> async_nats::Client {
         connect_as(&self.nats.url(), self.creds.as_ref(), id).await
     }
 }
 
 /// Connects to `url` as `id` with `creds` (plain anonymous connect without).
-pub async fn connect_as(
+pub(crate) async fn connect_as(
     url: &str,
     creds: Option<&switchyard::nats_auth::Credentials>,
     id: switchyard::nats_auth::Identity,
@@ -72,7 +72,7 @@ impl Drop for Gateway {
 /// Targets: `mock` (the mock upstream), `dead` (a closed port); models: `demo/mock` → [mock],
 /// `demo/fallback` → [dead, mock], `demo/dead` → [dead]; `claude` (Anthropic wire format on the
 /// mock) → `demo/claude`.
-pub fn test_config(extra: serde_json::Value) -> GatewayConfig {
+pub(crate) fn test_config(extra: serde_json::Value) -> GatewayConfig {
     let mut v = serde_json::json!({
         "targets": [
             {"id": "mock", "provider": "openai", "base_url": "builtin:mock", "upstream_model": "mock"},
@@ -100,7 +100,7 @@ pub fn test_config(extra: serde_json::Value) -> GatewayConfig {
     c
 }
 
-pub struct Options {
+pub(crate) struct Options {
     pub config: GatewayConfig,
     pub billing: bool,
     pub worker: bool,
@@ -127,7 +127,7 @@ impl Default for Options {
     }
 }
 
-pub async fn start(opts: Options) -> Gateway {
+pub(crate) async fn start(opts: Options) -> Gateway {
     use switchyard::nats_auth::{Credentials, Identity};
     let tmp = tempfile::tempdir().unwrap();
     let creds = opts.auth.then(Credentials::generate);
@@ -245,12 +245,12 @@ pub async fn start(opts: Options) -> Gateway {
 }
 
 /// [`start`] of the default test config ([`test_config`] of `{}`) with billing.
-pub async fn billed_gateway() -> Gateway {
+pub(crate) async fn billed_gateway() -> Gateway {
     start_billed(test_config(serde_json::json!({}))).await
 }
 
 /// [`start`] on `config` with billing (SQLite ledger) and everything else as by default.
-pub async fn start_billed(config: GatewayConfig) -> Gateway {
+pub(crate) async fn start_billed(config: GatewayConfig) -> Gateway {
     start(Options {
         config,
         billing: true,
@@ -261,12 +261,14 @@ pub async fn start_billed(config: GatewayConfig) -> Gateway {
 
 /// Starts another ingress process's worth of state (own NATS connection, own id, own budget
 /// holder) on the gateway's NATS and config; returns its base URL and state.
-pub async fn spawn_ingress(gw: &Gateway) -> (String, std::sync::Arc<switchyard_ingress::AppState>) {
+pub(crate) async fn spawn_ingress(
+    gw: &Gateway,
+) -> (String, std::sync::Arc<switchyard_ingress::AppState>) {
     spawn_ingress_with(gw, gw.config.clone()).await
 }
 
 /// [`spawn_ingress`] with its own config handle (a replica with its own live-config watch).
-pub async fn spawn_ingress_with(
+pub(crate) async fn spawn_ingress_with(
     gw: &Gateway,
     config: ConfigHandle,
 ) -> (String, std::sync::Arc<switchyard_ingress::AppState>) {
@@ -289,7 +291,7 @@ pub async fn spawn_ingress_with(
 }
 
 /// The real embedding model (loaded once per test binary).
-pub fn embedder() -> std::sync::Arc<dyn switchyard_cache::embed::Embed> {
+pub(crate) fn embedder() -> std::sync::Arc<dyn switchyard_cache::embed::Embed> {
     static MODEL: std::sync::OnceLock<std::sync::Arc<dyn switchyard_cache::embed::Embed>> =
         std::sync::OnceLock::new();
     MODEL
@@ -304,14 +306,14 @@ pub fn embedder() -> std::sync::Arc<dyn switchyard_cache::embed::Embed> {
 }
 
 /// Starts a cache instance on `url` and waits until it answers lookups.
-pub async fn spawn_cache(url: &str, subjects: &Subjects, shutdown: CancellationToken) {
+pub(crate) async fn spawn_cache(url: &str, subjects: &Subjects, shutdown: CancellationToken) {
     let c = async_nats::connect(url).await.unwrap();
     let probe = async_nats::connect(url).await.unwrap();
     spawn_cache_on(c, probe, subjects, shutdown).await;
 }
 
 /// Starts a cache instance on connection `c` and waits until `probe` gets lookup answers.
-pub async fn spawn_cache_on(
+pub(crate) async fn spawn_cache_on(
     c: async_nats::Client,
     probe: async_nats::Client,
     subjects: &Subjects,
@@ -346,7 +348,7 @@ pub async fn spawn_cache_on(
     .await;
 }
 
-pub async fn spawn_worker(
+pub(crate) async fn spawn_worker(
     url: &str,
     mock: &MockUpstream,
     config: ConfigHandle,
@@ -358,7 +360,7 @@ pub async fn spawn_worker(
 }
 
 /// Starts a worker `id` on connection `c` (the mock upstream for `builtin:mock` targets).
-pub async fn spawn_worker_on(
+pub(crate) async fn spawn_worker_on(
     c: async_nats::Client,
     mock: &MockUpstream,
     config: ConfigHandle,
@@ -370,7 +372,7 @@ pub async fn spawn_worker_on(
 }
 
 /// [`spawn_worker_on`] recording its metrics into `registry`, spooling into `spool`.
-pub async fn spawn_worker_into(
+pub(crate) async fn spawn_worker_into(
     c: async_nats::Client,
     mock: &MockUpstream,
     config: ConfigHandle,
@@ -396,7 +398,7 @@ pub async fn spawn_worker_into(
 }
 
 /// Polls `f` until it returns Some, or panics after `limit`.
-pub async fn eventually<T, F, Fut>(limit: Duration, mut f: F) -> T
+pub(crate) async fn eventually<T, F, Fut>(limit: Duration, mut f: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
@@ -415,19 +417,19 @@ where
 }
 
 /// A chat body with one user message.
-pub fn chat(model: &str, content: &str, stream: bool) -> serde_json::Value {
+pub(crate) fn chat(model: &str, content: &str, stream: bool) -> serde_json::Value {
     serde_json::json!({"model": model, "stream": stream, "messages": [{"role": "user", "content": content}]})
 }
 
 /// Parsed SSE response: the `data:` payloads in order.
-pub struct SseBody {
+pub(crate) struct SseBody {
     pub status: u16,
     pub headers: reqwest::header::HeaderMap,
     pub events: Vec<String>,
 }
 
 impl SseBody {
-    pub fn content(&self) -> String {
+    pub(crate) fn content(&self) -> String {
         self.json_events()
             .iter()
             .filter_map(|v| {
@@ -437,14 +439,14 @@ impl SseBody {
             })
             .collect()
     }
-    pub fn json_events(&self) -> Vec<serde_json::Value> {
+    pub(crate) fn json_events(&self) -> Vec<serde_json::Value> {
         self.events
             .iter()
             .filter(|e| *e != "[DONE]")
             .map(|e| serde_json::from_str(e).unwrap())
             .collect()
     }
-    pub fn finish_reason(&self) -> Option<String> {
+    pub(crate) fn finish_reason(&self) -> Option<String> {
         self.json_events().iter().rev().find_map(|v| {
             v.pointer("/choices/0/finish_reason")
                 .and_then(|c| c.as_str())
@@ -452,7 +454,7 @@ impl SseBody {
         })
     }
     /// How many chunks carry a non-empty piece of content.
-    pub fn content_pieces(&self) -> usize {
+    pub(crate) fn content_pieces(&self) -> usize {
         self.json_events()
             .iter()
             .filter(|e| {
@@ -463,7 +465,7 @@ impl SseBody {
             .count()
     }
     /// Every tool-call delta of the first choice, in stream order.
-    pub fn tool_call_deltas(&self) -> Vec<serde_json::Value> {
+    pub(crate) fn tool_call_deltas(&self) -> Vec<serde_json::Value> {
         self.json_events()
             .iter()
             .filter_map(|e| {
@@ -474,13 +476,13 @@ impl SseBody {
             .flatten()
             .collect()
     }
-    pub fn done_count(&self) -> usize {
+    pub(crate) fn done_count(&self) -> usize {
         self.events.iter().filter(|e| *e == "[DONE]").count()
     }
 }
 
 /// A `POST {base}/v1/chat/completions` of JSON `body` with bearer `key` on `client`, not sent.
-pub fn chat_request(
+pub(crate) fn chat_request(
     client: &reqwest::Client,
     base: &str,
     key: &str,
@@ -493,7 +495,7 @@ pub fn chat_request(
 }
 
 /// POSTs chat `body` with bearer `sk-test` and the extra `headers`: the response, not read.
-pub async fn send_with(
+pub(crate) async fn send_with(
     base: &str,
     headers: &[(&str, &str)],
     body: &serde_json::Value,
@@ -506,13 +508,13 @@ pub async fn send_with(
 }
 
 /// POSTs chat `body` with bearer `sk-test`: the response, not read.
-pub async fn post(base: &str, body: &serde_json::Value) -> reqwest::Response {
+pub(crate) async fn post(base: &str, body: &serde_json::Value) -> reqwest::Response {
     send_with(base, &[], body).await
 }
 
 /// POSTs JSON `body` to `{base}{path}` with the `headers` given and no others (no bearer): the
 /// response, not read.
-pub async fn post_request(
+pub(crate) async fn post_request(
     base: &str,
     path: &str,
     headers: &[(&str, &str)],
@@ -528,7 +530,7 @@ pub async fn post_request(
 }
 
 /// [`post_request`], read: the status, headers and body text.
-pub async fn post_to(
+pub(crate) async fn post_to(
     base: &str,
     path: &str,
     headers: &[(&str, &str)],
@@ -541,7 +543,7 @@ pub async fn post_to(
 }
 
 /// Waits until the ledger holds `n` usage rows for `id` and returns them.
-pub async fn ledger_rows(
+pub(crate) async fn ledger_rows(
     ledger: &switchyard_billing::Ledger,
     id: uuid::Uuid,
     n: usize,
@@ -556,7 +558,7 @@ pub async fn ledger_rows(
     .await
 }
 
-pub async fn post_sse(base: &str, body: &serde_json::Value) -> SseBody {
+pub(crate) async fn post_sse(base: &str, body: &serde_json::Value) -> SseBody {
     let resp = post(base, body).await;
     let status = resp.status().as_u16();
     let headers = resp.headers().clone();
@@ -572,7 +574,7 @@ pub async fn post_sse(base: &str, body: &serde_json::Value) -> SseBody {
     }
 }
 
-pub async fn post_json(
+pub(crate) async fn post_json(
     base: &str,
     body: &serde_json::Value,
 ) -> (u16, reqwest::header::HeaderMap, serde_json::Value) {
@@ -583,7 +585,7 @@ pub async fn post_json(
 }
 
 /// POSTs `body` to `/v1/chat/completions` with extra headers; returns status, headers and JSON.
-pub async fn post_with(
+pub(crate) async fn post_with(
     base: &str,
     headers: &[(&str, &str)],
     body: &serde_json::Value,
@@ -595,7 +597,7 @@ pub async fn post_with(
 }
 
 /// The `data:` JSON payloads of an OpenAI-style SSE body, without the closing `[DONE]`.
-pub fn data_events(text: &str) -> Vec<serde_json::Value> {
+pub(crate) fn data_events(text: &str) -> Vec<serde_json::Value> {
     text.split("\n\n")
         .filter_map(|b| b.strip_prefix("data: "))
         .filter(|d| *d != "[DONE]")
@@ -604,7 +606,7 @@ pub fn data_events(text: &str) -> Vec<serde_json::Value> {
 }
 
 /// POSTs JSON `body` to `url` without credentials (the mock upstream, directly): the body text.
-pub async fn post_text(url: String, body: &serde_json::Value) -> String {
+pub(crate) async fn post_text(url: String, body: &serde_json::Value) -> String {
     reqwest::Client::new()
         .post(url)
         .json(body)
@@ -618,7 +620,7 @@ pub async fn post_text(url: String, body: &serde_json::Value) -> String {
 
 /// The `(event name, data)` pairs of an SSE body whose blocks are `event: …` then `data: …`
 /// (the Anthropic and Responses streams).
-pub fn named_events(text: &str) -> Vec<(String, serde_json::Value)> {
+pub(crate) fn named_events(text: &str) -> Vec<(String, serde_json::Value)> {
     text.split("\n\n")
         .filter(|b| !b.trim().is_empty())
         .map(|block| {
@@ -631,7 +633,7 @@ pub fn named_events(text: &str) -> Vec<(String, serde_json::Value)> {
 }
 
 /// [`named_events`], asserting each event's name is its data's `type`.
-pub fn typed_events(text: &str) -> Vec<(String, serde_json::Value)> {
+pub(crate) fn typed_events(text: &str) -> Vec<(String, serde_json::Value)> {
     let events = named_events(text);
     for (name, data) in &events {
         assert_eq!(
@@ -644,7 +646,7 @@ pub fn typed_events(text: &str) -> Vec<(String, serde_json::Value)> {
 }
 
 /// POSTs `body` to `/v1/chat/completions` with bearer `key`; returns status, headers and JSON.
-pub async fn post_chat_as(
+pub(crate) async fn post_chat_as(
     base: &str,
     key: &str,
     body: &serde_json::Value,
@@ -659,17 +661,17 @@ pub async fn post_chat_as(
 }
 
 /// The `error.message` of an error body (OpenAI's or Anthropic's shape).
-pub fn error_message(body: &serde_json::Value) -> &str {
+pub(crate) fn error_message(body: &serde_json::Value) -> &str {
     body["error"]["message"].as_str().unwrap()
 }
 
 /// The request id a response names in `x-request-id`.
-pub fn request_id(h: &reqwest::header::HeaderMap) -> uuid::Uuid {
+pub(crate) fn request_id(h: &reqwest::header::HeaderMap) -> uuid::Uuid {
     h["x-request-id"].to_str().unwrap().parse().unwrap()
 }
 
 /// Percent-encodes everything but ASCII letters and digits (a `#mock` directive value).
-pub fn percent_encode(s: &str) -> String {
+pub(crate) fn percent_encode(s: &str) -> String {
     s.bytes()
         .map(|b| {
             if b.is_ascii_alphanumeric() {
@@ -682,12 +684,12 @@ pub fn percent_encode(s: &str) -> String {
 }
 
 /// A prompt making the mock report `usage` (a provider's usage JSON) verbatim.
-pub fn mock_usage(usage: &str) -> String {
+pub(crate) fn mock_usage(usage: &str) -> String {
     format!("#mock usage={}", percent_encode(usage))
 }
 
 /// The `/metrics` text.
-pub async fn metrics_text(base: &str) -> String {
+pub(crate) async fn metrics_text(base: &str) -> String {
     reqwest::get(format!("{base}/metrics"))
         .await
         .unwrap()
@@ -720,14 +722,14 @@ macro_rules! sqlite_and_postgres {
 pub(crate) use sqlite_and_postgres;
 
 /// The PostgreSQL server tests use: `$SWITCHYARD_TEST_POSTGRES_URL` or the local default.
-pub fn postgres_base_url() -> String {
+pub(crate) fn postgres_base_url() -> String {
     std::env::var("SWITCHYARD_TEST_POSTGRES_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
 }
 
 /// A fresh PostgreSQL schema for one test's ledger. `None` (after printing a skip notice) when
 /// PostgreSQL is unreachable, unless `SWITCHYARD_REQUIRE_POSTGRES` is set (then this panics).
-pub async fn pg_schema() -> Option<switchyard_billing::ledger::ScratchSchema> {
+pub(crate) async fn pg_schema() -> Option<switchyard_billing::ledger::ScratchSchema> {
     let base = postgres_base_url();
     let created = tokio::time::timeout(
         Duration::from_secs(10),

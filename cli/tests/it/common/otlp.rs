@@ -14,34 +14,34 @@ use std::time::Duration;
 
 /// One received span.
 #[derive(Debug, Clone)]
-pub struct Received {
+pub(crate) struct Received {
     /// `service.name` of the exporting process.
     pub service: String,
     pub span: opentelemetry_proto::tonic::trace::v1::Span,
 }
 
 impl Received {
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.span.name
     }
-    pub fn trace_id(&self) -> String {
+    pub(crate) fn trace_id(&self) -> String {
         hex(&self.span.trace_id)
     }
-    pub fn span_id(&self) -> String {
+    pub(crate) fn span_id(&self) -> String {
         hex(&self.span.span_id)
     }
-    pub fn parent_id(&self) -> String {
+    pub(crate) fn parent_id(&self) -> String {
         hex(&self.span.parent_span_id)
     }
     /// The span's attributes as JSON values (strings, integers, doubles, booleans, arrays).
-    pub fn attrs(&self) -> BTreeMap<String, Value> {
+    pub(crate) fn attrs(&self) -> BTreeMap<String, Value> {
         self.span
             .attributes
             .iter()
             .map(|kv| (kv.key.clone(), json(kv.value.as_ref())))
             .collect()
     }
-    pub fn attr(&self, key: &str) -> Value {
+    pub(crate) fn attr(&self, key: &str) -> Value {
         self.attrs().remove(key).unwrap_or(Value::Null)
     }
 }
@@ -72,7 +72,7 @@ struct Store {
 }
 
 /// The running receiver; dropping it stops the server.
-pub struct Collector {
+pub(crate) struct Collector {
     /// `http://127.0.0.1:<port>` (the exporter's endpoint; spans arrive on `/v1/traces`).
     pub url: String,
     store: Store,
@@ -112,7 +112,7 @@ async fn traces(axum::extract::State(store): axum::extract::State<Store>, body: 
 }
 
 impl Collector {
-    pub async fn start() -> Self {
+    pub(crate) async fn start() -> Self {
         let store = Store::default();
         let app = axum::Router::new()
             .route("/v1/traces", axum::routing::post(traces))
@@ -136,13 +136,13 @@ impl Collector {
     }
 
     /// Every span received so far.
-    pub fn spans(&self) -> Vec<Received> {
+    pub(crate) fn spans(&self) -> Vec<Received> {
         self.store.spans.lock().clone()
     }
 
     /// Waits (woken by each export, at most `limit`) until `done` holds for the spans received,
     /// and returns them.
-    pub async fn wait_until(
+    pub(crate) async fn wait_until(
         &self,
         limit: Duration,
         done: impl Fn(&[Received]) -> bool,

@@ -8,7 +8,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 
 /// `config` with its `data_dir` under `dir`, written to `dir/config.json` for child processes:
 /// the config and that file's path.
-pub fn config_file(
+pub(crate) fn config_file(
     dir: &Path,
     mut config: switchyard_schemas::config::GatewayConfig,
 ) -> (switchyard_schemas::config::GatewayConfig, String) {
@@ -19,7 +19,7 @@ pub fn config_file(
 }
 
 /// A running service process; killed when dropped.
-pub struct Service {
+pub(crate) struct Service {
     pub child: tokio::process::Child,
     /// The stderr line that said it was ready.
     pub ready_line: String,
@@ -30,7 +30,7 @@ pub struct Service {
 impl Service {
     /// Starts `switchyard <args>` with `envs` and waits (at most 30 s) for a stderr line
     /// containing `ready`.
-    pub async fn start(args: &[&str], envs: &[(&str, &str)], ready: &str) -> Self {
+    pub(crate) async fn start(args: &[&str], envs: &[(&str, &str)], ready: &str) -> Self {
         let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"));
         cmd.args(args)
             .env("RUST_LOG", "info")
@@ -70,7 +70,12 @@ impl Service {
 
     /// `switchyard worker` on the config file `config`, against `nats` and the mock upstream at
     /// `mock`, once it says it serves.
-    pub async fn worker(config: &str, nats: &str, mock: &str, envs: &[(&str, &str)]) -> Self {
+    pub(crate) async fn worker(
+        config: &str,
+        nats: &str,
+        mock: &str,
+        envs: &[(&str, &str)],
+    ) -> Self {
         let args = [
             "worker",
             "--config",
@@ -85,7 +90,12 @@ impl Service {
 
     /// `switchyard [global…] ingress` on the config file `config` against `nats`, listening on
     /// a free port, once it says it listens; `global` are options before the subcommand.
-    pub async fn ingress(global: &[&str], config: &str, nats: &str, envs: &[(&str, &str)]) -> Self {
+    pub(crate) async fn ingress(
+        global: &[&str],
+        config: &str,
+        nats: &str,
+        envs: &[(&str, &str)],
+    ) -> Self {
         let mut args = global.to_vec();
         args.extend([
             "ingress",
@@ -100,13 +110,13 @@ impl Service {
     }
 
     /// The base URL an ingress started with text logs announced in its ready line.
-    pub fn base_url(&self) -> String {
+    pub(crate) fn base_url(&self) -> String {
         let addr = self.ready_line.split("http://").nth(1).unwrap().trim();
         format!("http://{addr}")
     }
 
     /// Sends SIGTERM and waits (at most 60 s) for the process to exit; returns its exit code.
-    pub async fn stop(mut self) -> Option<i32> {
+    pub(crate) async fn stop(mut self) -> Option<i32> {
         let pid = self.child.id().unwrap().to_string();
         let sent = std::process::Command::new("kill")
             .args(["-TERM", &pid])

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::io::AsyncBufReadExt as _;
 
 /// A running (or exited) `switchyard up`.
-pub struct Up {
+pub(crate) struct Up {
     /// The child.
     pub child: tokio::process::Child,
     /// Where ingress listens, `http://127.0.0.1:PORT`.
@@ -19,7 +19,11 @@ pub struct Up {
 
 /// `switchyard up --no-local-model --no-semantic --data-dir DATA --listen LISTEN [--config FILE]`
 /// with a clean environment (no `SWITCHYARD_CONFIG` / `SWITCHYARD_NATS_URL`), log on stderr.
-pub fn command(data_dir: &Path, listen: &str, config: Option<&Path>) -> tokio::process::Command {
+pub(crate) fn command(
+    data_dir: &Path,
+    listen: &str,
+    config: Option<&Path>,
+) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"));
     cmd.args([
         "up",
@@ -45,7 +49,7 @@ pub fn command(data_dir: &Path, listen: &str, config: Option<&Path>) -> tokio::p
 }
 
 /// Spawns `cmd` (from [`command`]) and waits up to 60 s for ingress to listen.
-pub async fn spawn(mut cmd: tokio::process::Command, data_dir: &Path) -> Up {
+pub(crate) async fn spawn(mut cmd: tokio::process::Command, data_dir: &Path) -> Up {
     let mut child = cmd.spawn().unwrap();
     let stderr = child.stderr.take().unwrap();
     let (tx, mut log) = tokio::sync::watch::channel(Vec::<String>::new());
@@ -76,7 +80,7 @@ pub async fn spawn(mut cmd: tokio::process::Command, data_dir: &Path) -> Up {
 
 impl Up {
     /// Waits up to `limit` for a log line containing `needle` (seen before or later); returns it.
-    pub async fn wait_log(&mut self, needle: &str, limit: Duration) -> String {
+    pub(crate) async fn wait_log(&mut self, needle: &str, limit: Duration) -> String {
         let lines = tokio::time::timeout(
             limit,
             self.log.wait_for(|v| v.iter().any(|l| l.contains(needle))),
@@ -89,7 +93,7 @@ impl Up {
 
     /// Waits up to 30 s for `GET /readyz` to answer 200 (every service ready, billing's
     /// database migrated).
-    pub async fn wait_ready(&self) {
+    pub(crate) async fn wait_ready(&self) {
         let url = format!("{}/readyz", self.base);
         super::eventually(Duration::from_secs(30), || {
             let url = url.clone();
@@ -99,7 +103,7 @@ impl Up {
     }
 
     /// The number of log lines containing `needle` so far.
-    pub fn log_count(&self, needle: &str) -> usize {
+    pub(crate) fn log_count(&self, needle: &str) -> usize {
         self.log
             .borrow()
             .iter()
@@ -108,7 +112,7 @@ impl Up {
     }
 
     /// The private nats-server's client URL (from the start-up log).
-    pub async fn nats_url(&mut self) -> String {
+    pub(crate) async fn nats_url(&mut self) -> String {
         let line = self
             .wait_log("started private nats-server", Duration::from_secs(5))
             .await;
@@ -120,7 +124,7 @@ impl Up {
     }
 
     /// SIGTERM, then waits up to 30 s for a clean exit.
-    pub async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         let pid = self.child.id().unwrap();
         signal("TERM", pid);
         let status = tokio::time::timeout(Duration::from_secs(30), self.child.wait())
@@ -141,7 +145,7 @@ impl Drop for Up {
 }
 
 /// `kill -SIG pid`.
-pub fn signal(sig: &str, pid: u32) {
+pub(crate) fn signal(sig: &str, pid: u32) {
     let status = std::process::Command::new("kill")
         .args([&format!("-{sig}"), &pid.to_string()])
         .status()
@@ -151,7 +155,11 @@ pub fn signal(sig: &str, pid: u32) {
 
 /// Runs `switchyard ARGS…` as the embedded server's `admin` identity (password from
 /// `<data_dir>/nats-credentials.json`) against `nats_url`; returns (success, stdout, stderr).
-pub async fn admin_cli(data_dir: &Path, nats_url: &str, args: &[&str]) -> (bool, String, String) {
+pub(crate) async fn admin_cli(
+    data_dir: &Path,
+    nats_url: &str,
+    args: &[&str],
+) -> (bool, String, String) {
     let (creds, _) = switchyard::nats_auth::Credentials::load_or_create(data_dir).unwrap();
     let admin = creds.config_for(switchyard::nats_auth::Identity::Admin);
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
