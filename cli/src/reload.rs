@@ -505,7 +505,10 @@ pub async fn rollback(nats: &async_nats::Client, version: u64) -> Result<u64, Re
 }
 
 /// Pushes `path` to KV whenever its modification time changes (checked every `every`), until
-/// `shutdown`. The first check records the current time without pushing.
+/// `shutdown`. The first check records the current time without pushing. An edit is not pushed
+/// (an error is logged) when the live config is no longer the file's previous text: a key
+/// created through the admin API, a `config push` or a rollback since then is kept, never
+/// silently dropped by an unrelated edit of the file.
 pub async fn watch_file(
     nats: async_nats::Client,
     path: PathBuf,
@@ -514,6 +517,9 @@ pub async fn watch_file(
 ) {
     let mtime = |p: &PathBuf| std::fs::metadata(p).and_then(|m| m.modified()).ok();
     let mut last: Option<SystemTime> = mtime(&path);
+    // The file as it was when last looked at: the live config may be replaced only while it
+    // still is this text (see [`file_still_live`]).
+    let mut previous = std::fs::read_to_string(&path).ok();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -524,17 +530,94 @@ pub async fn watch_file(
             continue;
         }
         last = now;
-        match std::fs::read_to_string(&path) {
-            Ok(text) => match push(&nats, &text).await {
-                Ok(v) => {
-                    tracing::info!(file = %path.display(), version = v, "config file changed; pushed")
-                }
-                Err(e) => {
-                    tracing::error!(file = %path.display(), error = %e, "config file changed but is invalid; not applied")
-                }
-            },
-            Err(e) => tracing::warn!(file = %path.display(), error = %e, "cannot read config file"),
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(file = %path.display(), error = %e, "cannot read config file");
+                continue;
+            }
+        };
+        let live = match live_entry(&nats).await {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::error!(file = %path.display(), error = %e, "config file changed but the live config cannot be read; not applied");
+                continue;
+            }
+        };
+        if let (Some(live), Some(before)) = (&live, &previous)
+            && !file_still_live(&live.value, before)
+        {
+            // From now on the file as it is counts: a `config push FILE` makes it live again.
+            previous = Some(text);
+            tracing::error!(file = %path.display(), live_version = live.revision,
+                "config file changed, but the live config was changed since the file was applied \
+                 (`config push`, `config rollback`, `key create` or the admin API); not applied, so \
+                 that change is kept. Fold it into the file (`switchyard config show`), then \
+                 `switchyard config push FILE` to make the file live again");
+            continue;
         }
+        match push(&nats, &text).await {
+            Ok(v) => {
+                tracing::info!(file = %path.display(), version = v, "config file changed; pushed");
+                previous = Some(text);
+            }
+            // The live config stays the previous text.
+            Err(e) => {
+                tracing::error!(file = %path.display(), error = %e, "config file changed but is invalid; not applied")
+            }
+        }
+    }
+}
+
+/// The stored live config entry (`None`: nothing pushed, or deleted).
+async fn live_entry(
+    nats: &async_nats::Client,
+) -> Result<Option<async_nats::jetstream::kv::Entry>, ReloadError> {
+    let kv = bucket(nats).await?;
+    let entry = kv.entry(KEY).await.map_err(kv_err)?;
+    Ok(entry.filter(|e| e.operation == async_nats::jetstream::kv::Operation::Put))
+}
+
+/// Whether the stored live config `live` is what pushing the file text `previous` stored: the
+/// same text once prepared for the store (keys hashed), encrypted values compared without their
+/// ciphertext (each encryption draws a new nonce). A previous text that no longer prepares is
+/// judged by the live config alone: not the file's.
+fn file_still_live(live: &[u8], previous: &str) -> bool {
+    let master = MasterKey::from_env(MASTER_KEY_ENV).ok().flatten();
+    let Ok(prepared) = config_text::prepare_for_store(
+        "<file>",
+        previous,
+        |k| std::env::var(k).ok(),
+        master.as_ref(),
+    ) else {
+        return false;
+    };
+    let masked = |t: &str| {
+        serde_yaml_ng::from_str::<serde_yaml_ng::Value>(t)
+            .ok()
+            .map(|mut v| {
+                mask_ciphertext(&mut v);
+                v
+            })
+    };
+    match (
+        masked(&String::from_utf8_lossy(live)),
+        masked(&prepared.text),
+    ) {
+        (Some(a), Some(b)) => a == b,
+        _ => false,
+    }
+}
+
+/// Every `enc:v1:…` string of `v` reduced to `enc:v1:`.
+fn mask_ciphertext(v: &mut serde_yaml_ng::Value) {
+    use serde_yaml_ng::Value;
+    match v {
+        Value::String(s) if s.starts_with("enc:v1:") => *s = "enc:v1:".to_owned(),
+        Value::Sequence(items) => items.iter_mut().for_each(mask_ciphertext),
+        Value::Mapping(m) => m.iter_mut().for_each(|(_, v)| mask_ciphertext(v)),
+        Value::Tagged(t) => mask_ciphertext(&mut t.value),
+        _ => {}
     }
 }
 
@@ -542,6 +625,22 @@ pub async fn watch_file(
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// A file edit replaces the live config only while the live config is still the file's
+    /// previous text: a key added through the admin API (a later version) is not overwritten.
+    #[test]
+    fn a_file_edit_never_overwrites_a_change_made_since() {
+        let file = "keys: [{id: a, tenant: t, key: aaaaaaaaaaaaaaaa}]\n";
+        let stored = |text: &str| {
+            config_text::prepare_for_store("<t>", text, |_| None, None)
+                .unwrap()
+                .text
+        };
+        assert!(file_still_live(stored(file).as_bytes(), file));
+        let with_api_key = "keys: [{id: a, tenant: t, key: aaaaaaaaaaaaaaaa}, {id: b, tenant: t, key: bbbbbbbbbbbbbbbb}]\n";
+        assert!(!file_still_live(stored(with_api_key).as_bytes(), file));
+        assert!(!file_still_live(b"not: [valid", file));
+    }
 
     #[test]
     fn changed_keys_are_found_by_id() {
