@@ -42,6 +42,10 @@ struct LedgerArgs {
     /// YAML config file, for data_dir and billing.database_url (default: the built-in config).
     #[arg(long, env = "SWITCHYARD_CONFIG")]
     config: Option<PathBuf>,
+    /// Data directory whose `ledger.db` to read (overrides the config's `data_dir`, as for
+    /// `switchyard up --data-dir`).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -152,7 +156,10 @@ fn ledger_url(args: &LedgerArgs) -> Result<String, String> {
     let url = match &args.database_url {
         Some(url) => url.clone(),
         None => {
-            let c = crate::config::load(args.config.as_deref()).map_err(|e| e.to_string())?;
+            let mut c = crate::config::load(args.config.as_deref()).map_err(|e| e.to_string())?;
+            if let Some(d) = &args.data_dir {
+                c.data_dir = d.display().to_string();
+            }
             c.billing.database_url.clone().unwrap_or_else(|| {
                 format!("sqlite://{}/ledger.db", c.data_dir.trim_end_matches('/'))
             })
@@ -163,7 +170,7 @@ fn ledger_url(args: &LedgerArgs) -> Result<String, String> {
     {
         return Err(format!(
             "no ledger at {path} (start `switchyard up` or `switchyard billing` first, or pass \
-             --database-url / --config)"
+             --database-url / --data-dir / --config)"
         ));
     }
     Ok(url)
@@ -232,8 +239,27 @@ mod tests {
         let args = LedgerArgs {
             database_url: Some(format!("sqlite://{}/nope.db", dir.path().display())),
             config: None,
+            data_dir: None,
         };
         assert!(ledger_url(&args).unwrap_err().contains("no ledger at"));
         assert!(!dir.path().join("nope.db").exists());
+    }
+
+    #[test]
+    fn data_dir_names_the_ledger_of_that_dir() {
+        let dir = tempfile::tempdir().unwrap();
+        let args = LedgerArgs {
+            database_url: None,
+            config: None,
+            data_dir: Some(dir.path().to_path_buf()),
+        };
+        let want = format!("{}/ledger.db", dir.path().display());
+        assert!(
+            ledger_url(&args)
+                .unwrap_err()
+                .contains(&format!("no ledger at {want}"))
+        );
+        std::fs::write(&want, b"").unwrap();
+        assert_eq!(ledger_url(&args).unwrap(), format!("sqlite://{want}"));
     }
 }

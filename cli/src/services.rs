@@ -181,6 +181,11 @@ pub(crate) async fn run_ingress(
     if c.admin.keys.is_empty() {
         tracing::info!("admin API off: no `admin.keys` configured (docs/security.md)");
     }
+    let env = |k: &str| std::env::var(k).ok();
+    for k in c.admin.keys.iter().filter(|k| k.sha256(&env).is_none()) {
+        tracing::warn!(admin_key = %k.id,
+            "admin key unusable: its `key` reference resolves to nothing (an unset or empty environment variable); requests with it get 401");
+    }
     if c.keys.is_empty() {
         tracing::warn!(
             "authentication is off: no `keys` configured, any bearer token is accepted (docs/budgets.md)"
