@@ -531,3 +531,28 @@ async fn a_top_up_without_billing_is_503_and_credits_nothing() {
         .unwrap();
     assert_eq!(s.prepaid, None);
 }
+
+/// A top-up to a tenant without an enabled `balance:` section is recorded (201) but says that
+/// admission will not draw on it; an enabled tenant's answer carries no such warning.
+#[tokio::test]
+async fn a_top_up_to_a_tenant_without_a_balance_section_says_it_is_not_enforced() {
+    let dir = tempfile::tempdir().unwrap();
+    let gw = start(Options {
+        config: config(dir.path(), json!({"enabled": true}), 10, 10),
+        billing: true,
+        ..Options::default()
+    })
+    .await;
+    let (status, body) = credit(&gw.base, "other", json!({"amount_usd": "5", "id": "inv-o"})).await;
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(body["balance"]["enabled"], false);
+    assert_eq!(
+        body["balance"]["warning"],
+        "tenant `other` has no enabled `balance:` section in the config: this balance is \
+         recorded but not enforced or drawn on at admission"
+    );
+    let (status, body) = credit(&gw.base, "acme", json!({"amount_usd": "5", "id": "inv-a"})).await;
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(body["balance"]["enabled"], true);
+    assert!(body["balance"].get("warning").is_none(), "{body}");
+}

@@ -217,6 +217,13 @@ fn view(
         "low_balance_usd": settings.and_then(|b| b.low_balance_usd).map(|d| d.normalize()),
         "on_low": settings.map(|b| b.on_low),
     });
+    if !settings.is_some_and(|b| b.enabled) {
+        // A top-up to such a tenant is kept, but admission does not draw on it: say so.
+        out["warning"] = json!(format!(
+            "tenant `{tenant}` has no enabled `balance:` section in the config: this balance is \
+             recorded but not enforced or drawn on at admission"
+        ));
+    }
     if let Some(l) = ledger {
         out["ledger"] = json!({
             "topped_up_usd": l.topped_up_usd.normalize(),
