@@ -51,8 +51,24 @@ pub struct Held {
     /// Reserved tokens.
     pub tokens: u64,
     /// When the holder's reservations lapse if it never settles them (it died), ms since the
-    /// epoch: the latest of its requests' deadlines plus `budgets.hold_grace_ms`.
+    /// epoch: the latest of its requests' deadlines plus `budgets.hold_grace_ms` (plus
+    /// [`crate::store::LEASE_EXTRA`] while it holds a lease).
     pub until_ms: u64,
+    /// Of `usd`, the part no request used when the holder wrote it: its *lease*, which it admits
+    /// requests from without a write ([`crate::store`]). Counted like a reservation.
+    #[serde(default, skip_serializing_if = "Decimal::is_zero")]
+    pub spare_usd: Decimal,
+    /// Of `tokens`, the leased part (as `spare_usd`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub spare_tokens: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 impl Held {
@@ -60,6 +76,13 @@ impl Held {
         Demand {
             usd: self.usd,
             tokens: self.tokens,
+        }
+    }
+
+    fn spare(&self) -> Demand {
+        Demand {
+            usd: self.spare_usd,
+            tokens: self.spare_tokens,
         }
     }
 }
@@ -92,6 +115,21 @@ pub struct Spend {
     /// window.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prepaid: Option<Prepaid>,
+    /// Set by a holder whose request did not fit while other holders' leases had spare room:
+    /// holders grant themselves no lease while it is set, so the next writes of the others
+    /// return their spare and the refusal is decided without it ([`crate::store`]). Cleared once
+    /// the scope has ample room again.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub reclaim: bool,
+}
+
+/// Room left in a scope for one holder, per dimension (`None`: that dimension has no limit).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Room {
+    /// USD below the tightest USD limit (budget windows or prepaid balance).
+    pub usd: Option<Decimal>,
+    /// Tokens below the tightest token quota.
+    pub tokens: Option<u64>,
 }
 
 /// The totals of a prepaid balance: what is left is `topped_up_usd - spent_usd` minus the open
@@ -196,8 +234,30 @@ impl Spend {
             .fold(Demand::default(), |a, (_, h)| a.plus(h.demand()))
     }
 
+    /// The leased spare room of every holder but `holder`.
+    pub fn spare_of_others(&self, holder: &str) -> Demand {
+        self.held
+            .iter()
+            .filter(|(k, _)| k.as_str() != holder)
+            .fold(Demand::default(), |a, (_, h)| a.plus(h.spare()))
+    }
+
+    /// What requests in flight hold, every holder together, leases' spare room excluded (as of
+    /// each holder's last write): for display and the downgrade threshold, not for admission.
+    pub fn reserved_total(&self) -> Demand {
+        self.held.values().fold(Demand::default(), |a, h| {
+            a.plus(h.demand().minus(h.spare()))
+        })
+    }
+
     /// Sets `holder`'s open reservations (removed when nothing is held).
     pub fn set_held(&mut self, holder: &str, held: Demand, until_ms: u64) {
+        self.set_lease(holder, held, Demand::default(), until_ms);
+    }
+
+    /// Sets `holder`'s hold: `held` in all, of which `spare` is leased room no request uses
+    /// (removed when nothing is held).
+    pub fn set_lease(&mut self, holder: &str, held: Demand, spare: Demand, until_ms: u64) {
         if held.is_zero() {
             self.held.remove(holder);
         } else {
@@ -207,8 +267,47 @@ impl Spend {
                     usd: held.usd,
                     tokens: held.tokens,
                     until_ms,
+                    spare_usd: spare.usd.min(held.usd),
+                    spare_tokens: spare.tokens.min(held.tokens),
                 },
             );
+        }
+    }
+
+    /// Room left under `budget` with `held` reserved: the tightest window per dimension
+    /// (never negative).
+    pub fn room(&self, budget: &Budget, held: Demand) -> Room {
+        let usd = |limit: Option<Decimal>, used: Decimal| {
+            limit.map(|l| (l - used - held.usd).max(Decimal::ZERO))
+        };
+        let tokens =
+            |limit: Option<u64>, used: u64| limit.map(|l| l.saturating_sub(used + held.tokens));
+        let min_of = |a: Option<Decimal>, b: Option<Decimal>| match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let min_tokens = |a: Option<u64>, b: Option<u64>| match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        Room {
+            usd: min_of(
+                usd(budget.daily_usd, self.day_usd),
+                usd(budget.monthly_usd, self.month_usd),
+            ),
+            tokens: min_tokens(
+                tokens(budget.tokens_per_minute, self.minute_tokens),
+                tokens(budget.tokens_per_day, self.day_tokens),
+            ),
+        }
+    }
+
+    /// Room left in the prepaid balance with `held` reserved (USD only; never negative).
+    pub fn room_balance(&self, held: Demand) -> Room {
+        let p = self.prepaid.unwrap_or_default();
+        Room {
+            usd: Some((p.topped_up_usd - p.spent_usd - held.usd).max(Decimal::ZERO)),
+            tokens: None,
         }
     }
 
@@ -229,7 +328,7 @@ impl Spend {
         if limit.is_zero() {
             return Some(Decimal::ONE);
         }
-        Some((self.day_usd + self.held_total().usd) / limit)
+        Some((self.day_usd + self.reserved_total().usd) / limit)
     }
 
     /// The first limit of `budget` that `demand` would exceed with `held` reserved.

@@ -109,3 +109,55 @@ async fn a_late_settlement_counts_once() {
     let s = stores[0].peek("tenant.acme").await.unwrap();
     assert_eq!((s.day_usd, s.day_tokens), (usd("0.25"), 100));
 }
+
+/// Far from the limit, holders admit from their leases: 2 holders × 500 reservations one
+/// after the other (no group commit can merge them) are all admitted with far fewer KV writes
+/// than requests; once settled and idle, each holder returns its spare room, leaving exactly
+/// the settled spend and nothing held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_admit_without_a_write_per_request() {
+    let (nats, stores) = stores(2).await;
+    let budget = Budget {
+        daily_usd: Some(usd("1000")),
+        ..Budget::default()
+    };
+    let demand = Demand {
+        usd: usd("0.01"),
+        tokens: 10,
+    };
+    let holders = stores.iter().map(|store| {
+        let (store, budget) = (store.clone(), budget.clone());
+        async move {
+            for _ in 0..500 {
+                store
+                    .reserve("tenant.acme", &budget, demand, FAR)
+                    .await
+                    .unwrap();
+            }
+            let settles = (0..500).map(|_| store.settle("tenant.acme", demand, demand));
+            for r in futures::future::join_all(settles).await {
+                r.unwrap();
+            }
+        }
+    });
+    futures::future::join_all(holders).await;
+    let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    let kv = js.get_key_value("SY_BUDGETS").await.unwrap();
+    let writes = kv.entry("tenant.acme").await.unwrap().unwrap().revision;
+    assert!(writes <= 60, "{writes} KV writes for 1,000 reservations");
+    // Idle holders return their spare within RENEW_EVERY (waited on, not slept).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let s = stores[0].peek("tenant.acme").await.unwrap();
+        if s.held.is_empty() {
+            assert_eq!((s.day_usd, s.day_tokens), (usd("10.00"), 10_000));
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "spare not returned: {:?}",
+            s.held
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}

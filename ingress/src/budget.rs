@@ -445,7 +445,7 @@ async fn low_balance(
             continue;
         };
         let spend = app.budgets.peek(scope).await?;
-        let left = spend.prepaid.unwrap_or_default().balance() - spend.held_total().usd;
+        let left = spend.prepaid.unwrap_or_default().balance() - spend.reserved_total().usd;
         if left >= threshold {
             continue;
         }

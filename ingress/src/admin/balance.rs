@@ -199,7 +199,7 @@ fn view(
     ledger: Option<&LedgerBalance>,
 ) -> Json {
     let p = spend.prepaid.unwrap_or_default();
-    let reserved = spend.held_total().usd;
+    let reserved = spend.reserved_total().usd;
     let settings = config
         .tenants
         .iter()

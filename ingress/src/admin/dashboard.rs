@@ -530,7 +530,7 @@ fn limits(
     b: &switchyard_schemas::tenancy::Budget,
     s: &crate::budget::Spend,
 ) -> Vec<(&'static str, Decimal, Decimal)> {
-    let held = s.held_total();
+    let held = s.reserved_total();
     let mut out = Vec::new();
     if let Some(l) = b.daily_usd {
         out.push(("daily_usd", l, s.day_usd + held.usd));
