@@ -1,6 +1,6 @@
 //! The `switchyard` binary's reusable parts: config loading, live config reload, NATS
-//! connections and the embedded server's permissions. The binary (`main.rs`) wires the services;
-//! tests use these directly.
+//! connections, the embedded server's permissions and the wiring of the services into a process
+//! ([`topology`], used by `switchyard up` and the integration tests).
 
 pub mod config;
 pub mod data_lock;
@@ -8,3 +8,4 @@ pub mod metrics_listen;
 pub mod nats;
 pub mod nats_auth;
 pub mod reload;
+pub mod topology;

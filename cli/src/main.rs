@@ -3,6 +3,7 @@
 
 use switchyard::nats::NatsArgs;
 use switchyard::nats_auth::{Credentials, Identity};
+use switchyard::topology::{self, AdminWiring};
 use switchyard::{config, reload};
 mod balance_cmd;
 mod batch_cmd;
@@ -24,7 +25,6 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use switchyard_schemas::config::{BUILTIN_MOCK_URL, ConfigHandle, GatewayConfig, ProviderKind};
-use switchyard_schemas::ready::{Readiness, ReadyFlag};
 use switchyard_schemas::subjects::Subjects;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -437,9 +437,9 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                 }
                 None => None,
             };
-            let admin = services::AdminWiring {
+            let admin = topology::AdminWiring {
                 writer,
-                startup_text: services::startup_text(&common)?,
+                startup_text: Some(services::startup_text(&common)?),
             };
             let result = services::run_ingress(
                 nats.clone(),
@@ -452,7 +452,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                 },
             )
             .await;
-            services::flush_spool(&nats, &subjects, spool.as_ref()).await;
+            topology::flush_spool(&nats, &subjects, spool.as_ref()).await;
             services.cancel();
             tasks.close();
             tasks.wait().await;
@@ -492,7 +492,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             let result = switchyard_workers::worker::run(nats.clone(), opts, shutdown_token())
                 .await
                 .map_err(msg);
-            services::flush_spool(&nats, &subjects, spool.as_ref()).await;
+            topology::flush_spool(&nats, &subjects, spool.as_ref()).await;
             services.cancel();
             tasks.close();
             tasks.wait().await;
@@ -516,8 +516,9 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                 async_nats::jetstream::new(nats.clone()),
             );
             services::listen_metrics(metrics_listen, &registry, &services, &tasks).await?;
-            let result =
-                services::run_billing(nats, handle, database_url, shutdown_token(), None).await;
+            let result = topology::run_billing(nats, handle, database_url, shutdown_token(), None)
+                .await
+                .map_err(msg);
             services.cancel();
             tasks.close();
             tasks.wait().await;
@@ -531,7 +532,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         } => {
             let c = load(&common)?;
             let nats = connect(&require_nats(&c)?, "switchyard-budgets", &c.nats).await?;
-            let ledger = services::open_ledger(&c, database_url).await?;
+            let ledger = topology::open_ledger(&c, database_url).await.map_err(msg)?;
             let js = async_nats::jetstream::new(nats);
             let store = switchyard_budgets::BudgetStore::connect(&js, "budgets-rebuild").await;
             let done = switchyard_billing::budget_rebuild::rebuild(

@@ -37,6 +37,10 @@ pub(crate) struct Gateway {
     /// The usage spool of the gateway's ingress and worker (drained until `shutdown`), under
     /// its temp dir: a gateway's spooled events never reach another test's NATS.
     pub spool: std::sync::Arc<switchyard_publish::Spool>,
+    /// The services' wiring (`switchyard::topology`), shared with `spawn_ingress`.
+    topology: std::sync::Arc<tokio::sync::Mutex<switchyard::topology::Topology>>,
+    /// Stops billing, the cache and the spool drainer (on drop).
+    services_shutdown: CancellationToken,
     _tmp: tempfile::TempDir,
 }
 
@@ -66,6 +70,7 @@ impl Drop for Gateway {
         self.shutdown.cancel();
         self.worker_shutdown.cancel();
         self.cache_shutdown.cancel();
+        self.services_shutdown.cancel();
     }
 }
 
@@ -129,6 +134,10 @@ impl Default for Options {
 
 pub(crate) async fn start(opts: Options) -> Gateway {
     use switchyard::nats_auth::{Credentials, Identity};
+    use switchyard::topology::{
+        BillingLedger, CacheSpec, IngressSpec, NatsIdentities, Topology, TopologyOptions,
+        WorkerSpec,
+    };
     let tmp = tempfile::tempdir().unwrap();
     let creds = opts.auth.then(Credentials::generate);
     let nats = match &creds {
@@ -141,29 +150,22 @@ pub(crate) async fn start(opts: Options) -> Gateway {
     let mock = MockUpstream::start().await.unwrap();
     let config = ConfigHandle::new(opts.config);
     let subjects = Subjects::new(config.get().subject_prefix.clone());
-    let shutdown = CancellationToken::new();
-    let worker_shutdown = CancellationToken::new();
-    let client = connect_as(&nats.url(), creds.as_ref(), Identity::Ingress).await;
-    let js = async_nats::jetstream::new(
-        connect_as(&nats.url(), creds.as_ref(), Identity::Billing).await,
-    );
-    switchyard_billing::ensure_usage_stream(&js, &subjects)
-        .await
-        .unwrap();
-
-    // One spool and one registry for the worker and ingress, as `switchyard up` has.
-    let spool = std::sync::Arc::new(
-        switchyard_publish::Spool::open(&tmp.path().join("spool").join("gw")).unwrap(),
-    );
-    tokio::spawn(switchyard_publish::drain_spool(
-        async_nats::jetstream::new(client.clone()),
-        subjects.clone(),
-        spool.clone(),
-        shutdown.clone().cancelled_owned(),
-    ));
-    let registry = switchyard_schemas::metrics::Registry::new();
-    switchyard_publish::add_process_collectors(&registry, Some(spool.clone()));
-    switchyard_billing::lag::add_lag_collector(&registry, js.clone());
+    // The wiring of `switchyard up` (one spool and one registry for the worker and ingress),
+    // without stopping the rest when a test stops one service.
+    let mut topology = Topology::start(TopologyOptions {
+        url: nats.url(),
+        nats: match &creds {
+            Some(c) => NatsIdentities::PerIdentity(c.clone()),
+            None => NatsIdentities::Shared(Default::default()),
+        },
+        subjects: subjects.clone(),
+        spool_dir: Some(tmp.path().join("spool").join("gw")),
+        shutdown: CancellationToken::new(),
+        stop_all_when_one_ends: false,
+    })
+    .await
+    .unwrap();
+    let spool = topology.spool().unwrap().clone();
     let mut ledger = None;
     if opts.billing {
         let url = opts
@@ -179,67 +181,69 @@ pub(crate) async fn start(opts: Options) -> Gateway {
             .with_catalog(catalog)
             .with_unpriced(config.get().unpriced.clone());
         ledger = Some(l.clone());
-        let c = connect_as(&nats.url(), creds.as_ref(), Identity::Billing).await;
-        tokio::spawn(switchyard_billing::run(
-            c,
-            subjects.clone(),
-            l,
-            shutdown.clone().cancelled_owned(),
-        ));
+        topology
+            .start_billing(BillingLedger::Given(l), &config)
+            .await
+            .unwrap();
     }
-    if opts.worker {
-        let c = connect_as(&nats.url(), creds.as_ref(), Identity::Worker).await;
-        spawn_worker_into(
-            c,
-            &mock,
-            config.clone(),
-            "worker-a",
-            worker_shutdown.clone(),
-            registry.clone(),
-            Some(spool.clone()),
-        )
-        .await;
-    }
-    let cache_shutdown = CancellationToken::new();
-    if opts.cache {
-        let c = connect_as(&nats.url(), creds.as_ref(), Identity::Cache).await;
+    let worker_shutdown = if opts.worker {
+        let worker = topology
+            .start_worker(WorkerSpec {
+                worker_id: "worker-a".to_owned(),
+                config: config.clone(),
+                providers: Vec::new(),
+                builtin_mock_url: Some(format!("{}/v1", mock.base_url())),
+                builtin_local_model_url: None,
+            })
+            .await
+            .unwrap();
+        worker.stop
+    } else {
+        CancellationToken::new()
+    };
+    let cache_shutdown = if opts.cache {
+        let model = tokio::task::spawn_blocking(embedder).await.unwrap();
+        let cache = topology
+            .start_cache(CacheSpec {
+                options: switchyard_cache::ServiceOptions::new(subjects.clone(), Some(model)),
+                prepare: None,
+                detail: "starting".to_owned(),
+            })
+            .await
+            .unwrap();
         let probe = connect_as(&nats.url(), creds.as_ref(), Identity::Ingress).await;
-        spawn_cache_on(c, probe, &subjects, cache_shutdown.clone()).await;
-    }
-    let state = switchyard_ingress::state_with(
-        client,
-        config.clone(),
-        &format!("ingress-{}", uuid::Uuid::now_v7().simple()),
-        switchyard_ingress::Wiring {
-            registry: Some(registry),
-            spool: Some(spool.clone()),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+        cache_answers(&probe, &subjects).await;
+        cache.stop
+    } else {
+        CancellationToken::new()
+    };
+    let ingress = topology
+        .start_ingress(IngressSpec {
+            config: config.clone(),
+            listen: "127.0.0.1:0".to_owned(),
+            admin_writer: None,
+            startup_text: None,
+            shared: true,
+        })
+        .await
+        .unwrap();
     if opts.cache {
-        state.cache.set_timeout(Duration::from_secs(2));
+        ingress.state.cache.set_timeout(Duration::from_secs(2));
     }
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(switchyard_ingress::serve(
-        listener,
-        state.clone(),
-        shutdown.clone().cancelled_owned(),
-    ));
     Gateway {
-        base,
+        base: format!("http://{}", ingress.addr),
         nats,
         mock,
         ledger,
-        shutdown,
+        shutdown: topology.shutdown_token().clone(),
         worker_shutdown,
         cache_shutdown,
         config,
-        ingress: state,
+        ingress: ingress.state,
         creds,
         spool,
+        services_shutdown: topology.services_token().clone(),
+        topology: std::sync::Arc::new(tokio::sync::Mutex::new(topology)),
         _tmp: tmp,
     }
 }
@@ -272,22 +276,20 @@ pub(crate) async fn spawn_ingress_with(
     gw: &Gateway,
     config: ConfigHandle,
 ) -> (String, std::sync::Arc<switchyard_ingress::AppState>) {
-    let client = gw.nats_as(switchyard::nats_auth::Identity::Ingress).await;
-    let state = switchyard_ingress::state(
-        client,
-        config,
-        &format!("ingress-{}", uuid::Uuid::now_v7().simple()),
-    )
-    .await
-    .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(switchyard_ingress::serve(
-        listener,
-        state.clone(),
-        gw.shutdown.clone().cancelled_owned(),
-    ));
-    (base, state)
+    let ingress = gw
+        .topology
+        .lock()
+        .await
+        .start_ingress(switchyard::topology::IngressSpec {
+            config,
+            listen: "127.0.0.1:0".to_owned(),
+            admin_writer: None,
+            startup_text: None,
+            shared: false,
+        })
+        .await
+        .unwrap();
+    (format!("http://{}", ingress.addr), ingress.state)
 }
 
 /// The real embedding model (loaded once per test binary).
@@ -326,6 +328,11 @@ pub(crate) async fn spawn_cache_on(
             panic!("cache service: {e}");
         }
     });
+    cache_answers(&probe, subjects).await;
+}
+
+/// Waits until `probe` gets lookup answers from a cache instance (not "no responders").
+async fn cache_answers(probe: &async_nats::Client, subjects: &Subjects) {
     // Ready when a lookup gets an answer (not "no responders").
     let body = serde_json::to_vec(&switchyard_schemas::cache::LookupRequest {
         key: switchyard_schemas::cache::CacheKey {
