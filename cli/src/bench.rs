@@ -129,6 +129,35 @@ async fn nats_counts(http: &reqwest::Client, monitor: u16) -> Option<(u64, u64)>
     Some((v["in_msgs"].as_u64()?, v["out_msgs"].as_u64()?))
 }
 
+/// Last sequence number per JetStream stream of the `up` tree's nats-server (its `/jsz`
+/// endpoint): the stored writes so far, by stream (`KV_SY_BUDGETS`, `KV_SY_LIMITS`, the usage
+/// stream, …).
+async fn js_writes(
+    http: &reqwest::Client,
+    monitor: u16,
+) -> Option<std::collections::BTreeMap<String, u64>> {
+    let v: serde_json::Value = http
+        .get(format!("http://127.0.0.1:{monitor}/jsz?streams=true"))
+        .send()
+        .await
+        .ok()?
+        .json()
+        .await
+        .ok()?;
+    let mut out = std::collections::BTreeMap::new();
+    for account in v["account_details"].as_array()? {
+        for stream in account["stream_detail"].as_array().into_iter().flatten() {
+            if let (Some(name), Some(seq)) = (
+                stream["name"].as_str(),
+                stream["state"]["last_seq"].as_u64(),
+            ) {
+                out.insert(name.to_owned(), seq);
+            }
+        }
+    }
+    Some(out)
+}
+
 /// The gateway's config: one JSON and one streaming model on the mock, a budgeted key, limits.
 fn config_yaml(dir: &Path, listen: u16, mock: u16, stream_ms: u64) -> String {
     let delay = stream_ms / CHUNKS;
@@ -479,6 +508,7 @@ pub(crate) async fn run(args: BenchArgs) -> Result<(), String> {
         let mut peak_rss = 0;
         let mut cpu_ticks = 0;
         let mut nats_msgs = (0, 0);
+        let mut writes: std::collections::BTreeMap<String, u64> = Default::default();
         let (dp, vp) = if stream {
             (&direct_stream, &via_stream)
         } else {
@@ -488,6 +518,7 @@ pub(crate) async fn run(args: BenchArgs) -> Result<(), String> {
             slice(&http, dp, rate, length, stream, &counter, &direct).await;
             let (_, cpu0) = tree_usage(up_pid);
             let msgs0 = nats_counts(&http, monitor).await;
+            let writes0 = js_writes(&http, monitor).await;
             let sampling = Arc::new(AtomicU64::new(0));
             #[expect(
                 clippy::disallowed_methods,
@@ -511,6 +542,12 @@ pub(crate) async fn run(args: BenchArgs) -> Result<(), String> {
             if let (Some(a), Some(b)) = (msgs0, nats_counts(&http, monitor).await) {
                 nats_msgs.0 += b.0.saturating_sub(a.0);
                 nats_msgs.1 += b.1.saturating_sub(a.1);
+            }
+            if let (Some(a), Some(b)) = (writes0, js_writes(&http, monitor).await) {
+                for (stream, seq) in b {
+                    let before = a.get(&stream).copied().unwrap_or(0);
+                    *writes.entry(stream).or_default() += seq.saturating_sub(before);
+                }
             }
         }
         let (d, v) = (direct.lock(), via.lock());
@@ -541,7 +578,7 @@ pub(crate) async fn run(args: BenchArgs) -> Result<(), String> {
         let cpu_ms = cpu_ticks as f64 / TICKS_PER_S * 1000.0 / requests;
         summary.push(format!(
             "{name}: added {what} p50 {:+.3} ms, p99 {:+.3} ms{}; CPU of the up tree {:.3} ms/request; \
-             NATS messages/request {:.1} in, {:.1} out; peak RSS {} MB; errors direct {} / switchyard {}{}",
+             NATS messages/request {:.1} in, {:.1} out; JetStream writes/request {}; peak RSS {} MB; errors direct {} / switchyard {}{}",
             added(0.5, &d.latency, &v.latency),
             added(0.99, &d.latency, &v.latency),
             if stream {
@@ -555,6 +592,12 @@ pub(crate) async fn run(args: BenchArgs) -> Result<(), String> {
             cpu_ms,
             nats_msgs.0 as f64 / requests,
             nats_msgs.1 as f64 / requests,
+            writes
+                .iter()
+                .filter(|(_, n)| **n > 0)
+                .map(|(stream, n)| format!("{stream} {:.2}", *n as f64 / requests))
+                .collect::<Vec<_>>()
+                .join(", "),
             peak_rss / 1024,
             d.errors,
             v.errors,

@@ -50,32 +50,28 @@
 //! entry that does not parse: it is overwritten with a full bucket. (Budgets, with the same
 //! helper, fail closed instead: overspending money is worse than an extra upstream call.)
 
+mod bucket;
+
+use bucket::{Applied, Buckets, Op};
+pub use bucket::{
+    BucketState, LEASE_REQUESTS, LEASE_SHARE, LEASE_VISIBLE, Leased, RECLAIM_WAIT, RENEW_EVERY,
+};
 use parking_lot::Mutex;
-use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
-use switchyard_kv::combine::{Batch, Combiners, Plan};
-use switchyard_kv::{KvError, Stored};
 use switchyard_schemas::config::TargetConfig;
 use switchyard_schemas::subjects::LIMITS_BUCKET;
 use switchyard_schemas::tokens;
-use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, now_ms};
+use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 /// `max_tokens` assumed for the TPM estimate when the request sets none, tokens (shared with
 /// ingress's key limits).
 pub use switchyard_schemas::tokens::DEFAULT_MAX_TOKENS;
 /// `retry_after_ms` of a concurrency refusal (a slot frees when any call ends), ms.
 pub const CONCURRENCY_RETRY_MS: u64 = 1_000;
-/// How long a batch retries compare-and-set conflicts with other replicas before admitting
-/// (fail-open, as for an unreachable store). With group commit the contenders are worker
-/// processes, so this is only reached when the store is effectively unusable.
-const MAX_CONTENTION: Duration = Duration::from_secs(5);
-/// Longest a TPM correction waits to ride the next take's write of its bucket, ms: one KV write
-/// less per request under load; meanwhile the bucket counts the estimate instead.
-const CORRECT_WITHIN: Duration = Duration::from_millis(10);
-
 /// Which shared limit a bucket holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum LimitKind {
@@ -112,244 +108,6 @@ pub fn bucket_key(target: &str, kind: LimitKind) -> String {
     key
 }
 
-/// The stored state of one token bucket (JSON value of its KV key).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct BucketState {
-    /// Tokens left at `updated_ms` (negative = debt from under-estimated TPM charges).
-    pub tokens: f64,
-    /// When `tokens` was computed, ms since the Unix epoch.
-    pub updated_ms: u64,
-}
-
-impl BucketState {
-    /// A full bucket at `now_ms`.
-    pub fn full(capacity: f64, now_ms: u64) -> Self {
-        Self {
-            tokens: capacity,
-            updated_ms: now_ms,
-        }
-    }
-
-    /// The state at `now_ms`: refilled at `capacity` per minute, never above `capacity`. A clock
-    /// behind `updated_ms` (another replica's) refills nothing.
-    pub fn at(self, capacity: f64, now_ms: u64) -> Self {
-        let elapsed = now_ms.saturating_sub(self.updated_ms) as f64;
-        Self {
-            tokens: (self.tokens + elapsed * capacity / 60_000.0).min(capacity),
-            updated_ms: now_ms.max(self.updated_ms),
-        }
-    }
-}
-
-/// One change to a bucket.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Op {
-    /// Take `cost` tokens if `keep` more remain afterwards, else report when they will. `keep`
-    /// is 0 for live requests and the live reserve for batch items ([`BATCH_SHARE`]).
-    Take {
-        /// Tokens taken.
-        cost: f64,
-        /// Tokens that must remain.
-        keep: f64,
-    },
-    /// Give tokens back (refund), up to the capacity.
-    Give(f64),
-    /// Take tokens unconditionally (usage above the estimate), down to minus the capacity.
-    Charge(f64),
-}
-
-/// What an operation did.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Applied {
-    /// The new state was stored.
-    Done(BucketState),
-    /// Not enough tokens; they will be in this many ms (`None`: never, cost above capacity).
-    Short(Option<u64>),
-}
-
-/// Applies `op` to a bucket already refilled to now.
-fn apply(state: BucketState, capacity: f64, op: Op) -> Applied {
-    match op {
-        Op::Take { cost, keep } if cost + keep > capacity => Applied::Short(None),
-        Op::Take { cost, keep } if state.tokens + 1e-9 >= cost + keep => {
-            Applied::Done(BucketState {
-                tokens: state.tokens - cost,
-                ..state
-            })
-        }
-        Op::Take { cost, keep } => {
-            let per_ms = capacity / 60_000.0;
-            let wait = ((cost + keep - state.tokens) / per_ms).ceil().max(1.0);
-            Applied::Short(Some(wait as u64))
-        }
-        Op::Give(n) => Applied::Done(BucketState {
-            tokens: (state.tokens + n).min(capacity),
-            ..state
-        }),
-        Op::Charge(n) => Applied::Done(BucketState {
-            tokens: (state.tokens - n).max(-capacity),
-            ..state
-        }),
-    }
-}
-
-/// A KV failure (the request is admitted: fail-open).
-#[derive(Debug, thiserror::Error)]
-#[error("limit store: {0}")]
-struct StoreError(String);
-
-/// One change to a bucket and the capacity (per minute, from the live config) it is computed
-/// against.
-#[derive(Debug, Clone, Copy)]
-struct BucketOp {
-    capacity: f64,
-    op: Op,
-}
-
-/// The group-commit policy of a bucket key ([`switchyard_kv::combine`]); no leader-only state.
-struct Bucket;
-
-impl Batch for Bucket {
-    /// `None`: absent, a full bucket.
-    type Value = Option<BucketState>;
-    type Op = BucketOp;
-    type Answer = Result<Applied, StoreError>;
-
-    fn max_contention(&self) -> Duration {
-        MAX_CONTENTION
-    }
-
-    /// Two replicas in lockstep conflict on every write; the loser's first retry wins.
-    fn immediate_retries(&self) -> u32 {
-        1
-    }
-
-    /// An unreadable value is overwritten with a full bucket rather than blocking the target
-    /// (fail open, like an unreachable store).
-    fn decode(&self, key: &str, stored: Stored<Self::Value>) -> Result<Self::Value, KvError> {
-        Ok(match stored {
-            Stored::Value(v) => v,
-            Stored::Absent => None,
-            Stored::Unreadable(e) => {
-                tracing::warn!(key, error = %e, "limit bucket unreadable: starting it full");
-                None
-            }
-        })
-    }
-
-    /// A take nobody waits for is skipped; refunds and charges always happen.
-    fn needed_unawaited(&self, op: &BucketOp) -> bool {
-        !matches!(op.op, Op::Take { .. })
-    }
-
-    /// In arrival order; a shortage computed from a cached value (another replica may have
-    /// refunded since) is confirmed by re-reading and re-applying the batch. A cost above the
-    /// capacity needs no confirmation.
-    fn apply(
-        &mut self,
-        value: &mut Self::Value,
-        ops: &[BucketOp],
-        fresh: bool,
-    ) -> Plan<Self::Answer> {
-        let now = now_ms();
-        let mut state = *value;
-        let (mut changed, mut short) = (false, false);
-        let mut answers = Vec::with_capacity(ops.len());
-        for BucketOp { capacity, op } in ops {
-            let s = state.map_or(BucketState::full(*capacity, now), |s| s.at(*capacity, now));
-            let applied = apply(s, *capacity, *op);
-            match applied {
-                Applied::Done(new) => {
-                    state = Some(new);
-                    changed = true;
-                }
-                Applied::Short(Some(_)) => short = true,
-                Applied::Short(None) => {}
-            }
-            answers.push(Ok(applied));
-        }
-        if short && !fresh {
-            return Plan::Refresh;
-        }
-        *value = state;
-        if changed {
-            Plan::Write(answers)
-        } else {
-            Plan::Answer(answers)
-        }
-    }
-
-    /// A take whose caller went away is given back.
-    fn undo(&self, op: BucketOp, answer: Self::Answer) -> Option<BucketOp> {
-        match (op.op, answer) {
-            (Op::Take { cost, .. }, Ok(Applied::Done(_))) => Some(BucketOp {
-                capacity: op.capacity,
-                op: Op::Give(cost),
-            }),
-            _ => None,
-        }
-    }
-
-    fn failed(&self, e: &KvError) -> Self::Answer {
-        Err(StoreError(e.to_string()))
-    }
-}
-
-enum Buckets {
-    /// Shared through [`LIMITS_BUCKET`], one combiner per key.
-    Shared(Box<Combiners<Bucket>>),
-    /// Process-local states.
-    Local(Mutex<HashMap<String, BucketState>>),
-}
-
-impl Buckets {
-    /// Applies `op` to `key`; `deferred` ones (corrections after the call) ride the key's next
-    /// write, or are written [`CORRECT_WITHIN`] later.
-    async fn run(
-        &self,
-        key: &str,
-        capacity: f64,
-        op: Op,
-        deferred: bool,
-    ) -> Result<Applied, StoreError> {
-        match self {
-            Self::Shared(combiners) => {
-                let c = combiners.get(key, || Bucket);
-                let op = BucketOp { capacity, op };
-                if deferred {
-                    c.submit_deferred(op, CORRECT_WITHIN).await
-                } else {
-                    c.submit(op).await
-                }
-                .unwrap_or_else(|e| Err(StoreError(e.to_string())))
-            }
-            Self::Local(states) => {
-                let mut states = states.lock();
-                let now = now_ms();
-                let state = states
-                    .get(key)
-                    .map_or(BucketState::full(capacity, now), |s| s.at(capacity, now));
-                let applied = apply(state, capacity, op);
-                if let Applied::Done(new) = applied {
-                    states.insert(key.to_owned(), new);
-                }
-                Ok(applied)
-            }
-        }
-    }
-
-    /// The stored state of `key` as of now (without refill), for diagnostics and tests.
-    async fn peek(&self, key: &str) -> Option<BucketState> {
-        match self {
-            Self::Shared(c) => match switchyard_kv::load(c.store(), key).await {
-                Ok((_, Stored::Value(v))) => v,
-                _ => None,
-            },
-            Self::Local(states) => states.lock().get(key).copied(),
-        }
-    }
-}
-
 /// In-flight requests of one target in this process.
 #[derive(Debug)]
 struct ConcurrencyPermit(Arc<AtomicU32>);
@@ -379,8 +137,11 @@ impl Admission {
 
 /// The limits of every target served by one worker process.
 pub struct Limiter {
-    buckets: Buckets,
+    buckets: Arc<Buckets>,
     in_flight: Mutex<HashMap<String, Arc<AtomicU32>>>,
+    /// Returns idle leases every [`RENEW_EVERY`]; stopped by [`Limiter::close`].
+    ticker: TaskTracker,
+    stop: CancellationToken,
 }
 
 impl std::fmt::Debug for Limiter {
@@ -432,26 +193,42 @@ impl Limiter {
     }
 
     fn with_store(kv: Option<async_nats::jetstream::kv::Store>) -> Self {
-        Self {
-            buckets: match kv {
-                Some(kv) => Buckets::Shared(Box::new(Combiners::new(kv))),
-                None => Buckets::Local(Mutex::new(HashMap::new())),
-            },
+        let holder = format!("worker-{}", uuid::Uuid::now_v7());
+        let limiter = Self {
+            buckets: Arc::new(Buckets::new(kv, holder)),
             in_flight: Mutex::new(HashMap::new()),
+            ticker: TaskTracker::new(),
+            stop: CancellationToken::new(),
+        };
+        if limiter.is_shared() {
+            let (buckets, stop) = (limiter.buckets.clone(), limiter.stop.clone());
+            limiter.ticker.spawn(async move {
+                let mut tick = tokio::time::interval(RENEW_EVERY);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tokio::select! {
+                        _ = stop.cancelled() => break,
+                        _ = tick.tick() => buckets.return_leases(RENEW_EVERY).await,
+                    }
+                }
+            });
         }
+        limiter
     }
 
     /// Whether the buckets are shared through NATS KV.
     pub fn is_shared(&self) -> bool {
-        matches!(self.buckets, Buckets::Shared(_))
+        matches!(*self.buckets, Buckets::Shared { .. })
     }
 
-    /// Waits until every batch in progress (refunds and corrections included) has been
-    /// written (shutdown).
+    /// Returns every lease and waits until every batch in progress (refunds and corrections
+    /// included) has been written (shutdown).
     pub async fn close(&self) {
-        if let Buckets::Shared(c) = &self.buckets {
-            c.close().await;
-        }
+        self.stop.cancel();
+        self.ticker.close();
+        self.ticker.wait().await;
+        self.buckets.return_leases(std::time::Duration::ZERO).await;
+        self.buckets.close().await;
     }
 
     /// Admits `req` to `target` under its current limits: a concurrency slot, one RPM token and
@@ -510,7 +287,7 @@ impl Limiter {
         };
         let (rpm, tpm) = tokio::join!(self.take_request(target, batch), tpm_take);
         let tpm_taken = match &tpm {
-            Some((_, Ok(Applied::Done(_)))) => true,
+            Some((_, Ok(Applied::Done))) => true,
             Some((_, Err(e))) => {
                 tracing::warn!(target = %target.id, error = %e, "TPM limit not checked (admitting)");
                 false
@@ -559,7 +336,7 @@ impl Limiter {
             keep: reserve(rpm as f64, batch),
         };
         match self.buckets.run(&key, rpm as f64, take, false).await {
-            Ok(Applied::Done(_)) => Ok(()),
+            Ok(Applied::Done) => Ok(()),
             Ok(Applied::Short(wait)) => Err(ErrorInfo::new(
                 ErrorClass::RateLimited,
                 format!(
@@ -689,138 +466,6 @@ mod tests {
         assert_ne!(
             bucket_key("a.b", LimitKind::Rpm),
             bucket_key("a=2Eb", LimitKind::Rpm)
-        );
-    }
-
-    #[test]
-    fn refill_is_continuous_and_capped() {
-        let s = BucketState {
-            tokens: 0.0,
-            updated_ms: 1_000,
-        };
-        // 60 per minute = 1 per second.
-        assert!((s.at(60.0, 1_500).tokens - 0.5).abs() < 1e-9);
-        assert_eq!(s.at(60.0, 1_000_000).tokens, 60.0);
-        // A clock behind the stored one refills nothing and keeps the later timestamp.
-        assert_eq!(s.at(60.0, 500), s);
-        // A lowered capacity clamps.
-        let full = BucketState::full(100.0, 0);
-        assert_eq!(full.at(10.0, 0).tokens, 10.0);
-    }
-
-    #[test]
-    fn take_give_charge() {
-        let s = BucketState::full(10.0, 0);
-        let Applied::Done(s) = apply(
-            s,
-            10.0,
-            Op::Take {
-                cost: 4.0,
-                keep: 0.0,
-            },
-        ) else {
-            unreachable!()
-        };
-        assert_eq!(s.tokens, 6.0);
-        // 10 per minute: 4 missing tokens take 24 s.
-        assert_eq!(
-            apply(
-                s,
-                10.0,
-                Op::Take {
-                    cost: 10.0,
-                    keep: 0.0
-                }
-            ),
-            Applied::Short(Some(24_000))
-        );
-        assert_eq!(
-            apply(
-                s,
-                10.0,
-                Op::Take {
-                    cost: 11.0,
-                    keep: 0.0
-                }
-            ),
-            Applied::Short(None)
-        );
-        assert_eq!(
-            apply(s, 10.0, Op::Give(100.0)),
-            Applied::Done(BucketState::full(10.0, 0))
-        );
-        let Applied::Done(d) = apply(s, 10.0, Op::Charge(100.0)) else {
-            unreachable!()
-        };
-        assert_eq!(d.tokens, -10.0);
-    }
-
-    #[test]
-    fn a_batch_applies_in_order_and_confirms_shortage_with_a_fresh_read() {
-        let op = |op| BucketOp { capacity: 3.0, op };
-        let ops = [
-            op(Op::Take {
-                cost: 1.0,
-                keep: 0.0,
-            }),
-            op(Op::Take {
-                cost: 1.0,
-                keep: 0.0,
-            }),
-            op(Op::Take {
-                cost: 1.0,
-                keep: 0.0,
-            }),
-        ];
-        // Absent = full: all three fit, one write.
-        let mut v = None;
-        let Plan::Write(a) = Bucket.apply(&mut v, &ops, false) else {
-            unreachable!()
-        };
-        assert!(a.iter().all(|a| matches!(a, Ok(Applied::Done(_)))));
-        assert!(v.unwrap().tokens.abs() < 0.01);
-        // Empty, from the cache: re-read before refusing.
-        let ops = [
-            op(Op::Take {
-                cost: 1.0,
-                keep: 0.0,
-            }),
-            op(Op::Give(1.0)),
-        ];
-        assert!(matches!(Bucket.apply(&mut v, &ops, false), Plan::Refresh));
-        // Fresh: the refusal stands, the refund after it is written.
-        let Plan::Write(a) = Bucket.apply(&mut v, &ops, true) else {
-            unreachable!()
-        };
-        assert!(matches!(a[0], Ok(Applied::Short(Some(_)))));
-        // Above capacity: refused without a read, nothing to write.
-        let ops = [op(Op::Take {
-            cost: 4.0,
-            keep: 0.0,
-        })];
-        assert!(matches!(
-            Bucket.apply(&mut v, &ops, false),
-            Plan::Answer(a) if matches!(a[0], Ok(Applied::Short(None)))
-        ));
-        // A take nobody received is given back; a refusal is not.
-        let undo = Bucket.undo(
-            op(Op::Take {
-                cost: 2.0,
-                keep: 0.0,
-            }),
-            Ok(Applied::Done(BucketState::full(3.0, 0))),
-        );
-        assert!(matches!(undo, Some(BucketOp { op: Op::Give(n), .. }) if n == 2.0));
-        assert!(
-            Bucket
-                .undo(
-                    op(Op::Take {
-                        cost: 2.0,
-                        keep: 0.0
-                    }),
-                    Ok(Applied::Short(None))
-                )
-                .is_none()
         );
     }
 
