@@ -811,3 +811,93 @@ fn rejects_what_converse_cannot_take() {
         Some("messages")
     );
 }
+
+/// A rich conversation (system and developer instructions, images, an inline PDF, tool calls
+/// and text / JSON results, sampling parameters, tools and `required`): the exact body. Fields
+/// Converse has no place for (`user`, `parallel_tool_calls`, `top_k`, `reasoning_effort`,
+/// `cache_control`, thinking blocks) are not sent.
+#[test]
+fn whole_body_of_a_rich_request() {
+    let messages = json!([
+        {"role": "system", "content": "Be brief."},
+        {"role": "developer", "content": [{"type": "text", "text": "Use French."}]},
+        {"role": "system", "content": ""},
+        {"role": "user", "cache_control": {"type": "ephemeral"}, "content": [
+            {"type": "text", "text": "Look:"},
+            {"type": "image_url", "image_url": {"url": "data:image/webp;base64,AAAA"}},
+            {"type": "text", "text": ""},
+            {"type": "file", "file": {"filename": "report_v2.pdf",
+                "file_data": "data:application/pdf;base64,JVBE"}},
+            {"type": "file", "file": {"file_data": "data:application/pdf;base64,JVBF"}}]},
+        {"role": "assistant", "content": "Let me check.",
+            "thinking_blocks": [{"type": "thinking", "thinking": "t", "signature": "sig"}],
+            "tool_calls": [
+                {"id": "c1", "type": "function",
+                    "function": {"name": "weather", "arguments": "{\"city\":\"Paris\"}"}},
+                {"id": "c2", "type": "function", "function": {"name": "clock", "arguments": ""}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "c2", "content": "{\"time\":\"12:00\"}"},
+        {"role": "tool", "tool_call_id": "c3", "content": "[1]"},
+        {"role": "user", "content": "Thanks"},
+        {"role": "assistant", "content": ""}
+    ]);
+    let mut extra = test_support::weather_and_clock();
+    extra["tool_choice"] = json!("required");
+    extra["params"] = json!({"max_tokens": 300, "temperature": 0.5, "top_p": 0.9, "top_k": 40,
+        "stop": ["END", "STOP"], "user": "u-1", "parallel_tool_calls": false,
+        "reasoning_effort": "low", "frequency_penalty": 0.0});
+    let body = build(messages, extra).unwrap();
+    assert_eq!(
+        body,
+        json!({
+            "system": [{"text": "Be brief."}, {"text": "Use French."}],
+            "messages": [
+                {"role": "user", "content": [
+                    {"text": "Look:"},
+                    {"image": {"format": "webp", "source": {"bytes": "AAAA"}}},
+                    {"document": {"format": "pdf", "name": "report v2 pdf",
+                        "source": {"bytes": "JVBE"}}},
+                    {"document": {"format": "pdf", "name": "document",
+                        "source": {"bytes": "JVBF"}}}]},
+                {"role": "assistant", "content": [
+                    {"text": "Let me check."},
+                    {"toolUse": {"toolUseId": "c1", "name": "weather", "input": {"city": "Paris"}}},
+                    {"toolUse": {"toolUseId": "c2", "name": "clock", "input": {}}}]},
+                {"role": "user", "content": [
+                    {"toolResult": {"toolUseId": "c1", "content": [{"text": "sunny"}]}},
+                    {"toolResult": {"toolUseId": "c2", "content": [{"json": {"time": "12:00"}}]}},
+                    {"toolResult": {"toolUseId": "c3", "content": [{"text": "[1]"}]}},
+                    {"text": "Thanks"}]}
+            ],
+            "inferenceConfig": {"maxTokens": 300, "temperature": 0.5, "topP": 0.9,
+                "stopSequences": ["END", "STOP"]},
+            "toolConfig": {
+                "tools": [
+                    {"toolSpec": {"name": "weather", "description": "w",
+                        "inputSchema": {"json": {"type": "object", "additionalProperties": false}}}},
+                    {"toolSpec": {"name": "clock",
+                        "inputSchema": {"json": {"type": "object", "properties": {}}}}}],
+                "toolChoice": {"any": {}}
+            }
+        })
+    );
+    // A named choice, and no inferenceConfig when no parameter is given.
+    let user = json!([{"role": "user", "content": "x"}]);
+    let mut extra = test_support::weather_and_clock();
+    extra["tool_choice"] = json!({"type": "function", "function": {"name": "clock"}});
+    let body = build(user, extra).unwrap();
+    assert_eq!(
+        body,
+        json!({
+            "messages": [{"role": "user", "content": [{"text": "x"}]}],
+            "toolConfig": {
+                "tools": [
+                    {"toolSpec": {"name": "weather", "description": "w",
+                        "inputSchema": {"json": {"type": "object", "additionalProperties": false}}}},
+                    {"toolSpec": {"name": "clock",
+                        "inputSchema": {"json": {"type": "object", "properties": {}}}}}],
+                "toolChoice": {"tool": {"name": "clock"}}
+            }
+        })
+    );
+}
