@@ -5,6 +5,7 @@ use super::*;
 use crate::provider::SseTranslator;
 use crate::providers::test_support::{self, ANTHROPIC, end, text};
 use futures::StreamExt;
+use serde_json::json;
 use std::collections::VecDeque;
 use switchyard_mock::MockUpstream;
 use switchyard_schemas::ErrorClass;

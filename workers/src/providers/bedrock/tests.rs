@@ -4,6 +4,7 @@ use super::*;
 use crate::providers::test_support::{self, BEDROCK, end, text};
 use aws_smithy_eventstream::frame::write_message_to;
 use aws_smithy_types::event_stream::Header;
+use serde_json::json;
 use std::time::{Duration, UNIX_EPOCH};
 use switchyard_mock::MockUpstream;
 use switchyard_schemas::Secret;

@@ -132,8 +132,8 @@ fn parse_with(v: &Value, mut t: GeminiTranslator) -> Result<Answer, ErrorInfo> {
 }
 
 use crate::providers::shared::{
-    JSON_INSTRUCTION, JSON_TOOL, PartCodec, api_key_header, bad_message, invalid, protocol,
-    read_answer, without_nulls,
+    JSON_INSTRUCTION, JSON_TOOL, PartCodec, api_key_header, bad_message, invalid, one_choice,
+    protocol, read_answer, without_nulls,
 };
 
 /// One `Content` being built: role, whether it holds tool results, parts.
@@ -172,12 +172,7 @@ struct Turn {
 /// unknown, no non-system message.
 pub fn build_request(req: &ChatRequest) -> Result<Value, ErrorInfo> {
     let p = &req.params;
-    if let Some(n) = p.n.filter(|n| *n > 1) {
-        return Err(invalid(
-            "n",
-            format!("n={n} is not supported by the Gemini adapter (one choice only)"),
-        ));
-    }
+    one_choice(p.n, "the Gemini adapter")?;
     let mut system: Vec<Value> = Vec::new();
     let mut turns: Vec<Turn> = Vec::new();
     let mut call_names: HashMap<&str, &str> = HashMap::new();
@@ -404,7 +399,7 @@ fn push_turn(turns: &mut Vec<Turn>, role: &'static str, tool_results: bool, part
 }
 
 /// Gemini parts: `{"text"}`, `inlineData` / `fileData` for images and documents.
-const PARTS: PartCodec = PartCodec {
+const PARTS: PartCodec<Value> = PartCodec {
     text: |t| json!({ "text": t }),
     image: image_part,
     file: file_part,
