@@ -25,6 +25,22 @@ pub const JSON_INSTRUCTION: &str = "When you answer without calling one of the o
      give your final answer by calling the `json_tool_call` tool with it; do not answer in plain \
      text.";
 
+/// `Ok` unless a user tool is named [`JSON_TOOL`], which a request that gets its
+/// `response_format` through that synthetic tool cannot have: then an `invalid_request` error
+/// naming `tools` ("the tool name `json_tool_call` is reserved for response_format {context}").
+pub(crate) fn json_tool_unclaimed(
+    req: &switchyard_schemas::ChatRequest,
+    context: &str,
+) -> Result<(), ErrorInfo> {
+    if req.tools.iter().any(|t| t.function.name == JSON_TOOL) {
+        return Err(invalid(
+            "tools",
+            format!("the tool name `{JSON_TOOL}` is reserved for response_format {context}"),
+        ));
+    }
+    Ok(())
+}
+
 /// An `invalid_request` error naming `param`.
 pub(crate) fn invalid(param: &str, message: impl Into<String>) -> ErrorInfo {
     ErrorInfo::new(ErrorClass::InvalidRequest, message).with_param(param)
@@ -108,14 +124,6 @@ pub(crate) fn put_some(o: &mut serde_json::Map<String, Value>, key: &str, value:
     if let Some(v) = value {
         o.insert(key.into(), v);
     }
-}
-
-/// `v` without its top-level `null` members (absent optional fields).
-pub(crate) fn without_nulls(mut v: Value) -> Value {
-    if let Some(obj) = v.as_object_mut() {
-        obj.retain(|_, v| !v.is_null());
-    }
-    v
 }
 
 /// One turn of a conversation on the providers whose turns are `{"role","content":[blocks]}`

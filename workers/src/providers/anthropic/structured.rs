@@ -30,7 +30,7 @@ use switchyard_schemas::FinishReason;
 
 use super::request::{Tool, ToolChoice};
 use crate::provider::Answer;
-use crate::providers::shared::{invalid, walk_schema};
+use crate::providers::shared::{invalid, json_tool_unclaimed, walk_schema};
 
 pub use crate::providers::shared::{JSON_INSTRUCTION, JSON_TOOL};
 
@@ -74,12 +74,7 @@ pub(crate) fn json_tool(req: &ChatRequest) -> Result<Option<Tool>, ErrorInfo> {
             ));
         }
     };
-    if req.tools.iter().any(|t| t.function.name == JSON_TOOL) {
-        return Err(invalid(
-            "tools",
-            format!("the tool name `{JSON_TOOL}` is reserved for response_format on Anthropic"),
-        ));
-    }
+    json_tool_unclaimed(req, "on Anthropic")?;
     Ok(Some(Tool {
         name: JSON_TOOL.to_owned(),
         description: Some(description),

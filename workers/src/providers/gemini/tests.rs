@@ -1,7 +1,9 @@
 //! Unit tests of the gemini adapter.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 use super::*;
+use crate::providers::shared::JSON_INSTRUCTION;
 use crate::providers::test_support::{self, GEMINI, end, text};
+use serde_json::json;
 use switchyard_mock::MockUpstream;
 
 /// Feeds `chunks` as separate writes through the SSE parser and the translator.
