@@ -537,4 +537,120 @@ mod tests {
         );
         assert_eq!(a.finish_reason, FinishReason::ToolCalls);
     }
+
+    fn body(messages: Value, extra: Value) -> Value {
+        let target = ("t", "openai", "gpt-test");
+        let req = crate::providers::test_support::request("m", target, messages, extra);
+        Value::Object(build_object("gpt-up", &req))
+    }
+
+    /// A rich conversation (every message role and part kind, encrypted reasoning replayed,
+    /// tool calls and results, tools, a named `tool_choice`, a `json_schema` format, the
+    /// parameters the Responses API has and those it has not): the exact body.
+    #[test]
+    fn whole_body_of_a_rich_request() {
+        let messages = json!([
+            {"role": "system", "content": "Be brief."},
+            {"role": "developer", "content": [{"type": "text", "text": "Use French."}]},
+            {"role": "user", "cache_control": {"type": "ephemeral"}, "content": [
+                {"type": "text", "text": "Look:"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                {"type": "image_url",
+                    "image_url": {"url": "https://e.com/a.png", "detail": "high"}},
+                {"type": "file", "file": {"filename": "r.pdf",
+                    "file_data": "data:application/pdf;base64,JVBE"}},
+                {"type": "file", "file": {"file_url": "https://e.com/b.pdf"}},
+                {"type": "file", "file": {"filename": "c.pdf", "file_id": "file_1"}}]},
+            {"role": "assistant", "content": "Let me check.", "thinking_blocks": [
+                {"type": "thinking", "thinking": "t", "signature": "sig"},
+                {"type": "reasoning", "id": "rs_1", "encrypted_content": "enc",
+                    "summary": [{"type": "summary_text", "text": "s"}]}],
+                "tool_calls": [{"id": "c1", "type": "function",
+                    "function": {"name": "weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+            {"role": "assistant", "tool_calls": [{"id": "c2", "type": "function",
+                "function": {"name": "clock", "arguments": ""}}]},
+            {"role": "tool", "content": [{"type": "text", "text": "12:00"}]},
+            {"role": "assistant", "content": ""},
+            {"role": "user", "content": "Thanks"}
+        ]);
+        let extra = json!({
+            "tools": [
+                {"type": "function", "function": {"name": "weather", "description": "w",
+                    "parameters": {"type": "object"}, "strict": true}},
+                {"type": "function", "function": {"name": "clock"}}],
+            "tool_choice": {"type": "function", "function": {"name": "weather"}},
+            "params": {"max_tokens": 300, "temperature": 0.5, "top_p": 0.9, "stop": ["END"],
+                "seed": 7, "n": 1, "presence_penalty": 0.5, "parallel_tool_calls": false,
+                "user": "u-1", "top_k": 3,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "s",
+                    "type": "ignored", "schema": {"type": "object"}, "strict": true}}}});
+        assert_eq!(
+            body(messages, extra),
+            json!({
+                "model": "gpt-up",
+                "store": false,
+                "stream": true,
+                "input": [
+                    {"role": "system", "content": "Be brief."},
+                    {"role": "developer", "content": [{"type": "input_text", "text": "Use French."}]},
+                    {"role": "user", "content": [
+                        {"type": "input_text", "text": "Look:"},
+                        {"type": "input_image", "image_url": "data:image/png;base64,AAAA",
+                            "detail": "auto"},
+                        {"type": "input_image", "image_url": "https://e.com/a.png",
+                            "detail": "high"},
+                        {"type": "input_file", "filename": "r.pdf",
+                            "file_data": "data:application/pdf;base64,JVBE"},
+                        {"type": "input_file", "file_url": "https://e.com/b.pdf"},
+                        {"type": "input_file", "filename": "c.pdf", "file_id": "file_1"}]},
+                    {"type": "reasoning", "id": "rs_1", "encrypted_content": "enc",
+                        "summary": [{"type": "summary_text", "text": "s"}]},
+                    {"role": "assistant", "content": "Let me check."},
+                    {"type": "function_call", "call_id": "c1", "name": "weather",
+                        "arguments": "{\"city\":\"Paris\"}"},
+                    {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+                    {"type": "function_call", "call_id": "c2", "name": "clock", "arguments": ""},
+                    {"type": "function_call_output", "call_id": "", "output": "12:00"},
+                    {"role": "assistant", "content": ""},
+                    {"role": "user", "content": "Thanks"}
+                ],
+                "tools": [
+                    {"type": "function", "name": "weather", "description": "w",
+                        "parameters": {"type": "object"}, "strict": true},
+                    {"type": "function", "name": "clock",
+                        "parameters": {"type": "object", "properties": {}}, "strict": false}],
+                "tool_choice": {"type": "function", "name": "weather"},
+                "temperature": 0.5,
+                "top_p": 0.9,
+                "max_output_tokens": 300,
+                "parallel_tool_calls": false,
+                "user": "u-1",
+                "text": {"format": {"type": "json_schema", "name": "s",
+                    "schema": {"type": "object"}, "strict": true}}
+            })
+        );
+        // A string `tool_choice` as given; `json_object`; not streamed; no tools.
+        let user = json!([{"role": "user", "content": "x"}]);
+        let extra = json!({"stream": false, "tool_choice": "required",
+            "params": {"response_format": {"type": "json_object"}}});
+        assert_eq!(
+            body(user.clone(), extra),
+            json!({"model": "gpt-up", "store": false,
+                "input": [{"role": "user", "content": "x"}],
+                "tool_choice": "required",
+                "text": {"format": {"type": "json_object"}}})
+        );
+        // `json_schema` without its object, and `text`: the bare type, and nothing.
+        for (rf, text) in [
+            (
+                json!({"type": "json_schema"}),
+                Some(json!({"format": {"type": "json_schema"}})),
+            ),
+            (json!({"type": "text"}), None),
+        ] {
+            let b = body(user.clone(), json!({"params": {"response_format": rf}}));
+            assert_eq!(b.get("text"), text.as_ref());
+        }
+    }
 }
