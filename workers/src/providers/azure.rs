@@ -374,4 +374,16 @@ mod tests {
             "https://r.openai.azure.com/openai/deployments/dep/chat/completions?api-version=2024-10-21"
         );
     }
+
+    /// The whole body on an api-version with `max_completion_tokens` and `developer` and on
+    /// one without (as OpenAI's otherwise, the OpenAI-only fields included).
+    #[test]
+    fn whole_bodies() {
+        use crate::providers::openai::tests::{rich_body, rich_request};
+        let req = rich_request();
+        let new = Value::Object(build_map("up", "2025-01-01-preview", &req));
+        assert_eq!(new, rich_body("max_completion_tokens", "developer", true));
+        let old = Value::Object(build_map("up", "2024-06-01", &req));
+        assert_eq!(old, rich_body("max_tokens", "system", true));
+    }
 }
