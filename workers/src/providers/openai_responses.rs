@@ -25,7 +25,7 @@
 
 use crate::provider::{Answer, EventStream, SseTranslator, send_checked};
 use crate::providers::classify::stream_error;
-use crate::providers::shared::{empty_object_schema, read_answer, secret_header, to_json};
+use crate::providers::shared::{empty_object_schema, read_answer, secret_header, to_json_object};
 use crate::sse::SseEvent;
 use futures::FutureExt;
 use futures::future::BoxFuture;
@@ -233,8 +233,11 @@ enum TextFormat {
     JsonObject,
 }
 
-/// The upstream JSON body (an object); an `internal` error only if JSON encoding fails.
-pub fn build_object(upstream_model: &str, req: &ChatRequest) -> Result<Value, ErrorInfo> {
+/// The upstream JSON body; an `internal` error only if JSON encoding fails.
+pub fn build_object(
+    upstream_model: &str,
+    req: &ChatRequest,
+) -> Result<Map<String, Value>, ErrorInfo> {
     let mut input = Vec::with_capacity(req.messages.len());
     for m in &req.messages {
         let text = m.content.as_ref().map(Content::text).unwrap_or_default();
@@ -307,7 +310,7 @@ pub fn build_object(upstream_model: &str, req: &ChatRequest) -> Result<Value, Er
         text: p.response_format.as_ref().and_then(text_format),
         stream: req.stream,
     };
-    to_json(&body)
+    to_json_object(&body)
 }
 
 /// A normalised content part as a Responses input part.
@@ -674,7 +677,7 @@ mod tests {
     fn body(messages: Value, extra: Value) -> Value {
         let target = ("t", "openai", "gpt-test");
         let req = crate::providers::test_support::request("m", target, messages, extra);
-        build_object("gpt-up", &req).unwrap()
+        Value::Object(build_object("gpt-up", &req).unwrap())
     }
 
     /// A rich conversation (every message role and part kind, encrypted reasoning replayed,

@@ -118,14 +118,6 @@ pub(crate) fn read_answer<T: SseTranslator>(
     }
 }
 
-/// Inserts `key` into the request object `o` when there is a `value` (an unset optional
-/// parameter is left out rather than sent as `null`).
-pub(crate) fn put_some(o: &mut serde_json::Map<String, Value>, key: &str, value: Option<Value>) {
-    if let Some(v) = value {
-        o.insert(key.into(), v);
-    }
-}
-
 /// One turn of a conversation on the providers whose turns are `{"role","content":[blocks]}`
 /// (Anthropic "Messages" → `messages`, Bedrock "Converse" → `Message`), `B` being the
 /// provider's content block.
@@ -162,6 +154,19 @@ pub(crate) fn to_json<T: Serialize>(value: &T) -> Result<Value, ErrorInfo> {
             format!("cannot encode the upstream request: {e}"),
         )
     })
+}
+
+/// [`to_json`] of a body that serialises to a JSON object, as that object.
+pub(crate) fn to_json_object<T: Serialize>(
+    value: &T,
+) -> Result<serde_json::Map<String, Value>, ErrorInfo> {
+    match to_json(value)? {
+        Value::Object(o) => Ok(o),
+        _ => Err(ErrorInfo::new(
+            ErrorClass::Internal,
+            "the upstream request is not a JSON object",
+        )),
+    }
 }
 
 /// The input schema sent for a tool declared without `parameters` (`{"type":"object",
