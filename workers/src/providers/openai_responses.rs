@@ -620,6 +620,7 @@ impl SseTranslator for ResponsesTranslator {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use crate::providers::test_support;
     use switchyard_mock::fixtures;
 
     fn frames(fixture: &str) -> Vec<Result<FrameBody, ErrorInfo>> {
@@ -676,7 +677,7 @@ mod tests {
 
     fn body(messages: Value, extra: Value) -> Value {
         let target = ("t", "openai", "gpt-test");
-        let req = crate::providers::test_support::request("m", target, messages, extra);
+        let req = test_support::request("m", target, messages, extra);
         Value::Object(build_object("gpt-up", &req).unwrap())
     }
 
@@ -685,18 +686,14 @@ mod tests {
     /// parameters the Responses API has and those it has not): the exact body.
     #[test]
     fn whole_body_of_a_rich_request() {
-        let messages = json!([
-            {"role": "system", "content": "Be brief."},
-            {"role": "developer", "content": [{"type": "text", "text": "Use French."}]},
-            {"role": "user", "cache_control": {"type": "ephemeral"}, "content": [
-                {"type": "text", "text": "Look:"},
-                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
-                {"type": "image_url",
-                    "image_url": {"url": "https://e.com/a.png", "detail": "high"}},
-                {"type": "file", "file": {"filename": "r.pdf",
-                    "file_data": "data:application/pdf;base64,JVBE"}},
-                {"type": "file", "file": {"file_url": "https://e.com/b.pdf"}},
-                {"type": "file", "file": {"filename": "c.pdf", "file_id": "file_1"}}]},
+        let mut messages = test_support::rich_opening(json!([
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+            {"type": "image_url", "image_url": {"url": "https://e.com/a.png", "detail": "high"}},
+            {"type": "file", "file": {"filename": "r.pdf",
+                "file_data": "data:application/pdf;base64,JVBE"}},
+            {"type": "file", "file": {"file_url": "https://e.com/b.pdf"}},
+            {"type": "file", "file": {"filename": "c.pdf", "file_id": "file_1"}}]));
+        let rest = json!([
             {"role": "assistant", "content": "Let me check.", "thinking_blocks": [
                 {"type": "thinking", "thinking": "t", "signature": "sig"},
                 {"type": "reasoning", "id": "rs_1", "encrypted_content": "enc",
@@ -710,6 +707,8 @@ mod tests {
             {"role": "assistant", "content": ""},
             {"role": "user", "content": "Thanks"}
         ]);
+        messages.extend(rest.as_array().cloned().unwrap_or_default());
+        let messages = Value::Array(messages);
         let extra = json!({
             "tools": [
                 {"type": "function", "function": {"name": "weather", "description": "w",

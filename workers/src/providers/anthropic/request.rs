@@ -64,7 +64,7 @@ struct Metadata<'a> {
 /// caching breakpoint `cache_control` ("Prompt caching": allowed on text, image, document,
 /// tool_use and tool_result blocks, not on thinking blocks; see [`ContentBlock::cached_by`]).
 #[derive(Debug, Serialize)]
-pub(crate) struct ContentBlock {
+struct ContentBlock {
     #[serde(flatten)]
     block: Block,
     /// The client's breakpoint object as given, e.g. `{"type":"ephemeral"}`.

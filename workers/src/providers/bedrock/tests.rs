@@ -690,6 +690,24 @@ fn system_roles_images_and_inference_config() {
     );
 }
 
+/// The assistant turn that said `said` and called `weather` (`c1`, Paris) and `clock` (`c2`),
+/// in Converse form.
+fn converse_calls(said: &str) -> Value {
+    json!({"role": "assistant", "content": [
+        {"text": said},
+        {"toolUse": {"toolUseId": "c1", "name": "weather", "input": {"city": "Paris"}}},
+        {"toolUse": {"toolUseId": "c2", "name": "clock", "input": {}}}]})
+}
+
+/// [`test_support::weather_and_clock`] as Converse `toolConfig.tools`.
+fn converse_tools() -> Value {
+    json!([
+        {"toolSpec": {"name": "weather", "description": "w",
+            "inputSchema": {"json": {"type": "object", "additionalProperties": false}}}},
+        {"toolSpec": {"name": "clock",
+            "inputSchema": {"json": {"type": "object", "properties": {}}}}}])
+}
+
 #[test]
 fn tool_calls_and_results() {
     let calls = [
@@ -708,24 +726,14 @@ fn tool_calls_and_results() {
         body["messages"],
         json!([
             {"role": "user", "content": [{"text": "Weather in Paris, and the time?"}]},
-            {"role": "assistant", "content": [
-                {"text": "Checking."},
-                {"toolUse": {"toolUseId": "c1", "name": "weather", "input": {"city": "Paris"}}},
-                {"toolUse": {"toolUseId": "c2", "name": "clock", "input": {}}}]},
+            converse_calls("Checking."),
             {"role": "user", "content": [
                 {"toolResult": {"toolUseId": "c1", "content": [{"text": "sunny"}]}},
                 {"toolResult": {"toolUseId": "c2", "content": [{"json": {"time": "12:00"}}]}},
                 {"text": "Thanks"}]}
         ])
     );
-    assert_eq!(
-        body["toolConfig"],
-        json!({"tools": [
-            {"toolSpec": {"name": "weather", "description": "w",
-                "inputSchema": {"json": {"type": "object", "additionalProperties": false}}}},
-            {"toolSpec": {"name": "clock",
-                "inputSchema": {"json": {"type": "object", "properties": {}}}}}]})
-    );
+    assert_eq!(body["toolConfig"], json!({"tools": converse_tools()}));
 }
 
 #[test]
@@ -819,29 +827,20 @@ fn rejects_what_converse_cannot_take() {
 /// `cache_control`, thinking blocks) are not sent.
 #[test]
 fn whole_body_of_a_rich_request() {
-    let messages = json!([
-        {"role": "system", "content": "Be brief."},
-        {"role": "developer", "content": [{"type": "text", "text": "Use French."}]},
-        {"role": "system", "content": ""},
-        {"role": "user", "cache_control": {"type": "ephemeral"}, "content": [
-            {"type": "text", "text": "Look:"},
-            {"type": "image_url", "image_url": {"url": "data:image/webp;base64,AAAA"}},
-            {"type": "text", "text": ""},
-            {"type": "file", "file": {"filename": "report_v2.pdf",
-                "file_data": "data:application/pdf;base64,JVBE"}},
-            {"type": "file", "file": {"file_data": "data:application/pdf;base64,JVBF"}}]},
-        {"role": "assistant", "content": "Let me check.",
-            "thinking_blocks": [{"type": "thinking", "thinking": "t", "signature": "sig"}],
-            "tool_calls": [
-                {"id": "c1", "type": "function",
-                    "function": {"name": "weather", "arguments": "{\"city\":\"Paris\"}"}},
-                {"id": "c2", "type": "function", "function": {"name": "clock", "arguments": ""}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
-        {"role": "tool", "tool_call_id": "c2", "content": "{\"time\":\"12:00\"}"},
-        {"role": "tool", "tool_call_id": "c3", "content": "[1]"},
-        {"role": "user", "content": "Thanks"},
-        {"role": "assistant", "content": ""}
+    let mut messages = test_support::rich_opening(json!([
+        {"type": "image_url", "image_url": {"url": "data:image/webp;base64,AAAA"}},
+        {"type": "text", "text": ""},
+        {"type": "file", "file": {"filename": "report_v2.pdf",
+            "file_data": "data:application/pdf;base64,JVBE"}},
+        {"type": "file", "file": {"file_data": "data:application/pdf;base64,JVBF"}}]));
+    messages.insert(2, json!({"role": "system", "content": ""}));
+    messages.extend(test_support::rich_tool_round());
+    messages.extend([
+        json!({"role": "tool", "tool_call_id": "c3", "content": "[1]"}),
+        json!({"role": "user", "content": "Thanks"}),
+        json!({"role": "assistant", "content": ""}),
     ]);
+    let messages = Value::Array(messages);
     let mut extra = test_support::weather_and_clock();
     extra["tool_choice"] = json!("required");
     extra["params"] = json!({"max_tokens": 300, "temperature": 0.5, "top_p": 0.9, "top_k": 40,
@@ -860,10 +859,7 @@ fn whole_body_of_a_rich_request() {
                         "source": {"bytes": "JVBE"}}},
                     {"document": {"format": "pdf", "name": "document",
                         "source": {"bytes": "JVBF"}}}]},
-                {"role": "assistant", "content": [
-                    {"text": "Let me check."},
-                    {"toolUse": {"toolUseId": "c1", "name": "weather", "input": {"city": "Paris"}}},
-                    {"toolUse": {"toolUseId": "c2", "name": "clock", "input": {}}}]},
+                converse_calls("Let me check."),
                 {"role": "user", "content": [
                     {"toolResult": {"toolUseId": "c1", "content": [{"text": "sunny"}]}},
                     {"toolResult": {"toolUseId": "c2", "content": [{"json": {"time": "12:00"}}]}},
@@ -873,11 +869,7 @@ fn whole_body_of_a_rich_request() {
             "inferenceConfig": {"maxTokens": 300, "temperature": 0.5, "topP": 0.9,
                 "stopSequences": ["END", "STOP"]},
             "toolConfig": {
-                "tools": [
-                    {"toolSpec": {"name": "weather", "description": "w",
-                        "inputSchema": {"json": {"type": "object", "additionalProperties": false}}}},
-                    {"toolSpec": {"name": "clock",
-                        "inputSchema": {"json": {"type": "object", "properties": {}}}}}],
+                "tools": converse_tools(),
                 "toolChoice": {"any": {}}
             }
         })
@@ -892,11 +884,7 @@ fn whole_body_of_a_rich_request() {
         json!({
             "messages": [{"role": "user", "content": [{"text": "x"}]}],
             "toolConfig": {
-                "tools": [
-                    {"toolSpec": {"name": "weather", "description": "w",
-                        "inputSchema": {"json": {"type": "object", "additionalProperties": false}}}},
-                    {"toolSpec": {"name": "clock",
-                        "inputSchema": {"json": {"type": "object", "properties": {}}}}}],
+                "tools": converse_tools(),
                 "toolChoice": {"tool": {"name": "clock"}}
             }
         })

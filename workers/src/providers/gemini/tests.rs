@@ -499,29 +499,20 @@ async fn json_tool_call_is_text_and_real_tool_stays_a_tool() {
 /// `tool_choice`): the exact body.
 #[test]
 fn whole_body_of_a_rich_request() {
-    let messages = json!([
-        {"role": "system", "content": "Be brief."},
-        {"role": "developer", "content": [{"type": "text", "text": "Use French."}]},
-        {"role": "user", "cache_control": {"type": "ephemeral"}, "content": [
-            {"type": "text", "text": "Look:"},
-            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
-            {"type": "image_url", "image_url": {"url": "https://e.com/a.gif#x"}},
-            {"type": "text", "text": ""},
-            {"type": "file", "file": {"filename": "r.pdf",
-                "file_data": "data:application/pdf;base64,JVBE"}},
-            {"type": "file", "file": {"file_url": "https://e.com/b.pdf"}}]},
-        {"role": "assistant", "content": "Let me check.",
-            "thinking_blocks": [{"type": "thinking", "thinking": "t", "signature": "sig"}],
-            "tool_calls": [
-                {"id": "c1", "type": "function",
-                    "function": {"name": "weather", "arguments": "{\"city\":\"Paris\"}"}},
-                {"id": "c2", "type": "function", "function": {"name": "clock", "arguments": ""}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
-        {"role": "tool", "tool_call_id": "c2", "content": "{\"time\":\"12:00\"}"},
-        {"role": "tool", "tool_call_id": "c9", "name": "lookup", "content": "[1]"},
-        {"role": "user", "content": "Thanks"},
-        {"role": "assistant", "content": ""}
+    let mut messages = test_support::rich_opening(json!([
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+        {"type": "image_url", "image_url": {"url": "https://e.com/a.gif#x"}},
+        {"type": "text", "text": ""},
+        {"type": "file", "file": {"filename": "r.pdf",
+            "file_data": "data:application/pdf;base64,JVBE"}},
+        {"type": "file", "file": {"file_url": "https://e.com/b.pdf"}}]));
+    messages.extend(test_support::rich_tool_round());
+    messages.extend([
+        json!({"role": "tool", "tool_call_id": "c9", "name": "lookup", "content": "[1]"}),
+        json!({"role": "user", "content": "Thanks"}),
+        json!({"role": "assistant", "content": ""}),
     ]);
+    let messages = Value::Array(messages);
     let mut extra = test_support::weather_and_clock();
     extra["tool_choice"] = json!({"type": "function", "function": {"name": "clock"}});
     extra["params"] = json!({"max_tokens": 300, "temperature": 0.5, "top_p": 0.9, "top_k": 40,
