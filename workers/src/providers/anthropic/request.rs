@@ -220,7 +220,7 @@ enum Thinking {
 /// `max_tokens` defaults to [`DEFAULT_MAX_TOKENS`]; `stop` → `stop_sequences`; `user` →
 /// `metadata.user_id`; `"stream": true` when the client streams. Errors (class `invalid_request`, with `param`):
 /// `n` > 1, unparsable tool-call arguments, unsupported image URLs, and the `response_format`
-/// errors of [`structured::json_tool`]. `response_format` `json_schema` / `json_object` becomes
+/// errors of `structured::json_tool`. `response_format` `json_schema` / `json_object` becomes
 /// the synthetic [`structured::JSON_TOOL`] (see [`structured`] for the rule).
 /// `seed`, `presence_penalty` and `frequency_penalty` have no Anthropic equivalent and are not sent;
 /// `tool_choice` is only sent together with `tools`. `top_k` is sent as is; an assistant
