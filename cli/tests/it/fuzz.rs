@@ -367,7 +367,7 @@ async fn seeds() -> Seeds {
         &base,
         "/v1/responses",
         |r| {
-            let mut o = openai_responses::build_object("mock", r);
+            let mut o = openai_responses::build_object("mock", r).unwrap();
             o.insert("stream".into(), json!(true));
             serde_json::to_vec(&o).unwrap()
         },

@@ -22,7 +22,7 @@ use serde_json::{Map, Value, json};
 use switchyard_schemas::config::{OpenAiApi, ProviderKind};
 use switchyard_schemas::{ChatRequest, ErrorInfo, FrameBody};
 
-use super::openai::{OpenAiTranslator, accept, build_object, read_answer, send_chat};
+use super::openai::{ChatDialect, OpenAiTranslator, accept, build_object, read_answer, send_chat};
 use super::shared::api_key_header;
 use crate::provider::{Call, EventStream, Provider, SseTranslator, Upstream};
 use crate::sse::SseEvent;
@@ -79,7 +79,7 @@ impl Provider for AzureOpenAiProvider {
                 }
                 builder
             };
-            let resp = send_chat(body, &memo, make).await?;
+            let resp = send_chat(body?, &memo, make).await?;
             Ok(read_answer(resp, translator))
         })
     }
@@ -135,33 +135,31 @@ pub fn supports_developer_role(api_version: &str) -> bool {
     }
 }
 
-/// The upstream JSON body: OpenAI's ([`build_object`]) with `max_completion_tokens` renamed to
-/// `max_tokens` and `developer` messages sent as `system` where `api_version` predates them.
+/// The upstream JSON body: OpenAI's ([`build_object`]) in the dialect of `api_version`:
+/// `max_tokens` instead of `max_completion_tokens` and `developer` messages sent as `system`
+/// where it predates them ([`supports_max_completion_tokens`], [`supports_developer_role`]).
 /// Fails only if JSON encoding does.
 pub fn build_body(
     deployment: &str,
     api_version: &str,
     req: &ChatRequest,
-) -> Result<Vec<u8>, serde_json::Error> {
-    serde_json::to_vec(&Value::Object(build_map(deployment, api_version, req)))
+) -> Result<Vec<u8>, ErrorInfo> {
+    let body = build_map(deployment, api_version, req)?;
+    Ok(Value::Object(body).to_string().into_bytes())
 }
 
 /// [`build_body`] as an object.
-pub fn build_map(deployment: &str, api_version: &str, req: &ChatRequest) -> Map<String, Value> {
-    let mut o = build_object(ProviderKind::Openai, deployment, req);
-    if !supports_max_completion_tokens(api_version)
-        && let Some(v) = o.remove("max_completion_tokens")
-    {
-        o.insert("max_tokens".into(), v);
-    }
-    if !supports_developer_role(api_version)
-        && let Some(Value::Array(messages)) = o.get_mut("messages")
-    {
-        for m in messages.iter_mut().filter(|m| m["role"] == "developer") {
-            m["role"] = json!("system");
-        }
-    }
-    o
+pub fn build_map(
+    deployment: &str,
+    api_version: &str,
+    req: &ChatRequest,
+) -> Result<Map<String, Value>, ErrorInfo> {
+    let dialect = ChatDialect {
+        max_completion_tokens: supports_max_completion_tokens(api_version),
+        developer_as_system: !supports_developer_role(api_version),
+        openai_fields: true,
+    };
+    build_object(dialect, deployment, req)
 }
 
 /// The OpenAI translator (it already skips chunks with `choices: []`, such as Azure's
@@ -373,5 +371,17 @@ mod tests {
             chat_url("https://r.openai.azure.com/", "dep", "2024-10-21"),
             "https://r.openai.azure.com/openai/deployments/dep/chat/completions?api-version=2024-10-21"
         );
+    }
+
+    /// The whole body on an api-version with `max_completion_tokens` and `developer` and on
+    /// one without (as OpenAI's otherwise, the OpenAI-only fields included).
+    #[test]
+    fn whole_bodies() {
+        use crate::providers::openai::tests::{rich_body, rich_request};
+        let req = rich_request();
+        let new = Value::Object(build_map("up", "2025-01-01-preview", &req).unwrap());
+        assert_eq!(new, rich_body("max_completion_tokens", "developer", true));
+        let old = Value::Object(build_map("up", "2024-06-01", &req).unwrap());
+        assert_eq!(old, rich_body("max_tokens", "system", true));
     }
 }

@@ -25,14 +25,15 @@
 
 use crate::provider::{Answer, EventStream, SseTranslator, send_checked};
 use crate::providers::classify::stream_error;
-use crate::providers::shared::{read_answer, secret_header};
+use crate::providers::shared::{empty_object_schema, read_answer, secret_header, to_json_object};
 use crate::sse::SseEvent;
 use futures::FutureExt;
 use futures::future::BoxFuture;
+use serde::Serialize;
 use serde_json::{Map, Value, json};
 use std::collections::{HashMap, VecDeque};
 use switchyard_schemas::config::TargetConfig;
-use switchyard_schemas::request::{Content, ContentPart, Role};
+use switchyard_schemas::request::{Content, ContentPart, Role, ThinkingBlock};
 use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, FinishReason, FrameBody, Usage};
 
 /// Starts a Responses call for `req` on an OpenAI (or compatible) target:
@@ -72,11 +73,10 @@ pub fn call(
         .post(url)
         .header("content-type", "application/json")
         .header("accept", accept)
-        .header("idempotency-key", req.id.to_string())
-        // `json` fails the send (no request) if encoding fails: never an empty body.
-        .json(&Value::Object(body));
+        .header("idempotency-key", req.id.to_string());
     let auth = auth.map(|(name, value)| (name, secret_header(&value)));
     async move {
+        rb = rb.json(&body?);
         if let Some((name, value)) = auth {
             rb = rb.header(name, value?);
         }
@@ -90,30 +90,181 @@ pub fn call(
     .boxed()
 }
 
-/// The upstream JSON body.
-pub fn build_object(upstream_model: &str, req: &ChatRequest) -> Map<String, Value> {
+/// A Responses request body (OpenAI API reference, "Create a model response" → request body,
+/// <https://platform.openai.com/docs/api-reference/responses/create>); unset optional parameters
+/// are left out.
+#[derive(Debug, Serialize)]
+struct ResponsesRequest<'a> {
+    model: &'a str,
+    input: Vec<InputItem<'a>>,
+    /// Always `false` (see the module docs).
+    store: bool,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<Tool<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<ToolChoice<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_p: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_output_tokens: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parallel_tool_calls: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    user: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    text: Option<TextConfig>,
+    /// `true` for a streaming client, else absent.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    stream: bool,
+}
+
+/// One `input` item: a message without a `type` (the "easy input message" form), a typed item,
+/// or an encrypted `reasoning` item replayed as the client gave it.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum InputItem<'a> {
+    Message {
+        role: &'static str,
+        content: MessageContent<'a>,
+    },
+    Item(TypedItem<'a>),
+    Reasoning(&'a ThinkingBlock),
+}
+
+/// A message's `content`: a string or input parts.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum MessageContent<'a> {
+    Text(String),
+    Parts(Vec<InputPart<'a>>),
+}
+
+/// The `input` items with a `type` that Switchyard sends.
+#[derive(Debug, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum TypedItem<'a> {
+    /// An assistant's tool call, `arguments` the JSON string as given.
+    FunctionCall {
+        call_id: &'a str,
+        name: &'a str,
+        arguments: &'a str,
+    },
+    /// A tool's result; `call_id` empty when the message had none.
+    FunctionCallOutput { call_id: &'a str, output: String },
+}
+
+/// A message content part, by its `type` (`input_text`, `input_image`, `input_file`).
+#[derive(Debug, Serialize)]
+#[serde(tag = "type")]
+enum InputPart<'a> {
+    #[serde(rename = "input_text")]
+    Text { text: &'a str },
+    /// `detail` defaults to `auto`.
+    #[serde(rename = "input_image")]
+    Image { image_url: &'a str, detail: &'a str },
+    #[serde(rename = "input_file")]
+    File {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        filename: Option<&'a str>,
+        #[serde(flatten)]
+        source: FileSource<'a>,
+    },
+}
+
+/// Where an `input_file` comes from: one of `file_id`, `file_url`, `file_data`.
+#[derive(Debug, Serialize)]
+enum FileSource<'a> {
+    #[serde(rename = "file_id")]
+    Id(&'a str),
+    #[serde(rename = "file_url")]
+    Url(&'a str),
+    /// A `data:` URL.
+    #[serde(rename = "file_data")]
+    Data(&'a str),
+}
+
+/// A tool declaration, by its `type`: only function tools.
+#[derive(Debug, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Tool<'a> {
+    Function {
+        name: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        description: Option<&'a str>,
+        /// The client's JSON Schema (default [`empty_object_schema`]).
+        parameters: Value,
+        /// The Responses API defaults `strict` to true; the normalised default is off.
+        strict: bool,
+    },
+}
+
+/// `tool_choice`: a named function in the Responses form, anything else as the client gave it.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum ToolChoice<'a> {
+    Named(NamedToolChoice<'a>),
+    AsGiven(&'a Value),
+}
+
+/// `{"type":"function","name"}`.
+#[derive(Debug, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum NamedToolChoice<'a> {
+    Function { name: &'a Value },
+}
+
+/// `text`: its `format`.
+#[derive(Debug, Serialize)]
+struct TextConfig {
+    format: TextFormat,
+}
+
+/// `text.format`, by its `type`.
+#[derive(Debug, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum TextFormat {
+    /// The Chat Completions `json_schema` object's members (`name`, `schema`, `strict`, …).
+    JsonSchema {
+        #[serde(flatten)]
+        members: Map<String, Value>,
+    },
+    JsonObject,
+}
+
+/// The upstream JSON body; an `internal` error only if JSON encoding fails.
+pub fn build_object(
+    upstream_model: &str,
+    req: &ChatRequest,
+) -> Result<Map<String, Value>, ErrorInfo> {
     let mut input = Vec::with_capacity(req.messages.len());
     for m in &req.messages {
         let text = m.content.as_ref().map(Content::text).unwrap_or_default();
         match m.role {
-            Role::Tool => input.push(json!({"type": "function_call_output",
-                "call_id": m.tool_call_id.clone().unwrap_or_default(), "output": text})),
+            Role::Tool => input.push(InputItem::Item(TypedItem::FunctionCallOutput {
+                call_id: m.tool_call_id.as_deref().unwrap_or_default(),
+                output: text,
+            })),
             Role::Assistant => {
                 // Encrypted reasoning items go back unchanged, before the turn they led to.
-                let reasoning: Vec<Value> = m
-                    .thinking_blocks
-                    .iter()
-                    .filter(|b| b.is_encrypted_reasoning())
-                    .filter_map(|b| serde_json::to_value(b).ok())
-                    .collect();
-                input.extend(reasoning);
+                let reasoning = m.thinking_blocks.iter();
+                let reasoning = reasoning.filter(|b| b.is_encrypted_reasoning());
+                input.extend(reasoning.map(InputItem::Reasoning));
                 if !text.is_empty() || m.tool_calls.is_empty() {
-                    input.push(json!({"role": "assistant", "content": text}));
+                    let content = MessageContent::Text(text);
+                    input.push(InputItem::Message {
+                        role: "assistant",
+                        content,
+                    });
                 }
-                for c in &m.tool_calls {
-                    input.push(json!({"type": "function_call", "call_id": c.id,
-                        "name": c.function.name, "arguments": c.function.arguments}));
-                }
+                input.extend(m.tool_calls.iter().map(|c| {
+                    InputItem::Item(TypedItem::FunctionCall {
+                        call_id: &c.id,
+                        name: &c.function.name,
+                        arguments: &c.function.arguments,
+                    })
+                }));
             }
             Role::System | Role::Developer | Role::User => {
                 let role = match m.role {
@@ -122,97 +273,82 @@ pub fn build_object(upstream_model: &str, req: &ChatRequest) -> Map<String, Valu
                     _ => "user",
                 };
                 let content = match &m.content {
-                    Some(Content::Parts(parts)) => Value::Array(
-                        parts
-                            .iter()
-                            .map(|p| match p {
-                                ContentPart::Text { text } => {
-                                    json!({"type": "input_text", "text": text})
-                                }
-                                ContentPart::ImageUrl { image_url } => {
-                                    json!({"type": "input_image", "image_url": image_url.url,
-                                        "detail": image_url.detail.as_deref().unwrap_or("auto")})
-                                }
-                                ContentPart::File { file } => {
-                                    let mut part = match (&file.file_url, &file.file_id) {
-                                        (_, Some(id)) => {
-                                            json!({"type": "input_file", "file_id": id})
-                                        }
-                                        (Some(url), None) => {
-                                            json!({"type": "input_file", "file_url": url})
-                                        }
-                                        (None, None) => json!({"type": "input_file",
-                                            "file_data": file.file_data}),
-                                    };
-                                    if let Some(name) = &file.filename {
-                                        part["filename"] = json!(name);
-                                    }
-                                    part
-                                }
-                            })
-                            .collect(),
-                    ),
-                    _ => Value::String(text),
+                    Some(Content::Parts(parts)) => {
+                        MessageContent::Parts(parts.iter().map(input_part).collect())
+                    }
+                    _ => MessageContent::Text(text),
                 };
-                input.push(json!({"role": role, "content": content}));
+                input.push(InputItem::Message { role, content });
             }
         }
     }
-    let mut o = Map::new();
-    o.insert("model".into(), json!(upstream_model));
-    o.insert("input".into(), Value::Array(input));
-    o.insert("store".into(), json!(false));
-    if !req.tools.is_empty() {
-        let tools: Vec<Value> = req
-            .tools
-            .iter()
-            .map(|t| {
-                let mut v = json!({"type": "function", "name": t.function.name,
-                    "parameters": t.function.parameters.clone().unwrap_or_else(|| json!({"type": "object", "properties": {}}))});
-                if let Some(d) = &t.function.description {
-                    v["description"] = json!(d);
-                }
-                // The Responses API defaults `strict` to true; the normalised default is off.
-                v["strict"] = json!(t.function.strict.unwrap_or(false));
-                v
-            })
-            .collect();
-        o.insert("tools".into(), Value::Array(tools));
-    }
-    if let Some(tc) = &req.tool_choice {
-        let mapped = match tc.pointer("/function/name") {
-            Some(name) => json!({"type": "function", "name": name}),
-            None => tc.clone(),
-        };
-        o.insert("tool_choice".into(), mapped);
-    }
+    let tools = req.tools.iter().map(|t| Tool::Function {
+        name: &t.function.name,
+        description: t.function.description.as_deref(),
+        parameters: (t.function.parameters.clone()).unwrap_or_else(empty_object_schema),
+        strict: t.function.strict.unwrap_or(false),
+    });
+    let tool_choice = req
+        .tool_choice
+        .as_ref()
+        .map(|tc| match tc.pointer("/function/name") {
+            Some(name) => ToolChoice::Named(NamedToolChoice::Function { name }),
+            None => ToolChoice::AsGiven(tc),
+        });
     let p = &req.params;
-    let mut put = |k: &str, v| crate::providers::shared::put_some(&mut o, k, v);
-    put("temperature", p.temperature.map(Value::from));
-    put("top_p", p.top_p.map(Value::from));
-    put("max_output_tokens", p.max_tokens.map(Value::from));
-    put(
-        "parallel_tool_calls",
-        p.parallel_tool_calls.map(Value::from),
-    );
-    put("user", p.user.clone().map(Value::from));
-    let format =
-        p.response_format
-            .as_ref()
-            .and_then(|f| match f.get("type").and_then(Value::as_str) {
-                Some("json_schema") => {
-                    let mut fmt = f.get("json_schema").cloned().unwrap_or_else(|| json!({}));
-                    fmt["type"] = json!("json_schema");
-                    Some(fmt)
-                }
-                Some("json_object") => Some(json!({"type": "json_object"})),
-                _ => None,
-            });
-    put("text", format.map(|f| json!({"format": f})));
-    if req.stream {
-        o.insert("stream".into(), json!(true));
+    let body = ResponsesRequest {
+        model: upstream_model,
+        input,
+        store: false,
+        tools: tools.collect(),
+        tool_choice,
+        temperature: p.temperature,
+        top_p: p.top_p,
+        max_output_tokens: p.max_tokens,
+        parallel_tool_calls: p.parallel_tool_calls,
+        user: p.user.as_deref(),
+        text: p.response_format.as_ref().and_then(text_format),
+        stream: req.stream,
+    };
+    to_json_object(&body)
+}
+
+/// A normalised content part as a Responses input part.
+fn input_part(part: &ContentPart) -> InputPart<'_> {
+    match part {
+        ContentPart::Text { text } => InputPart::Text { text },
+        ContentPart::ImageUrl { image_url } => InputPart::Image {
+            image_url: &image_url.url,
+            detail: image_url.detail.as_deref().unwrap_or("auto"),
+        },
+        ContentPart::File { file } => InputPart::File {
+            filename: file.filename.as_deref(),
+            source: match (&file.file_url, &file.file_id) {
+                (_, Some(id)) => FileSource::Id(id),
+                (Some(url), None) => FileSource::Url(url),
+                (None, None) => FileSource::Data(&file.file_data),
+            },
+        },
     }
-    o
+}
+
+/// Chat Completions `response_format` → Responses `text.format`: `json_schema` with the members
+/// of its `json_schema` object (their own `type`, if any, replaced; none when it is absent or
+/// not an object), `json_object`; `text` and unknown types send no `text`.
+fn text_format(rf: &Value) -> Option<TextConfig> {
+    let format = match rf.get("type").and_then(Value::as_str) {
+        Some("json_schema") => {
+            let mut members = match rf.get("json_schema") {
+                Some(Value::Object(o)) => o.clone(),
+                _ => Map::new(),
+            };
+            members.remove("type");
+            TextFormat::JsonSchema { members }
+        }
+        Some("json_object") => TextFormat::JsonObject,
+        _ => return None,
+    };
+    Some(TextConfig { format })
 }
 
 /// Reads the Responses usage object (parts are subsets, see [`Usage`]).
@@ -484,6 +620,7 @@ impl SseTranslator for ResponsesTranslator {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use crate::providers::test_support;
     use switchyard_mock::fixtures;
 
     fn frames(fixture: &str) -> Vec<Result<FrameBody, ErrorInfo>> {
@@ -536,5 +673,122 @@ mod tests {
             )]
         );
         assert_eq!(a.finish_reason, FinishReason::ToolCalls);
+    }
+
+    fn body(messages: Value, extra: Value) -> Value {
+        let target = ("t", "openai", "gpt-test");
+        let req = test_support::request("m", target, messages, extra);
+        Value::Object(build_object("gpt-up", &req).unwrap())
+    }
+
+    /// A rich conversation (every message role and part kind, encrypted reasoning replayed,
+    /// tool calls and results, tools, a named `tool_choice`, a `json_schema` format, the
+    /// parameters the Responses API has and those it has not): the exact body.
+    #[test]
+    fn whole_body_of_a_rich_request() {
+        let mut messages = test_support::rich_opening(json!([
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+            {"type": "image_url", "image_url": {"url": "https://e.com/a.png", "detail": "high"}},
+            {"type": "file", "file": {"filename": "r.pdf",
+                "file_data": "data:application/pdf;base64,JVBE"}},
+            {"type": "file", "file": {"file_url": "https://e.com/b.pdf"}},
+            {"type": "file", "file": {"filename": "c.pdf", "file_id": "file_1"}}]));
+        let rest = json!([
+            {"role": "assistant", "content": "Let me check.", "thinking_blocks": [
+                {"type": "thinking", "thinking": "t", "signature": "sig"},
+                {"type": "reasoning", "id": "rs_1", "encrypted_content": "enc",
+                    "summary": [{"type": "summary_text", "text": "s"}]}],
+                "tool_calls": [{"id": "c1", "type": "function",
+                    "function": {"name": "weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+            {"role": "assistant", "tool_calls": [{"id": "c2", "type": "function",
+                "function": {"name": "clock", "arguments": ""}}]},
+            {"role": "tool", "content": [{"type": "text", "text": "12:00"}]},
+            {"role": "assistant", "content": ""},
+            {"role": "user", "content": "Thanks"}
+        ]);
+        messages.extend(rest.as_array().cloned().unwrap_or_default());
+        let messages = Value::Array(messages);
+        let extra = json!({
+            "tools": [
+                {"type": "function", "function": {"name": "weather", "description": "w",
+                    "parameters": {"type": "object"}, "strict": true}},
+                {"type": "function", "function": {"name": "clock"}}],
+            "tool_choice": {"type": "function", "function": {"name": "weather"}},
+            "params": {"max_tokens": 300, "temperature": 0.5, "top_p": 0.9, "stop": ["END"],
+                "seed": 7, "n": 1, "presence_penalty": 0.5, "parallel_tool_calls": false,
+                "user": "u-1", "top_k": 3,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "s",
+                    "type": "ignored", "schema": {"type": "object"}, "strict": true}}}});
+        assert_eq!(
+            body(messages, extra),
+            json!({
+                "model": "gpt-up",
+                "store": false,
+                "stream": true,
+                "input": [
+                    {"role": "system", "content": "Be brief."},
+                    {"role": "developer", "content": [{"type": "input_text", "text": "Use French."}]},
+                    {"role": "user", "content": [
+                        {"type": "input_text", "text": "Look:"},
+                        {"type": "input_image", "image_url": "data:image/png;base64,AAAA",
+                            "detail": "auto"},
+                        {"type": "input_image", "image_url": "https://e.com/a.png",
+                            "detail": "high"},
+                        {"type": "input_file", "filename": "r.pdf",
+                            "file_data": "data:application/pdf;base64,JVBE"},
+                        {"type": "input_file", "file_url": "https://e.com/b.pdf"},
+                        {"type": "input_file", "filename": "c.pdf", "file_id": "file_1"}]},
+                    {"type": "reasoning", "id": "rs_1", "encrypted_content": "enc",
+                        "summary": [{"type": "summary_text", "text": "s"}]},
+                    {"role": "assistant", "content": "Let me check."},
+                    {"type": "function_call", "call_id": "c1", "name": "weather",
+                        "arguments": "{\"city\":\"Paris\"}"},
+                    {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+                    {"type": "function_call", "call_id": "c2", "name": "clock", "arguments": ""},
+                    {"type": "function_call_output", "call_id": "", "output": "12:00"},
+                    {"role": "assistant", "content": ""},
+                    {"role": "user", "content": "Thanks"}
+                ],
+                "tools": [
+                    {"type": "function", "name": "weather", "description": "w",
+                        "parameters": {"type": "object"}, "strict": true},
+                    {"type": "function", "name": "clock",
+                        "parameters": {"type": "object", "properties": {}}, "strict": false}],
+                "tool_choice": {"type": "function", "name": "weather"},
+                "temperature": 0.5,
+                "top_p": 0.9,
+                "max_output_tokens": 300,
+                "parallel_tool_calls": false,
+                "user": "u-1",
+                "text": {"format": {"type": "json_schema", "name": "s",
+                    "schema": {"type": "object"}, "strict": true}}
+            })
+        );
+        // A string `tool_choice` as given; `json_object`; not streamed; no tools.
+        let user = json!([{"role": "user", "content": "x"}]);
+        let extra = json!({"stream": false, "tool_choice": "required",
+            "params": {"response_format": {"type": "json_object"}}});
+        assert_eq!(
+            body(user.clone(), extra),
+            json!({"model": "gpt-up", "store": false,
+                "input": [{"role": "user", "content": "x"}],
+                "tool_choice": "required",
+                "text": {"format": {"type": "json_object"}}})
+        );
+        // `json_schema` without its object (or with a non-object, which panicked before the
+        // typed body), and `text`: the bare type, and nothing.
+        let bare = json!({"format": {"type": "json_schema"}});
+        for (rf, text) in [
+            (json!({"type": "json_schema"}), Some(bare.clone())),
+            (
+                json!({"type": "json_schema", "json_schema": "s"}),
+                Some(bare),
+            ),
+            (json!({"type": "text"}), None),
+        ] {
+            let b = body(user.clone(), json!({"params": {"response_format": rf}}));
+            assert_eq!(b.get("text"), text.as_ref());
+        }
     }
 }

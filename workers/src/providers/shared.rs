@@ -6,6 +6,7 @@
 use reqwest::header::HeaderValue;
 use std::collections::VecDeque;
 
+use serde::Serialize;
 use serde_json::{Value, json};
 use switchyard_schemas::config::TargetConfig;
 use switchyard_schemas::request::{Content, ContentPart, FilePart, ToolCall};
@@ -24,9 +25,38 @@ pub const JSON_INSTRUCTION: &str = "When you answer without calling one of the o
      give your final answer by calling the `json_tool_call` tool with it; do not answer in plain \
      text.";
 
+/// `Ok` unless a user tool is named [`JSON_TOOL`], which a request that gets its
+/// `response_format` through that synthetic tool cannot have: then an `invalid_request` error
+/// naming `tools` ("the tool name `json_tool_call` is reserved for response_format {context}").
+pub(crate) fn json_tool_unclaimed(
+    req: &switchyard_schemas::ChatRequest,
+    context: &str,
+) -> Result<(), ErrorInfo> {
+    if req.tools.iter().any(|t| t.function.name == JSON_TOOL) {
+        return Err(invalid(
+            "tools",
+            format!("the tool name `{JSON_TOOL}` is reserved for response_format {context}"),
+        ));
+    }
+    Ok(())
+}
+
 /// An `invalid_request` error naming `param`.
 pub(crate) fn invalid(param: &str, message: impl Into<String>) -> ErrorInfo {
     ErrorInfo::new(ErrorClass::InvalidRequest, message).with_param(param)
+}
+
+/// `Ok` unless `n` asks for more than one choice, which the providers with their own wire format
+/// cannot give: then an `invalid_request` error naming `n` ("n=N is not supported by {who} (one
+/// choice only)").
+pub(crate) fn one_choice(n: Option<u32>, who: &str) -> Result<(), ErrorInfo> {
+    match n.filter(|n| *n > 1) {
+        Some(n) => Err(invalid(
+            "n",
+            format!("n={n} is not supported by {who} (one choice only)"),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// An `invalid_request` error about `messages[i]`.
@@ -88,58 +118,79 @@ pub(crate) fn read_answer<T: SseTranslator>(
     }
 }
 
-/// Inserts `key` into the request object `o` when there is a `value` (an unset optional
-/// parameter is left out rather than sent as `null`).
-pub(crate) fn put_some(o: &mut serde_json::Map<String, Value>, key: &str, value: Option<Value>) {
-    if let Some(v) = value {
-        o.insert(key.into(), v);
-    }
-}
-
-/// `v` without its top-level `null` members (absent optional fields).
-pub(crate) fn without_nulls(mut v: Value) -> Value {
-    if let Some(obj) = v.as_object_mut() {
-        obj.retain(|_, v| !v.is_null());
-    }
-    v
+/// One turn of a conversation on the providers whose turns are `{"role","content":[blocks]}`
+/// (Anthropic "Messages" → `messages`, Bedrock "Converse" → `Message`), `B` being the
+/// provider's content block.
+#[derive(Debug, Serialize)]
+pub(crate) struct Turn<B> {
+    /// `user` or `assistant`.
+    pub role: &'static str,
+    /// The turn's blocks, never empty.
+    pub content: Vec<B>,
 }
 
 /// Appends `blocks` as a `role` turn, merging into the previous turn when it has the same role
 /// (Anthropic and Bedrock Converse require alternating roles). Turns without blocks are dropped
 /// (both reject empty content).
-pub(crate) fn push_turn(
-    turns: &mut Vec<(&'static str, Vec<Value>)>,
-    role: &'static str,
-    blocks: Vec<Value>,
-) {
+pub(crate) fn push_turn<B>(turns: &mut Vec<Turn<B>>, role: &'static str, blocks: Vec<B>) {
     if blocks.is_empty() {
         return;
     }
     match turns.last_mut() {
-        Some((last, content)) if *last == role => content.extend(blocks),
-        _ => turns.push((role, blocks)),
+        Some(last) if last.role == role => last.content.extend(blocks),
+        _ => turns.push(Turn {
+            role,
+            content: blocks,
+        }),
     }
+}
+
+/// A typed request body (or part of one) as JSON, to merge open client JSON into; an
+/// `internal` error in the (unexpected) case serde cannot represent it.
+pub(crate) fn to_json<T: Serialize>(value: &T) -> Result<Value, ErrorInfo> {
+    serde_json::to_value(value).map_err(|e| {
+        ErrorInfo::new(
+            ErrorClass::Internal,
+            format!("cannot encode the upstream request: {e}"),
+        )
+    })
+}
+
+/// [`to_json`] of a body that serialises to a JSON object, as that object.
+pub(crate) fn to_json_object<T: Serialize>(
+    value: &T,
+) -> Result<serde_json::Map<String, Value>, ErrorInfo> {
+    match to_json(value)? {
+        Value::Object(o) => Ok(o),
+        _ => Err(ErrorInfo::new(
+            ErrorClass::Internal,
+            "the upstream request is not a JSON object",
+        )),
+    }
+}
+
+/// The input schema sent for a tool declared without `parameters` (`{"type":"object",
+/// "properties":{}}`): Anthropic ("Messages" → `tools[].input_schema`) and Bedrock
+/// ("ToolSpecification" → `inputSchema`) require one on every tool.
+pub(crate) fn empty_object_schema() -> Value {
+    json!({ "type": "object", "properties": {} })
 }
 
 /// How one provider writes the parts of a message's content: the codec [`PartCodec::blocks`]
 /// runs over each message.
-pub(crate) struct PartCodec {
+pub(crate) struct PartCodec<B> {
     /// A non-empty text part.
-    pub text: fn(&str) -> Value,
+    pub text: fn(&str) -> B,
     /// An image part's URL (`data:` or `http(s)`) of `messages[i]`.
-    pub image: fn(&str, usize) -> Result<Value, ErrorInfo>,
+    pub image: fn(&str, usize) -> Result<B, ErrorInfo>,
     /// A file part of `messages[i]`.
-    pub file: fn(&FilePart, usize) -> Result<Value, ErrorInfo>,
+    pub file: fn(&FilePart, usize) -> Result<B, ErrorInfo>,
 }
 
-impl PartCodec {
+impl<B> PartCodec<B> {
     /// The blocks of `messages[i]`'s content; empty text is skipped (the providers reject it),
     /// and the first image or file that cannot be sent fails the translation.
-    pub(crate) fn blocks(
-        &self,
-        content: Option<&Content>,
-        i: usize,
-    ) -> Result<Vec<Value>, ErrorInfo> {
+    pub(crate) fn blocks(&self, content: Option<&Content>, i: usize) -> Result<Vec<B>, ErrorInfo> {
         match content {
             None => Ok(Vec::new()),
             Some(Content::Text(t)) if t.is_empty() => Ok(Vec::new()),

@@ -84,6 +84,35 @@ pub(crate) fn tool_round(
     Value::Array(messages)
 }
 
+/// How the rich conversations of the whole-body tests start: a system and a developer
+/// instruction, then a user turn with an Anthropic cache breakpoint of the text "Look:" and
+/// `parts`.
+pub(crate) fn rich_opening(parts: Value) -> Vec<Value> {
+    let mut content = vec![json!({"type": "text", "text": "Look:"})];
+    content.extend(parts.as_array().cloned().unwrap_or_default());
+    vec![
+        json!({"role": "system", "content": "Be brief."}),
+        json!({"role": "developer", "content": [{"type": "text", "text": "Use French."}]}),
+        json!({"role": "user", "cache_control": {"type": "ephemeral"}, "content": content}),
+    ]
+}
+
+/// The tool round of the rich conversations: the assistant's "Let me check." with a signed
+/// thinking block and the calls `c1` (`weather`, Paris) and `c2` (`clock`, no arguments), then
+/// their results `sunny` and `{"time":"12:00"}`.
+pub(crate) fn rich_tool_round() -> Vec<Value> {
+    vec![
+        json!({"role": "assistant", "content": "Let me check.",
+            "thinking_blocks": [{"type": "thinking", "thinking": "t", "signature": "sig"}],
+            "tool_calls": [
+                {"id": "c1", "type": "function",
+                    "function": {"name": "weather", "arguments": "{\"city\":\"Paris\"}"}},
+                {"id": "c2", "type": "function", "function": {"name": "clock", "arguments": ""}}]}),
+        json!({"role": "tool", "tool_call_id": "c1", "content": "sunny"}),
+        json!({"role": "tool", "tool_call_id": "c2", "content": "{\"time\":\"12:00\"}"}),
+    ]
+}
+
 /// `tools`: `weather` (described, a closed object) and `clock` (no parameters).
 pub(crate) fn weather_and_clock() -> Value {
     json!({"tools": [

@@ -28,8 +28,9 @@ use switchyard_schemas::ChatRequest;
 use switchyard_schemas::ErrorInfo;
 use switchyard_schemas::FinishReason;
 
+use super::request::{Tool, ToolChoice};
 use crate::provider::Answer;
-use crate::providers::shared::{invalid, walk_schema};
+use crate::providers::shared::{invalid, json_tool_unclaimed, walk_schema};
 
 pub use crate::providers::shared::{JSON_INSTRUCTION, JSON_TOOL};
 
@@ -37,7 +38,7 @@ pub use crate::providers::shared::{JSON_INSTRUCTION, JSON_TOOL};
 /// is absent). Errors (`invalid_request`): an unknown `response_format` type, `json_schema`
 /// without `json_schema.schema`, a schema whose top level is not an object, a user tool named
 /// [`JSON_TOOL`].
-pub fn json_tool(req: &ChatRequest) -> Result<Option<Value>, ErrorInfo> {
+pub(crate) fn json_tool(req: &ChatRequest) -> Result<Option<Tool>, ErrorInfo> {
     let Some(rf) = &req.params.response_format else {
         return Ok(None);
     };
@@ -73,17 +74,12 @@ pub fn json_tool(req: &ChatRequest) -> Result<Option<Value>, ErrorInfo> {
             ));
         }
     };
-    if req.tools.iter().any(|t| t.function.name == JSON_TOOL) {
-        return Err(invalid(
-            "tools",
-            format!("the tool name `{JSON_TOOL}` is reserved for response_format on Anthropic"),
-        ));
-    }
-    Ok(Some(json!({
-        "name": JSON_TOOL,
-        "description": description,
-        "input_schema": schema,
-    })))
+    json_tool_unclaimed(req, "on Anthropic")?;
+    Ok(Some(Tool {
+        name: JSON_TOOL.to_owned(),
+        description: Some(description),
+        input_schema: schema,
+    }))
 }
 
 /// An OpenAI JSON schema as an Anthropic `input_schema`: `$schema`, `$id` and a `strict` flag
@@ -123,19 +119,20 @@ pub fn anthropic_schema(schema: &Value) -> Result<Value, ErrorInfo> {
 /// The Anthropic `tool_choice` with [`JSON_TOOL`] declared (see the module rule), given the
 /// one translated from the client's choice (`None`: unset) and whether user tools exist.
 /// Returns the choice and whether [`JSON_INSTRUCTION`] is needed.
-pub fn tool_choice(user_choice: Option<Value>, user_tools: bool) -> (Value, bool) {
-    let forced = json!({ "type": "tool", "name": JSON_TOOL });
-    let kind = user_choice
-        .as_ref()
-        .and_then(|c| c.get("type"))
-        .and_then(Value::as_str)
-        .map(str::to_owned);
-    match kind.as_deref() {
+pub(crate) fn tool_choice(user_choice: Option<ToolChoice>, user_tools: bool) -> (ToolChoice, bool) {
+    let forced = ToolChoice::Tool {
+        name: JSON_TOOL.to_owned(),
+        disable_parallel_tool_use: false,
+    };
+    match user_choice {
         _ if !user_tools => (forced, false),
-        Some("none") => (forced, false),
-        Some("any" | "tool") => (user_choice.unwrap_or(forced), false),
-        _ => (
-            user_choice.unwrap_or_else(|| json!({ "type": "auto" })),
+        Some(ToolChoice::None) => (forced, false),
+        Some(choice @ (ToolChoice::Any { .. } | ToolChoice::Tool { .. })) => (choice, false),
+        Some(choice @ ToolChoice::Auto { .. }) => (choice, true),
+        None => (
+            ToolChoice::Auto {
+                disable_parallel_tool_use: false,
+            },
             true,
         ),
     }

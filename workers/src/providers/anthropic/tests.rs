@@ -5,6 +5,7 @@ use super::*;
 use crate::provider::SseTranslator;
 use crate::providers::test_support::{self, ANTHROPIC, end, text};
 use futures::StreamExt;
+use serde_json::json;
 use std::collections::VecDeque;
 use switchyard_mock::MockUpstream;
 use switchyard_schemas::ErrorClass;
@@ -620,5 +621,146 @@ fn structured_preamble_text_is_dropped_for_the_json_tool() {
             usage(5, 0, 0, 7),
             end(FinishReason::Stop)
         ]
+    );
+}
+
+// --- whole request bodies (pinned before the typed request structs) ---
+
+/// A rich conversation: system and developer instructions, images (data and URL), documents
+/// (inline, URL, file id), replayed thinking, tool calls and results (text and parts), cache
+/// breakpoints, every sampling parameter, tools and a named `tool_choice`: the exact body.
+#[test]
+fn whole_body_of_a_rich_request() {
+    let eph = json!({"type": "ephemeral"});
+    let messages = json!([
+        {"role": "system", "content": "Be brief."},
+        {"role": "developer", "content": [{"type": "text", "text": "Use French."}]},
+        {"role": "user", "cache_control": eph, "content": [
+            {"type": "text", "text": "Look:"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+            {"type": "image_url", "image_url": {"url": "https://e.com/a.png"}},
+            {"type": "text", "text": ""},
+            {"type": "file", "file": {"filename": "report.pdf",
+                "file_data": "data:application/pdf;base64,JVBE"}}]},
+        {"role": "assistant", "content": "Let me check.", "cache_control": eph,
+            "thinking_blocks": [
+                {"type": "thinking", "thinking": "t", "signature": "sig"},
+                {"type": "thinking", "thinking": "u"},
+                {"type": "redacted_thinking", "data": "d"}],
+            "tool_calls": [
+                {"id": "c1", "type": "function",
+                    "function": {"name": "weather", "arguments": "{\"city\":\"Paris\"}"}},
+                {"id": "c2", "type": "function", "function": {"name": "clock", "arguments": ""}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "c2", "cache_control": eph, "content": [
+            {"type": "text", "text": "12:00"},
+            {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,BBBB"}}]},
+        {"role": "tool", "tool_call_id": "c3", "content": ""},
+        {"role": "user", "content": [
+            {"type": "text", "text": "And these?"},
+            {"type": "file", "file": {"file_url": "https://e.com/b.pdf"}},
+            {"type": "file", "file": {"filename": "c.pdf", "file_id": "file_1"}}]},
+        {"role": "assistant", "content": ""},
+        {"role": "user", "content": "Thanks"}
+    ]);
+    let mut extra = test_support::weather_and_clock();
+    extra["tool_choice"] = json!({"type": "function", "function": {"name": "weather"}});
+    extra["params"] = json!({"max_tokens": 300, "temperature": 0.5, "top_p": 0.9, "top_k": 40,
+        "stop": ["END", "STOP"], "user": "u-1", "seed": 7, "presence_penalty": 0.1,
+        "parallel_tool_calls": false});
+    let body = build(messages, extra).unwrap();
+    assert_eq!(
+        body,
+        json!({
+            "model": "claude-test",
+            "max_tokens": 300,
+            "system": "Be brief.\n\nUse French.",
+            "stream": true,
+            "temperature": 0.5,
+            "top_p": 0.9,
+            "top_k": 40,
+            "stop_sequences": ["END", "STOP"],
+            "metadata": {"user_id": "u-1"},
+            "messages": [
+                {"role": "user", "content": [
+                    {"type": "text", "text": "Look:"},
+                    {"type": "image", "source":
+                        {"type": "base64", "media_type": "image/png", "data": "AAAA"}},
+                    {"type": "image", "source": {"type": "url", "url": "https://e.com/a.png"}},
+                    {"type": "document", "title": "report.pdf", "cache_control": eph, "source":
+                        {"type": "base64", "media_type": "application/pdf", "data": "JVBE"}}]},
+                {"role": "assistant", "content": [
+                    {"type": "thinking", "thinking": "t", "signature": "sig"},
+                    {"type": "thinking", "thinking": "u"},
+                    {"type": "redacted_thinking", "data": "d"},
+                    {"type": "text", "text": "Let me check."},
+                    {"type": "tool_use", "id": "c1", "name": "weather", "input": {"city": "Paris"}},
+                    {"type": "tool_use", "id": "c2", "name": "clock", "input": {},
+                        "cache_control": eph}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "c1", "content": "sunny"},
+                    {"type": "tool_result", "tool_use_id": "c2", "cache_control": eph,
+                        "content": [
+                            {"type": "text", "text": "12:00"},
+                            {"type": "image", "source":
+                                {"type": "base64", "media_type": "image/jpeg", "data": "BBBB"}}]},
+                    {"type": "tool_result", "tool_use_id": "c3"},
+                    {"type": "text", "text": "And these?"},
+                    {"type": "document", "source": {"type": "url", "url": "https://e.com/b.pdf"}},
+                    {"type": "document", "title": "c.pdf",
+                        "source": {"type": "file", "file_id": "file_1"}},
+                    {"type": "text", "text": "Thanks"}]}
+            ],
+            "tools": [
+                {"name": "weather", "description": "w",
+                    "input_schema": {"type": "object", "additionalProperties": false}},
+                {"name": "clock", "input_schema": {"type": "object", "properties": {}}}
+            ],
+            "tool_choice": {"type": "tool", "name": "weather", "disable_parallel_tool_use": true}
+        })
+    );
+}
+
+/// `reasoning_effort`, `response_format` beside a user tool, and the Anthropic door's raw
+/// fields on a non-streamed call: the exact body (the raw `system` wins over the translated
+/// one, the JSON instruction included).
+#[test]
+fn whole_body_with_effort_json_tool_and_passthrough() {
+    let messages = json!([
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "hi"},
+        {"role": "system", "content": "Later", "cache_control": {"type": "ephemeral"}},
+        {"role": "user", "content": "go"}
+    ]);
+    let raw_system = json!([{"type": "text", "text": "S", "cache_control": {"type": "ephemeral"}}]);
+    let extra = json!({"stream": false, "tools": get_weather_tool(),
+        "params": {"reasoning_effort": "medium", "max_tokens": 2000, "temperature": 0.3,
+            "top_k": 3, "response_format": weather_format()},
+        "passthrough": {"anthropic": {"body": {"system": raw_system,
+            "context_management": {"edits": []}, "service_tier": "auto"}}}});
+    let body = build(messages, extra).unwrap();
+    let weather = structured::anthropic_schema(&weather_format()["json_schema"]["schema"]).unwrap();
+    let get_weather = &get_weather_tool()[0]["function"];
+    assert_eq!(
+        body,
+        json!({
+            "model": "claude-test",
+            "max_tokens": 2000,
+            "thinking": {"type": "enabled", "budget_tokens": 1999},
+            "system": [
+                {"type": "text", "text": "S", "cache_control": {"type": "ephemeral"}},
+                {"type": "text", "text": "Later", "cache_control": {"type": "ephemeral"}}],
+            "context_management": {"edits": []},
+            "service_tier": "auto",
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "hi"},
+                    {"type": "text", "text": "go"}]}],
+            "tools": [
+                {"name": "get_weather", "input_schema": get_weather["parameters"]},
+                {"name": "json_tool_call",
+                    "description": "Respond with a JSON object matching the `weather` schema.",
+                    "input_schema": weather}],
+            "tool_choice": {"type": "auto"}
+        })
     );
 }

@@ -4,6 +4,7 @@ use super::*;
 use crate::providers::test_support::{self, BEDROCK, end, text};
 use aws_smithy_eventstream::frame::write_message_to;
 use aws_smithy_types::event_stream::Header;
+use serde_json::json;
 use std::time::{Duration, UNIX_EPOCH};
 use switchyard_mock::MockUpstream;
 use switchyard_schemas::Secret;
@@ -689,6 +690,24 @@ fn system_roles_images_and_inference_config() {
     );
 }
 
+/// The assistant turn that said `said` and called `weather` (`c1`, Paris) and `clock` (`c2`),
+/// in Converse form.
+fn converse_calls(said: &str) -> Value {
+    json!({"role": "assistant", "content": [
+        {"text": said},
+        {"toolUse": {"toolUseId": "c1", "name": "weather", "input": {"city": "Paris"}}},
+        {"toolUse": {"toolUseId": "c2", "name": "clock", "input": {}}}]})
+}
+
+/// [`test_support::weather_and_clock`] as Converse `toolConfig.tools`.
+fn converse_tools() -> Value {
+    json!([
+        {"toolSpec": {"name": "weather", "description": "w",
+            "inputSchema": {"json": {"type": "object", "additionalProperties": false}}}},
+        {"toolSpec": {"name": "clock",
+            "inputSchema": {"json": {"type": "object", "properties": {}}}}}])
+}
+
 #[test]
 fn tool_calls_and_results() {
     let calls = [
@@ -707,24 +726,14 @@ fn tool_calls_and_results() {
         body["messages"],
         json!([
             {"role": "user", "content": [{"text": "Weather in Paris, and the time?"}]},
-            {"role": "assistant", "content": [
-                {"text": "Checking."},
-                {"toolUse": {"toolUseId": "c1", "name": "weather", "input": {"city": "Paris"}}},
-                {"toolUse": {"toolUseId": "c2", "name": "clock", "input": {}}}]},
+            converse_calls("Checking."),
             {"role": "user", "content": [
                 {"toolResult": {"toolUseId": "c1", "content": [{"text": "sunny"}]}},
                 {"toolResult": {"toolUseId": "c2", "content": [{"json": {"time": "12:00"}}]}},
                 {"text": "Thanks"}]}
         ])
     );
-    assert_eq!(
-        body["toolConfig"],
-        json!({"tools": [
-            {"toolSpec": {"name": "weather", "description": "w",
-                "inputSchema": {"json": {"type": "object", "additionalProperties": false}}}},
-            {"toolSpec": {"name": "clock",
-                "inputSchema": {"json": {"type": "object", "properties": {}}}}}]})
-    );
+    assert_eq!(body["toolConfig"], json!({"tools": converse_tools()}));
 }
 
 #[test]
@@ -809,5 +818,75 @@ fn rejects_what_converse_cannot_take() {
     assert_eq!(
         build(only_system, json!({})).unwrap_err().param.as_deref(),
         Some("messages")
+    );
+}
+
+/// A rich conversation (system and developer instructions, images, an inline PDF, tool calls
+/// and text / JSON results, sampling parameters, tools and `required`): the exact body. Fields
+/// Converse has no place for (`user`, `parallel_tool_calls`, `top_k`, `reasoning_effort`,
+/// `cache_control`, thinking blocks) are not sent.
+#[test]
+fn whole_body_of_a_rich_request() {
+    let mut messages = test_support::rich_opening(json!([
+        {"type": "image_url", "image_url": {"url": "data:image/webp;base64,AAAA"}},
+        {"type": "text", "text": ""},
+        {"type": "file", "file": {"filename": "report_v2.pdf",
+            "file_data": "data:application/pdf;base64,JVBE"}},
+        {"type": "file", "file": {"file_data": "data:application/pdf;base64,JVBF"}}]));
+    messages.insert(2, json!({"role": "system", "content": ""}));
+    messages.extend(test_support::rich_tool_round());
+    messages.extend([
+        json!({"role": "tool", "tool_call_id": "c3", "content": "[1]"}),
+        json!({"role": "user", "content": "Thanks"}),
+        json!({"role": "assistant", "content": ""}),
+    ]);
+    let messages = Value::Array(messages);
+    let mut extra = test_support::weather_and_clock();
+    extra["tool_choice"] = json!("required");
+    extra["params"] = json!({"max_tokens": 300, "temperature": 0.5, "top_p": 0.9, "top_k": 40,
+        "stop": ["END", "STOP"], "user": "u-1", "parallel_tool_calls": false,
+        "reasoning_effort": "low", "frequency_penalty": 0.0});
+    let body = build(messages, extra).unwrap();
+    assert_eq!(
+        body,
+        json!({
+            "system": [{"text": "Be brief."}, {"text": "Use French."}],
+            "messages": [
+                {"role": "user", "content": [
+                    {"text": "Look:"},
+                    {"image": {"format": "webp", "source": {"bytes": "AAAA"}}},
+                    {"document": {"format": "pdf", "name": "report v2 pdf",
+                        "source": {"bytes": "JVBE"}}},
+                    {"document": {"format": "pdf", "name": "document",
+                        "source": {"bytes": "JVBF"}}}]},
+                converse_calls("Let me check."),
+                {"role": "user", "content": [
+                    {"toolResult": {"toolUseId": "c1", "content": [{"text": "sunny"}]}},
+                    {"toolResult": {"toolUseId": "c2", "content": [{"json": {"time": "12:00"}}]}},
+                    {"toolResult": {"toolUseId": "c3", "content": [{"text": "[1]"}]}},
+                    {"text": "Thanks"}]}
+            ],
+            "inferenceConfig": {"maxTokens": 300, "temperature": 0.5, "topP": 0.9,
+                "stopSequences": ["END", "STOP"]},
+            "toolConfig": {
+                "tools": converse_tools(),
+                "toolChoice": {"any": {}}
+            }
+        })
+    );
+    // A named choice, and no inferenceConfig when no parameter is given.
+    let user = json!([{"role": "user", "content": "x"}]);
+    let mut extra = test_support::weather_and_clock();
+    extra["tool_choice"] = json!({"type": "function", "function": {"name": "clock"}});
+    let body = build(user, extra).unwrap();
+    assert_eq!(
+        body,
+        json!({
+            "messages": [{"role": "user", "content": [{"text": "x"}]}],
+            "toolConfig": {
+                "tools": converse_tools(),
+                "toolChoice": {"tool": {"name": "clock"}}
+            }
+        })
     );
 }

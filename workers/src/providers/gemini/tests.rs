@@ -1,7 +1,9 @@
 //! Unit tests of the gemini adapter.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 use super::*;
+use crate::providers::shared::JSON_INSTRUCTION;
 use crate::providers::test_support::{self, GEMINI, end, text};
+use serde_json::json;
 use switchyard_mock::MockUpstream;
 
 /// Feeds `chunks` as separate writes through the SSE parser and the translator.
@@ -488,4 +490,116 @@ async fn json_tool_call_is_text_and_real_tool_stays_a_tool() {
         assert_eq!(events.len(), 3, "{events:?}");
         assert_eq!(events[2], end(FinishReason::ToolCalls));
     }
+}
+
+// --- whole request bodies (pinned before the typed request structs) ---
+
+/// A rich conversation (system and developer instructions, images and documents inline and by
+/// URL, tool calls and results by name lookup, every generation parameter, tools and a named
+/// `tool_choice`): the exact body.
+#[test]
+fn whole_body_of_a_rich_request() {
+    let mut messages = test_support::rich_opening(json!([
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+        {"type": "image_url", "image_url": {"url": "https://e.com/a.gif#x"}},
+        {"type": "text", "text": ""},
+        {"type": "file", "file": {"filename": "r.pdf",
+            "file_data": "data:application/pdf;base64,JVBE"}},
+        {"type": "file", "file": {"file_url": "https://e.com/b.pdf"}}]));
+    messages.extend(test_support::rich_tool_round());
+    messages.extend([
+        json!({"role": "tool", "tool_call_id": "c9", "name": "lookup", "content": "[1]"}),
+        json!({"role": "user", "content": "Thanks"}),
+        json!({"role": "assistant", "content": ""}),
+    ]);
+    let messages = Value::Array(messages);
+    let mut extra = test_support::weather_and_clock();
+    extra["tool_choice"] = json!({"type": "function", "function": {"name": "clock"}});
+    extra["params"] = json!({"max_tokens": 300, "temperature": 0.5, "top_p": 0.9, "top_k": 40,
+        "stop": ["END"], "n": 1, "seed": 7, "presence_penalty": 0.5, "frequency_penalty": -0.5,
+        "user": "u-1", "parallel_tool_calls": false, "reasoning_effort": "low",
+        "response_format": {"type": "text"}});
+    let body = build(messages, extra).unwrap();
+    assert_eq!(
+        body,
+        json!({
+            "systemInstruction": {"parts": [{"text": "Be brief."}, {"text": "Use French."}]},
+            "contents": [
+                {"role": "user", "parts": [
+                    {"text": "Look:"},
+                    {"inlineData": {"mimeType": "image/png", "data": "AAAA"}},
+                    {"fileData": {"mimeType": "image/gif", "fileUri": "https://e.com/a.gif#x"}},
+                    {"inlineData": {"mimeType": "application/pdf", "data": "JVBE"}},
+                    {"fileData": {"mimeType": "application/pdf",
+                        "fileUri": "https://e.com/b.pdf"}}]},
+                {"role": "model", "parts": [
+                    {"text": "Let me check."},
+                    {"functionCall": {"name": "weather", "args": {"city": "Paris"}},
+                        "thoughtSignature": THOUGHT_SIGNATURE_SKIP},
+                    {"functionCall": {"name": "clock", "args": {}}}]},
+                {"role": "user", "parts": [
+                    {"functionResponse": {"name": "weather", "response": {"output": "sunny"}}},
+                    {"functionResponse": {"name": "clock", "response": {"time": "12:00"}}},
+                    {"functionResponse": {"name": "lookup", "response": {"output": "[1]"}}}]},
+                {"role": "user", "parts": [{"text": "Thanks"}]}
+            ],
+            "tools": [{"functionDeclarations": [
+                {"name": "weather", "description": "w",
+                    "parametersJsonSchema": {"type": "object", "additionalProperties": false}},
+                {"name": "clock"}]}],
+            "toolConfig": {"functionCallingConfig":
+                {"mode": "ANY", "allowedFunctionNames": ["clock"]}},
+            "generationConfig": {"temperature": 0.5, "topP": 0.9, "topK": 40,
+                "maxOutputTokens": 300, "stopSequences": ["END"], "candidateCount": 1,
+                "seed": 7, "presencePenalty": 0.5, "frequencyPenalty": -0.5}
+        })
+    );
+}
+
+/// `response_format` with and without user tools: the synthetic JSON tool with the
+/// instruction (`auto`), the forced JSON tool (`none`), and JSON mode: the exact bodies.
+#[test]
+fn whole_bodies_of_json_requests() {
+    let user = json!([{"role": "user", "content": "x"}]);
+    let schema = json!({"type": "object", "additionalProperties": false,
+        "properties": {"a": {"type": "integer"}}});
+    let rf = json!({"type": "json_schema", "json_schema": {"name": "s", "schema": schema}});
+    let clock = json!([{"type": "function", "function": {"name": "clock"}}]);
+    let json_decl = json!({"name": "json_tool_call",
+        "description": "Respond with the final answer as a JSON object matching this schema.",
+        "parametersJsonSchema": {"type": "object", "properties": {"a": {"type": "integer"}}}});
+    let extra = json!({"tools": clock, "params": {"response_format": rf, "temperature": 0.1}});
+    assert_eq!(
+        build(user.clone(), extra).unwrap(),
+        json!({
+            "contents": [{"role": "user", "parts": [{"text": "x"}]}],
+            "systemInstruction": {"parts": [{"text": JSON_INSTRUCTION}]},
+            "tools": [{"functionDeclarations": [{"name": "clock"}, json_decl]}],
+            "toolConfig": {"functionCallingConfig": {"mode": "AUTO"}},
+            "generationConfig": {"temperature": 0.1}
+        })
+    );
+    let extra = json!({"tools": clock, "tool_choice": "none",
+        "params": {"response_format": {"type": "json_object"}}});
+    let mut object_decl = json_decl.clone();
+    object_decl["parametersJsonSchema"] = json!({"type": "object"});
+    assert_eq!(
+        build(user.clone(), extra).unwrap(),
+        json!({
+            "contents": [{"role": "user", "parts": [{"text": "x"}]}],
+            "tools": [{"functionDeclarations": [{"name": "clock"}, object_decl]}],
+            "toolConfig": {"functionCallingConfig":
+                {"mode": "ANY", "allowedFunctionNames": ["json_tool_call"]}}
+        })
+    );
+    let extra = json!({"params": {"response_format": rf, "max_tokens": 5}});
+    assert_eq!(
+        build(user, extra).unwrap(),
+        json!({
+            "contents": [{"role": "user", "parts": [{"text": "x"}]}],
+            "generationConfig": {"maxOutputTokens": 5, "responseMimeType": "application/json",
+                "responseJsonSchema": {"type": "object",
+                    "properties": {"a": {"type": "integer"}}}}
+        })
+    );
 }

@@ -19,13 +19,17 @@ use crate::provider::{
 };
 use crate::sse::SseEvent;
 use futures::FutureExt;
+
+mod request;
 use parking_lot::Mutex;
-use serde_json::{Map, Value, json};
+pub use request::{
+    ChatDialect, EmbeddingsBody, MAX_USER_CHARS, build_body, build_object, embed_body, user_field,
+};
+use serde_json::{Map, Value};
 use std::collections::{HashSet, VecDeque};
 use std::sync::LazyLock;
 use switchyard_schemas::config::{OpenAiApi, ProviderKind};
 use switchyard_schemas::embed::EmbedRequest;
-use switchyard_schemas::request::{Passthrough, Role};
 use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, FinishReason, FrameBody, Usage};
 
 /// Adapter for [`ProviderKind::Openai`] and [`ProviderKind::OpenaiCompatible`].
@@ -59,7 +63,7 @@ impl Provider for OpenAiProvider {
         if target.api == OpenAiApi::Responses {
             return crate::providers::openai_responses::stream_chat(http, target, base_url, req);
         }
-        let body = build_object(self.kind, &target.upstream_model, req);
+        let body = build_object(ChatDialect::of(self.kind), &target.upstream_model, req);
         let url = format!("{}/chat/completions", base_url.trim_end_matches('/'));
         let (http, key, id) = (http.clone(), target.api_key.clone(), req.id);
         let make = move |body: &Map<String, Value>| {
@@ -79,7 +83,7 @@ impl Provider for OpenAiProvider {
         let memo = format!("{}|{base_url}", target.id);
         let translator = OpenAiTranslator::for_request(req);
         async move {
-            let resp = send_chat(body, &memo, make).await?;
+            let resp = send_chat(body?, &memo, make).await?;
             Ok(read_answer(resp, translator))
         }
         .boxed()
@@ -106,18 +110,6 @@ impl Provider for OpenAiProvider {
         }
         .boxed()
     }
-}
-
-/// The upstream body of an embeddings call: floats on the wire, whatever the client asked.
-pub fn embed_body(upstream_model: &str, req: &EmbedRequest) -> Value {
-    let mut o = json!({"model": upstream_model, "input": req.input, "encoding_format": "float"});
-    if let Some(d) = req.dimensions {
-        o["dimensions"] = Value::from(d);
-    }
-    if let Some(u) = &req.user {
-        o["user"] = Value::from(u.clone());
-    }
-    o
 }
 
 /// Reads an OpenAI `list` of `embedding` objects (ordered by their `index`) and its usage.
@@ -156,117 +148,6 @@ pub fn parse_embeddings(body: &Value) -> Result<Embeddings, ErrorInfo> {
             ..Usage::default()
         },
     })
-}
-
-/// Builds the upstream JSON body (fails only if JSON encoding does). Public for tests and
-/// benchmarks.
-pub fn build_body(
-    kind: ProviderKind,
-    upstream_model: &str,
-    req: &ChatRequest,
-) -> Result<Vec<u8>, serde_json::Error> {
-    serde_json::to_vec(&Value::Object(build_object(kind, upstream_model, req)))
-}
-
-/// The upstream JSON body as an object, for adapters that speak a dialect of this wire format
-/// (Azure OpenAI adjusts a few keys) — see [`build_body`].
-///
-/// Beyond the normalised fields: `logprobs` / `top_logprobs` go to every OpenAI-style upstream
-/// (the answer's `logprobs.content` entries come back as `logprobs` frames); `reasoning_effort` and the [`Passthrough::OPENAI`] fields (`service_tier`,
-/// `prediction`, `logit_bias`, …) only to OpenAI and Azure OpenAI (`kind` `openai`), since
-/// compatible servers commonly reject unknown fields. `thinking_blocks` are never sent; `top_k`
-/// and the Anthropic passthrough are not either.
-pub fn build_object(
-    kind: ProviderKind,
-    upstream_model: &str,
-    req: &ChatRequest,
-) -> Map<String, Value> {
-    let mut o = Map::new();
-    o.insert("model".into(), Value::String(upstream_model.to_owned()));
-    let messages: Vec<Value> = req
-        .messages
-        .iter()
-        .map(|m| {
-            let mut v = serde_json::to_value(m).unwrap_or(Value::Null);
-            // Signed thinking blocks are Anthropic's: OpenAI-style servers do not take them back.
-            // Nor Anthropic's cache breakpoints.
-            if let Some(o) = v.as_object_mut() {
-                o.remove("thinking_blocks");
-                o.remove("cache_control");
-            }
-            // Many compatible servers predate the `developer` role.
-            if kind == ProviderKind::OpenaiCompatible && m.role == Role::Developer {
-                v["role"] = Value::String("system".into());
-            }
-            v
-        })
-        .collect();
-    o.insert("messages".into(), Value::Array(messages));
-    if !req.tools.is_empty() {
-        o.insert(
-            "tools".into(),
-            serde_json::to_value(&req.tools).unwrap_or(Value::Null),
-        );
-    }
-    if let Some(tc) = &req.tool_choice {
-        o.insert("tool_choice".into(), tc.clone());
-    }
-    let p = &req.params;
-    let mut put = |k: &str, v| crate::providers::shared::put_some(&mut o, k, v);
-    put("temperature", p.temperature.map(Value::from));
-    put("top_p", p.top_p.map(Value::from));
-    // OpenAI deprecated `max_tokens` for `max_completion_tokens`; compatible servers mostly know the old name.
-    let max_key = if kind == ProviderKind::Openai {
-        "max_completion_tokens"
-    } else {
-        "max_tokens"
-    };
-    put(max_key, p.max_tokens.map(Value::from));
-    put("stop", (!p.stop.is_empty()).then(|| json!(p.stop)));
-    put("n", p.n.map(Value::from));
-    put("seed", p.seed.map(Value::from));
-    put("presence_penalty", p.presence_penalty.map(Value::from));
-    put("frequency_penalty", p.frequency_penalty.map(Value::from));
-    put("response_format", p.response_format.clone());
-    put(
-        "parallel_tool_calls",
-        p.parallel_tool_calls.map(Value::from),
-    );
-    put("user", p.user.as_deref().map(user_field).map(Value::from));
-    put("logprobs", p.logprobs.map(Value::from));
-    put("top_logprobs", p.top_logprobs.map(Value::from));
-    // OpenAI's reasoning models take `reasoning_effort`; compatible servers mostly reject it.
-    if kind == ProviderKind::Openai {
-        put(
-            "reasoning_effort",
-            p.reasoning_effort.clone().map(Value::from),
-        );
-        if let Some(extra) = req.passthrough.get(Passthrough::OPENAI) {
-            for (k, v) in &extra.body {
-                o.insert(k.clone(), v.clone());
-            }
-        }
-    }
-    if req.stream {
-        o.insert("stream".into(), Value::Bool(true));
-        o.insert("stream_options".into(), json!({"include_usage": true}));
-    }
-    o
-}
-
-/// Longest `user` OpenAI accepts, characters ("Invalid 'user': string too long. Expected a string
-/// with maximum length 64").
-pub const MAX_USER_CHARS: usize = 64;
-
-/// `user` as sent upstream: as is up to [`MAX_USER_CHARS`], else its SHA-256 in hex (64
-/// characters: still one stable id per end user). Claude Code's `metadata.user_id`, which the
-/// Anthropic door makes `user`, is a ~150-character JSON text.
-pub fn user_field(user: &str) -> String {
-    if user.chars().count() <= MAX_USER_CHARS {
-        user.to_owned()
-    } else {
-        switchyard_schemas::tenancy::sha256_hex(user)
-    }
 }
 
 /// The `Accept` header for `body`: SSE for a stream request, JSON otherwise.
@@ -610,3 +491,6 @@ impl SseTranslator for OpenAiTranslator {
         }
     }
 }
+
+#[cfg(test)]
+pub(crate) mod tests;

@@ -1,0 +1,131 @@
+//! Unit tests of the OpenAI adapter's request bodies.
+#![allow(clippy::unwrap_used)]
+use super::*;
+use serde_json::json;
+
+/// A rich request: every message role and part kind, Anthropic-only fields (thinking
+/// blocks, cache breakpoints, `top_k`, the Anthropic passthrough), every OpenAI parameter
+/// and the OpenAI passthrough.
+pub(crate) fn rich_request() -> ChatRequest {
+    let messages = json!([
+        {"role": "system", "content": "Be brief."},
+        {"role": "developer", "content": [{"type": "text", "text": "Use French."}]},
+        {"role": "user", "name": "ann", "cache_control": {"type": "ephemeral"}, "content": [
+            {"type": "text", "text": "Look:"},
+            {"type": "image_url",
+                "image_url": {"url": "https://e.com/a.png", "detail": "high"}},
+            {"type": "file", "file": {"filename": "r.pdf",
+                "file_data": "data:application/pdf;base64,JVBE"}}]},
+        {"role": "assistant", "content": "Let me check.", "thinking_blocks": [
+            {"type": "thinking", "thinking": "t", "signature": "sig"}],
+            "tool_calls": [{"id": "c1", "type": "function",
+                "function": {"name": "weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        {"role": "user", "content": "Thanks"}
+    ]);
+    let extra = json!({
+        "tools": [{"type": "function", "function": {"name": "weather", "description": "w",
+            "parameters": {"type": "object"}, "strict": true}}],
+        "tool_choice": "auto",
+        "params": {"max_tokens": 300, "temperature": 0.5, "top_p": 0.9, "stop": ["END"],
+            "n": 2, "seed": 7, "presence_penalty": 0.5, "frequency_penalty": -0.5,
+            "response_format": {"type": "json_object"}, "parallel_tool_calls": false,
+            "user": "u-1", "logprobs": true, "top_logprobs": 2, "reasoning_effort": "low",
+            "top_k": 3},
+        "passthrough": {
+            "openai": {"body": {"service_tier": "flex", "logit_bias": {"1": 2}}},
+            "anthropic": {"body": {"thinking": {"type": "adaptive"}}}}});
+    let target = ("t", "openai", "gpt-test");
+    crate::providers::test_support::request("m", target, messages, extra)
+}
+
+/// [`rich_request`]'s body for `kind` (`max_key` and `developer` as that dialect sends
+/// them, `openai_only` the fields only OpenAI itself gets).
+pub(crate) fn rich_body(max_key: &str, developer: &str, openai_only: bool) -> Value {
+    let mut body = json!({
+        "model": "up",
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": developer, "content": [{"type": "text", "text": "Use French."}]},
+            {"role": "user", "name": "ann", "content": [
+                {"type": "text", "text": "Look:"},
+                {"type": "image_url",
+                    "image_url": {"url": "https://e.com/a.png", "detail": "high"}},
+                {"type": "file", "file": {"filename": "r.pdf",
+                    "file_data": "data:application/pdf;base64,JVBE"}}]},
+            {"role": "assistant", "content": "Let me check.",
+                "tool_calls": [{"id": "c1", "type": "function",
+                    "function": {"name": "weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+            {"role": "user", "content": "Thanks"}
+        ],
+        "tools": [{"type": "function", "function": {"name": "weather", "description": "w",
+            "parameters": {"type": "object"}, "strict": true}}],
+        "tool_choice": "auto",
+        "temperature": 0.5,
+        "top_p": 0.9,
+        max_key: 300,
+        "stop": ["END"],
+        "n": 2,
+        "seed": 7,
+        "presence_penalty": 0.5,
+        "frequency_penalty": -0.5,
+        "response_format": {"type": "json_object"},
+        "parallel_tool_calls": false,
+        "user": "u-1",
+        "logprobs": true,
+        "top_logprobs": 2,
+        "stream": true,
+        "stream_options": {"include_usage": true}
+    });
+    if openai_only {
+        let o = body.as_object_mut().unwrap();
+        o.insert("reasoning_effort".into(), json!("low"));
+        o.insert("service_tier".into(), json!("flex"));
+        o.insert("logit_bias".into(), json!({"1": 2}));
+    }
+    body
+}
+
+/// The whole body for OpenAI and for a compatible server; a minimal request's body.
+#[test]
+fn whole_bodies() {
+    let req = rich_request();
+    let openai =
+        Value::Object(build_object(ChatDialect::of(ProviderKind::Openai), "up", &req).unwrap());
+    assert_eq!(
+        openai,
+        rich_body("max_completion_tokens", "developer", true)
+    );
+    let compatible = Value::Object(
+        build_object(ChatDialect::of(ProviderKind::OpenaiCompatible), "up", &req).unwrap(),
+    );
+    assert_eq!(compatible, rich_body("max_tokens", "system", false));
+    let user = json!([{"role": "user", "content": "x"}]);
+    let target = ("t", "openai", "gpt-test");
+    let extra = json!({"stream": false});
+    let req = crate::providers::test_support::request("m", target, user, extra);
+    assert_eq!(
+        Value::Object(build_object(ChatDialect::of(ProviderKind::Openai), "up", &req).unwrap()),
+        json!({"model": "up", "messages": [{"role": "user", "content": "x"}]})
+    );
+    let mut req = rich_request();
+    req.params.user = Some("u".repeat(65));
+    let o = build_object(ChatDialect::of(ProviderKind::Openai), "up", &req).unwrap();
+    assert_eq!(o["user"], json!(user_field(&"u".repeat(65))));
+}
+
+/// The embeddings body: floats, with `dimensions` and `user` when given.
+#[test]
+fn embed_bodies() {
+    let req: EmbedRequest = serde_json::from_value(json!({
+        "id": "01900000-0000-7000-8000-000000000000", "model": "m",
+        "target": {"id": "t", "provider": "openai", "upstream_model": "e"},
+        "input": ["a", "b"], "dimensions": 8, "user": "u-1", "deadline_ms": 0}))
+    .unwrap();
+    assert_eq!(
+        serde_json::to_value(embed_body("up", &req)).unwrap(),
+        json!({"model": "up", "input": ["a", "b"], "encoding_format": "float",
+            "dimensions": 8, "user": "u-1"})
+    );
+}
