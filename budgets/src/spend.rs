@@ -63,6 +63,14 @@ pub struct Held {
     pub spare_tokens: u64,
 }
 
+/// The smaller of two optional bounds (`None`: unbounded).
+fn tightest<T: Ord>(a: Option<T>, b: Option<T>) -> Option<T> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 fn is_zero(n: &u64) -> bool {
     *n == 0
 }
@@ -282,20 +290,12 @@ impl Spend {
         };
         let tokens =
             |limit: Option<u64>, used: u64| limit.map(|l| l.saturating_sub(used + held.tokens));
-        let min_of = |a: Option<Decimal>, b: Option<Decimal>| match (a, b) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        let min_tokens = |a: Option<u64>, b: Option<u64>| match (a, b) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
         Room {
-            usd: min_of(
+            usd: tightest(
                 usd(budget.daily_usd, self.day_usd),
                 usd(budget.monthly_usd, self.month_usd),
             ),
-            tokens: min_tokens(
+            tokens: tightest(
                 tokens(budget.tokens_per_minute, self.minute_tokens),
                 tokens(budget.tokens_per_day, self.day_tokens),
             ),

@@ -118,15 +118,23 @@ fn spawn(args: &[&str], log: &Path, monitor: Option<u16>) -> Result<Proc, String
 /// every message a client published to it and every message it delivered, JetStream
 /// acknowledgements and KV operations included.
 async fn nats_counts(http: &reqwest::Client, monitor: u16) -> Option<(u64, u64)> {
-    let v: serde_json::Value = http
-        .get(format!("http://127.0.0.1:{monitor}/varz"))
+    let v = monitor_json(http, monitor, "varz").await?;
+    Some((v["in_msgs"].as_u64()?, v["out_msgs"].as_u64()?))
+}
+
+/// One JSON page of the nats-server monitoring endpoint (`varz`, `jsz?…`).
+async fn monitor_json(
+    http: &reqwest::Client,
+    monitor: u16,
+    page: &str,
+) -> Option<serde_json::Value> {
+    http.get(format!("http://127.0.0.1:{monitor}/{page}"))
         .send()
         .await
         .ok()?
         .json()
         .await
-        .ok()?;
-    Some((v["in_msgs"].as_u64()?, v["out_msgs"].as_u64()?))
+        .ok()
 }
 
 /// Last sequence number per JetStream stream of the `up` tree's nats-server (its `/jsz`
@@ -136,14 +144,7 @@ async fn js_writes(
     http: &reqwest::Client,
     monitor: u16,
 ) -> Option<std::collections::BTreeMap<String, u64>> {
-    let v: serde_json::Value = http
-        .get(format!("http://127.0.0.1:{monitor}/jsz?streams=true"))
-        .send()
-        .await
-        .ok()?
-        .json()
-        .await
-        .ok()?;
+    let v = monitor_json(http, monitor, "jsz?streams=true").await?;
     let mut out = std::collections::BTreeMap::new();
     for account in v["account_details"].as_array()? {
         for stream in account["stream_detail"].as_array().into_iter().flatten() {
