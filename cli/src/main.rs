@@ -3,7 +3,7 @@
 
 use switchyard::nats::NatsArgs;
 use switchyard::nats_auth::{Credentials, Identity};
-use switchyard::topology::{self, AdminWiring};
+use switchyard::topology;
 use switchyard::{config, reload};
 mod balance_cmd;
 mod batch_cmd;
@@ -405,125 +405,19 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             listen,
             admin_nats_user,
             admin_nats_password,
-        } => {
-            let mut c = load(&common)?;
-            if let Some(l) = listen {
-                c.listen = l;
-            }
-            let nats = connect(&require_nats(&c)?, "switchyard-ingress", &c.nats).await?;
-            let subjects = Subjects::new(c.subject_prefix.clone());
-            // Reload and the spool drainer outlive the HTTP drain; the spool is flushed last.
-            let services = CancellationToken::new();
-            let tasks = TaskTracker::new();
-            let spool = services::start_spool(&nats, &c, &new_id("ingress"), &services, &tasks);
-            let handle = ConfigHandle::new(c);
-            services::spawn_reload(&nats, &handle, &services, Arc::new(|_| Ok(())), &tasks);
-            let writer = match &admin_nats_user {
-                Some(user) => {
-                    let mut n = handle.get().nats.clone();
-                    n.user = Some(user.clone());
-                    n.password = admin_nats_password
-                        .clone()
-                        .map(switchyard_schemas::Secret::new);
-                    n.inbox_prefix = Some(Identity::Admin.inbox_prefix());
-                    Some(
-                        connect(
-                            &require_nats(&handle.get())?,
-                            "switchyard-ingress-admin",
-                            &n,
-                        )
-                        .await?,
-                    )
-                }
-                None => None,
-            };
-            let admin = topology::AdminWiring {
-                writer,
-                startup_text: Some(services::startup_text(&common)?),
-            };
-            let result = services::run_ingress(
-                nats.clone(),
-                handle,
-                admin,
-                shutdown_token(),
-                switchyard_ingress::Wiring {
-                    spool: spool.clone(),
-                    ..Default::default()
-                },
-            )
-            .await;
-            topology::flush_spool(&nats, &subjects, spool.as_ref()).await;
-            services.cancel();
-            tasks.close();
-            tasks.wait().await;
-            result
-        }
+        } => services::ingress(common, listen, admin_nats_user, admin_nats_password).await,
         Command::Worker {
             common,
             providers,
             mock_url,
             local_model_url,
             metrics_listen,
-        } => {
-            let mut c = load(&common)?;
-            // Provider credentials are decrypted here, in the process that uses them only.
-            config::resolve_secrets(&mut c).map_err(msg)?;
-            let nats = connect(&require_nats(&c)?, "switchyard-worker", &c.nats).await?;
-            let subjects = Subjects::new(c.subject_prefix.clone());
-            let services = CancellationToken::new();
-            let tasks = TaskTracker::new();
-            let spool = services::start_spool(&nats, &c, &new_id("worker"), &services, &tasks);
-            let handle = ConfigHandle::new(c);
-            let resolve = Arc::new(config::resolve_secrets);
-            services::spawn_reload(&nats, &handle, &services, resolve, &tasks);
-            let registry = services::process_registry(spool.as_ref());
-            services::listen_metrics(metrics_listen, &registry, &services, &tasks).await?;
-            let opts = switchyard_workers::worker::WorkerOptions {
-                worker_id: new_id("worker"),
-                subjects: subjects.clone(),
-                config: handle,
-                providers,
-                builtin_mock_url: mock_url,
-                builtin_local_model_url: local_model_url,
-                metrics: registry,
-                spool: spool.clone(),
-            };
-            // Returns after in-flight requests and their usage publications finished.
-            let result = switchyard_workers::worker::run(nats.clone(), opts, shutdown_token())
-                .await
-                .map_err(msg);
-            topology::flush_spool(&nats, &subjects, spool.as_ref()).await;
-            services.cancel();
-            tasks.close();
-            tasks.wait().await;
-            result
-        }
+        } => services::worker(common, providers, mock_url, local_model_url, metrics_listen).await,
         Command::Billing {
             common,
             database_url,
             metrics_listen,
-        } => {
-            let c = load(&common)?;
-            let nats = connect(&require_nats(&c)?, "switchyard-billing", &c.nats).await?;
-            // Live config: a pushed `pricing_file` prices the next usage row.
-            let handle = ConfigHandle::new(c);
-            let services = CancellationToken::new();
-            let tasks = TaskTracker::new();
-            services::spawn_reload(&nats, &handle, &services, Arc::new(|_| Ok(())), &tasks);
-            let registry = switchyard_schemas::metrics::Registry::new();
-            switchyard_billing::lag::add_lag_collector(
-                &registry,
-                async_nats::jetstream::new(nats.clone()),
-            );
-            services::listen_metrics(metrics_listen, &registry, &services, &tasks).await?;
-            let result = topology::run_billing(nats, handle, database_url, shutdown_token(), None)
-                .await
-                .map_err(msg);
-            services.cancel();
-            tasks.close();
-            tasks.wait().await;
-            result
-        }
+        } => services::billing(common, database_url, metrics_listen).await,
         Command::Budgets {
             common,
             database_url,
@@ -551,36 +445,9 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             }
             Ok(())
         }
-        Command::Cache(args) => match args.action {
+        Command::Cache(mut args) => match args.action.take() {
             Some(action) => cache_cmd::run_action(action).await.map_err(msg),
-            None => {
-                let c = load(&args.common)?;
-                let nats = connect(&require_nats(&c)?, "switchyard-cache", &c.nats).await?;
-                let semantic = args.model.on_demand();
-                args.model
-                    .load_if_wanted(semantic.as_ref(), &c)
-                    .await
-                    .map_err(msg)?;
-                let opts = args
-                    .service
-                    .options_on_demand(Subjects::new(c.subject_prefix.clone()), semantic.clone());
-                let token = shutdown_token();
-                // A reload that turns semantic caching on loads the model then.
-                let fixup: reload::Fixup = Arc::new(move |c| {
-                    cache_cmd::semantic_reloaded(semantic.as_ref(), c);
-                    Ok(())
-                });
-                let tasks = TaskTracker::new();
-                services::spawn_reload(&nats, &ConfigHandle::new(c), &token, fixup, &tasks);
-                let result = switchyard_cache::run(nats, opts, token.clone().cancelled_owned())
-                    .await
-                    .map_err(msg);
-                // Also when the cache failed before a signal: stops the reload.
-                token.cancel();
-                tasks.close();
-                tasks.wait().await;
-                result
-            }
+            None => services::cache(args).await,
         },
         Command::MockUpstream { listen } => {
             let listener = tokio::net::TcpListener::bind(listen).await.map_err(msg)?;

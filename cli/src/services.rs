@@ -1,23 +1,15 @@
-//! How the services are wired into processes: `switchyard up` (all in one), `ingress`,
-//! `billing`, and the parts they share (the usage spool, live reload, the metrics listener).
+//! How the services are wired into processes (each a [`Topology`]): `switchyard up` (all in
+//! one), the one-service commands `ingress`, `worker`, `billing` and `cache`, and the parts they
+//! share (live reload, the metrics listener).
 
 use super::*;
 use switchyard::topology::{
-    BillingLedger, CacheSpec, IngressSpec, NatsIdentities, Topology, TopologyOptions, WorkerSpec,
+    BillingLedger, CacheSpec, IngressSpec, NatsIdentities, Topology, TopologyError,
+    TopologyOptions, WorkerSpec,
 };
-use switchyard_publish::Spool;
-
-/// A registry with this process's `spool` and publish-error collectors.
-pub(crate) fn process_registry(
-    spool: Option<&Arc<Spool>>,
-) -> switchyard_schemas::metrics::Registry {
-    let registry = switchyard_schemas::metrics::Registry::new();
-    switchyard_publish::add_process_collectors(&registry, spool.cloned());
-    registry
-}
 
 /// Serves `registry` on `addr` (when set) until `stop`, in a task on `tasks` (wait on it at exit).
-pub(crate) async fn listen_metrics(
+async fn listen_metrics(
     addr: Option<SocketAddr>,
     registry: &switchyard_schemas::metrics::Registry,
     stop: &CancellationToken,
@@ -32,22 +24,8 @@ pub(crate) async fn listen_metrics(
     Ok(())
 }
 
-/// Opens `<data_dir>/spool/<id>` as this process's usage spool and drains it until
-/// `shutdown` ([`topology::start_spool`]).
-pub(crate) fn start_spool(
-    nats: &async_nats::Client,
-    c: &GatewayConfig,
-    id: &str,
-    shutdown: &CancellationToken,
-    tasks: &TaskTracker,
-) -> Option<Arc<Spool>> {
-    let dir = PathBuf::from(&c.data_dir).join("spool").join(id);
-    let subjects = Subjects::new(c.subject_prefix.clone());
-    topology::start_spool(nats, &dir, &subjects, shutdown, tasks)
-}
-
 /// Applies live config pushes (NATS KV) to `handle`, in a task on `tasks`, until `shutdown`.
-pub(crate) fn spawn_reload(
+fn spawn_reload(
     nats: &async_nats::Client,
     handle: &ConfigHandle,
     shutdown: &CancellationToken,
@@ -63,28 +41,13 @@ pub(crate) fn spawn_reload(
 }
 
 /// The text of the start-up config file (or the built-in default).
-pub(crate) fn startup_text(common: &Common) -> Result<String, CliError> {
+fn startup_text(common: &Common) -> Result<String, CliError> {
     match &common.config {
         Some(p) => {
             std::fs::read_to_string(p).map_err(|e| msg(format!("reading {}: {e}", p.display())))
         }
         None => Ok(config::DEFAULT_CONFIG.to_owned()),
     }
-}
-
-/// Binds the config's `listen` and serves an ingress on `nats` until `shutdown`.
-pub(crate) async fn run_ingress(
-    nats: async_nats::Client,
-    handle: ConfigHandle,
-    admin: AdminWiring,
-    shutdown: CancellationToken,
-    wiring: switchyard_ingress::Wiring,
-) -> Result<(), CliError> {
-    let listen = handle.get().listen.clone();
-    let ingress = topology::BoundIngress::bind(nats, handle, &listen, admin, wiring)
-        .await
-        .map_err(msg)?;
-    ingress.serve(shutdown).await.map_err(msg)
 }
 
 pub(crate) async fn up(
@@ -166,6 +129,7 @@ pub(crate) async fn up(
         nats,
         subjects: Subjects::new(c.subject_prefix.clone()),
         spool_dir: Some(PathBuf::from(&c.data_dir).join("spool").join(new_id("up"))),
+        usage_stream: true,
         shutdown: shutdown.clone(),
         stop_all_when_one_ends: true,
     })
@@ -290,6 +254,7 @@ async fn start_services(
                 "starting"
             }
             .to_owned(),
+            shared: true,
         })
         .await
         .map_err(msg)?;
@@ -300,6 +265,7 @@ async fn start_services(
             providers: Vec::new(),
             builtin_mock_url: mock_url,
             builtin_local_model_url: local_model_url,
+            shared: true,
         })
         .await
         .map_err(msg)?;
@@ -314,4 +280,199 @@ async fn start_services(
         .await
         .map_err(msg)?;
     Ok(())
+}
+
+/// Runs a process of one service (`ingress`, `worker`, `billing`, `cache`) against `c`'s
+/// NATS, every connection with `c`'s `nats:` settings: `start` adds the service to its
+/// [`Topology`] (with `spool`, for `ingress` and `worker`, the usage spool is
+/// `<data_dir>/spool/<spool>-<id>`; with `usage_stream`, the usage stream is created and
+/// billing's lag reported); then it runs until a signal or the service's end, and stops in the
+/// topology's order ([`Topology::shutdown`]). The start's error, else the service's.
+async fn one_service(
+    c: &GatewayConfig,
+    spool: Option<&str>,
+    usage_stream: bool,
+    start: impl AsyncFnOnce(&mut Topology) -> Result<(), CliError>,
+) -> Result<(), CliError> {
+    let mut topology = Topology::start(TopologyOptions {
+        url: require_nats(c)?,
+        nats: NatsIdentities::Shared(Box::new(c.nats.clone())),
+        subjects: Subjects::new(c.subject_prefix.clone()),
+        spool_dir: spool.map(|kind| PathBuf::from(&c.data_dir).join("spool").join(new_id(kind))),
+        usage_stream,
+        shutdown: shutdown_token(),
+        stop_all_when_one_ends: true,
+    })
+    .await
+    .map_err(service_error)?;
+    let started = start(&mut topology).await;
+    if started.is_ok() {
+        topology.shutdown_token().cancelled().await;
+    }
+    let stopped = topology.shutdown().await.map_err(service_error);
+    started.and(stopped)
+}
+
+/// Applies live config pushes to `handle` until the services of `topology` stop, on a
+/// connection of its own as `id` (`switchyard-config`).
+async fn reload_as(
+    topology: &Topology,
+    id: Identity,
+    handle: &ConfigHandle,
+    fixup: reload::Fixup,
+) -> Result<(), CliError> {
+    let nats = topology
+        .connect(id, "switchyard-config")
+        .await
+        .map_err(msg)?;
+    spawn_reload(
+        &nats,
+        handle,
+        topology.services_token(),
+        fixup,
+        topology.tasks(),
+    );
+    Ok(())
+}
+
+/// The error of a one-service process: a service's own description, without its name.
+fn service_error(e: TopologyError) -> CliError {
+    match e {
+        TopologyError::Service { error, .. } => CliError::Msg(error),
+        e => msg(e),
+    }
+}
+
+/// `switchyard ingress`: the config's `listen` (or `listen`), the spool and live reload; the
+/// admin API writes as `admin_user` when given. Reload and the spool drainer outlive the HTTP
+/// drain; the spool is flushed last.
+pub(crate) async fn ingress(
+    common: Common,
+    listen: Option<String>,
+    admin_user: Option<String>,
+    admin_password: Option<String>,
+) -> Result<(), CliError> {
+    let mut c = load(&common)?;
+    if let Some(l) = listen {
+        c.listen = l;
+    }
+    let handle = ConfigHandle::new(c);
+    one_service(&handle.get(), Some("ingress"), false, async |topology| {
+        reload_as(topology, Identity::Ingress, &handle, Arc::new(|_| Ok(()))).await?;
+        let config = handle.get();
+        let admin_writer = match admin_user {
+            Some(user) => {
+                let mut n = config.nats.clone();
+                n.user = Some(user);
+                n.password = admin_password.map(switchyard_schemas::Secret::new);
+                n.inbox_prefix = Some(Identity::Admin.inbox_prefix());
+                let url = require_nats(&config)?;
+                Some(connect(&url, "switchyard-ingress-admin", &n).await?)
+            }
+            None => None,
+        };
+        topology
+            .start_ingress(IngressSpec {
+                config: handle.clone(),
+                listen: config.listen.clone(),
+                admin_writer,
+                startup_text: Some(startup_text(&common)?),
+                shared: true,
+            })
+            .await
+            .map_err(service_error)?;
+        Ok(())
+    })
+    .await
+}
+
+/// `switchyard worker`: one worker serving `providers` (all configured when empty), with the
+/// spool, live reload (credentials decrypted here, in the process that uses them only) and its
+/// metrics on `metrics_listen`; it stops after its in-flight requests and their usage
+/// publications finished.
+pub(crate) async fn worker(
+    common: Common,
+    providers: Vec<ProviderKind>,
+    builtin_mock_url: Option<String>,
+    builtin_local_model_url: Option<String>,
+    metrics_listen: Option<SocketAddr>,
+) -> Result<(), CliError> {
+    let mut c = load(&common)?;
+    config::resolve_secrets(&mut c).map_err(msg)?;
+    let handle = ConfigHandle::new(c);
+    one_service(&handle.get(), Some("worker"), false, async |topology| {
+        let resolve = Arc::new(config::resolve_secrets);
+        reload_as(topology, Identity::Worker, &handle, resolve).await?;
+        let (services, tasks) = (topology.services_token(), topology.tasks());
+        listen_metrics(metrics_listen, topology.registry(), services, tasks).await?;
+        topology
+            .start_worker(WorkerSpec {
+                worker_id: new_id("worker"),
+                config: handle.clone(),
+                providers,
+                builtin_mock_url,
+                builtin_local_model_url,
+                shared: true,
+            })
+            .await
+            .map_err(service_error)?;
+        Ok(())
+    })
+    .await
+}
+
+/// `switchyard billing`: the billing consumer on the ledger at `database_url` (else the
+/// config's), with live reload (a pushed `pricing_file` prices the next usage row) and the
+/// billing metrics on `metrics_listen`.
+pub(crate) async fn billing(
+    common: Common,
+    database_url: Option<String>,
+    metrics_listen: Option<SocketAddr>,
+) -> Result<(), CliError> {
+    let c = load(&common)?;
+    let handle = ConfigHandle::new(c);
+    one_service(&handle.get(), None, true, async |topology| {
+        reload_as(topology, Identity::Billing, &handle, Arc::new(|_| Ok(()))).await?;
+        let (services, tasks) = (topology.services_token(), topology.tasks());
+        listen_metrics(metrics_listen, topology.registry(), services, tasks).await?;
+        topology
+            .start_billing(BillingLedger::Open { database_url }, &handle)
+            .await
+            .map_err(service_error)?;
+        Ok(())
+    })
+    .await
+}
+
+/// `switchyard cache` (no action): loads the embedding model when a route uses the semantic
+/// cache (a reload that turns it on loads it then), then serves lookups with live reload.
+pub(crate) async fn cache(args: cache_cmd::CacheArgs) -> Result<(), CliError> {
+    let c = load(&args.common)?;
+    let handle = ConfigHandle::new(c);
+    one_service(&handle.get(), None, false, async |topology| {
+        let semantic = args.model.on_demand();
+        args.model
+            .load_if_wanted(semantic.as_ref(), &handle.get())
+            .await
+            .map_err(msg)?;
+        let options = args
+            .service
+            .options_on_demand(topology.subjects().clone(), semantic.clone());
+        let fixup: reload::Fixup = Arc::new(move |c| {
+            cache_cmd::semantic_reloaded(semantic.as_ref(), c);
+            Ok(())
+        });
+        reload_as(topology, Identity::Cache, &handle, fixup).await?;
+        topology
+            .start_cache(CacheSpec {
+                options,
+                prepare: None,
+                detail: "starting".to_owned(),
+                shared: true,
+            })
+            .await
+            .map_err(service_error)?;
+        Ok(())
+    })
+    .await
 }

@@ -1,5 +1,6 @@
-//! The one wiring of Switchyard's services into a process, shared by `switchyard up` and the
-//! integration tests: [`Topology::start`] creates what the services share (the usage stream, the
+//! The one wiring of Switchyard's services into a process, shared by `switchyard up`, the
+//! one-service commands (`ingress`, `worker`, `billing`, `cache`) and the integration tests:
+//! [`Topology::start`] creates what the services share (the usage stream, the
 //! usage spool and its drainer, one metrics registry, one [`TaskTracker`], the readiness
 //! components of `/readyz`), its `start_*` methods start billing, cache, workers and ingress
 //! (each optional, any number of workers and ingress), and [`Topology::shutdown`] stops them in
@@ -28,7 +29,15 @@ pub enum TopologyError {
     /// A service's NATS connection could not be made.
     #[error(transparent)]
     Connect(#[from] NatsConnectError),
-    /// Anything else, described (a service's failure is prefixed with its name, `billing: …`).
+    /// A service could not start, or ended with an error (shown as `billing: …`).
+    #[error("{service}: {error}")]
+    Service {
+        /// Which service: `billing`, `cache`, `worker` or `ingress`.
+        service: &'static str,
+        /// What failed, described.
+        error: String,
+    },
+    /// Anything else, described.
     #[error("{0}")]
     Msg(String),
 }
@@ -65,8 +74,14 @@ pub struct TopologyOptions {
     pub nats: NatsIdentities,
     /// The subject prefix every service uses.
     pub subjects: Subjects,
-    /// Directory of this process's usage spool (created if missing); `None`: no spool.
+    /// Directory of this process's usage spool (created if missing), for a process whose
+    /// ingress or workers publish usage; the registry then has the spool and publish-error
+    /// metrics. `None`: no spool and no such metrics (a lone billing or cache).
     pub spool_dir: Option<PathBuf>,
+    /// `true`: creates the usage stream (as billing) before any service starts, and the
+    /// registry reports billing's lag (`up`, the tests, `switchyard billing`); `false`: neither
+    /// (a lone ingress, worker or cache, whose NATS identity may not create streams).
+    pub usage_stream: bool,
     /// Stops the ingress (a signal); [`Topology::shutdown`] fires it too.
     pub shutdown: CancellationToken,
     /// `true`: any service ending on its own fires `shutdown` (one failing stops the rest in
@@ -88,8 +103,8 @@ pub struct Topology {
     tasks: TaskTracker,
     stop_all_when_one_ends: bool,
     spool: Option<Arc<Spool>>,
-    spool_nats: async_nats::Client,
-    billing_js: async_nats::jetstream::Context,
+    spool_nats: Option<async_nats::Client>,
+    billing_js: Option<async_nats::jetstream::Context>,
     registry: Registry,
     readiness: Readiness,
     ingress: Vec<ServiceTask>,
@@ -140,6 +155,10 @@ pub struct WorkerSpec {
     pub builtin_mock_url: Option<String>,
     /// Base URL (with `/v1`) that `builtin:local-model` targets resolve to.
     pub builtin_local_model_url: Option<String>,
+    /// `true`: records into the topology's registry, spools into its spool and is in its
+    /// readiness (a worker of this process); `false`: its own registry, no spool, not in
+    /// `/readyz` (another process's worker).
+    pub shared: bool,
 }
 
 /// Work a cache instance does before it subscribes (e.g. loading the embedding model); its
@@ -155,6 +174,9 @@ pub struct CacheSpec {
     pub prepare: Option<CachePrepare>,
     /// What `/readyz` shows until the cache is ready, e.g. `"loading embedding model"`.
     pub detail: String,
+    /// `true`: in the topology's readiness (a cache of this process); `false`: not in
+    /// `/readyz` (another process's cache).
+    pub shared: bool,
 }
 
 /// An ingress to start.
@@ -174,26 +196,33 @@ pub struct IngressSpec {
 }
 
 impl Topology {
-    /// Connects to NATS, creates the usage stream, opens the usage spool (when
-    /// `opts.spool_dir` is set; one that cannot be opened is logged and skipped) and drains it
-    /// until [`Self::services_token`] stops, and creates the metrics registry (process and
-    /// billing-lag collectors). Errors: a connection refused, the stream not creatable.
+    /// Connects to NATS; opens the usage spool (when `opts.spool_dir` is set; one that cannot
+    /// be opened is logged and skipped) and drains it until [`Self::services_token`] stops;
+    /// creates the usage stream (with `opts.usage_stream`); creates the metrics registry (with
+    /// the process collectors when there is a spool dir, the billing-lag collector with the
+    /// usage stream). Errors: a connection refused, the stream not creatable.
     pub async fn start(opts: TopologyOptions) -> Result<Self, TopologyError> {
         let services = CancellationToken::new();
         let tasks = TaskTracker::new();
+        // One registry for every service of this process: ingress's `/metrics` shows them all.
+        let registry = Registry::new();
         // The spool holds the usage events of this process's ingress and workers.
-        let spool_nats = crate::nats::connect(
-            &opts.url,
-            "switchyard-spool",
-            &opts.nats.config_for(Identity::Ingress),
-        )
-        .await?;
-        let spool = opts
-            .spool_dir
-            .as_ref()
-            .and_then(|dir| start_spool(&spool_nats, dir, &opts.subjects, &services, &tasks));
+        let (spool_nats, spool) = match &opts.spool_dir {
+            Some(dir) => {
+                let nats = crate::nats::connect(
+                    &opts.url,
+                    "switchyard-spool",
+                    &opts.nats.config_for(Identity::Ingress),
+                )
+                .await?;
+                let spool = start_spool(&nats, dir, &opts.subjects, &services, &tasks);
+                switchyard_publish::add_process_collectors(&registry, spool.clone());
+                (Some(nats), spool)
+            }
+            None => (None, None),
+        };
         // Billing's identity creates the usage stream the others publish to.
-        let billing_js = {
+        let billing_js = if opts.usage_stream {
             let nats = crate::nats::connect(
                 &opts.url,
                 "switchyard-billing",
@@ -204,12 +233,11 @@ impl Topology {
             switchyard_billing::ensure_usage_stream(&js, &opts.subjects)
                 .await
                 .map_err(msg)?;
-            js
+            switchyard_billing::lag::add_lag_collector(&registry, js.clone());
+            Some(js)
+        } else {
+            None
         };
-        // One registry for every service of this process: ingress's `/metrics` shows them all.
-        let registry = Registry::new();
-        switchyard_publish::add_process_collectors(&registry, spool.clone());
-        switchyard_billing::lag::add_lag_collector(&registry, billing_js.clone());
         Ok(Self {
             url: opts.url,
             nats: opts.nats,
@@ -276,6 +304,14 @@ impl Topology {
         &self.services
     }
 
+    /// The topology's readiness for a `shared` service, else a readiness of its own (not shown).
+    fn readiness_of(&self, shared: bool) -> Readiness {
+        match shared {
+            true => self.readiness.clone(),
+            false => Readiness::default(),
+        }
+    }
+
     /// Runs `fut` as service `name` on the tracker; it stops on `stop` (its own business). Its
     /// error is logged and prefixed with `name`; with `stop_all_when_one_ends` its end fires
     /// the shutdown.
@@ -293,7 +329,10 @@ impl Topology {
             if stop_all {
                 all.cancel();
             }
-            r.map_err(|e| TopologyError::Msg(format!("{name}: {e}")))
+            r.map_err(|error| TopologyError::Service {
+                service: name,
+                error,
+            })
         })
     }
 
@@ -338,7 +377,9 @@ impl Topology {
     pub async fn start_cache(&mut self, spec: CacheSpec) -> Result<ServiceHandle, TopologyError> {
         let nats = self.connect(Identity::Cache, "switchyard-cache").await?;
         let stop = self.services.child_token();
-        let ready = self.readiness.register("cache", &spec.detail);
+        let ready = self
+            .readiness_of(spec.shared)
+            .register("cache", &spec.detail);
         let token = stop.clone();
         let task = self.spawn_service("cache", async move {
             if let Some(prepare) = spec.prepare {
@@ -359,8 +400,14 @@ impl Topology {
     /// registry and spooling into the spool; returns once it is subscribed, and it serves until
     /// the workers stop. Errors: the connection or the subscription failed.
     pub async fn start_worker(&mut self, spec: WorkerSpec) -> Result<ServiceHandle, TopologyError> {
-        let ready = self.readiness.register("worker", "subscribing");
+        let ready = self
+            .readiness_of(spec.shared)
+            .register("worker", "subscribing");
         let nats = self.connect(Identity::Worker, "switchyard-worker").await?;
+        let (metrics, spool) = match spec.shared {
+            true => (self.registry.clone(), self.spool.clone()),
+            false => (Registry::new(), None),
+        };
         let opts = switchyard_workers::worker::WorkerOptions {
             worker_id: spec.worker_id,
             subjects: self.subjects.clone(),
@@ -368,12 +415,15 @@ impl Topology {
             providers: spec.providers,
             builtin_mock_url: spec.builtin_mock_url,
             builtin_local_model_url: spec.builtin_local_model_url,
-            metrics: self.registry.clone(),
-            spool: self.spool.clone(),
+            metrics,
+            spool,
         };
         let worker = switchyard_workers::worker::Worker::subscribe(nats, opts)
             .await
-            .map_err(|e| TopologyError::Msg(format!("worker: {e}")))?;
+            .map_err(|e| TopologyError::Service {
+                service: "worker",
+                error: e.to_string(),
+            })?;
         ready.ready();
         let stop = self.workers_stop.child_token();
         let token = stop.clone();
@@ -410,7 +460,10 @@ impl Topology {
         };
         let ingress = BoundIngress::bind(nats, spec.config, &spec.listen, admin, wiring)
             .await
-            .map_err(|e| TopologyError::Msg(format!("ingress: {e}")))?;
+            .map_err(|error| TopologyError::Service {
+                service: "ingress",
+                error,
+            })?;
         let (addr, state) = (ingress.addr, ingress.state.clone());
         let stop = self.shutdown.child_token();
         let token = stop.clone();
@@ -422,7 +475,8 @@ impl Topology {
     /// Stops everything in order and waits for every task: fires the shutdown and waits for
     /// each ingress to drain (its usage publications finished), stops the workers and waits for
     /// them, flushes the spool (at most [`SPOOL_FLUSH_DEADLINE`]), waits for billing to store
-    /// what is in the stream (at most [`BILLING_CATCH_UP`]), stops billing, cache and the rest
+    /// what is in the stream (at most [`BILLING_CATCH_UP`]; only when this topology ran an
+    /// ingress or a worker, and created the usage stream), stops billing, cache and the rest
     /// of [`Self::services_token`]. Returns the first service error (ingress, workers, billing,
     /// cache in that order).
     pub async fn shutdown(self) -> Result<(), TopologyError> {
@@ -433,6 +487,8 @@ impl Topology {
                 result = Err(e);
             }
         };
+        // Billing catches up with what this process's ingress and workers published.
+        let published = !self.ingress.is_empty() || !self.workers.is_empty();
         self.shutdown.cancel();
         // Ingress returns once its connections drained and its usage publications finished.
         for task in self.ingress {
@@ -443,11 +499,13 @@ impl Topology {
         for task in self.workers {
             record(task.await);
         }
-        flush_spool(&self.spool_nats, &self.subjects, self.spool.as_ref()).await;
-        if let Some(billing) = &self.billing
+        if let Some(nats) = &self.spool_nats {
+            flush_spool(nats, &self.subjects, self.spool.as_ref()).await;
+        }
+        if let (Some(billing), Some(js), true) = (&self.billing, &self.billing_js, published)
             && !billing.is_finished()
         {
-            billing_caught_up(&self.billing_js, BILLING_CATCH_UP).await;
+            billing_caught_up(js, BILLING_CATCH_UP).await;
         }
         self.services.cancel();
         if let Some(billing) = self.billing {
@@ -463,27 +521,27 @@ impl Topology {
 }
 
 /// What the admin API of an ingress needs from its process.
-pub struct AdminWiring {
+struct AdminWiring {
     /// The connection config writes go through (the `admin` identity), if not the ingress's.
-    pub writer: Option<async_nats::Client>,
+    writer: Option<async_nats::Client>,
     /// The config text the process started from, if known.
-    pub startup_text: Option<String>,
+    startup_text: Option<String>,
 }
 
 /// An ingress bound to its address, not serving yet.
-pub struct BoundIngress {
+struct BoundIngress {
     listener: tokio::net::TcpListener,
     /// The address it listens on.
-    pub addr: SocketAddr,
+    addr: SocketAddr,
     /// Its state.
-    pub state: Arc<switchyard_ingress::AppState>,
+    state: Arc<switchyard_ingress::AppState>,
 }
 
 impl BoundIngress {
     /// Binds `listen` and builds the state of an ingress `ingress-<uuid>` on `nats`, serving
     /// `handle`; logs whether API keys and the admin API are on. Errors (described): the bind
     /// or the state (its KV buckets) failed.
-    pub async fn bind(
+    async fn bind(
         nats: async_nats::Client,
         handle: ConfigHandle,
         listen: &str,
@@ -515,7 +573,7 @@ impl BoundIngress {
     }
 
     /// Serves until `shutdown`, then drains the open connections. Errors: the server failed.
-    pub async fn serve(self, shutdown: CancellationToken) -> Result<(), String> {
+    async fn serve(self, shutdown: CancellationToken) -> Result<(), String> {
         switchyard_ingress::serve(self.listener, self.state, shutdown.cancelled_owned())
             .await
             .map_err(|e| e.to_string())
@@ -549,7 +607,7 @@ fn log_auth(c: &GatewayConfig) {
 /// Opens `dir` as a usage spool (usage events JetStream does not acknowledge are kept there;
 /// its publishers are handed it) and drains it, and spools left by earlier runs, in a task on
 /// `tasks`, until `stop`. `None` (logged) when it cannot be opened.
-pub fn start_spool(
+fn start_spool(
     nats: &async_nats::Client,
     dir: &std::path::Path,
     subjects: &Subjects,
@@ -580,11 +638,7 @@ pub const BILLING_CATCH_UP: Duration = Duration::from_secs(10);
 
 /// One last spool pass before exit (the drainer task may be sleeping between passes), at most
 /// [`SPOOL_FLUSH_DEADLINE`]; the outcome is logged.
-pub async fn flush_spool(
-    nats: &async_nats::Client,
-    subjects: &Subjects,
-    spool: Option<&Arc<Spool>>,
-) {
+async fn flush_spool(nats: &async_nats::Client, subjects: &Subjects, spool: Option<&Arc<Spool>>) {
     let Some(spool) = spool else {
         return;
     };
@@ -606,7 +660,7 @@ pub async fn flush_spool(
 
 /// Waits (up to `limit`) until the billing consumer has stored and acknowledged every usage
 /// event in the stream, so a stopping process leaves a complete ledger (logged when not).
-pub async fn billing_caught_up(js: &async_nats::jetstream::Context, limit: Duration) {
+async fn billing_caught_up(js: &async_nats::jetstream::Context, limit: Duration) {
     use async_nats::jetstream::consumer::pull;
     use switchyard_schemas::subjects::{BILLING_CONSUMER, USAGE_STREAM};
     let deadline = tokio::time::Instant::now() + limit;
@@ -668,7 +722,7 @@ pub const LEDGER_RETRY_MAX: Duration = Duration::from_secs(5);
 /// backoff up to [`LEDGER_RETRY_MAX`] until it can (`ready` says what it waits for), then
 /// stores usage events priced with `handle`'s live catalog until `shutdown`. Errors
 /// (described): the consumer failed.
-pub async fn run_billing(
+async fn run_billing(
     nats: async_nats::Client,
     handle: ConfigHandle,
     database_url: Option<String>,

@@ -68,9 +68,8 @@ async fn encrypted_provider_key_is_decrypted_only_by_the_worker_and_sent_upstrea
     resolve_provider_secrets(&mut worker_config, &|_| None, Some(&master)).unwrap();
     assert_eq!(worker_config.targets[0].api_key.expose(), plain);
     let client = async_nats::connect(gw.nats.url()).await.unwrap();
-    spawn_worker_on(
-        client.clone(),
-        &gw.mock,
+    spawn_worker(
+        &gw,
         ConfigHandle::new(worker_config),
         "worker-sealed",
         gw.worker_shutdown.clone(),

@@ -603,14 +603,7 @@ async fn worker_restart_mid_batch_loses_and_doubles_nothing() {
     wait_completed(&gw.base, KEY_A, &id, 300, false, Duration::from_secs(60)).await;
     gw.worker_shutdown.cancel();
     let fresh = tokio_util::sync::CancellationToken::new();
-    spawn_worker(
-        &gw.nats.url(),
-        &gw.mock,
-        gw.config.clone(),
-        "worker-b",
-        fresh.clone(),
-    )
-    .await;
+    spawn_worker(&gw, gw.config.clone(), "worker-b", fresh.clone()).await;
     gw.worker_shutdown = fresh;
     let (_, out) = finished(&gw.base, KEY_A, &id, 1000).await;
     let ids: std::collections::BTreeSet<String> = out

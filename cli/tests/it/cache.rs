@@ -277,7 +277,7 @@ async fn a_new_instance_rebuilds_from_kv() {
     })
     .await;
     let token = CancellationToken::new();
-    spawn_cache(&gw.nats.url(), &subjects, token.clone()).await;
+    spawn_cache(&gw, &subjects, token.clone()).await;
     let before = gw.mock.request_count();
     assert_eq!(ask(&gw.base, &q, &[]).await.0, "hit");
     let (outcome, _, _) = ask(

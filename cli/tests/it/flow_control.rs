@@ -338,41 +338,42 @@ async fn non_readers_stall_only_their_own_upstream_calls() {
     // The mock builds each answer up front: on its own runtime it cannot starve the worker's.
     let (mock_url, _stop_mock) = mock_on_own_thread();
     let handle = ConfigHandle::new(config);
-    let subjects = Subjects::new(handle.get().subject_prefix.clone());
-    let shutdown = CancellationToken::new();
-    let _stop = shutdown.clone().drop_guard();
-    let client = async_nats::connect(nats.url()).await.unwrap();
-    let js = async_nats::jetstream::new(client.clone());
-    switchyard_billing::ensure_usage_stream(&js, &subjects)
-        .await
-        .unwrap();
+    // Billing and a worker (another process's: its own registry, no spool) run here.
+    use switchyard::topology::{BillingLedger, NatsIdentities, Topology, TopologyOptions};
+    let mut topology = Topology::start(TopologyOptions {
+        url: nats.url(),
+        nats: NatsIdentities::Shared(Default::default()),
+        subjects: Subjects::new(handle.get().subject_prefix.clone()),
+        spool_dir: None,
+        usage_stream: true,
+        shutdown: CancellationToken::new(),
+        stop_all_when_one_ends: false,
+    })
+    .await
+    .unwrap();
     let ledger = switchyard_billing::Ledger::connect(&format!(
         "sqlite://{}/ledger.db?mode=rwc",
         tmp.path().display()
     ))
     .await
     .unwrap();
-    tokio::spawn(switchyard_billing::run(
-        client.clone(),
-        subjects.clone(),
-        ledger.clone(),
-        shutdown.clone().cancelled_owned(),
-    ));
-    let worker = switchyard_workers::worker::WorkerOptions {
-        worker_id: "worker-flow".into(),
-        subjects: subjects.clone(),
-        config: handle.clone(),
-        providers: Vec::new(),
-        builtin_mock_url: Some(format!("{mock_url}/v1")),
-        builtin_local_model_url: None,
-        metrics: switchyard_schemas::metrics::Registry::new(),
-        spool: None,
-    };
-    let c = async_nats::connect(nats.url()).await.unwrap();
-    let worker = switchyard_workers::worker::Worker::subscribe(c, worker)
+    let billing = topology
+        .start_billing(BillingLedger::Given(ledger.clone()), &handle)
         .await
         .unwrap();
-    tokio::spawn(worker.serve(shutdown.clone()));
+    let _stop_billing = billing.stop.drop_guard();
+    let worker = topology
+        .start_worker(switchyard::topology::WorkerSpec {
+            worker_id: "worker-flow".into(),
+            config: handle.clone(),
+            providers: Vec::new(),
+            builtin_mock_url: Some(format!("{mock_url}/v1")),
+            builtin_local_model_url: None,
+            shared: false,
+        })
+        .await
+        .unwrap();
+    let _stop_worker = worker.stop.drop_guard();
 
     let mut ingress = start_ingress(&config_path, &nats.url()).await;
     let pid = ingress.child.id().unwrap();

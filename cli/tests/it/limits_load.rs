@@ -25,14 +25,7 @@ async fn rpm_admits_exactly_capacity_of_1000_concurrent_through_two_workers() {
     })
     .await;
     let stop = CancellationToken::new();
-    spawn_worker(
-        &gw.nats.url(),
-        &gw.mock,
-        gw.config.clone(),
-        "worker-b",
-        stop.clone(),
-    )
-    .await;
+    spawn_worker(&gw, gw.config.clone(), "worker-b", stop.clone()).await;
     let _stop = stop.drop_guard();
 
     let started = Instant::now();

@@ -367,14 +367,7 @@ async fn a_lost_worker_is_replaced_by_another_replica_of_the_same_target() {
         serde_json::from_slice(&swallowed.payload).unwrap();
     dead.unsubscribe().await.unwrap();
     // The live replica joins; the retry (after `first_frame_ms`, 2 s) goes to it.
-    spawn_worker(
-        &gw.nats.url(),
-        &gw.mock,
-        gw.config.clone(),
-        "live",
-        gw.worker_shutdown.clone(),
-    )
-    .await;
+    spawn_worker(&gw, gw.config.clone(), "live", gw.worker_shutdown.clone()).await;
     let (status, headers, body) = client.await.unwrap();
     assert_eq!(status, 200, "{body}");
     assert_eq!(

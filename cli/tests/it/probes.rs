@@ -53,14 +53,7 @@ async fn probes_find_an_outage_and_the_recovery_without_traffic() {
         client = async_nats::connect(gw.nats.url()).await.unwrap();
         events = client.subscribe("sy.health.>").await.unwrap();
         client.flush().await.unwrap();
-        spawn_worker(
-            &gw.nats.url(),
-            &gw.mock,
-            gw.config.clone(),
-            "prober",
-            gw.worker_shutdown.clone(),
-        )
-        .await;
+        spawn_worker(&gw, gw.config.clone(), "prober", gw.worker_shutdown.clone()).await;
         gw
     };
     // No client request at all: the probes alone open the breaker.

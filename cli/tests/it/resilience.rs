@@ -55,14 +55,7 @@ async fn next_event(sub: &mut async_nats::Subscriber, limit: Duration) -> Health
 /// A started second worker replica, sharing the gateway's NATS, mock and live config.
 async fn second_worker(gw: &Gateway, id: &str) -> CancellationToken {
     let stop = CancellationToken::new();
-    spawn_worker(
-        &gw.nats.url(),
-        &gw.mock,
-        gw.config.clone(),
-        id,
-        stop.clone(),
-    )
-    .await;
+    spawn_worker(gw, gw.config.clone(), id, stop.clone()).await;
     stop
 }
 

@@ -135,8 +135,7 @@ impl Default for Options {
 pub(crate) async fn start(opts: Options) -> Gateway {
     use switchyard::nats_auth::{Credentials, Identity};
     use switchyard::topology::{
-        BillingLedger, CacheSpec, IngressSpec, NatsIdentities, Topology, TopologyOptions,
-        WorkerSpec,
+        BillingLedger, IngressSpec, NatsIdentities, Topology, TopologyOptions,
     };
     let tmp = tempfile::tempdir().unwrap();
     let creds = opts.auth.then(Credentials::generate);
@@ -160,6 +159,7 @@ pub(crate) async fn start(opts: Options) -> Gateway {
         },
         subjects: subjects.clone(),
         spool_dir: Some(tmp.path().join("spool").join("gw")),
+        usage_stream: true,
         shutdown: CancellationToken::new(),
         stop_all_when_one_ends: false,
     })
@@ -187,33 +187,14 @@ pub(crate) async fn start(opts: Options) -> Gateway {
             .unwrap();
     }
     let worker_shutdown = if opts.worker {
-        let worker = topology
-            .start_worker(WorkerSpec {
-                worker_id: "worker-a".to_owned(),
-                config: config.clone(),
-                providers: Vec::new(),
-                builtin_mock_url: Some(format!("{}/v1", mock.base_url())),
-                builtin_local_model_url: None,
-            })
-            .await
-            .unwrap();
-        worker.stop
+        let spec = worker_spec(&mock, config.clone(), "worker-a", true);
+        topology.start_worker(spec).await.unwrap().stop
     } else {
         CancellationToken::new()
     };
     let cache_shutdown = if opts.cache {
-        let model = tokio::task::spawn_blocking(embedder).await.unwrap();
-        let cache = topology
-            .start_cache(CacheSpec {
-                options: switchyard_cache::ServiceOptions::new(subjects.clone(), Some(model)),
-                prepare: None,
-                detail: "starting".to_owned(),
-            })
-            .await
-            .unwrap();
         let probe = connect_as(&nats.url(), creds.as_ref(), Identity::Ingress).await;
-        cache_answers(&probe, &subjects).await;
-        cache.stop
+        start_cache(&mut topology, &probe, &subjects, true).await
     } else {
         CancellationToken::new()
     };
@@ -307,28 +288,51 @@ pub(crate) fn embedder() -> std::sync::Arc<dyn switchyard_cache::embed::Embed> {
         .clone()
 }
 
-/// Starts a cache instance on `url` and waits until it answers lookups.
-pub(crate) async fn spawn_cache(url: &str, subjects: &Subjects, shutdown: CancellationToken) {
-    let c = async_nats::connect(url).await.unwrap();
-    let probe = async_nats::connect(url).await.unwrap();
-    spawn_cache_on(c, probe, subjects, shutdown).await;
+/// Starts another cache instance (another process's: not in the gateway's `/readyz`) on the
+/// gateway's NATS, serving `subjects`, and waits until it answers lookups; it stops when
+/// `shutdown` fires.
+pub(crate) async fn spawn_cache(gw: &Gateway, subjects: &Subjects, shutdown: CancellationToken) {
+    let probe = async_nats::connect(gw.nats.url()).await.unwrap();
+    let mut topology = gw.topology.lock().await;
+    let stop = start_cache(&mut topology, &probe, subjects, false).await;
+    stop_with(&topology, stop, shutdown);
 }
 
-/// Starts a cache instance on connection `c` and waits until `probe` gets lookup answers.
-pub(crate) async fn spawn_cache_on(
-    c: async_nats::Client,
-    probe: async_nats::Client,
+/// Starts a cache instance (the real embedding model) on `topology`, `shared` in its readiness
+/// or not, and waits until `probe` gets lookup answers; returns the token stopping it.
+async fn start_cache(
+    topology: &mut switchyard::topology::Topology,
+    probe: &async_nats::Client,
     subjects: &Subjects,
+    shared: bool,
+) -> CancellationToken {
+    let model = tokio::task::spawn_blocking(embedder).await.unwrap();
+    let cache = topology
+        .start_cache(switchyard::topology::CacheSpec {
+            options: switchyard_cache::ServiceOptions::new(subjects.clone(), Some(model)),
+            prepare: None,
+            detail: "starting".to_owned(),
+            shared,
+        })
+        .await
+        .unwrap();
+    cache_answers(probe, subjects).await;
+    cache.stop
+}
+
+/// Stops `service` (a service's token) when `shutdown` fires: a task on `topology`'s tracker,
+/// ending with the service.
+fn stop_with(
+    topology: &switchyard::topology::Topology,
+    service: CancellationToken,
     shutdown: CancellationToken,
 ) {
-    let model = tokio::task::spawn_blocking(embedder).await.unwrap();
-    let opts = switchyard_cache::ServiceOptions::new(subjects.clone(), Some(model));
-    tokio::spawn(async move {
-        if let Err(e) = switchyard_cache::run(c, opts, shutdown.cancelled_owned()).await {
-            panic!("cache service: {e}");
+    topology.tasks().spawn(async move {
+        tokio::select! {
+            _ = shutdown.cancelled() => service.cancel(),
+            _ = service.cancelled() => {}
         }
     });
-    cache_answers(&probe, subjects).await;
 }
 
 /// Waits until `probe` gets lookup answers from a cache instance (not "no responders").
@@ -355,53 +359,36 @@ async fn cache_answers(probe: &async_nats::Client, subjects: &Subjects) {
     .await;
 }
 
+/// Starts another worker `id` (another process's: its own registry, no spool, not in the
+/// gateway's `/readyz`) on the gateway's NATS, serving `config` (the gateway's mock upstream for
+/// `builtin:mock` targets) until `shutdown` fires.
 pub(crate) async fn spawn_worker(
-    url: &str,
-    mock: &MockUpstream,
+    gw: &Gateway,
     config: ConfigHandle,
     id: &str,
     shutdown: CancellationToken,
 ) {
-    let c = async_nats::connect(url).await.unwrap();
-    spawn_worker_on(c, mock, config, id, shutdown).await;
+    let mut topology = gw.topology.lock().await;
+    let spec = worker_spec(&gw.mock, config, id, false);
+    let worker = topology.start_worker(spec).await.unwrap();
+    stop_with(&topology, worker.stop, shutdown);
 }
 
-/// Starts a worker `id` on connection `c` (the mock upstream for `builtin:mock` targets).
-pub(crate) async fn spawn_worker_on(
-    c: async_nats::Client,
+/// A worker `id` of every provider serving `config`, `builtin:mock` targets on `mock`.
+fn worker_spec(
     mock: &MockUpstream,
     config: ConfigHandle,
     id: &str,
-    shutdown: CancellationToken,
-) {
-    let registry = switchyard_schemas::metrics::Registry::new();
-    spawn_worker_into(c, mock, config, id, shutdown, registry, None).await;
-}
-
-/// [`spawn_worker_on`] recording its metrics into `registry`, spooling into `spool`.
-pub(crate) async fn spawn_worker_into(
-    c: async_nats::Client,
-    mock: &MockUpstream,
-    config: ConfigHandle,
-    id: &str,
-    shutdown: CancellationToken,
-    registry: switchyard_schemas::metrics::Registry,
-    spool: Option<std::sync::Arc<switchyard_publish::Spool>>,
-) {
-    let opts = switchyard_workers::worker::WorkerOptions {
+    shared: bool,
+) -> switchyard::topology::WorkerSpec {
+    switchyard::topology::WorkerSpec {
         worker_id: id.to_owned(),
-        subjects: Subjects::new(config.get().subject_prefix.clone()),
         config,
         providers: Vec::new(),
         builtin_mock_url: Some(format!("{}/v1", mock.base_url())),
         builtin_local_model_url: None,
-        metrics: registry,
-        spool,
-    };
-    let worker = switchyard_workers::worker::Worker::subscribe(c, opts)
-        .await
-        .unwrap();
-    tokio::spawn(worker.serve(shutdown));
+        shared,
+    }
 }
 
 /// Polls `f` until it returns Some, or panics after `limit`.
