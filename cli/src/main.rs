@@ -276,7 +276,10 @@ fn msg(e: impl std::fmt::Display) -> CliError {
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let (tracing, service) = tracing_section(&cli.command);
-    let telemetry = telemetry::init(cli.log_format, tracing.as_ref(), service);
+    // Services log their progress; one-shot commands (`config show`, `key new`, …) print
+    // their answer and only warnings (not the NATS client's connection notices).
+    let level = if serves(&cli.command) { "info" } else { "warn" };
+    let telemetry = telemetry::init(cli.log_format, level, tracing.as_ref(), service);
     // jemalloc purges freed pages only when a thread allocates again, so an idle process kept
     // what a burst of load freed (~50 MB after 2,000 streams); its background thread purges them.
     if let Err(e) = tikv_jemalloc_ctl::background_thread::write(true) {
@@ -313,6 +316,21 @@ fn tracing_section(
         _ => return (None, "switchyard"),
     };
     (load(common).ok().map(|c| c.tracing), service)
+}
+
+/// Whether `command` runs until stopped (a service, the mock upstream, the bench) rather than
+/// answering once.
+fn serves(command: &Command) -> bool {
+    match command {
+        Command::Up { .. }
+        | Command::Ingress { .. }
+        | Command::Worker { .. }
+        | Command::Billing { .. }
+        | Command::MockUpstream { .. }
+        | Command::Bench(_) => true,
+        Command::Cache(args) => args.action.is_none(),
+        _ => false,
+    }
 }
 
 /// Fires on Ctrl-C or SIGTERM.

@@ -38,12 +38,18 @@ impl Telemetry {
 
 type Boxed = Box<dyn Layer<tracing_subscriber::Registry> + Send + Sync>;
 
-/// Installs the global subscriber: logs in `format`, plus span export when `tracing` has an
-/// endpoint (`service` names the resource unless `tracing.service_name` does). An exporter
-/// that cannot be built is reported on stderr and the process runs without it.
-pub(crate) fn init(format: LogFormat, tracing: Option<&TracingConfig>, service: &str) -> Telemetry {
+/// Installs the global subscriber: logs in `format` at `RUST_LOG`, else at `default_level`,
+/// plus span export when `tracing` has an endpoint (`service` names the resource unless
+/// `tracing.service_name` does). An exporter that cannot be built is reported on stderr and the
+/// process runs without it.
+pub(crate) fn init(
+    format: LogFormat,
+    default_level: &str,
+    tracing: Option<&TracingConfig>,
+    service: &str,
+) -> Telemetry {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     let logs: Boxed = match format {
         LogFormat::Json => Box::new(
