@@ -142,8 +142,15 @@ impl From<Usage> for UsageOut {
 fn sse(value: &impl Serialize) -> Bytes {
     let mut buf = Vec::with_capacity(256);
     buf.extend_from_slice(b"data: ");
-    // Serialising these plain structs cannot fail.
-    let _ = serde_json::to_writer(&mut buf, value);
+    // These plain structs serialise; should one ever not, the client gets an error event, never
+    // a half-written one.
+    if let Err(e) = serde_json::to_writer(&mut buf, value) {
+        tracing::error!(error = %e, "encoding an SSE event failed");
+        buf.truncate(b"data: ".len());
+        buf.extend_from_slice(
+            br#"{"error":{"message":"the gateway could not encode this event","type":"server_error","param":null,"code":null}}"#,
+        );
+    }
     buf.extend_from_slice(b"\n\n");
     Bytes::from(buf)
 }
