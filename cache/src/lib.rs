@@ -4,7 +4,9 @@
 //! lookups, stores and purges across instances. Entries live in the JetStream KV bucket
 //! [`BUCKET`] (one key per entry, the exact key); every instance watches the bucket and keeps the
 //! whole index in memory, so a store taken by one instance is served by all, and a restarted or
-//! added instance rebuilds its index from KV before it answers.
+//! added instance rebuilds its index from KV before it answers. Ingress may keep an exact-layer
+//! copy of the index the same way ([`replica`], `cache_replica` in the config) and answer
+//! lookups locally.
 //!
 //! * [`canon`] — canonical request, exact key, scope and query text;
 //! * [`embed`] — fastembed model loading (ONNX Runtime checked first) and the [`embed::Embed`] trait;
@@ -24,7 +26,7 @@ pub mod onnx_rows;
 pub mod service;
 pub mod verify;
 
-pub use service::{CacheError, Service, ServiceOptions, run, run_with_ready};
+pub use service::{CacheError, Service, ServiceOptions, replica, run, run_with_ready};
 
 /// The queue group every cache instance joins, so NATS spreads requests across instances.
 pub const QUEUE_GROUP: &str = "cache";

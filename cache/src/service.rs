@@ -19,6 +19,7 @@ use switchyard_schemas::cache::{
 };
 use switchyard_schemas::now_ms;
 use switchyard_schemas::subjects::Subjects;
+use tokio_util::sync::CancellationToken;
 
 /// Cache service failures.
 #[derive(Debug, thiserror::Error)]
@@ -369,6 +370,18 @@ impl Service {
         self.index.write().insert(entry)
     }
 
+    /// Adds an entry learned from KV (any instance's store), like [`Service::apply`]; an instance
+    /// that can never embed (an ingress replica, a service without a model) does not keep its
+    /// vector in memory. What the index evicts stays in KV: the instance that stored an entry
+    /// deletes what its own index evicts, which reaches every instance as a delete.
+    fn apply_shared(&self, mut entry: Entry) {
+        if self.opts.embedder.is_none() && self.opts.on_demand.is_none() {
+            entry.vector = None;
+            entry.embed_model = None;
+        }
+        let _ = self.apply(entry);
+    }
+
     /// Removes an entry from the index.
     pub fn remove(&self, key: &str) -> bool {
         self.index.write().remove(key)
@@ -431,10 +444,7 @@ fn apply_kv(service: &Service, entry: &async_nats::jetstream::kv::Entry) {
     use async_nats::jetstream::kv::Operation;
     match entry.operation {
         Operation::Put => match serde_json::from_slice::<Entry>(&entry.value) {
-            Ok(e) => {
-                // Eviction on another instance deletes from KV, which reaches us as a delete.
-                let _ = service.apply(e);
-            }
+            Ok(e) => service.apply_shared(e),
             Err(e) => {
                 tracing::warn!(key = %entry.key, error = %e, "unreadable cache entry skipped")
             }
@@ -450,7 +460,7 @@ fn apply_kv(service: &Service, entry: &async_nats::jetstream::kv::Entry) {
 async fn rebuild_and_watch(
     service: Arc<Service>,
     kv: async_nats::jetstream::kv::Store,
-    shutdown: tokio_util_like::Shutdown,
+    shutdown: CancellationToken,
     tasks: &tokio_util::task::TaskTracker,
 ) -> Result<(), CacheError> {
     let pending = {
@@ -480,7 +490,7 @@ async fn rebuild_and_watch(
     tasks.spawn(async move {
         loop {
             tokio::select! {
-                _ = shutdown.wait() => return,
+                _ = shutdown.cancelled() => return,
                 next = watch.next() => match next {
                     Some(Ok(e)) => apply_kv(&service, &e),
                     Some(Err(e)) => {
@@ -495,23 +505,6 @@ async fn rebuild_and_watch(
         }
     });
     Ok(())
-}
-
-/// A clonable shutdown signal built from the caller's future.
-mod tokio_util_like {
-    use tokio::sync::watch;
-
-    /// Fires once.
-    #[derive(Clone)]
-    pub(super) struct Shutdown(pub watch::Receiver<bool>);
-
-    impl Shutdown {
-        /// Resolves when fired (or when the sender is gone).
-        pub(super) async fn wait(&self) {
-            let mut rx = self.0.clone();
-            let _ = rx.wait_for(|v| *v).await;
-        }
-    }
 }
 
 /// Largest entry written to KV; bigger answers are served from this instance's memory only.
@@ -562,6 +555,25 @@ async fn purge(
     }
 }
 
+/// An exact-layer replica of the index for another process (ingress, `cache_replica` in the
+/// config): opens (or creates) the KV bucket, rebuilds the index from it, then keeps applying the
+/// bucket's changes (a task on `tasks`) until `shutdown` is cancelled. It does not subscribe to
+/// `<prefix>.cache.*` (it answers only its own process's lookups, with [`Service::lookup_exact`])
+/// and never writes KV: stores and purges still go through the cache service, and reach the
+/// replica through the watch. Without an embedding model in `opts` it keeps no vectors.
+pub async fn replica(
+    nats: async_nats::Client,
+    opts: ServiceOptions,
+    shutdown: CancellationToken,
+    tasks: &tokio_util::task::TaskTracker,
+) -> Result<Arc<Service>, CacheError> {
+    let js = async_nats::jetstream::new(nats);
+    let kv = bucket(&js, &opts.bucket, opts.max_ttl_s).await?;
+    let service = Arc::new(Service::new(opts));
+    rebuild_and_watch(service.clone(), kv, shutdown, tasks).await?;
+    Ok(service)
+}
+
 /// Runs one cache instance until `shutdown` resolves: opens (or creates) the KV bucket, rebuilds
 /// the index from it, then serves `<prefix>.cache.lookup`, `.store` and `.purge` in queue group
 /// [`crate::QUEUE_GROUP`].
@@ -586,8 +598,7 @@ pub async fn run_with_ready(
     let subjects = opts.subjects.clone();
     let sweep_every = opts.sweep_every;
     let service = Arc::new(Service::new(opts));
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let stop = tokio_util_like::Shutdown(stop_rx);
+    let stop = CancellationToken::new();
     let started = std::time::Instant::now();
     // The KV watch and the sweeper: they end on `stop`, and shutdown waits for them.
     let background = tokio_util::task::TaskTracker::new();
@@ -608,7 +619,7 @@ pub async fn run_with_ready(
             let mut tick = tokio::time::interval(sweep_every);
             loop {
                 tokio::select! {
-                    _ = stop.wait() => return,
+                    _ = stop.cancelled() => return,
                     _ = tick.tick() => {
                         let expired = service.expired();
                         if !expired.is_empty() {
@@ -707,7 +718,7 @@ pub async fn run_with_ready(
     };
     tasks.close();
     tasks.wait().await;
-    let _ = stop_tx.send(true);
+    stop.cancel();
     background.close();
     background.wait().await;
     result
@@ -903,6 +914,21 @@ mod tests {
         let r = s.lookup(&l);
         assert_eq!(r.outcome, CacheOutcome::Miss);
         assert!(r.reason.unwrap().contains("temperature"));
+    }
+
+    /// A replica (no model, none on demand) keeps entries from KV without their vectors and
+    /// answers them from the exact layer.
+    #[test]
+    fn a_replica_keeps_no_vectors() {
+        let entry = service().prepare(&store("What is Rust?", 16)).unwrap();
+        assert!(entry.vector.is_some());
+        let scope = entry.scope.clone();
+        let replica = Service::new(ServiceOptions::new(Subjects::default(), None));
+        replica.apply_shared(entry);
+        assert!(!replica.index.read().has_vectors(&scope));
+        let mut l = lookup("What is Rust?", 16, 0.5);
+        l.semantic = false;
+        assert_eq!(replica.lookup(&l).outcome, CacheOutcome::Hit);
     }
 
     #[test]

@@ -177,7 +177,8 @@ fn config_yaml(dir: &Path, listen: u16, mock: u16, stream_ms: u64) -> String {
          \x20 - {{id: bench, tenant: bench, key: {KEY}}}\n\
          tenants:\n\
          \x20 - {{id: bench, budget: {{daily_usd: 1000000}}}}\n\
-         timeouts: {{first_frame_ms: 10000, worker_silence_ms: 10000}}\n",
+         timeouts: {{first_frame_ms: 10000, worker_silence_ms: 10000}}\n\
+         cache_replica: {{enabled: true}}\n",
         data = dir.join("data").display(),
         prices = dir.join("prices.yaml").display(),
     )
@@ -745,4 +746,24 @@ async fn batch_phase(
         b.errors,
         d.errors,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    /// The bench config parses, its routes are exact-only and ingress answers them from its
+    /// cache replica.
+    #[test]
+    fn the_bench_config_parses_with_the_cache_replica_on() {
+        let text = super::config_yaml(std::path::Path::new("/tmp/bench"), 8080, 9090, 100);
+        let config = crate::config::parse("bench", &text, |_| None).unwrap();
+        assert!(config.cache_replica.enabled);
+        assert!(
+            config
+                .models
+                .iter()
+                .all(|m| m.cache.as_ref().is_some_and(|c| c.enabled && !c.semantic))
+        );
+    }
 }

@@ -306,6 +306,11 @@ pub fn users(creds: &Credentials, prefix: &str) -> Vec<User> {
                     ] {
                         publish.extend(kv_owner(b));
                     }
+                    // `cache_replica`: watches the cache entries (and creates the bucket when
+                    // the cache service has not yet); it never writes them.
+                    let cache_kv = format!("KV_{}", switchyard_cache::BUCKET);
+                    publish.extend(stream_reader(&cache_kv));
+                    publish.push(api("STREAM.CREATE", &cache_kv));
                     publish.extend(object_owner(switchyard_ingress::batch::store::FILES_BUCKET));
                     publish.extend(stream_owner(switchyard_ingress::batch::store::ITEMS_STREAM));
                     publish.extend(stream_owner(

@@ -37,32 +37,101 @@ use uuid::Uuid;
 pub const DEFAULT_TIMEOUT_MS: u64 = 50;
 
 /// The cache client of one ingress process.
-#[derive(Debug)]
+#[derive(Default)]
 pub struct CacheClient {
-    timeout_ms: AtomicU64,
+    timeout_ms: Timeout,
+    /// The exact-layer replica (`cache_replica` in the config), when on.
+    replica: Option<Arc<switchyard_cache::Service>>,
 }
 
-impl Default for CacheClient {
+impl std::fmt::Debug for CacheClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CacheClient")
+            .field("timeout_ms", &self.timeout_ms.0)
+            .field("replica", &self.replica.as_ref().map(|r| r.len()))
+            .finish()
+    }
+}
+
+#[derive(Debug)]
+struct Timeout(AtomicU64);
+
+impl Default for Timeout {
     fn default() -> Self {
         let ms = std::env::var("SWITCHYARD_CACHE_TIMEOUT_MS")
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(DEFAULT_TIMEOUT_MS);
-        Self {
-            timeout_ms: AtomicU64::new(ms),
-        }
+        Self(AtomicU64::new(ms))
     }
 }
 
 impl CacheClient {
+    /// A client that answers from `replica` what it can (see [`CacheClient::local`]).
+    pub fn with_replica(replica: Option<Arc<switchyard_cache::Service>>) -> Self {
+        Self {
+            replica,
+            ..Self::default()
+        }
+    }
+
+    /// Starts the exact-layer replica when `cache_replica.enabled` (rebuilt from the KV bucket
+    /// before this returns; the watch is a task on `tasks` that ends when `stop` is cancelled);
+    /// `None` when off or when the bucket cannot be read (then every lookup asks the service).
+    pub async fn start_replica(
+        nats: &async_nats::Client,
+        config: &switchyard_schemas::config::GatewayConfig,
+        subjects: &switchyard_schemas::subjects::Subjects,
+        tasks: &tokio_util::task::TaskTracker,
+        stop: tokio_util::sync::CancellationToken,
+    ) -> Option<Arc<switchyard_cache::Service>> {
+        let settings = &config.cache_replica;
+        if !settings.enabled {
+            return None;
+        }
+        let opts = switchyard_cache::ServiceOptions {
+            max_entries: settings.max_entries,
+            ..switchyard_cache::ServiceOptions::new(subjects.clone(), None)
+        };
+        match switchyard_cache::replica(nats.clone(), opts, stop, tasks).await {
+            Ok(r) => {
+                tracing::info!(entries = r.len(), "cache replica rebuilt from KV");
+                Some(r)
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cache replica unavailable; every lookup asks the cache service");
+                None
+            }
+        }
+    }
+
+    /// The replica's answer to `req`, when it may give it: any answer on an exact-only route,
+    /// and on a semantic route anything but an exact miss (that one the semantic layer of the
+    /// cache service may still answer).
+    pub fn local(&self, req: &LookupRequest) -> Option<LookupReply> {
+        let reply = self.replica.as_ref()?.lookup_exact(req).ok()?;
+        (!req.semantic || reply.outcome != CacheOutcome::Miss).then_some(reply)
+    }
+
+    /// Adds a store of this process to its replica at once (read-your-writes on one ingress;
+    /// the cache service's copy replaces it when the KV watch delivers it).
+    fn remember(&self, req: &StoreRequest) {
+        if let Some(r) = &self.replica
+            && let Some(entry) = r.prepare(req)
+        {
+            r.apply(entry);
+        }
+    }
+
     /// The lookup timeout.
     pub fn timeout(&self) -> Duration {
-        Duration::from_millis(self.timeout_ms.load(Ordering::Relaxed))
+        Duration::from_millis(self.timeout_ms.0.load(Ordering::Relaxed))
     }
 
     /// Changes the lookup timeout.
     pub fn set_timeout(&self, timeout: Duration) {
         self.timeout_ms
+            .0
             .store(timeout.as_millis() as u64, Ordering::Relaxed);
     }
 }
@@ -257,6 +326,10 @@ async fn lookup(app: &AppState, key: CacheKey, settings: &RouteCache) -> LookupR
         semantic: settings.semantic,
         threshold: settings.threshold(),
     };
+    // Answered by this process's replica: no round trip (same reply, so same headers and metrics).
+    if let Some(reply) = app.cache.local(&req) {
+        return reply;
+    }
     let Ok(body) = serde_json::to_vec(&req) else {
         return LookupReply::empty(CacheOutcome::Bypass, "unserialisable request");
     };
@@ -375,6 +448,7 @@ impl Capture {
             return;
         };
         self.failed = true; // once
+        self.app.cache.remember(&req);
         self.app.metrics.cache("store");
         let app = self.app.clone();
         // Tracked: a store still in flight at shutdown is published before the process exits.
@@ -468,6 +542,57 @@ mod tests {
         assert_eq!(
             Directives::from_headers(&HeaderMap::new()),
             Directives::default()
+        );
+    }
+
+    /// The replica answers exact-only lookups (hit or miss) and exact hits; an exact miss of a
+    /// semantic route is left to the cache service.
+    #[test]
+    fn the_replica_answers_what_the_exact_layer_decides() {
+        let replica = Arc::new(switchyard_cache::Service::new(
+            switchyard_cache::ServiceOptions::new(Default::default(), None),
+        ));
+        let key = |text: &str| -> CacheKey {
+            serde_json::from_value(serde_json::json!({
+                "route": "r", "messages": [{"role": "user", "content": text}], "params": {}
+            }))
+            .unwrap()
+        };
+        let client = CacheClient::with_replica(Some(replica));
+        client.remember(&StoreRequest {
+            key: key("stored"),
+            answer: CachedAnswer {
+                chunks: vec!["yes".into()],
+                tool_calls: vec![],
+                finish_reason: FinishReason::Stop,
+                usage: Usage::default(),
+            },
+            target: None,
+            upstream_model: None,
+            ttl_s: 60,
+        });
+        let ask = |text: &str, semantic: bool| {
+            client
+                .local(&LookupRequest {
+                    key: key(text),
+                    semantic,
+                    threshold: 0.9,
+                })
+                .map(|r| r.outcome)
+        };
+        assert_eq!(ask("stored", false), Some(CacheOutcome::Hit));
+        assert_eq!(ask("stored", true), Some(CacheOutcome::Hit));
+        assert_eq!(ask("other", false), Some(CacheOutcome::Miss));
+        assert_eq!(ask("other", true), None);
+        assert_eq!(
+            CacheClient::default()
+                .local(&LookupRequest {
+                    key: key("stored"),
+                    semantic: false,
+                    threshold: 0.9,
+                })
+                .map(|r| r.outcome),
+            None
         );
     }
 

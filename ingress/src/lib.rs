@@ -216,6 +216,14 @@ pub async fn state_with(
     let responses =
         responses::store::ResponseStore::connect(&js, config.get().responses.ttl_s).await;
     // Loading the tokenizer takes a moment: do it now, off the request path.
+    let replica = cache_client::CacheClient::start_replica(
+        &nats,
+        &config.get(),
+        &subjects,
+        &background,
+        stop_background.clone(),
+    )
+    .await;
     tokio::task::spawn_blocking(trim::warm_up);
     let usage = switchyard_publish::UsagePublisher::start(js.clone(), subjects.clone(), spool);
     Ok(Arc::new(AppState {
@@ -229,7 +237,7 @@ pub async fn state_with(
         stats: Arc::new(target_health::TargetStats::default()),
         capabilities: strategy::CapabilityTable::default(),
         metrics: metrics::Metrics::with_registry(registry),
-        cache: cache_client::CacheClient::default(),
+        cache: cache_client::CacheClient::with_replica(replica),
         keys: auth::KeyTable::default(),
         budgets,
         rates,

@@ -81,6 +81,30 @@ impl RouteCache {
     }
 }
 
+/// The `cache_replica:` block of the config (read at ingress start): each ingress keeps its own
+/// copy of the cache's exact layer, fed by the KV bucket's watch like a cache instance, and answers
+/// lookups of exact-only routes (`semantic: false`) and exact hits of any route without asking
+/// the cache service. Off by default.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CacheReplica {
+    /// On: ingress keeps the replica and answers from it.
+    pub enabled: bool,
+    /// Entries the replica holds (least recently used evicted beyond), like the cache service's
+    /// `--max-entries`; memory grows with it as in a cache instance (answers, no vectors).
+    /// Default 100,000.
+    pub max_entries: usize,
+}
+
+impl Default for CacheReplica {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            max_entries: 100_000,
+        }
+    }
+}
+
 /// The part of a chat request that decides its answer: the cache key material.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CacheKey {

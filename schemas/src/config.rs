@@ -101,6 +101,10 @@ pub struct GatewayConfig {
     /// OpenTelemetry span export over OTLP, off by default (docs/tracing.md).
     #[serde(default)]
     pub tracing: crate::trace::TracingConfig,
+    /// An exact-layer copy of the response cache in each ingress (read at start), off by
+    /// default: see [`crate::cache::CacheReplica`].
+    #[serde(default)]
+    pub cache_replica: crate::cache::CacheReplica,
 }
 
 /// How batch items share an ingress with live traffic.

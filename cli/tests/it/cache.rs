@@ -6,7 +6,7 @@
 use crate::common::*;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
-use switchyard_schemas::cache::{PurgeReply, PurgeRequest, purge_subject};
+use switchyard_schemas::cache::PurgeRequest;
 use switchyard_schemas::subjects::Subjects;
 use switchyard_schemas::usage::UsageKind;
 use tokio_util::sync::CancellationToken;
@@ -305,20 +305,7 @@ async fn purge_by_route_and_all() {
         ask(&gw.base, q, &[]).await;
         assert_eq!(ask(&gw.base, q, &[]).await.0, "hit");
     }
-    let nats = async_nats::connect(gw.nats.url()).await.unwrap();
-    let purge = |req: PurgeRequest| {
-        let nats = nats.clone();
-        async move {
-            let msg = nats
-                .request(
-                    purge_subject(&Subjects::default()),
-                    serde_json::to_vec(&req).unwrap().into(),
-                )
-                .await
-                .unwrap();
-            serde_json::from_slice::<PurgeReply>(&msg.payload).unwrap()
-        }
-    };
+    let purge = |req: PurgeRequest| purge_cache(&gw, req);
     let r = purge(PurgeRequest::default()).await;
     assert!(r.error.is_some(), "a purge without a filter is refused");
     let r = purge(PurgeRequest {

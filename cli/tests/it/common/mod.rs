@@ -392,6 +392,23 @@ fn worker_spec(
 }
 
 /// Polls `f` until it returns Some, or panics after `limit`.
+/// Sends `req` to the cache service on the gateway's NATS (what `switchyard cache purge` sends)
+/// and returns its answer.
+pub(crate) async fn purge_cache(
+    gw: &Gateway,
+    req: switchyard_schemas::cache::PurgeRequest,
+) -> switchyard_schemas::cache::PurgeReply {
+    let nats = async_nats::connect(gw.nats.url()).await.unwrap();
+    let msg = nats
+        .request(
+            switchyard_schemas::cache::purge_subject(&Subjects::default()),
+            serde_json::to_vec(&req).unwrap().into(),
+        )
+        .await
+        .unwrap();
+    serde_json::from_slice(&msg.payload).unwrap()
+}
+
 pub(crate) async fn eventually<T, F, Fut>(limit: Duration, mut f: F) -> T
 where
     F: FnMut() -> Fut,
