@@ -36,6 +36,10 @@ use uuid::Uuid;
 /// Default lookup timeout, ms (`SWITCHYARD_CACHE_TIMEOUT_MS` overrides it).
 pub const DEFAULT_TIMEOUT_MS: u64 = 50;
 
+/// Longest a store of this ingress lives in its own replica before the cache service's copy
+/// (delivered by the KV watch, with the full TTL) replaces it, seconds.
+pub const LOCAL_TTL_S: u64 = 60;
+
 /// The cache client of one ingress process.
 #[derive(Default)]
 pub struct CacheClient {
@@ -114,12 +118,16 @@ impl CacheClient {
     }
 
     /// Adds a store of this process to its replica at once (read-your-writes on one ingress;
-    /// the cache service's copy replaces it when the KV watch delivers it).
+    /// the cache service's copy replaces it when the KV watch delivers it). The local copy lives
+    /// at most [`LOCAL_TTL_S`]: one the service never stores (it was down, or the answer was too
+    /// large for KV) does not outlive a purge for long.
     fn remember(&self, req: &StoreRequest) {
-        if let Some(r) = &self.replica
-            && let Some(entry) = r.prepare(req)
-        {
-            r.apply(entry);
+        if let Some(r) = &self.replica {
+            let mut local = req.clone();
+            local.ttl_s = local.ttl_s.min(LOCAL_TTL_S);
+            if let Some(entry) = r.prepare(&local) {
+                r.apply(entry);
+            }
         }
     }
 
