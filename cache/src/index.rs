@@ -97,7 +97,9 @@ pub struct Candidate {
 #[derive(Debug, Default)]
 pub struct Index {
     by_key: HashMap<String, Arc<Slot>>,
-    by_scope: HashMap<String, Vec<Arc<Slot>>>,
+    /// Entries by scope, by key: removing one is O(1) (a replaced entry — the cache service's
+    /// copy of one an ingress replica stored itself — must not scan the scope).
+    by_scope: HashMap<String, HashMap<String, Arc<Slot>>>,
     clock: AtomicU64,
     max_entries: usize,
 }
@@ -156,7 +158,7 @@ impl Index {
             return Vec::new();
         };
         let mut out: Vec<Candidate> = slots
-            .iter()
+            .values()
             .filter(|s| s.entry.expires_ms > now_ms)
             .filter(|s| s.entry.embed_model.as_deref() == Some(embed_model))
             .filter_map(|s| {
@@ -176,7 +178,7 @@ impl Index {
     pub fn has_vectors(&self, scope: &str) -> bool {
         self.by_scope
             .get(scope)
-            .is_some_and(|v| v.iter().any(|s| s.vector.is_some()))
+            .is_some_and(|v| v.values().any(|s| s.vector.is_some()))
     }
 
     /// Marks a slot used (a semantic hit).
@@ -202,7 +204,7 @@ impl Index {
         self.by_scope
             .entry(slot.entry.scope.clone())
             .or_default()
-            .push(slot.clone());
+            .insert(slot.entry.key.clone(), slot.clone());
         self.by_key.insert(slot.entry.key.clone(), slot);
         if self.by_key.len() <= self.max_entries {
             return Vec::new();
@@ -229,7 +231,7 @@ impl Index {
             return false;
         };
         if let Some(v) = self.by_scope.get_mut(&slot.entry.scope) {
-            v.retain(|s| s.entry.key != key);
+            v.remove(key);
             if v.is_empty() {
                 self.by_scope.remove(&slot.entry.scope);
             }
@@ -255,7 +257,7 @@ impl Index {
     pub fn scope_stats(&self) -> (usize, usize) {
         (
             self.by_scope.len(),
-            self.by_scope.values().map(Vec::len).max().unwrap_or(0),
+            self.by_scope.values().map(HashMap::len).max().unwrap_or(0),
         )
     }
 }

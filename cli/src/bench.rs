@@ -62,6 +62,9 @@ pub(crate) struct BenchArgs {
     /// Upstream time of one batch item, ms (so the batch runs through the whole phase).
     #[arg(long, default_value_t = 200)]
     pub batch_item_ms: u64,
+    /// Run ingress with its exact-cache replica (`cache_replica: {enabled: true}`).
+    #[arg(long)]
+    pub cache_replica: bool,
 }
 
 /// The other benchmarks of `switchyard bench`.
@@ -160,7 +163,7 @@ async fn js_writes(
 }
 
 /// The gateway's config: one JSON and one streaming model on the mock, a budgeted key, limits.
-fn config_yaml(dir: &Path, listen: u16, mock: u16, stream_ms: u64) -> String {
+fn config_yaml(dir: &Path, listen: u16, mock: u16, stream_ms: u64, replica: bool) -> String {
     let delay = stream_ms / CHUNKS;
     let limits = "{rpm: 100000000, tpm: 100000000000, max_concurrency: 100000}";
     format!(
@@ -178,7 +181,7 @@ fn config_yaml(dir: &Path, listen: u16, mock: u16, stream_ms: u64) -> String {
          tenants:\n\
          \x20 - {{id: bench, budget: {{daily_usd: 1000000}}}}\n\
          timeouts: {{first_frame_ms: 10000, worker_silence_ms: 10000}}\n\
-         cache_replica: {{enabled: true}}\n",
+         cache_replica: {{enabled: {replica}}}\n",
         data = dir.join("data").display(),
         prices = dir.join("prices.yaml").display(),
     )
@@ -402,8 +405,11 @@ pub(crate) async fn run(args: BenchArgs) -> Result<(), String> {
     )?;
     std::fs::write(dir.join("prices.yaml"), PRICES).map_err(|e| e.to_string())?;
     let config = dir.join("bench.yaml");
-    std::fs::write(&config, config_yaml(&dir, port, mock_port, args.stream_ms))
-        .map_err(|e| e.to_string())?;
+    std::fs::write(
+        &config,
+        config_yaml(&dir, port, mock_port, args.stream_ms, args.cache_replica),
+    )
+    .map_err(|e| e.to_string())?;
     let config_arg = config.display().to_string();
     let up = spawn(
         &["up", "--config", &config_arg, "--no-local-model"],
@@ -752,13 +758,18 @@ async fn batch_phase(
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    /// The bench config parses, its routes are exact-only and ingress answers them from its
-    /// cache replica.
+    /// The bench config parses, its routes are exact-only, and `--cache-replica` switches the
+    /// ingress cache replica.
     #[test]
-    fn the_bench_config_parses_with_the_cache_replica_on() {
-        let text = super::config_yaml(std::path::Path::new("/tmp/bench"), 8080, 9090, 100);
+    fn the_bench_config_parses_with_and_without_the_cache_replica() {
+        for replica in [false, true] {
+            let dir = std::path::Path::new("/tmp/bench");
+            let text = super::config_yaml(dir, 8080, 9090, 100, replica);
+            let config = crate::config::parse("bench", &text, |_| None).unwrap();
+            assert_eq!(config.cache_replica.enabled, replica);
+        }
+        let text = super::config_yaml(std::path::Path::new("/tmp/bench"), 8080, 9090, 100, false);
         let config = crate::config::parse("bench", &text, |_| None).unwrap();
-        assert!(config.cache_replica.enabled);
         assert!(
             config
                 .models
