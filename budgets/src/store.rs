@@ -454,17 +454,16 @@ impl BudgetStore {
             }),
         };
         if store.inner.scopes.is_some() {
-            let (me, stop) = (store.clone(), store.inner.stop.clone());
-            store.inner.ticker.spawn(async move {
-                let mut tick = tokio::time::interval(RENEW_EVERY);
-                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                loop {
-                    tokio::select! {
-                        _ = stop.cancelled() => break,
-                        _ = tick.tick() => me.renew_due(RENEW_EVERY).await,
-                    }
-                }
-            });
+            let me = store.clone();
+            switchyard_kv::combine::every(
+                &store.inner.ticker,
+                RENEW_EVERY,
+                store.inner.stop.clone(),
+                move || {
+                    let me = me.clone();
+                    async move { me.renew_due(RENEW_EVERY).await }
+                },
+            );
         }
         store
     }
@@ -710,12 +709,12 @@ impl BudgetStore {
 
     /// This holder's lease in scope `key` (created empty on first use).
     fn lease(&self, key: &str) -> Arc<Mutex<Lease>> {
-        self.inner
-            .leases
-            .lock()
-            .entry(key.to_owned())
-            .or_default()
-            .clone()
+        let mut leases = self.inner.leases.lock();
+        // No key allocation on the hot path: the scope exists after its first request.
+        if let Some(l) = leases.get(key) {
+            return l.clone();
+        }
+        leases.entry(key.to_owned()).or_default().clone()
     }
 
     fn scope(&self, scopes: &Combiners<Scope>, key: &str) -> Arc<Combiner<Scope>> {

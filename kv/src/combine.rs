@@ -332,3 +332,27 @@ impl<B: Batch> Combiners<B> {
         self.tasks.wait().await;
     }
 }
+
+/// Runs `tick` every `period` on `tasks` until `stop` is cancelled (a missed tick is delayed, not
+/// bunched): the lease renewals of budgets and limits. The caller's shutdown cancels `stop` and
+/// waits on `tasks`.
+pub fn every<F, Fut>(
+    tasks: &TaskTracker,
+    period: Duration,
+    stop: tokio_util::sync::CancellationToken,
+    mut tick: F,
+) where
+    F: FnMut() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    tasks.spawn(async move {
+        let mut interval = tokio::time::interval(period);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = interval.tick() => tick().await,
+            }
+        }
+    });
+}

@@ -464,7 +464,12 @@ impl Buckets {
     }
 
     fn stock(stocks: &Mutex<HashMap<String, Arc<Mutex<Stock>>>>, key: &str) -> Arc<Mutex<Stock>> {
-        stocks.lock().entry(key.to_owned()).or_default().clone()
+        let mut stocks = stocks.lock();
+        // No key allocation on the hot path: the bucket exists after its first take.
+        if let Some(s) = stocks.get(key) {
+            return s.clone();
+        }
+        stocks.entry(key.to_owned()).or_default().clone()
     }
 
     /// Returns the leases of every key whose holder wrote `age` ago or earlier (all of them

@@ -201,17 +201,16 @@ impl Limiter {
             stop: CancellationToken::new(),
         };
         if limiter.is_shared() {
-            let (buckets, stop) = (limiter.buckets.clone(), limiter.stop.clone());
-            limiter.ticker.spawn(async move {
-                let mut tick = tokio::time::interval(RENEW_EVERY);
-                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                loop {
-                    tokio::select! {
-                        _ = stop.cancelled() => break,
-                        _ = tick.tick() => buckets.return_leases(RENEW_EVERY).await,
-                    }
-                }
-            });
+            let buckets = limiter.buckets.clone();
+            switchyard_kv::combine::every(
+                &limiter.ticker,
+                RENEW_EVERY,
+                limiter.stop.clone(),
+                move || {
+                    let buckets = buckets.clone();
+                    async move { buckets.return_leases(RENEW_EVERY).await }
+                },
+            );
         }
         limiter
     }
