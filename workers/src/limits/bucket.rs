@@ -7,8 +7,8 @@
 //! write: the next live takes of the same cost are served from the lease in memory. The entry
 //! records each holder's lease (`leases`), so a replica that finds the bucket short while
 //! others hold leased tokens flags it `reclaim` and retries (for up to [`RECLAIM_WAIT`])
-//! instead of refusing: no holder leases while the flag is set, and each returns its lease at
-//! the latest [`RENEW_EVERY`] after its last write. So the number admitted per minute stays
+//! instead of refusing: no holder leases while the flag is set, and each returns its lease with
+//! its next write (a busy holder at once, an idle one within [`RENEW_EVERY`]). So the number admitted per minute stays
 //! exactly the bucket's (a lease is a take), and a refusal is final only when no other
 //! holder's lease could have served it. A holder that dies loses its lease (its tokens refill
 //! with the rate); its record lapses after [`LEASE_VISIBLE`].
@@ -239,7 +239,10 @@ impl Batch for Bucket {
         let mut state = value.clone();
         let (mut changed, mut short) = (false, false);
         let mut stock = self.stock.lock();
-        if ops.iter().any(|o| o.op == Op::Return) && self.returning == 0.0 {
+        // A `reclaim` flag is answered at this holder's next write, busy or not: its lease goes
+        // back into the bucket before the batch's takes, which may then use it.
+        let reclaiming = value.as_ref().is_some_and(|s| s.reclaim);
+        if (reclaiming || ops.iter().any(|o| o.op == Op::Return)) && self.returning == 0.0 {
             self.returning = std::mem::take(&mut stock.tokens);
         }
         let mut lease = (0.0, 0.0);
@@ -256,12 +259,12 @@ impl Batch for Bucket {
             let mut s = state
                 .take()
                 .map_or(BucketState::full(capacity, now), |s| s.at(capacity, now));
+            if !returned && self.returning > 0.0 {
+                s.tokens = (s.tokens + self.returning).min(capacity);
+                (returned, changed) = (true, true);
+            }
             let applied = match (apply(&mut s, capacity, op), op) {
                 (Ok(()), Op::Return) => {
-                    if !returned {
-                        s.tokens = (s.tokens + self.returning).min(capacity);
-                        returned = true;
-                    }
                     changed = true;
                     Answer::Applied(Applied::Done)
                 }
@@ -412,14 +415,20 @@ impl Buckets {
                 stocks,
             } => {
                 let stock = Self::stock(stocks, key);
-                if let Op::Take { cost, keep } = op
-                    && keep <= 0.0
-                {
+                // A live take served from this holder's lease: no write.
+                let from_stock = || {
+                    let Op::Take { cost, keep } = op else {
+                        return false;
+                    };
                     let mut s = stock.lock();
-                    if s.capacity == capacity && s.tokens + 1e-9 >= cost {
+                    let fits = keep <= 0.0 && s.capacity == capacity && s.tokens + 1e-9 >= cost;
+                    if fits {
                         s.tokens -= cost;
-                        return Ok(Applied::Done);
                     }
+                    fits
+                };
+                if from_stock() {
+                    return Ok(Applied::Done);
                 }
                 let c = combiners.get(key, || Bucket {
                     holder: holder.clone(),
@@ -441,6 +450,12 @@ impl Buckets {
                     }
                     .unwrap_or_else(|e| Err(StoreError(e.to_string())));
                     match answer {
+                        // A write since the first look may have leased more to this holder.
+                        Ok(Answer::Reclaim | Answer::Applied(Applied::Short(Some(_))))
+                            if from_stock() =>
+                        {
+                            return Ok(Applied::Done);
+                        }
                         Ok(Answer::Reclaim) => tokio::time::sleep(RENEW_EVERY / 4).await,
                         Ok(Answer::Applied(a)) => return Ok(a),
                         Err(e) => return Err(e),
@@ -662,5 +677,38 @@ mod tests {
         b.committed();
         assert!(b.stock.lock().tokens == 0.0, "no lease while reclaiming");
         assert!((short.unwrap().tokens - 63.5).abs() < 0.5);
+    }
+
+    #[test]
+    fn a_busy_holder_returns_its_lease_with_its_next_write_while_reclaiming() {
+        let cap = 1_000.0;
+        let live = BucketOp {
+            capacity: cap,
+            op: take(1.0),
+            may_reclaim: true,
+        };
+        let mut v = None;
+        let mut a = bucket("a");
+        let Plan::Write(_) = a.apply(&mut v, &[live], true) else {
+            unreachable!()
+        };
+        a.committed();
+        assert_eq!(a.stock.lock().tokens, 64.0);
+        // `b` found it short and flagged it; `a`'s next take (its stock was used up meanwhile
+        // by the fast path, say, or not) carries its lease back in the same write.
+        let mut flagged = v.map(|s| BucketState {
+            tokens: 0.5,
+            reclaim: true,
+            ..s
+        });
+        let Plan::Write(ans) = a.apply(&mut flagged, &[live], true) else {
+            unreachable!()
+        };
+        assert_eq!(ans[0].as_ref().unwrap(), &Answer::Applied(Applied::Done));
+        a.committed();
+        let s = flagged.unwrap();
+        assert_eq!(a.stock.lock().tokens, 0.0);
+        assert!((s.tokens - 63.5).abs() < 0.5, "{}", s.tokens);
+        assert!(!s.leases.contains_key("a"));
     }
 }
