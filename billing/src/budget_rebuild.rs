@@ -1,5 +1,5 @@
 //! Budget state rebuilt from the ledger (`switchyard budgets rebuild`, and by billing at start-up
-//! when the `SY_BUDGETS` bucket is empty): the settled spend of every key and tenant for the
+//! when the `SY_BUDGETS` bucket is new — lost and re-created, or a new installation): the settled spend of every key and tenant for the
 //! current windows — the UTC day and month (USD and tokens) and the clock minute (tokens) —
 //! summed from the ledger's `charge` rows, exactly as settlement adds them (a cache hit settles
 //! $0 and no tokens). Open reservations are not in the ledger; they start empty. A tenant with
@@ -11,23 +11,28 @@ use rust_decimal::Decimal;
 use sqlx::Row;
 use std::collections::BTreeMap;
 use std::str::FromStr;
-use switchyard_budgets::BudgetStore;
 use switchyard_budgets::spend::{Prepaid, Spend, windows};
+use switchyard_budgets::{BudgetStore, Seeded};
 
 /// What a rebuild did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Rebuilt {
     /// Scopes written (`key.<id>`, `tenant.<id>`).
     pub written: Vec<String>,
-    /// Scopes left as they were (an entry existed and `overwrite` was off).
+    /// Scopes an ingress had created since the bucket's creation: the ledger's spend from
+    /// before it added.
+    pub merged: Vec<String>,
+    /// Scopes left as they were (seeded already, and `overwrite` was off).
     pub kept: Vec<String>,
 }
 
-/// The spend of every scope with charge rows in the month of `now_ms`, by KV key.
+/// The spend of every scope with charge rows in the month of `now_ms`, by KV key: of every
+/// charge (`.0`) and of the charges dated before `before_ms` (`.1`, the bucket's creation).
 pub async fn spend_from_ledger(
     ledger: &Ledger,
     now_ms: u64,
-) -> Result<BTreeMap<String, Spend>, BillingError> {
+    before_ms: u64,
+) -> Result<(BTreeMap<String, Spend>, BTreeMap<String, Spend>), BillingError> {
     let (day, month, minute) = windows(now_ms);
     let month_start = crate::report::utc_day_bounds(&format!("{month}-01"))
         .map_err(|e| BillingError::Budgets(e.to_string()))?
@@ -40,7 +45,13 @@ pub async fn spend_from_ledger(
     .bind(crate::reconcile::ms_param(month_start))
     .fetch_all(ledger.pool())
     .await?;
-    let mut out: BTreeMap<String, Spend> = BTreeMap::new();
+    let empty = || Spend {
+        day: day.clone(),
+        month: month.clone(),
+        minute,
+        ..Spend::default()
+    };
+    let (mut all, mut earlier) = (BTreeMap::new(), BTreeMap::new());
     for row in rows {
         let ts: i64 = row.try_get("ts_ms")?;
         let ts = u64::try_from(ts).unwrap_or(0);
@@ -65,61 +76,90 @@ pub async fn spend_from_ledger(
                 .map(|t| format!("tenant.{t}")),
         ];
         for scope in scopes.into_iter().flatten() {
-            let s = out.entry(scope).or_insert_with(|| Spend {
-                day: day.clone(),
-                month: month.clone(),
-                minute,
-                ..Spend::default()
-            });
-            s.month_usd += usd;
-            if row_day == day {
-                s.day_usd += usd;
-                s.day_tokens = s.day_tokens.saturating_add(tokens);
-            }
-            if row_minute == minute {
-                s.minute_tokens = s.minute_tokens.saturating_add(tokens);
+            let maps = if ts < before_ms {
+                [Some(&mut all), Some(&mut earlier)]
+            } else {
+                [Some(&mut all), None]
+            };
+            for map in maps.into_iter().flatten() {
+                let s = map.entry(scope.clone()).or_insert_with(empty);
+                s.month_usd += usd;
+                if row_day == day {
+                    s.day_usd += usd;
+                    s.day_tokens = s.day_tokens.saturating_add(tokens);
+                }
+                if row_minute == minute {
+                    s.minute_tokens = s.minute_tokens.saturating_add(tokens);
+                }
             }
         }
     }
-    // Prepaid balances: every tenant with top-ups, its top-ups minus its charges since the first.
+    // Prepaid balances: every tenant with top-ups, its top-ups minus its charges since the first
+    // (an entry an ingress created has no balance yet, so it takes this one whole).
     for tenant in crate::balance::tenants(ledger).await? {
         let b = crate::balance::ledger_balance(ledger, &tenant, 1).await?;
-        out.insert(
-            format!("balance.{tenant}"),
-            Spend {
-                day: day.clone(),
-                month: month.clone(),
-                minute,
-                prepaid: Some(Prepaid {
-                    topped_up_usd: b.topped_up_usd,
-                    spent_usd: b.charged_usd,
-                }),
-                ..Spend::default()
-            },
-        );
+        let balance = Spend {
+            prepaid: Some(Prepaid {
+                topped_up_usd: b.topped_up_usd,
+                spent_usd: b.charged_usd,
+            }),
+            ..empty()
+        };
+        all.insert(format!("balance.{tenant}"), balance.clone());
+        earlier.insert(format!("balance.{tenant}"), balance);
     }
-    Ok(out)
+    Ok((all, earlier))
 }
 
-/// Writes the ledger's spend to the budget store: scopes without an entry only, unless
-/// `overwrite` (which also drops open reservations; run it with ingress stopped).
+/// Seeds the budget store from the ledger ([`switchyard_budgets::rebuild`]): absent entries
+/// get every charge of the current windows, entries an ingress created get the charges from
+/// before the bucket's creation added once, seeded ones are kept; `overwrite` replaces every
+/// entry (and drops open reservations: run it with ingress stopped). Then marks the bucket
+/// rebuilt.
 pub async fn rebuild(
     ledger: &Ledger,
     store: &BudgetStore,
     now_ms: u64,
     overwrite: bool,
 ) -> Result<Rebuilt, BillingError> {
+    let budgets = |e: switchyard_budgets::Unavailable| BillingError::Budgets(e.0);
+    let created = store.created_ms().await.map_err(budgets)?;
+    let (all, earlier) = spend_from_ledger(ledger, now_ms, created).await?;
     let mut done = Rebuilt::default();
-    for (key, spend) in spend_from_ledger(ledger, now_ms).await? {
-        let written = store
-            .seed(&key, &spend, overwrite)
+    for (key, spend) in &all {
+        let before = earlier.get(key).cloned().unwrap_or_else(|| Spend {
+            day: spend.day.clone(),
+            month: spend.month.clone(),
+            minute: spend.minute,
+            ..Spend::default()
+        });
+        match store
+            .seed(key, spend, &before, overwrite)
             .await
-            .map_err(|e| BillingError::Budgets(e.0))?;
-        if written {
-            done.written.push(key);
-        } else {
-            done.kept.push(key);
+            .map_err(budgets)?
+        {
+            Seeded::Written => done.written.push(key.clone()),
+            Seeded::Merged => done.merged.push(key.clone()),
+            Seeded::Kept => done.kept.push(key.clone()),
         }
     }
+    store.mark_rebuilt(created).await.map_err(budgets)?;
     Ok(done)
+}
+
+/// At billing's start-up: rebuilds unless this bucket (by its creation time) was rebuilt
+/// already — a lost bucket comes back with a new creation time, even if an ingress has written
+/// entries in it meanwhile. `None`: nothing to do.
+pub async fn rebuild_if_new_bucket(
+    ledger: &Ledger,
+    store: &BudgetStore,
+) -> Result<Option<Rebuilt>, BillingError> {
+    let budgets = |e: switchyard_budgets::Unavailable| BillingError::Budgets(e.0);
+    let created = store.created_ms().await.map_err(budgets)?;
+    if store.rebuilt_for().await.map_err(budgets)? == Some(created) {
+        return Ok(None);
+    }
+    rebuild(ledger, store, switchyard_schemas::now_ms(), false)
+        .await
+        .map(Some)
 }

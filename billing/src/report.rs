@@ -163,7 +163,8 @@ pub struct GroupStats {
     pub upstream_errors: u64,
     /// Rows (either kind) with estimated counts, rows.
     pub estimated_rows: u64,
-    /// Rows (either kind) whose model is not priced (NULL `cost_usd`, counted as 0), rows.
+    /// Rows (either kind) with anything unpriced: the model (NULL `cost_usd`, counted as 0) or
+    /// a component (charged by the `unpriced:` policy; the row's `unpriced` names it), rows.
     pub unpriced_rows: u64,
 }
 
@@ -183,7 +184,7 @@ impl GroupStats {
     /// Adds one ledger row.
     pub fn add_row(&mut self, row: &LedgerRow) {
         let amount = row.cost_usd.unwrap_or_default();
-        self.unpriced_rows += u64::from(row.cost_usd.is_none());
+        self.unpriced_rows += u64::from(row.cost_usd.is_none() || row.unpriced.is_some());
         self.estimated_rows += u64::from(row.estimated);
         match row.kind {
             UsageKind::Charge => {

@@ -209,23 +209,16 @@ impl BillingService {
     pub async fn run(mut self, shutdown: impl Future) -> Result<BillingStats, BillingError> {
         let js = jetstream::new(self.nats.clone());
         let budgets = BudgetStore::connect(&js, "billing").await;
-        // A lost `SY_BUDGETS` bucket comes back empty: rebuild the current windows' spend from
-        // the ledger before anyone spends against zeros (scopes an ingress wrote meanwhile stay).
-        if budgets.is_empty().await.unwrap_or(false) {
-            match crate::budget_rebuild::rebuild(
-                &self.ledger,
-                &budgets,
-                switchyard_schemas::now_ms(),
-                false,
-            )
-            .await
-            {
-                Ok(r) if !r.written.is_empty() => {
-                    tracing::warn!(scopes = ?r.written, "budget store was empty: spend rebuilt from the ledger")
-                }
-                Ok(_) => {}
-                Err(e) => tracing::error!(error = %e, "budget rebuild from the ledger failed"),
-            }
+        // A lost `SY_BUDGETS` bucket comes back new: rebuild the current windows' spend from
+        // the ledger (entries an ingress created meanwhile get the earlier spend added).
+        match crate::budget_rebuild::rebuild_if_new_bucket(&self.ledger, &budgets).await {
+            Ok(Some(r)) if !(r.written.is_empty() && r.merged.is_empty()) => tracing::warn!(
+                written = ?r.written,
+                merged = ?r.merged,
+                "budget store is new: spend rebuilt from the ledger"
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::error!(error = %e, "budget rebuild from the ledger failed"),
         }
         self.budgets = Some(budgets);
         let mut shutdown = pin!(shutdown);

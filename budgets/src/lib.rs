@@ -6,9 +6,11 @@
 //! the same machinery in [`rate`] (docs/limits.md).
 
 pub mod rate;
+pub mod rebuild;
 pub mod spend;
 pub mod store;
 
 pub use rate::{RATES_BUCKET, RateError, RateStore, Refusal, Window};
+pub use rebuild::{REBUILT_KEY, Seeded};
 pub use spend::{Demand, Exceeded, Held, Prepaid, Spend};
 pub use store::{BUDGETS_BUCKET, BudgetStore, Limit, ReserveError, Unavailable};

@@ -129,6 +129,11 @@ pub struct Spend {
     /// the scope has ample room again.
     #[serde(default, skip_serializing_if = "is_false")]
     pub reclaim: bool,
+    /// The ledger's spend from before this bucket existed is in: written by a rebuild
+    /// (`switchyard budgets rebuild`, or billing at start-up). An entry an ingress created
+    /// starts without it, and a rebuild adds it once ([`crate::rebuild`]).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub from_ledger: bool,
 }
 
 /// Room left in a scope for one holder, per dimension (`None`: that dimension has no limit).
@@ -320,6 +325,18 @@ impl Spend {
         self.month_usd += actual.usd;
         self.day_tokens += actual.tokens;
         self.minute_tokens += actual.tokens;
+    }
+
+    /// Adds `earlier`'s settled spend (same windows: both at the same instant) and, if this
+    /// entry has none, its prepaid balance: the ledger's spend from before the entry existed.
+    pub fn absorb(&mut self, earlier: &Spend) {
+        self.day_usd += earlier.day_usd;
+        self.month_usd += earlier.month_usd;
+        self.day_tokens = self.day_tokens.saturating_add(earlier.day_tokens);
+        self.minute_tokens = self.minute_tokens.saturating_add(earlier.minute_tokens);
+        if self.prepaid.is_none() {
+            self.prepaid = earlier.prepaid;
+        }
     }
 
     /// Share of `budget.daily_usd` spent or reserved (None without a daily budget).

@@ -508,49 +508,16 @@ impl BudgetStore {
         }
     }
 
+    /// The bucket itself (for the rebuild from the ledger).
+    pub(crate) fn kv(&self) -> Result<&kv::Store, Unavailable> {
+        Ok(self.scopes()?.store())
+    }
+
     fn scopes(&self) -> Result<&Combiners<Scope>, Unavailable> {
         self.inner
             .scopes
             .as_ref()
             .ok_or_else(|| Unavailable("no JetStream KV".into()))
-    }
-
-    /// Whether the bucket holds no entry at all (a lost bucket re-created empty, or a new
-    /// installation): billing then rebuilds it from the ledger.
-    pub async fn is_empty(&self) -> Result<bool, Unavailable> {
-        // The bucket's stream info (no consumer: billing's NATS identity may not create one).
-        let status = self
-            .scopes()?
-            .store()
-            .status()
-            .await
-            .map_err(|e| Unavailable(e.to_string()))?;
-        Ok(status.values() == 0)
-    }
-
-    /// Writes `spend` as the state of `key` (`key.<id>` / `tenant.<id>`), for a rebuild from the
-    /// ledger: only when the entry is absent unless `overwrite` (which also drops the open
-    /// reservations held in it). Returns whether it was written.
-    pub async fn seed(
-        &self,
-        key: &str,
-        spend: &Spend,
-        overwrite: bool,
-    ) -> Result<bool, Unavailable> {
-        let store = self.scopes()?.store();
-        let json = serde_json::to_vec(spend).map_err(|e| Unavailable(e.to_string()))?;
-        if overwrite {
-            store
-                .put(key, json.into())
-                .await
-                .map_err(|e| Unavailable(e.to_string()))?;
-            return Ok(true);
-        }
-        match store.create(key, json.into()).await {
-            Ok(_) => Ok(true),
-            Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => Ok(false),
-            Err(e) => Err(Unavailable(e.to_string())),
-        }
     }
 
     /// The current state of the entry `key` (`key.<id>` or `tenant.<id>`).
@@ -628,24 +595,11 @@ impl BudgetStore {
         topped_up_usd: Decimal,
         spent_if_new: Decimal,
     ) -> Result<Spend, Unavailable> {
-        let kv = self.scopes()?.store();
-        let started = Instant::now();
-        for attempt in 0u32.. {
-            let (revision, stored) = self.read(key).await?;
-            let mut s = stored.at(now_ms());
-            if !s.raise_topped_up(topped_up_usd, spent_if_new) {
-                return Ok(s);
-            }
-            match write(kv, key, &s, revision).await {
-                Ok(_) => return Ok(s),
-                Err(WriteError::Conflict) if started.elapsed() < MAX_CONTENTION => {
-                    backoff(attempt).await;
-                }
-                Err(WriteError::Conflict) => break,
-                Err(WriteError::Failed(e)) => return Err(Unavailable::from(&e)),
-            }
-        }
-        Err(Unavailable("too much contention".into()))
+        self.update(key, |stored| {
+            let mut s = stored.unwrap_or_default().at(now_ms());
+            Ok(s.raise_topped_up(topped_up_usd, spent_if_new).then_some(s))
+        })
+        .await
     }
 
     /// Releases a reservation of `reserved` in scope `key` and adds `actual` to its spend.
@@ -686,17 +640,43 @@ impl BudgetStore {
         request_id: &str,
         actual: Demand,
     ) -> Result<(), Unavailable> {
+        self.update(key, |stored| {
+            let mut s = stored.unwrap_or_default().at(now_ms());
+            if !s.note_late(request_id) {
+                return Ok(None);
+            }
+            s.add(actual);
+            Ok(Some(s))
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// Rewrites entry `key` by compare-and-set: `change` gets the stored state (`None`: absent)
+    /// and returns the new one (`None`: nothing to write); a conflict re-reads and calls it
+    /// again, for up to [`MAX_CONTENTION`]. Returns the entry after it. An unreadable entry is
+    /// an error (it is not reset).
+    pub(crate) async fn update(
+        &self,
+        key: &str,
+        mut change: impl FnMut(Option<Spend>) -> Result<Option<Spend>, Unavailable>,
+    ) -> Result<Spend, Unavailable> {
         let kv = self.scopes()?.store();
         let started = Instant::now();
         for attempt in 0u32.. {
-            let (revision, stored) = self.read(key).await?;
-            let mut s = stored.at(now_ms());
-            if !s.note_late(request_id) {
-                return Ok(());
-            }
-            s.add(actual);
-            match write(kv, key, &s, revision).await {
-                Ok(_) => return Ok(()),
+            let (revision, stored) = load(kv, key).await.map_err(|e| Unavailable::from(&e))?;
+            let stored = match stored {
+                Stored::Value(s) => Some(s),
+                Stored::Absent => None,
+                Stored::Unreadable(reason) => {
+                    return Err(Unavailable(format!("entry `{key}` unreadable: {reason}")));
+                }
+            };
+            let Some(new) = change(stored.clone())? else {
+                return Ok(stored.unwrap_or_default());
+            };
+            match write(kv, key, &new, revision).await {
+                Ok(_) => return Ok(new),
                 Err(WriteError::Conflict) if started.elapsed() < MAX_CONTENTION => {
                     backoff(attempt).await;
                 }

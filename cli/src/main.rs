@@ -458,8 +458,11 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             for k in &done.written {
                 println!("rebuilt {k}");
             }
+            for k in &done.merged {
+                println!("merged  {k} (the ledger's spend from before the bucket added)");
+            }
             for k in &done.kept {
-                println!("kept    {k} (exists; --overwrite replaces it)");
+                println!("kept    {k} (rebuilt already; --overwrite replaces it)");
             }
             Ok(())
         }

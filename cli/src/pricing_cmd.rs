@@ -1,8 +1,9 @@
 //! `switchyard pricing`: the pricing catalog's admin actions (docs/pricing.md).
 //!
 //! - `pricing check [--config FILE]`: every configured target whose upstream model has no cost
-//!   price, or lacks a component its provider bills (Anthropic: the 1-hour cache write), and every
-//!   model without a sale price; prints `nothing missing …` and exits 0 when all are priced, else
+//!   price, or lacks a component its provider bills (Anthropic: the 1-hour cache write; OpenAI
+//!   audio models: audio tokens), and every model without a sale price or whose sale price lacks
+//!   such a component; prints `nothing missing …` and exits 0 when all are priced, else
 //!   one line per gap and exits 1.
 //! - `pricing import FILE [--out OUT] [--as-of DATE] [--base CATALOG] [--model ID]…`: reads a
 //!   price list in LiteLLM's `model_prices_and_context_window.json` shape (offline) and writes a
@@ -11,7 +12,7 @@
 use clap::{Args, Subcommand};
 use std::path::PathBuf;
 use switchyard_schemas::config::{GatewayConfig, ProviderKind};
-use switchyard_schemas::pricing::Catalog;
+use switchyard_schemas::pricing::{Catalog, PriceCard};
 use switchyard_schemas::pricing_import::{import_litellm, to_yaml};
 
 /// `switchyard pricing …`.
@@ -59,7 +60,39 @@ pub(crate) struct Gap {
     pub what: String,
 }
 
-/// The gaps of `config`'s targets and models in `catalog`, targets first, in config order.
+/// The optional price components a target's usage can carry, with why: Anthropic bills 1-hour
+/// cache writes apart (Anthropic docs, "Prompt caching"); OpenAI's audio models bill audio tokens
+/// apart (OpenAI pricing page, "Audio tokens"). A card without one of them leaves that part of a
+/// request unpriced (`unpriced_component`).
+fn components(provider: &ProviderKind, upstream_model: &str) -> Vec<(&'static str, &'static str)> {
+    let mut out = Vec::new();
+    if matches!(provider, ProviderKind::Anthropic) {
+        out.push(("cache_write_1h", "1-hour cache writes"));
+    }
+    let m = upstream_model.to_ascii_lowercase();
+    if matches!(provider, ProviderKind::Openai | ProviderKind::AzureOpenai)
+        && (m.contains("audio") || m.contains("realtime"))
+    {
+        out.push(("audio_input", "audio input tokens"));
+        out.push(("audio_output", "audio output tokens"));
+    }
+    out
+}
+
+/// Whether `card` prices `component` (one of [`components`]).
+fn prices(card: &PriceCard, component: &str) -> bool {
+    match component {
+        "cache_write_1h" => card.cache_write_1h.is_some(),
+        "audio_input" => card.audio_input.is_some(),
+        "audio_output" => card.audio_output.is_some(),
+        _ => true,
+    }
+}
+
+/// The gaps of `config`'s targets and models in `catalog`, targets first, in config order: a
+/// target's upstream model without a cost card or without a component its provider bills; a
+/// model without a sale card (or `charge_at` fallback), or whose sale card lacks a component one
+/// of its targets bills.
 pub(crate) fn missing(config: &GatewayConfig, catalog: &Catalog) -> Vec<Gap> {
     let mut gaps = Vec::new();
     for t in &config.targets {
@@ -71,21 +104,41 @@ pub(crate) fn missing(config: &GatewayConfig, catalog: &Catalog) -> Vec<Gap> {
             });
             continue;
         };
-        // Anthropic bills 1-hour cache writes apart (Anthropic docs, "Prompt caching").
-        let bills_1h = matches!(t.provider, ProviderKind::Anthropic);
-        if bills_1h && card.cache_write_1h.is_none() {
-            gaps.push(Gap {
-                subject,
-                what: "no cache_write_1h price (1-hour cache writes)".into(),
-            });
+        for (component, what) in components(&t.provider, &t.upstream_model) {
+            if !prices(card, component) {
+                gaps.push(Gap {
+                    subject: subject.clone(),
+                    what: format!("no {component} price ({what})"),
+                });
+            }
         }
     }
     for m in &config.models {
+        let subject = format!("model {}", m.id);
         if !catalog.sale_priced(&m.id, config.unpriced.as_ref()) {
             gaps.push(Gap {
-                subject: format!("model {}", m.id),
+                subject,
                 what: "no sale price (standard:)".into(),
             });
+            continue;
+        }
+        let Some(card) = catalog.standard.get(&m.id) else {
+            continue; // Charged at the `charge_at` fallback model's card.
+        };
+        let mut seen = Vec::new();
+        for t in config.targets.iter().filter(|t| m.targets.contains(&t.id)) {
+            for (component, what) in components(&t.provider, &t.upstream_model) {
+                if !prices(card, component) && !seen.contains(&component) {
+                    seen.push(component);
+                    gaps.push(Gap {
+                        subject: subject.clone(),
+                        what: format!(
+                            "no {component} sale price ({what}, billed by target {})",
+                            t.id
+                        ),
+                    });
+                }
+            }
         }
     }
     gaps
@@ -175,6 +228,45 @@ mod tests {
     fn default_config_has_nothing_missing() {
         let c = switchyard::config::load(None).unwrap();
         assert_eq!(missing(&c, &Catalog::bundled().unwrap()), vec![]);
+    }
+
+    #[test]
+    fn components_a_provider_bills_are_checked_on_cost_and_sale_cards() {
+        let config: GatewayConfig = serde_yaml_ng::from_str(
+            "targets:\n\
+             - {id: claude, provider: anthropic, base_url: 'builtin:mock', upstream_model: claude-t}\n\
+             - {id: voice, provider: openai, base_url: 'builtin:mock', upstream_model: gpt-4o-audio-t}\n\
+             - {id: text, provider: openai, base_url: 'builtin:mock', upstream_model: gpt-t}\n\
+             models:\n\
+             - {id: m/claude, targets: [claude]}\n\
+             - {id: m/voice, targets: [voice, text]}\n",
+        )
+        .unwrap();
+        let catalog = Catalog::parse(
+            "test",
+            "currency: USD\n\
+             upstream:\n\
+             \x20 claude-t: {input: 3, output: 15}\n\
+             \x20 gpt-4o-audio-t: {input: 2.5, output: 10, audio_input: 40}\n\
+             \x20 gpt-t: {input: 2, output: 8}\n\
+             standard:\n\
+             \x20 m/claude: {input: 3, output: 15, cache_write_1h: 6}\n\
+             \x20 m/voice: {input: 2.5, output: 10}\n",
+        )
+        .unwrap();
+        let lines: Vec<_> = missing(&config, &catalog)
+            .into_iter()
+            .map(|g| format!("{}: {}", g.subject, g.what))
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                "target claude (upstream model claude-t): no cache_write_1h price (1-hour cache writes)",
+                "target voice (upstream model gpt-4o-audio-t): no audio_output price (audio output tokens)",
+                "model m/voice: no audio_input sale price (audio input tokens, billed by target voice)",
+                "model m/voice: no audio_output sale price (audio output tokens, billed by target voice)",
+            ]
+        );
     }
 
     #[test]

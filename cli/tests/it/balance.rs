@@ -394,14 +394,20 @@ async fn top_ups(billing_url: Option<String>) {
     // the charges since the first), never crediting the past spend again...
     let store = gw.ingress.budgets.store();
     let wiped = switchyard_budgets::Spend::default();
-    store.seed("balance.acme", &wiped, true).await.unwrap();
+    store
+        .seed("balance.acme", &wiped, &wiped, true)
+        .await
+        .unwrap();
     let (_, v) = show(&gw.base, ADMIN_KEY, "acme").await;
     assert_eq!(
         (v["balance_usd"].clone(), v["spent_usd"].clone()),
         (json!("0.746"), json!("0.004"))
     );
     // ...and so does billing's rebuild.
-    store.seed("balance.acme", &wiped, true).await.unwrap();
+    store
+        .seed("balance.acme", &wiped, &wiped, true)
+        .await
+        .unwrap();
     let rebuilt = switchyard_billing::budget_rebuild::rebuild(
         gw.ledger.as_ref().unwrap(),
         store,

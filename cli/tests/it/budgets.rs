@@ -334,3 +334,82 @@ async fn embeddings_respect_token_quotas() {
         "{body}"
     );
 }
+
+/// `switchyard budgets rebuild` into a bucket an ingress has already written to (a lost bucket
+/// re-created): the scope without an entry is written from every charge, the one the ingress
+/// created gets the ledger's spend from before the bucket added ($0.003 + its live $0.003), and
+/// a second run keeps both.
+#[tokio::test]
+async fn budgets_rebuild_command_writes_merges_and_keeps() {
+    use switchyard_budgets::{BudgetStore, Demand};
+    let dir = tempfile::tempdir().unwrap();
+    let nats = switchyard_natsd::NatsServer::start_temp().unwrap();
+    let db = format!("sqlite://{}/ledger.db?mode=rwc", dir.path().display());
+    let catalog = switchyard_schemas::pricing::Catalog::parse(
+        "test",
+        "currency: USD\nupstream: {}\nstandard:\n  gpt-t: {input: 2, output: 10}\n",
+    )
+    .unwrap();
+    let ledger = switchyard_billing::Ledger::connect(&db)
+        .await
+        .unwrap()
+        .with_catalog(catalog);
+    // 1,000 in + 100 out at $2 / $10 per 1M: $0.003.
+    let mut charge = switchyard_schemas::usage::UsageEvent::new(
+        uuid::Uuid::now_v7(),
+        UsageKind::Charge,
+        switchyard_schemas::now_ms() - 1_000,
+        "gpt-t",
+    );
+    charge.key_id = Some("k1".into());
+    charge.tenant = Some("acme".into());
+    charge.usage.prompt_tokens = 1_000;
+    charge.usage.completion_tokens = 100;
+    ledger.insert_batch(&[charge]).await.unwrap();
+
+    let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    let ingress = BudgetStore::connect(&js, "ingress-1").await;
+    let (reserved, actual) = (
+        Demand {
+            usd: d("0.01"),
+            tokens: 5_000,
+        },
+        Demand {
+            usd: d("0.003"),
+            tokens: 1_100,
+        },
+    );
+    let budget = Budget {
+        monthly_usd: Some(d("1")),
+        ..Budget::default()
+    };
+    let until = switchyard_schemas::now_ms() + 60_000;
+    ingress
+        .reserve("key.k1", &budget, reserved, until)
+        .await
+        .unwrap();
+    ingress.settle("key.k1", reserved, actual).await.unwrap();
+    ingress.close().await;
+
+    let args = [
+        "budgets",
+        "rebuild",
+        "--nats-url",
+        &nats.url(),
+        "--database-url",
+        &db,
+    ];
+    assert_eq!(
+        cli_ok(&args, "").await,
+        "rebuilt tenant.acme\n\
+         merged  key.k1 (the ledger's spend from before the bucket added)\n"
+    );
+    let k1 = ingress.peek("key.k1").await.unwrap();
+    assert_eq!((k1.month_usd, k1.day_tokens), (d("0.006"), 2_200));
+    assert_eq!(
+        cli_ok(&args, "").await,
+        "kept    key.k1 (rebuilt already; --overwrite replaces it)\n\
+         kept    tenant.acme (rebuilt already; --overwrite replaces it)\n"
+    );
+    assert_eq!(ingress.peek("key.k1").await.unwrap().month_usd, d("0.006"));
+}

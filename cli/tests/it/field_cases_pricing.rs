@@ -276,6 +276,29 @@ async fn fc34(billing_url: Option<String>) {
         found[0].details
     );
     assert_eq!(rec.counts.unpriced_component, 1);
+    // ...and in the daily report: the two rows of the request counted unpriced, the finding
+    // counted and listed.
+    let today = utc_today();
+    let report = switchyard_billing::report::daily_report(ledger, &today)
+        .await
+        .unwrap();
+    assert_eq!(report.totals.unpriced_rows, 2);
+    assert_eq!(report.reconciliation.counts.unpriced_component, 1);
+    let table = report.to_table();
+    assert!(table.contains(", unpriced rows 2\n"), "{table}");
+    let finding = table
+        .lines()
+        .find(|l| l.starts_with(&id.to_string()))
+        .unwrap_or_else(|| panic!("{table}"));
+    assert!(
+        finding.contains("unpriced_component") && finding.contains("cache_write_1h"),
+        "{finding}"
+    );
+}
+
+/// Today's UTC date, `YYYY-MM-DD` (the report's day).
+fn utc_today() -> String {
+    switchyard_budgets::spend::windows(switchyard_schemas::now_ms()).0
 }
 
 sqlite_and_postgres!(
