@@ -513,6 +513,62 @@ async fn unpriced_model_refused_for_budgeted_keys_and_recorded_for_others() {
     );
 }
 
+/// The explicit policies: `reject` refuses an unpriced model to every caller, a key without a
+/// budget too; `zero` serves it even to a key whose *tenant* has a USD budget (the default would
+/// refuse that one: a tenant budget counts like a key's), the charge row's cost NULL and the gap
+/// recorded.
+#[tokio::test]
+async fn explicit_reject_and_zero_policies_and_a_tenant_budget() {
+    let keys = json!([
+        {"id": "free", "tenant": "acme", "key": KEY_FREE},
+        {"id": "tenant-budgeted", "tenant": "capped", "key": KEY_BUDGET}
+    ]);
+    let tenants = json!([{"id": "capped", "budget": {"monthly_usd": 5}}]);
+    let refused = |status: u16, body: &Value| {
+        assert_eq!(status, 400, "{body}");
+        assert_eq!(body["error"]["code"], "model_not_priced");
+        assert!(error_message(body).contains("`test/unpriced` has no price"));
+    };
+
+    // Default: the key of a budgeted tenant is refused, the free key served.
+    let dir = tempfile::tempdir().unwrap();
+    let gw = gateway(dir.path(), None, json!({"keys": keys, "tenants": tenants})).await;
+    let (status, _, body) =
+        post_chat_as(&gw.base, KEY_BUDGET, &chat("test/unpriced", "hi", false)).await;
+    refused(status, &body);
+    let (status, _, _) =
+        post_chat_as(&gw.base, KEY_FREE, &chat("test/unpriced", "hi", false)).await;
+    assert_eq!(status, 200);
+    drop(gw);
+
+    // `reject`: the free key too.
+    let dir = tempfile::tempdir().unwrap();
+    let extra = json!({"keys": keys, "tenants": tenants, "unpriced": "reject"});
+    let gw = gateway(dir.path(), None, extra).await;
+    let (status, _, body) =
+        post_chat_as(&gw.base, KEY_FREE, &chat("test/unpriced", "hi", false)).await;
+    refused(status, &body);
+    drop(gw);
+
+    // `zero`: the tenant-budgeted key is served; nothing is charged, the gap is recorded.
+    let dir = tempfile::tempdir().unwrap();
+    let extra = json!({"keys": keys, "tenants": tenants, "unpriced": "zero"});
+    let gw = gateway(dir.path(), None, extra).await;
+    let (status, headers, body) =
+        post_chat_as(&gw.base, KEY_BUDGET, &chat("test/unpriced", "hi", false)).await;
+    assert_eq!(status, 200, "{body}");
+    let id = request_id(&headers);
+    assert_eq!(
+        cost_and_charge(&gw, id).await,
+        ("NULL".into(), "NULL".into())
+    );
+    let ledger = gw.ledger.as_ref().unwrap();
+    assert_eq!(
+        ledger.unpriced_of(id, UsageKind::Charge, 0).await.unwrap(),
+        vec!["model".to_owned()]
+    );
+}
+
 /// `unpriced: {charge_at: gpt-t}`: an unpriced model is charged at the fallback's card.
 #[tokio::test]
 async fn charge_at_prices_an_unpriced_model_with_the_fallback() {
