@@ -20,12 +20,14 @@ upstream:
   gem-t: {input: 1.25, cached_input: 0.125, output: 10}
   bedrock-t: {input: 3, cache_write: 3.75, cached_input: 0.30, output: 15}
   gpt-t: {input: 2.5, cached_input: 1.25, output: 10, audio_input: 40, audio_output: 80, priority: {input: 4.25, cached_input: 2.125, output: 17}}
+  gpt-tiered: {input: 2, cached_input: 1, output: 8, reasoning: 12, flex: {input: 1, cached_input: 0.5, output: 4}, tiers: [{above_prompt_tokens: 200000, input: 4, cached_input: 2, output: 16}]}
 standard:
   claude-t: {input: 3, cache_write: 3.75, cache_write_1h: 6.00, cached_input: 0.30, output: 15}
   claude-no1h: {input: 3, cache_write: 3.75, cached_input: 0.30, output: 15}
   gem-t: {input: 1.25, cached_input: 0.125, output: 10}
   bedrock-t: {input: 3, cache_write: 3.75, cached_input: 0.30, output: 15}
   gpt-t: {input: 2.5, cached_input: 1.25, output: 10, audio_input: 40, audio_output: 80, priority: {input: 4.25, cached_input: 2.125, output: 17}}
+  gpt-tiered: {input: 2, cached_input: 1, output: 8, reasoning: 12, flex: {input: 1, cached_input: 0.5, output: 4}, tiers: [{above_prompt_tokens: 200000, input: 4, cached_input: 2, output: 16}]}
 "#;
 
 const KEY_BUDGET: &str = "sk-budget-0123456789abcdef";
@@ -47,7 +49,8 @@ fn config(dir: &std::path::Path, extra: Value) -> switchyard_schemas::config::Ga
             {"id": "gem-t", "provider": "gemini", "base_url": "builtin:mock", "upstream_model": "gem-t"},
             {"id": "bedrock-t", "provider": "bedrock", "base_url": "builtin:mock", "upstream_model": "bedrock-t", "aws": aws},
             {"id": "gpt-t", "provider": "openai", "base_url": "builtin:mock", "upstream_model": "gpt-t"},
-            {"id": "unpriced", "provider": "openai", "base_url": "builtin:mock", "upstream_model": "nowhere-priced"}
+            {"id": "unpriced", "provider": "openai", "base_url": "builtin:mock", "upstream_model": "nowhere-priced"},
+            {"id": "gpt-tiered", "provider": "openai", "base_url": "builtin:mock", "upstream_model": "gpt-tiered"}
         ],
         "models": [
             {"id": "claude-t", "targets": ["claude-t"]},
@@ -55,7 +58,8 @@ fn config(dir: &std::path::Path, extra: Value) -> switchyard_schemas::config::Ga
             {"id": "gem-t", "targets": ["gem-t"]},
             {"id": "bedrock-t", "targets": ["bedrock-t"]},
             {"id": "gpt-t", "targets": ["gpt-t"]},
-            {"id": "test/unpriced", "targets": ["unpriced"]}
+            {"id": "test/unpriced", "targets": ["unpriced"]},
+            {"id": "gpt-tiered", "targets": ["gpt-tiered"]}
         ],
         "timeouts": {"first_frame_ms": 5000, "worker_silence_ms": 5000, "heartbeat_ms": 200}
     });
@@ -441,6 +445,65 @@ async fn openai_usage_details_and_service_tier_are_priced() {
                 "reasoning"
             ]
         );
+    }
+}
+
+/// Through the ledger: a reasoning price of its own, the flex service tier and a long-context
+/// tier (above 200,000 prompt tokens the tier's prices; reasoning keeps the card's price), cost
+/// and charge to the cent and one line per billing type.
+#[tokio::test]
+async fn reasoning_price_flex_tier_and_long_context_tier_reach_the_ledger() {
+    let dir = tempfile::tempdir().unwrap();
+    let gw = gateway(dir.path(), None, json!({})).await;
+    let usage = |prompt: u64, cached: u64, completion: u64, reasoning: u64| {
+        mock_usage(&format!(
+            r#"{{"prompt_tokens":{prompt},"completion_tokens":{completion},"total_tokens":{},"prompt_tokens_details":{{"cached_tokens":{cached}}},"completion_tokens_details":{{"reasoning_tokens":{reasoning}}}}}"#,
+            prompt + completion
+        ))
+    };
+    let cases = [
+        // 800 × 2 + 200 × 1 + 400 × 8 + 100 × 12 per 1M.
+        (
+            "standard",
+            usage(1_000, 200, 500, 100),
+            "0.0062",
+            [
+                ("cached_input", 200, "0.0002"),
+                ("new_input", 800, "0.0016"),
+                ("output", 400, "0.0032"),
+                ("reasoning", 100, "0.0012"),
+            ],
+        ),
+        // Flex: 800 × 1 + 200 × 0.5 + 400 × 4 + 100 × 12 per 1M.
+        (
+            "flex",
+            format!("{} service_tier=flex", usage(1_000, 200, 500, 100)),
+            "0.0037",
+            [
+                ("cached_input", 200, "0.0001"),
+                ("new_input", 800, "0.0008"),
+                ("output", 400, "0.0016"),
+                ("reasoning", 100, "0.0012"),
+            ],
+        ),
+        // Above 200k: 200,000 × 4 + 50,000 × 2 + 800 × 16 + 200 × 12 per 1M.
+        (
+            "long context",
+            usage(250_000, 50_000, 1_000, 200),
+            "0.9152",
+            [
+                ("cached_input", 50_000, "0.1"),
+                ("new_input", 200_000, "0.8"),
+                ("output", 800, "0.0128"),
+                ("reasoning", 200, "0.0024"),
+            ],
+        ),
+    ];
+    for (name, prompt, cost, want) in cases {
+        let (status, headers, body) =
+            post_json(&gw.base, &chat("gpt-tiered", &prompt, false)).await;
+        assert_eq!(status, 200, "{name}: {body}");
+        assert_priced(&gw, request_id(&headers), cost, &want, name).await;
     }
 }
 
