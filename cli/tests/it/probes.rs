@@ -84,3 +84,46 @@ async fn probes_find_an_outage_and_the_recovery_without_traffic() {
         gw.mock.request_count()
     );
 }
+
+/// Probe calls in the ledger: each an `upstream` row of the probe tenant with no charge, which
+/// reconciliation does not count as `upstream_without_charge` and the daily report shows under
+/// the origin `probe`.
+#[tokio::test]
+async fn probe_calls_are_billed_as_probes_not_as_discrepancies() {
+    let mut c = config("text=ok");
+    c.targets[0].probe.as_mut().unwrap().interval_ms = 100;
+    let gw = start(Options {
+        config: c,
+        billing: true,
+        ..Options::default()
+    })
+    .await;
+    let ledger = gw.ledger.as_ref().unwrap();
+    let rows = eventually(Duration::from_secs(20), || async {
+        let n = ledger.count().await.unwrap();
+        (n >= 3).then_some(n)
+    })
+    .await;
+    let now = switchyard_schemas::now_ms();
+    let rec = switchyard_billing::reconcile(ledger, 0, now + 60_000, 100)
+        .await
+        .unwrap();
+    assert_eq!(rec.counts.upstream_without_charge, 0, "{:?}", rec.rows);
+    assert_eq!(rec.counts.total(), 0, "{:?}", rec.rows);
+    assert!(
+        rec.requests >= rows,
+        "{} requests, {rows} rows",
+        rec.requests
+    );
+    let today = switchyard_budgets::spend::windows(now).0;
+    let report = switchyard_billing::daily_report(ledger, &today)
+        .await
+        .unwrap();
+    let origins: Vec<_> = report.by_origin.iter().map(|o| o.name.as_str()).collect();
+    assert_eq!(origins, ["probe"], "{:?}", report.by_origin);
+    assert_eq!(report.by_origin[0].requests, 0);
+    assert_eq!(
+        report.totals.upstream_calls,
+        report.totals.upstream_calls.max(rows)
+    );
+}
