@@ -53,6 +53,7 @@ impl ModelArgs {
 
     /// Loads the model. Blocking (seconds of CPU).
     fn load_blocking(&self) -> Result<Arc<dyn Embed>, String> {
+        wait_for_test_gate()?;
         let paths = ModelPaths::resolve(
             self.ort_dylib.clone(),
             self.embedding_model.clone(),
@@ -100,6 +101,24 @@ impl ModelArgs {
             Err(e) => Err(e),
         }
     }
+}
+
+/// Test seam: the environment variable that names a FIFO every model load opens for reading first
+/// (docs/deploy.md, "Readiness and liveness"). Unset (the default), nothing waits.
+const TEST_GATE: &str = "SWITCHYARD_TEST_EMBED_GATE";
+
+/// With [`TEST_GATE`] set, waits until a writer opens that FIFO (opening a FIFO for reading blocks
+/// until then), so a test holds the load (and `/readyz` at `loading embedding model`) for as long as
+/// it wants without a timing guess. Runs on the blocking pool, as the load does.
+fn wait_for_test_gate() -> Result<(), String> {
+    let Some(gate) = std::env::var_os(TEST_GATE).filter(|v| !v.is_empty()) else {
+        return Ok(());
+    };
+    let gate = PathBuf::from(gate);
+    tracing::info!(gate = %gate.display(), "embedding model load waits for its test gate ({TEST_GATE})");
+    std::fs::File::open(&gate)
+        .map(drop)
+        .map_err(|e| format!("{TEST_GATE}={}: {e}", gate.display()))
 }
 
 /// Starts loading the embedding model when a reloaded `config` has a route that uses the semantic

@@ -1,9 +1,12 @@
 """compose.yaml describes the production topology of `scripts/cluster` (docs/deploy.md): three
 NATS servers clustered with JetStream, PostgreSQL, two ingress, two workers, cache and billing,
-with health checks, restart policies and NATS authentication. Validated by `docker compose
-config` where the compose plugin is installed, and always by a structural check of the resolved
-file (anchors and `<<` merges applied: by PyYAML when the venv has it, else by `yq`, the jq
-wrapper over PyYAML), since CI machines often have neither docker nor the compose plugin."""
+with health checks, restart policies and NATS authentication, its image built from the
+Dockerfile at the repository root. Validated by `docker compose config` where the compose plugin
+is installed, and always against the compose-spec JSON schema (the copy check-jsonschema vendors,
+in .tools/compose-schema-venv from scripts/bootstrap: no docker and no network needed) and by a
+structural check of the resolved file (anchors and `<<` merges applied: by PyYAML when the venv
+has it, else by `yq`, the jq wrapper over PyYAML), since CI machines often have neither docker nor
+the compose plugin."""
 
 from __future__ import annotations
 
@@ -16,6 +19,8 @@ import pytest
 from conftest import REPO_ROOT
 
 COMPOSE = REPO_ROOT / "compose.yaml"
+DOCKERFILE = REPO_ROOT / "Dockerfile"
+CHECK_JSONSCHEMA = REPO_ROOT / ".tools" / "compose-schema-venv" / "bin" / "check-jsonschema"
 NODES = ["nats-1", "nats-2", "nats-3"]
 SERVICES = {"ingress-1": "ingress", "ingress-2": "ingress", "worker": "worker", "cache": "cache",
             "billing": "billing"}
@@ -81,6 +86,46 @@ def test_compose_topology():
         assert s["ports"] == [port] and "/readyz" in " ".join(s["healthcheck"]["test"])
         assert s["environment"]["SWITCHYARD_ADMIN_NATS_USER"] == "admin"
     assert set(load()["volumes"]) == {*NODES, "pg-data"}
+
+
+def test_compose_matches_the_compose_spec_schema(tmp_path):
+    if not CHECK_JSONSCHEMA.exists():
+        pytest.fail(f"{CHECK_JSONSCHEMA} missing: run scripts/bootstrap")
+    schema = ["--builtin-schema", "vendor.compose-spec"]
+    r = subprocess.run([str(CHECK_JSONSCHEMA), *schema, str(COMPOSE)], capture_output=True, text=True,
+                       timeout=120)
+    assert (r.returncode, r.stdout.strip()) == (0, "ok -- validation done"), r.stdout + r.stderr
+    # The check has teeth: a service key the spec does not define is refused, naming the service.
+    bad = tmp_path / "compose.yaml"
+    bad.write_text(COMPOSE.read_text().replace("  cache:\n    <<: *switchyard\n",
+                                               "  cache:\n    <<: *switchyard\n    restart_policy: always\n"))
+    r = subprocess.run([str(CHECK_JSONSCHEMA), *schema, str(bad)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert (f"{bad}::$.services.cache: Unevaluated properties are not allowed "
+            "('restart_policy' was unexpected)") in r.stdout, r.stdout
+
+
+def test_image_is_built_from_the_dockerfile():
+    # Every Switchyard service runs the one image, built from the Dockerfile at the repository root.
+    services = load()["services"]
+    for name in [*SERVICES, "mock-upstream"]:
+        s = services[name]
+        assert s["build"] == {"context": ".", "dockerfile": "Dockerfile"}, name
+        assert s["image"] == "switchyard:dev", name
+    lines = [line.split() for line in DOCKERFILE.read_text().splitlines()
+             if line.strip() and not line.startswith((" ", "#"))]
+    stages = [line for line in lines if line[0] == "FROM"]
+    assert [s[-1] for s in stages] == ["build", "assets", "debian:bookworm-slim"], stages
+    assert ["RUN", "cargo", "build", "--release", "--locked", "-p", "switchyard"] in lines
+    assert ["ENTRYPOINT", '["switchyard"]'] == lines[-1]
+    # The cache finds its embedding model through the variables ModelPaths reads.
+    env = DOCKERFILE.read_text()
+    for var in ("ORT_DYLIB_PATH=", "SWITCHYARD_EMBED_MODEL=", "SWITCHYARD_EMBED_TOKENIZER_DIR="):
+        assert var in env, var
+    # Build output, tools, data and secrets stay out of the build context.
+    ignored = set((REPO_ROOT / ".dockerignore").read_text().split())
+    assert {"target/", ".tools/", "data/", ".git/", ".env"} <= ignored, ignored
 
 
 def test_docker_compose_config(tmp_path):

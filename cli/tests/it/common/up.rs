@@ -24,16 +24,22 @@ pub(crate) fn command(
     listen: &str,
     config: Option<&Path>,
 ) -> tokio::process::Command {
+    let mut cmd = command_with_semantic(data_dir, listen, config);
+    cmd.arg("--no-semantic");
+    cmd
+}
+
+/// [`command`] without `--no-semantic`: the cache loads the embedding model (found under
+/// `.tools/venv`) when a route uses the semantic layer.
+pub(crate) fn command_with_semantic(
+    data_dir: &Path,
+    listen: &str,
+    config: Option<&Path>,
+) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"));
-    cmd.args([
-        "up",
-        "--no-local-model",
-        "--no-semantic",
-        "--listen",
-        listen,
-    ])
-    .arg("--data-dir")
-    .arg(data_dir);
+    cmd.args(["up", "--no-local-model", "--listen", listen])
+        .arg("--data-dir")
+        .arg(data_dir);
     if let Some(f) = config {
         cmd.arg("--config").arg(f);
     }
