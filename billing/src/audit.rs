@@ -38,6 +38,7 @@ pub(crate) struct AuditValues {
     user_agent: Option<String>,
     client_request_id: Option<String>,
     attempts: String,
+    cache_outcome: Option<String>,
     request_body: Option<String>,
     response_body: Option<String>,
 }
@@ -69,6 +70,7 @@ impl AuditValues {
             user_agent: text("user_agent", a.user_agent)?,
             client_request_id: text("client_request_id", a.client_request_id)?,
             attempts,
+            cache_outcome: text("cache_outcome", a.cache_outcome)?,
             request_body: text("request_body", a.request_body)?,
             response_body: text("response_body", a.response_body)?,
         })
@@ -79,9 +81,9 @@ const INSERT_HEAD: &str = "INSERT INTO audit_log (request_id, ts_ms, front_door,
      model, target, upstream_model, status, http_status, error_class, finish_reason, fallbacks, \
      attempts, prompt_tokens, completion_tokens, cached_tokens, charge_usd, ttft_ms, latency_ms, \
      overhead_ms, cache_hit, client_ip, user_agent, client_request_id, request_body, \
-     response_body, error_code) VALUES ";
-const COLUMNS: usize = 28;
-/// 512 × 28 = 14,336 bind values, below SQLite's 32,766.
+     response_body, error_code, cache_outcome) VALUES ";
+const COLUMNS: usize = 29;
+/// 512 × 29 = 14,848 bind values, below SQLite's 32,766.
 const ROWS_PER_STATEMENT: usize = 512;
 const INSERT_TAIL: &str = " ON CONFLICT DO NOTHING";
 
@@ -160,7 +162,8 @@ pub(crate) async fn insert(
                 .bind(a.client_request_id.as_deref())
                 .bind(a.request_body.as_deref())
                 .bind(a.response_body.as_deref())
-                .bind(a.error_code.as_deref());
+                .bind(a.error_code.as_deref())
+                .bind(a.cache_outcome.as_deref());
         }
         inserted += query.execute(&mut **tx).await?.rows_affected();
         offset += size;
@@ -183,7 +186,7 @@ const SELECT: &str = "SELECT request_id, ts_ms, front_door, key_id, tenant, mode
      upstream_model, status, http_status, error_class, finish_reason, fallbacks, attempts, \
      prompt_tokens, completion_tokens, cached_tokens, charge_usd, ttft_ms, latency_ms, \
      overhead_ms, CASE WHEN cache_hit THEN 1 ELSE 0 END AS cache_hit, client_ip, user_agent, \
-     client_request_id, request_body, response_body, error_code FROM audit_log";
+     client_request_id, request_body, response_body, error_code, cache_outcome FROM audit_log";
 
 /// One page of the audit log, newest first by (`ts_ms`, `request_id`); `cost_usd` of each
 /// record is the sum of its stored `upstream` rows' costs.
@@ -358,6 +361,7 @@ fn record_of(row: &AnyRow) -> Result<AuditRecord, BillingError> {
         latency_ms: u("latency_ms")?,
         overhead_ms: ou("overhead_ms")?,
         cache_hit: row.try_get::<i64, _>("cache_hit")? != 0,
+        cache_outcome: row.try_get("cache_outcome")?,
         client_ip: row.try_get("client_ip")?,
         user_agent: row.try_get("user_agent")?,
         client_request_id: row.try_get("client_request_id")?,

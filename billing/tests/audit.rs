@@ -47,6 +47,7 @@ fn charge(ts: u64, key: &str, model: &str, status: UsageStatus, http: u16) -> Us
                 error_class: ErrorClass::Network,
                 error: "connection refused".into(),
             }],
+            cache_outcome: Some("miss".into()),
             request_body: Some("[{\"role\":\"user\"}]".into()),
             response_body: Some("hi".into()),
         })),
@@ -105,7 +106,7 @@ async fn scenario(url: &str) {
         "prompt_tokens": 1000, "completion_tokens": 100, "cached_tokens": 0,
         // gpt-4o: 1000 × $2.50/M + 100 × $10/M, cost and sale price alike.
         "cost_usd": "0.0035", "charge_usd": "0.0035", "ttft_ms": 120, "latency_ms": 450,
-        "overhead_ms": 3, "cache_hit": false, "client_ip": "127.0.0.1", "user_agent": "ua/1",
+        "overhead_ms": 3, "cache_hit": false, "cache_outcome": "miss", "client_ip": "127.0.0.1", "user_agent": "ua/1",
         "client_request_id": "req-1", "request_body": "[{\"role\":\"user\"}]",
         "response_body": "hi"
     });

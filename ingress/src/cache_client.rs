@@ -186,6 +186,8 @@ pub struct Check {
     pub answer: Option<CachedAnswer>,
     /// The routed model id.
     route: String,
+    /// The route caches answers (else the audit outcome is `off`).
+    caches: bool,
     /// Where a fresh answer is stored, when it may be.
     store: Option<(CacheKey, u64)>,
     admitted: Instant,
@@ -193,15 +195,27 @@ pub struct Check {
 }
 
 impl Check {
-    fn bypass(admitted: Instant) -> Self {
+    fn bypass(admitted: Instant, caches: bool) -> Self {
         Self {
             outcome: CacheOutcome::Bypass,
             similarity: None,
             answer: None,
             route: String::new(),
+            caches,
             store: None,
             admitted,
             prompt_bytes: 0,
+        }
+    }
+
+    /// The audit log's cache outcome
+    /// ([`switchyard_schemas::audit::CACHE_OUTCOMES`]): the lookup's, or `off` for a route
+    /// without cache.
+    pub fn audit_outcome(&self) -> &'static str {
+        if self.caches {
+            self.outcome.as_str()
+        } else {
+            "off"
         }
     }
 
@@ -279,11 +293,14 @@ pub async fn check(app: &Arc<AppState>, headers: &HeaderMap, inbound: &Inbound) 
     let directives = Directives::from_headers(headers);
     let config = app.config.get();
     let Ok(model) = route::routed_model(&config, &inbound.model, &route::current_hints()) else {
-        return Check::bypass(admitted);
+        return Check::bypass(admitted, false);
     };
     let settings = model.cache.clone().unwrap_or_default();
-    if !settings.enabled || inbound.params.n.is_some_and(|n| n > 1) || shapes_answer(inbound) {
-        return Check::bypass(admitted);
+    if !settings.enabled {
+        return Check::bypass(admitted, false);
+    }
+    if inbound.params.n.is_some_and(|n| n > 1) || shapes_answer(inbound) {
+        return Check::bypass(admitted, true);
     }
     let key = CacheKey {
         route: model.id.clone(),
@@ -304,6 +321,7 @@ pub async fn check(app: &Arc<AppState>, headers: &HeaderMap, inbound: &Inbound) 
         similarity: None,
         answer: None,
         route: model.id.clone(),
+        caches: true,
         store: (!directives.no_store && ttl_s > 0).then(|| (key.clone(), ttl_s)),
         admitted,
         prompt_bytes,
@@ -520,6 +538,7 @@ fn charge_hit(app: &Arc<AppState>, check: &Check, usage: Usage) -> Uuid {
         check.admitted,
     );
     charge.cache_hit(usage);
+    charge.cache_outcome(check.audit_outcome());
     charge.finish(None);
     id
 }

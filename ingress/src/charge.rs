@@ -283,6 +283,12 @@ impl Charge {
         self.first_content();
     }
 
+    /// Records the answer cache's outcome in the audit record
+    /// ([`switchyard_schemas::audit::CACHE_OUTCOMES`]).
+    pub fn cache_outcome(&mut self, outcome: &'static str) {
+        self.audit.cache_outcome = Some(outcome.to_owned());
+    }
+
     /// Records the upstream-reported usage.
     pub fn usage(&mut self, usage: Usage) {
         if let Some(e) = self.event.as_mut() {

@@ -195,7 +195,7 @@ async fn pipeline<D: FrontDoor>(
     }
 
     // Admit, plan, attempts.
-    let feed = route::route(&app, inbound).await?;
+    let feed = route::route(&app, inbound, cache.audit_outcome()).await?;
     let served = feed.served.clone();
     let meta = ReplyMeta {
         request_id: served.request_id,

@@ -93,6 +93,12 @@ pub fn clip(text: &str, max: usize) -> String {
     text.get(..end).unwrap_or_default().to_owned()
 }
 
+/// The values of [`AuditInfo::cache_outcome`]: `hit` and `semantic-hit` (answered from the
+/// cache), `miss` (looked up, answered live; also with `no-store`), `bypass` (the route caches,
+/// but this request was not looked up: `no-cache`, `n` > 1, a passthrough field that may shape the
+/// answer, the cache unavailable or slower than its timeout), `off` (the route has no cache).
+pub const CACHE_OUTCOMES: &[&str] = &["hit", "semantic-hit", "miss", "bypass", "off"];
+
 /// One failed attempt of a request (the serving attempt is the record's `target`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuditAttempt {
@@ -138,6 +144,10 @@ pub struct AuditInfo {
     /// for correlation; the gateway's own request id stays the ledger key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_request_id: Option<String>,
+    /// The answer cache's outcome ([`CACHE_OUTCOMES`]); `None` for requests that never reached
+    /// the cache check (refused before it, embeddings).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_outcome: Option<String>,
     /// Failed attempts before the serving (or last) one, in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attempts: Vec<AuditAttempt>,
@@ -203,6 +213,10 @@ pub struct AuditRecord {
     pub overhead_ms: Option<u64>,
     /// Answered from the cache.
     pub cache_hit: bool,
+    /// The cache outcome ([`CACHE_OUTCOMES`]); `None` when the request never reached the cache
+    /// check.
+    #[serde(default)]
+    pub cache_outcome: Option<String>,
     /// Client address.
     pub client_ip: Option<String>,
     /// Client user agent.

@@ -6,7 +6,8 @@
 //! cancelled stream) leaving exactly one record per request, bodies only for the captured key
 //! and no secret anywhere; and 1,000 concurrent requests (100 of them refused before admission)
 //! through two ingress instances leaving exactly 1,000 audit rows, the 900 admitted ones the
-//! `charge` rows' ids.
+//! `charge` rows' ids; capture by model and each request's cache outcome; `requests tail -f`
+//! printing records as they are stored.
 
 use crate::common::{self, Options, cli_ok, eventually, get_as};
 use serde_json::{Value, json};
@@ -160,7 +161,9 @@ async fn one_record_per_request_with_exact_fields() {
             "status": "ok", "http_status": 200, "error_class": null, "error_code": null,
             "finish_reason": "stop", "fallbacks": 0, "attempts": [], "prompt_tokens": 1000, "completion_tokens": 100,
             "cached_tokens": 0, "cost_usd": "0.0035", "charge_usd": "0.0035",
-            "cache_hit": false, "client_ip": "127.0.0.1", "user_agent": "audit-it/1",
+            // No cache service runs: a caching route's lookup finds none and bypasses.
+            "cache_hit": false, "cache_outcome": "bypass", "client_ip": "127.0.0.1",
+            "user_agent": "audit-it/1",
             "client_request_id": "trace-123", "request_body": null, "response_body": null
         })
     );
@@ -187,7 +190,8 @@ async fn one_record_per_request_with_exact_fields() {
             "completion_tokens": 1, "cached_tokens": 0,
             // `mock`'s demo cost price: 2 × $0.50/M + 1 × $1.50/M; `demo/fallback` has no
             // sale price.
-            "cost_usd": "0.0000025", "charge_usd": null, "cache_hit": false, "client_ip": "127.0.0.1",
+            "cost_usd": "0.0000025", "charge_usd": null, "cache_hit": false,
+            "cache_outcome": "bypass", "client_ip": "127.0.0.1",
             "user_agent": null, "client_request_id": null, "request_body": null,
             "response_body": null
         })
@@ -456,7 +460,8 @@ fn refusal(
         "status": "error", "http_status": http, "error_class": class, "error_code": code,
         "finish_reason": null, "fallbacks": 0, "attempts": [], "prompt_tokens": 0,
         "completion_tokens": 0, "cached_tokens": 0, "cost_usd": null, "charge_usd": null,
-        "cache_hit": false, "client_ip": "127.0.0.1", "user_agent": "audit-mixed/1",
+        "cache_hit": false, "cache_outcome": null, "client_ip": "127.0.0.1",
+        "user_agent": "audit-mixed/1",
         "client_request_id": null, "request_body": null, "response_body": null
     })
 }
@@ -649,21 +654,42 @@ async fn mixed_run_leaves_one_record_per_request_and_no_secret() {
             r["http_status"].as_u64().unwrap(),
             r["error_class"].clone(),
             r["cache_hit"].as_bool().unwrap(),
+            r["cache_outcome"].as_str().unwrap().to_owned(),
         )
     };
-    let ok_outcome = ("ok".to_owned(), 200, Value::Null, false);
+    // Only `demo/cached` caches: the others' outcome is `off`.
+    let off = || "off".to_owned();
+    let ok_outcome = ("ok".to_owned(), 200, Value::Null, false, off());
     assert_eq!(outcome(&ok), ok_outcome);
     assert_eq!(outcome(&fallback), ok_outcome);
     assert_eq!(by_id(&recs, &fallback)["fallbacks"], 1);
-    assert_eq!(outcome(&miss.1), ok_outcome);
-    assert_eq!(outcome(&hit.1), ("ok".to_owned(), 200, Value::Null, true));
+    assert_eq!(
+        outcome(&miss.1),
+        ("ok".to_owned(), 200, Value::Null, false, "miss".to_owned())
+    );
+    assert_eq!(
+        outcome(&hit.1),
+        ("ok".to_owned(), 200, Value::Null, true, "hit".to_owned())
+    );
     assert_eq!(
         outcome(&upstream_400),
-        ("error".to_owned(), 400, json!("invalid_request"), false)
+        (
+            "error".to_owned(),
+            400,
+            json!("invalid_request"),
+            false,
+            off()
+        )
     );
     assert_eq!(
         outcome(&cancelled),
-        ("cancelled".to_owned(), 499, json!("cancelled"), false)
+        (
+            "cancelled".to_owned(),
+            499,
+            json!("cancelled"),
+            false,
+            off()
+        )
     );
     // Bodies only for the captured key's admitted request, redacted.
     for r in &recs {
@@ -746,4 +772,133 @@ async fn refusal_flood_is_capped_and_counted() {
         recs.iter()
             .all(|r| ids.contains(r["request_id"].as_str().unwrap()))
     );
+}
+
+/// Capture by model (`audit.capture.models`) and the cache outcome: a request to the captured
+/// `demo/mock` (no cache: `off`) keeps both bodies, redacted and cut to 64 bytes; requests to
+/// `demo/cached` (not captured) keep none, `bypass` with `cache-control: no-cache, no-store`
+/// (nothing stored either), then `miss`.
+#[tokio::test]
+async fn capture_by_model_and_cache_outcomes() {
+    let mut c = common::test_config(json!({
+        "keys": [{"id": "k-plain", "tenant": "acme", "key_sha256": sha256_hex(PLAIN)}],
+        "admin": {"keys": [{"id": "ops", "key_sha256": sha256_hex(ADMIN)}]},
+        "audit": {"capture": {"models": ["demo/mock"], "max_bytes": 64}}
+    }));
+    for m in c.models.iter_mut().filter(|m| m.id == "demo/mock") {
+        m.cache = Some(serde_json::from_value(json!({"enabled": false})).unwrap());
+    }
+    c.models.push(
+        serde_json::from_value(json!({"id": "demo/cached", "targets": ["mock"],
+            "cache": {"semantic": false}}))
+        .unwrap(),
+    );
+    c.validate().unwrap();
+    let gw = common::start(Options {
+        config: c,
+        billing: true,
+        cache: true,
+        ..Options::default()
+    })
+    .await;
+    let base = &gw.base;
+    let content = "Authorization: Bearer sk-live-secret-value\n#mock text_len=100";
+    let (s, captured, _) = send(base, PLAIN, &common::chat("demo/mock", content, false), &[]).await;
+    assert_eq!(s, 200);
+    let other = common::chat("demo/cached", content, false);
+    let (s, bypass, _) = send(
+        base,
+        PLAIN,
+        &other,
+        &[("cache-control", "no-cache, no-store")],
+    )
+    .await;
+    assert_eq!(s, 200);
+    let (s, miss, _) = send(base, PLAIN, &other, &[]).await;
+    assert_eq!(s, 200);
+
+    let recs = records(base, "", 3).await;
+    let fields = |id: &str| {
+        let r = by_id(&recs, id);
+        (
+            r["model"].clone(),
+            r["cache_outcome"].clone(),
+            r["request_body"].clone(),
+            r["response_body"].clone(),
+        )
+    };
+    assert_eq!(
+        fields(&captured),
+        (
+            json!("demo/mock"),
+            json!("off"),
+            // 64 bytes each: the messages JSON with the credential redacted, the text cut.
+            json!(r#"[{"role":"user","content":"Authorization: Bearer [redacted]\n#mo"#),
+            json!("lorem ipsum dolor sit amet lorem ipsum dolor sit amet lorem ipsu")
+        )
+    );
+    for (id, outcome) in [(&bypass, "bypass"), (&miss, "miss")] {
+        assert_eq!(
+            fields(id),
+            (
+                json!("demo/cached"),
+                json!(outcome),
+                Value::Null,
+                Value::Null
+            )
+        );
+    }
+    let text = admin_get(base, "").await.1.to_string();
+    assert!(!text.contains("sk-live-secret-value"), "{text}");
+}
+
+/// The `request_id` of the next JSON line of `switchyard requests tail -f` (within 20 s).
+async fn next_id(
+    lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+) -> String {
+    let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+        .await
+        .expect("no line from `requests tail -f` within 20 s")
+        .unwrap()
+        .expect("`requests tail -f` ended");
+    let r: Value = serde_json::from_str(&line).unwrap();
+    r["request_id"].as_str().unwrap().to_owned()
+}
+
+/// `switchyard requests tail -f` prints the latest record, then each new one as it is stored.
+#[tokio::test]
+async fn requests_tail_follow_prints_new_records() {
+    use tokio::io::AsyncBufReadExt as _;
+    let gw = common::start_billed(config()).await;
+    let base = &gw.base;
+    let body = common::chat("demo/mock", "#mock text=ok", false);
+    let (s, first, _) = send(base, PLAIN, &body, &[]).await;
+    assert_eq!(s, 200);
+    records(base, "", 1).await;
+    let mut tail = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args([
+            "requests",
+            "tail",
+            "-f",
+            "-n",
+            "5",
+            "--interval-ms",
+            "100",
+            "--url",
+            base,
+        ])
+        .env("SWITCHYARD_ADMIN_KEY", ADMIN)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(tail.stdout.take().unwrap()).lines();
+    assert_eq!(next_id(&mut lines).await, first);
+    let (s, second, _) = send(base, CAPTURED, &body, &[]).await;
+    assert_eq!(s, 200);
+    assert_eq!(next_id(&mut lines).await, second);
+    let (s, third, _) = send(base, PLAIN, &body, &[]).await;
+    assert_eq!(s, 200);
+    assert_eq!(next_id(&mut lines).await, third);
+    tail.kill().await.unwrap();
 }

@@ -8,7 +8,7 @@
 //! index ([`tokens`]), so every expected total is known exactly; the mock's recorded request
 //! bodies say which upstream calls were really made.
 
-use crate::common::{Gateway, Options, start, test_config};
+use crate::common::{Gateway, Options, metric_value, start, test_config};
 use futures::StreamExt as _;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -727,4 +727,85 @@ async fn nats_restart_loses_and_doubles_nothing() {
         calls.len(),
         t0.elapsed().as_secs_f64()
     );
+}
+
+/// (d) `/metrics` during a NATS outage: the one request sent while the server is down leaves its
+/// usage event in the spool (`switchyard_usage_spool_events` 1, `switchyard_usage_spool_bytes` the
+/// spool files' size) after its failed publish attempts (`switchyard_nats_publish_errors_total`
+/// up by at least 5, one per attempt; process-wide, so other tests may add more); once NATS is
+/// back the spool drains (0 and 0) and the event reaches the ledger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_outage_shows_publish_errors_and_spool_on_metrics() {
+    let mut gw = crate::common::billed_gateway().await;
+    let base = gw.base.clone();
+    let errors = "switchyard_nats_publish_errors_total{subject=\"usage\"}";
+    let (events, bytes) = (
+        "switchyard_usage_spool_events",
+        "switchyard_usage_spool_bytes",
+    );
+    let before = crate::common::metrics_text(&base).await;
+    assert_eq!(metric_value(&before, events), Some(0.0), "{before}");
+    assert_eq!(metric_value(&before, bytes), Some(0.0), "{before}");
+    let errors_before = metric_value(&before, errors).unwrap();
+
+    tokio::task::block_in_place(|| gw.nats.stop()).unwrap();
+    let r = crate::common::post(
+        &base,
+        &crate::common::chat("demo/mock", "#mock text=ok", false),
+    )
+    .await;
+    assert!(r.status().is_server_error(), "{}", r.status());
+    let id: Uuid = r.headers()["x-switchyard-request-id"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    r.bytes().await.unwrap();
+    let spool = gw.spool.clone();
+    let during = crate::common::eventually(Duration::from_secs(20), || {
+        let base = base.clone();
+        async move {
+            let t = crate::common::metrics_text(&base).await;
+            (metric_value(&t, events) == Some(1.0)).then_some(t)
+        }
+    })
+    .await;
+    let spooled = tokio::task::spawn_blocking(move || spool.size())
+        .await
+        .unwrap();
+    assert_eq!(spooled.0, 1);
+    assert!(spooled.1 > 0);
+    assert_eq!(
+        metric_value(&during, bytes),
+        Some(spooled.1 as f64),
+        "{during}"
+    );
+    let errors_during = metric_value(&during, errors).unwrap();
+    assert!(
+        // One per acknowledged publish attempt (`PUBLISH_ATTEMPTS` = 5) before the spool.
+        errors_during >= errors_before + 5.0,
+        "{errors_before} → {errors_during}"
+    );
+
+    tokio::task::block_in_place(|| gw.nats.restart()).unwrap();
+    let after = crate::common::eventually(Duration::from_secs(30), || {
+        let base = base.clone();
+        async move {
+            let t = crate::common::metrics_text(&base).await;
+            (metric_value(&t, events) == Some(0.0)).then_some(t)
+        }
+    })
+    .await;
+    assert_eq!(metric_value(&after, bytes), Some(0.0), "{after}");
+    let ledger = gw.ledger.clone().unwrap();
+    crate::common::eventually(Duration::from_secs(30), || {
+        let ledger = ledger.clone();
+        async move {
+            let rows = ledger.usage_for(id).await.ok()?;
+            rows.iter()
+                .any(|r| r.kind == switchyard_schemas::UsageKind::Charge)
+                .then_some(())
+        }
+    })
+    .await;
 }

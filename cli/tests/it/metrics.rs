@@ -381,30 +381,50 @@ async fn billing_lag_is_the_age_of_the_oldest_unacknowledged_event() {
     assert!(lag < 60.0, "{lag}");
 }
 
+/// The mock upstream's wait before its first content, ms, in [`both_front_doors_carry_the_overhead_header`].
+const UPSTREAM_MS: u64 = 300;
+
 /// Both front doors carry `x-switchyard-overhead-ms`, streamed or not, and count under their
-/// own route.
+/// own route. The upstream takes 300 ms before its first content: the client waits at least
+/// that long, the header (the gateway's own time, not the wait on the upstream) stays under
+/// 100 ms, and every observation of `switchyard_gateway_overhead_seconds` is in its `le="0.1"`
+/// bucket.
 #[tokio::test]
 async fn both_front_doors_carry_the_overhead_header() {
     let gw = start(Options::default()).await;
     let http = reqwest::Client::new();
+    let slow = format!("#mock text=hi ttft_ms={UPSTREAM_MS}");
+    let check = |door: &str, stream: bool, waited: Duration, r: &reqwest::Response| {
+        assert_eq!(r.status(), 200, "{door} stream={stream}");
+        let ms = overhead_ms(r);
+        assert!(
+            waited >= Duration::from_millis(UPSTREAM_MS),
+            "{door} stream={stream}: answered after {waited:?}"
+        );
+        assert!(
+            (0.0..100.0).contains(&ms),
+            "{door} stream={stream}: overhead {ms} ms of {waited:?}"
+        );
+    };
     for stream in [false, true] {
+        let started = std::time::Instant::now();
         let r = http
             .post(format!("{}/v1/messages", gw.base))
             .header("x-api-key", "sk-anything")
             .header("anthropic-version", "2023-06-01")
             .json(
                 &json!({"model": "demo/claude", "max_tokens": 16, "stream": stream,
-                "messages": [{"role": "user", "content": "#mock text=hi"}]}),
+                "messages": [{"role": "user", "content": slow}]}),
             )
             .send()
             .await
             .unwrap();
-        assert_eq!(r.status(), 200);
-        let ms = overhead_ms(&r);
-        assert!(ms >= 0.0, "{ms}");
+        // A streamed answer's head goes out with its first content (after the upstream's wait).
+        check("/v1/messages", stream, started.elapsed(), &r);
         r.bytes().await.unwrap();
-        let r = post(&gw.base, &chat("demo/mock", "#mock text=hi", stream)).await;
-        assert!(r.headers().contains_key("x-switchyard-overhead-ms"));
+        let started = std::time::Instant::now();
+        let r = post(&gw.base, &chat("demo/mock", &slow, stream)).await;
+        check("/v1/chat/completions", stream, started.elapsed(), &r);
         r.bytes().await.unwrap();
     }
     let text = metrics_text(&gw.base).await;
@@ -413,21 +433,20 @@ async fn both_front_doors_carry_the_overhead_header() {
         ("/v1/chat/completions", "demo/mock"),
     ] {
         let labels = format!("route=\"{route}\",model=\"{model}\"");
-        assert_eq!(
-            value(
-                &text,
-                &format!("switchyard_requests_total{{{labels},status=\"200\"}}")
-            ),
-            Some(2.0),
-            "{text}"
+        let exact = |series: String, want: f64| {
+            assert_eq!(value(&text, &series), Some(want), "{series} in\n{text}");
+        };
+        exact(
+            format!("switchyard_requests_total{{{labels},status=\"200\"}}"),
+            2.0,
         );
-        assert_eq!(
-            value(
-                &text,
-                &format!("switchyard_gateway_overhead_seconds_count{{{labels}}}")
-            ),
-            Some(2.0),
-            "{text}"
+        exact(
+            format!("switchyard_gateway_overhead_seconds_count{{{labels}}}"),
+            2.0,
+        );
+        exact(
+            format!("switchyard_gateway_overhead_seconds_bucket{{{labels},le=\"0.1\"}}"),
+            2.0,
         );
     }
 }

@@ -5,6 +5,8 @@
 //! worker, the upstream call); the request id is adopted or generated and is the same in the
 //! response header, the audit record and the spans. The processes' batch exporters are set to
 //! export only every 60 s, so every span checked here was sent by the flush at shutdown.
+//! Also the `/metrics` of `switchyard worker` and `switchyard billing` processes
+//! (`--metrics-listen`).
 
 use crate::common::otlp::{Collector, Received};
 use crate::common::procs::{Service, config_file};
@@ -621,4 +623,148 @@ async fn measure_span_export_overhead() {
         ingress.stop().await;
         worker.stop().await;
     }
+}
+
+/// `switchyard <service> … --metrics-listen 127.0.0.1:0` as a child process, once it serves:
+/// the service and its metrics base URL (from its "metrics on http://ADDR/metrics" log line).
+async fn with_metrics(args: &[&str], serving: &str) -> (Service, String) {
+    let mut args = args.to_vec();
+    args.extend(["--metrics-listen", "127.0.0.1:0"]);
+    let service = Service::start(&args, &[], "metrics on http://").await;
+    let url = format!(
+        "http://{}",
+        service
+            .ready_line
+            .split("http://")
+            .nth(1)
+            .unwrap()
+            .trim()
+            .trim_end_matches("/metrics")
+    );
+    let log = service.log.clone();
+    common::eventually(Duration::from_secs(30), || {
+        let seen = log.lock().iter().any(|l| l.contains(serving));
+        async move { seen.then_some(()) }
+    })
+    .await;
+    (service, url)
+}
+
+/// `switchyard worker --metrics-listen` and `switchyard billing --metrics-listen` in processes of
+/// their own (ingress a third, NATS and the mock upstream in the test): after 3 requests whose
+/// first upstream call fails with a 500, the worker's `/metrics` counts exactly 3 retries on the
+/// target and no publish error or spooled event; once the ledger holds the 3 charges the billing
+/// process's `/metrics` shows nothing pending (lag 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_and_billing_processes_serve_their_metrics() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut config = common::test_config(json!({}));
+    config.targets.push(
+        serde_json::from_value(json!({"id": "flaky", "provider": "openai",
+            "base_url": "builtin:mock", "upstream_model": "mock",
+            "retry": {"max_attempts": 2, "base_ms": 1}, "breaker": {"enabled": false}}))
+        .unwrap(),
+    );
+    config.models.push(
+        serde_json::from_value(json!({"id": "demo/flaky", "targets": ["flaky"],
+            "cache": {"enabled": false}}))
+        .unwrap(),
+    );
+    config.validate().unwrap();
+    let (config, path) = config_file(tmp.path(), config);
+    let gw = common::start(Options {
+        config,
+        worker: false,
+        ..Options::default()
+    })
+    .await;
+    let nats = gw.nats.url();
+    let mock = format!("{}/v1", gw.mock.base_url());
+    let db = format!("sqlite://{}/ledger.db?mode=rwc", tmp.path().display());
+    let (worker, worker_url) = with_metrics(
+        &[
+            "worker",
+            "--config",
+            &path,
+            "--nats-url",
+            &nats,
+            "--mock-url",
+            &mock,
+        ],
+        "worker serving",
+    )
+    .await;
+    let (billing, billing_url) = with_metrics(
+        &[
+            "billing",
+            "--config",
+            &path,
+            "--nats-url",
+            &nats,
+            "--database-url",
+            &db,
+        ],
+        "billing consumer started",
+    )
+    .await;
+    let ingress = Service::ingress(&[], &path, &nats, &[]).await;
+    let base = ingress.base_url();
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let body = common::chat(
+            "demo/flaky",
+            &format!("#mock status=500 fail_times=1 text=ok\nq{i}"),
+            false,
+        );
+        let a = send(&base, &body, &[]).await;
+        assert_eq!(a.status, 200);
+        ids.push(uuid::Uuid::parse_str(&a.gateway_id).unwrap());
+    }
+    let scrape = |url: String| async move { common::metrics_text(&url).await };
+    let text = scrape(worker_url.clone()).await;
+    let exact = |text: &str, series: &str, want: f64| {
+        assert_eq!(
+            common::metric_value(text, series),
+            Some(want),
+            "{series} in\n{text}"
+        );
+    };
+    exact(
+        &text,
+        "switchyard_provider_retries_total{target=\"flaky\"}",
+        3.0,
+    );
+    exact(
+        &text,
+        "switchyard_nats_publish_errors_total{subject=\"usage\"}",
+        0.0,
+    );
+    exact(&text, "switchyard_usage_spool_events", 0.0);
+
+    let ledger = switchyard_billing::Ledger::connect(&db).await.unwrap();
+    for id in ids {
+        common::eventually(Duration::from_secs(20), || {
+            let ledger = ledger.clone();
+            async move {
+                let rows = ledger.usage_for(id).await.ok()?;
+                rows.iter()
+                    .any(|r| r.kind == switchyard_schemas::UsageKind::Charge)
+                    .then_some(())
+            }
+        })
+        .await;
+    }
+    let text = common::eventually(Duration::from_secs(20), || {
+        let url = billing_url.clone();
+        async move {
+            let t = scrape(url).await;
+            (common::metric_value(&t, "switchyard_billing_pending_messages") == Some(0.0))
+                .then_some(t)
+        }
+    })
+    .await;
+    exact(&text, "switchyard_billing_lag_seconds", 0.0);
+    assert_eq!(ingress.stop().await, Some(0));
+    assert_eq!(worker.stop().await, Some(0));
+    assert_eq!(billing.stop().await, Some(0));
 }

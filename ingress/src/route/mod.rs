@@ -448,10 +448,16 @@ impl Served {
     }
 }
 
-/// Routes `inbound` with the routing headers of the request being handled ([`current_hints`]).
-pub async fn route(app: &Arc<AppState>, inbound: Inbound) -> Result<FrameFeed, ApiError> {
+/// Routes `inbound` with the routing headers of the request being handled ([`current_hints`]);
+/// `cache` is its cache outcome for the audit record
+/// ([`crate::cache_client::Check::audit_outcome`]).
+pub async fn route(
+    app: &Arc<AppState>,
+    inbound: Inbound,
+    cache: &'static str,
+) -> Result<FrameFeed, ApiError> {
     let hints = current_hints();
-    route_with(app, inbound, &hints).await
+    route_with(app, inbound, &hints, cache).await
 }
 
 /// Routes `inbound`: admit → plan → attempts → the committed feed. Every error after admission is
@@ -460,12 +466,14 @@ pub async fn route_with(
     app: &Arc<AppState>,
     inbound: Inbound,
     hints: &RequestHints,
+    cache: &'static str,
 ) -> Result<FrameFeed, ApiError> {
     use tracing::Instrument;
     let config = app.config.get();
-    let admitted = admit::admit(app, &config, inbound, hints)
+    let mut admitted = admit::admit(app, &config, inbound, hints)
         .instrument(crate::spans::internal("switchyard.admit"))
         .await?;
+    admitted.ledger.charge.cache_outcome(cache);
     let planned = match plan::plan(app, &config, &admitted, hints).await {
         Ok(p) => p,
         Err(e) => return Err(admitted.ledger.fail(e)),

@@ -709,6 +709,12 @@ pub(crate) async fn metrics_text(base: &str) -> String {
         .unwrap()
 }
 
+/// The value of the series `series` (name and labels exactly, as exposed) in a `/metrics` text.
+pub(crate) fn metric_value(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
 /// Two tests of one ledger scenario `$run` (an `async fn(Option<String>)` taking the billing
 /// database URL): `$sqlite` on the default SQLite ledger (`None`) and `$postgres` on a fresh
 /// PostgreSQL schema, dropped after (skipped with a notice when PostgreSQL is unreachable, see
