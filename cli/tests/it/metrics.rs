@@ -40,12 +40,6 @@ fn overhead_ms(r: &reqwest::Response) -> f64 {
         .unwrap()
 }
 
-/// The value of the series `line_prefix` (name and labels exactly), if present.
-fn value(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-}
-
 #[tokio::test]
 async fn one_scrape_shows_every_family_after_mixed_traffic() {
     let dir = tempfile::tempdir().unwrap();
@@ -163,13 +157,17 @@ async fn one_scrape_shows_every_family_after_mixed_traffic() {
             let series = format!(
                 "switchyard_requests_total{{{chat_route},model=\"demo/slow\",status=\"499\"}}"
             );
-            let billed = value(&t, "switchyard_billing_pending_messages") == Some(0.0);
-            (value(&t, &series) == Some(1.0) && billed).then_some(t)
+            let billed = metric_value(&t, "switchyard_billing_pending_messages") == Some(0.0);
+            (metric_value(&t, &series) == Some(1.0) && billed).then_some(t)
         }
     })
     .await;
     let exact = |series: String, want: f64| {
-        assert_eq!(value(&text, &series), Some(want), "{series} in\n{text}");
+        assert_eq!(
+            metric_value(&text, &series),
+            Some(want),
+            "{series} in\n{text}"
+        );
     };
     let req = |model: &str, status: u16| {
         format!("switchyard_requests_total{{{chat_route},model=\"{model}\",status=\"{status}\"}}")
@@ -222,10 +220,10 @@ async fn one_scrape_shows_every_family_after_mixed_traffic() {
         |kind: &str| format!("switchyard_tokens_total{{model=\"demo/mock\",kind=\"{kind}\"}}");
     exact(tokens("input"), 60.0);
     exact(tokens("output"), 30.0);
-    assert!(value(&text, "switchyard_charge_usd_total{model=\"demo/mock\"}").unwrap() > 0.0);
-    assert!(value(&text, "switchyard_cost_usd_total{target=\"mock\"}").unwrap() > 0.0);
+    assert!(metric_value(&text, "switchyard_charge_usd_total{model=\"demo/mock\"}").unwrap() > 0.0);
+    assert!(metric_value(&text, "switchyard_cost_usd_total{target=\"mock\"}").unwrap() > 0.0);
     assert!(
-        value(
+        metric_value(
             &text,
             "switchyard_breaker_transitions_total{target=\"flaky\",state=\"unhealthy\"}"
         )
@@ -233,7 +231,9 @@ async fn one_scrape_shows_every_family_after_mixed_traffic() {
             >= 1.0,
         "{text}"
     );
-    assert!(value(&text, "switchyard_cache_outcomes_total{outcome=\"store\"}").unwrap() >= 1.0);
+    assert!(
+        metric_value(&text, "switchyard_cache_outcomes_total{outcome=\"store\"}").unwrap() >= 1.0
+    );
     for family in [
         "switchyard_requests_total",
         "switchyard_request_duration_seconds",
@@ -270,7 +270,10 @@ async fn one_scrape_shows_every_family_after_mixed_traffic() {
         "output",
         "reasoning",
     ] {
-        assert!(value(&text, &tokens(kind)).is_some(), "{kind} in\n{text}");
+        assert!(
+            metric_value(&text, &tokens(kind)).is_some(),
+            "{kind} in\n{text}"
+        );
     }
     exact(
         format!("switchyard_gateway_overhead_seconds_count{{{chat_route},model=\"demo/mock\"}}"),
@@ -330,7 +333,7 @@ async fn a_thousand_keys_through_two_ingresses_add_no_series() {
     for (base, before) in bases.iter().zip(&before) {
         let text = metrics_text(base).await;
         assert_eq!(&series(&text), before, "series changed on {base}");
-        let n = |s: &str| value(&text, s).unwrap();
+        let n = |s: &str| metric_value(&text, s).unwrap();
         let total = n(
             "switchyard_requests_total{route=\"/v1/chat/completions\",model=\"demo/mock\",status=\"200\"}",
         );
@@ -355,12 +358,12 @@ async fn billing_lag_is_the_age_of_the_oldest_unacknowledged_event() {
         .unwrap();
     let idle = metrics_text(&gw.base).await;
     assert_eq!(
-        value(&idle, "switchyard_billing_lag_seconds"),
+        metric_value(&idle, "switchyard_billing_lag_seconds"),
         Some(0.0),
         "{idle}"
     );
     assert_eq!(
-        value(&idle, "switchyard_billing_pending_messages"),
+        metric_value(&idle, "switchyard_billing_pending_messages"),
         Some(0.0)
     );
     let r = post(&gw.base, &chat("demo/mock", "#mock text=ok", false)).await;
@@ -371,13 +374,13 @@ async fn billing_lag_is_the_age_of_the_oldest_unacknowledged_event() {
         let base = gw.base.clone();
         async move {
             let t = metrics_text(&base).await;
-            let lag = value(&t, "switchyard_billing_lag_seconds")?;
-            (value(&t, "switchyard_billing_pending_messages") == Some(2.0) && lag > 0.0)
+            let lag = metric_value(&t, "switchyard_billing_lag_seconds")?;
+            (metric_value(&t, "switchyard_billing_pending_messages") == Some(2.0) && lag > 0.0)
                 .then_some(t)
         }
     })
     .await;
-    let lag = value(&text, "switchyard_billing_lag_seconds").unwrap();
+    let lag = metric_value(&text, "switchyard_billing_lag_seconds").unwrap();
     assert!(lag < 60.0, "{lag}");
 }
 
@@ -434,7 +437,11 @@ async fn both_front_doors_carry_the_overhead_header() {
     ] {
         let labels = format!("route=\"{route}\",model=\"{model}\"");
         let exact = |series: String, want: f64| {
-            assert_eq!(value(&text, &series), Some(want), "{series} in\n{text}");
+            assert_eq!(
+                metric_value(&text, &series),
+                Some(want),
+                "{series} in\n{text}"
+            );
         };
         exact(
             format!("switchyard_requests_total{{{labels},status=\"200\"}}"),
