@@ -797,15 +797,5 @@ async fn nats_outage_shows_publish_errors_and_spool_on_metrics() {
     })
     .await;
     assert_eq!(metric_value(&after, bytes), Some(0.0), "{after}");
-    let ledger = gw.ledger.clone().unwrap();
-    crate::common::eventually(Duration::from_secs(30), || {
-        let ledger = ledger.clone();
-        async move {
-            let rows = ledger.usage_for(id).await.ok()?;
-            rows.iter()
-                .any(|r| r.kind == switchyard_schemas::UsageKind::Charge)
-                .then_some(())
-        }
-    })
-    .await;
+    crate::common::wait_charged(gw.ledger.as_ref().unwrap(), id, Duration::from_secs(30)).await;
 }

@@ -743,16 +743,7 @@ async fn worker_and_billing_processes_serve_their_metrics() {
 
     let ledger = switchyard_billing::Ledger::connect(&db).await.unwrap();
     for id in ids {
-        common::eventually(Duration::from_secs(20), || {
-            let ledger = ledger.clone();
-            async move {
-                let rows = ledger.usage_for(id).await.ok()?;
-                rows.iter()
-                    .any(|r| r.kind == switchyard_schemas::UsageKind::Charge)
-                    .then_some(())
-            }
-        })
-        .await;
+        common::wait_charged(&ledger, id, Duration::from_secs(20)).await;
     }
     let text = common::eventually(Duration::from_secs(20), || {
         let url = billing_url.clone();

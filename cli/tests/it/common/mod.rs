@@ -569,6 +569,24 @@ pub(crate) async fn ledger_rows(
     .await
 }
 
+/// Waits (up to `limit`) until the ledger holds a `charge` row for `id`, whatever else it holds.
+pub(crate) async fn wait_charged(
+    ledger: &switchyard_billing::Ledger,
+    id: uuid::Uuid,
+    limit: Duration,
+) {
+    eventually(limit, || {
+        let ledger = ledger.clone();
+        async move {
+            let rows = ledger.usage_for(id).await.ok()?;
+            rows.iter()
+                .any(|r| r.kind == switchyard_schemas::UsageKind::Charge)
+                .then_some(())
+        }
+    })
+    .await;
+}
+
 pub(crate) async fn post_sse(base: &str, body: &serde_json::Value) -> SseBody {
     let resp = post(base, body).await;
     let status = resp.status().as_u16();
