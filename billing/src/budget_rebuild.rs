@@ -11,6 +11,7 @@ use rust_decimal::Decimal;
 use sqlx::Row;
 use std::collections::BTreeMap;
 use std::str::FromStr;
+use std::time::Duration;
 use switchyard_budgets::spend::{Prepaid, Spend, windows};
 use switchyard_budgets::{BudgetStore, Seeded};
 
@@ -124,8 +125,12 @@ pub async fn rebuild(
 ) -> Result<Rebuilt, BillingError> {
     let budgets = |e: switchyard_budgets::Unavailable| BillingError::Budgets(e.0);
     let created = store.created_ms().await.map_err(budgets)?;
+    // Once this bucket's rebuild completed, entries are never merged again: an older binary may
+    // have rewritten one without its `from_ledger` flag during a rolling upgrade.
+    let merge = store.rebuilt_for().await.map_err(budgets)? != Some(created);
     let (all, earlier) = spend_from_ledger(ledger, now_ms, created).await?;
     let mut done = Rebuilt::default();
+    let mut failed = Vec::new();
     for (key, spend) in &all {
         let before = earlier.get(key).cloned().unwrap_or_else(|| Spend {
             day: spend.day.clone(),
@@ -133,23 +138,29 @@ pub async fn rebuild(
             minute: spend.minute,
             ..Spend::default()
         });
-        match store
-            .seed(key, spend, &before, overwrite)
-            .await
-            .map_err(budgets)?
-        {
-            Seeded::Written => done.written.push(key.clone()),
-            Seeded::Merged => done.merged.push(key.clone()),
-            Seeded::Kept => done.kept.push(key.clone()),
+        // One unwritable entry (unreadable, say) does not stop the others.
+        match store.seed(key, spend, &before, overwrite, merge).await {
+            Ok(Seeded::Written) => done.written.push(key.clone()),
+            Ok(Seeded::Merged) => done.merged.push(key.clone()),
+            Ok(Seeded::Kept) => done.kept.push(key.clone()),
+            Err(e) => failed.push(format!("{key}: {}", e.0)),
         }
+    }
+    if !failed.is_empty() {
+        // No marker: the next check tries again.
+        return Err(BillingError::Budgets(format!(
+            "budget rebuild left {} scope(s) out: {}",
+            failed.len(),
+            failed.join("; ")
+        )));
     }
     store.mark_rebuilt(created).await.map_err(budgets)?;
     Ok(done)
 }
 
-/// At billing's start-up: rebuilds unless this bucket (by its creation time) was rebuilt
-/// already — a lost bucket comes back with a new creation time, even if an ingress has written
-/// entries in it meanwhile. `None`: nothing to do.
+/// Rebuilds unless this bucket (by its creation time) was rebuilt already — a lost bucket comes
+/// back with a new creation time, even if an ingress has written entries in it meanwhile.
+/// `None`: nothing to do.
 pub async fn rebuild_if_new_bucket(
     ledger: &Ledger,
     store: &BudgetStore,
@@ -162,4 +173,41 @@ pub async fn rebuild_if_new_bucket(
     rebuild(ledger, store, switchyard_schemas::now_ms(), false)
         .await
         .map(Some)
+}
+
+/// How often the billing consumer checks whether `SY_BUDGETS` is a new bucket (one stream info
+/// and one KV read): a bucket lost while billing runs is rebuilt within this.
+pub const BUCKET_CHECK_EVERY: Duration = Duration::from_secs(30);
+
+/// Checks a consumer with a backlog waits for before rebuilding anyway.
+const MAX_DEFERRED: u32 = 3;
+
+/// The billing consumer's periodic bucket check ([`BUCKET_CHECK_EVERY`]). A rebuild waits
+/// until the consumer has no backlog (up to [`MAX_DEFERRED`] checks): charge events still
+/// queued, dated before the bucket's creation, must be in the ledger when it sums "earlier".
+#[derive(Debug, Default)]
+pub struct BucketCheck {
+    deferred: u32,
+}
+
+impl BucketCheck {
+    /// One check; `backlog` is the consumer's pending plus unacknowledged messages.
+    pub async fn run(&mut self, ledger: &Ledger, store: &BudgetStore, backlog: u64) {
+        if backlog > 0 && self.deferred < MAX_DEFERRED {
+            self.deferred += 1;
+            return;
+        }
+        self.deferred = 0;
+        match rebuild_if_new_bucket(ledger, store).await {
+            Ok(Some(r)) if !(r.written.is_empty() && r.merged.is_empty()) => tracing::warn!(
+                written = ?r.written,
+                merged = ?r.merged,
+                "budget store is new: spend rebuilt from the ledger"
+            ),
+            Ok(_) => {}
+            Err(e) => {
+                tracing::error!(error = %e, "budget rebuild from the ledger failed (retried at the next check)")
+            }
+        }
+    }
 }

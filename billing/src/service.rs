@@ -30,7 +30,7 @@ use std::pin::{Pin, pin};
 use std::time::Duration;
 use switchyard_budgets::{BudgetStore, Demand};
 use switchyard_schemas::UsageEvent;
-use switchyard_schemas::subjects::Subjects;
+use switchyard_schemas::subjects::{BILLING_CONSUMER, Subjects, USAGE_STREAM};
 use switchyard_schemas::usage::BudgetOwed;
 use tokio::time::Instant;
 
@@ -180,6 +180,8 @@ enum Collected {
     },
     /// Shutdown requested with nothing in hand.
     Shutdown,
+    /// Time for the periodic budget bucket check, with nothing in hand.
+    Tick,
     /// The message stream ended or failed for good; re-subscribe.
     Lost(String),
 }
@@ -209,21 +211,14 @@ impl BillingService {
     pub async fn run(mut self, shutdown: impl Future) -> Result<BillingStats, BillingError> {
         let js = jetstream::new(self.nats.clone());
         let budgets = BudgetStore::connect(&js, "billing").await;
-        // A lost `SY_BUDGETS` bucket comes back new: rebuild the current windows' spend from
-        // the ledger (entries an ingress created meanwhile get the earlier spend added).
-        match crate::budget_rebuild::rebuild_if_new_bucket(&self.ledger, &budgets).await {
-            Ok(Some(r)) if !(r.written.is_empty() && r.merged.is_empty()) => tracing::warn!(
-                written = ?r.written,
-                merged = ?r.merged,
-                "budget store is new: spend rebuilt from the ledger"
-            ),
-            Ok(_) => {}
-            Err(e) => tracing::error!(error = %e, "budget rebuild from the ledger failed"),
-        }
         self.budgets = Some(budgets);
         let mut shutdown = pin!(shutdown);
         let mut messages = Some(self.subscribe(&js).await?);
         tracing::info!(subjects = %self.subjects.usage_all(), "billing consumer started");
+        // A lost `SY_BUDGETS` bucket comes back new: rebuilt from the ledger at the first check
+        // without a backlog (entries an ingress created meanwhile get the earlier spend added).
+        let mut bucket_check = crate::budget_rebuild::BucketCheck::default();
+        let mut tick = tokio::time::interval(crate::budget_rebuild::BUCKET_CHECK_EVERY);
         loop {
             let Some(stream) = messages.as_mut() else {
                 if pause(self.config.retry_delay, &mut shutdown).await {
@@ -237,7 +232,13 @@ impl BillingService {
                 }
                 continue;
             };
-            match self.collect(stream, &mut shutdown).await {
+            match self.collect(stream, &mut tick, &mut shutdown).await {
+                Collected::Tick => {
+                    if let Some(store) = &self.budgets {
+                        let backlog = self.backlog(&js).await;
+                        bucket_check.run(&self.ledger, store, backlog).await;
+                    }
+                }
                 Collected::Batch { messages, stop } => {
                     let ok = self.process(messages).await;
                     if stop || (!ok && pause(self.config.retry_delay, &mut shutdown).await) {
@@ -257,6 +258,18 @@ impl BillingService {
         }
         tracing::info!(stats = ?self.stats, "billing consumer stopped");
         Ok(self.stats)
+    }
+
+    /// The billing consumer's pending plus unacknowledged messages (`u64::MAX` when unknown).
+    async fn backlog(&self, js: &jetstream::Context) -> u64 {
+        let info = async {
+            let stream = js.get_stream(USAGE_STREAM).await.ok()?;
+            stream.consumer_info(BILLING_CONSUMER).await.ok()
+        };
+        match info.await {
+            Some(i) => i.num_pending.saturating_add(i.num_ack_pending as u64),
+            None => u64::MAX,
+        }
     }
 
     /// Ensures stream and consumer and opens the pull message stream.
@@ -280,6 +293,7 @@ impl BillingService {
     async fn collect<F: Future>(
         &self,
         stream: &mut pull::Stream,
+        tick: &mut tokio::time::Interval,
         shutdown: &mut Pin<&mut F>,
     ) -> Collected {
         let mut transient = 0;
@@ -287,6 +301,7 @@ impl BillingService {
             let next = tokio::select! {
                 biased;
                 _ = shutdown.as_mut() => return Collected::Shutdown,
+                _ = tick.tick() => return Collected::Tick,
                 next = stream.next() => next,
             };
             match next {

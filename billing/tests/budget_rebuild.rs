@@ -182,10 +182,29 @@ async fn an_entry_an_ingress_created_first_gets_the_earlier_spend_once() {
         billing.peek("key.k1").await.unwrap().month_usd,
         usd("0.009")
     );
-    // And start-up does nothing for a bucket already rebuilt.
+    // And the periodic check does nothing for a bucket already rebuilt.
     assert_eq!(
         rebuild_if_new_bucket(&ledger, &billing).await.unwrap(),
         None
+    );
+    // An older binary that rewrote the entry without its flag (a rolling upgrade) does not get
+    // it merged twice: the bucket's rebuild is recorded as done.
+    let kv = js
+        .get_key_value(switchyard_budgets::BUDGETS_BUCKET)
+        .await
+        .unwrap();
+    let unflagged = switchyard_budgets::Spend {
+        from_ledger: false,
+        ..billing.peek("key.k1").await.unwrap()
+    };
+    kv.put("key.k1", serde_json::to_vec(&unflagged).unwrap().into())
+        .await
+        .unwrap();
+    let again = rebuild(&ledger, &billing, now_ms(), false).await.unwrap();
+    assert!(again.merged.is_empty(), "{again:?}");
+    assert_eq!(
+        billing.peek("key.k1").await.unwrap().month_usd,
+        usd("0.009")
     );
 }
 

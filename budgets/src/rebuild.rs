@@ -73,21 +73,22 @@ impl BudgetStore {
     /// Seeds entry `key` (`key.<id>`, `tenant.<id>`, `balance.<tenant>`) from the ledger:
     /// `all` (every charge of the current windows) where the entry is absent; `earlier` (the
     /// charges dated before the bucket's creation) added to an entry an ingress created; an
-    /// entry already seeded is kept. `overwrite` writes `all` whatever is there (dropping the
-    /// open reservations: run it with ingress stopped).
+    /// entry already seeded, or any existing entry without `merge`, is kept. `overwrite` writes
+    /// `all` whatever is there (dropping the open reservations: run it with ingress stopped).
     pub async fn seed(
         &self,
         key: &str,
         all: &Spend,
         earlier: &Spend,
         overwrite: bool,
+        merge: bool,
     ) -> Result<Seeded, Unavailable> {
         let now = now_ms();
         let mut seeded = Seeded::Kept;
         self.update(key, |stored| {
             seeded = Seeded::Kept;
             let (new, how) = match stored {
-                Some(s) if !overwrite && s.from_ledger => return Ok(None),
+                Some(s) if !overwrite && (s.from_ledger || !merge) => return Ok(None),
                 Some(s) if !overwrite => {
                     let mut s = s.at(now);
                     s.absorb(&earlier.clone().at(now));

@@ -395,7 +395,7 @@ async fn top_ups(billing_url: Option<String>) {
     let store = gw.ingress.budgets.store();
     let wiped = switchyard_budgets::Spend::default();
     store
-        .seed("balance.acme", &wiped, &wiped, true)
+        .seed("balance.acme", &wiped, &wiped, true, true)
         .await
         .unwrap();
     let (_, v) = show(&gw.base, ADMIN_KEY, "acme").await;
@@ -405,7 +405,7 @@ async fn top_ups(billing_url: Option<String>) {
     );
     // ...and so does billing's rebuild.
     store
-        .seed("balance.acme", &wiped, &wiped, true)
+        .seed("balance.acme", &wiped, &wiped, true, true)
         .await
         .unwrap();
     let rebuilt = switchyard_billing::budget_rebuild::rebuild(
