@@ -219,6 +219,8 @@ impl BillingService {
         // without a backlog (entries an ingress created meanwhile get the earlier spend added).
         let mut bucket_check = crate::budget_rebuild::BucketCheck::default();
         let mut tick = tokio::time::interval(crate::budget_rebuild::BUCKET_CHECK_EVERY);
+        // A busy consumer misses ticks: one check after the batch, not a burst.
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let Some(stream) = messages.as_mut() else {
                 if pause(self.config.retry_delay, &mut shutdown).await {
