@@ -538,8 +538,8 @@ struct BoundIngress {
 }
 
 impl BoundIngress {
-    /// Binds `listen` and builds the state of an ingress `ingress-<uuid>` on `nats`, serving
-    /// `handle`; logs whether API keys and the admin API are on. Errors (described): the bind
+    /// Builds the state of an ingress `ingress-<uuid>` on `nats`, serving `handle`, then binds
+    /// `listen`; logs whether API keys and the admin API are on. Errors (described): the bind
     /// or the state (its KV buckets) failed.
     async fn bind(
         nats: async_nats::Client,
@@ -549,14 +549,17 @@ impl BoundIngress {
         wiring: switchyard_ingress::Wiring,
     ) -> Result<Self, String> {
         let c = handle.get();
-        let listener = switchyard_ingress::server::bind(listen)
-            .await
-            .map_err(|e| format!("binding {listen}: {e}"))?;
-        let addr = listener.local_addr().map_err(|e| e.to_string())?;
         let id = format!("ingress-{}", uuid::Uuid::now_v7().simple());
         let state = switchyard_ingress::state_with(nats, handle, &id, wiring)
             .await
             .map_err(|e| e.to_string())?;
+        // Bound only once the state is built (its KV buckets can take seconds on a loaded
+        // cluster): until then a balancer's connection is refused and goes to another ingress,
+        // instead of waiting unaccepted in the backlog.
+        let listener = switchyard_ingress::server::bind(listen)
+            .await
+            .map_err(|e| format!("binding {listen}: {e}"))?;
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
         if let Some(w) = admin.writer {
             state.admin.set_writer(w);
         }
