@@ -164,15 +164,7 @@ impl KeyTable {
 /// 503 `config_unconfirmed` with `Retry-After: 1`: the replica fails closed on a key it cannot
 /// vouch for.
 fn unconfirmed(message: &str) -> ApiError {
-    ApiError {
-        status: StatusCode::SERVICE_UNAVAILABLE,
-        message: message.into(),
-        kind: "service_unavailable_error",
-        param: None,
-        code: Some("config_unconfirmed"),
-        retry_after_s: Some(1),
-        request_id: None,
-    }
+    ApiError::unavailable("config_unconfirmed", message)
 }
 
 /// The key from `Authorization: Bearer …` or `x-api-key`.
@@ -202,15 +194,12 @@ pub(crate) fn masked(key: &str) -> String {
 }
 
 fn unauthorized(message: impl Into<String>) -> ApiError {
-    ApiError {
-        status: StatusCode::UNAUTHORIZED,
-        message: message.into(),
-        kind: "invalid_request_error",
-        param: None,
-        code: Some("invalid_api_key"),
-        retry_after_s: None,
-        request_id: None,
-    }
+    ApiError::new(
+        StatusCode::UNAUTHORIZED,
+        "invalid_request_error",
+        "invalid_api_key",
+        message,
+    )
 }
 
 /// Middleware: authenticates `/v1/*` and makes the caller available to handlers through

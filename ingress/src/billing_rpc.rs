@@ -66,25 +66,14 @@ pub(crate) fn billing_error(purpose: Purpose, error: &str) -> ApiError {
 }
 
 fn unavailable(purpose: Purpose, message: String) -> ApiError {
-    ApiError {
-        status: StatusCode::SERVICE_UNAVAILABLE,
-        message,
-        kind: "service_unavailable_error",
-        param: None,
-        code: Some(purpose.unavailable_code),
-        retry_after_s: Some(1),
-        request_id: None,
-    }
+    ApiError::unavailable(purpose.unavailable_code, message)
 }
 
 fn failed(purpose: Purpose, message: String) -> ApiError {
-    ApiError {
-        status: StatusCode::INTERNAL_SERVER_ERROR,
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "server_error",
+        purpose.failed_code,
         message,
-        kind: "server_error",
-        param: None,
-        code: Some(purpose.failed_code),
-        retry_after_s: None,
-        request_id: None,
-    }
+    )
 }

@@ -150,13 +150,13 @@ fn usd(d: Decimal) -> Decimal {
 /// seconds when given.
 fn insufficient_quota(message: String, retry: Option<u64>) -> ApiError {
     ApiError {
-        status: StatusCode::TOO_MANY_REQUESTS,
-        message,
-        kind: "insufficient_quota",
-        param: None,
-        code: Some("insufficient_quota"),
         retry_after_s: retry,
-        request_id: None,
+        ..ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "insufficient_quota",
+            "insufficient_quota",
+            message,
+        )
     }
 }
 
@@ -239,18 +239,16 @@ pub fn check_priced(
     } else {
         "the `unpriced: reject` policy refuses it"
     };
-    Err(ApiError {
-        status: StatusCode::BAD_REQUEST,
-        message: format!(
+    Err(ApiError::new(
+        StatusCode::BAD_REQUEST,
+        "invalid_request_error",
+        "model_not_priced",
+        format!(
             "The model `{model}` has no price in the pricing catalog, and {why}. Add it to the \
              catalog (`standard:` in the pricing file), or set `unpriced: {{charge_at: <model>}}`."
         ),
-        kind: "invalid_request_error",
-        param: Some("model".into()),
-        code: Some("model_not_priced"),
-        retry_after_s: None,
-        request_id: None,
-    })
+    )
+    .with_param("model"))
 }
 
 /// The reservation for a request: `prompt_tokens` estimated input, `max_output` output tokens,
@@ -380,17 +378,11 @@ impl Reservation {
 }
 
 fn unavailable() -> ApiError {
-    ApiError {
-        status: StatusCode::SERVICE_UNAVAILABLE,
-        message: "The budget store is unavailable; requests with budgets cannot be admitted \
-                  right now. Retry shortly."
-            .into(),
-        kind: "service_unavailable_error",
-        param: None,
-        code: Some("budget_store_unavailable"),
-        retry_after_s: Some(1),
-        request_id: None,
-    }
+    ApiError::unavailable(
+        "budget_store_unavailable",
+        "The budget store is unavailable; requests with budgets cannot be admitted right now. \
+         Retry shortly.",
+    )
 }
 
 /// Cost-priority routing: the model to serve for a caller with `scopes`. When `model` names a

@@ -29,16 +29,62 @@ pub struct ApiError {
 }
 
 impl ApiError {
+    /// An error of HTTP `status`, OpenAI `type` `kind` and machine `code` (a `&'static str` or
+    /// `None`), with no `param` and no `Retry-After` (add them with [`Self::with_param`] and
+    /// [`Self::retry_after`]).
+    pub fn new(
+        status: StatusCode,
+        kind: &'static str,
+        code: impl Into<Option<&'static str>>,
+        message: impl Into<String>,
+    ) -> Self {
+        Self {
+            status,
+            message: message.into(),
+            kind,
+            param: None,
+            code: code.into(),
+            retry_after_s: None,
+            request_id: None,
+        }
+    }
+
+    /// The same error naming the offending parameter (e.g. `messages[0].role`).
+    #[must_use]
+    pub fn with_param(mut self, param: impl Into<String>) -> Self {
+        self.param = Some(param.into());
+        self
+    }
+
+    /// The same error with `Retry-After: seconds`.
+    #[must_use]
+    pub fn retry_after(mut self, seconds: u64) -> Self {
+        self.retry_after_s = Some(seconds);
+        self
+    }
+
+    /// A 503 `service_unavailable_error` with `code` and `Retry-After: 1`: a transient refusal
+    /// (overload, a store that is down) the client should retry shortly.
+    pub fn unavailable(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "service_unavailable_error",
+            code,
+            message,
+        )
+        .retry_after(1)
+    }
+
     /// A 400 `invalid_request_error` naming `param`.
     pub fn invalid(message: impl Into<String>, param: Option<String>) -> Self {
         Self {
-            status: StatusCode::BAD_REQUEST,
-            message: message.into(),
-            kind: "invalid_request_error",
             param,
-            code: None,
-            retry_after_s: None,
-            request_id: None,
+            ..Self::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                None,
+                message,
+            )
         }
     }
 
@@ -59,13 +105,13 @@ impl ApiError {
     /// what `param` names (no `param` when the route itself is out of reach).
     pub fn permission_denied(message: impl Into<String>, param: Option<&str>) -> Self {
         Self {
-            status: StatusCode::FORBIDDEN,
-            message: message.into(),
-            kind: "invalid_request_error",
             param: param.map(str::to_owned),
-            code: Some("permission_denied"),
-            retry_after_s: None,
-            request_id: None,
+            ..Self::new(
+                StatusCode::FORBIDDEN,
+                "invalid_request_error",
+                "permission_denied",
+                message,
+            )
         }
     }
 
@@ -73,15 +119,13 @@ impl ApiError {
     /// name is cut (see [`switchyard_schemas::input::echo`]).
     pub fn model_not_found(model: &str) -> Self {
         let model = switchyard_schemas::input::echo(model);
-        Self {
-            status: StatusCode::NOT_FOUND,
-            message: format!("The model `{model}` does not exist or you do not have access to it."),
-            kind: "invalid_request_error",
-            param: Some("model".into()),
-            code: Some("model_not_found"),
-            retry_after_s: None,
-            request_id: None,
-        }
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "model_not_found",
+            format!("The model `{model}` does not exist or you do not have access to it."),
+        )
+        .with_param("model")
     }
 
     /// Anthropic's error `type` for this error, from its HTTP status (Anthropic API reference,

@@ -433,20 +433,15 @@ async fn openapi() -> Response {
 }
 
 async fn not_found() -> Response {
-    let e = error::ApiError {
-        status: StatusCode::NOT_FOUND,
-        message:
-            "Unknown route. Switchyard serves /v1/chat/completions, /v1/completions, /v1/messages, \
-             /v1/responses, /v1/embeddings, /v1/models, /v1/files, /v1/batches, \
-             /v1/messages/batches and /v1/usage (admin: /admin/…, see /openapi.json)."
-                .into(),
-        kind: "invalid_request_error",
-        param: None,
-        code: Some("unknown_url"),
-        retry_after_s: None,
-        request_id: None,
-    };
-    e.into_response()
+    error::ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        "unknown_url",
+        "Unknown route. Switchyard serves /v1/chat/completions, /v1/completions, /v1/messages, \
+         /v1/responses, /v1/embeddings, /v1/models, /v1/files, /v1/batches, \
+         /v1/messages/batches and /v1/usage (admin: /admin/…, see /openapi.json).",
+    )
+    .into_response()
 }
 
 #[cfg(test)]

@@ -380,17 +380,10 @@ async fn handle(
 
 /// 503 `server_overloaded` with `Retry-After: 1`, in the front door's error shape.
 fn overloaded(limit: usize, anthropic: bool) -> Response<Body> {
-    let e = ApiError {
-        status: StatusCode::SERVICE_UNAVAILABLE,
-        message: format!(
-            "Switchyard is serving its limit of {limit} requests at once; retry shortly."
-        ),
-        kind: "service_unavailable_error",
-        param: None,
-        code: Some("server_overloaded"),
-        retry_after_s: Some(1),
-        request_id: None,
-    };
+    let e = ApiError::unavailable(
+        "server_overloaded",
+        format!("Switchyard is serving its limit of {limit} requests at once; retry shortly."),
+    );
     if anthropic {
         e.into_anthropic_response()
     } else {
@@ -400,18 +393,15 @@ fn overloaded(limit: usize, anthropic: bool) -> Response<Body> {
 
 /// 408 for a body that did not arrive in time; the connection is closed after it.
 fn body_timeout(limit: Duration) -> Response<Body> {
-    let e = ApiError {
-        status: StatusCode::REQUEST_TIMEOUT,
-        message: format!(
+    let e = ApiError::new(
+        StatusCode::REQUEST_TIMEOUT,
+        "invalid_request_error",
+        "request_timeout",
+        format!(
             "The request body did not arrive within {} ms.",
             limit.as_millis()
         ),
-        kind: "invalid_request_error",
-        param: None,
-        code: Some("request_timeout"),
-        retry_after_s: None,
-        request_id: None,
-    };
+    );
     let mut resp = axum::response::IntoResponse::into_response(e);
     resp.headers_mut()
         .insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -426,17 +416,10 @@ async fn reject_connection(
     _permit: OwnedSemaphorePermit,
 ) {
     let service = hyper::service::service_fn(move |_req: Request<Incoming>| async move {
-        let e = ApiError {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            message: format!(
-                "Switchyard has its limit of {limit} connections open; retry shortly."
-            ),
-            kind: "service_unavailable_error",
-            param: None,
-            code: Some("server_overloaded"),
-            retry_after_s: Some(1),
-            request_id: None,
-        };
+        let e = ApiError::unavailable(
+            "server_overloaded",
+            format!("Switchyard has its limit of {limit} connections open; retry shortly."),
+        );
         Ok::<_, Infallible>(axum::response::IntoResponse::into_response(e))
     });
     let conn = builder.serve_connection(TokioIo::new(stream), service);

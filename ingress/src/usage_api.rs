@@ -128,18 +128,16 @@ fn scope(
             if let Some(asked) = &tenant
                 && asked != own
             {
-                return Err(ApiError {
-                    status: StatusCode::NOT_FOUND,
-                    message: format!(
+                return Err(ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    "invalid_request_error",
+                    "not_found",
+                    format!(
                         "No tenant `{}` visible to this key (it reads tenant `{own}`).",
                         short(asked)
                     ),
-                    kind: "invalid_request_error",
-                    param: Some("tenant".into()),
-                    code: Some("not_found"),
-                    retry_after_s: None,
-                    request_id: None,
-                });
+                )
+                .with_param("tenant"));
             }
             Ok((Some(own.clone()), key_id))
         }

@@ -128,15 +128,13 @@ pub(super) async fn top_up(
             charged_usd,
         } => (topup, created, (topped_up_usd, charged_usd)),
         BalanceAnswer::Conflict { error } => {
-            return Err(ApiError {
-                status: StatusCode::CONFLICT,
-                message: error,
-                kind: "invalid_request_error",
-                param: Some("id".into()),
-                code: Some("topup_id_conflict"),
-                retry_after_s: None,
-                request_id: None,
-            });
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "invalid_request_error",
+                "topup_id_conflict",
+                error,
+            )
+            .with_param("id"));
         }
         other => return Err(unexpected(other)),
     };

@@ -223,15 +223,13 @@ pub(super) async fn create(
                 .iter()
                 .any(|k| k.get("id").and_then(Value::as_str) == Some(id.as_str()))
             {
-                return Err(ApiError {
-                    status: StatusCode::CONFLICT,
-                    message: format!("An API key with id `{id}` exists."),
-                    kind: "invalid_request_error",
-                    param: Some("id".into()),
-                    code: Some("key_exists"),
-                    retry_after_s: None,
-                    request_id: None,
-                });
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    "invalid_request_error",
+                    "key_exists",
+                    format!("An API key with id `{id}` exists."),
+                )
+                .with_param("id"));
             }
             let mut m = Mapping::new();
             m.insert("id".into(), id.clone().into());

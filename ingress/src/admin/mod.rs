@@ -225,39 +225,26 @@ fn ct_eq(a: &str, b: &str) -> bool {
 }
 
 fn unauthorized(code: &'static str, message: String) -> ApiError {
-    ApiError {
-        status: StatusCode::UNAUTHORIZED,
+    ApiError::new(
+        StatusCode::UNAUTHORIZED,
+        "invalid_request_error",
+        code,
         message,
-        kind: "invalid_request_error",
-        param: None,
-        code: Some(code),
-        retry_after_s: None,
-        request_id: None,
-    }
+    )
 }
 
 fn not_found(param: &str, message: impl Into<String>) -> ApiError {
-    ApiError {
-        status: StatusCode::NOT_FOUND,
-        message: message.into(),
-        kind: "invalid_request_error",
-        param: Some(param.to_owned()),
-        code: Some("not_found"),
-        retry_after_s: None,
-        request_id: None,
-    }
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        "not_found",
+        message,
+    )
+    .with_param(param)
 }
 
 fn unavailable(message: impl Into<String>) -> ApiError {
-    ApiError {
-        status: StatusCode::SERVICE_UNAVAILABLE,
-        message: message.into(),
-        kind: "service_unavailable_error",
-        param: None,
-        code: Some("admin_unavailable"),
-        retry_after_s: Some(1),
-        request_id: None,
-    }
+    ApiError::unavailable("admin_unavailable", message)
 }
 
 /// Parses a JSON body into `T`, a 400 naming the offending field otherwise.

@@ -47,15 +47,12 @@ pub fn beta_header(headers: &HeaderMap) -> Option<String> {
 
 /// 404 in Anthropic's shape for any other path under `/v1/messages/`.
 pub async fn unknown_path(uri: axum::http::Uri) -> Response {
-    ApiError {
-        status: axum::http::StatusCode::NOT_FOUND,
-        message: format!("Not found: {}", uri.path()),
-        kind: "not_found_error",
-        param: None,
-        code: Some("unknown_url"),
-        retry_after_s: None,
-        request_id: None,
-    }
+    ApiError::new(
+        axum::http::StatusCode::NOT_FOUND,
+        "not_found_error",
+        "unknown_url",
+        format!("Not found: {}", uri.path()),
+    )
     .into_anthropic_response()
 }
 

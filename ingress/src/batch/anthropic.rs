@@ -4,15 +4,13 @@
 //! Same machinery as the OpenAI Batch API; any configured provider serves the items. Errors in
 //! Anthropic's envelope.
 
-use super::records::{
-    Api, BatchRecord, Counts, FileRecord, ItemResult, Outcome, Status, batch_key, valid_id,
-};
-use super::{FileSlot, not_found, store_error, store_of, submit};
+use super::records::{Api, BatchRecord, Counts, FileRecord, ItemResult, Outcome, Status};
+use super::{FileSlot, store_error, store_of, submit};
 use crate::AppState;
 use crate::error::ApiError;
 use axum::Json;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -144,16 +142,7 @@ pub async fn create(
 }
 
 async fn owned(app: &AppState, id: &str) -> Result<(BatchRecord, u64, String), ApiError> {
-    let store = store_of(app)?;
-    if !valid_id(id) {
-        return Err(not_found("message batch", id));
-    }
-    let caller = crate::auth::current_caller();
-    let key = batch_key(caller.tenant.as_deref(), id);
-    match store.batch(&key).await.map_err(store_error)? {
-        Some((b, rev)) if b.api == Api::Anthropic => Ok((b, rev, key)),
-        _ => Err(not_found("message batch", id)),
-    }
+    super::owned(app, Api::Anthropic, "message batch", id).await
 }
 
 /// `GET /v1/messages/batches/{id}`.
@@ -236,17 +225,10 @@ pub async fn results(State(app): State<Arc<AppState>>, Path(id): Path<String>) -
     let r = async {
         let (b, _, _) = owned(&app, &id).await?;
         let Some(file) = b.output_file_id.clone().filter(|_| b.status.is_terminal()) else {
-            return Err(ApiError {
-                status: StatusCode::BAD_REQUEST,
-                message: format!(
-                    "Message batch {id} has not ended yet; results are not available."
-                ),
-                kind: "invalid_request_error",
-                param: None,
-                code: None,
-                retry_after_s: None,
-                request_id: None,
-            });
+            return Err(ApiError::invalid(
+                format!("Message batch {id} has not ended yet; results are not available."),
+                None,
+            ));
         };
         store_of(&app)?
             .file_content(&file)

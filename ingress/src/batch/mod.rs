@@ -99,14 +99,32 @@ pub fn store_error(e: StoreError) -> ApiError {
 
 /// 404 for a file or batch the caller cannot see (another tenant's included).
 pub fn not_found(what: &str, id: &str) -> ApiError {
-    ApiError {
-        status: StatusCode::NOT_FOUND,
-        message: format!("No such {what}: '{id}'"),
-        kind: "invalid_request_error",
-        param: Some("id".into()),
-        code: None,
-        retry_after_s: None,
-        request_id: None,
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        None,
+        format!("No such {what}: '{id}'"),
+    )
+    .with_param("id")
+}
+
+/// The caller's batch `id` of front door `api` with its KV revision and key; 404 naming `what`
+/// (`batch`, `message batch`) for a malformed id, another tenant's batch or the other API's.
+pub async fn owned(
+    app: &AppState,
+    api: records::Api,
+    what: &str,
+    id: &str,
+) -> Result<(BatchRecord, u64, String), ApiError> {
+    let store = store_of(app)?;
+    if !records::valid_id(id) {
+        return Err(not_found(what, id));
+    }
+    let caller = crate::auth::current_caller();
+    let key = records::batch_key(caller.tenant.as_deref(), id);
+    match store.batch(&key).await.map_err(store_error)? {
+        Some((b, rev)) if b.api == api => Ok((b, rev, key)),
+        _ => Err(not_found(what, id)),
     }
 }
 
@@ -240,15 +258,12 @@ pub async fn cancel(
         match b.status {
             Status::Cancelling | Status::Cancelled => return Ok(b),
             s if s.is_terminal() || s == Status::Finalizing => {
-                return Err(ApiError {
-                    status: StatusCode::CONFLICT,
-                    message: format!("Cannot cancel a batch with status '{}'.", status_name(s)),
-                    kind: "invalid_request_error",
-                    param: None,
-                    code: None,
-                    retry_after_s: None,
-                    request_id: None,
-                });
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    "invalid_request_error",
+                    None,
+                    format!("Cannot cancel a batch with status '{}'.", status_name(s)),
+                ));
             }
             _ => {}
         }

@@ -4,8 +4,7 @@
 //! Everything is scoped to the caller's tenant: another tenant's id is a 404.
 
 use super::records::{
-    Api, BatchRecord, Counts, FileRecord, ItemResult, Outcome, batch_key, file_key, file_list,
-    valid_id,
+    Api, BatchRecord, Counts, FileRecord, ItemResult, Outcome, file_key, file_list, valid_id,
 };
 use super::store::BatchStore;
 use super::{Cursor, FileSlot, new_id, not_found, openai_list, parse_window, store_error, submit};
@@ -120,19 +119,17 @@ pub async fn upload(State(app): State<Arc<AppState>>, mut form: Multipart) -> Re
         .into_response();
     }
     if content.len() > super::validate::MAX_FILE_BYTES {
-        return ApiError {
-            status: StatusCode::PAYLOAD_TOO_LARGE,
-            message: format!(
+        return ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            "file_too_large",
+            format!(
                 "File of {} bytes exceeds the limit of {} bytes.",
                 content.len(),
                 super::validate::MAX_FILE_BYTES
             ),
-            kind: "invalid_request_error",
-            param: Some("file".into()),
-            code: Some("file_too_large"),
-            retry_after_s: None,
-            request_id: None,
-        }
+        )
+        .with_param("file")
         .into_response();
     }
     let caller = crate::auth::current_caller();
@@ -314,16 +311,7 @@ pub async fn create(State(app): State<Arc<AppState>>, body: axum::body::Bytes) -
 }
 
 async fn owned_batch(app: &AppState, id: &str) -> Result<(BatchRecord, u64, String), ApiError> {
-    let store = super::store_of(app)?;
-    if !valid_id(id) {
-        return Err(not_found("batch", id));
-    }
-    let caller = crate::auth::current_caller();
-    let key = batch_key(caller.tenant.as_deref(), id);
-    match store.batch(&key).await.map_err(store_error)? {
-        Some((b, rev)) if b.api == Api::OpenAi => Ok((b, rev, key)),
-        _ => Err(not_found("batch", id)),
-    }
+    super::owned(app, Api::OpenAi, "batch", id).await
 }
 
 /// `GET /v1/batches/{id}`.

@@ -66,15 +66,13 @@ pub async fn create(State(app): State<Arc<AppState>>, headers: HeaderMap, body: 
                 prev.history
             }
             Ok(None) | Err(StoreError::Unavailable) => {
-                return ApiError {
-                    status: StatusCode::BAD_REQUEST,
-                    message: format!("Previous response with id '{id}' not found."),
-                    kind: "invalid_request_error",
-                    param: Some("previous_response_id".into()),
-                    code: Some("previous_response_not_found"),
-                    retry_after_s: None,
-                    request_id: None,
-                }
+                return ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request_error",
+                    "previous_response_not_found",
+                    format!("Previous response with id '{id}' not found."),
+                )
+                .with_param("previous_response_id")
                 .into_response();
             }
             Err(e) => return store_failed(e),
@@ -152,17 +150,15 @@ fn pin_to(
         None
     };
     if let Some(why) = why {
-        return Err(ApiError {
-            status: StatusCode::BAD_REQUEST,
-            message: format!(
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "pinned_target_unavailable",
+            format!(
                 "Previous response '{id}' holds encrypted reasoning that only target `{target}` can read, and this request cannot go there: {why}."
             ),
-            kind: "invalid_request_error",
-            param: Some("previous_response_id".into()),
-            code: Some("pinned_target_unavailable"),
-            retry_after_s: None,
-            request_id: None,
-        });
+        )
+        .with_param("previous_response_id"));
     }
     hints.only = Some(vec![target.to_owned()]);
     Ok(())
@@ -309,15 +305,12 @@ impl Finish for Persist {
 }
 
 fn not_found(id: &str) -> Response {
-    ApiError {
-        status: StatusCode::NOT_FOUND,
-        message: format!("No response found with id '{id}'."),
-        kind: "invalid_request_error",
-        param: None,
-        code: None,
-        retry_after_s: None,
-        request_id: None,
-    }
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        None,
+        format!("No response found with id '{id}'."),
+    )
     .into_response()
 }
 

@@ -356,18 +356,15 @@ pub fn check_size(app: &AppState, body_len: usize) -> Result<(), ApiError> {
     if body_len + ENVELOPE_BYTES <= max {
         return Ok(());
     }
-    Err(ApiError {
-        status: axum::http::StatusCode::PAYLOAD_TOO_LARGE,
-        message: format!(
+    Err(ApiError::new(
+        axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+        "invalid_request_error",
+        "request_too_large",
+        format!(
             "Request body of {body_len} bytes exceeds this gateway's limit of {} bytes.",
             max.saturating_sub(ENVELOPE_BYTES)
         ),
-        kind: "invalid_request_error",
-        param: None,
-        code: Some("request_too_large"),
-        retry_after_s: None,
-        request_id: None,
-    })
+    ))
 }
 
 /// What a front door parsed, before routing.
