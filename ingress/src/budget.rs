@@ -41,7 +41,7 @@ use switchyard_budgets::{BudgetStore, Limit, ReserveError};
 use switchyard_schemas::config::{GatewayConfig, ModelConfig};
 use switchyard_schemas::now_ms;
 use switchyard_schemas::pricing::{Catalog, Cost, UnpricedPolicy};
-use switchyard_schemas::tenancy::{Budget, OnLowBalance};
+use switchyard_schemas::tenancy::{Budget, KeyConfig, OnLowBalance, TenantConfig};
 use switchyard_schemas::usage::Usage;
 
 pub use switchyard_budgets::{BUDGETS_BUCKET, Demand, Exceeded, Spend};
@@ -58,6 +58,24 @@ pub struct Scope {
 }
 
 impl Scope {
+    /// Key `k`'s own budget.
+    pub fn key(k: &KeyConfig) -> Self {
+        Self {
+            kind: "key",
+            id: k.id.clone(),
+            budget: k.budget.clone(),
+        }
+    }
+
+    /// Tenant `t`'s budget.
+    pub fn tenant(t: &TenantConfig) -> Self {
+        Self {
+            kind: "tenant",
+            id: t.id.clone(),
+            budget: t.budget.clone(),
+        }
+    }
+
     /// The prepaid balance of tenant `tenant` (limit: its top-ups, kept in the entry).
     pub fn balance(tenant: &str) -> Self {
         Self {
@@ -167,19 +185,11 @@ pub fn scopes(config: &GatewayConfig, caller: &Caller) -> Vec<Scope> {
     if let Some(k) = key
         && k.budget.is_limited()
     {
-        out.push(Scope {
-            kind: "key",
-            id: k.id.clone(),
-            budget: k.budget.clone(),
-        });
+        out.push(Scope::key(k));
     }
     if let Some(t) = tenant {
         if t.budget.is_limited() {
-            out.push(Scope {
-                kind: "tenant",
-                id: t.id.clone(),
-                budget: t.budget.clone(),
-            });
+            out.push(Scope::tenant(t));
         }
         if t.prepaid().is_some() {
             out.push(Scope::balance(&t.id));

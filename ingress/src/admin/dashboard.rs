@@ -563,21 +563,13 @@ async fn budgets(app: &AppState, now: u64) -> Result<Value, ApiError> {
         .keys
         .iter()
         .filter(|k| k.budget.is_limited())
-        .map(|k| crate::budget::Scope {
-            kind: "key",
-            id: k.id.clone(),
-            budget: k.budget.clone(),
-        })
+        .map(crate::budget::Scope::key)
         .chain(
             config
                 .tenants
                 .iter()
                 .filter(|t| t.budget.is_limited())
-                .map(|t| crate::budget::Scope {
-                    kind: "tenant",
-                    id: t.id.clone(),
-                    budget: t.budget.clone(),
-                }),
+                .map(crate::budget::Scope::tenant),
         )
         .collect();
     let total = scopes.len();
