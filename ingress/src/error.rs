@@ -95,6 +95,42 @@ impl ApiError {
         Self::invalid(format!("Invalid '{param}': {problem}"), Some(param))
     }
 
+    /// The 400 for an OpenAI-shaped body that did not deserialize, worded like OpenAI's:
+    /// unparsable JSON, a body of the wrong shape, or the offending field named by its JSON path
+    /// (`messages[0].role`) in the message and as `param`.
+    pub fn bad_body(e: serde_path_to_error::Error<serde_json::Error>) -> Self {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if inner.is_syntax() || inner.is_eof() {
+            Self::invalid(
+                format!("We could not parse the JSON body of your request: {inner}"),
+                None,
+            )
+        } else if path == "." {
+            Self::invalid(format!("Invalid request body: {inner}"), None)
+        } else {
+            Self::invalid(format!("Invalid value for `{path}`: {inner}"), Some(path))
+        }
+    }
+
+    /// The 400 for body field `name` that the front door does not take, naming it as `param`
+    /// (cut, see [`switchyard_schemas::input::echo`]): a field of `unsupported` is one the
+    /// protocol defines but Switchyard does not serve yet; any other is worded by `unknown`
+    /// (each API's own wording for an unknown field).
+    pub fn extra_field(
+        name: &str,
+        unsupported: &[&str],
+        unknown: impl FnOnce(&str) -> String,
+    ) -> Self {
+        let shown = switchyard_schemas::input::echo(name);
+        let message = if unsupported.contains(&name) {
+            format!("The parameter `{name}` is not supported by Switchyard yet.")
+        } else {
+            unknown(&shown)
+        };
+        Self::invalid(message, Some(shown.into_owned()))
+    }
+
     /// A 500 `server_error`: `what` could not be encoded as JSON. Sent instead of a body with
     /// the part left empty or `null`.
     pub fn encoding(what: &str, e: &serde_json::Error) -> Self {

@@ -160,15 +160,7 @@ pub(crate) fn json_body(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
 pub(crate) fn deserialize<T: serde::de::DeserializeOwned>(
     obj: Map<String, Value>,
 ) -> Result<T, ApiError> {
-    serde_path_to_error::deserialize(Value::Object(obj)).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        if path == "." {
-            ApiError::invalid(format!("Invalid request body: {inner}"), None)
-        } else {
-            ApiError::invalid(format!("Invalid value for `{path}`: {inner}"), Some(path))
-        }
-    })
+    serde_path_to_error::deserialize(Value::Object(obj)).map_err(ApiError::bad_body)
 }
 
 /// Parses `body`; errors name the JSON path of the offending field (e.g. `messages[0].role`).
@@ -187,18 +179,9 @@ pub fn parse(body: &[u8]) -> Result<ParsedChat, ApiError> {
     }
     let b: ChatCompletionBody = deserialize(obj)?;
     if let Some(name) = b.extra.keys().next() {
-        let msg = if UNSUPPORTED.contains(&name.as_str()) {
-            format!("The parameter `{name}` is not supported by Switchyard yet.")
-        } else {
-            format!(
-                "Unrecognized request argument supplied: {}",
-                switchyard_schemas::input::echo(name)
-            )
-        };
-        return Err(ApiError::invalid(
-            msg,
-            Some(switchyard_schemas::input::echo(name).into_owned()),
-        ));
+        return Err(ApiError::extra_field(name, UNSUPPORTED, |n| {
+            format!("Unrecognized request argument supplied: {n}")
+        }));
     }
     if b.model.trim().is_empty() {
         return Err(ApiError::invalid(

@@ -151,28 +151,11 @@ impl ParsedResponses {
 /// Parses `body`; errors name the JSON path of the offending field (e.g. `input[1].role`).
 pub fn parse(body: &[u8], item_prefix: &str) -> Result<ParsedResponses, ApiError> {
     let de = &mut serde_json::Deserializer::from_slice(body);
-    let b: ResponsesBody = serde_path_to_error::deserialize(de).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        if inner.is_syntax() || inner.is_eof() {
-            ApiError::invalid(
-                format!("We could not parse the JSON body of your request: {inner}"),
-                None,
-            )
-        } else if path == "." {
-            ApiError::invalid(format!("Invalid request body: {inner}"), None)
-        } else {
-            ApiError::invalid(format!("Invalid value for `{path}`: {inner}"), Some(path))
-        }
-    })?;
-    if let Some((name, v)) = b.extra.iter().find(|(_, v)| !v.is_null()) {
-        let _ = v;
-        let msg = if UNSUPPORTED.contains(&name.as_str()) {
-            format!("The parameter `{name}` is not supported by Switchyard yet.")
-        } else {
-            format!("Unknown parameter: '{}'.", input::echo(name))
-        };
-        return Err(ApiError::invalid(msg, Some(input::echo(name).into_owned())));
+    let b: ResponsesBody = serde_path_to_error::deserialize(de).map_err(ApiError::bad_body)?;
+    if let Some((name, _)) = b.extra.iter().find(|(_, v)| !v.is_null()) {
+        return Err(ApiError::extra_field(name, UNSUPPORTED, |n| {
+            format!("Unknown parameter: '{n}'.")
+        }));
     }
     if b.model.trim().is_empty() {
         return Err(invalid("`model` must not be empty.", "model"));
