@@ -333,22 +333,30 @@ mod tests {
         assert_eq!(p.tenant.as_deref(), Some("acme"));
         assert_eq!(p.key_id.as_deref(), Some("k/1"));
 
-        let p = parse_query(
-            "from=2025-11-05T10:00:00Z&to=2025-11-05T12:00:00.5%2B02:00&group_by=",
-            NOW,
-        )
-        .unwrap();
-        assert_eq!(p.from_ms, DAY + 10 * 3_600_000);
-        assert_eq!(p.to_ms, DAY + 10 * 3_600_000 + 500);
-        assert!(p.group_by.is_empty());
-        // An unencoded `+` decodes to a space; it still means a positive offset.
-        let p = parse_query(
-            "from=2025-11-05T10:00:00+01:00&to=2025-11-05t09:30:00.123456-00:30",
-            NOW,
-        )
-        .unwrap();
-        assert_eq!(p.from_ms, DAY + 9 * 3_600_000);
-        assert_eq!(p.to_ms, DAY + 10 * 3_600_000 + 123);
+        const HOUR: u64 = 3_600_000;
+        // An empty `group_by=` asks for totals; none groups by model.
+        for (query, from, to, group_by) in [
+            (
+                "from=2025-11-05T10:00:00Z&to=2025-11-05T12:00:00.5%2B02:00&group_by=",
+                DAY + 10 * HOUR,
+                DAY + 10 * HOUR + 500,
+                vec![],
+            ),
+            // An unencoded `+` decodes to a space; it still means a positive offset.
+            (
+                "from=2025-11-05T10:00:00+01:00&to=2025-11-05t09:30:00.123456-00:30",
+                DAY + 9 * HOUR,
+                DAY + 10 * HOUR + 123,
+                vec![GroupBy::Model],
+            ),
+        ] {
+            let p = parse_query(query, NOW).unwrap();
+            assert_eq!(
+                (p.from_ms, p.to_ms, p.group_by),
+                (from, to, group_by),
+                "{query}"
+            );
+        }
     }
 
     #[test]
