@@ -1,6 +1,6 @@
 //! The audit log (docs/audit.md): the `audit_log` table, written from `charge` events in the
 //! ledger's insert transaction ([`insert`]), read by page queries ([`page`], served over NATS by
-//! [`serve_audit_queries`]), and kept to `audit.retention_days` by [`purge_expired`] (batched
+//! [`crate::serve_queries`] with [`Query::Audit`](crate::Query::Audit)), and kept to `audit.retention_days` by [`purge_expired`] (batched
 //! deletes of [`PURGE_BATCH`] rows on this table only, run by [`run_retention`]).
 
 use crate::ledger::{StatementTexts, UsageRow, statement_sizes};
@@ -17,7 +17,6 @@ use switchyard_schemas::audit::{
     AuditAnswer, AuditAttempt, AuditPage, AuditQuery, AuditRecord, MAX_PAGE, cursor_of,
     parse_cursor,
 };
-use switchyard_schemas::subjects::Subjects;
 
 /// Rows one retention `DELETE` removes at most.
 pub const PURGE_BATCH: i64 = 1000;
@@ -444,36 +443,20 @@ fn encode(mut answer: AuditAnswer, max_payload: usize) -> Vec<u8> {
     }
 }
 
-/// Serves `<prefix>.billing.audit` ([`crate::serve`]: queue group
-/// [`crate::query::QUERY_QUEUE_GROUP`], a few queries at once), answering each JSON
-/// [`AuditQuery`] with a JSON [`AuditAnswer`] until `shutdown` completes. Fails only when
-/// subscribing fails.
-pub async fn serve_audit_queries(
-    nats: async_nats::Client,
-    subjects: Subjects,
-    ledger: Ledger,
-    shutdown: impl Future,
-) -> Result<(), BillingError> {
-    crate::serve::serve(
-        nats,
-        subjects.audit_query(),
-        "audit",
-        ledger,
-        shutdown,
-        |ledger, payload, max| async move {
-            let answer = match serde_json::from_slice::<AuditQuery>(&payload) {
-                Ok(q) => match page(&ledger, &q).await {
-                    Ok(p) => AuditAnswer::Ok(p),
-                    Err(e) => AuditAnswer::Err {
-                        error: e.to_string(),
-                    },
-                },
-                Err(e) => AuditAnswer::Err {
-                    error: format!("bad audit query: {e}"),
-                },
-            };
-            encode(answer, max)
+/// The JSON answer to one request payload, as [`crate::serve_queries`] sends it on
+/// `<prefix>.billing.audit`: the [`page`] a JSON [`AuditQuery`] asks for, or an error; cut to fit
+/// `max_payload` bytes (0: no limit).
+pub(crate) async fn reply(ledger: &Ledger, payload: &[u8], max_payload: usize) -> Vec<u8> {
+    let answer = match serde_json::from_slice::<AuditQuery>(payload) {
+        Ok(q) => match page(ledger, &q).await {
+            Ok(p) => AuditAnswer::Ok(p),
+            Err(e) => AuditAnswer::Err {
+                error: e.to_string(),
+            },
         },
-    )
-    .await
+        Err(e) => AuditAnswer::Err {
+            error: format!("bad audit query: {e}"),
+        },
+    };
+    encode(answer, max_payload)
 }
