@@ -3,7 +3,7 @@
 //! [`crate::serve_queries`] with [`Query::Audit`](crate::Query::Audit)), and kept to `audit.retention_days` by [`purge_expired`] (batched
 //! deletes of [`PURGE_BATCH`] rows on this table only, run by [`run_retention`]).
 
-use crate::ledger::{StatementTexts, UsageRow, statement_sizes};
+use crate::ledger::{StatementTexts, UsageRow, insert_columns, statement_sizes};
 use crate::pricing::Cost;
 use crate::{Backend, BillingError, Ledger};
 use rust_decimal::Decimal;
@@ -76,12 +76,40 @@ impl AuditValues {
     }
 }
 
-const INSERT_HEAD: &str = "INSERT INTO audit_log (request_id, ts_ms, front_door, key_id, tenant, \
-     model, target, upstream_model, status, http_status, error_class, finish_reason, fallbacks, \
-     attempts, prompt_tokens, completion_tokens, cached_tokens, charge_usd, ttft_ms, latency_ms, \
-     overhead_ms, cache_hit, client_ip, user_agent, client_request_id, request_body, \
-     response_body, error_code, cache_outcome) VALUES ";
-const COLUMNS: usize = 29;
+insert_columns! {
+    audit_log, INSERT_HEAD, COLUMNS,
+    fn bind_audit<'q>(row: &'q UsageRow, a: &'q AuditValues, charge_usd: Option<&'q str>) {
+        request_id: row.request_id.as_str(),
+        ts_ms: row.ts_ms,
+        front_door: a.front_door.as_deref(),
+        key_id: row.key_id.as_deref(),
+        tenant: row.tenant.as_deref(),
+        model: row.model.as_str(),
+        target: row.target.as_deref(),
+        upstream_model: row.upstream_model.as_deref(),
+        status: row.status,
+        http_status: a.http_status,
+        error_class: row.error_class,
+        finish_reason: a.finish_reason.as_deref(),
+        fallbacks: row.fallbacks,
+        attempts: a.attempts.as_str(),
+        prompt_tokens: row.prompt_tokens,
+        completion_tokens: row.completion_tokens,
+        cached_tokens: row.cached_tokens,
+        charge_usd: charge_usd,
+        ttft_ms: row.ttft_ms,
+        latency_ms: row.latency_ms,
+        overhead_ms: a.overhead_ms,
+        cache_hit: row.cache_hit,
+        client_ip: a.client_ip.as_deref(),
+        user_agent: a.user_agent.as_deref(),
+        client_request_id: a.client_request_id.as_deref(),
+        request_body: a.request_body.as_deref(),
+        response_body: a.response_body.as_deref(),
+        error_code: a.error_code.as_deref(),
+        cache_outcome: a.cache_outcome.as_deref(),
+    }
+}
 /// 512 × 29 = 14,848 bind values, below SQLite's 32,766.
 const ROWS_PER_STATEMENT: usize = 512;
 const INSERT_TAIL: &str = " ON CONFLICT DO NOTHING";
@@ -133,36 +161,7 @@ pub(crate) async fn insert(
         let sql = texts(backend).get(size);
         let mut query = sqlx::query(&sql);
         for (row, a, charge) in audit.iter().skip(offset).take(size) {
-            query = query
-                .bind(row.request_id.as_str())
-                .bind(row.ts_ms)
-                .bind(a.front_door.as_deref())
-                .bind(row.key_id.as_deref())
-                .bind(row.tenant.as_deref())
-                .bind(row.model.as_str())
-                .bind(row.target.as_deref())
-                .bind(row.upstream_model.as_deref())
-                .bind(row.status)
-                .bind(a.http_status)
-                .bind(row.error_class)
-                .bind(a.finish_reason.as_deref())
-                .bind(row.fallbacks)
-                .bind(a.attempts.as_str())
-                .bind(row.prompt_tokens)
-                .bind(row.completion_tokens)
-                .bind(row.cached_tokens)
-                .bind(charge.as_deref())
-                .bind(row.ttft_ms)
-                .bind(row.latency_ms)
-                .bind(a.overhead_ms)
-                .bind(row.cache_hit)
-                .bind(a.client_ip.as_deref())
-                .bind(a.user_agent.as_deref())
-                .bind(a.client_request_id.as_deref())
-                .bind(a.request_body.as_deref())
-                .bind(a.response_body.as_deref())
-                .bind(a.error_code.as_deref())
-                .bind(a.cache_outcome.as_deref());
+            query = bind_audit(query, row, a, charge.as_deref());
         }
         inserted += query.execute(&mut **tx).await?.rows_affected();
         offset += size;

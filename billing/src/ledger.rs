@@ -226,22 +226,99 @@ pub(crate) fn status_str(status: UsageStatus) -> &'static str {
     }
 }
 
-/// Head of the multi-row event insert; [`EVENT_COLUMNS`] values per row follow.
-const INSERT_HEAD: &str = "INSERT INTO usage_events (request_id, kind, attempt, ts_ms, tenant, \
-     key_id, model, target, upstream_model, prompt_tokens, cached_tokens, cache_write_tokens, \
-     completion_tokens, reasoning_tokens, estimated, status, error_class, ttft_ms, latency_ms, \
-     fallbacks, cache_hit, batch_id, raw, ingested_at_ms, cost_usd, cache_write_1h_tokens, \
-     audio_input_tokens, audio_output_tokens, service_tier, unpriced, finish_reason) VALUES ";
-/// Values bound per `usage_events` row.
-const EVENT_COLUMNS: usize = 31;
+/// A query on the ledger's [`AnyPool`] with its binds.
+pub(crate) type AnyQuery<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>>;
+
+/// Declares the columns of a multi-row insert into `$table` once, each next to the value it
+/// gets: `const $head` (`INSERT INTO $table (columns) VALUES `, for [`StatementTexts`]),
+/// `const $count` (values per row) and `fn $bind`, which binds one row's values in column
+/// order.
+macro_rules! insert_columns {
+    (
+        $table:ident, $head:ident, $count:ident,
+        fn $bind:ident<$lt:lifetime>($($arg:ident: $arg_ty:ty),* $(,)?) {
+            $first:ident: $first_value:expr $(, $column:ident: $value:expr)* $(,)?
+        }
+    ) => {
+        #[doc = concat!("Head of the multi-row `", stringify!($table), "` insert; [`",
+            stringify!($count), "`] values per row follow.")]
+        const $head: &str = concat!(
+            "INSERT INTO ",
+            stringify!($table),
+            " (",
+            stringify!($first),
+            $(", ", stringify!($column),)*
+            ") VALUES "
+        );
+        #[doc = concat!("Values bound per `", stringify!($table), "` row.")]
+        const $count: usize = [stringify!($first) $(, stringify!($column))*].len();
+        #[doc = concat!("Binds the values of one `", stringify!($table), "` row to `query`.")]
+        fn $bind<$lt>(
+            query: $crate::ledger::AnyQuery<$lt>,
+            $($arg: $arg_ty),*
+        ) -> $crate::ledger::AnyQuery<$lt> {
+            query.bind($first_value) $(.bind($value))*
+        }
+    };
+}
+pub(crate) use insert_columns;
+
+insert_columns! {
+    usage_events, INSERT_HEAD, EVENT_COLUMNS,
+    fn bind_event<'q>(
+        row: &'q UsageRow,
+        ingested_at_ms: i64,
+        cost_usd: Option<String>,
+        unpriced: Option<&'q str>,
+    ) {
+        request_id: row.request_id.as_str(),
+        kind: row.kind,
+        attempt: row.attempt,
+        ts_ms: row.ts_ms,
+        tenant: row.tenant.as_deref(),
+        key_id: row.key_id.as_deref(),
+        model: row.model.as_str(),
+        target: row.target.as_deref(),
+        upstream_model: row.upstream_model.as_deref(),
+        prompt_tokens: row.prompt_tokens,
+        cached_tokens: row.cached_tokens,
+        cache_write_tokens: row.cache_write_tokens,
+        completion_tokens: row.completion_tokens,
+        reasoning_tokens: row.reasoning_tokens,
+        estimated: row.estimated,
+        status: row.status,
+        error_class: row.error_class,
+        ttft_ms: row.ttft_ms,
+        latency_ms: row.latency_ms,
+        fallbacks: row.fallbacks,
+        cache_hit: row.cache_hit,
+        batch_id: row.batch_id.as_deref(),
+        raw: row.raw.as_str(),
+        ingested_at_ms: ingested_at_ms,
+        cost_usd: cost_usd,
+        cache_write_1h_tokens: row.cache_write_1h_tokens,
+        audio_input_tokens: row.audio_input_tokens,
+        audio_output_tokens: row.audio_output_tokens,
+        service_tier: row.service_tier,
+        unpriced: unpriced,
+        finish_reason: row.finish_reason,
+    }
+}
 /// The keys of the rows an event insert stored (a conflicting row returns nothing).
 const INSERT_TAIL: &str = " ON CONFLICT DO NOTHING RETURNING request_id, kind, attempt";
 
-/// Head of the multi-row ledger line insert; [`LINE_COLUMNS`] values per row follow.
-const LINE_HEAD: &str = "INSERT INTO ledger_lines (request_id, kind, attempt, billing_type, \
-     tokens, unit_price_usd, amount_usd) VALUES ";
-/// Values bound per `ledger_lines` row.
-const LINE_COLUMNS: usize = 7;
+insert_columns! {
+    ledger_lines, LINE_HEAD, LINE_COLUMNS,
+    fn bind_line<'q>(line: &'q LineValues<'_>) {
+        request_id: line.row.request_id.as_str(),
+        kind: line.row.kind,
+        attempt: line.row.attempt,
+        billing_type: line.billing_type,
+        tokens: line.tokens,
+        unit_price_usd: line.unit_price.as_str(),
+        amount_usd: line.amount.as_str(),
+    }
+}
 /// Tail of the line insert when a line may already exist (see [`Ledger::insert_rows`]).
 const LINE_TAIL_TOLERANT: &str = " ON CONFLICT DO NOTHING";
 
@@ -378,11 +455,24 @@ struct LineValues<'a> {
     amount: String,
 }
 
-const SELECT_COLUMNS: &str = "request_id, kind, attempt, ts_ms, tenant, key_id, model, target, \
-     upstream_model, prompt_tokens, cached_tokens, cache_write_tokens, completion_tokens, \
-     reasoning_tokens, CASE WHEN estimated THEN 1 ELSE 0 END AS estimated, status, error_class, \
-     ttft_ms, latency_ms, fallbacks, CASE WHEN cache_hit THEN 1 ELSE 0 END AS cache_hit, batch_id, \
-     cache_write_1h_tokens, audio_input_tokens, audio_output_tokens, service_tier, finish_reason";
+/// The `usage_events` columns [`from_usage_row`] reads (with [`usage_from_row`]'s), as a
+/// `SELECT` list for `concat!`.
+macro_rules! usage_row_columns {
+    () => {
+        "request_id, kind, attempt, ts_ms, tenant, key_id, model, target, upstream_model, \
+         prompt_tokens, cached_tokens, cache_write_tokens, completion_tokens, reasoning_tokens, \
+         cache_write_1h_tokens, audio_input_tokens, audio_output_tokens, service_tier, \
+         CASE WHEN estimated THEN 1 ELSE 0 END AS estimated, status, fallbacks, \
+         CASE WHEN cache_hit THEN 1 ELSE 0 END AS cache_hit, batch_id"
+    };
+}
+pub(crate) use usage_row_columns;
+
+/// The columns [`event_from_row`] reads.
+const SELECT_COLUMNS: &str = concat!(
+    usage_row_columns!(),
+    ", error_class, ttft_ms, latency_ms, finish_reason"
+);
 
 impl Ledger {
     /// Connects to the ledger at `url` and applies pending migrations.
@@ -593,38 +683,13 @@ impl Ledger {
                 .zip(&costs[offset..offset + size])
                 .zip(&unpriced[offset..offset + size])
             {
-                query = query
-                    .bind(row.request_id.as_str())
-                    .bind(row.kind)
-                    .bind(row.attempt)
-                    .bind(row.ts_ms)
-                    .bind(row.tenant.as_deref())
-                    .bind(row.key_id.as_deref())
-                    .bind(row.model.as_str())
-                    .bind(row.target.as_deref())
-                    .bind(row.upstream_model.as_deref())
-                    .bind(row.prompt_tokens)
-                    .bind(row.cached_tokens)
-                    .bind(row.cache_write_tokens)
-                    .bind(row.completion_tokens)
-                    .bind(row.reasoning_tokens)
-                    .bind(row.estimated)
-                    .bind(row.status)
-                    .bind(row.error_class)
-                    .bind(row.ttft_ms)
-                    .bind(row.latency_ms)
-                    .bind(row.fallbacks)
-                    .bind(row.cache_hit)
-                    .bind(row.batch_id.as_deref())
-                    .bind(row.raw.as_str())
-                    .bind(ingested_at_ms)
-                    .bind(cost.as_ref().map(|c| c.total.to_string()))
-                    .bind(row.cache_write_1h_tokens)
-                    .bind(row.audio_input_tokens)
-                    .bind(row.audio_output_tokens)
-                    .bind(row.service_tier)
-                    .bind(unpriced.as_deref())
-                    .bind(row.finish_reason);
+                query = bind_event(
+                    query,
+                    row,
+                    ingested_at_ms,
+                    cost.as_ref().map(|c| c.total.to_string()),
+                    unpriced.as_deref(),
+                );
             }
             for key in query.fetch_all(&mut *tx).await? {
                 stored.insert((key.try_get(0)?, key.try_get(1)?, key.try_get(2)?));
@@ -657,14 +722,7 @@ impl Ledger {
             let sql = lines_sql.get(size);
             let mut query = sqlx::query(&sql);
             for line in &lines[offset..offset + size] {
-                query = query
-                    .bind(line.row.request_id.as_str())
-                    .bind(line.row.kind)
-                    .bind(line.row.attempt)
-                    .bind(line.billing_type)
-                    .bind(line.tokens)
-                    .bind(line.unit_price.as_str())
-                    .bind(line.amount.as_str());
+                query = bind_line(query, line);
             }
             query.execute(&mut *tx).await?;
             offset += size;
@@ -772,15 +830,8 @@ impl Ledger {
         kind: UsageKind,
         attempt: u32,
     ) -> Result<Option<String>, BillingError> {
-        let raw = sqlx::query_scalar::<_, String>(
-            "SELECT raw FROM usage_events WHERE request_id = $1 AND kind = $2 AND attempt = $3",
-        )
-        .bind(request_id.to_string())
-        .bind(kind.as_str())
-        .bind(i64::from(attempt))
-        .fetch_optional(&self.pool)
-        .await?;
-        Ok(raw)
+        // `raw` is never NULL, so `None` means the event is missing.
+        self.text_column_of("raw", request_id, kind, attempt).await
     }
 
     /// Number of stored events (rows of `usage_events`).
@@ -797,44 +848,62 @@ impl Ledger {
     }
 }
 
+/// `$ty { .. }` from the `usage_events` row `$row`: the columns [`UsageEvent`] and
+/// [`LedgerRow`](crate::reconcile::LedgerRow) both hold, read alike (a value that does not fit
+/// its field is [`BillingError::CorruptRow`], returned with `?`), then the `$rest` fields. The
+/// row must hold these columns, booleans as integers (`CASE WHEN .. THEN 1 ELSE 0 END`).
+macro_rules! from_usage_row {
+    ($ty:ident, $row:ident, { $($rest:tt)* }) => {
+        $ty {
+            kind: $crate::ledger::parse_enum(
+                "kind",
+                &sqlx::Row::try_get::<String, _>($row, "kind")?,
+            )?,
+            attempt: $crate::ledger::uint($row, "attempt")?,
+            ts_ms: $crate::ledger::uint($row, "ts_ms")?,
+            tenant: sqlx::Row::try_get($row, "tenant")?,
+            key_id: sqlx::Row::try_get($row, "key_id")?,
+            model: sqlx::Row::try_get($row, "model")?,
+            target: sqlx::Row::try_get($row, "target")?,
+            upstream_model: sqlx::Row::try_get($row, "upstream_model")?,
+            usage: $crate::ledger::usage_from_row($row)?,
+            estimated: sqlx::Row::try_get::<i64, _>($row, "estimated")? != 0,
+            status: $crate::ledger::parse_enum(
+                "status",
+                &sqlx::Row::try_get::<String, _>($row, "status")?,
+            )?,
+            fallbacks: $crate::ledger::uint($row, "fallbacks")?,
+            cache_hit: sqlx::Row::try_get::<i64, _>($row, "cache_hit")? != 0,
+            batch_id: sqlx::Row::try_get($row, "batch_id")?,
+            $($rest)*
+        }
+    };
+}
+pub(crate) use from_usage_row;
+
 fn event_from_row(row: &AnyRow) -> Result<UsageEvent, BillingError> {
     let request_id: String = row.try_get("request_id")?;
     let request_id = Uuid::parse_str(&request_id)
         .map_err(|e| BillingError::CorruptRow(format!("request_id `{request_id}`: {e}")))?;
-    let kind: UsageKind = parse_enum("kind", &row.try_get::<String, _>("kind")?)?;
     let error_class = row
         .try_get::<Option<String>, _>("error_class")?
         .map(|s| parse_enum::<ErrorClass>("error_class", &s))
         .transpose()?;
-    Ok(UsageEvent {
+    Ok(from_usage_row!(UsageEvent, row, {
         request_id,
-        kind,
-        attempt: uint(row, "attempt")?,
-        ts_ms: uint(row, "ts_ms")?,
-        tenant: row.try_get("tenant")?,
-        key_id: row.try_get("key_id")?,
-        model: row.try_get("model")?,
-        target: row.try_get("target")?,
-        upstream_model: row.try_get("upstream_model")?,
-        usage: usage_from_row(row)?,
-        estimated: row.try_get::<i64, _>("estimated")? != 0,
-        status: parse_enum("status", &row.try_get::<String, _>("status")?)?,
         error_class,
         ttft_ms: row
             .try_get::<Option<i64>, _>("ttft_ms")?
             .map(|v| to_uint("ttft_ms", v))
             .transpose()?,
         latency_ms: uint(row, "latency_ms")?,
-        fallbacks: uint(row, "fallbacks")?,
-        cache_hit: row.try_get::<i64, _>("cache_hit")? != 0,
         budget_owed: None,
-        batch_id: row.try_get("batch_id")?,
         audit: None,
         finish_reason: row
             .try_get::<Option<String>, _>("finish_reason")?
             .map(|s| parse_enum::<FinishReason>("finish_reason", &s))
             .transpose()?,
-    })
+    }))
 }
 
 /// The token counts and service tier of a `usage_events` row; shared by [`event_from_row`] and
