@@ -3,7 +3,7 @@
 //! [`crate::serve_queries`] with [`Query::Audit`](crate::Query::Audit)), and kept to `audit.retention_days` by [`purge_expired`] (batched
 //! deletes of [`PURGE_BATCH`] rows on this table only, run by [`run_retention`]).
 
-use crate::ledger::{StatementTexts, UsageRow, insert_columns, statement_sizes};
+use crate::ledger::{StatementTexts, UsageRow, from_columns, insert_columns, statement_sizes};
 use crate::pricing::Cost;
 use crate::{Backend, BillingError, Ledger};
 use rust_decimal::Decimal;
@@ -331,41 +331,47 @@ fn record_of(row: &AnyRow) -> Result<AuditRecord, BillingError> {
     let attempts: String = row.try_get("attempts")?;
     let attempts: Vec<AuditAttempt> = serde_json::from_str(&attempts)
         .map_err(|e| BillingError::CorruptRow(format!("audit attempts: {e}")))?;
-    Ok(AuditRecord {
-        request_id: row.try_get("request_id")?,
-        ts_ms: u("ts_ms")?,
-        front_door: row.try_get("front_door")?,
-        key_id: row.try_get("key_id")?,
-        tenant: row.try_get("tenant")?,
-        model: row.try_get("model")?,
-        target: row.try_get("target")?,
-        upstream_model: row.try_get("upstream_model")?,
-        status: row.try_get("status")?,
-        http_status: ou("http_status")?.and_then(|v| u16::try_from(v).ok()),
-        error_class: row.try_get("error_class")?,
-        error_code: row.try_get("error_code")?,
-        finish_reason: row.try_get("finish_reason")?,
-        fallbacks: u32::try_from(u("fallbacks")?).unwrap_or(u32::MAX),
-        attempts,
-        prompt_tokens: u("prompt_tokens")?,
-        completion_tokens: u("completion_tokens")?,
-        cached_tokens: u("cached_tokens")?,
-        cost_usd: None,
-        charge_usd: row.try_get::<Option<String>, _>("charge_usd")?.map(|c| {
-            c.parse::<Decimal>()
-                .map_or(c, |d| d.normalize().to_string())
-        }),
-        ttft_ms: ou("ttft_ms")?,
-        latency_ms: u("latency_ms")?,
-        overhead_ms: ou("overhead_ms")?,
-        cache_hit: row.try_get::<i64, _>("cache_hit")? != 0,
-        cache_outcome: row.try_get("cache_outcome")?,
-        client_ip: row.try_get("client_ip")?,
-        user_agent: row.try_get("user_agent")?,
-        client_request_id: row.try_get("client_request_id")?,
-        request_body: row.try_get("request_body")?,
-        response_body: row.try_get("response_body")?,
-    })
+    Ok(from_columns!(
+        AuditRecord,
+        row,
+        [
+            request_id,
+            front_door,
+            key_id,
+            tenant,
+            model,
+            target,
+            upstream_model,
+            status,
+            error_class,
+            error_code,
+            finish_reason,
+            cache_outcome,
+            client_ip,
+            user_agent,
+            client_request_id,
+            request_body,
+            response_body,
+        ],
+        {
+            ts_ms: u("ts_ms")?,
+            http_status: ou("http_status")?.and_then(|v| u16::try_from(v).ok()),
+            fallbacks: u32::try_from(u("fallbacks")?).unwrap_or(u32::MAX),
+            attempts,
+            prompt_tokens: u("prompt_tokens")?,
+            completion_tokens: u("completion_tokens")?,
+            cached_tokens: u("cached_tokens")?,
+            cost_usd: None,
+            charge_usd: row.try_get::<Option<String>, _>("charge_usd")?.map(|c| {
+                c.parse::<Decimal>()
+                    .map_or(c, |d| d.normalize().to_string())
+            }),
+            ttft_ms: ou("ttft_ms")?,
+            latency_ms: u("latency_ms")?,
+            overhead_ms: ou("overhead_ms")?,
+            cache_hit: row.try_get::<i64, _>("cache_hit")? != 0,
+        }
+    ))
 }
 
 /// Deletes audit rows with `ts_ms` before `now_ms - retention_days` days, at most

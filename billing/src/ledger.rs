@@ -848,35 +848,46 @@ impl Ledger {
     }
 }
 
+/// `$ty { .. }` with each `$column` field read from the same-named column of `$row` (`?` on a
+/// missing column or a value of another type), then the `$rest` fields.
+macro_rules! from_columns {
+    ($ty:ident, $row:ident, [$($column:ident),* $(,)?], { $($rest:tt)* }) => {
+        $ty {
+            $($column: sqlx::Row::try_get($row, stringify!($column))?,)*
+            $($rest)*
+        }
+    };
+}
+pub(crate) use from_columns;
+
 /// `$ty { .. }` from the `usage_events` row `$row`: the columns [`UsageEvent`] and
 /// [`LedgerRow`](crate::reconcile::LedgerRow) both hold, read alike (a value that does not fit
 /// its field is [`BillingError::CorruptRow`], returned with `?`), then the `$rest` fields. The
 /// row must hold these columns, booleans as integers (`CASE WHEN .. THEN 1 ELSE 0 END`).
 macro_rules! from_usage_row {
     ($ty:ident, $row:ident, { $($rest:tt)* }) => {
-        $ty {
-            kind: $crate::ledger::parse_enum(
-                "kind",
-                &sqlx::Row::try_get::<String, _>($row, "kind")?,
-            )?,
-            attempt: $crate::ledger::uint($row, "attempt")?,
-            ts_ms: $crate::ledger::uint($row, "ts_ms")?,
-            tenant: sqlx::Row::try_get($row, "tenant")?,
-            key_id: sqlx::Row::try_get($row, "key_id")?,
-            model: sqlx::Row::try_get($row, "model")?,
-            target: sqlx::Row::try_get($row, "target")?,
-            upstream_model: sqlx::Row::try_get($row, "upstream_model")?,
-            usage: $crate::ledger::usage_from_row($row)?,
-            estimated: sqlx::Row::try_get::<i64, _>($row, "estimated")? != 0,
-            status: $crate::ledger::parse_enum(
-                "status",
-                &sqlx::Row::try_get::<String, _>($row, "status")?,
-            )?,
-            fallbacks: $crate::ledger::uint($row, "fallbacks")?,
-            cache_hit: sqlx::Row::try_get::<i64, _>($row, "cache_hit")? != 0,
-            batch_id: sqlx::Row::try_get($row, "batch_id")?,
-            $($rest)*
-        }
+        $crate::ledger::from_columns!(
+            $ty,
+            $row,
+            [tenant, key_id, model, target, upstream_model, batch_id],
+            {
+                kind: $crate::ledger::parse_enum(
+                    "kind",
+                    &sqlx::Row::try_get::<String, _>($row, "kind")?,
+                )?,
+                attempt: $crate::ledger::uint($row, "attempt")?,
+                ts_ms: $crate::ledger::uint($row, "ts_ms")?,
+                usage: $crate::ledger::usage_from_row($row)?,
+                estimated: sqlx::Row::try_get::<i64, _>($row, "estimated")? != 0,
+                status: $crate::ledger::parse_enum(
+                    "status",
+                    &sqlx::Row::try_get::<String, _>($row, "status")?,
+                )?,
+                fallbacks: $crate::ledger::uint($row, "fallbacks")?,
+                cache_hit: sqlx::Row::try_get::<i64, _>($row, "cache_hit")? != 0,
+                $($rest)*
+            }
+        )
     };
 }
 pub(crate) use from_usage_row;
