@@ -3,7 +3,8 @@
 //! [`crate::serve_queries`] with [`Query::Audit`](crate::Query::Audit)), and kept to `audit.retention_days` by [`purge_expired`] (batched
 //! deletes of [`PURGE_BATCH`] rows on this table only, run by [`run_retention`]).
 
-use crate::ledger::{StatementTexts, UsageRow, from_columns, insert_columns, statement_sizes};
+use crate::ledger::{UsageRow, from_columns};
+use crate::multi_row::{StatementTexts, insert_columns, statement_sizes};
 use crate::pricing::Cost;
 use crate::{Backend, BillingError, Ledger};
 use rust_decimal::Decimal;

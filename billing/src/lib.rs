@@ -21,6 +21,7 @@ mod error;
 pub mod lag;
 pub mod ledger;
 mod ledger_url;
+mod multi_row;
 pub use switchyard_schemas::pricing;
 pub mod query;
 pub mod reconcile;
