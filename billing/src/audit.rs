@@ -4,7 +4,7 @@
 //! deletes of [`PURGE_BATCH`] rows on this table only, run by [`run_retention`]).
 
 use crate::ledger::{UsageRow, from_columns};
-use crate::multi_row::{StatementTexts, insert_columns, statement_sizes};
+use crate::multi_row::{PerBackend, StatementTexts, insert_columns, statement_sizes};
 use crate::pricing::Cost;
 use crate::{Backend, BillingError, Ledger};
 use rust_decimal::Decimal;
@@ -116,13 +116,8 @@ const ROWS_PER_STATEMENT: usize = 512;
 const INSERT_TAIL: &str = " ON CONFLICT DO NOTHING";
 
 fn texts(backend: Backend) -> &'static StatementTexts {
-    static POSTGRES: std::sync::OnceLock<StatementTexts> = std::sync::OnceLock::new();
-    static SQLITE: std::sync::OnceLock<StatementTexts> = std::sync::OnceLock::new();
-    let cell = match backend {
-        Backend::Postgres => &POSTGRES,
-        Backend::Sqlite => &SQLITE,
-    };
-    cell.get_or_init(|| {
+    static TEXTS: PerBackend<StatementTexts> = PerBackend::new();
+    TEXTS.get(backend, |backend| {
         StatementTexts::build(
             backend,
             INSERT_HEAD,

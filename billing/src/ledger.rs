@@ -22,7 +22,7 @@ use uuid::Uuid;
 
 pub use crate::ledger_url::ScratchSchema;
 use crate::ledger_url::{connect_options, prepare_sqlite_url};
-use crate::multi_row::{StatementTexts, insert_columns, statement_sizes};
+use crate::multi_row::{PerBackend, StatementTexts, insert_columns, statement_sizes};
 
 static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("./migrations/sqlite");
 static POSTGRES_MIGRATIONS: Migrator = sqlx::migrate!("./migrations/postgres");
@@ -295,14 +295,8 @@ const LINES_PER_STATEMENT: usize = 2048;
 /// The event inserts, and the line inserts without and with `ON CONFLICT DO NOTHING`, of
 /// `backend`.
 fn statement_texts(backend: Backend) -> &'static [StatementTexts; 3] {
-    type Texts = std::sync::OnceLock<[StatementTexts; 3]>;
-    static POSTGRES: Texts = std::sync::OnceLock::new();
-    static SQLITE: Texts = std::sync::OnceLock::new();
-    let cell = match backend {
-        Backend::Postgres => &POSTGRES,
-        Backend::Sqlite => &SQLITE,
-    };
-    cell.get_or_init(|| {
+    static TEXTS: PerBackend<[StatementTexts; 3]> = PerBackend::new();
+    TEXTS.get(backend, |backend| {
         let (head, tail) = (INSERT_HEAD, INSERT_TAIL);
         [
             StatementTexts::build(backend, head, EVENT_COLUMNS, EVENTS_PER_STATEMENT, tail),

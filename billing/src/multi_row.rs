@@ -134,6 +134,31 @@ impl StatementTexts {
     }
 }
 
+/// A value per [`Backend`], each built on first use (for the statement texts of a `static`).
+pub(crate) struct PerBackend<T> {
+    postgres: std::sync::OnceLock<T>,
+    sqlite: std::sync::OnceLock<T>,
+}
+
+impl<T> PerBackend<T> {
+    /// Nothing built yet.
+    pub(crate) const fn new() -> Self {
+        Self {
+            postgres: std::sync::OnceLock::new(),
+            sqlite: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// `backend`'s value, built by `init(backend)` the first time.
+    pub(crate) fn get(&self, backend: Backend, init: impl FnOnce(Backend) -> T) -> &T {
+        let cell = match backend {
+            Backend::Postgres => &self.postgres,
+            Backend::Sqlite => &self.sqlite,
+        };
+        cell.get_or_init(|| init(backend))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
