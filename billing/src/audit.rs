@@ -1,9 +1,10 @@
 //! The audit log (docs/audit.md): the `audit_log` table, written from `charge` events in the
 //! ledger's insert transaction ([`insert`]), read by page queries ([`page`], served over NATS by
-//! [`serve_audit_queries`]), and kept to `audit.retention_days` by [`purge_expired`] (batched
+//! [`crate::serve_queries`] with [`Query::Audit`](crate::Query::Audit)), and kept to `audit.retention_days` by [`purge_expired`] (batched
 //! deletes of [`PURGE_BATCH`] rows on this table only, run by [`run_retention`]).
 
-use crate::ledger::{StatementTexts, UsageRow, statement_sizes};
+use crate::ledger::{UsageRow, from_columns};
+use crate::multi_row::{PerBackend, StatementTexts, insert_columns, statement_sizes};
 use crate::pricing::Cost;
 use crate::{Backend, BillingError, Ledger};
 use rust_decimal::Decimal;
@@ -17,7 +18,6 @@ use switchyard_schemas::audit::{
     AuditAnswer, AuditAttempt, AuditPage, AuditQuery, AuditRecord, MAX_PAGE, cursor_of,
     parse_cursor,
 };
-use switchyard_schemas::subjects::Subjects;
 
 /// Rows one retention `DELETE` removes at most.
 pub const PURGE_BATCH: i64 = 1000;
@@ -77,24 +77,47 @@ impl AuditValues {
     }
 }
 
-const INSERT_HEAD: &str = "INSERT INTO audit_log (request_id, ts_ms, front_door, key_id, tenant, \
-     model, target, upstream_model, status, http_status, error_class, finish_reason, fallbacks, \
-     attempts, prompt_tokens, completion_tokens, cached_tokens, charge_usd, ttft_ms, latency_ms, \
-     overhead_ms, cache_hit, client_ip, user_agent, client_request_id, request_body, \
-     response_body, error_code, cache_outcome) VALUES ";
-const COLUMNS: usize = 29;
+insert_columns! {
+    audit_log, INSERT_HEAD, COLUMNS,
+    fn bind_audit<'q>(row: &'q UsageRow, a: &'q AuditValues, charge_usd: Option<&'q str>) {
+        request_id: row.request_id.as_str(),
+        ts_ms: row.ts_ms,
+        front_door: a.front_door.as_deref(),
+        key_id: row.key_id.as_deref(),
+        tenant: row.tenant.as_deref(),
+        model: row.model.as_str(),
+        target: row.target.as_deref(),
+        upstream_model: row.upstream_model.as_deref(),
+        status: row.status,
+        http_status: a.http_status,
+        error_class: row.error_class,
+        finish_reason: a.finish_reason.as_deref(),
+        fallbacks: row.fallbacks,
+        attempts: a.attempts.as_str(),
+        prompt_tokens: row.prompt_tokens,
+        completion_tokens: row.completion_tokens,
+        cached_tokens: row.cached_tokens,
+        charge_usd: charge_usd,
+        ttft_ms: row.ttft_ms,
+        latency_ms: row.latency_ms,
+        overhead_ms: a.overhead_ms,
+        cache_hit: row.cache_hit,
+        client_ip: a.client_ip.as_deref(),
+        user_agent: a.user_agent.as_deref(),
+        client_request_id: a.client_request_id.as_deref(),
+        request_body: a.request_body.as_deref(),
+        response_body: a.response_body.as_deref(),
+        error_code: a.error_code.as_deref(),
+        cache_outcome: a.cache_outcome.as_deref(),
+    }
+}
 /// 512 × 29 = 14,848 bind values, below SQLite's 32,766.
 const ROWS_PER_STATEMENT: usize = 512;
 const INSERT_TAIL: &str = " ON CONFLICT DO NOTHING";
 
 fn texts(backend: Backend) -> &'static StatementTexts {
-    static POSTGRES: std::sync::OnceLock<StatementTexts> = std::sync::OnceLock::new();
-    static SQLITE: std::sync::OnceLock<StatementTexts> = std::sync::OnceLock::new();
-    let cell = match backend {
-        Backend::Postgres => &POSTGRES,
-        Backend::Sqlite => &SQLITE,
-    };
-    cell.get_or_init(|| {
+    static TEXTS: PerBackend<StatementTexts> = PerBackend::new();
+    TEXTS.get(backend, |backend| {
         StatementTexts::build(
             backend,
             INSERT_HEAD,
@@ -134,36 +157,7 @@ pub(crate) async fn insert(
         let sql = texts(backend).get(size);
         let mut query = sqlx::query(&sql);
         for (row, a, charge) in audit.iter().skip(offset).take(size) {
-            query = query
-                .bind(row.request_id.as_str())
-                .bind(row.ts_ms)
-                .bind(a.front_door.as_deref())
-                .bind(row.key_id.as_deref())
-                .bind(row.tenant.as_deref())
-                .bind(row.model.as_str())
-                .bind(row.target.as_deref())
-                .bind(row.upstream_model.as_deref())
-                .bind(row.status)
-                .bind(a.http_status)
-                .bind(row.error_class)
-                .bind(a.finish_reason.as_deref())
-                .bind(row.fallbacks)
-                .bind(a.attempts.as_str())
-                .bind(row.prompt_tokens)
-                .bind(row.completion_tokens)
-                .bind(row.cached_tokens)
-                .bind(charge.as_deref())
-                .bind(row.ttft_ms)
-                .bind(row.latency_ms)
-                .bind(a.overhead_ms)
-                .bind(row.cache_hit)
-                .bind(a.client_ip.as_deref())
-                .bind(a.user_agent.as_deref())
-                .bind(a.client_request_id.as_deref())
-                .bind(a.request_body.as_deref())
-                .bind(a.response_body.as_deref())
-                .bind(a.error_code.as_deref())
-                .bind(a.cache_outcome.as_deref());
+            query = bind_audit(query, row, a, charge.as_deref());
         }
         inserted += query.execute(&mut **tx).await?.rows_affected();
         offset += size;
@@ -333,41 +327,47 @@ fn record_of(row: &AnyRow) -> Result<AuditRecord, BillingError> {
     let attempts: String = row.try_get("attempts")?;
     let attempts: Vec<AuditAttempt> = serde_json::from_str(&attempts)
         .map_err(|e| BillingError::CorruptRow(format!("audit attempts: {e}")))?;
-    Ok(AuditRecord {
-        request_id: row.try_get("request_id")?,
-        ts_ms: u("ts_ms")?,
-        front_door: row.try_get("front_door")?,
-        key_id: row.try_get("key_id")?,
-        tenant: row.try_get("tenant")?,
-        model: row.try_get("model")?,
-        target: row.try_get("target")?,
-        upstream_model: row.try_get("upstream_model")?,
-        status: row.try_get("status")?,
-        http_status: ou("http_status")?.and_then(|v| u16::try_from(v).ok()),
-        error_class: row.try_get("error_class")?,
-        error_code: row.try_get("error_code")?,
-        finish_reason: row.try_get("finish_reason")?,
-        fallbacks: u32::try_from(u("fallbacks")?).unwrap_or(u32::MAX),
-        attempts,
-        prompt_tokens: u("prompt_tokens")?,
-        completion_tokens: u("completion_tokens")?,
-        cached_tokens: u("cached_tokens")?,
-        cost_usd: None,
-        charge_usd: row.try_get::<Option<String>, _>("charge_usd")?.map(|c| {
-            c.parse::<Decimal>()
-                .map_or(c, |d| d.normalize().to_string())
-        }),
-        ttft_ms: ou("ttft_ms")?,
-        latency_ms: u("latency_ms")?,
-        overhead_ms: ou("overhead_ms")?,
-        cache_hit: row.try_get::<i64, _>("cache_hit")? != 0,
-        cache_outcome: row.try_get("cache_outcome")?,
-        client_ip: row.try_get("client_ip")?,
-        user_agent: row.try_get("user_agent")?,
-        client_request_id: row.try_get("client_request_id")?,
-        request_body: row.try_get("request_body")?,
-        response_body: row.try_get("response_body")?,
-    })
+    Ok(from_columns!(
+        AuditRecord,
+        row,
+        [
+            request_id,
+            front_door,
+            key_id,
+            tenant,
+            model,
+            target,
+            upstream_model,
+            status,
+            error_class,
+            error_code,
+            finish_reason,
+            cache_outcome,
+            client_ip,
+            user_agent,
+            client_request_id,
+            request_body,
+            response_body,
+        ],
+        {
+            ts_ms: u("ts_ms")?,
+            http_status: ou("http_status")?.and_then(|v| u16::try_from(v).ok()),
+            fallbacks: u32::try_from(u("fallbacks")?).unwrap_or(u32::MAX),
+            attempts,
+            prompt_tokens: u("prompt_tokens")?,
+            completion_tokens: u("completion_tokens")?,
+            cached_tokens: u("cached_tokens")?,
+            cost_usd: None,
+            charge_usd: row.try_get::<Option<String>, _>("charge_usd")?.map(|c| {
+                c.parse::<Decimal>()
+                    .map_or(c, |d| d.normalize().to_string())
+            }),
+            ttft_ms: ou("ttft_ms")?,
+            latency_ms: u("latency_ms")?,
+            overhead_ms: ou("overhead_ms")?,
+            cache_hit: row.try_get::<i64, _>("cache_hit")? != 0,
+        }
+    ))
 }
 
 /// Deletes audit rows with `ts_ms` before `now_ms - retention_days` days, at most
@@ -444,36 +444,20 @@ fn encode(mut answer: AuditAnswer, max_payload: usize) -> Vec<u8> {
     }
 }
 
-/// Serves `<prefix>.billing.audit` ([`crate::serve`]: queue group
-/// [`crate::query::QUERY_QUEUE_GROUP`], a few queries at once), answering each JSON
-/// [`AuditQuery`] with a JSON [`AuditAnswer`] until `shutdown` completes. Fails only when
-/// subscribing fails.
-pub async fn serve_audit_queries(
-    nats: async_nats::Client,
-    subjects: Subjects,
-    ledger: Ledger,
-    shutdown: impl Future,
-) -> Result<(), BillingError> {
-    crate::serve::serve(
-        nats,
-        subjects.audit_query(),
-        "audit",
-        ledger,
-        shutdown,
-        |ledger, payload, max| async move {
-            let answer = match serde_json::from_slice::<AuditQuery>(&payload) {
-                Ok(q) => match page(&ledger, &q).await {
-                    Ok(p) => AuditAnswer::Ok(p),
-                    Err(e) => AuditAnswer::Err {
-                        error: e.to_string(),
-                    },
-                },
-                Err(e) => AuditAnswer::Err {
-                    error: format!("bad audit query: {e}"),
-                },
-            };
-            encode(answer, max)
+/// The JSON answer to one request payload, as [`crate::serve_queries`] sends it on
+/// `<prefix>.billing.audit`: the [`page`] a JSON [`AuditQuery`] asks for, or an error; cut to fit
+/// `max_payload` bytes (0: no limit).
+pub(crate) async fn reply(ledger: &Ledger, payload: &[u8], max_payload: usize) -> Vec<u8> {
+    let answer = match serde_json::from_slice::<AuditQuery>(payload) {
+        Ok(q) => match page(ledger, &q).await {
+            Ok(p) => AuditAnswer::Ok(p),
+            Err(e) => AuditAnswer::Err {
+                error: e.to_string(),
+            },
         },
-    )
-    .await
+        Err(e) => AuditAnswer::Err {
+            error: format!("bad audit query: {e}"),
+        },
+    };
+    encode(answer, max_payload)
 }

@@ -1,17 +1,16 @@
 //! Prepaid tenant balances in the ledger (docs/budgets.md, "Prepaid balances"): top-ups are rows
 //! of `balance_topups` (migration 0006, idempotent by top-up id), deductions are the tenant's
 //! `charge` rows from its first top-up on. Served to ingress's admin API over
-//! `<prefix>.billing.balance` ([`serve_balance_queries`]) and read by the budget rebuild.
+//! `<prefix>.billing.balance` ([`crate::serve_queries`] with
+//! [`Query::Balance`](crate::Query::Balance)) and read by the budget rebuild.
 
 use crate::{BillingError, Ledger};
 use rust_decimal::Decimal;
 use sqlx::Row;
-use std::future::Future;
 use std::str::FromStr;
 use switchyard_schemas::balance::{
     BalanceAnswer, BalanceRequest, LedgerBalance, MAX_MOVEMENTS, Movement, TopUp,
 };
-use switchyard_schemas::subjects::Subjects;
 
 fn decimal(what: &str, s: &str) -> Result<Decimal, BillingError> {
     Decimal::from_str(s).map_err(|e| BillingError::CorruptRow(format!("{what} `{s}`: {e}")))
@@ -198,38 +197,21 @@ async fn answer(ledger: &Ledger, req: BalanceRequest) -> Result<BalanceAnswer, B
     })
 }
 
-/// Serves `<prefix>.billing.balance` ([`crate::serve`]: queue group
-/// [`crate::query::QUERY_QUEUE_GROUP`], a few requests at once; a top-up is idempotent by its id
-/// in the ledger, so concurrent repeats store one row), answering each JSON [`BalanceRequest`]
-/// with a JSON [`BalanceAnswer`] until `shutdown` completes. Fails only when subscribing fails.
-pub async fn serve_balance_queries(
-    nats: async_nats::Client,
-    subjects: Subjects,
-    ledger: Ledger,
-    shutdown: impl Future,
-) -> Result<(), BillingError> {
-    crate::serve::serve(
-        nats,
-        subjects.balance(),
-        "balance",
-        ledger,
-        shutdown,
-        |ledger, payload, _| async move {
-            let answer = match serde_json::from_slice::<BalanceRequest>(&payload) {
-                Ok(req) => answer(&ledger, req)
-                    .await
-                    .unwrap_or_else(|e| BalanceAnswer::Err {
-                        error: e.to_string(),
-                    }),
-                Err(e) => BalanceAnswer::Err {
-                    error: format!("bad balance request: {e}"),
-                },
-            };
-            serde_json::to_vec(&answer).unwrap_or_else(|e| {
-                tracing::error!(error = %e, "encoding a balance answer failed");
-                b"{\"result\":\"err\",\"error\":\"encoding the balance answer failed\"}".to_vec()
-            })
+/// The JSON answer to one request payload, as [`crate::serve_queries`] sends it on
+/// `<prefix>.billing.balance`: what a JSON [`BalanceRequest`] asks for, or an error.
+pub(crate) async fn reply(ledger: &Ledger, payload: &[u8]) -> Vec<u8> {
+    let answer = match serde_json::from_slice::<BalanceRequest>(payload) {
+        Ok(req) => answer(ledger, req)
+            .await
+            .unwrap_or_else(|e| BalanceAnswer::Err {
+                error: e.to_string(),
+            }),
+        Err(e) => BalanceAnswer::Err {
+            error: format!("bad balance request: {e}"),
         },
-    )
-    .await
+    };
+    serde_json::to_vec(&answer).unwrap_or_else(|e| {
+        tracing::error!(error = %e, "encoding a balance answer failed");
+        b"{\"result\":\"err\",\"error\":\"encoding the balance answer failed\"}".to_vec()
+    })
 }

@@ -22,6 +22,7 @@ use uuid::Uuid;
 
 pub use crate::ledger_url::ScratchSchema;
 use crate::ledger_url::{connect_options, prepare_sqlite_url};
+use crate::multi_row::{PerBackend, StatementTexts, insert_columns, statement_sizes};
 
 static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("./migrations/sqlite");
 static POSTGRES_MIGRATIONS: Migrator = sqlx::migrate!("./migrations/postgres");
@@ -226,22 +227,62 @@ pub(crate) fn status_str(status: UsageStatus) -> &'static str {
     }
 }
 
-/// Head of the multi-row event insert; [`EVENT_COLUMNS`] values per row follow.
-const INSERT_HEAD: &str = "INSERT INTO usage_events (request_id, kind, attempt, ts_ms, tenant, \
-     key_id, model, target, upstream_model, prompt_tokens, cached_tokens, cache_write_tokens, \
-     completion_tokens, reasoning_tokens, estimated, status, error_class, ttft_ms, latency_ms, \
-     fallbacks, cache_hit, batch_id, raw, ingested_at_ms, cost_usd, cache_write_1h_tokens, \
-     audio_input_tokens, audio_output_tokens, service_tier, unpriced, finish_reason) VALUES ";
-/// Values bound per `usage_events` row.
-const EVENT_COLUMNS: usize = 31;
+insert_columns! {
+    usage_events, INSERT_HEAD, EVENT_COLUMNS,
+    fn bind_event<'q>(
+        row: &'q UsageRow,
+        ingested_at_ms: i64,
+        cost_usd: Option<String>,
+        unpriced: Option<&'q str>,
+    ) {
+        request_id: row.request_id.as_str(),
+        kind: row.kind,
+        attempt: row.attempt,
+        ts_ms: row.ts_ms,
+        tenant: row.tenant.as_deref(),
+        key_id: row.key_id.as_deref(),
+        model: row.model.as_str(),
+        target: row.target.as_deref(),
+        upstream_model: row.upstream_model.as_deref(),
+        prompt_tokens: row.prompt_tokens,
+        cached_tokens: row.cached_tokens,
+        cache_write_tokens: row.cache_write_tokens,
+        completion_tokens: row.completion_tokens,
+        reasoning_tokens: row.reasoning_tokens,
+        estimated: row.estimated,
+        status: row.status,
+        error_class: row.error_class,
+        ttft_ms: row.ttft_ms,
+        latency_ms: row.latency_ms,
+        fallbacks: row.fallbacks,
+        cache_hit: row.cache_hit,
+        batch_id: row.batch_id.as_deref(),
+        raw: row.raw.as_str(),
+        ingested_at_ms: ingested_at_ms,
+        cost_usd: cost_usd,
+        cache_write_1h_tokens: row.cache_write_1h_tokens,
+        audio_input_tokens: row.audio_input_tokens,
+        audio_output_tokens: row.audio_output_tokens,
+        service_tier: row.service_tier,
+        unpriced: unpriced,
+        finish_reason: row.finish_reason,
+    }
+}
 /// The keys of the rows an event insert stored (a conflicting row returns nothing).
 const INSERT_TAIL: &str = " ON CONFLICT DO NOTHING RETURNING request_id, kind, attempt";
 
-/// Head of the multi-row ledger line insert; [`LINE_COLUMNS`] values per row follow.
-const LINE_HEAD: &str = "INSERT INTO ledger_lines (request_id, kind, attempt, billing_type, \
-     tokens, unit_price_usd, amount_usd) VALUES ";
-/// Values bound per `ledger_lines` row.
-const LINE_COLUMNS: usize = 7;
+insert_columns! {
+    ledger_lines, LINE_HEAD, LINE_COLUMNS,
+    fn bind_line<'q>(line: &'q LineValues<'_>) {
+        request_id: line.row.request_id.as_str(),
+        kind: line.row.kind,
+        attempt: line.row.attempt,
+        billing_type: line.billing_type,
+        tokens: line.tokens,
+        unit_price_usd: line.unit_price.as_str(),
+        amount_usd: line.amount.as_str(),
+    }
+}
 /// Tail of the line insert when a line may already exist (see [`Ledger::insert_rows`]).
 const LINE_TAIL_TOLERANT: &str = " ON CONFLICT DO NOTHING";
 
@@ -251,109 +292,11 @@ const EVENTS_PER_STATEMENT: usize = 512;
 /// Most ledger lines in one INSERT statement, rows (a power of two; 2,048 × 7 = 14,336 values).
 const LINES_PER_STATEMENT: usize = 2048;
 
-/// The statement sizes a run of `n` rows is split into: `max` (a power of two) while at least
-/// that many are left, then the binary digits of the rest, largest first (e.g. 500 with max 256:
-/// 256, 128, 64, 32, 16, 4). Only power-of-two sizes occur, so each connection prepares and
-/// caches at most log2(`max`) + 1 statement texts per table instead of one per batch size.
-pub(crate) fn statement_sizes(mut n: usize, max: usize) -> impl Iterator<Item = usize> {
-    std::iter::from_fn(move || {
-        if n == 0 {
-            return None;
-        }
-        let size = if n >= max {
-            max
-        } else {
-            1 << (usize::BITS - 1 - n.leading_zeros())
-        };
-        n -= size;
-        Some(size)
-    })
-}
-
-/// `head` + `rows` groups of `columns` placeholders + `tail`. PostgreSQL gets numbered
-/// placeholders (`$1, $2, …`); SQLite gets anonymous ones (`?`, bound in order), because naming a
-/// SQLite parameter by number costs a scan of the statement's parameter list (sqlx looks each one
-/// up), which made a 12,288-parameter statement take a second to bind.
-pub(crate) fn multi_row_sql(
-    backend: Backend,
-    head: &str,
-    columns: usize,
-    rows: usize,
-    tail: &str,
-) -> String {
-    use std::fmt::Write as _;
-    let mut sql = String::with_capacity(head.len() + tail.len() + rows * columns * 8);
-    sql.push_str(head);
-    for r in 0..rows {
-        sql.push_str(if r == 0 { "(" } else { ", (" });
-        for c in 0..columns {
-            if c > 0 {
-                sql.push_str(", ");
-            }
-            match backend {
-                Backend::Postgres => {
-                    let _ = write!(sql, "${}", r * columns + c + 1);
-                }
-                Backend::Sqlite => sql.push('?'),
-            }
-        }
-        sql.push(')');
-    }
-    sql.push_str(tail);
-    sql
-}
-
-/// The statement texts of one multi-row insert, built once (the largest is ~100 KB): `texts[i]`
-/// is the statement for `2^i` rows, up to `max` rows (a power of two).
-pub(crate) struct StatementTexts {
-    backend: Backend,
-    head: &'static str,
-    columns: usize,
-    tail: &'static str,
-    texts: Vec<String>,
-}
-
-impl StatementTexts {
-    pub(crate) fn build(
-        backend: Backend,
-        head: &'static str,
-        columns: usize,
-        max: usize,
-        tail: &'static str,
-    ) -> Self {
-        let texts = (0..=max.trailing_zeros())
-            .map(|i| multi_row_sql(backend, head, columns, 1 << i, tail))
-            .collect();
-        Self {
-            backend,
-            head,
-            columns,
-            tail,
-            texts,
-        }
-    }
-
-    /// The statement for `rows` rows: prebuilt for the sizes [`statement_sizes`] yields, built
-    /// on the spot for any other.
-    pub(crate) fn get(&self, rows: usize) -> std::borrow::Cow<'_, str> {
-        match self.texts.get(rows.trailing_zeros() as usize) {
-            Some(sql) if rows.is_power_of_two() => std::borrow::Cow::Borrowed(sql),
-            _ => multi_row_sql(self.backend, self.head, self.columns, rows, self.tail).into(),
-        }
-    }
-}
-
 /// The event inserts, and the line inserts without and with `ON CONFLICT DO NOTHING`, of
 /// `backend`.
 fn statement_texts(backend: Backend) -> &'static [StatementTexts; 3] {
-    type Texts = std::sync::OnceLock<[StatementTexts; 3]>;
-    static POSTGRES: Texts = std::sync::OnceLock::new();
-    static SQLITE: Texts = std::sync::OnceLock::new();
-    let cell = match backend {
-        Backend::Postgres => &POSTGRES,
-        Backend::Sqlite => &SQLITE,
-    };
-    cell.get_or_init(|| {
+    static TEXTS: PerBackend<[StatementTexts; 3]> = PerBackend::new();
+    TEXTS.get(backend, |backend| {
         let (head, tail) = (INSERT_HEAD, INSERT_TAIL);
         [
             StatementTexts::build(backend, head, EVENT_COLUMNS, EVENTS_PER_STATEMENT, tail),
@@ -378,11 +321,24 @@ struct LineValues<'a> {
     amount: String,
 }
 
-const SELECT_COLUMNS: &str = "request_id, kind, attempt, ts_ms, tenant, key_id, model, target, \
-     upstream_model, prompt_tokens, cached_tokens, cache_write_tokens, completion_tokens, \
-     reasoning_tokens, CASE WHEN estimated THEN 1 ELSE 0 END AS estimated, status, error_class, \
-     ttft_ms, latency_ms, fallbacks, CASE WHEN cache_hit THEN 1 ELSE 0 END AS cache_hit, batch_id, \
-     cache_write_1h_tokens, audio_input_tokens, audio_output_tokens, service_tier, finish_reason";
+/// The `usage_events` columns [`from_usage_row`] reads (with [`usage_from_row`]'s), as a
+/// `SELECT` list for `concat!`.
+macro_rules! usage_row_columns {
+    () => {
+        "request_id, kind, attempt, ts_ms, tenant, key_id, model, target, upstream_model, \
+         prompt_tokens, cached_tokens, cache_write_tokens, completion_tokens, reasoning_tokens, \
+         cache_write_1h_tokens, audio_input_tokens, audio_output_tokens, service_tier, \
+         CASE WHEN estimated THEN 1 ELSE 0 END AS estimated, status, fallbacks, \
+         CASE WHEN cache_hit THEN 1 ELSE 0 END AS cache_hit, batch_id"
+    };
+}
+pub(crate) use usage_row_columns;
+
+/// The columns [`event_from_row`] reads.
+const SELECT_COLUMNS: &str = concat!(
+    usage_row_columns!(),
+    ", error_class, ttft_ms, latency_ms, finish_reason"
+);
 
 impl Ledger {
     /// Connects to the ledger at `url` and applies pending migrations.
@@ -593,38 +549,13 @@ impl Ledger {
                 .zip(&costs[offset..offset + size])
                 .zip(&unpriced[offset..offset + size])
             {
-                query = query
-                    .bind(row.request_id.as_str())
-                    .bind(row.kind)
-                    .bind(row.attempt)
-                    .bind(row.ts_ms)
-                    .bind(row.tenant.as_deref())
-                    .bind(row.key_id.as_deref())
-                    .bind(row.model.as_str())
-                    .bind(row.target.as_deref())
-                    .bind(row.upstream_model.as_deref())
-                    .bind(row.prompt_tokens)
-                    .bind(row.cached_tokens)
-                    .bind(row.cache_write_tokens)
-                    .bind(row.completion_tokens)
-                    .bind(row.reasoning_tokens)
-                    .bind(row.estimated)
-                    .bind(row.status)
-                    .bind(row.error_class)
-                    .bind(row.ttft_ms)
-                    .bind(row.latency_ms)
-                    .bind(row.fallbacks)
-                    .bind(row.cache_hit)
-                    .bind(row.batch_id.as_deref())
-                    .bind(row.raw.as_str())
-                    .bind(ingested_at_ms)
-                    .bind(cost.as_ref().map(|c| c.total.to_string()))
-                    .bind(row.cache_write_1h_tokens)
-                    .bind(row.audio_input_tokens)
-                    .bind(row.audio_output_tokens)
-                    .bind(row.service_tier)
-                    .bind(unpriced.as_deref())
-                    .bind(row.finish_reason);
+                query = bind_event(
+                    query,
+                    row,
+                    ingested_at_ms,
+                    cost.as_ref().map(|c| c.total.to_string()),
+                    unpriced.as_deref(),
+                );
             }
             for key in query.fetch_all(&mut *tx).await? {
                 stored.insert((key.try_get(0)?, key.try_get(1)?, key.try_get(2)?));
@@ -657,14 +588,7 @@ impl Ledger {
             let sql = lines_sql.get(size);
             let mut query = sqlx::query(&sql);
             for line in &lines[offset..offset + size] {
-                query = query
-                    .bind(line.row.request_id.as_str())
-                    .bind(line.row.kind)
-                    .bind(line.row.attempt)
-                    .bind(line.billing_type)
-                    .bind(line.tokens)
-                    .bind(line.unit_price.as_str())
-                    .bind(line.amount.as_str());
+                query = bind_line(query, line);
             }
             query.execute(&mut *tx).await?;
             offset += size;
@@ -772,15 +696,8 @@ impl Ledger {
         kind: UsageKind,
         attempt: u32,
     ) -> Result<Option<String>, BillingError> {
-        let raw = sqlx::query_scalar::<_, String>(
-            "SELECT raw FROM usage_events WHERE request_id = $1 AND kind = $2 AND attempt = $3",
-        )
-        .bind(request_id.to_string())
-        .bind(kind.as_str())
-        .bind(i64::from(attempt))
-        .fetch_optional(&self.pool)
-        .await?;
-        Ok(raw)
+        // `raw` is never NULL, so `None` means the event is missing.
+        self.text_column_of("raw", request_id, kind, attempt).await
     }
 
     /// Number of stored events (rows of `usage_events`).
@@ -797,44 +714,73 @@ impl Ledger {
     }
 }
 
+/// `$ty { .. }` with each `$column` field read from the same-named column of `$row` (`?` on a
+/// missing column or a value of another type), then the `$rest` fields.
+macro_rules! from_columns {
+    ($ty:ident, $row:ident, [$($column:ident),* $(,)?], { $($rest:tt)* }) => {
+        $ty {
+            $($column: sqlx::Row::try_get($row, stringify!($column))?,)*
+            $($rest)*
+        }
+    };
+}
+pub(crate) use from_columns;
+
+/// `$ty { .. }` from the `usage_events` row `$row`: the columns [`UsageEvent`] and
+/// [`LedgerRow`](crate::reconcile::LedgerRow) both hold, read alike (a value that does not fit
+/// its field is [`BillingError::CorruptRow`], returned with `?`), then the `$rest` fields. The
+/// row must hold these columns, booleans as integers (`CASE WHEN .. THEN 1 ELSE 0 END`).
+macro_rules! from_usage_row {
+    ($ty:ident, $row:ident, { $($rest:tt)* }) => {
+        $crate::ledger::from_columns!(
+            $ty,
+            $row,
+            [tenant, key_id, model, target, upstream_model, batch_id],
+            {
+                kind: $crate::ledger::parse_enum(
+                    "kind",
+                    &sqlx::Row::try_get::<String, _>($row, "kind")?,
+                )?,
+                attempt: $crate::ledger::uint($row, "attempt")?,
+                ts_ms: $crate::ledger::uint($row, "ts_ms")?,
+                usage: $crate::ledger::usage_from_row($row)?,
+                estimated: sqlx::Row::try_get::<i64, _>($row, "estimated")? != 0,
+                status: $crate::ledger::parse_enum(
+                    "status",
+                    &sqlx::Row::try_get::<String, _>($row, "status")?,
+                )?,
+                fallbacks: $crate::ledger::uint($row, "fallbacks")?,
+                cache_hit: sqlx::Row::try_get::<i64, _>($row, "cache_hit")? != 0,
+                $($rest)*
+            }
+        )
+    };
+}
+pub(crate) use from_usage_row;
+
 fn event_from_row(row: &AnyRow) -> Result<UsageEvent, BillingError> {
     let request_id: String = row.try_get("request_id")?;
     let request_id = Uuid::parse_str(&request_id)
         .map_err(|e| BillingError::CorruptRow(format!("request_id `{request_id}`: {e}")))?;
-    let kind: UsageKind = parse_enum("kind", &row.try_get::<String, _>("kind")?)?;
     let error_class = row
         .try_get::<Option<String>, _>("error_class")?
         .map(|s| parse_enum::<ErrorClass>("error_class", &s))
         .transpose()?;
-    Ok(UsageEvent {
+    Ok(from_usage_row!(UsageEvent, row, {
         request_id,
-        kind,
-        attempt: uint(row, "attempt")?,
-        ts_ms: uint(row, "ts_ms")?,
-        tenant: row.try_get("tenant")?,
-        key_id: row.try_get("key_id")?,
-        model: row.try_get("model")?,
-        target: row.try_get("target")?,
-        upstream_model: row.try_get("upstream_model")?,
-        usage: usage_from_row(row)?,
-        estimated: row.try_get::<i64, _>("estimated")? != 0,
-        status: parse_enum("status", &row.try_get::<String, _>("status")?)?,
         error_class,
         ttft_ms: row
             .try_get::<Option<i64>, _>("ttft_ms")?
             .map(|v| to_uint("ttft_ms", v))
             .transpose()?,
         latency_ms: uint(row, "latency_ms")?,
-        fallbacks: uint(row, "fallbacks")?,
-        cache_hit: row.try_get::<i64, _>("cache_hit")? != 0,
         budget_owed: None,
-        batch_id: row.try_get("batch_id")?,
         audit: None,
         finish_reason: row
             .try_get::<Option<String>, _>("finish_reason")?
             .map(|s| parse_enum::<FinishReason>("finish_reason", &s))
             .transpose()?,
-    })
+    }))
 }
 
 /// The token counts and service tier of a `usage_events` row; shared by [`event_from_row`] and

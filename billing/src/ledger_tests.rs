@@ -101,30 +101,6 @@ async fn unstorable_event_rejects_whole_batch() {
     assert_eq!(ledger.count().await.unwrap(), 0);
 }
 
-#[test]
-fn statement_sizes_are_powers_of_two() {
-    let sizes = |n, max| statement_sizes(n, max).collect::<Vec<_>>();
-    assert_eq!(sizes(500, 256), vec![256, 128, 64, 32, 16, 4]);
-    assert_eq!(sizes(1000, 512), vec![512, 256, 128, 64, 32, 8]);
-    assert_eq!(sizes(600, 256), vec![256, 256, 64, 16, 8]);
-    assert_eq!(sizes(1, 256), vec![1]);
-    assert!(sizes(0, 256).is_empty());
-    let pg = Backend::Postgres;
-    assert_eq!(
-        multi_row_sql(pg, "I ", 2, 2, " T"),
-        "I ($1, $2), ($3, $4) T"
-    );
-    assert_eq!(
-        multi_row_sql(Backend::Sqlite, "I ", 2, 2, " T"),
-        "I (?, ?), (?, ?) T"
-    );
-    let texts = StatementTexts::build(pg, "I ", 1, 4, "");
-    assert_eq!(texts.texts.len(), 3);
-    assert_eq!(texts.get(4), "I ($1), ($2), ($3), ($4)");
-    assert_eq!(texts.get(3), "I ($1), ($2), ($3)");
-    assert_eq!(texts.get(8), multi_row_sql(pg, "I ", 1, 8, ""));
-}
-
 /// A batch spanning several statements, with a key repeated (different counts) inside it and
 /// one already stored: each key is stored once, the first occurrence wins, and only newly
 /// stored events get lines.

@@ -12,7 +12,7 @@
 //! each request's `charge` row against its `upstream` rows, [`report`] builds the daily report
 //! (table, CSV, JSON, HTML), [`report_import`] compares a provider's usage export with the
 //! ledger, and [`query`] answers usage queries over NATS (the billing side of `GET /v1/usage`,
-//! served beside the consumer by [`run`]).
+//! served beside the consumer by [`run`], as are the audit and balance queries: [`Query`]).
 
 pub mod audit;
 pub mod balance;
@@ -21,6 +21,7 @@ mod error;
 pub mod lag;
 pub mod ledger;
 mod ledger_url;
+mod multi_row;
 pub use switchyard_schemas::pricing;
 pub mod query;
 pub mod reconcile;
@@ -33,9 +34,9 @@ pub mod stream;
 
 pub use error::BillingError;
 pub use ledger::{Backend, Ledger};
-pub use query::serve_queries;
 pub use reconcile::{DiscrepancyClass, Reconciliation, reconcile};
 pub use report::{DailyReport, ReportError, daily_report};
 pub use report_import::{ImportDiff, import_usage_diff, parse_usage_export};
+pub use serve::{Query, serve_queries};
 pub use service::{BillingService, BillingStats, ServiceConfig, run};
 pub use stream::{ensure_billing_consumer, ensure_usage_stream};

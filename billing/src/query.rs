@@ -1,8 +1,8 @@
 //! Usage queries over NATS: the billing side of ingress's `GET /v1/usage`.
 //!
-//! [`serve_queries`] subscribes `<prefix>.billing.usage` in queue group [`QUERY_QUEUE_GROUP`] (one
-//! billing instance answers each query) and replies to every JSON
-//! [`UsageQuery`] with a JSON [`UsageAnswer`]. [`usage`] does the work and is usable without NATS.
+//! [`crate::serve_queries`] with [`Query::Usage`](crate::Query::Usage) subscribes
+//! `<prefix>.billing.usage` in queue group [`QUERY_QUEUE_GROUP`] (one billing instance answers
+//! each query) and replies to every JSON [`UsageQuery`] with a JSON [`UsageAnswer`]. [`usage`] does the work and is usable without NATS.
 //!
 //! The figures are the daily report's ([`crate::report`]): the same rows
 //! ([`reconcile::load_requests_of`], requests anchored in the range with all their rows), added up
@@ -15,8 +15,6 @@ use crate::reconcile::{self, LedgerRow, RequestRows};
 use crate::report::{GroupStats, utc_date};
 use crate::{BillingError, Ledger};
 use std::collections::BTreeMap;
-use std::future::Future;
-use switchyard_schemas::subjects::Subjects;
 use switchyard_schemas::usage_query::{
     GroupBy, NONE_VALUE, UNKNOWN_PROVIDER, UsageAnswer, UsageQuery, UsageReply, UsageRow,
 };
@@ -172,24 +170,10 @@ pub async fn answer(ledger: &Ledger, payload: &[u8]) -> UsageAnswer {
     }
 }
 
-/// Serves `<prefix>.billing.usage` ([`crate::serve`]: queue group [`QUERY_QUEUE_GROUP`], up
-/// to [`MAX_CONCURRENT_QUERIES`] at once) until `shutdown` completes. An answer larger than the
-/// server's `max_payload` is replaced by an error saying so. Fails only when subscribing fails.
-pub async fn serve_queries(
-    nats: async_nats::Client,
-    subjects: Subjects,
-    ledger: Ledger,
-    shutdown: impl Future,
-) -> Result<(), BillingError> {
-    crate::serve::serve(
-        nats,
-        subjects.usage_query(),
-        "usage",
-        ledger,
-        shutdown,
-        |ledger, payload, max| async move { encode(&answer(&ledger, &payload).await, max) },
-    )
-    .await
+/// The JSON [`answer`] to one request payload, as [`crate::serve_queries`] sends it: an answer
+/// larger than `max_payload` bytes (0: no limit) is replaced by an error saying so.
+pub(crate) async fn reply(ledger: &Ledger, payload: &[u8], max_payload: usize) -> Vec<u8> {
+    encode(&answer(ledger, payload).await, max_payload)
 }
 
 /// JSON of `answer`, or of an error answer when it would exceed `max_payload` bytes.

@@ -13,7 +13,7 @@
 //!
 //! Money (`cost_usd`) is read as exact decimal text into [`Decimal`]; nothing here sums in SQL.
 
-use crate::ledger::{parse_enum, status_str, uint, usage_from_row};
+use crate::ledger::{from_usage_row, status_str, usage_row_columns};
 use crate::{BillingError, Ledger};
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
@@ -537,15 +537,14 @@ pub async fn reconcile(
     Ok(reconcile_requests(&requests, from_ms, to_ms, row_limit))
 }
 
-/// The columns [`row_from_sql`] reads.
+/// The columns [`row_from_sql`] reads, from `usage_events`.
 macro_rules! load_columns {
     () => {
-        "SELECT request_id, kind, attempt, ts_ms, tenant, key_id, model, target, \
-         upstream_model, prompt_tokens, cached_tokens, cache_write_tokens, completion_tokens, \
-         reasoning_tokens, CASE WHEN estimated THEN 1 ELSE 0 END AS estimated, status, \
-         fallbacks, CASE WHEN cache_hit THEN 1 ELSE 0 END AS cache_hit, cost_usd, batch_id, \
-         cache_write_1h_tokens, audio_input_tokens, audio_output_tokens, service_tier, unpriced \
-         FROM usage_events "
+        concat!(
+            "SELECT ",
+            usage_row_columns!(),
+            ", cost_usd, unpriced FROM usage_events "
+        )
     };
 }
 
@@ -571,25 +570,11 @@ fn row_from_sql(row: &AnyRow) -> Result<LedgerRow, BillingError> {
     let request_id: String = row.try_get("request_id")?;
     let cost: Option<String> = row.try_get("cost_usd")?;
     let cost_usd = cost.map(|s| parse_decimal(&request_id, &s)).transpose()?;
-    Ok(LedgerRow {
-        kind: parse_enum("kind", &row.try_get::<String, _>("kind")?)?,
-        attempt: uint(row, "attempt")?,
-        ts_ms: uint(row, "ts_ms")?,
-        tenant: row.try_get("tenant")?,
-        key_id: row.try_get("key_id")?,
-        model: row.try_get("model")?,
-        target: row.try_get("target")?,
-        upstream_model: row.try_get("upstream_model")?,
-        usage: usage_from_row(row)?,
-        estimated: row.try_get::<i64, _>("estimated")? != 0,
-        status: parse_enum("status", &row.try_get::<String, _>("status")?)?,
-        fallbacks: uint(row, "fallbacks")?,
-        cache_hit: row.try_get::<i64, _>("cache_hit")? != 0,
+    Ok(from_usage_row!(LedgerRow, row, {
         cost_usd,
-        batch_id: row.try_get("batch_id")?,
         unpriced: row.try_get("unpriced")?,
         request_id,
-    })
+    }))
 }
 
 /// Parses a stored money string exactly.

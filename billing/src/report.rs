@@ -252,34 +252,67 @@ pub struct GroupRow {
     pub stats: GroupStats,
 }
 
-/// Requests, cost and charge of one model or tenant (the bar charts' data).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Amounts {
-    /// Model id, or tenant ([`NO_TENANT`] when none).
-    pub name: String,
-    /// Charge rows, requests.
-    pub requests: u64,
-    /// Upstream cost, USD, exact.
-    #[serde(with = "json_money")]
-    pub cost_usd: Decimal,
-    /// Charge, USD, exact.
-    #[serde(with = "json_money")]
-    pub charge_usd: Decimal,
+/// Declares a struct of the requests, cost and charge of one key field (a name, an hour), with a
+/// constructor at zero and [`add`](Amounts::add) for one ledger row.
+macro_rules! amounts {
+    ($(#[$doc:meta])* $name:ident { $(#[$key_doc:meta])* $key:ident: $key_ty:ty }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+        pub struct $name {
+            $(#[$key_doc])*
+            pub $key: $key_ty,
+            /// Charge rows, requests.
+            pub requests: u64,
+            /// Upstream cost, USD, exact.
+            #[serde(with = "json_money")]
+            pub cost_usd: Decimal,
+            /// Charge, USD, exact.
+            #[serde(with = "json_money")]
+            pub charge_usd: Decimal,
+        }
+
+        impl $name {
+            /// Nothing counted yet for `key` (the name or hour).
+            fn zero($key: $key_ty) -> Self {
+                Self {
+                    $key,
+                    requests: 0,
+                    cost_usd: Decimal::ZERO,
+                    charge_usd: Decimal::ZERO,
+                }
+            }
+
+            /// Adds `row`: a charge row is a request and its amount a charge, an upstream
+            /// row's amount a cost.
+            fn add(&mut self, row: &LedgerRow) {
+                let amount = row.cost_usd.unwrap_or_default();
+                match row.kind {
+                    UsageKind::Charge => {
+                        self.requests += 1;
+                        self.charge_usd += amount;
+                    }
+                    UsageKind::Upstream => self.cost_usd += amount,
+                    UsageKind::Audit => {}
+                }
+            }
+        }
+    };
 }
 
-/// Requests, cost and charge of one UTC hour of the day.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HourAmounts {
-    /// Hour of the day, 0–23 (UTC).
-    pub hour: u32,
-    /// Charge rows, requests.
-    pub requests: u64,
-    /// Upstream cost, USD, exact.
-    #[serde(with = "json_money")]
-    pub cost_usd: Decimal,
-    /// Charge, USD, exact.
-    #[serde(with = "json_money")]
-    pub charge_usd: Decimal,
+amounts! {
+    /// Requests, cost and charge of one model or tenant (the bar charts' data).
+    Amounts {
+        /// Model id, or tenant ([`NO_TENANT`] when none).
+        name: String
+    }
+}
+
+amounts! {
+    /// Requests, cost and charge of one UTC hour of the day.
+    HourAmounts {
+        /// Hour of the day, 0–23 (UTC).
+        hour: u32
+    }
 }
 
 /// The daily report, also its JSON form (`--format json`; money as decimal strings with
@@ -328,14 +361,7 @@ pub fn build_daily(date: &str, from_ms: u64, to_ms: u64, requests: &[RequestRows
     let mut models: BTreeMap<String, Amounts> = BTreeMap::new();
     let mut tenants: BTreeMap<String, Amounts> = BTreeMap::new();
     let mut origins: BTreeMap<String, Amounts> = BTreeMap::new();
-    let mut hours: Vec<HourAmounts> = (0..24)
-        .map(|hour| HourAmounts {
-            hour,
-            requests: 0,
-            cost_usd: Decimal::ZERO,
-            charge_usd: Decimal::ZERO,
-        })
-        .collect();
+    let mut hours: Vec<HourAmounts> = (0..24).map(HourAmounts::zero).collect();
     for req in requests {
         let hour = (req.anchor_ts_ms().saturating_sub(from_ms) / HOUR_MS).min(23) as usize;
         for row in req.charge.iter().chain(req.upstream.iter()) {
@@ -355,16 +381,12 @@ pub fn build_daily(date: &str, from_ms: u64, to_ms: u64, requests: &[RequestRows
                 (&mut tenants, tenant),
                 (&mut origins, origin.to_owned()),
             ] {
-                let a = map.entry(name.clone()).or_insert_with(|| Amounts {
-                    name,
-                    requests: 0,
-                    cost_usd: Decimal::ZERO,
-                    charge_usd: Decimal::ZERO,
-                });
-                add_amount(&mut a.requests, &mut a.cost_usd, &mut a.charge_usd, row);
+                map.entry(name.clone())
+                    .or_insert_with(|| Amounts::zero(name))
+                    .add(row);
             }
             if let Some(h) = hours.get_mut(hour) {
-                add_amount(&mut h.requests, &mut h.cost_usd, &mut h.charge_usd, row);
+                h.add(row);
             }
         }
     }
@@ -398,18 +420,6 @@ pub fn build_daily(date: &str, from_ms: u64, to_ms: u64, requests: &[RequestRows
             to_ms,
             REPORT_DISCREPANCY_ROWS,
         ),
-    }
-}
-
-fn add_amount(requests: &mut u64, cost: &mut Decimal, charge: &mut Decimal, row: &LedgerRow) {
-    let amount = row.cost_usd.unwrap_or_default();
-    match row.kind {
-        UsageKind::Charge => {
-            *requests += 1;
-            *charge += amount;
-        }
-        UsageKind::Upstream => *cost += amount,
-        UsageKind::Audit => {}
     }
 }
 

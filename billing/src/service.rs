@@ -21,7 +21,7 @@
 
 use crate::ledger::UsageRow;
 use crate::stream::{ensure_billing_consumer, ensure_usage_stream};
-use crate::{Backend, BillingError, Ledger};
+use crate::{Backend, BillingError, Ledger, Query};
 use async_nats::jetstream::consumer::pull::{self, MessagesErrorKind};
 use async_nats::jetstream::{self, AckKind};
 use futures::StreamExt;
@@ -97,8 +97,9 @@ pub struct BillingService {
 /// Consecutive transient pull errors after which the message stream is re-created.
 const MAX_TRANSIENT_ERRORS: u32 = 3;
 
-/// Runs a [`BillingService`] with the default [`ServiceConfig`], and answers usage queries
-/// ([`crate::query::serve_queries`]) beside it, until `shutdown` completes.
+/// Runs a [`BillingService`] with the default [`ServiceConfig`], and answers every [`Query`]
+/// ([`crate::serve_queries`]) and runs the audit retention ([`crate::audit::run_retention`])
+/// beside it, until `shutdown` completes.
 pub async fn run(
     nats: async_nats::Client,
     subjects: Subjects,
@@ -107,47 +108,34 @@ pub async fn run(
 ) -> Result<(), BillingError> {
     // The query servers and the retention; each is stopped and awaited below.
     let tasks = tokio_util::task::TaskTracker::new();
-    let (stop_queries, queries_stopped) = tokio::sync::oneshot::channel::<()>();
-    let served =
-        crate::query::serve_queries(nats.clone(), subjects.clone(), ledger.clone(), async move {
-            let _ = queries_stopped.await;
-        });
-    let queries = spawn_served(&tasks, served, "usage queries");
-    // The audit log's queries and retention, stopped with the usage queries.
-    let (stop_audit, audit_stopped) = tokio::sync::watch::channel(false);
-    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
     };
-    let audit_served = crate::audit::serve_audit_queries(
-        nats.clone(),
-        subjects.clone(),
-        ledger.clone(),
-        stopped(audit_stopped.clone()),
-    );
-    let audit_queries = spawn_served(&tasks, audit_served, "audit queries");
-    let balance_served = crate::balance::serve_balance_queries(
-        nats.clone(),
-        subjects.clone(),
-        ledger.clone(),
-        stopped(audit_stopped.clone()),
-    );
-    let balance_queries = spawn_served(&tasks, balance_served, "balance requests");
-    let retention = tasks.spawn(crate::audit::run_retention(
-        ledger.clone(),
-        stopped(audit_stopped),
-    ));
+    let mut served: Vec<(tokio::task::JoinHandle<()>, &str)> = Query::ALL
+        .into_iter()
+        .map(|query| {
+            let serving = crate::serve_queries(
+                nats.clone(),
+                subjects.clone(),
+                query,
+                ledger.clone(),
+                stopped(),
+            );
+            (spawn_served(&tasks, serving, query.name()), query.name())
+        })
+        .collect();
+    let retention = tasks.spawn(crate::audit::run_retention(ledger.clone(), stopped()));
+    served.push((retention, "audit retention"));
     let result = BillingService::new(nats, subjects, ledger)
         .run(shutdown)
         .await
         .map(|_| ());
-    let _ = stop_queries.send(());
-    let _ = stop_audit.send(true);
-    for (task, what) in [
-        (queries, "usage query"),
-        (audit_queries, "audit query"),
-        (balance_queries, "balance request"),
-        (retention, "audit retention"),
-    ] {
+    let _ = stop.send(true);
+    for (task, what) in served {
         if let Err(e) = task.await {
             tracing::error!(error = %e, "{what} task failed");
         }
@@ -157,7 +145,7 @@ pub async fn run(
     result
 }
 
-/// Spawns one of the query servers of [`run`] on `tasks`; `what` names it in the error logged
+/// Spawns the server of one [`Query`] (named `what`) on `tasks` for [`run`], logging the error
 /// when it cannot subscribe.
 fn spawn_served(
     tasks: &tokio_util::task::TaskTracker,
@@ -166,7 +154,7 @@ fn spawn_served(
 ) -> tokio::task::JoinHandle<()> {
     tasks.spawn(async move {
         if let Err(e) = served.await {
-            tracing::error!(error = %e, "{what} are not served");
+            tracing::error!(error = %e, "{what} queries are not served");
         }
     })
 }

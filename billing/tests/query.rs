@@ -111,20 +111,13 @@ fn query(from_ms: u64, to_ms: u64, group_by: &[GroupBy]) -> UsageQuery {
     }
 }
 
-/// A row from its group pairs and figures
-/// (requests, input, cached, output, reasoning, cost, charge, cache hits, errors).
-#[allow(clippy::too_many_arguments)]
+/// A row from its group pairs and figures: `[requests, input, cached, output, reasoning]`,
+/// `(cost, charge)` and `[cache hits, errors]`.
 fn row(
     group: &[(&str, &str)],
-    requests: u64,
-    input: u64,
-    cached: u64,
-    output: u64,
-    reasoning: u64,
-    cost: &str,
-    charge: &str,
-    cache_hits: u64,
-    errors: u64,
+    [requests, input, cached, output, reasoning]: [u64; 5],
+    (cost, charge): (&str, &str),
+    [cache_hits, errors]: [u64; 2],
 ) -> UsageRow {
     UsageRow {
         group: group
@@ -159,29 +152,22 @@ async fn scenario(url: &str) {
         .unwrap();
     let gpt = row(
         &[("model", GPT)],
-        1,
-        2000,
-        0,
-        100,
-        0,
-        "0.011",
-        "0.006",
-        0,
-        0,
+        [1, 2000, 0, 100, 0],
+        ("0.011", "0.006"),
+        [0, 0],
     );
     let mini = row(
         &[("model", MINI)],
-        3,
-        2100,
-        400,
-        350,
-        50,
-        "0.00024",
-        "0.000315",
-        1,
-        1,
+        [3, 2100, 400, 350, 50],
+        ("0.00024", "0.000315"),
+        [1, 1],
     );
-    let totals = row(&[], 4, 4100, 400, 450, 50, "0.01124", "0.006315", 1, 1);
+    let totals = row(
+        &[],
+        [4, 4100, 400, 450, 50],
+        ("0.01124", "0.006315"),
+        [1, 1],
+    );
     assert_eq!(
         r,
         UsageReply {
@@ -202,39 +188,21 @@ async fn scenario(url: &str) {
         vec![
             row(
                 &[("tenant", "acme"), ("day", "2025-11-05")],
-                2,
-                2600,
-                400,
-                250,
-                50,
-                "0.01124",
-                "0.00624",
-                0,
-                0
+                [2, 2600, 400, 250, 50],
+                ("0.01124", "0.00624"),
+                [0, 0]
             ),
             row(
                 &[("tenant", "beta"), ("day", "2025-11-05")],
-                1,
-                1000,
-                0,
-                200,
-                0,
-                "0",
-                "0",
-                1,
-                0
+                [1, 1000, 0, 200, 0],
+                ("0", "0"),
+                [1, 0]
             ),
             row(
                 &[("tenant", "beta"), ("day", "2025-11-06")],
-                1,
-                500,
-                0,
-                0,
-                0,
-                "0",
-                "0.000075",
-                0,
-                1
+                [1, 500, 0, 0, 0],
+                ("0", "0.000075"),
+                [0, 1]
             ),
         ]
     );
@@ -244,7 +212,7 @@ async fn scenario(url: &str) {
     let r = ask_usage(&ledger, &query(DAY + HOUR, DAY + 2 * HOUR, &[]))
         .await
         .unwrap();
-    let a = row(&[], 1, 600, 400, 150, 50, "0.00024", "0.00024", 0, 0);
+    let a = row(&[], [1, 600, 400, 150, 50], ("0.00024", "0.00024"), [0, 0]);
     assert_eq!(
         r,
         UsageReply {
@@ -284,39 +252,21 @@ async fn scenario(url: &str) {
     // B's failed attempt was on openai-backup, which the providers map does not name.
     let unknown_b = row(
         &[("provider", "(unknown)"), ("hour", "2025-11-05T02")],
-        0,
-        0,
-        0,
-        0,
-        0,
-        "0.005",
-        "0",
-        0,
-        0,
+        [0, 0, 0, 0, 0],
+        ("0.005", "0"),
+        [0, 0],
     );
     let openai_a = row(
         &[("provider", "openai"), ("hour", "2025-11-05T01")],
-        1,
-        600,
-        400,
-        150,
-        50,
-        "0.00024",
-        "0.00024",
-        0,
-        0,
+        [1, 600, 400, 150, 50],
+        ("0.00024", "0.00024"),
+        [0, 0],
     );
     let openai_b = row(
         &[("provider", "openai"), ("hour", "2025-11-05T02")],
-        1,
-        2000,
-        0,
-        100,
-        0,
-        "0.006",
-        "0.006",
-        0,
-        0,
+        [1, 2000, 0, 100, 0],
+        ("0.006", "0.006"),
+        [0, 0],
     );
     assert_eq!(r.rows, vec![unknown_b, openai_a, openai_b]);
     let mut q = query(two_days.0, two_days.1, &[GroupBy::Key]);
