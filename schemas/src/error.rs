@@ -128,6 +128,7 @@ impl ErrorClass {
 }
 
 /// A classified failure as it travels between services.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorInfo {
     /// The class routing acts on.
@@ -138,13 +139,10 @@ pub struct ErrorInfo {
     /// off, see [`ErrorInfo::disposition`]).
     pub retryable: bool,
     /// The upstream HTTP status, when there was one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upstream_status: Option<u16>,
     /// How long the upstream asked us to wait (from `Retry-After`), in ms.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_after_ms: Option<u64>,
     /// The request parameter at fault, for `invalid_request` (OpenAI's `param`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub param: Option<String>,
 }
 
