@@ -176,7 +176,6 @@ pub struct AuditRecord {
     pub error_class: Option<String>,
     /// The error code the client got (`model_not_found`, `authentication_error`, …) for a
     /// request refused before admission; `None` otherwise.
-    #[serde(default)]
     pub error_code: Option<String>,
     /// Finish reason.
     pub finish_reason: Option<String>,
@@ -205,7 +204,6 @@ pub struct AuditRecord {
     pub cache_hit: bool,
     /// The cache outcome ([`CACHE_OUTCOMES`]); `None` when the request never reached the cache
     /// check.
-    #[serde(default)]
     pub cache_outcome: Option<String>,
     /// Client address.
     pub client_ip: Option<String>,
@@ -223,28 +221,20 @@ pub struct AuditRecord {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuditQuery {
     /// Records at or after this time, ms since the Unix epoch.
-    #[serde(default)]
     pub from_ms: Option<u64>,
     /// Records before this time, ms since the Unix epoch.
-    #[serde(default)]
     pub to_ms: Option<u64>,
     /// Only this key id.
-    #[serde(default)]
     pub key_id: Option<String>,
     /// Only this tenant.
-    #[serde(default)]
     pub tenant: Option<String>,
     /// Only this standard model id.
-    #[serde(default)]
     pub model: Option<String>,
     /// Only this outcome (`ok`, `error`, `cancelled`) or HTTP status (`429`).
-    #[serde(default)]
     pub status: Option<String>,
     /// The previous page's `next_cursor`: records strictly after it in the order.
-    #[serde(default)]
     pub cursor: Option<String>,
     /// Page size, 1..=1000 (default 100).
-    #[serde(default)]
     pub limit: Option<u32>,
 }
 
