@@ -213,28 +213,27 @@ mod tests {
             let d = c.disposition();
             (d.retry, d.fallback, d.health, d.degrades)
         };
-        assert_eq!(d(ErrorClass::RateLimited), (true, true, Throttled, false));
-        for c in [
-            ErrorClass::Overloaded,
-            ErrorClass::Upstream5xx,
-            ErrorClass::Timeout,
-            ErrorClass::Network,
+        let retried_failed = (true, true, Failed, true);
+        let answered = (false, false, Answered, false);
+        let neutral = (false, false, Neutral, false);
+        for (c, want) in [
+            (ErrorClass::RateLimited, (true, true, Throttled, false)),
+            (ErrorClass::Overloaded, retried_failed),
+            (ErrorClass::Upstream5xx, retried_failed),
+            (ErrorClass::Timeout, retried_failed),
+            (ErrorClass::Network, retried_failed),
+            (ErrorClass::Protocol, (false, true, Failed, true)),
+            (ErrorClass::NoCapacity, (false, true, Neutral, false)),
+            (ErrorClass::InvalidRequest, answered),
+            (ErrorClass::ContextLengthExceeded, answered),
+            (ErrorClass::Auth, answered),
+            (ErrorClass::Permission, answered),
+            (ErrorClass::NotFound, answered),
+            (ErrorClass::Cancelled, neutral),
+            (ErrorClass::Internal, neutral),
         ] {
-            assert_eq!(d(c), (true, true, Failed, true), "{c:?}");
+            assert_eq!(d(c), want, "{c:?}");
         }
-        assert_eq!(d(ErrorClass::Protocol), (false, true, Failed, true));
-        assert_eq!(d(ErrorClass::NoCapacity), (false, true, Neutral, false));
-        for c in [
-            ErrorClass::InvalidRequest,
-            ErrorClass::ContextLengthExceeded,
-            ErrorClass::Auth,
-            ErrorClass::Permission,
-            ErrorClass::NotFound,
-        ] {
-            assert_eq!(d(c), (false, false, Answered, false), "{c:?}");
-        }
-        assert_eq!(d(ErrorClass::Cancelled), (false, false, Neutral, false));
-        assert_eq!(d(ErrorClass::Internal), (false, false, Neutral, false));
         // An upstream 429 degrades the target; a worker's own RPM refusal does not.
         let local = ErrorInfo::new(ErrorClass::RateLimited, "rpm");
         assert!(!local.disposition().degrades);

@@ -470,7 +470,6 @@ pub struct Catalog {
     /// ISO 4217 code; only `USD` today.
     pub currency: String,
     /// When the catalog was compiled.
-    #[serde(default)]
     pub as_of: Option<String>,
     /// Cost prices by upstream model id.
     #[serde(default)]
@@ -593,6 +592,14 @@ mod tests {
         Decimal::from_str(s).unwrap()
     }
 
+    /// The billing type and tokens of each line of `cost`.
+    fn lines(cost: &Cost) -> Vec<(BillingType, u64)> {
+        cost.lines
+            .iter()
+            .map(|l| (l.billing_type, l.tokens))
+            .collect()
+    }
+
     #[test]
     fn bundled_catalog_parses() {
         let c = Catalog::bundled().unwrap();
@@ -614,13 +621,8 @@ mod tests {
         let cost = card.cost(&usage, false);
         assert_eq!(cost.total, d("0.005615"));
         assert_eq!(cost.total.to_string(), "0.005615");
-        let lines: Vec<(BillingType, u64)> = cost
-            .lines
-            .iter()
-            .map(|l| (l.billing_type, l.tokens))
-            .collect();
         assert_eq!(
-            lines,
+            lines(&cost),
             vec![
                 (BillingType::NewInput, 86),
                 (BillingType::CachedInput, 1920),
@@ -648,40 +650,24 @@ mod tests {
 
     #[test]
     fn tiers_batch_and_reasoning() {
+        const M: u64 = 1_000_000;
         let c = Catalog::bundled().unwrap();
-        let small = Usage {
-            prompt_tokens: 1000,
-            completion_tokens: 1000,
-            ..Usage::default()
-        };
-        assert_eq!(
-            c.upstream_cost("gemini-2.5-pro", &small, false)
-                .unwrap()
-                .total,
-            d("0.01125")
-        );
-        let big = Usage {
-            prompt_tokens: 200_001,
-            completion_tokens: 1000,
-            ..Usage::default()
-        };
-        // 200001 × 2.50 + 1000 × 15 per 1M.
-        assert_eq!(
-            c.upstream_cost("gemini-2.5-pro", &big, false)
-                .unwrap()
-                .total,
-            d("0.5150025")
-        );
-        let u = Usage {
-            prompt_tokens: 1_000_000,
-            completion_tokens: 1_000_000,
-            reasoning_tokens: 400_000,
-            ..Usage::default()
-        };
-        assert_eq!(
-            c.upstream_cost("gpt-4o-mini", &u, true).unwrap().total,
-            d("0.375")
-        );
+        // (model, batch, [prompt, completion, reasoning] tokens, total)
+        for (model, batch, [prompt_tokens, completion_tokens, reasoning_tokens], total) in [
+            ("gemini-2.5-pro", false, [1000, 1000, 0], "0.01125"),
+            // 200001 × 2.50 + 1000 × 15 per 1M.
+            ("gemini-2.5-pro", false, [200_001, 1000, 0], "0.5150025"),
+            ("gpt-4o-mini", true, [M, M, 400_000], "0.375"),
+        ] {
+            let u = Usage {
+                prompt_tokens,
+                completion_tokens,
+                reasoning_tokens,
+                ..Usage::default()
+            };
+            let cost = c.upstream_cost(model, &u, batch).unwrap();
+            assert_eq!(cost.total, d(total), "{model} {u:?}");
+        }
     }
 
     fn card(yaml: &str) -> PriceCard {
@@ -706,13 +692,8 @@ mod tests {
         let cost = claude_t().cost(&u, false);
         assert_eq!(cost.total.to_string(), "0.058104");
         assert!(cost.unpriced.is_empty());
-        let types: Vec<_> = cost
-            .lines
-            .iter()
-            .map(|l| (l.billing_type, l.tokens))
-            .collect();
         assert_eq!(
-            types,
+            lines(&cost),
             vec![
                 (BillingType::NewInput, 12),
                 (BillingType::CacheWrite1h, 9628),
