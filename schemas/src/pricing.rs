@@ -64,7 +64,7 @@ fn opt_price<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Decimal>, D::Erro
 /// tier has (`input`, `output`, `cached_input`, `cache_write`, `cache_write_1h`, USD per 1M
 /// tokens, in that order on the wire), then the fields given after it. One list for
 /// [`PriceCard`], [`Rates`] and [`Tier`] (`#[serde(flatten)]` would share it too, but serde
-/// does not support it with `deny_unknown_fields`).
+/// does not support it with `deny_unknown_fields`). `None` fields are left out of the JSON.
 macro_rules! price_struct {
     (
         $(#[$meta:meta])*
@@ -75,6 +75,7 @@ macro_rules! price_struct {
         }
     ) => {
         $(#[$meta])*
+        #[serde_with::skip_serializing_none]
         #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
         #[serde(deny_unknown_fields)]
         pub struct $name {
@@ -87,29 +88,17 @@ macro_rules! price_struct {
             pub output: Decimal,
             /// Input read from the provider's prompt cache; default this card's or tier's
             /// `input`.
-            #[serde(
-                default,
-                deserialize_with = "opt_price",
-                skip_serializing_if = "Option::is_none"
-            )]
+            #[serde(default, deserialize_with = "opt_price")]
             pub cached_input: Option<Decimal>,
             /// Input written to the provider's prompt cache with the 5-minute TTL (Anthropic's
             /// default write; every other provider's only one); default this card's or tier's
             /// `input`.
-            #[serde(
-                default,
-                deserialize_with = "opt_price",
-                skip_serializing_if = "Option::is_none"
-            )]
+            #[serde(default, deserialize_with = "opt_price")]
             pub cache_write: Option<Decimal>,
             /// Input written to the prompt cache with the 1-hour TTL (Anthropic `ttl: "1h"`). A
             /// tier without it takes the card's; on a card without it, 1-hour writes are an
             /// unpriced component (no default).
-            #[serde(
-                default,
-                deserialize_with = "opt_price",
-                skip_serializing_if = "Option::is_none"
-            )]
+            #[serde(default, deserialize_with = "opt_price")]
             pub cache_write_1h: Option<Decimal>,
             $($(#[$after_meta])* pub $after: $after_ty,)*
         }
@@ -134,32 +123,29 @@ price_struct! {
     pub struct PriceCard {
         ..rates,
         /// Reasoning tokens, when priced apart from output; default `output`.
-        #[serde(default, deserialize_with = "opt_price", skip_serializing_if = "Option::is_none")]
+        #[serde(default, deserialize_with = "opt_price")]
         pub reasoning: Option<Decimal>,
         /// Audio input tokens (OpenAI audio models). No default: audio input on a card without
         /// it is an unpriced component.
-        #[serde(default, deserialize_with = "opt_price", skip_serializing_if = "Option::is_none")]
+        #[serde(default, deserialize_with = "opt_price")]
         pub audio_input: Option<Decimal>,
         /// Audio output tokens. No default (unpriced component when missing).
-        #[serde(default, deserialize_with = "opt_price", skip_serializing_if = "Option::is_none")]
+        #[serde(default, deserialize_with = "opt_price")]
         pub audio_output: Option<Decimal>,
         /// Fraction taken off for batch jobs, e.g. 0.5.
-        #[serde(default, deserialize_with = "opt_price", skip_serializing_if = "Option::is_none")]
+        #[serde(default, deserialize_with = "opt_price")]
         pub batch_discount: Option<Decimal>,
         /// Prices of the `priority` service tier (OpenAI "Priority processing"); a priority call
         /// on a card without them is an unpriced component (`service_tier`), billed at the base
         /// prices.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         pub priority: Option<Rates>,
         /// Prices of the `flex` service tier (OpenAI "Flex processing"); as `priority`.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         pub flex: Option<Rates>,
         /// Prices above a prompt size (e.g. Gemini's > 200k tier); the highest matching tier
         /// applies.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         pub tiers: Vec<Tier>,
         /// The date this price was taken (ISO 8601).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         pub as_of: Option<String>,
     }
 }
@@ -726,6 +712,15 @@ mod tests {
         let c = no_1h.cost_with(&split, false, Some(&claude_t()));
         assert_eq!(c.total.to_string(), "0.016086");
         assert_eq!(c.unpriced, vec!["cache_write_1h"]);
+    }
+
+    #[test]
+    fn absent_prices_are_left_out_of_the_json() {
+        let c = card("{input: 1.25, output: 10, flex: {input: 0.625, output: 5}}");
+        assert_eq!(
+            serde_json::to_value(&c).unwrap(),
+            serde_json::json!({"input": "1.25", "output": "10", "flex": {"input": "0.625", "output": "5"}})
+        );
     }
 
     /// FC-35: Gemini 10000 prompt (8000 cached), 450 completion (400 thoughts) → $0.008.
