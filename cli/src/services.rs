@@ -43,9 +43,7 @@ fn spawn_reload(
 /// The text of the start-up config file (or the built-in default).
 fn startup_text(common: &Common) -> Result<String, CliError> {
     match &common.config {
-        Some(p) => {
-            std::fs::read_to_string(p).map_err(|e| msg(format!("reading {}: {e}", p.display())))
-        }
+        Some(p) => read_text(p).map_err(msg),
         None => Ok(config::DEFAULT_CONFIG.to_owned()),
     }
 }
@@ -104,10 +102,7 @@ pub(crate) async fn up(
     // this process's local settings (listen, data dir, NATS) kept (docs/deploy.md).
     let admin = connect(&url, "switchyard-config", &admin_nats).await?;
     let file = match &common.config {
-        Some(p) => Some((
-            p.clone(),
-            std::fs::read_to_string(p).map_err(|e| msg(format!("reading {}: {e}", p.display())))?,
-        )),
+        Some(p) => Some((p.clone(), read_text(p).map_err(msg)?)),
         None => None,
     };
     let file_ref = file.as_ref().map(|(p, t)| (p.as_path(), t.as_str()));
