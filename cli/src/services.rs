@@ -8,17 +8,14 @@ use switchyard::topology::{
     TopologyOptions, WorkerSpec,
 };
 
-/// Serves `registry` on `addr` (when set) until `stop`, in a task on `tasks` (wait on it at exit).
-async fn listen_metrics(
-    addr: Option<SocketAddr>,
-    registry: &switchyard_schemas::metrics::Registry,
-    stop: &CancellationToken,
-    tasks: &TaskTracker,
-) -> Result<(), CliError> {
+/// Serves the registry of `topology` on `addr` (when set) until its services stop, in a task on
+/// its tracker (waited on at exit).
+async fn listen_metrics(topology: &Topology, addr: Option<SocketAddr>) -> Result<(), CliError> {
     let Some(addr) = addr else {
         return Ok(());
     };
-    switchyard::metrics_listen::serve(addr, registry.clone(), stop.clone(), tasks)
+    let (registry, stop) = (topology.registry(), topology.services_token());
+    switchyard::metrics_listen::serve(addr, registry.clone(), stop.clone(), topology.tasks())
         .await
         .map_err(|e| msg(format!("binding --metrics-listen {addr}: {e}")))?;
     Ok(())
@@ -398,8 +395,7 @@ pub(crate) async fn worker(
     one_service(&handle.get(), Some("worker"), false, async |topology| {
         let resolve = Arc::new(config::resolve_secrets);
         reload_as(topology, Identity::Worker, &handle, resolve).await?;
-        let (services, tasks) = (topology.services_token(), topology.tasks());
-        listen_metrics(metrics_listen, topology.registry(), services, tasks).await?;
+        listen_metrics(topology, metrics_listen).await?;
         topology
             .start_worker(WorkerSpec {
                 worker_id: new_id("worker"),
@@ -428,8 +424,7 @@ pub(crate) async fn billing(
     let handle = ConfigHandle::new(c);
     one_service(&handle.get(), None, true, async |topology| {
         reload_as(topology, Identity::Billing, &handle, Arc::new(|_| Ok(()))).await?;
-        let (services, tasks) = (topology.services_token(), topology.tasks());
-        listen_metrics(metrics_listen, topology.registry(), services, tasks).await?;
+        listen_metrics(topology, metrics_listen).await?;
         topology
             .start_billing(BillingLedger::Open { database_url }, &handle)
             .await
