@@ -359,30 +359,21 @@ impl RateStore {
     /// Opens (or creates, in memory storage) [`RATES_BUCKET`] for `holder` (unique per process).
     /// Without JetStream every operation is [`RateError::Unavailable`] (callers fail open).
     pub async fn connect(js: &jetstream::Context, holder: &str) -> Self {
-        let kv = match js.get_key_value(RATES_BUCKET).await {
-            Ok(kv) => Some(kv),
-            Err(_) => {
-                let created = js
-                    .create_key_value(switchyard_schemas::replicas::kv(kv::Config {
-                        bucket: RATES_BUCKET.to_owned(),
-                        description: "Switchyard key and tenant rate limits: requests and tokens \
-                                      of the current minute, requests in flight"
-                            .to_owned(),
-                        history: 1,
-                        storage: jetstream::stream::StorageType::Memory,
-                        ..Default::default()
-                    }))
-                    .await;
-                match created {
-                    Ok(kv) => Some(kv),
-                    // Another replica may have created it in between.
-                    Err(e) => js.get_key_value(RATES_BUCKET).await.ok().or_else(|| {
-                        tracing::warn!(error = %e, "no JetStream KV for key rate limits: they are not enforced");
-                        None
-                    }),
-                }
-            }
-        };
+        let config = switchyard_schemas::replicas::kv(kv::Config {
+            bucket: RATES_BUCKET.to_owned(),
+            description: "Switchyard key and tenant rate limits: requests and tokens of the \
+                          current minute, requests in flight"
+                .to_owned(),
+            history: 1,
+            storage: jetstream::stream::StorageType::Memory,
+            ..Default::default()
+        });
+        let kv = switchyard_kv::get_or_create(js, config)
+            .await
+            .inspect_err(|e| {
+                tracing::warn!(error = %e, "no JetStream KV for key rate limits: they are not enforced");
+            })
+            .ok();
         Self {
             scopes: kv.map(Combiners::new),
             holder: holder.to_owned(),

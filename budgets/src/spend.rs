@@ -350,25 +350,21 @@ impl Spend {
 
     /// The first limit of `budget` that `demand` would exceed with `held` reserved.
     pub fn exceeded(&self, budget: &Budget, held: Demand, demand: Demand) -> Option<Exceeded> {
-        let usd = |limit: Option<Decimal>, used: Decimal, period| {
-            limit
-                .filter(|l| used + held.usd + demand.usd > *l)
-                .map(|limit| Exceeded::Usd {
-                    period,
-                    limit,
-                    used: used + held.usd,
-                    need: demand.usd,
-                })
+        let usd = |limit, used, period| {
+            over(limit, used, held.usd, demand.usd).map(|(limit, used)| Exceeded::Usd {
+                period,
+                limit,
+                used,
+                need: demand.usd,
+            })
         };
-        let tokens = |limit: Option<u64>, used: u64, period| {
-            limit
-                .filter(|l| used + held.tokens + demand.tokens > *l)
-                .map(|limit| Exceeded::Tokens {
-                    period,
-                    limit,
-                    used: used + held.tokens,
-                    need: demand.tokens,
-                })
+        let tokens = |limit, used, period| {
+            over(limit, used, held.tokens, demand.tokens).map(|(limit, used)| Exceeded::Tokens {
+                period,
+                limit,
+                used,
+                need: demand.tokens,
+            })
         };
         usd(budget.daily_usd, self.day_usd, "daily")
             .or_else(|| usd(budget.monthly_usd, self.month_usd, "monthly"))
@@ -418,6 +414,15 @@ impl Spend {
         self.late_ids.push_back(request_id.to_owned());
         true
     }
+}
+
+/// `(limit, used + held)` when `used + held + need` is over `limit` (no limit: never over).
+fn over<T>(limit: Option<T>, used: T, held: T, need: T) -> Option<(T, T)>
+where
+    T: Copy + PartialOrd + std::ops::Add<Output = T>,
+{
+    let used = used + held;
+    limit.filter(|l| used + need > *l).map(|l| (l, used))
 }
 
 #[cfg(test)]

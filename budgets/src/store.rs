@@ -417,32 +417,22 @@ impl BudgetStore {
     /// Opens (or creates, in file storage) [`BUDGETS_BUCKET`] for `holder` (unique per process).
     /// Without JetStream the store is absent and every operation is [`Unavailable`].
     pub async fn connect(js: &jetstream::Context, holder: &str) -> Self {
-        let kv = match js.get_key_value(BUDGETS_BUCKET).await {
-            Ok(kv) => Some(kv),
-            Err(_) => {
-                let created = js
-                    .create_key_value(switchyard_schemas::replicas::kv(kv::Config {
-                        bucket: BUDGETS_BUCKET.to_owned(),
-                        description:
-                            "Switchyard budgets: settled spend and open reservations per scope"
-                                .to_owned(),
-                        history: 1,
-                        // Monthly windows must outlive a quiet month's last write.
-                        max_age: Duration::from_secs(40 * 24 * 3600),
-                        storage: jetstream::stream::StorageType::File,
-                        ..Default::default()
-                    }))
-                    .await;
-                match created {
-                    Ok(kv) => Some(kv),
-                    // Another replica may have created it in between.
-                    Err(e) => js.get_key_value(BUDGETS_BUCKET).await.ok().or_else(|| {
-                        tracing::warn!(error = %e, "no JetStream KV for budgets: callers with budgets are refused");
-                        None
-                    }),
-                }
-            }
-        };
+        let config = switchyard_schemas::replicas::kv(kv::Config {
+            bucket: BUDGETS_BUCKET.to_owned(),
+            description: "Switchyard budgets: settled spend and open reservations per scope"
+                .to_owned(),
+            history: 1,
+            // Monthly windows must outlive a quiet month's last write.
+            max_age: Duration::from_secs(40 * 24 * 3600),
+            storage: jetstream::stream::StorageType::File,
+            ..Default::default()
+        });
+        let kv = switchyard_kv::get_or_create(js, config)
+            .await
+            .inspect_err(|e| {
+                tracing::warn!(error = %e, "no JetStream KV for budgets: callers with budgets are refused");
+            })
+            .ok();
         let store = Self {
             inner: Arc::new(Inner {
                 scopes: kv.map(Combiners::new),

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// One labelled pair.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Pair {
     /// First text.
@@ -24,10 +25,8 @@ pub struct Pair {
     /// Whether one answer serves both.
     pub same: bool,
     /// `en` or `zh`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lang: Option<String>,
     /// What the pair tests, e.g. `paraphrase`, `negation`, `number`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<String>,
 }
 

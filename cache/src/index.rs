@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use switchyard_schemas::cache::CachedAnswer;
 
 /// One stored answer as persisted in the KV bucket (JSON).
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Entry {
     /// Exact key (hex SHA-256 of the canonical request); also the KV key.
@@ -29,19 +30,14 @@ pub struct Entry {
     /// Route (configured model id).
     pub route: String,
     /// Target that produced the answer.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<String>,
     /// Upstream model that produced the answer.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upstream_model: Option<String>,
     /// The final user text, when the entry takes part in the semantic layer.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub query: Option<String>,
     /// Embedding of `query`: little-endian f32, base64.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vector: Option<String>,
     /// Embedding model id of `vector`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub embed_model: Option<String>,
     /// The answer.
     pub answer: CachedAnswer,

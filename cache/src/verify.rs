@@ -104,35 +104,25 @@ pub fn verify(a: &str, b: &str) -> Result<(), Rejection> {
 
 /// Compares extracted features rule by rule (see the module table).
 pub fn compare(a: &Features, b: &Features) -> Result<(), Rejection> {
-    if a.negated != b.negated {
-        return Err(Rejection::Negation);
+    let direction = a.directed
+        && b.directed
+        && a.sides
+            .iter()
+            .any(|(word, side)| b.sides.get(word).is_some_and(|s| s != side));
+    let rules = [
+        (a.negated != b.negated, Rejection::Negation),
+        (a.numbers != b.numbers, Rejection::Number),
+        (a.dates != b.dates, Rejection::Date),
+        (a.poles != b.poles, Rejection::Polarity),
+        (a.questions != b.questions, Rejection::Question),
+        (a.entities != b.entities, Rejection::Entity),
+        (direction, Rejection::Direction),
+        (a.keys != b.keys, Rejection::KeyWords),
+    ];
+    match rules.into_iter().find(|(differs, _)| *differs) {
+        Some((_, rejection)) => Err(rejection),
+        None => Ok(()),
     }
-    if a.numbers != b.numbers {
-        return Err(Rejection::Number);
-    }
-    if a.dates != b.dates {
-        return Err(Rejection::Date);
-    }
-    if a.poles != b.poles {
-        return Err(Rejection::Polarity);
-    }
-    if a.questions != b.questions {
-        return Err(Rejection::Question);
-    }
-    if a.entities != b.entities {
-        return Err(Rejection::Entity);
-    }
-    if a.directed && b.directed {
-        for (word, side) in &a.sides {
-            if b.sides.get(word).is_some_and(|s| s != side) {
-                return Err(Rejection::Direction);
-            }
-        }
-    }
-    if a.keys != b.keys {
-        return Err(Rejection::KeyWords);
-    }
-    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -286,8 +286,7 @@ pub(crate) async fn run_action(action: CacheAction) -> Result<(), String> {
             show_misses,
             model,
         } => {
-            let text = std::fs::read_to_string(&pairs)
-                .map_err(|e| format!("reading {}: {e}", pairs.display()))?;
+            let text = crate::read_text(&pairs)?;
             let pairs = eval::load(&text).map_err(|e| format!("{}: {e}", pairs.display()))?;
             let embedder = model.load().await?;
             let scored =

@@ -138,7 +138,8 @@ fn print_key(v: &Value) {
 /// Runs the action; the output goes to stdout.
 pub(crate) async fn run(action: KeyAction) -> Result<(), String> {
     use reqwest::Method;
-    match action {
+    // Every admin call but `list` answers one key's record: the call, then that record printed.
+    let (api, method, path, body) = match action {
         KeyAction::Create {
             tenant,
             id,
@@ -153,33 +154,16 @@ pub(crate) async fn run(action: KeyAction) -> Result<(), String> {
                 .filter(|(_, v)| !v.is_null())
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect();
-            print_key(&call(&api, Method::POST, "/admin/keys", Some(Value::Object(body))).await?);
-            Ok(())
+            let body = Some(Value::Object(body));
+            (api, Method::POST, "/admin/keys".to_owned(), body)
         }
-        KeyAction::List { tenant, api } => {
-            let path = match tenant {
-                Some(t) => format!("/admin/keys?tenant={t}"),
-                None => "/admin/keys".into(),
-            };
-            let v = call(&api, Method::GET, &path, None).await?;
-            for k in v["data"].as_array().into_iter().flatten() {
-                println!("{k}");
-            }
-            Ok(())
-        }
-        KeyAction::Get { id, api } => {
-            print_key(&call(&api, Method::GET, &format!("/admin/keys/{id}"), None).await?);
-            Ok(())
-        }
+        KeyAction::List { tenant, api } => return list(&api, tenant).await,
+        KeyAction::Get { id, api } => (api, Method::GET, format!("/admin/keys/{id}"), None),
         KeyAction::Revoke { id, api } => {
-            let path = format!("/admin/keys/{id}/revoke");
-            print_key(&call(&api, Method::POST, &path, None).await?);
-            Ok(())
+            (api, Method::POST, format!("/admin/keys/{id}/revoke"), None)
         }
         KeyAction::Rotate { id, api } => {
-            let path = format!("/admin/keys/{id}/rotate");
-            print_key(&call(&api, Method::POST, &path, None).await?);
-            Ok(())
+            (api, Method::POST, format!("/admin/keys/{id}/rotate"), None)
         }
         KeyAction::Expire { id, at, api } => {
             let at = match at.as_str() {
@@ -189,44 +173,57 @@ pub(crate) async fn run(action: KeyAction) -> Result<(), String> {
                         .map_err(|_| "AT must be Unix seconds or `none`")?
                 ),
             };
-            let path = format!("/admin/keys/{id}");
-            let v = call(&api, Method::PATCH, &path, Some(json!({"expires_at": at}))).await?;
-            print_key(&v);
-            Ok(())
+            let body = Some(json!({"expires_at": at}));
+            (api, Method::PATCH, format!("/admin/keys/{id}"), body)
         }
-        KeyAction::Delete { id, api } => {
-            let path = format!("/admin/keys/{id}");
-            print_key(&call(&api, Method::DELETE, &path, None).await?);
-            Ok(())
-        }
-        KeyAction::New { id, tenant } => {
-            for (name, v) in [("--id", &id), ("--tenant", &tenant)] {
-                if !valid_id(v) {
-                    return Err(format!("{name} `{v}` must be 1-64 of [A-Za-z0-9_-]"));
-                }
-            }
-            let key = new_api_key();
-            println!("key (shown once): {key}\n");
-            println!("keys:");
-            println!("  - id: {id}");
-            println!("    tenant: {tenant}");
-            println!("    key_sha256: {}", sha256_hex(&key));
-            println!(
-                "    # budget: {{daily_usd: 50, monthly_usd: 1000, tokens_per_minute: 200000}}"
-            );
-            Ok(())
-        }
-        KeyAction::Hash => {
-            let mut line = String::new();
-            std::io::stdin()
-                .read_line(&mut line)
-                .map_err(|e| format!("reading the key from stdin: {e}"))?;
-            let key = line.trim();
-            if key.is_empty() {
-                return Err("no key on standard input".into());
-            }
-            println!("{}", sha256_hex(key));
-            Ok(())
+        KeyAction::Delete { id, api } => (api, Method::DELETE, format!("/admin/keys/{id}"), None),
+        KeyAction::New { id, tenant } => return new_key(&id, &tenant),
+        KeyAction::Hash => return hash_stdin(),
+    };
+    print_key(&call(&api, method, &path, body).await?);
+    Ok(())
+}
+
+/// `key list`: one key record per line.
+async fn list(api: &AdminApi, tenant: Option<String>) -> Result<(), String> {
+    let path = match tenant {
+        Some(t) => format!("/admin/keys?tenant={t}"),
+        None => "/admin/keys".into(),
+    };
+    let v = call(api, reqwest::Method::GET, &path, None).await?;
+    for k in v["data"].as_array().into_iter().flatten() {
+        println!("{k}");
+    }
+    Ok(())
+}
+
+/// `key new`: a new random key and the `keys:` entry for it.
+fn new_key(id: &str, tenant: &str) -> Result<(), String> {
+    for (name, v) in [("--id", id), ("--tenant", tenant)] {
+        if !valid_id(v) {
+            return Err(format!("{name} `{v}` must be 1-64 of [A-Za-z0-9_-]"));
         }
     }
+    let key = new_api_key();
+    println!("key (shown once): {key}\n");
+    println!("keys:");
+    println!("  - id: {id}");
+    println!("    tenant: {tenant}");
+    println!("    key_sha256: {}", sha256_hex(&key));
+    println!("    # budget: {{daily_usd: 50, monthly_usd: 1000, tokens_per_minute: 200000}}");
+    Ok(())
+}
+
+/// `key hash`: the SHA-256 of the key on standard input.
+fn hash_stdin() -> Result<(), String> {
+    let mut line = String::new();
+    std::io::stdin()
+        .read_line(&mut line)
+        .map_err(|e| format!("reading the key from stdin: {e}"))?;
+    let key = line.trim();
+    if key.is_empty() {
+        return Err("no key on standard input".into());
+    }
+    println!("{}", sha256_hex(key));
+    Ok(())
 }

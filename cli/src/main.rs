@@ -272,6 +272,11 @@ fn msg(e: impl std::fmt::Display) -> CliError {
     CliError::Msg(e.to_string())
 }
 
+/// The text of the file at `path`; the error names it (`reading PATH: …`).
+fn read_text(path: &std::path::Path) -> Result<String, String> {
+    std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))
+}
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
@@ -509,8 +514,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             let nats = connect(&url, "switchyard-config", &nats.to_config()).await?;
             match action {
                 ConfigAction::Push { file, .. } => {
-                    let text = std::fs::read_to_string(&file)
-                        .map_err(|e| msg(format!("reading {}: {e}", file.display())))?;
+                    let text = read_text(&file).map_err(msg)?;
                     let pushed = reload::push_reporting(&nats, &text).await.map_err(msg)?;
                     for w in &pushed.warnings {
                         eprintln!("warning: {w}");

@@ -173,8 +173,7 @@ pub(crate) fn run(args: PricingArgs) -> Result<(), String> {
             base,
             models,
         } => {
-            let text = std::fs::read_to_string(&file)
-                .map_err(|e| format!("reading {}: {e}", file.display()))?;
+            let text = crate::read_text(&file)?;
             let as_of = as_of.unwrap_or_else(today);
             let imported = import_litellm(&text, Some(&as_of)).map_err(|e| e.to_string())?;
             let mut catalog = match &base {

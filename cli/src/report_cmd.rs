@@ -127,8 +127,7 @@ pub(crate) async fn run(args: ReportArgs) -> Result<(), String> {
             for date in [&a.date_from, &a.date_to].into_iter().flatten() {
                 utc_day_bounds(date).map_err(|e| e.to_string())?;
             }
-            let text = std::fs::read_to_string(&a.file)
-                .map_err(|e| format!("reading {}: {e}", a.file.display()))?;
+            let text = crate::read_text(&a.file)?;
             let export =
                 parse_usage_export(&text).map_err(|e| format!("{}: {e}", a.file.display()))?;
             let ledger = open_ledger(&a.ledger).await?;

@@ -82,8 +82,7 @@ pub(crate) async fn run(action: SecretAction) -> Result<(), String> {
                 return Err("name what to rotate: --file FILE and/or --live".into());
             }
             if let Some(path) = file {
-                let text = std::fs::read_to_string(&path)
-                    .map_err(|e| format!("reading {}: {e}", path.display()))?;
+                let text = crate::read_text(&path)?;
                 let (rotated, n) = rotate_text(&text, &old, &new)
                     .map_err(|e| format!("{}: {e}", path.display()))?;
                 std::fs::write(&path, rotated)

@@ -8,17 +8,14 @@ use switchyard::topology::{
     TopologyOptions, WorkerSpec,
 };
 
-/// Serves `registry` on `addr` (when set) until `stop`, in a task on `tasks` (wait on it at exit).
-async fn listen_metrics(
-    addr: Option<SocketAddr>,
-    registry: &switchyard_schemas::metrics::Registry,
-    stop: &CancellationToken,
-    tasks: &TaskTracker,
-) -> Result<(), CliError> {
+/// Serves the registry of `topology` on `addr` (when set) until its services stop, in a task on
+/// its tracker (waited on at exit).
+async fn listen_metrics(topology: &Topology, addr: Option<SocketAddr>) -> Result<(), CliError> {
     let Some(addr) = addr else {
         return Ok(());
     };
-    switchyard::metrics_listen::serve(addr, registry.clone(), stop.clone(), tasks)
+    let (registry, stop) = (topology.registry(), topology.services_token());
+    switchyard::metrics_listen::serve(addr, registry.clone(), stop.clone(), topology.tasks())
         .await
         .map_err(|e| msg(format!("binding --metrics-listen {addr}: {e}")))?;
     Ok(())
@@ -43,9 +40,7 @@ fn spawn_reload(
 /// The text of the start-up config file (or the built-in default).
 fn startup_text(common: &Common) -> Result<String, CliError> {
     match &common.config {
-        Some(p) => {
-            std::fs::read_to_string(p).map_err(|e| msg(format!("reading {}: {e}", p.display())))
-        }
+        Some(p) => read_text(p).map_err(msg),
         None => Ok(config::DEFAULT_CONFIG.to_owned()),
     }
 }
@@ -104,10 +99,7 @@ pub(crate) async fn up(
     // this process's local settings (listen, data dir, NATS) kept (docs/deploy.md).
     let admin = connect(&url, "switchyard-config", &admin_nats).await?;
     let file = match &common.config {
-        Some(p) => Some((
-            p.clone(),
-            std::fs::read_to_string(p).map_err(|e| msg(format!("reading {}: {e}", p.display())))?,
-        )),
+        Some(p) => Some((p.clone(), read_text(p).map_err(msg)?)),
         None => None,
     };
     let file_ref = file.as_ref().map(|(p, t)| (p.as_path(), t.as_str()));
@@ -403,8 +395,7 @@ pub(crate) async fn worker(
     one_service(&handle.get(), Some("worker"), false, async |topology| {
         let resolve = Arc::new(config::resolve_secrets);
         reload_as(topology, Identity::Worker, &handle, resolve).await?;
-        let (services, tasks) = (topology.services_token(), topology.tasks());
-        listen_metrics(metrics_listen, topology.registry(), services, tasks).await?;
+        listen_metrics(topology, metrics_listen).await?;
         topology
             .start_worker(WorkerSpec {
                 worker_id: new_id("worker"),
@@ -433,8 +424,7 @@ pub(crate) async fn billing(
     let handle = ConfigHandle::new(c);
     one_service(&handle.get(), None, true, async |topology| {
         reload_as(topology, Identity::Billing, &handle, Arc::new(|_| Ok(()))).await?;
-        let (services, tasks) = (topology.services_token(), topology.tasks());
-        listen_metrics(metrics_listen, topology.registry(), services, tasks).await?;
+        listen_metrics(topology, metrics_listen).await?;
         topology
             .start_billing(BillingLedger::Open { database_url }, &handle)
             .await

@@ -114,48 +114,38 @@ pub struct AuditAttempt {
 
 /// What the `charge` event adds for the audit log (all optional on the wire: events of older
 /// ingresses decode with the defaults).
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuditInfo {
     /// The front door: `openai`, `anthropic`, `responses`, `embeddings`, `batch`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub front_door: Option<String>,
     /// HTTP status the client got (499 when it went away first).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http_status: Option<u16>,
     /// Finish reason of the answer (`stop`, `length`, `tool_calls`, ...).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finish_reason: Option<String>,
     /// The error's code as the client got it (OpenAI `error.code`, e.g. `model_not_found`,
     /// else `error.type`, e.g. Anthropic's `authentication_error`): set for requests refused
     /// before admission.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error_code: Option<String>,
     /// Gateway time before the first upstream attempt was dispatched (admission, budgets,
     /// planning), ms.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overhead_ms: Option<u64>,
     /// Client address: the TCP peer's IP (`x-forwarded-for` is not trusted).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_ip: Option<String>,
     /// Client `user-agent`, at most 256 bytes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_agent: Option<String>,
     /// The client's `x-request-id` when well-formed (1 to 128 characters of `[A-Za-z0-9._:-]`), kept
     /// for correlation; the gateway's own request id stays the ledger key.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_request_id: Option<String>,
     /// The answer cache's outcome ([`CACHE_OUTCOMES`]); `None` for requests that never reached
     /// the cache check (refused before it, embeddings).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_outcome: Option<String>,
     /// Failed attempts before the serving (or last) one, in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attempts: Vec<AuditAttempt>,
     /// Captured request body (messages JSON), when capture is on for the request.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_body: Option<String>,
     /// Captured response text, when capture is on for the request.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response_body: Option<String>,
 }
 
@@ -186,7 +176,6 @@ pub struct AuditRecord {
     pub error_class: Option<String>,
     /// The error code the client got (`model_not_found`, `authentication_error`, …) for a
     /// request refused before admission; `None` otherwise.
-    #[serde(default)]
     pub error_code: Option<String>,
     /// Finish reason.
     pub finish_reason: Option<String>,
@@ -215,7 +204,6 @@ pub struct AuditRecord {
     pub cache_hit: bool,
     /// The cache outcome ([`CACHE_OUTCOMES`]); `None` when the request never reached the cache
     /// check.
-    #[serde(default)]
     pub cache_outcome: Option<String>,
     /// Client address.
     pub client_ip: Option<String>,
@@ -233,28 +221,20 @@ pub struct AuditRecord {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuditQuery {
     /// Records at or after this time, ms since the Unix epoch.
-    #[serde(default)]
     pub from_ms: Option<u64>,
     /// Records before this time, ms since the Unix epoch.
-    #[serde(default)]
     pub to_ms: Option<u64>,
     /// Only this key id.
-    #[serde(default)]
     pub key_id: Option<String>,
     /// Only this tenant.
-    #[serde(default)]
     pub tenant: Option<String>,
     /// Only this standard model id.
-    #[serde(default)]
     pub model: Option<String>,
     /// Only this outcome (`ok`, `error`, `cancelled`) or HTTP status (`429`).
-    #[serde(default)]
     pub status: Option<String>,
     /// The previous page's `next_cursor`: records strictly after it in the order.
-    #[serde(default)]
     pub cursor: Option<String>,
     /// Page size, 1..=1000 (default 100).
-    #[serde(default)]
     pub limit: Option<u32>,
 }
 

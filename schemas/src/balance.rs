@@ -53,6 +53,7 @@ pub struct TopUp {
 }
 
 /// One balance movement: a top-up (credit, positive) or a request's charge (debit, negative).
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Movement {
     /// `topup` or `charge`.
@@ -65,10 +66,8 @@ pub struct Movement {
     /// When, ms since the Unix epoch.
     pub ts_ms: u64,
     /// The model that served (charges only).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
     /// The note (top-ups only).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
 }
 
@@ -117,6 +116,7 @@ pub enum BalanceAnswer {
 }
 
 /// The body of `POST /admin/tenants/{id}/balance/topups`.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TopUpBody {
@@ -125,10 +125,8 @@ pub struct TopUpBody {
     pub amount_usd: Decimal,
     /// The top-up id, 1..=128 of `[A-Za-z0-9_.:-]`: repeating a top-up with the same id records
     /// it once. Absent: the `Idempotency-Key` header, else a generated `topup_<uuid>`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     /// Free text kept with the ledger row (≤ 500 chars).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
 }
 

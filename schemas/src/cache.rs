@@ -106,6 +106,7 @@ impl Default for CacheReplica {
 }
 
 /// The part of a chat request that decides its answer: the cache key material.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CacheKey {
     /// The configured model (route) id requests are routed by.
@@ -116,13 +117,11 @@ pub struct CacheKey {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tools: Vec<Tool>,
     /// OpenAI-shaped `tool_choice`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_choice: Option<serde_json::Value>,
     /// Sampling and output-shaping parameters.
     #[serde(default)]
     pub params: SamplingParams,
     /// The caller's tenant when API keys are on: answers are never shared across tenants.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,
 }
 
@@ -169,21 +168,18 @@ impl CacheOutcome {
 }
 
 /// `<prefix>.cache.lookup` reply.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LookupReply {
     /// Hit, semantic hit, miss or bypass.
     pub outcome: CacheOutcome,
     /// Cosine similarity of a semantic hit.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub similarity: Option<f32>,
     /// The stored answer on a hit.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub answer: Option<CachedAnswer>,
     /// Entry key of the hit (hex SHA-256 of the canonical request it was stored for).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub entry: Option<String>,
     /// Why a miss or bypass, for logs (e.g. `semantic: negation differs`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 }
 
@@ -263,6 +259,7 @@ impl CachedAnswer {
 }
 
 /// `<prefix>.cache.store` message (fire-and-forget).
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StoreRequest {
     /// What decides the answer.
@@ -270,10 +267,8 @@ pub struct StoreRequest {
     /// The answer.
     pub answer: CachedAnswer,
     /// Target that produced it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<String>,
     /// Upstream model that produced it (what `purge --model` matches).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upstream_model: Option<String>,
     /// Time to live, seconds.
     pub ttl_s: u64,
@@ -281,19 +276,17 @@ pub struct StoreRequest {
 
 /// `<prefix>.cache.purge` request: entries matching every given filter are deleted (from the KV
 /// bucket, hence from every instance's index). `all` must be set to purge without filters.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PurgeRequest {
     /// Purge everything.
     #[serde(default)]
     pub all: bool,
     /// Only entries of this route (configured model id).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub route: Option<String>,
     /// Only entries produced by this upstream model.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
     /// Only entries whose key starts with this (hex) prefix.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_prefix: Option<String>,
 }
 

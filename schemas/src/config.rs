@@ -38,7 +38,6 @@ pub struct GatewayConfig {
     #[serde(default = "default_listen")]
     pub listen: String,
     /// NATS server URL. `None` makes `switchyard up` start a private nats-server.
-    #[serde(default)]
     pub nats_url: Option<String>,
     /// NATS credentials and TLS (`nats:`); CLI flags and `SWITCHYARD_NATS_*` override it.
     #[serde(default)]
@@ -267,7 +266,6 @@ pub struct TargetConfig {
     #[serde(default = "one")]
     pub weight: f64,
     /// Context window of the upstream model, tokens; requests estimated larger skip the target.
-    #[serde(default)]
     pub context_window: Option<u64>,
     /// RPM / TPM / concurrency limits.
     #[serde(default)]
@@ -282,7 +280,6 @@ pub struct TargetConfig {
     #[serde(default)]
     pub timeouts: TimeoutOverrides,
     /// Active health probe; `None` = passive health only.
-    #[serde(default)]
     pub probe: Option<Probe>,
 }
 
@@ -397,10 +394,8 @@ pub struct ModelConfig {
     /// Target ids in fallback order.
     pub targets: Vec<String>,
     /// Owner shown in `/v1/models` (`owned_by`), default the part before `/`.
-    #[serde(default)]
     pub owned_by: Option<String>,
     /// Routing policy id; `None` = `priority` over `targets` in order.
-    #[serde(default)]
     pub policy: Option<String>,
     /// Response cache settings of this route (default: on, exact + semantic, `open` profile).
     #[serde(default, skip_serializing_if = "Option::is_none")]

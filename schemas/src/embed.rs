@@ -35,15 +35,14 @@ impl EmbedInput {
 }
 
 /// One embeddings request after validation and routing.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EmbedRequest {
     /// Request id (UUIDv7).
     pub id: Uuid,
     /// Tenant, when auth is on.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,
     /// Calling key id, when auth is on.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_id: Option<String>,
     /// Standard model id the client asked for.
     pub model: String,
@@ -52,10 +51,8 @@ pub struct EmbedRequest {
     /// Inputs.
     pub input: EmbedInput,
     /// Output dimensions, for models that can shorten their vectors.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dimensions: Option<u32>,
     /// End-user id.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
     /// Absolute deadline, ms since the Unix epoch.
     pub deadline_ms: u64,
@@ -63,7 +60,6 @@ pub struct EmbedRequest {
     #[serde(default)]
     pub attempt: u32,
     /// The batch job this request is an item of (`None` for live traffic; priced at the batch rate).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch_id: Option<String>,
 }
 

@@ -128,6 +128,7 @@ impl ErrorClass {
 }
 
 /// A classified failure as it travels between services.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorInfo {
     /// The class routing acts on.
@@ -138,13 +139,10 @@ pub struct ErrorInfo {
     /// off, see [`ErrorInfo::disposition`]).
     pub retryable: bool,
     /// The upstream HTTP status, when there was one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upstream_status: Option<u16>,
     /// How long the upstream asked us to wait (from `Retry-After`), in ms.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_after_ms: Option<u64>,
     /// The request parameter at fault, for `invalid_request` (OpenAI's `param`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub param: Option<String>,
 }
 
@@ -215,28 +213,27 @@ mod tests {
             let d = c.disposition();
             (d.retry, d.fallback, d.health, d.degrades)
         };
-        assert_eq!(d(ErrorClass::RateLimited), (true, true, Throttled, false));
-        for c in [
-            ErrorClass::Overloaded,
-            ErrorClass::Upstream5xx,
-            ErrorClass::Timeout,
-            ErrorClass::Network,
+        let retried_failed = (true, true, Failed, true);
+        let answered = (false, false, Answered, false);
+        let neutral = (false, false, Neutral, false);
+        for (c, want) in [
+            (ErrorClass::RateLimited, (true, true, Throttled, false)),
+            (ErrorClass::Overloaded, retried_failed),
+            (ErrorClass::Upstream5xx, retried_failed),
+            (ErrorClass::Timeout, retried_failed),
+            (ErrorClass::Network, retried_failed),
+            (ErrorClass::Protocol, (false, true, Failed, true)),
+            (ErrorClass::NoCapacity, (false, true, Neutral, false)),
+            (ErrorClass::InvalidRequest, answered),
+            (ErrorClass::ContextLengthExceeded, answered),
+            (ErrorClass::Auth, answered),
+            (ErrorClass::Permission, answered),
+            (ErrorClass::NotFound, answered),
+            (ErrorClass::Cancelled, neutral),
+            (ErrorClass::Internal, neutral),
         ] {
-            assert_eq!(d(c), (true, true, Failed, true), "{c:?}");
+            assert_eq!(d(c), want, "{c:?}");
         }
-        assert_eq!(d(ErrorClass::Protocol), (false, true, Failed, true));
-        assert_eq!(d(ErrorClass::NoCapacity), (false, true, Neutral, false));
-        for c in [
-            ErrorClass::InvalidRequest,
-            ErrorClass::ContextLengthExceeded,
-            ErrorClass::Auth,
-            ErrorClass::Permission,
-            ErrorClass::NotFound,
-        ] {
-            assert_eq!(d(c), (false, false, Answered, false), "{c:?}");
-        }
-        assert_eq!(d(ErrorClass::Cancelled), (false, false, Neutral, false));
-        assert_eq!(d(ErrorClass::Internal), (false, false, Neutral, false));
         // An upstream 429 degrades the target; a worker's own RPM refusal does not.
         let local = ErrorInfo::new(ErrorClass::RateLimited, "rpm");
         assert!(!local.disposition().degrades);

@@ -88,6 +88,7 @@ impl FinishReason {
 }
 
 /// The content of a frame.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum FrameBody {
@@ -110,10 +111,8 @@ pub enum FrameBody {
         /// Which tool call (0-based) within the choice.
         index: u32,
         /// Call id, first piece only.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         id: Option<String>,
         /// Function name, first piece only.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         name: Option<String>,
         /// A fragment of the JSON-encoded arguments.
         #[serde(default)]

@@ -11,51 +11,43 @@ use serde::{Deserialize, Serialize};
 
 /// The `nats:` section. Every field is optional; empty = anonymous, plain TCP (the embedded
 /// server of `switchyard up` hands each of its services its own generated credentials instead).
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct NatsConfig {
     /// User name (with `password`).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
     /// Password of `user`.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub password: Option<Secret>,
     /// Authentication token.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub token: Option<Secret>,
     /// NKey seed (`SU…`, 58 characters) whose public key the server lists.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub nkey_seed: Option<Secret>,
     /// Path of a `.creds` file (user JWT and NKey seed, as `nsc` writes them).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub credentials_file: Option<String>,
     /// Prefix of this connection's reply subjects (default `_INBOX`); a server that limits each
     /// user to its own `_INBOX.<user>.>` needs the matching prefix here.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub inbox_prefix: Option<String>,
     /// TLS to the server.
     #[serde(default)]
     pub tls: NatsTls,
     /// Copies JetStream keeps of each stream and KV bucket this process creates (default 1;
     /// 3 on a three-node cluster; at most 5). See [`crate::replicas`].
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub replicas: Option<usize>,
 }
 
 /// TLS settings of the NATS connection (async-nats uses rustls).
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct NatsTls {
     /// Refuse a server that does not offer TLS (a `tls://` URL implies it).
     pub required: bool,
     /// PEM file of the CA(s) that signed the server certificate (default: the system roots).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub ca_file: Option<String>,
     /// PEM client certificate for mutual TLS (with `key_file`).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub cert_file: Option<String>,
     /// PEM private key of `cert_file`.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub key_file: Option<String>,
 }
 

@@ -64,7 +64,7 @@ fn opt_price<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Decimal>, D::Erro
 /// tier has (`input`, `output`, `cached_input`, `cache_write`, `cache_write_1h`, USD per 1M
 /// tokens, in that order on the wire), then the fields given after it. One list for
 /// [`PriceCard`], [`Rates`] and [`Tier`] (`#[serde(flatten)]` would share it too, but serde
-/// does not support it with `deny_unknown_fields`).
+/// does not support it with `deny_unknown_fields`). `None` fields are left out of the JSON.
 macro_rules! price_struct {
     (
         $(#[$meta:meta])*
@@ -75,6 +75,7 @@ macro_rules! price_struct {
         }
     ) => {
         $(#[$meta])*
+        #[serde_with::skip_serializing_none]
         #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
         #[serde(deny_unknown_fields)]
         pub struct $name {
@@ -87,29 +88,17 @@ macro_rules! price_struct {
             pub output: Decimal,
             /// Input read from the provider's prompt cache; default this card's or tier's
             /// `input`.
-            #[serde(
-                default,
-                deserialize_with = "opt_price",
-                skip_serializing_if = "Option::is_none"
-            )]
+            #[serde(default, deserialize_with = "opt_price")]
             pub cached_input: Option<Decimal>,
             /// Input written to the provider's prompt cache with the 5-minute TTL (Anthropic's
             /// default write; every other provider's only one); default this card's or tier's
             /// `input`.
-            #[serde(
-                default,
-                deserialize_with = "opt_price",
-                skip_serializing_if = "Option::is_none"
-            )]
+            #[serde(default, deserialize_with = "opt_price")]
             pub cache_write: Option<Decimal>,
             /// Input written to the prompt cache with the 1-hour TTL (Anthropic `ttl: "1h"`). A
             /// tier without it takes the card's; on a card without it, 1-hour writes are an
             /// unpriced component (no default).
-            #[serde(
-                default,
-                deserialize_with = "opt_price",
-                skip_serializing_if = "Option::is_none"
-            )]
+            #[serde(default, deserialize_with = "opt_price")]
             pub cache_write_1h: Option<Decimal>,
             $($(#[$after_meta])* pub $after: $after_ty,)*
         }
@@ -134,32 +123,29 @@ price_struct! {
     pub struct PriceCard {
         ..rates,
         /// Reasoning tokens, when priced apart from output; default `output`.
-        #[serde(default, deserialize_with = "opt_price", skip_serializing_if = "Option::is_none")]
+        #[serde(default, deserialize_with = "opt_price")]
         pub reasoning: Option<Decimal>,
         /// Audio input tokens (OpenAI audio models). No default: audio input on a card without
         /// it is an unpriced component.
-        #[serde(default, deserialize_with = "opt_price", skip_serializing_if = "Option::is_none")]
+        #[serde(default, deserialize_with = "opt_price")]
         pub audio_input: Option<Decimal>,
         /// Audio output tokens. No default (unpriced component when missing).
-        #[serde(default, deserialize_with = "opt_price", skip_serializing_if = "Option::is_none")]
+        #[serde(default, deserialize_with = "opt_price")]
         pub audio_output: Option<Decimal>,
         /// Fraction taken off for batch jobs, e.g. 0.5.
-        #[serde(default, deserialize_with = "opt_price", skip_serializing_if = "Option::is_none")]
+        #[serde(default, deserialize_with = "opt_price")]
         pub batch_discount: Option<Decimal>,
         /// Prices of the `priority` service tier (OpenAI "Priority processing"); a priority call
         /// on a card without them is an unpriced component (`service_tier`), billed at the base
         /// prices.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         pub priority: Option<Rates>,
         /// Prices of the `flex` service tier (OpenAI "Flex processing"); as `priority`.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         pub flex: Option<Rates>,
         /// Prices above a prompt size (e.g. Gemini's > 200k tier); the highest matching tier
         /// applies.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         pub tiers: Vec<Tier>,
         /// The date this price was taken (ISO 8601).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         pub as_of: Option<String>,
     }
 }
@@ -470,7 +456,6 @@ pub struct Catalog {
     /// ISO 4217 code; only `USD` today.
     pub currency: String,
     /// When the catalog was compiled.
-    #[serde(default)]
     pub as_of: Option<String>,
     /// Cost prices by upstream model id.
     #[serde(default)]
@@ -593,6 +578,14 @@ mod tests {
         Decimal::from_str(s).unwrap()
     }
 
+    /// The billing type and tokens of each line of `cost`.
+    fn lines(cost: &Cost) -> Vec<(BillingType, u64)> {
+        cost.lines
+            .iter()
+            .map(|l| (l.billing_type, l.tokens))
+            .collect()
+    }
+
     #[test]
     fn bundled_catalog_parses() {
         let c = Catalog::bundled().unwrap();
@@ -614,13 +607,8 @@ mod tests {
         let cost = card.cost(&usage, false);
         assert_eq!(cost.total, d("0.005615"));
         assert_eq!(cost.total.to_string(), "0.005615");
-        let lines: Vec<(BillingType, u64)> = cost
-            .lines
-            .iter()
-            .map(|l| (l.billing_type, l.tokens))
-            .collect();
         assert_eq!(
-            lines,
+            lines(&cost),
             vec![
                 (BillingType::NewInput, 86),
                 (BillingType::CachedInput, 1920),
@@ -648,40 +636,24 @@ mod tests {
 
     #[test]
     fn tiers_batch_and_reasoning() {
+        const M: u64 = 1_000_000;
         let c = Catalog::bundled().unwrap();
-        let small = Usage {
-            prompt_tokens: 1000,
-            completion_tokens: 1000,
-            ..Usage::default()
-        };
-        assert_eq!(
-            c.upstream_cost("gemini-2.5-pro", &small, false)
-                .unwrap()
-                .total,
-            d("0.01125")
-        );
-        let big = Usage {
-            prompt_tokens: 200_001,
-            completion_tokens: 1000,
-            ..Usage::default()
-        };
-        // 200001 × 2.50 + 1000 × 15 per 1M.
-        assert_eq!(
-            c.upstream_cost("gemini-2.5-pro", &big, false)
-                .unwrap()
-                .total,
-            d("0.5150025")
-        );
-        let u = Usage {
-            prompt_tokens: 1_000_000,
-            completion_tokens: 1_000_000,
-            reasoning_tokens: 400_000,
-            ..Usage::default()
-        };
-        assert_eq!(
-            c.upstream_cost("gpt-4o-mini", &u, true).unwrap().total,
-            d("0.375")
-        );
+        // (model, batch, [prompt, completion, reasoning] tokens, total)
+        for (model, batch, [prompt_tokens, completion_tokens, reasoning_tokens], total) in [
+            ("gemini-2.5-pro", false, [1000, 1000, 0], "0.01125"),
+            // 200001 × 2.50 + 1000 × 15 per 1M.
+            ("gemini-2.5-pro", false, [200_001, 1000, 0], "0.5150025"),
+            ("gpt-4o-mini", true, [M, M, 400_000], "0.375"),
+        ] {
+            let u = Usage {
+                prompt_tokens,
+                completion_tokens,
+                reasoning_tokens,
+                ..Usage::default()
+            };
+            let cost = c.upstream_cost(model, &u, batch).unwrap();
+            assert_eq!(cost.total, d(total), "{model} {u:?}");
+        }
     }
 
     fn card(yaml: &str) -> PriceCard {
@@ -706,13 +678,8 @@ mod tests {
         let cost = claude_t().cost(&u, false);
         assert_eq!(cost.total.to_string(), "0.058104");
         assert!(cost.unpriced.is_empty());
-        let types: Vec<_> = cost
-            .lines
-            .iter()
-            .map(|l| (l.billing_type, l.tokens))
-            .collect();
         assert_eq!(
-            types,
+            lines(&cost),
             vec![
                 (BillingType::NewInput, 12),
                 (BillingType::CacheWrite1h, 9628),
@@ -745,6 +712,15 @@ mod tests {
         let c = no_1h.cost_with(&split, false, Some(&claude_t()));
         assert_eq!(c.total.to_string(), "0.016086");
         assert_eq!(c.unpriced, vec!["cache_write_1h"]);
+    }
+
+    #[test]
+    fn absent_prices_are_left_out_of_the_json() {
+        let c = card("{input: 1.25, output: 10, flex: {input: 0.625, output: 5}}");
+        assert_eq!(
+            serde_json::to_value(&c).unwrap(),
+            serde_json::json!({"input": "1.25", "output": "10", "flex": {"input": "0.625", "output": "5"}})
+        );
     }
 
     /// FC-35: Gemini 10000 prompt (8000 cached), 450 completion (400 thoughts) → $0.008.

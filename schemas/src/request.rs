@@ -9,15 +9,14 @@ use std::collections::BTreeMap;
 use uuid::Uuid;
 
 /// One chat completion request after validation and routing.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChatRequest {
     /// Request id (UUIDv7), also the idempotency key sent upstream and the usage join key.
     pub id: Uuid,
     /// Tenant the calling key belongs to, when auth is on.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,
     /// Id of the calling API key (never the key itself), when auth is on.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_id: Option<String>,
     /// The standard model id or route tag the client asked for, e.g. `demo/mock`. Echoed to the client.
     pub model: String,
@@ -29,7 +28,6 @@ pub struct ChatRequest {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tools: Vec<Tool>,
     /// OpenAI `tool_choice`: `"auto"`, `"none"`, `"required"` or `{"type":"function","function":{"name"}}`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_choice: Option<serde_json::Value>,
     /// Sampling and output-shaping parameters.
     #[serde(default)]
@@ -47,7 +45,6 @@ pub struct ChatRequest {
     /// The batch job this request is an item of (`None` for live traffic). Workers admit batch
     /// items only within the share of each target's limits left to them, and price their usage
     /// at the batch rate.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch_id: Option<String>,
     /// Provider-specific fields a front door accepted that have no normalised equivalent, keyed by
     /// the provider family they are meant for ([`Passthrough::ANTHROPIC`], [`Passthrough::OPENAI`]).
@@ -59,7 +56,6 @@ pub struct ChatRequest {
     /// `tools` plus framing), when admission computed one (a budgeted caller): workers charge
     /// TPM with it instead of tokenizing the prompt again. `None` after the messages changed
     /// (context trimming) and in older payloads.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_tokens: Option<u64>,
 }
 
@@ -125,15 +121,14 @@ pub enum Role {
 }
 
 /// One message of the conversation.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Message {
     /// Author role.
     pub role: Role,
     /// Text or multi-part content; absent on assistant messages that only call tools.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<Content>,
     /// Optional participant name.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// Tool calls made by an assistant message (`null` reads as none).
     #[serde(
@@ -143,7 +138,6 @@ pub struct Message {
     )]
     pub tool_calls: Vec<ToolCall>,
     /// For `role: tool`, the id of the call this answers.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
     /// Reasoning an assistant turn produced before its content (Anthropic "Extended thinking":
     /// `thinking` blocks with their `signature`, `redacted_thinking` blocks), replayed to
@@ -159,11 +153,11 @@ pub struct Message {
     /// caching": `cache_control` on the message's last block, e.g. `{"type":"ephemeral"}`; the
     /// message-level form LiteLLM accepts on OpenAI-shaped messages). The Anthropic adapter puts
     /// it on the message's last content block; other adapters do not send it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_control: Option<serde_json::Value>,
 }
 
 /// One block of model reasoning (Anthropic "Extended thinking", content block types).
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ThinkingBlock {
@@ -173,7 +167,6 @@ pub enum ThinkingBlock {
         /// The reasoning text.
         thinking: String,
         /// Opaque signature, e.g. `EqQBCkYIBRgCKkA1…`.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         signature: Option<String>,
     },
     /// `{"type":"redacted_thinking","data"}`: encrypted reasoning.
@@ -188,7 +181,6 @@ pub enum ThinkingBlock {
     /// target that first accepted it (the Responses door, docs/routing.md).
     Reasoning {
         /// The item id, e.g. `rs_…`.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         id: Option<String>,
         /// Opaque encrypted reasoning.
         encrypted_content: String,
@@ -264,10 +256,10 @@ pub enum ContentPart {
 }
 
 /// An inline document of a [`ContentPart::File`].
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FilePart {
     /// The file name (Anthropic: the document `title`), if given.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub filename: Option<String>,
     /// `data:application/pdf;base64,<data>` (checked by `input::file_data`); empty when the
     /// document is given by [`Self::file_url`] or [`Self::file_id`].
@@ -278,13 +270,11 @@ pub struct FilePart {
     /// loopback, private or link-local address); the gateway never fetches it. Providers that
     /// take document URLs get it (Anthropic, OpenAI Responses, Gemini `fileData`); the others
     /// answer 400 naming the part.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub file_url: Option<String>,
     /// A file uploaded to the provider itself (OpenAI `file.file_id`, Anthropic `document`
     /// `source: {"type": "file"}` with the Files API beta): sent unchanged to providers that take
     /// file references (OpenAI, Azure, OpenAI Responses, Anthropic); the id is the provider's, so
     /// route such a request to that provider (e.g. `x-switchyard-only`). Others answer 400.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub file_id: Option<String>,
 }
 
@@ -309,18 +299,16 @@ pub struct Tool {
 }
 
 /// A function declaration: name, description and JSON Schema parameters.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FunctionDef {
     /// Function name.
     pub name: String,
     /// What it does, for the model.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
     /// JSON Schema of the arguments.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parameters: Option<serde_json::Value>,
     /// OpenAI structured-outputs strict mode.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub strict: Option<bool>,
 }
 
@@ -350,53 +338,40 @@ pub struct FunctionCall {
 }
 
 /// Sampling and output-shaping parameters; `None` means "provider default".
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SamplingParams {
     /// 0–2.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub temperature: Option<f64>,
     /// Nucleus sampling, 0–1.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_p: Option<f64>,
     /// Upper bound on generated tokens (OpenAI `max_completion_tokens` or legacy `max_tokens`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u32>,
     /// Stop sequences (up to 4 on OpenAI).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stop: Vec<String>,
     /// Number of choices.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub n: Option<u32>,
     /// Best-effort determinism seed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<i64>,
     /// −2 to 2.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub presence_penalty: Option<f64>,
     /// −2 to 2.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub frequency_penalty: Option<f64>,
     /// OpenAI `response_format` object (`text`, `json_object`, `json_schema`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response_format: Option<serde_json::Value>,
     /// Whether the model may call several tools in one turn.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parallel_tool_calls: Option<bool>,
     /// End-user id for abuse tracking and stable canary hashing.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
     /// OpenAI `reasoning_effort` (`none`, `minimal`, `low`, `medium`, `high`, `xhigh`): OpenAI
     /// passes it on, Anthropic maps it to a `thinking` budget, other adapters drop it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning_effort: Option<String>,
     /// OpenAI `logprobs`: passed to OpenAI-style upstreams, dropped by the others.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logprobs: Option<bool>,
     /// OpenAI `top_logprobs` (0–20): as `logprobs`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_logprobs: Option<u32>,
     /// Top-k sampling (Anthropic `top_k`, Gemini `topK`); OpenAI-style upstreams do not get it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_k: Option<u32>,
 }
 

@@ -8,14 +8,11 @@ use serde::{Deserialize, Serialize};
 #[serde(deny_unknown_fields)]
 pub struct Limits {
     /// Requests per minute (token bucket, refilled continuously). `None` = unlimited.
-    #[serde(default)]
     pub rpm: Option<u32>,
     /// Tokens per minute: charged before the call with a tokenizer estimate (prompt + max_tokens),
     /// corrected with the actual usage after. `None` = unlimited.
-    #[serde(default)]
     pub tpm: Option<u64>,
     /// In-flight requests per worker process; beyond it the worker rejects at once. `None` = unlimited.
-    #[serde(default)]
     pub max_concurrency: Option<u32>,
 }
 
@@ -93,16 +90,12 @@ impl Default for Retry {
 #[serde(deny_unknown_fields)]
 pub struct TimeoutOverrides {
     /// TCP/TLS connect, ms.
-    #[serde(default)]
     pub connect_ms: Option<u64>,
     /// First upstream byte/token, ms.
-    #[serde(default)]
     pub first_byte_ms: Option<u64>,
     /// Longest gap between two data events (keep-alive comments do not count), ms.
-    #[serde(default)]
     pub idle_ms: Option<u64>,
     /// Whole request, ms.
-    #[serde(default)]
     pub total_ms: Option<u64>,
 }
 
@@ -203,13 +196,11 @@ pub struct Policy {
     #[serde(default)]
     pub strategy: Strategy,
     /// For `canary`.
-    #[serde(default)]
     pub canary: Option<Canary>,
     /// For `composite`.
     #[serde(default)]
     pub weights: CompositeWeights,
     /// Most targets tried per request (first included); `None` = all candidates.
-    #[serde(default)]
     pub max_attempts: Option<u32>,
     /// Timeout overrides for requests under this policy.
     #[serde(default)]

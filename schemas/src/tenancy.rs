@@ -10,6 +10,7 @@ use rust_decimal::Decimal;
 use serde::{Deserialize, Deserializer, Serialize};
 
 /// One API key.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KeyConfig {
@@ -18,10 +19,8 @@ pub struct KeyConfig {
     /// Tenant the key belongs to (its tenant budget applies too, if `tenants` lists it).
     pub tenant: String,
     /// Lower-case hex SHA-256 of the key (64 chars). Exactly one of `key_sha256` / `key`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_sha256: Option<String>,
     /// The key itself (e.g. `${TEAM_A_KEY}`); hashed at load, never printed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<Secret>,
     /// May read every tenant's usage (`GET /v1/usage?tenant=…`).
     #[serde(default)]
@@ -36,7 +35,6 @@ pub struct KeyConfig {
     #[serde(default, skip_serializing_if = "RateLimits::is_none")]
     pub limits: RateLimits,
     /// Unix time, seconds (UTC), from which the key is refused with 401 (`None` = never).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<u64>,
 }
 
@@ -80,20 +78,18 @@ impl Default for AdminConfig {
 }
 
 /// One admin key.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AdminKeyConfig {
     /// Id (`[A-Za-z0-9_-]`, ≤ 64), named in logs.
     pub id: String,
     /// Lower-case hex SHA-256 of the key. Exactly one of `key_sha256` / `key`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_sha256: Option<String>,
     /// The key as a reference: `env:NAME` (read by ingress) or `${NAME}`. A literal is stored
     /// as its hash by `config push`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<Secret>,
     /// Limits the key to one tenant's keys, tenant and usage (`None` = the whole gateway).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,
 }
 
@@ -177,20 +173,18 @@ pub enum OnLowBalance {
 /// RPM and TPM count per UTC clock minute (the window resets at every `hh:mm:00`), like the
 /// budgets' `tokens_per_minute`; a request over any of them is answered 429
 /// `rate_limit_exceeded` with `Retry-After`.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RateLimits {
     /// Requests admitted per clock minute (≥ 1).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub rpm: Option<u64>,
     /// Tokens per clock minute (≥ 1): each request is charged its estimate at admission (o200k
     /// prompt tokens + `max_tokens`, 256 when absent) and corrected to the tokens the upstream
     /// reported when it ends within the same minute.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub tpm: Option<u64>,
     /// Requests in flight at once across every ingress replica (≥ 1); a stream counts until its
     /// last byte.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_concurrent: Option<u32>,
 }
 
@@ -203,24 +197,23 @@ impl RateLimits {
 
 /// Limits of a key or tenant; each is off when absent. Windows are calendar UTC: the day
 /// (00:00–24:00), the month, and the clock minute.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Budget {
     /// Spend limit per UTC day, USD (sale price, i.e. what the tenant is charged).
-    #[serde(deserialize_with = "opt_usd", skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "opt_usd")]
     pub daily_usd: Option<Decimal>,
     /// Spend limit per UTC month, USD.
-    #[serde(deserialize_with = "opt_usd", skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "opt_usd")]
     pub monthly_usd: Option<Decimal>,
     /// Tokens (input + output) per clock minute.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub tokens_per_minute: Option<u64>,
     /// Tokens (input + output) per UTC day.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub tokens_per_day: Option<u64>,
     /// Cost-priority routing: once this share (0–1) of `daily_usd` is spent or reserved,
     /// models that name a `cheaper` alternative are served by it.
-    #[serde(deserialize_with = "opt_usd", skip_serializing_if = "Option::is_none")]
+    #[serde(deserialize_with = "opt_usd")]
     pub downgrade_at: Option<Decimal>,
 }
 

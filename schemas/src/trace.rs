@@ -47,7 +47,6 @@ pub enum OtlpProtocol {
 pub struct TracingConfig {
     /// The collector's OTLP/HTTP base URL, e.g. `http://otel-collector:4318`; spans go to
     /// `<endpoint>/v1/traces`. `None` (default): no export, no spans are even created.
-    #[serde(default)]
     pub endpoint: Option<String>,
     /// Wire protocol, default `http/protobuf`.
     #[serde(default)]
@@ -62,7 +61,6 @@ pub struct TracingConfig {
     pub sample_ratio: f64,
     /// `service.name` of the exported resource; default `switchyard-<service>` (`switchyard-ingress`,
     /// `switchyard-worker`, `switchyard-cache`, `switchyard` for `up`).
-    #[serde(default)]
     pub service_name: Option<String>,
     /// Export timeout per batch, ms (default 10,000).
     #[serde(default = "default_export_timeout_ms")]

@@ -129,6 +129,7 @@ pub enum UsageStatus {
 pub const PROBE_TENANT: &str = "_switchyard_probe";
 
 /// One usage record. Idempotent by (`request_id`, `kind`, `attempt`): redelivery never double counts.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct UsageEvent {
     /// The request (UUIDv7).
@@ -141,18 +142,14 @@ pub struct UsageEvent {
     /// When the event was produced, ms since the Unix epoch.
     pub ts_ms: u64,
     /// Tenant, when auth is on.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,
     /// Calling key id, when auth is on.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_id: Option<String>,
     /// Standard model id or route tag the client asked for.
     pub model: String,
     /// Target that served (or last tried).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<String>,
     /// Model id sent upstream.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upstream_model: Option<String>,
     /// Token counts.
     pub usage: Usage,
@@ -162,10 +159,8 @@ pub struct UsageEvent {
     /// Outcome.
     pub status: UsageStatus,
     /// Error class when `status` is `error`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error_class: Option<ErrorClass>,
     /// Time to first content, ms (from request admission for `charge`, from upstream call for `upstream`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttft_ms: Option<u64>,
     /// Total duration, ms.
     pub latency_ms: u64,
@@ -177,22 +172,18 @@ pub struct UsageEvent {
     pub cache_hit: bool,
     /// A budget settlement ingress could not write itself (`charge` only; docs/budgets.md):
     /// billing applies it once after storing the event.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget_owed: Option<BudgetOwed>,
     /// The batch job this request was an item of (`None` for live traffic): priced at the
     /// catalog's batch rate (`batch_discount`) and reported apart.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch_id: Option<String>,
     /// What the audit log adds (`charge` and `audit` only; docs/audit.md): stored by billing in
     /// `audit_log`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub audit: Option<Box<crate::audit::AuditInfo>>,
     /// Why generation stopped, in OpenAI's vocabulary (`stop`, `length`, `tool_calls`,
     /// `content_filter`: a provider's safety system withheld the answer — OpenAI
     /// `content_filter`, Anthropic `refusal`, Gemini `SAFETY`/`PROHIBITED_CONTENT`/…, Bedrock
     /// `content_filtered`/`guardrail_intervened`); `None` when the call or request ended
     /// without an end frame (error, cancel). Stored in the ledger's `finish_reason` column.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finish_reason: Option<crate::FinishReason>,
 }
 

@@ -25,6 +25,7 @@ pub const UNKNOWN_PROVIDER: &str = "(unknown)";
 
 /// What to aggregate: the requests of a time range, optionally of one tenant and/or key, grouped
 /// by zero or more [`GroupBy`] dimensions.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UsageQuery {
     /// Range start, inclusive, ms since the Unix epoch (UTC).
@@ -36,10 +37,8 @@ pub struct UsageQuery {
     #[serde(default)]
     pub group_by: Vec<GroupBy>,
     /// Only this tenant's requests; `None` = every tenant.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,
     /// Only this key's requests; `None` = every key.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_id: Option<String>,
     /// Target id → provider name (e.g. `openai-east` → `openai`), for [`GroupBy::Provider`]: the
     /// ledger stores targets, the live config knows their providers. A target missing here is
