@@ -47,32 +47,27 @@ struct ChunkChoice<'a> {
     finish_reason: Option<&'static str>,
 }
 
-/// A chunk's `delta`.
+/// A chunk's `delta`: only the fields it has.
+#[serde_with::skip_serializing_none]
 #[derive(Serialize, Default)]
 pub struct Delta<'a> {
-    #[serde(skip_serializing_if = "Option::is_none")]
     role: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     content: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     tool_calls: Option<[ToolCallDelta<'a>; 1]>,
     /// Legacy `function_call` delta (requests that sent `functions`).
-    #[serde(skip_serializing_if = "Option::is_none")]
     function_call: Option<FunctionDelta<'a>>,
     /// Reasoning text (DeepSeek's and LiteLLM's name, read by the OpenAI SDKs as an extra field).
-    #[serde(skip_serializing_if = "Option::is_none")]
     reasoning_content: Option<&'a str>,
     /// A signature or redacted block closing a thinking block (LiteLLM's `thinking_blocks`).
-    #[serde(skip_serializing_if = "Option::is_none")]
     thinking_blocks: Option<[serde_json::Value; 1]>,
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Serialize)]
 struct ToolCallDelta<'a> {
     index: u32,
-    #[serde(skip_serializing_if = "Option::is_none")]
     id: Option<&'a str>,
-    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "type")]
     kind: Option<&'static str>,
     function: FunctionDelta<'a>,
 }
