@@ -30,6 +30,33 @@ pub struct Upstream<'a> {
     pub base_url: &'a str,
 }
 
+impl Upstream<'_> {
+    /// `{base_url}{path}`, trailing slashes of the base URL dropped (`path` starts with `/`).
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base_url.trim_end_matches('/'))
+    }
+
+    /// A [`post_json`] to `url` with this call's client.
+    pub fn post_json(&self, url: &str) -> reqwest::RequestBuilder {
+        post_json(self.http, url)
+    }
+}
+
+/// A `POST` to `url` whose body is JSON (`content-type: application/json`).
+pub fn post_json(http: &reqwest::Client, url: &str) -> reqwest::RequestBuilder {
+    http.post(url)
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+}
+
+/// The `accept` header of a call that streams (`text/event-stream`) or not (`application/json`).
+pub fn accept_for(stream: bool) -> &'static str {
+    if stream {
+        "text/event-stream"
+    } else {
+        "application/json"
+    }
+}
+
 /// A started upstream call: resolves to its answer or a classified error.
 pub type Call<T> = BoxFuture<'static, Result<T, ErrorInfo>>;
 

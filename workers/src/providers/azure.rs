@@ -17,14 +17,14 @@
 
 use std::collections::VecDeque;
 
-use reqwest::header::{ACCEPT, CONTENT_TYPE};
+use reqwest::header::ACCEPT;
 use serde_json::{Map, Value, json};
 use switchyard_schemas::config::{OpenAiApi, ProviderKind};
 use switchyard_schemas::{ChatRequest, ErrorInfo, FrameBody};
 
 use super::openai::{ChatDialect, OpenAiTranslator, accept, build_object, read_answer, send_chat};
 use super::shared::api_key_header;
-use crate::provider::{Call, EventStream, Provider, SseTranslator, Upstream};
+use crate::provider::{Call, EventStream, Provider, SseTranslator, Upstream, post_json};
 use crate::sse::SseEvent;
 
 /// `api-version` used when the target sets none: the GA data-plane inference version
@@ -43,13 +43,13 @@ impl Provider for AzureOpenAiProvider {
     }
 
     fn stream_chat(&self, up: Upstream<'_>, req: &ChatRequest) -> Call<EventStream> {
-        let (http, target, base_url) = (up.http, up.target, up.base_url);
+        let (target, base_url) = (up.target, up.base_url);
         if target.api == OpenAiApi::Responses {
             let auth = (!target.api_key.is_empty())
                 .then(|| ("api-key", target.api_key.expose().to_owned()));
             let url = responses_url(base_url, target.api_version.as_deref());
             return crate::providers::openai_responses::call(
-                http,
+                up.http,
                 url,
                 auth,
                 &target.upstream_model,
@@ -59,7 +59,7 @@ impl Provider for AzureOpenAiProvider {
         let version = target.api_version.as_deref().unwrap_or(DEFAULT_API_VERSION);
         let body = build_map(&target.upstream_model, version, req);
         let url = chat_url(base_url, &target.upstream_model, version);
-        let http = http.clone();
+        let http = up.http.clone();
         let key = api_key_header(target);
         let memo = format!("{}|{base_url}", target.id);
         let translator = AzureTranslator {
@@ -68,9 +68,7 @@ impl Provider for AzureOpenAiProvider {
         Box::pin(async move {
             let key = key?;
             let make = |body: &Map<String, Value>| {
-                let mut builder = http
-                    .post(&url)
-                    .header(CONTENT_TYPE, "application/json")
+                let mut builder = post_json(&http, &url)
                     .header(ACCEPT, accept(body))
                     // `json` fails the send (no request) if encoding fails: never an empty body.
                     .json(body);

@@ -23,7 +23,9 @@
 //! partial items; `response.failed` and `error` are classified errors. Only when no item event
 //! came at all is the terminal `output` read.
 
-use crate::provider::{Answer, EventStream, SseTranslator, send_checked};
+use crate::provider::{
+    Answer, EventStream, SseTranslator, Upstream, accept_for, post_json, send_checked,
+};
 use crate::providers::classify::stream_error;
 use crate::providers::shared::{empty_object_schema, read_answer, secret_header, to_json_object};
 use crate::sse::SseEvent;
@@ -32,26 +34,24 @@ use futures::future::BoxFuture;
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 use std::collections::{HashMap, VecDeque};
-use switchyard_schemas::config::TargetConfig;
 use switchyard_schemas::request::{Content, ContentPart, Role, ThinkingBlock};
 use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, FinishReason, FrameBody, Usage};
 
 /// Starts a Responses call for `req` on an OpenAI (or compatible) target:
 /// `{base_url}/responses` with bearer auth.
 pub fn stream_chat(
-    http: &reqwest::Client,
-    target: &TargetConfig,
-    base_url: &str,
+    up: Upstream<'_>,
     req: &ChatRequest,
 ) -> BoxFuture<'static, Result<EventStream, ErrorInfo>> {
-    let url = format!("{}/responses", base_url.trim_end_matches('/'));
+    let target = up.target;
+    let url = up.url("/responses");
     let auth = (!target.api_key.is_empty()).then(|| {
         (
             "authorization",
             format!("Bearer {}", target.api_key.expose()),
         )
     });
-    call(http, url, auth, &target.upstream_model, req)
+    call(up.http, url, auth, &target.upstream_model, req)
 }
 
 /// Starts a Responses call for `req` at `url` with the auth header `auth` (name, value); the body
@@ -64,15 +64,8 @@ pub fn call(
     req: &ChatRequest,
 ) -> BoxFuture<'static, Result<EventStream, ErrorInfo>> {
     let body = build_object(model, req);
-    let accept = if req.stream {
-        "text/event-stream"
-    } else {
-        "application/json"
-    };
-    let mut rb = http
-        .post(url)
-        .header("content-type", "application/json")
-        .header("accept", accept)
+    let mut rb = post_json(http, &url)
+        .header("accept", accept_for(req.stream))
         .header("idempotency-key", req.id.to_string());
     let auth = auth.map(|(name, value)| (name, secret_header(&value)));
     async move {

@@ -10,9 +10,8 @@
 //! (stop reason, cumulative usage) and `message_stop`; `ping` may appear anywhere; an `error` event
 //! (e.g. `overloaded_error`) may end the stream; unknown event types must be ignored.
 
-use reqwest::header::CONTENT_TYPE;
 use serde_json::Value;
-use switchyard_schemas::config::{ProviderKind, TargetConfig};
+use switchyard_schemas::config::ProviderKind;
 use switchyard_schemas::request::Passthrough;
 use switchyard_schemas::{ChatRequest, ErrorInfo};
 
@@ -35,16 +34,10 @@ impl Provider for AnthropicProvider {
     }
 
     fn stream_chat(&self, up: Upstream<'_>, req: &ChatRequest) -> Call<EventStream> {
-        let (http, target, base_url) = (up.http, up.target, up.base_url);
-        let body = build_request(target, req).map(|body| body.to_string());
+        let body = build_request(up.target, req).map(|body| body.to_string());
         // The synthetic JSON tool is in the request exactly when response_format asks for JSON.
         let structured = matches!(structured::json_tool(req), Ok(Some(_)));
-        let builder = post(
-            http,
-            target,
-            req,
-            &format!("{}/messages", base_url.trim_end_matches('/')),
-        );
+        let builder = post(up, req, "/messages");
         Box::pin(async move {
             let resp = send_checked(builder?.body(body?)).await?;
             let parse = if structured {
@@ -61,15 +54,13 @@ impl Provider for AnthropicProvider {
     /// the request's body reduced to the fields that endpoint takes ([`COUNT_FIELDS`]), with the
     /// same headers; the answer's `input_tokens`.
     fn count_tokens(&self, up: Upstream<'_>, req: &ChatRequest) -> Call<u64> {
-        let (http, target, base_url) = (up.http, up.target, up.base_url);
-        let body = build_request(target, req).map(|mut body| {
+        let body = build_request(up.target, req).map(|mut body| {
             if let Some(o) = body.as_object_mut() {
                 o.retain(|k, _| COUNT_FIELDS.contains(&k.as_str()));
             }
             body.to_string()
         });
-        let url = format!("{}/messages/count_tokens", base_url.trim_end_matches('/'));
-        let builder = post(http, target, req, &url);
+        let builder = post(up, req, "/messages/count_tokens");
         Box::pin(async move {
             let resp = send_checked(builder?.body(body?)).await?;
             let v: Value = resp
@@ -99,24 +90,22 @@ pub const COUNT_FIELDS: &[&str] = &[
     "output_format",
 ];
 
-/// A JSON `POST` to `url` with Anthropic's headers: `anthropic-version`, `x-api-key` when the
-/// target has a key, and the passthrough headers (`anthropic-beta`).
+/// A JSON `POST` to the target's `path` with Anthropic's headers: `anthropic-version`,
+/// `x-api-key` when the target has a key, and the passthrough headers (`anthropic-beta`).
 fn post(
-    http: &reqwest::Client,
-    target: &TargetConfig,
+    up: Upstream<'_>,
     req: &ChatRequest,
-    url: &str,
+    path: &str,
 ) -> Result<reqwest::RequestBuilder, ErrorInfo> {
-    let mut builder = http
-        .post(url)
-        .header("anthropic-version", ANTHROPIC_VERSION)
-        .header(CONTENT_TYPE, "application/json");
+    let mut builder = up
+        .post_json(&up.url(path))
+        .header("anthropic-version", ANTHROPIC_VERSION);
     if let Some(extra) = req.passthrough.get(Passthrough::ANTHROPIC) {
         for (name, value) in &extra.headers {
             builder = builder.header(name.as_str(), value.as_str());
         }
     }
-    if let Some(key) = api_key_header(target)? {
+    if let Some(key) = api_key_header(up.target)? {
         builder = builder.header("x-api-key", key);
     }
     Ok(builder)

@@ -41,7 +41,7 @@ use aws_smithy_eventstream::frame::{DecodedFrame, MessageFrameDecoder};
 use aws_smithy_types::event_stream::{HeaderValue as FrameHeaderValue, Message as Frame};
 use bytes::{Bytes, BytesMut};
 use futures::{Stream, StreamExt};
-use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
+use reqwest::header::{ACCEPT, HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
 use switchyard_schemas::config::{AwsTarget, ProviderKind, TargetConfig};
 use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, FinishReason, FrameBody, Usage};
@@ -81,24 +81,21 @@ impl Provider for BedrockProvider {
     }
 
     fn stream_chat(&self, up: Upstream<'_>, req: &ChatRequest) -> Call<EventStream> {
-        let (http, target, base_url) = (up.http, up.target, up.base_url);
-        let prepared = prepare(target, base_url, req, SystemTime::now());
-        let http = http.clone();
-        Box::pin(async move {
-            let signed = prepared?;
+        let prepared = prepare(up.target, up.base_url, req, SystemTime::now());
+        let builder = prepared.map(|signed| {
             let accept = if signed.url.ends_with("/converse") {
                 "application/json"
             } else {
                 EVENT_STREAM_CONTENT_TYPE
             };
-            let mut builder = http
-                .post(signed.url)
-                .header(CONTENT_TYPE, "application/json")
-                .header(ACCEPT, accept);
+            let mut builder = up.post_json(&signed.url).header(ACCEPT, accept);
             for (name, value) in signed.headers {
                 builder = builder.header(name, value);
             }
-            let resp = send(builder.body(signed.body)).await?;
+            builder.body(signed.body)
+        });
+        Box::pin(async move {
+            let resp = send(builder?).await?;
             if is_json_answer(&resp) {
                 return Ok(translate_json(resp, parse_converse));
             }

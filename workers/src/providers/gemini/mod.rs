@@ -13,12 +13,14 @@
 
 use std::collections::VecDeque;
 
-use reqwest::header::{ACCEPT, CONTENT_TYPE};
+use reqwest::header::ACCEPT;
 use serde_json::Value;
 use switchyard_schemas::config::ProviderKind;
 use switchyard_schemas::{ChatRequest, ErrorClass, ErrorInfo, FinishReason, FrameBody, Usage};
 
-use crate::provider::{Answer, Call, EventStream, Provider, SseTranslator, Upstream, send_checked};
+use crate::provider::{
+    Answer, Call, EventStream, Provider, SseTranslator, Upstream, accept_for, send_checked,
+};
 use crate::sse::SseEvent;
 
 /// MIME type assumed for an `http(s)` image URL whose extension says nothing (`fileData.mimeType`
@@ -42,25 +44,15 @@ impl Provider for GeminiProvider {
     }
 
     fn stream_chat(&self, up: Upstream<'_>, req: &ChatRequest) -> Call<EventStream> {
-        let (http, target, base_url) = (up.http, up.target, up.base_url);
         let body = build_request(req).map(|body| body.to_string());
         let structured = matches!(json_tool(req), Ok(Some(_)));
-        let (url, accept) = if req.stream {
-            (
-                stream_url(base_url, &target.upstream_model),
-                "text/event-stream",
-            )
+        let url = if req.stream {
+            stream_url(up.base_url, &up.target.upstream_model)
         } else {
-            (
-                generate_url(base_url, &target.upstream_model),
-                "application/json",
-            )
+            generate_url(up.base_url, &up.target.upstream_model)
         };
-        let mut builder = http
-            .post(url)
-            .header(CONTENT_TYPE, "application/json")
-            .header(ACCEPT, accept);
-        let key = api_key_header(target);
+        let mut builder = up.post_json(&url).header(ACCEPT, accept_for(req.stream));
+        let key = api_key_header(up.target);
         Box::pin(async move {
             let body = body?;
             if let Some(key) = key? {

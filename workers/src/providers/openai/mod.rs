@@ -15,7 +15,8 @@
 //! the failing first call.
 
 use crate::provider::{
-    Answer, Call, Embeddings, EventStream, Provider, SseTranslator, Upstream, send_checked,
+    Answer, Call, Embeddings, EventStream, Provider, SseTranslator, Upstream, accept_for,
+    post_json, send_checked,
 };
 use crate::sse::SseEvent;
 use futures::FutureExt;
@@ -59,17 +60,15 @@ impl Provider for OpenAiProvider {
     }
 
     fn stream_chat(&self, up: Upstream<'_>, req: &ChatRequest) -> Call<EventStream> {
-        let (http, target, base_url) = (up.http, up.target, up.base_url);
+        let target = up.target;
         if target.api == OpenAiApi::Responses {
-            return crate::providers::openai_responses::stream_chat(http, target, base_url, req);
+            return crate::providers::openai_responses::stream_chat(up, req);
         }
         let body = build_object(ChatDialect::of(self.kind), &target.upstream_model, req);
-        let url = format!("{}/chat/completions", base_url.trim_end_matches('/'));
-        let (http, key, id) = (http.clone(), target.api_key.clone(), req.id);
+        let url = up.url("/chat/completions");
+        let (http, key, id) = (up.http.clone(), target.api_key.clone(), req.id);
         let make = move |body: &Map<String, Value>| {
-            let mut rb = http
-                .post(&url)
-                .header("content-type", "application/json")
+            let mut rb = post_json(&http, &url)
                 .header("accept", accept(body))
                 // Lets providers that support it deduplicate our retries of the same request.
                 .header("idempotency-key", id.to_string())
@@ -80,7 +79,7 @@ impl Provider for OpenAiProvider {
             }
             rb
         };
-        let memo = format!("{}|{base_url}", target.id);
+        let memo = format!("{}|{}", target.id, up.base_url);
         let translator = OpenAiTranslator::for_request(req);
         async move {
             let resp = send_chat(body?, &memo, make).await?;
@@ -90,10 +89,10 @@ impl Provider for OpenAiProvider {
     }
 
     fn embed(&self, up: Upstream<'_>, req: &EmbedRequest) -> Call<Embeddings> {
-        let (http, target, base_url) = (up.http, up.target, up.base_url);
-        let url = format!("{}/embeddings", base_url.trim_end_matches('/'));
-        let mut rb = http
-            .post(url)
+        let target = up.target;
+        let mut rb = up
+            .http
+            .post(up.url("/embeddings"))
             .json(&embed_body(&target.upstream_model, req));
         if !target.api_key.is_empty() {
             rb = rb.bearer_auth(target.api_key.expose());
@@ -152,11 +151,7 @@ pub fn parse_embeddings(body: &Value) -> Result<Embeddings, ErrorInfo> {
 
 /// The `Accept` header for `body`: SSE for a stream request, JSON otherwise.
 pub fn accept(body: &Map<String, Value>) -> &'static str {
-    if body.contains_key("stream") {
-        "text/event-stream"
-    } else {
-        "application/json"
-    }
+    accept_for(body.contains_key("stream"))
 }
 
 /// Targets (`<target id>|<base URL>`) that rejected `stream_options` in this process. Bounded by
