@@ -86,6 +86,7 @@ pub fn call(
 /// A Responses request body (OpenAI API reference, "Create a model response" → request body,
 /// <https://platform.openai.com/docs/api-reference/responses/create>); unset optional parameters
 /// are left out.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Serialize)]
 struct ResponsesRequest<'a> {
     model: &'a str,
@@ -94,19 +95,12 @@ struct ResponsesRequest<'a> {
     store: bool,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tools: Vec<Tool<'a>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     tool_choice: Option<ToolChoice<'a>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     temperature: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     top_p: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     max_output_tokens: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     parallel_tool_calls: Option<bool>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     user: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     text: Option<TextConfig>,
     /// `true` for a streaming client, else absent.
     #[serde(skip_serializing_if = "std::ops::Not::not")]

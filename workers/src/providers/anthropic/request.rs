@@ -25,32 +25,27 @@ use crate::providers::shared::{
 
 /// A Messages request body as translated ("Messages" → body parameters); unset optional
 /// parameters are left out.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Serialize)]
 struct MessagesRequest<'a> {
     model: &'a str,
     /// Required by Anthropic.
     max_tokens: u32,
     /// The system prompt as one string (the raw block form only comes through passthrough).
-    #[serde(skip_serializing_if = "Option::is_none")]
     system: Option<String>,
     messages: Vec<Turn<ContentBlock>>,
     /// `true` for a streaming client, else absent.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     stream: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
     temperature: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     top_p: Option<f64>,
     #[serde(skip_serializing_if = "<[String]>::is_empty")]
     stop_sequences: &'a [String],
-    #[serde(skip_serializing_if = "Option::is_none")]
     metadata: Option<Metadata<'a>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     top_k: Option<u32>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tools: Vec<Tool>,
     /// Only sent together with `tools`.
-    #[serde(skip_serializing_if = "Option::is_none")]
     tool_choice: Option<ToolChoice>,
 }
 
@@ -63,16 +58,17 @@ struct Metadata<'a> {
 /// One content block of a message ("Messages" → `messages[].content[]`), with the prompt
 /// caching breakpoint `cache_control` ("Prompt caching": allowed on text, image, document,
 /// tool_use and tool_result blocks, not on thinking blocks; see [`ContentBlock::cached_by`]).
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Serialize)]
 struct ContentBlock {
     #[serde(flatten)]
     block: Block,
     /// The client's breakpoint object as given, e.g. `{"type":"ephemeral"}`.
-    #[serde(skip_serializing_if = "Option::is_none")]
     cache_control: Option<Value>,
 }
 
 /// The content block types Switchyard sends, by their `type`.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 enum Block {
@@ -83,7 +79,6 @@ enum Block {
     /// `{"type":"document","source","title"?}` ("PDF support").
     Document {
         source: Source,
-        #[serde(skip_serializing_if = "Option::is_none")]
         title: Option<String>,
     },
     /// `{"type":"tool_use","id","name","input"}`: an assistant's tool call, `input` the parsed
@@ -96,13 +91,11 @@ enum Block {
     /// `{"type":"tool_result","tool_use_id","content"?}`: a tool's answer in a user turn.
     ToolResult {
         tool_use_id: String,
-        #[serde(skip_serializing_if = "Option::is_none")]
         content: Option<ToolResultContent>,
     },
     /// `{"type":"thinking","thinking","signature"?}` ("Extended thinking"), replayed unchanged.
     Thinking {
         thinking: String,
-        #[serde(skip_serializing_if = "Option::is_none")]
         signature: Option<String>,
     },
     /// `{"type":"redacted_thinking","data"}`, replayed unchanged.
@@ -171,10 +164,10 @@ impl ContentBlock {
 
 /// A tool declaration ("Messages" → `tools[]`, a client tool: `name`, `description`?,
 /// `input_schema`, a JSON Schema passed as given).
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Serialize)]
 pub(crate) struct Tool {
     pub(crate) name: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) description: Option<String>,
     pub(crate) input_schema: Value,
 }

@@ -21,6 +21,7 @@ use crate::providers::shared::{
 };
 
 /// A Converse request body ("Converse" → Request Syntax; the model id goes in the URL).
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 struct ConverseRequest<'a> {
@@ -30,7 +31,6 @@ struct ConverseRequest<'a> {
     /// Left out when no parameter is set.
     #[serde(skip_serializing_if = "InferenceConfig::is_empty")]
     inference_config: InferenceConfig<'a>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     tool_config: Option<ToolConfig>,
 }
 
@@ -42,14 +42,12 @@ enum SystemContentBlock {
 }
 
 /// `InferenceConfiguration`: only the parameters given.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 struct InferenceConfig<'a> {
-    #[serde(skip_serializing_if = "Option::is_none")]
     max_tokens: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     temperature: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     top_p: Option<f64>,
     #[serde(skip_serializing_if = "<[String]>::is_empty")]
     stop_sequences: &'a [String],
@@ -128,12 +126,12 @@ enum ToolResultContent {
 }
 
 /// `ToolConfiguration`.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 struct ToolConfig {
     tools: Vec<Tool>,
     /// Absent means `auto`, Bedrock's default.
-    #[serde(skip_serializing_if = "Option::is_none")]
     tool_choice: Option<ToolChoice>,
 }
 
@@ -145,11 +143,11 @@ enum Tool {
 }
 
 /// `ToolSpecification`.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 struct ToolSpec {
     name: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
     description: Option<String>,
     input_schema: ToolInputSchema,
 }

@@ -22,15 +22,14 @@ use crate::providers::shared::{
 };
 
 /// A `GenerateContentRequest` body (the model goes in the URL); unset parts are left out.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 struct GenerateContentRequest<'a> {
     contents: Vec<Turn>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     system_instruction: Option<SystemInstruction>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tools: Vec<Tool>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     tool_config: Option<ToolConfig>,
     #[serde(skip_serializing_if = "GenerationConfig::is_empty")]
     generation_config: GenerationConfig<'a>,
@@ -53,12 +52,12 @@ struct SystemInstruction {
 }
 
 /// A `Part`: one `data` member, and `thoughtSignature` on a replayed function call.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 struct Part {
     #[serde(flatten)]
     data: PartData,
-    #[serde(skip_serializing_if = "Option::is_none")]
     thought_signature: Option<&'static str>,
 }
 
@@ -132,13 +131,12 @@ struct Tool {
 
 /// `FunctionDeclaration`: `parametersJsonSchema` takes plain JSON Schema (where `parameters`
 /// takes only Google's OpenAPI subset).
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub(super) struct FunctionDeclaration {
     name: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
     description: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     parameters_json_schema: Option<Value>,
 }
 
@@ -179,32 +177,23 @@ impl ToolConfig {
 }
 
 /// `GenerationConfig`: only the parameters given.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
 struct GenerationConfig<'a> {
-    #[serde(skip_serializing_if = "Option::is_none")]
     temperature: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     top_p: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     top_k: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     max_output_tokens: Option<u32>,
     #[serde(skip_serializing_if = "<[String]>::is_empty")]
     stop_sequences: &'a [String],
-    #[serde(skip_serializing_if = "Option::is_none")]
     candidate_count: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     seed: Option<i64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     presence_penalty: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     frequency_penalty: Option<f64>,
     /// `application/json` for a JSON `response_format` (without user tools).
-    #[serde(skip_serializing_if = "Option::is_none")]
     response_mime_type: Option<&'static str>,
     /// [`gemini_schema`] of a `json_schema` `response_format`.
-    #[serde(skip_serializing_if = "Option::is_none")]
     response_json_schema: Option<Value>,
 }
 

@@ -44,50 +44,35 @@ impl ChatDialect {
 }
 
 /// A Chat Completions request body; unset optional parameters are left out.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Serialize)]
 struct ChatCompletionsRequest<'a> {
     model: &'a str,
     messages: Vec<ChatMessage<'a>>,
     #[serde(skip_serializing_if = "<[Tool]>::is_empty")]
     tools: &'a [Tool],
-    #[serde(skip_serializing_if = "Option::is_none")]
     tool_choice: Option<&'a Value>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     temperature: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     top_p: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     max_completion_tokens: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     max_tokens: Option<u32>,
     #[serde(skip_serializing_if = "<[String]>::is_empty")]
     stop: &'a [String],
-    #[serde(skip_serializing_if = "Option::is_none")]
     n: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     seed: Option<i64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     presence_penalty: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     frequency_penalty: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     response_format: Option<&'a Value>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     parallel_tool_calls: Option<bool>,
     /// See [`user_field`].
-    #[serde(skip_serializing_if = "Option::is_none")]
     user: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     logprobs: Option<bool>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     top_logprobs: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     reasoning_effort: Option<&'a str>,
     /// `true` for a streaming client, else absent.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     stream: bool,
     /// With `stream`: `{"include_usage": true}`, so usage arrives in a last chunk.
-    #[serde(skip_serializing_if = "Option::is_none")]
     stream_options: Option<StreamOptions>,
 }
 
@@ -100,16 +85,14 @@ struct StreamOptions {
 /// A normalised message as sent: its OpenAI fields, without the Anthropic-only
 /// `thinking_blocks` (signed reasoning OpenAI-style servers do not take back) and
 /// `cache_control` (Anthropic's cache breakpoints).
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Serialize)]
 struct ChatMessage<'a> {
     role: Role,
-    #[serde(skip_serializing_if = "Option::is_none")]
     content: Option<&'a Content>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     name: Option<&'a str>,
     #[serde(skip_serializing_if = "<[ToolCall]>::is_empty")]
     tool_calls: &'a [ToolCall],
-    #[serde(skip_serializing_if = "Option::is_none")]
     tool_call_id: Option<&'a str>,
 }
 
@@ -222,14 +205,13 @@ pub fn user_field(user: &str) -> String {
 }
 
 /// An embeddings request body: floats on the wire, whatever the client asked.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Serialize)]
 pub struct EmbeddingsBody<'a> {
     model: &'a str,
     input: &'a EmbedInput,
     encoding_format: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
     dimensions: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     user: Option<&'a str>,
 }
 
