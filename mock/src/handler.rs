@@ -4,7 +4,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -35,6 +36,44 @@ const SKIPPED_HEADERS: [&str; 8] = [
 struct App {
     state: MockState,
     shutdown: CancellationToken,
+}
+
+/// One provider request as its handler reads it: the app, the headers, the URI and the raw body
+/// (extracted in that order, as `State`, `HeaderMap`, `Uri` and `Bytes` would be).
+struct Call {
+    app: App,
+    headers: HeaderMap,
+    uri: Uri,
+    body: Bytes,
+}
+
+impl FromRequest<App> for Call {
+    type Rejection = BytesRejection;
+
+    async fn from_request(req: Request, app: &App) -> Result<Self, Self::Rejection> {
+        let (headers, uri) = (req.headers().clone(), req.uri().clone());
+        let body = Bytes::from_request(req, app).await?;
+        Ok(Self {
+            app: app.clone(),
+            headers,
+            uri,
+            body,
+        })
+    }
+}
+
+impl Call {
+    /// Records the request with `body` as its recorded body.
+    fn record(&self, body: Value) {
+        record(&self.app.state, &self.headers, &self.uri, body);
+    }
+
+    /// Records the request with its body read as JSON (`null` when it is not) and returns that.
+    fn record_json(&self) -> Value {
+        let value: Value = serde_json::from_slice(&self.body).unwrap_or(Value::Null);
+        self.record(value.clone());
+        value
+    }
 }
 
 /// Internal header carrying the `/x/<spec>` path prefix a request arrived with (set by
@@ -245,40 +284,24 @@ impl Provider {
     }
 }
 
-async fn chat_completions(
-    State(app): State<App>,
-    headers: HeaderMap,
-    uri: Uri,
-    body: Bytes,
-) -> Response {
-    handle(Provider::OpenAi, &app, &headers, &uri, &body).await
+async fn chat_completions(call: Call) -> Response {
+    handle(Provider::OpenAi, &call).await
 }
 
-async fn responses_create(
-    State(app): State<App>,
-    headers: HeaderMap,
-    uri: Uri,
-    body: Bytes,
-) -> Response {
-    handle(Provider::Responses, &app, &headers, &uri, &body).await
+async fn responses_create(call: Call) -> Response {
+    handle(Provider::Responses, &call).await
 }
 
-async fn messages(State(app): State<App>, headers: HeaderMap, uri: Uri, body: Bytes) -> Response {
-    handle(Provider::Anthropic, &app, &headers, &uri, &body).await
+async fn messages(call: Call) -> Response {
+    handle(Provider::Anthropic, &call).await
 }
 
 /// `POST /v1/messages/count_tokens` (Anthropic "Count Message tokens"): `{"input_tokens": N}`
 /// with N = `prompt_tokens` when the request's directives set it, else the words of `system`
 /// and `messages`; `status=` answers an Anthropic error instead.
-async fn count_tokens(
-    State(app): State<App>,
-    headers: HeaderMap,
-    uri: Uri,
-    body: Bytes,
-) -> Response {
-    let value: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    record(&app.state, &headers, &uri, value.clone());
-    let b = match Behaviour::from_request(path_spec(&headers), &headers, &value) {
+async fn count_tokens(call: Call) -> Response {
+    let value = call.record_json();
+    let b = match Behaviour::from_request(path_spec(&call.headers), &call.headers, &value) {
         Ok(b) => b,
         Err(e) => return Provider::Anthropic.error(400, Some(&e), None),
     };
@@ -302,55 +325,45 @@ async fn count_tokens(
 }
 
 /// `POST /v1beta/models/{model}:(stream)GenerateContent` (also under `/v1`).
-async fn generate_content(
-    State(app): State<App>,
-    headers: HeaderMap,
-    uri: Uri,
-    body: Bytes,
-) -> Response {
-    if gemini::parse_target(uri.path()).is_none() {
-        record(&app.state, &headers, &uri, Value::Null);
-        let message = format!("Method not found: {}", uri.path());
+async fn generate_content(call: Call) -> Response {
+    if gemini::parse_target(call.uri.path()).is_none() {
+        call.record(Value::Null);
+        let message = format!("Method not found: {}", call.uri.path());
         return Provider::Gemini.error(404, Some(&message), None);
     }
-    handle(Provider::Gemini, &app, &headers, &uri, &body).await
+    handle(Provider::Gemini, &call).await
 }
 
 /// `POST /model/{modelId}/converse-stream` and `/converse` (Amazon Bedrock; also under `/v1`).
-async fn converse(State(app): State<App>, headers: HeaderMap, uri: Uri, body: Bytes) -> Response {
-    if bedrock::parse_target(uri.path()).is_none() {
-        record(&app.state, &headers, &uri, Value::Null);
+async fn converse(call: Call) -> Response {
+    if bedrock::parse_target(call.uri.path()).is_none() {
+        call.record(Value::Null);
         return Provider::Bedrock.error(404, Some("Unknown operation (mock)"), None);
     }
-    handle(Provider::Bedrock, &app, &headers, &uri, &body).await
+    handle(Provider::Bedrock, &call).await
 }
 
 /// Azure OpenAI chat completions: the OpenAI handler behind Azure's URL, which requires the
 /// `api-version` query parameter (answered 404 "Resource not found" without it).
-async fn azure_chat_completions(
-    State(app): State<App>,
-    headers: HeaderMap,
-    uri: Uri,
-    body: Bytes,
-) -> Response {
-    let has_version = uri
+async fn azure_chat_completions(call: Call) -> Response {
+    let has_version = call
+        .uri
         .query()
         .is_some_and(|q| q.split('&').any(|kv| kv.starts_with("api-version=")));
     if !has_version {
-        record(&app.state, &headers, &uri, Value::Null);
+        call.record(Value::Null);
         return Provider::Azure.error(404, Some("Resource not found"), None);
     }
-    handle(Provider::Azure, &app, &headers, &uri, &body).await
+    handle(Provider::Azure, &call).await
 }
 
-async fn embeddings(State(app): State<App>, headers: HeaderMap, uri: Uri, body: Bytes) -> Response {
-    let value: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    record(&app.state, &headers, &uri, value.clone());
-    super::embeddings::respond(&headers, &value)
+async fn embeddings(call: Call) -> Response {
+    let value = call.record_json();
+    super::embeddings::respond(&call.headers, &value)
 }
 
-async fn models(State(app): State<App>, headers: HeaderMap, uri: Uri) -> Response {
-    record(&app.state, &headers, &uri, Value::Null);
+async fn models(call: Call) -> Response {
+    call.record(Value::Null);
     axum::Json(json!({
         "object": "list",
         "data": [{
@@ -416,20 +429,20 @@ fn now_secs() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-async fn handle(
-    provider: Provider,
-    app: &App,
-    headers: &HeaderMap,
-    uri: &Uri,
-    raw: &Bytes,
-) -> Response {
+async fn handle(provider: Provider, call: &Call) -> Response {
+    let Call {
+        app,
+        headers,
+        uri,
+        body: raw,
+    } = call;
     let parsed = serde_json::from_slice::<Value>(raw);
     let recorded = match &parsed {
         Ok(value) => value.clone(),
         Err(_) if raw.is_empty() => Value::Null,
         Err(_) => Value::String(String::from_utf8_lossy(raw).into_owned()),
     };
-    record(&app.state, headers, uri, recorded);
+    call.record(recorded);
 
     let body = match parsed {
         Ok(value) if value.is_object() => value,
