@@ -44,15 +44,7 @@ pub fn upstream(target: &TargetConfig, req: &ChatRequest, base: &str) -> Span {
     if !enabled() {
         return Span::none();
     }
-    let name = format!("chat {}", target.upstream_model);
-    let span = tracing::info_span!(target: "switchyard::worker", "upstream",
-        otel.name = name.as_str(), otel.kind = "client");
-    span.set_attribute("gen_ai.operation.name", "chat");
-    span.set_attribute(
-        "gen_ai.provider.name",
-        switchyard_schemas::trace::gen_ai_provider(target.provider.as_str()).to_owned(),
-    );
-    span.set_attribute("gen_ai.request.model", target.upstream_model.clone());
+    let span = gen_ai_client("chat", target);
     let p = &req.params;
     if let Some(m) = p.max_tokens {
         span.set_attribute("gen_ai.request.max_tokens", i64::from(m));
@@ -74,17 +66,25 @@ pub fn embeddings(target: &TargetConfig, base: &str) -> Span {
     if !enabled() {
         return Span::none();
     }
-    let name = format!("embeddings {}", target.upstream_model);
+    let span = gen_ai_client("embeddings", target);
+    span.set_attribute("switchyard.target", target.id.clone());
+    server(&span, base);
+    span
+}
+
+/// The client span `"{operation} {upstream_model}"` of one upstream call on `target`, with the
+/// GenAI attributes every call has: `gen_ai.operation.name`, `gen_ai.provider.name` and
+/// `gen_ai.request.model`.
+fn gen_ai_client(operation: &'static str, target: &TargetConfig) -> Span {
+    let name = format!("{operation} {}", target.upstream_model);
     let span = tracing::info_span!(target: "switchyard::worker", "upstream",
         otel.name = name.as_str(), otel.kind = "client");
-    span.set_attribute("gen_ai.operation.name", "embeddings");
+    span.set_attribute("gen_ai.operation.name", operation);
     span.set_attribute(
         "gen_ai.provider.name",
         switchyard_schemas::trace::gen_ai_provider(target.provider.as_str()).to_owned(),
     );
     span.set_attribute("gen_ai.request.model", target.upstream_model.clone());
-    span.set_attribute("switchyard.target", target.id.clone());
-    server(&span, base);
     span
 }
 
