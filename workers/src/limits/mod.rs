@@ -157,32 +157,20 @@ impl Limiter {
     /// value per key, if missing). Falls back to process-local buckets, with a warning, when
     /// JetStream is not available.
     pub async fn connect(js: &async_nats::jetstream::Context) -> Self {
-        let kv = match js.get_key_value(LIMITS_BUCKET).await {
+        let config = switchyard_schemas::replicas::kv(async_nats::jetstream::kv::Config {
+            bucket: LIMITS_BUCKET.to_owned(),
+            description: "Switchyard RPM/TPM token buckets, one key per target and limit"
+                .to_owned(),
+            history: 1,
+            storage: async_nats::jetstream::stream::StorageType::Memory,
+            ..Default::default()
+        });
+        let kv = match switchyard_kv::get_or_create(js, config).await {
             Ok(kv) => Some(kv),
-            Err(_) => match js
-                .create_key_value(switchyard_schemas::replicas::kv(
-                    async_nats::jetstream::kv::Config {
-                        bucket: LIMITS_BUCKET.to_owned(),
-                        description:
-                            "Switchyard RPM/TPM token buckets, one key per target and limit"
-                                .to_owned(),
-                        history: 1,
-                        storage: async_nats::jetstream::stream::StorageType::Memory,
-                        ..Default::default()
-                    },
-                ))
-                .await
-            {
-                Ok(kv) => Some(kv),
-                // Another replica may have created it in between.
-                Err(e) => match js.get_key_value(LIMITS_BUCKET).await {
-                    Ok(kv) => Some(kv),
-                    Err(_) => {
-                        tracing::warn!(error = %e, "no JetStream KV for limits: RPM/TPM limits are per worker process");
-                        None
-                    }
-                },
-            },
+            Err(e) => {
+                tracing::warn!(error = %e, "no JetStream KV for limits: RPM/TPM limits are per worker process");
+                None
+            }
         };
         Self::with_store(kv)
     }
