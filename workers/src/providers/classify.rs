@@ -454,48 +454,44 @@ mod tests {
         use ErrorClass::*;
         let h = HeaderMap::new();
         let http = |status, body: Value| http_error(status, &h, body.to_string().as_bytes(), None);
-        // OpenAI puts `invalid_request_error` on a 408 too: the status wins.
-        assert_eq!(
-            http(
+        let cases = [
+            // OpenAI puts `invalid_request_error` on a 408 too: the status wins.
+            (
                 408,
-                json!({"error":{"type":"invalid_request_error","message":"m"}})
-            )
-            .class,
-            Timeout
-        );
-        assert_eq!(
-            http(503, json!({"error":{"type":"server_error","message":"m"}})).class,
-            Overloaded
-        );
-        assert_eq!(
-            http(
+                json!({"error":{"type":"invalid_request_error","message":"m"}}),
+                Timeout,
+            ),
+            (
+                503,
+                json!({"error":{"type":"server_error","message":"m"}}),
+                Overloaded,
+            ),
+            (
                 400,
                 json!({"error":{"code":400,"message":"m","status":"INVALID_ARGUMENT",
-            "details":[{"reason":"API_KEY_INVALID"}]}})
-            )
-            .class,
-            Auth
-        );
-        assert_eq!(
-            http(
+            "details":[{"reason":"API_KEY_INVALID"}]}}),
+                Auth,
+            ),
+            (
                 400,
-                json!({"error":{"code":"context_length_exceeded","message":"m"}})
-            )
-            .class,
-            ContextLengthExceeded
-        );
-        assert_eq!(
-            http(
+                json!({"error":{"code":"context_length_exceeded","message":"m"}}),
+                ContextLengthExceeded,
+            ),
+            (
                 409,
-                json!({"error":{"type":"rate_limit_error","message":"m"}})
-            )
-            .class,
-            RateLimited
-        );
-        assert_eq!(
-            http(400, json!({"error":{"type":"server_error","message":"m"}})).class,
-            InvalidRequest
-        );
+                json!({"error":{"type":"rate_limit_error","message":"m"}}),
+                RateLimited,
+            ),
+            (
+                400,
+                json!({"error":{"type":"server_error","message":"m"}}),
+                InvalidRequest,
+            ),
+        ];
+        for (status, body, class) in cases {
+            let what = format!("{status} {body}");
+            assert_eq!(http(status, body).class, class, "{what}");
+        }
         let e = http_error(
             429,
             &h,

@@ -162,6 +162,19 @@ pub(crate) fn translate_chunks<T: crate::provider::SseTranslator + Default>(
     out.into_iter().collect()
 }
 
+/// For each `(name, class)` case, feeds the one SSE event `event(name)` through a fresh `T`:
+/// it must give exactly one event, an error of `class`.
+pub(crate) fn in_stream_errors<T: crate::provider::SseTranslator + Default>(
+    cases: &[(&str, ErrorClass)],
+    event: impl Fn(&str) -> String,
+) {
+    for (name, class) in cases {
+        let events = translate_chunks::<T>(&[&event(name)]);
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].clone().unwrap_err().class, *class, "{name}");
+    }
+}
+
 /// A text event.
 pub(crate) fn text(t: &str) -> Item {
     Ok(FrameBody::Text { text: t.into() })

@@ -154,18 +154,17 @@ fn thinking_ping_empty_tool_args_and_cache_writes() {
 
 #[test]
 fn in_stream_error_events_are_classified() {
-    for (kind, class) in [
+    let cases = [
         ("overloaded_error", ErrorClass::Overloaded),
         ("rate_limit_error", ErrorClass::RateLimited),
         ("api_error", ErrorClass::Upstream5xx),
         ("invalid_request_error", ErrorClass::InvalidRequest),
         ("something_new", ErrorClass::Upstream5xx),
-    ] {
+    ];
+    test_support::in_stream_errors::<AnthropicTranslator>(&cases, |kind| {
         let data = json!({"type": "error", "error": {"type": kind, "message": "m"}});
-        let events = translate_chunks(&[&format!("event: error\ndata: {data}\n\n")]);
-        assert_eq!(events.len(), 1);
-        assert_eq!(events[0].clone().unwrap_err().class, class, "{kind}");
-    }
+        format!("event: error\ndata: {data}\n\n")
+    });
 }
 
 #[tokio::test]

@@ -161,18 +161,17 @@ fn blocked_prompt_bad_json_and_missing_finish() {
 
 #[test]
 fn in_stream_errors_are_classified() {
-    for (status, class) in [
+    let cases = [
         ("UNAVAILABLE", ErrorClass::Overloaded),
         ("RESOURCE_EXHAUSTED", ErrorClass::RateLimited),
         ("INVALID_ARGUMENT", ErrorClass::InvalidRequest),
         ("DEADLINE_EXCEEDED", ErrorClass::Timeout),
         ("INTERNAL", ErrorClass::Upstream5xx),
-    ] {
+    ];
+    test_support::in_stream_errors::<GeminiTranslator>(&cases, |status| {
         let data = json!({"error": {"code": 500, "message": "m", "status": status}});
-        let events = translate_chunks(&[&format!("data: {data}\n\n")]);
-        assert_eq!(events.len(), 1);
-        assert_eq!(events[0].clone().unwrap_err().class, class, "{status}");
-    }
+        format!("data: {data}\n\n")
+    });
 }
 
 #[tokio::test]
