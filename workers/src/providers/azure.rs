@@ -233,13 +233,7 @@ mod tests {
             json!({"params": {"max_tokens": 50}}),
         );
         let events = AZURE.run_with(&t, &req).await.unwrap();
-        let expected = vec![
-            text("Hello,"),
-            text(" world"),
-            usage(5, 0, 2),
-            end(FinishReason::Stop),
-        ];
-        assert_eq!(events, expected);
+        assert_eq!(events, test_support::hello_world(usage(5, 0, 2)));
         let sent = &mock.requests()[0];
         assert_eq!(sent.path, "/openai/deployments/gpt4o-dep/chat/completions");
         assert_eq!(sent.query.as_deref(), Some("api-version=2024-10-21"));

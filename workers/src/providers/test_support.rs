@@ -175,6 +175,17 @@ pub(crate) fn in_stream_errors<T: crate::provider::SseTranslator + Default>(
     }
 }
 
+/// The events of the mock's "Hello, world" in two chunks: the texts "Hello," and " world",
+/// then `usage` and a `stop`.
+pub(crate) fn hello_world(usage: Item) -> Vec<Item> {
+    vec![
+        text("Hello,"),
+        text(" world"),
+        usage,
+        end(FinishReason::Stop),
+    ]
+}
+
 /// A text event.
 pub(crate) fn text(t: &str) -> Item {
     Ok(FrameBody::Text { text: t.into() })
@@ -286,6 +297,28 @@ impl Adapter {
     /// A one-message request steering the mock with a `#mock` directive line.
     pub(crate) fn ask(&self, directives: &str) -> ChatRequest {
         self.request(directive_messages(directives), json!({}))
+    }
+
+    /// The plain-text request of the wire tests: "Be brief." as the system instruction and a
+    /// user "hi" steering the mock to answer "Hello, world" in two chunks (5 prompt tokens, 2
+    /// completion tokens); `temperature` 0.2, `max_tokens` 64.
+    pub(crate) fn plain_text_request(&self) -> ChatRequest {
+        self.request(
+            json!([{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "hi\n#mock text=Hello,+world chunks=2 prompt_tokens=5 completion_tokens=2"}]),
+            json!({"params": {"temperature": 0.2, "max_tokens": 64}}),
+        )
+    }
+
+    /// A request declaring the tool `get_weather(city)` and requiring a tool call, the mock
+    /// asked for two calls (9 prompt tokens).
+    pub(crate) fn weather_calls_request(&self) -> ChatRequest {
+        let tools = json!([{"type": "function", "function": {"name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+        self.request(
+            json!([{"role": "user", "content": "Weather?\n#mock tool_calls=2 prompt_tokens=9"}]),
+            json!({"tools": tools, "tool_choice": "required"}),
+        )
     }
 
     /// Runs `req` against target `t` and collects every event.

@@ -95,19 +95,11 @@ fn text_answer(stop: &str) -> Vec<u8> {
 #[tokio::test]
 async fn plain_text_stream_and_wire_request() {
     let mock = MockUpstream::start().await.unwrap();
-    let req = BEDROCK.request(
-        json!([{"role": "system", "content": "Be brief."},
-            {"role": "user", "content": "hi\n#mock text=Hello,+world chunks=2 prompt_tokens=5 completion_tokens=2"}]),
-        json!({"params": {"temperature": 0.2, "max_tokens": 64}}),
-    );
-    let events = BEDROCK.run(&mock, &req).await.unwrap();
-    let expected = vec![
-        text("Hello,"),
-        text(" world"),
-        usage(5, 0, 0, 2),
-        end(FinishReason::Stop),
-    ];
-    assert_eq!(events, expected);
+    let events = BEDROCK
+        .run(&mock, &BEDROCK.plain_text_request())
+        .await
+        .unwrap();
+    assert_eq!(events, test_support::hello_world(usage(5, 0, 0, 2)));
     let sent = &mock.requests()[0];
     assert_eq!(
         sent.path,
@@ -173,12 +165,7 @@ async fn usage_values_are_exact() {
 #[tokio::test]
 async fn two_tool_calls() {
     let mock = MockUpstream::start().await.unwrap();
-    let tools = json!([{"type": "function", "function": {"name": "get_weather",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
-    let req = BEDROCK.request(
-        json!([{"role": "user", "content": "Weather?\n#mock tool_calls=2 prompt_tokens=9"}]),
-        json!({"tools": tools, "tool_choice": "required"}),
-    );
+    let req = BEDROCK.weather_calls_request();
     let events = BEDROCK.run(&mock, &req).await.unwrap();
     let expected = vec![
         call(0, Some("tooluse_mock_0"), Some("get_weather"), ""),

@@ -38,19 +38,11 @@ async fn plain_text_stream_and_wire_request() {
     let mock = MockUpstream::start().await.unwrap();
     let mut t = GEMINI.target(&mock.base_url());
     t.api_key = switchyard_schemas::Secret::new("AIza-test");
-    let req = GEMINI.request(
-        json!([{"role": "system", "content": "Be brief."},
-            {"role": "user", "content": "hi\n#mock text=Hello,+world chunks=2 prompt_tokens=5 completion_tokens=2"}]),
-        json!({"params": {"temperature": 0.2, "max_tokens": 64}}),
-    );
-    let events = GEMINI.run_with(&t, &req).await.unwrap();
-    let expected = vec![
-        text("Hello,"),
-        text(" world"),
-        usage(5, 0, 2, 0),
-        end(FinishReason::Stop),
-    ];
-    assert_eq!(events, expected);
+    let events = GEMINI
+        .run_with(&t, &GEMINI.plain_text_request())
+        .await
+        .unwrap();
+    assert_eq!(events, test_support::hello_world(usage(5, 0, 2, 0)));
     let sent = &mock.requests()[0];
     assert_eq!(
         sent.path,
@@ -74,12 +66,7 @@ async fn plain_text_stream_and_wire_request() {
 #[tokio::test]
 async fn two_parallel_tool_calls() {
     let mock = MockUpstream::start().await.unwrap();
-    let tools = json!([{"type": "function", "function": {"name": "get_weather",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
-    let req = GEMINI.request(
-        json!([{"role": "user", "content": "Weather?\n#mock tool_calls=2 prompt_tokens=9"}]),
-        json!({"tools": tools, "tool_choice": "required"}),
-    );
+    let req = GEMINI.weather_calls_request();
     let events = GEMINI.run(&mock, &req).await.unwrap();
     let expected = vec![
         call(0, "call_0", "get_weather", r#"{"city":"Paris"}"#),
