@@ -72,6 +72,27 @@ fn chat(stream: bool) -> Value {
 
 const CHAT: &str = "/v1/chat/completions";
 
+/// `GET {path}` on the mock, the answer read as JSON.
+async fn get_json(mock: &MockUpstream, path: &str) -> Value {
+    reqwest::Client::new()
+        .get(format!("{}{path}", mock.base_url()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// The non-empty `delta.content` texts of Chat Completions stream chunks, in order.
+fn delta_contents(chunks: &[Value]) -> Vec<&str> {
+    chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
 fn data_json(events: &[Event]) -> Vec<Value> {
     events
         .iter()
@@ -121,11 +142,7 @@ async fn openai_stream_one_chunk_per_word_and_usage_chunk() {
             chunks[0]["choices"][0]["delta"],
             json!({"role": "assistant", "content": ""})
         );
-        let contents: Vec<&str> = chunks
-            .iter()
-            .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
-            .filter(|s| !s.is_empty())
-            .collect();
+        let contents = delta_contents(&chunks);
         assert_eq!(contents.len(), 13);
         assert_eq!(contents.concat(), DEFAULT_TEXT);
         assert_eq!(contents[0], "Hello ");
@@ -327,12 +344,7 @@ async fn directive_in_last_user_message() {
     stream_body["stream"] = json!(true);
     let resp = post(&mock, CHAT, &[("x-mock-chunks", "2")], &stream_body).await;
     let chunks = data_json(&parse_sse(&resp.bytes().await.unwrap()));
-    let contents: Vec<&str> = chunks
-        .iter()
-        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
-        .filter(|s| !s.is_empty())
-        .collect();
-    assert_eq!(contents, ["Hi th", "ere!"]);
+    assert_eq!(delta_contents(&chunks), ["Hi th", "ere!"]);
 }
 
 #[tokio::test]
@@ -406,24 +418,9 @@ async fn ttft_and_hang() {
 #[tokio::test]
 async fn recording_models_and_health() {
     let mock = MockUpstream::start().await.unwrap();
-    let client = reqwest::Client::new();
-    let health: Value = client
-        .get(format!("{}/health", mock.base_url()))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let health = get_json(&mock, "/health").await;
     assert_eq!(health, json!({ "status": "ok" }));
-    let models: Value = client
-        .get(format!("{}/v1/models", mock.base_url()))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let models = get_json(&mock, "/v1/models").await;
     assert_eq!(models["object"], "list");
     assert_eq!(models["data"][0]["id"], "mock");
 
@@ -441,14 +438,7 @@ async fn recording_models_and_health() {
     assert_eq!(requests[1].header("Authorization"), Some("Bearer sk-test"));
     assert_eq!(requests[1].body["model"], "gpt-test");
 
-    let listed: Value = client
-        .get(format!("{}/_mock/requests", mock.base_url()))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let listed = get_json(&mock, "/_mock/requests").await;
     assert_eq!(listed.as_array().unwrap().len(), 2);
     assert_eq!(listed[1]["path"], CHAT);
 }

@@ -262,28 +262,25 @@ async fn forced_tool_choice_answers_with_that_tool() {
             "tool_choice": {"type": "tool", "name": "json_tool_call"},
         })
     };
-    let resp = post(
+    let v = post_json(
         &mock,
         MESSAGES,
         &[VERSION],
         &body("x\n#mock tool_args=%7B%22a%22%3A1%7D"),
     )
     .await;
-    let v: Value = resp.json().await.unwrap();
     assert_eq!(v["stop_reason"], "tool_use");
     assert_eq!(v["content"].as_array().unwrap().len(), 1);
     assert_eq!(v["content"][0]["name"], "json_tool_call");
     assert_eq!(v["content"][0]["input"], json!({"a": 1}));
-    let resp = post(&mock, MESSAGES, &[VERSION], &body("x")).await;
-    let v: Value = resp.json().await.unwrap();
+    let v = post_json(&mock, MESSAGES, &[VERSION], &body("x")).await;
     assert_eq!(v["content"][0]["input"], json!({}));
-    let resp = post(
+    let v = post_json(
         &mock,
         MESSAGES,
         &[VERSION],
         &body("x\n#mock call=get_weather:%7B%7D"),
     )
     .await;
-    let v: Value = resp.json().await.unwrap();
     assert_eq!(v["content"][0]["name"], "get_weather");
 }
