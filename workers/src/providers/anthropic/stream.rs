@@ -333,11 +333,7 @@ impl AnthropicTranslator {
                 out.push_back(tool_frame(tool, Some(id), Some(name), String::new()));
             }
             BlockStart::Text { text } => self.text(out, text.as_deref()),
-            BlockStart::Thinking { thinking } => {
-                if let Some(text) = thinking.filter(|t| !t.is_empty()) {
-                    out.push_back(Ok(FrameBody::Reasoning { text }));
-                }
-            }
+            BlockStart::Thinking { thinking } => push_reasoning(out, thinking),
             BlockStart::RedactedThinking { data } => {
                 let data = data.unwrap_or_default();
                 out.push_back(Ok(FrameBody::RedactedReasoning { data }));
@@ -373,11 +369,7 @@ impl AnthropicTranslator {
                     out.push_back(tool_frame(*tool, None, None, piece));
                 }
             }
-            BlockDelta::ThinkingDelta { thinking } => {
-                if let Some(text) = thinking.filter(|t| !t.is_empty()) {
-                    out.push_back(Ok(FrameBody::Reasoning { text }));
-                }
-            }
+            BlockDelta::ThinkingDelta { thinking } => push_reasoning(out, thinking),
             BlockDelta::SignatureDelta { signature } => {
                 let signature = signature.unwrap_or_default();
                 out.push_back(Ok(FrameBody::ReasoningSignature { signature }));
@@ -449,6 +441,13 @@ fn push_text(out: &mut VecDeque<Item>, text: Option<&str>) {
         out.push_back(Ok(FrameBody::Text {
             text: text.to_owned(),
         }));
+    }
+}
+
+/// Pushes a `Reasoning` event unless the thinking text is absent or empty.
+fn push_reasoning(out: &mut VecDeque<Item>, thinking: Option<String>) {
+    if let Some(text) = thinking.filter(|t| !t.is_empty()) {
+        out.push_back(Ok(FrameBody::Reasoning { text }));
     }
 }
 
