@@ -493,6 +493,15 @@ mod tests {
         parts.iter().map(|p| p.as_bytes().to_vec()).collect()
     }
 
+    /// [`check`] of the fixture `name` written as the text `parts`.
+    fn check_parts(name: &'static str, parts: &[&str], expected: Vec<SseEvent>) {
+        check(&Fixture {
+            name,
+            chunks: chunks(parts),
+            expected,
+        });
+    }
+
     const OPENAI_1: &str = r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#;
     const OPENAI_2: &str = r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"Hello"}}]}"#;
     const OPENAI_3: &str = r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#;
@@ -534,9 +543,9 @@ mod tests {
         let block_stop = r#"{"type":"content_block_stop","index":0}"#;
         let msg_delta = r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":3}}"#;
         let msg_stop = r#"{"type":"message_stop"}"#;
-        let fixture = Fixture {
-            name: "anthropic",
-            chunks: chunks(&[
+        check_parts(
+            "anthropic",
+            &[
                 &format!("event: message_start\ndata: {start}\n\n"),
                 &format!("event: content_block_start\ndata: {block_start}\n\n"),
                 "event: ping\ndata: {\"type\": \"ping\"}\n\n",
@@ -546,8 +555,8 @@ mod tests {
                 &format!("event: content_block_stop\ndata: {block_stop}\n\n"),
                 &format!("event: message_delta\ndata: {msg_delta}\n\n"),
                 &format!("event: message_stop\ndata: {msg_stop}\n\n"),
-            ]),
-            expected: vec![
+            ],
+            vec![
                 ev(Some("message_start"), start),
                 ev(Some("content_block_start"), block_start),
                 ev(Some("ping"), r#"{"type": "ping"}"#),
@@ -556,15 +565,14 @@ mod tests {
                 ev(Some("message_delta"), msg_delta),
                 ev(Some("message_stop"), msg_stop),
             ],
-        };
-        check(&fixture);
+        );
     }
 
     #[test]
     fn comments_id_retry_and_unknown_fields() {
-        let fixture = Fixture {
-            name: "comments-id-retry",
-            chunks: chunks(&[
+        check_parts(
+            "comments-id-retry",
+            &[
                 ": ping\n\n",
                 ":\n",
                 "id: 1\nretry: 3000\ndata: a\n\n",
@@ -578,8 +586,8 @@ mod tests {
                 "retry: 18446744073709551616\nid: 8\nevent:\ndata: f\n\n",
                 "data\n\n",
                 "Data: ignored\nDATA: ignored\ndata : ignored\n\n",
-            ]),
-            expected: vec![
+            ],
+            vec![
                 SseEvent {
                     id: Some("1".into()),
                     retry: Some(3000),
@@ -611,80 +619,74 @@ mod tests {
                     ..data("")
                 },
             ],
-        };
-        check(&fixture);
+        );
     }
 
     #[test]
     fn crlf_line_endings() {
-        let fixture = Fixture {
-            name: "crlf",
-            chunks: chunks(&[
+        check_parts(
+            "crlf",
+            &[
                 ": comment\r\n\r\n",
                 "event: a\r\ndata: 1\r\ndata: 2\r\n\r\n",
                 "data: 3\r\n\r\n",
-            ]),
-            expected: vec![ev(Some("a"), "1\n2"), data("3")],
-        };
-        check(&fixture);
+            ],
+            vec![ev(Some("a"), "1\n2"), data("3")],
+        );
     }
 
     #[test]
     fn lone_cr_line_endings() {
-        let fixture = Fixture {
-            name: "lone-cr",
-            chunks: chunks(&["event: a\rdata: 1\rdata: 2\r\r", "data: 3\r\r"]),
-            expected: vec![ev(Some("a"), "1\n2"), data("3")],
-        };
-        check(&fixture);
+        check_parts(
+            "lone-cr",
+            &["event: a\rdata: 1\rdata: 2\r\r", "data: 3\r\r"],
+            vec![ev(Some("a"), "1\n2"), data("3")],
+        );
     }
 
     #[test]
     fn mixed_line_endings() {
-        let fixture = Fixture {
-            name: "mixed",
-            // CRLF then CR (blank); LF then CRLF (blank); CR then LF (blank);
-            // LF LF.
-            chunks: chunks(&[
+        // CRLF then CR (blank); LF then CRLF (blank); CR then LF (blank);
+        // LF LF.
+        check_parts(
+            "mixed",
+            &[
                 "data: a\r\n\r",
                 "data: b\n\r\n",
                 "data: c\r\n",
                 "data: d\n\n",
-            ]),
-            expected: vec![data("a"), data("b"), data("c\nd")],
-        };
-        check(&fixture);
+            ],
+            vec![data("a"), data("b"), data("c\nd")],
+        );
     }
 
     #[test]
     fn multi_line_data() {
-        let fixture = Fixture {
-            name: "multi-line",
-            chunks: chunks(&[
+        check_parts(
+            "multi-line",
+            &[
                 "data: line1\ndata: line2\ndata:\ndata:  indented\ndata\ndata: last\n\n",
                 "data:\n\n",
                 "data\ndata\n\n",
-            ]),
-            expected: vec![
+            ],
+            vec![
                 data("line1\nline2\n\n indented\n\nlast"),
                 data(""),
                 data("\n"),
             ],
-        };
-        check(&fixture);
+        );
     }
 
     #[test]
     fn multi_byte_utf8() {
-        let fixture = Fixture {
-            name: "utf8",
-            chunks: chunks(&[
+        check_parts(
+            "utf8",
+            &[
                 "event: ünïcödé\ndata: héllo 世界 🎉\n\n",
                 "data: 🎉🎉\ndata: ok\n\n",
-            ]),
-            expected: vec![ev(Some("ünïcödé"), "héllo 世界 🎉"), data("🎉🎉\nok")],
-        };
-        check(&fixture);
+            ],
+            vec![ev(Some("ünïcödé"), "héllo 世界 🎉"), data("🎉🎉\nok")],
+        );
     }
 
     #[test]
@@ -702,21 +704,19 @@ mod tests {
 
     #[test]
     fn leading_bom_is_stripped_once() {
-        let fixture = Fixture {
-            name: "bom",
-            chunks: chunks(&["\u{FEFF}data: bom\n\n", "data: \u{FEFF}kept\n\n"]),
-            expected: vec![data("bom"), data("\u{FEFF}kept")],
-        };
-        check(&fixture);
+        check_parts(
+            "bom",
+            &["\u{FEFF}data: bom\n\n", "data: \u{FEFF}kept\n\n"],
+            vec![data("bom"), data("\u{FEFF}kept")],
+        );
 
         // Only the first BOM is stripped; a second one makes the field name
         // unknown.
-        let double = Fixture {
-            name: "double-bom",
-            chunks: chunks(&["\u{FEFF}\u{FEFF}data: x\n\n", "data: y\n\n"]),
-            expected: vec![data("y")],
-        };
-        check(&double);
+        check_parts(
+            "double-bom",
+            &["\u{FEFF}\u{FEFF}data: x\n\n", "data: y\n\n"],
+            vec![data("y")],
+        );
 
         // A partial BOM prefix followed by something else is not stripped.
         let partial = Fixture {
@@ -749,36 +749,28 @@ mod tests {
 
     #[test]
     fn finish_is_lenient_about_missing_blank_line() {
-        let fixture = Fixture {
-            name: "no-final-blank-line",
-            chunks: chunks(&["data: a\n\n", "event: e\ndata: b\r\n"]),
-            expected: vec![data("a"), ev(Some("e"), "b")],
-        };
-        check(&fixture);
+        check_parts(
+            "no-final-blank-line",
+            &["data: a\n\n", "event: e\ndata: b\r\n"],
+            vec![data("a"), ev(Some("e"), "b")],
+        );
 
-        let crlf_split = Fixture {
-            name: "no-final-blank-line-cr",
-            chunks: chunks(&["data: a\r"]),
-            expected: vec![data("a")],
-        };
-        check(&crlf_split);
+        check_parts("no-final-blank-line-cr", &["data: a\r"], vec![data("a")]);
     }
 
     #[test]
     fn finish_discards_incomplete_last_line_or_dataless_event() {
-        let fixture = Fixture {
-            name: "incomplete-last-line",
-            chunks: chunks(&["data: a\n\n", "data: b\ndata: trunc"]),
-            expected: vec![data("a")],
-        };
-        check(&fixture);
+        check_parts(
+            "incomplete-last-line",
+            &["data: a\n\n", "data: b\ndata: trunc"],
+            vec![data("a")],
+        );
 
-        let dataless = Fixture {
-            name: "dataless-at-eof",
-            chunks: chunks(&["data: a\n\n", "event: x\nid: 3\n"]),
-            expected: vec![data("a")],
-        };
-        check(&dataless);
+        check_parts(
+            "dataless-at-eof",
+            &["data: a\n\n", "event: x\nid: 3\n"],
+            vec![data("a")],
+        );
 
         let empty = Fixture {
             name: "empty",
