@@ -268,10 +268,7 @@ mod tests {
     #[tokio::test]
     async fn two_parallel_tool_calls() {
         let mock = MockUpstream::start().await.unwrap();
-        let events = AZURE
-            .run(&mock, &AZURE.ask("tool_calls=2 chunks=3"))
-            .await
-            .unwrap();
+        let events = AZURE.run_ask(&mock, "tool_calls=2 chunks=3").await.unwrap();
         let mut calls: Vec<(String, String, String)> = Vec::new();
         for e in &events {
             if let Ok(FrameBody::ToolCall {

@@ -330,6 +330,15 @@ impl Adapter {
         collect(self.provider, t, req).await
     }
 
+    /// Runs the one-message request [`Adapter::ask`] of `directives` on `mock`.
+    pub(crate) async fn run_ask(
+        &self,
+        mock: &MockUpstream,
+        directives: &str,
+    ) -> Result<Vec<Item>, ErrorInfo> {
+        self.run(mock, &self.ask(directives)).await
+    }
+
     /// Runs `req` against the adapter's target on `mock`.
     pub(crate) async fn run(
         &self,
@@ -347,9 +356,9 @@ impl Adapter {
 pub(crate) async fn usage_values_are_exact(a: &Adapter, usage: Item) -> Vec<Item> {
     let mock = MockUpstream::start().await.unwrap();
     let events = a
-        .run(
+        .run_ask(
             &mock,
-            &a.ask("cached_tokens=3 prompt_tokens=10 completion_tokens=4"),
+            "cached_tokens=3 prompt_tokens=10 completion_tokens=4",
         )
         .await
         .unwrap();
@@ -377,7 +386,7 @@ pub(crate) async fn error_after_two_chunks(
     class: ErrorClass,
 ) -> ErrorInfo {
     let mock = MockUpstream::start().await.unwrap();
-    let events = a.run(&mock, &a.ask("error_after=2")).await.unwrap();
+    let events = a.run_ask(&mock, "error_after=2").await.unwrap();
     let lead = usize::from(provisional_usage);
     assert_eq!(events.len(), lead + 3, "{events:?}");
     if provisional_usage {
@@ -397,7 +406,7 @@ pub(crate) async fn error_after_two_chunks(
 pub(crate) async fn error_statuses(a: &Adapter) -> (ErrorInfo, ErrorInfo) {
     let mock = MockUpstream::start().await.unwrap();
     let limited = a
-        .run(&mock, &a.ask("status=429 retry_after=7"))
+        .run_ask(&mock, "status=429 retry_after=7")
         .await
         .unwrap_err();
     assert_eq!(
@@ -408,9 +417,9 @@ pub(crate) async fn error_statuses(a: &Adapter) -> (ErrorInfo, ErrorInfo) {
         ),
         (ErrorClass::RateLimited, Some(429), Some(7000))
     );
-    let err = a.run(&mock, &a.ask("status=503")).await.unwrap_err();
+    let err = a.run_ask(&mock, "status=503").await.unwrap_err();
     assert_eq!((err.class, err.retryable), (ErrorClass::Overloaded, true));
-    let invalid = a.run(&mock, &a.ask("status=400")).await.unwrap_err();
+    let invalid = a.run_ask(&mock, "status=400").await.unwrap_err();
     assert_eq!(
         (invalid.class, invalid.retryable),
         (ErrorClass::InvalidRequest, false)

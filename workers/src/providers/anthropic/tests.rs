@@ -190,7 +190,7 @@ async fn usage_with_cached_tokens_and_api_key() {
 async fn streamed_tool_calls() {
     let mock = MockUpstream::start().await.unwrap();
     let events = ANTHROPIC
-        .run(&mock, &ANTHROPIC.ask("tool_calls=2 chunks=3"))
+        .run_ask(&mock, "tool_calls=2 chunks=3")
         .await
         .unwrap();
     let mut calls: Vec<(Option<String>, Option<String>, String)> = Vec::new();
@@ -224,10 +224,7 @@ async fn streamed_tool_calls() {
 #[tokio::test]
 async fn status_529_is_overloaded() {
     let mock = MockUpstream::start().await.unwrap();
-    let err = ANTHROPIC
-        .run(&mock, &ANTHROPIC.ask("status=529"))
-        .await
-        .unwrap_err();
+    let err = ANTHROPIC.run_ask(&mock, "status=529").await.unwrap_err();
     assert_eq!((err.class, err.retryable), (ErrorClass::Overloaded, true));
     assert_eq!(err.upstream_status, Some(529));
 }

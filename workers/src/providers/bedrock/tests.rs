@@ -202,7 +202,7 @@ async fn exception_frame_mid_stream() {
 async fn http_errors_are_classified() {
     let mock = MockUpstream::start().await.unwrap();
     let err = BEDROCK
-        .run(&mock, &BEDROCK.ask("status=429 retry_after=7"))
+        .run_ask(&mock, "status=429 retry_after=7")
         .await
         .unwrap_err();
     assert_eq!(
@@ -215,10 +215,7 @@ async fn http_errors_are_classified() {
         "{}",
         err.message
     );
-    let err = BEDROCK
-        .run(&mock, &BEDROCK.ask("status=429"))
-        .await
-        .unwrap_err();
+    let err = BEDROCK.run_ask(&mock, "status=429").await.unwrap_err();
     assert_eq!(
         (err.class, err.retry_after_ms),
         (ErrorClass::RateLimited, None)
@@ -233,7 +230,7 @@ async fn http_errors_are_classified() {
         (500, ErrorClass::Upstream5xx),
     ] {
         let err = BEDROCK
-            .run(&mock, &BEDROCK.ask(&format!("status={status}")))
+            .run_ask(&mock, &format!("status={status}"))
             .await
             .unwrap_err();
         assert_eq!((err.class, err.upstream_status), (class, Some(status)));
