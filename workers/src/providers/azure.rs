@@ -270,21 +270,13 @@ mod tests {
         let mock = MockUpstream::start().await.unwrap();
         let events = AZURE.run_ask(&mock, "tool_calls=2 chunks=3").await.unwrap();
         let mut calls: Vec<(String, String, String)> = Vec::new();
-        for e in &events {
-            if let Ok(FrameBody::ToolCall {
-                index,
-                id,
-                name,
-                arguments,
-            }) = e
-            {
-                match (id, name) {
-                    (Some(id), Some(name)) => {
-                        assert_eq!(*index as usize, calls.len());
-                        calls.push((id.clone(), name.clone(), arguments.clone()));
-                    }
-                    _ => calls[*index as usize].2.push_str(arguments),
+        for (index, id, name, arguments) in test_support::tool_call_pieces(&events) {
+            match (id, name) {
+                (Some(id), Some(name)) => {
+                    assert_eq!(index, calls.len());
+                    calls.push((id.clone(), name.clone(), arguments.to_owned()));
                 }
+                _ => calls[index].2.push_str(arguments),
             }
         }
         let cities: Vec<Value> = calls

@@ -186,6 +186,26 @@ pub(crate) fn hello_world(usage: Item) -> Vec<Item> {
     ]
 }
 
+/// The tool-call pieces among `events`, in order, as (index, id, name, arguments).
+pub(crate) fn tool_call_pieces(
+    events: &[Item],
+) -> impl Iterator<Item = (usize, Option<&String>, Option<&String>, &str)> {
+    events.iter().filter_map(|e| match e {
+        Ok(FrameBody::ToolCall {
+            index,
+            id,
+            name,
+            arguments,
+        }) => Some((
+            *index as usize,
+            id.as_ref(),
+            name.as_ref(),
+            arguments.as_str(),
+        )),
+        _ => None,
+    })
+}
+
 /// A text event.
 pub(crate) fn text(t: &str) -> Item {
     Ok(FrameBody::Text { text: t.into() })

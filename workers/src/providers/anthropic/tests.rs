@@ -194,21 +194,13 @@ async fn streamed_tool_calls() {
         .await
         .unwrap();
     let mut calls: Vec<(Option<String>, Option<String>, String)> = Vec::new();
-    for e in &events {
-        if let Ok(FrameBody::ToolCall {
-            index,
-            id,
-            name,
-            arguments,
-        }) = e
-        {
-            if id.is_some() {
-                assert_eq!((*index as usize, arguments.as_str()), (calls.len(), ""));
-                calls.push((id.clone(), name.clone(), String::new()));
-            } else {
-                assert!(name.is_none());
-                calls[*index as usize].2.push_str(arguments);
-            }
+    for (index, id, name, arguments) in test_support::tool_call_pieces(&events) {
+        if id.is_some() {
+            assert_eq!((index, arguments), (calls.len(), ""));
+            calls.push((id.cloned(), name.cloned(), String::new()));
+        } else {
+            assert!(name.is_none());
+            calls[index].2.push_str(arguments);
         }
     }
     assert_eq!(calls.len(), 2);
