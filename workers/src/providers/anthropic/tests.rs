@@ -32,6 +32,18 @@ fn sse(lines: &str) -> String {
         .collect()
 }
 
+/// The events of "Hello, world" read from writes split inside an event: the provisional usage
+/// (`message_start`'s `prompt` input tokens, one output token), the text, then the final report
+/// (`completion` output tokens) and a `stop`.
+fn hello_world_split(prompt: u64, completion: u64) -> Vec<Item> {
+    vec![
+        usage(prompt, 0, 0, 1),
+        text("Hello, world"),
+        usage(prompt, 0, 0, completion),
+        end(FinishReason::Stop),
+    ]
+}
+
 fn find(hay: &str, needle: &str, from: usize) -> usize {
     from + hay[from..]
         .find(needle)
@@ -70,15 +82,7 @@ async fn fc01_split_delta_event() {
 
     let req = ANTHROPIC.ask(&format!("{directives} split={start},{data},{cut},{end_at}"));
     let events = ANTHROPIC.run(&mock, &req).await.unwrap();
-    assert_eq!(
-        events,
-        vec![
-            usage(5, 0, 0, 1),
-            text("Hello, world"),
-            usage(5, 0, 0, 2),
-            end(FinishReason::Stop)
-        ]
-    );
+    assert_eq!(events, hello_world_split(5, 2));
     let sent = &mock.requests()[1];
     assert_eq!(sent.path, "/v1/messages");
     assert_eq!(sent.header("anthropic-version"), Some(ANTHROPIC_VERSION));
@@ -101,16 +105,7 @@ fn split_writes_offline() {
         r#"data: {"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":3}}"#,
         "\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
     ]);
-    assert_eq!(
-        events,
-        vec![
-            // Provisional: `message_start`'s input counts, replaced by the final report.
-            usage(4, 0, 0, 1),
-            text("Hello, world"),
-            usage(4, 0, 0, 3),
-            end(FinishReason::Stop)
-        ]
-    );
+    assert_eq!(events, hello_world_split(4, 3));
 }
 
 #[test]
