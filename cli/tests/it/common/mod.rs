@@ -234,6 +234,15 @@ pub(crate) async fn billed_gateway() -> Gateway {
     start_billed(test_config(serde_json::json!({}))).await
 }
 
+/// [`start`] on `config`, everything else as by default (a worker; no billing, cache or auth).
+pub(crate) async fn start_config(config: GatewayConfig) -> Gateway {
+    start(Options {
+        config,
+        ..Options::default()
+    })
+    .await
+}
+
 /// [`start`] on `config` with billing (SQLite ledger) and everything else as by default.
 pub(crate) async fn start_billed(config: GatewayConfig) -> Gateway {
     start(Options {
@@ -523,6 +532,23 @@ pub(crate) async fn post(base: &str, body: &serde_json::Value) -> reqwest::Respo
     send_with(base, &[], body).await
 }
 
+/// POSTs chat `body` to `{base}/v1/chat/completions` without credentials: the response, not read.
+pub(crate) async fn post_keyless(base: &str, body: &serde_json::Value) -> reqwest::Response {
+    post_request(base, "/v1/chat/completions", &[], body).await
+}
+
+/// POSTs chat `body` with bearer `key`: the response, not read.
+pub(crate) async fn post_keyed(
+    base: &str,
+    key: &str,
+    body: &serde_json::Value,
+) -> reqwest::Response {
+    chat_request(&reqwest::Client::new(), base, key, body)
+        .send()
+        .await
+        .unwrap()
+}
+
 /// POSTs JSON `body` to `{base}{path}` with the `headers` given and no others (no bearer): the
 /// response, not read.
 pub(crate) async fn post_request(
@@ -680,13 +706,24 @@ pub(crate) async fn post_chat_as(
     key: &str,
     body: &serde_json::Value,
 ) -> (u16, reqwest::header::HeaderMap, serde_json::Value) {
-    let resp = chat_request(&reqwest::Client::new(), base, key, body)
-        .send()
-        .await
-        .unwrap();
+    let resp = post_keyed(base, key, body).await;
     let status = resp.status().as_u16();
     let headers = resp.headers().clone();
     (status, headers, resp.json().await.unwrap())
+}
+
+/// Writes the pricing catalog `yaml` to `dir/catalog.yaml`: its path (for `pricing_file`).
+pub(crate) fn catalog_file(dir: &std::path::Path, yaml: &str) -> String {
+    let path = dir.join("catalog.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    path.display().to_string()
+}
+
+/// Sends `req`, asserts the answer is 200 and returns its JSON body.
+pub(crate) async fn json_ok(req: reqwest::RequestBuilder) -> serde_json::Value {
+    let resp = req.send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.json().await.unwrap()
 }
 
 /// The `error.message` of an error body (OpenAI's or Anthropic's shape).
@@ -725,6 +762,30 @@ pub(crate) async fn metrics_text(base: &str) -> String {
         .text()
         .await
         .unwrap()
+}
+
+/// Asserts each of `lines` is a whole line of the `/metrics` text `text`.
+pub(crate) fn assert_metric_lines(text: &str, lines: &[&str]) {
+    for line in lines {
+        assert!(
+            text.lines().any(|l| l == *line),
+            "missing `{line}` in\n{text}"
+        );
+    }
+}
+
+/// Polls `{base}/metrics` (up to `limit`) until `ready` holds for its text; returns that text.
+pub(crate) async fn wait_metrics(
+    base: &str,
+    limit: Duration,
+    ready: impl Fn(&str) -> bool,
+) -> String {
+    let ready = &ready;
+    eventually(limit, || async move {
+        let t = metrics_text(base).await;
+        ready(&t).then_some(t)
+    })
+    .await
 }
 
 /// The value of the series `series` (name and labels exactly, as exposed) in a `/metrics` text.
