@@ -4,7 +4,8 @@
 //! cancellation, expiry, and a worker restart in the middle of a 1,000-item batch.
 
 use crate::common::{
-    Gateway, eventually, get_as, post_empty, spawn_ingress, spawn_worker, start_billed, test_config,
+    Gateway, catalog_file, eventually, get_as, post_empty, spawn_ingress, spawn_worker,
+    start_billed, test_config,
 };
 use rust_decimal::Decimal;
 use serde_json::{Value, json};
@@ -15,15 +16,12 @@ pub(crate) const KEY_A: &str = "sk-batch-tenant-a-0001";
 pub(crate) const KEY_B: &str = "sk-batch-tenant-b-0002";
 
 pub(crate) fn write_catalog(dir: &std::path::Path) -> String {
-    let path = dir.join("catalog.yaml");
-    std::fs::write(
-        &path,
+    catalog_file(
+        dir,
         "currency: USD\nas_of: 2026-12-01\n\
          upstream:\n  gpt-t-upstream: {input: 2.5, output: 10, batch_discount: 0.5}\n\
          standard:\n  gpt-t: {input: 2.5, output: 10, batch_discount: 0.5}\n",
     )
-    .unwrap();
-    path.display().to_string()
 }
 
 pub(crate) async fn gateway(extra: Value) -> (Gateway, tempfile::TempDir) {
@@ -113,6 +111,21 @@ async fn create_batch_for(
     .await;
     assert_eq!(status, 200, "{b}");
     b
+}
+
+/// `POST /v1/batches` as `key` of `file_id` for `/v1/chat/completions` in 24 h, no metadata: the
+/// status and body, whatever the status.
+pub(crate) async fn post_batch(base: &str, key: &str, file_id: &str) -> (u16, Value) {
+    call(
+        reqwest::Method::POST,
+        format!("{base}/v1/batches"),
+        key,
+        Some(
+            json!({"input_file_id": file_id, "endpoint": "/v1/chat/completions",
+                    "completion_window": "24h"}),
+        ),
+    )
+    .await
 }
 
 pub(crate) async fn retrieve(base: &str, key: &str, id: &str) -> Value {
@@ -502,13 +515,7 @@ async fn tenants_never_see_each_others_files_or_batches() {
         let (status, body) = call(method.clone(), url.clone(), KEY_B, None).await;
         assert_eq!(status, 404, "{method} {url}: {body}");
     }
-    let (status, e) = call(
-        M::POST,
-        format!("{b}/v1/batches"),
-        KEY_B,
-        Some(json!({"input_file_id": fid, "endpoint": "/v1/chat/completions", "completion_window": "24h"})),
-    )
-    .await;
+    let (status, e) = post_batch(b, KEY_B, fid).await;
     assert_eq!(status, 404, "{e}");
     let (_, files) = get_as(format!("{b}/v1/files"), KEY_B).await;
     assert_eq!(files["data"], json!([]));
