@@ -25,16 +25,13 @@ fn key(i: usize) -> String {
 
 /// Prices per 1M tokens: `test/unit` $1 in and out, `test/big` $10 / $30, `test/small` $1 / $3.
 fn catalog(dir: &std::path::Path) -> String {
-    let path = dir.join("catalog.yaml");
-    std::fs::write(
-        &path,
+    catalog_file(
+        dir,
         "currency: USD\nas_of: 2026-12-01\nupstream:\n  unit-up: {input: 1, output: 1}\n  \
          big-up: {input: 10, output: 30}\n  small-up: {input: 1, output: 3}\n\
          standard:\n  test/unit: {input: 1, output: 1}\n  test/big: {input: 10, output: 30}\n  \
          test/small: {input: 1, output: 3}\n",
     )
-    .unwrap();
-    path.display().to_string()
 }
 
 /// Tenant `acme` with 8 keys and `balance`; the mock reports `prompt` + `completion` tokens.
@@ -517,11 +514,7 @@ async fn a_low_balance_refuses_until_topped_up() {
 #[tokio::test]
 async fn a_top_up_without_billing_is_503_and_credits_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let gw = start(Options {
-        config: config(dir.path(), json!({"enabled": true}), 100, 100),
-        ..Options::default()
-    })
-    .await;
+    let gw = start_config(config(dir.path(), json!({"enabled": true}), 100, 100)).await;
     let (s, v) = credit(&gw.base, "acme", json!({"amount_usd": 1})).await;
     assert_eq!(s, 503, "{v}");
     assert_eq!(v["error"]["code"], "admin_unavailable");
@@ -543,12 +536,7 @@ async fn a_top_up_without_billing_is_503_and_credits_nothing() {
 #[tokio::test]
 async fn a_top_up_to_a_tenant_without_a_balance_section_says_it_is_not_enforced() {
     let dir = tempfile::tempdir().unwrap();
-    let gw = start(Options {
-        config: config(dir.path(), json!({"enabled": true}), 10, 10),
-        billing: true,
-        ..Options::default()
-    })
-    .await;
+    let gw = start_billed(config(dir.path(), json!({"enabled": true}), 10, 10)).await;
     let (status, body) = credit(&gw.base, "other", json!({"amount_usd": "5", "id": "inv-o"})).await;
     assert_eq!(status, 201, "{body}");
     assert_eq!(body["balance"]["enabled"], false);

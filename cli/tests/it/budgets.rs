@@ -19,15 +19,12 @@ fn d(s: &str) -> Decimal {
 
 /// Prices per 1M tokens: `test/fc23` $10 in / $30 out (FC-23), `test/cheap` $1 / $3.
 fn write_catalog(dir: &std::path::Path) -> String {
-    let path = dir.join("catalog.yaml");
-    std::fs::write(
-        &path,
+    catalog_file(
+        dir,
         "currency: USD\nas_of: 2026-11-29\n\
          upstream:\n  fc23-upstream: {input: 10, output: 30}\n  cheap-upstream: {input: 1, output: 3}\n\
          standard:\n  test/fc23: {input: 10, output: 30}\n  test/cheap: {input: 1, output: 3}\n",
     )
-    .unwrap();
-    path.display().to_string()
 }
 
 /// The FC-23 gateway: the mock waits 500 ms and reports 100 + 100 tokens on every model.
@@ -163,11 +160,7 @@ async fn keys_are_required_and_checked_in_each_front_doors_error_shape() {
         {"id": "a", "tenant": "acme", "key": FC23_KEY},
         {"id": "off", "tenant": "acme", "key": OTHER_KEY, "enabled": false}
     ]);
-    let gw = start(Options {
-        config: config(dir.path(), keys, json!([])),
-        ..Options::default()
-    })
-    .await;
+    let gw = start_config(config(dir.path(), keys, json!([]))).await;
     let (status, _, body) = call(&gw.base, None, "test/cheap").await;
     assert_eq!(status, 401);
     assert_eq!(body["error"]["type"], "invalid_request_error");
@@ -220,11 +213,7 @@ async fn tenant_budget_is_shared_by_its_keys() {
     ]);
     // $0.005: room for one $0.004 request (reserved at ~$0.0034), not two.
     let tenants = json!([{"id": "acme", "budget": {"daily_usd": 0.005}}]);
-    let gw = start(Options {
-        config: config(dir.path(), keys, tenants),
-        ..Options::default()
-    })
-    .await;
+    let gw = start_config(config(dir.path(), keys, tenants)).await;
     let (s1, _, _) = call(&gw.base, Some(FC23_KEY), "test/fc23").await;
     assert_eq!(s1, 200);
     assert_eq!(settled(&gw, "tenant", "acme").await.day_usd, d("0.004"));
@@ -244,11 +233,7 @@ async fn token_quota_per_minute() {
     let dir = tempfile::tempdir().unwrap();
     let keys = json!([{"id": "k1", "tenant": "acme", "key": FC23_KEY,
                        "budget": {"tokens_per_minute": 300}}]);
-    let gw = start(Options {
-        config: config(dir.path(), keys, json!([])),
-        ..Options::default()
-    })
-    .await;
+    let gw = start_config(config(dir.path(), keys, json!([]))).await;
     let (s1, _, _) = call(&gw.base, Some(FC23_KEY), "test/cheap").await;
     assert_eq!(s1, 200);
     let spend = settled(&gw, "key", "k1").await;
@@ -276,11 +261,7 @@ async fn past_downgrade_share_the_cheaper_model_serves() {
     let dir = tempfile::tempdir().unwrap();
     let keys = json!([{"id": "k1", "tenant": "acme", "key": FC23_KEY,
                        "budget": {"daily_usd": 1, "downgrade_at": 0.003}}]);
-    let gw = start(Options {
-        config: config(dir.path(), keys, json!([])),
-        ..Options::default()
-    })
-    .await;
+    let gw = start_config(config(dir.path(), keys, json!([]))).await;
     let (s1, h1, _) = call(&gw.base, Some(FC23_KEY), "test/fc23").await;
     assert_eq!(s1, 200);
     assert_eq!(h1["x-switchyard-target"], "fc23");
@@ -310,11 +291,7 @@ async fn embeddings_respect_token_quotas() {
         serde_json::from_value(json!({"id": "openai/text-embedding-3-small", "targets": ["emb"]}))
             .unwrap(),
     );
-    let gw = start(Options {
-        config,
-        ..Options::default()
-    })
-    .await;
+    let gw = start_config(config).await;
     let embed = |input: &str| {
         reqwest::Client::new()
             .post(format!("{}/v1/embeddings", gw.base))

@@ -85,11 +85,7 @@ async fn fc08_keepalive_after_usage_without_done() {
 /// `HelFallback OK`.
 #[tokio::test]
 async fn fc21_fallback_only_before_content() {
-    let gw = start(Options {
-        config: config(),
-        ..Options::default()
-    })
-    .await;
+    let gw = start_config(config()).await;
     let r = post_sse(&gw.base, &chat("fc21", "hi", true)).await;
     assert_eq!(r.status, 200);
     assert_eq!(r.content(), "Fallback OK");
@@ -117,11 +113,7 @@ async fn fc21_fallback_only_before_content() {
 /// chunk at once then one per second for 8 s succeeds with all 9 chunks.
 #[tokio::test]
 async fn fc22_first_byte_and_idle_timeouts() {
-    let gw = start(Options {
-        config: config(),
-        ..Options::default()
-    })
-    .await;
+    let gw = start_config(config()).await;
     let started = Instant::now();
     let (status, _, body) = post_json(&gw.base, &chat("fc22-silent", "hi", false)).await;
     let took = started.elapsed();

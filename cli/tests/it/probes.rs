@@ -92,12 +92,7 @@ async fn probes_find_an_outage_and_the_recovery_without_traffic() {
 async fn probe_calls_are_billed_as_probes_not_as_discrepancies() {
     let mut c = config("text=ok");
     c.targets[0].probe.as_mut().unwrap().interval_ms = 100;
-    let gw = start(Options {
-        config: c,
-        billing: true,
-        ..Options::default()
-    })
-    .await;
+    let gw = start_billed(c).await;
     let ledger = gw.ledger.as_ref().unwrap();
     let rows = eventually(Duration::from_secs(20), || async {
         let n = ledger.count().await.unwrap();

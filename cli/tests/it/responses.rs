@@ -89,13 +89,7 @@ async fn non_streamed_response_object_is_exact() {
             "max_output_tokens": 100, "metadata": {"k": "v"}});
         let (status, headers, r) = create(&gw.base, "sk-x", &body).await;
         assert_eq!(status, 200, "{r}");
-        let hex = headers["x-request-id"]
-            .to_str()
-            .unwrap()
-            .parse::<uuid::Uuid>()
-            .unwrap()
-            .simple()
-            .to_string();
+        let hex = request_id(&headers).simple().to_string();
         assert_eq!(r["id"], format!("resp_{hex}"));
         assert_eq!(r["object"], "response");
         assert_eq!(r["status"], "completed");
@@ -305,11 +299,7 @@ fn tenants_config() -> switchyard_schemas::config::GatewayConfig {
 
 #[tokio::test]
 async fn stored_responses_are_tenant_scoped_and_shared_by_replicas() {
-    let gw = start(Options {
-        config: tenants_config(),
-        ..Options::default()
-    })
-    .await;
+    let gw = start_config(tenants_config()).await;
     let (other, _) = spawn_ingress(&gw).await;
 
     // Streamed and stored through ingress 1; the follow-up goes to ingress 2 right after the
@@ -496,11 +486,7 @@ async fn namespace_tool_calls_carry_their_namespace() {
 async fn ttl_is_the_buckets_max_age() {
     let config = test_config(json!({"responses": {"ttl_s": 3600}}));
     config.validate().unwrap();
-    let gw = start(Options {
-        config,
-        ..Options::default()
-    })
-    .await;
+    let gw = start_config(config).await;
     let js = async_nats::jetstream::new(async_nats::connect(gw.nats.url()).await.unwrap());
     let max_age = |js: async_nats::jetstream::Context| async move {
         let s = js.get_stream("KV_SY_RESPONSES").await.unwrap();
