@@ -629,14 +629,20 @@ pub(crate) async fn post_sse(base: &str, body: &serde_json::Value) -> SseBody {
     }
 }
 
+/// A response read as JSON: its status, headers and body.
+pub(crate) async fn read_json(
+    resp: reqwest::Response,
+) -> (u16, reqwest::header::HeaderMap, serde_json::Value) {
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    (status, headers, resp.json().await.unwrap())
+}
+
 pub(crate) async fn post_json(
     base: &str,
     body: &serde_json::Value,
 ) -> (u16, reqwest::header::HeaderMap, serde_json::Value) {
-    let resp = post(base, body).await;
-    let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    (status, headers, resp.json().await.unwrap())
+    read_json(post(base, body).await).await
 }
 
 /// POSTs `body` to `/v1/chat/completions` with extra headers; returns status, headers and JSON.
@@ -645,10 +651,7 @@ pub(crate) async fn post_with(
     headers: &[(&str, &str)],
     body: &serde_json::Value,
 ) -> (u16, reqwest::header::HeaderMap, serde_json::Value) {
-    let resp = send_with(base, headers, body).await;
-    let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    (status, headers, resp.json().await.unwrap())
+    read_json(send_with(base, headers, body).await).await
 }
 
 /// The `data:` JSON payloads of an OpenAI-style SSE body, without the closing `[DONE]`.
@@ -706,10 +709,7 @@ pub(crate) async fn post_chat_as(
     key: &str,
     body: &serde_json::Value,
 ) -> (u16, reqwest::header::HeaderMap, serde_json::Value) {
-    let resp = post_keyed(base, key, body).await;
-    let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    (status, headers, resp.json().await.unwrap())
+    read_json(post_keyed(base, key, body).await).await
 }
 
 /// Writes the pricing catalog `yaml` to `dir/catalog.yaml`: its path (for `pricing_file`).
@@ -772,6 +772,12 @@ pub(crate) fn assert_metric_lines(text: &str, lines: &[&str]) {
             "missing `{line}` in\n{text}"
         );
     }
+}
+
+/// How many calls the gateway's mock upstream received whose path contains `needle` (a `#mock`
+/// directive's text, e.g. `status=503`).
+pub(crate) fn calls_naming(gw: &Gateway, needle: &str) -> usize {
+    gw.mock.state().count_matching(|r| r.path.contains(needle))
 }
 
 /// Polls `{base}/metrics` (up to `limit`) until `ready` holds for its text; returns that text.
