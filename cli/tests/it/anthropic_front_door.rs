@@ -27,10 +27,7 @@ async fn post_messages(base: &str, body: &Value) -> reqwest::Response {
 }
 
 async fn post_message_json(base: &str, body: &Value) -> (u16, reqwest::header::HeaderMap, Value) {
-    let resp = post_messages(base, body).await;
-    let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    (status, headers, resp.json().await.unwrap())
+    read_json(post_messages(base, body).await).await
 }
 
 /// A streamed answer: `(event name, data)` pairs in order.

@@ -65,10 +65,7 @@ async fn call(
     if let Some(k) = key {
         req = req.bearer_auth(k);
     }
-    let resp = req.send().await.unwrap();
-    let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    (status, headers, resp.json().await.unwrap())
+    read_json(req.send().await.unwrap()).await
 }
 
 /// The budget state of a key or tenant once no reservation is open (every request settled).

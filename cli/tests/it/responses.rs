@@ -48,10 +48,7 @@ async fn delete(base: &str, key: &str, id: &str) -> reqwest::Response {
 }
 
 async fn create(base: &str, key: &str, body: &Value) -> (u16, reqwest::header::HeaderMap, Value) {
-    let resp = post_response(base, key, body).await;
-    let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    (status, headers, resp.json().await.unwrap())
+    read_json(post_response(base, key, body).await).await
 }
 
 async fn get(base: &str, key: &str, path: &str) -> (u16, Value) {
