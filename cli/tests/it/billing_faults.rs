@@ -332,6 +332,20 @@ async fn check_ledger(ledger: &Ledger, sent: &[Sent], calls: &[u64]) -> Vec<Requ
 /// ledger checks tie those to the failed HTTP answers) while the upstream call behind it completed,
 /// its answer lost with the fault: `admitted_not_settled` (one finding per such request). Returns the number of
 /// explained findings; `failed` bounds how many requests may have them.
+/// Every one of the `n` requests `sent` was answered 200 and called the upstream once; the
+/// ledger settles (up to 60 s) at their `2 × n` rows, each request's rows check out
+/// ([`check_ledger`]) and reconciliation finds nothing.
+async fn assert_all_billed_once(gw: &Gateway, ledger: &Ledger, sent: &[Sent], n: u64) {
+    let bad: Vec<_> = sent.iter().filter(|s| s.status != 200).take(5).collect();
+    assert!(bad.is_empty(), "failed requests: {bad:?}");
+    let calls = upstream_calls(gw);
+    assert_eq!(calls.len() as u64, n);
+    settled(gw, ledger, 2 * n, Duration::from_secs(60)).await;
+    let requests = check_ledger(ledger, sent, &calls).await;
+    assert_eq!(requests.len() as u64, n);
+    assert_eq!(check_reconciliation(ledger, &requests, 0).await, 0);
+}
+
 async fn check_reconciliation(ledger: &Ledger, requests: &[RequestRows], failed: u64) -> u64 {
     let r = switchyard_billing::reconcile(ledger, 0, u64::MAX, 100_000)
         .await
@@ -385,14 +399,7 @@ async fn billing_consumer_killed_under_load_loses_and_doubles_nothing() {
     let sent = load.await.unwrap();
     let load_s = t0.elapsed().as_secs_f64();
 
-    let bad: Vec<_> = sent.iter().filter(|s| s.status != 200).take(5).collect();
-    assert!(bad.is_empty(), "failed requests: {bad:?}");
-    let calls = upstream_calls(&gw);
-    assert_eq!(calls.len() as u64, N);
-    settled(&gw, &ledger, 2 * N, Duration::from_secs(60)).await;
-    let requests = check_ledger(&ledger, &sent, &calls).await;
-    assert_eq!(requests.len() as u64, N);
-    assert_eq!(check_reconciliation(&ledger, &requests, 0).await, 0);
+    assert_all_billed_once(&gw, &ledger, &sent, N).await;
     restarted.abort();
     eprintln!(
         "billing consumer kill: {N} requests in {load_s:.1} s, {at_kill} rows at the kill, settled after {:.1} s",
@@ -634,14 +641,7 @@ async fn postgres_outage_of_60s_loses_and_doubles_nothing() {
     );
 
     let n = BEFORE + DURING + AFTER;
-    let bad: Vec<_> = sent.iter().filter(|s| s.status != 200).take(5).collect();
-    assert!(bad.is_empty(), "failed requests: {bad:?}");
-    let calls = upstream_calls(&gw);
-    assert_eq!(calls.len() as u64, n);
-    settled(&gw, &ledger, 2 * n, Duration::from_secs(60)).await;
-    let requests = check_ledger(&ledger, &sent, &calls).await;
-    assert_eq!(requests.len() as u64, n);
-    assert_eq!(check_reconciliation(&ledger, &requests, 0).await, 0);
+    assert_all_billed_once(&gw, &ledger, &sent, n).await;
     eprintln!(
         "postgres outage: {n} requests, outage {outage_s:.1} s, total {:.1} s",
         t0.elapsed().as_secs_f64()
