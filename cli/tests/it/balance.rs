@@ -116,11 +116,16 @@ async fn chat_as(
 }
 
 /// The KV entry `balance.acme` once nothing is held and it has settled `spent`.
+/// The budget store's entry of tenant `acme`'s balance, as `app` sees it.
+async fn acme_balance(app: &switchyard_ingress::AppState) -> Spend {
+    app.budgets.peek(&Scope::balance("acme")).await.unwrap()
+}
+
 async fn settled(gw: &Gateway, spent: Decimal) -> Spend {
     eventually(Duration::from_secs(30), || {
         let app = gw.ingress.clone();
         async move {
-            let s = app.budgets.peek(&Scope::balance("acme")).await.unwrap();
+            let s = acme_balance(&app).await;
             (s.held.is_empty() && s.prepaid.is_some_and(|p| p.spent_usd == spent)).then_some(s)
         }
     })
@@ -224,12 +229,7 @@ async fn exactly_what_it_covers(billing_url: Option<String>) {
         rebuilt.written.contains(&"balance.acme".to_owned()),
         "{rebuilt:?}"
     );
-    let after = gw
-        .ingress
-        .budgets
-        .peek(&Scope::balance("acme"))
-        .await
-        .unwrap();
+    let after = acme_balance(&gw.ingress).await;
     assert_eq!(after.prepaid, Some(p));
 }
 
@@ -414,14 +414,7 @@ async fn top_ups(billing_url: Option<String>) {
     .await
     .unwrap();
     assert!(rebuilt.written.contains(&"balance.acme".to_owned()));
-    let p = gw
-        .ingress
-        .budgets
-        .peek(&Scope::balance("acme"))
-        .await
-        .unwrap()
-        .prepaid
-        .unwrap();
+    let p = acme_balance(&gw.ingress).await.prepaid.unwrap();
     assert_eq!((p.topped_up_usd, p.spent_usd), (d("0.75"), d("0.004")));
 }
 
@@ -522,12 +515,7 @@ async fn a_top_up_without_billing_is_503_and_credits_nothing() {
         v["error"]["message"],
         "No billing service is running to record balances."
     );
-    let s = gw
-        .ingress
-        .budgets
-        .peek(&Scope::balance("acme"))
-        .await
-        .unwrap();
+    let s = acme_balance(&gw.ingress).await;
     assert_eq!(s.prepaid, None);
 }
 

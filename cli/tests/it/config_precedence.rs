@@ -117,17 +117,25 @@ async fn push_reloads(up: &mut up::Up, nats_url: &str, file: &Path, version: u32
     config_cli_reloads(up, nats_url, &args, &said, version).await;
 }
 
+/// A temp dir, its `data` dir's path and two catalogs in it: `cheap.yaml` ($1 / $2 per 1M) and
+/// `dear.yaml` ($3 / $4).
+fn scene() -> (tempfile::TempDir, PathBuf, PathBuf, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let data = dir.join("data");
+    let cheap = catalog(dir, "cheap.yaml", "1", "2");
+    let dear = catalog(dir, "dear.yaml", "3", "4");
+    (tmp, data, cheap, dear)
+}
+
 fn usd(s: &str) -> Decimal {
     Decimal::from_str(s).unwrap()
 }
 
 #[tokio::test]
 async fn flag_and_file_win_over_kv_and_a_pushed_price_is_charged_on_the_next_request() {
-    let tmp = tempfile::tempdir().unwrap();
+    let (tmp, data, cheap, dear) = scene();
     let dir = tmp.path();
-    let data = dir.join("data");
-    let cheap = catalog(dir, "cheap.yaml", "1", "2");
-    let dear = catalog(dir, "dear.yaml", "3", "4");
 
     // First run: its file becomes the live config; then someone pushes another config that
     // names another listen address and other models.
@@ -219,11 +227,8 @@ async fn reserve_100k(base: &str) -> (u16, Value) {
 
 #[tokio::test]
 async fn a_pushed_price_is_used_for_the_next_reservation() {
-    let tmp = tempfile::tempdir().unwrap();
+    let (tmp, data, cheap, dear) = scene();
     let dir = tmp.path();
-    let data = dir.join("data");
-    let cheap = catalog(dir, "cheap.yaml", "1", "2");
-    let dear = catalog(dir, "dear.yaml", "3", "4");
     // A key with $0.30 a day; the mock answers 10 + 10 tokens, so what it spends stays tiny
     // and the reservation (100,000 output tokens at the sale price, +10 %) decides.
     let more = || {

@@ -70,6 +70,14 @@ async fn worker_on_requests(
     (worker, requests)
 }
 
+/// Publishes `payload` on a chat request subject (`sy.req.chat.openai`) as `client`.
+async fn publish_request(client: &async_nats::Client, payload: &'static str) {
+    client
+        .publish("sy.req.chat.openai", payload.into())
+        .await
+        .unwrap();
+}
+
 /// The payload of the next message on `sub`, waiting up to 5 s.
 async fn next_payload(sub: &mut async_nats::Subscriber) -> Vec<u8> {
     tokio::time::timeout(Duration::from_secs(5), sub.next())
@@ -141,20 +149,14 @@ async fn a_worker_cannot_write_the_config_bucket_or_publish_requests() {
 
     // A worker's request never reaches the (other) workers subscribed to requests.
     let (_listener, mut requests) = worker_on_requests(&nats.url(), &creds).await;
-    worker
-        .publish("sy.req.chat.openai", "forged".into())
-        .await
-        .unwrap();
+    publish_request(&worker, "forged").await;
     assert!(sync_with_server(&worker).await);
     assert_eq!(
         next_error(&mut errors).await,
         "Permissions Violation for Publish to \"sy.req.chat.openai\""
     );
     let ingress = connect_as(&nats.url(), Some(&creds), Identity::Ingress).await;
-    ingress
-        .publish("sy.req.chat.openai", "genuine".into())
-        .await
-        .unwrap();
+    publish_request(&ingress, "genuine").await;
     assert_eq!(next_payload(&mut requests).await, b"genuine");
 }
 
@@ -168,10 +170,7 @@ async fn ingress_cannot_subscribe_to_requests_and_only_admin_writes_config() {
         "Permissions Violation for Subscription to \"sy.req.>\""
     );
     let (_worker, mut requests) = worker_on_requests(&nats.url(), &creds).await;
-    ingress
-        .publish("sy.req.chat.openai", "prompt".into())
-        .await
-        .unwrap();
+    publish_request(&ingress, "prompt").await;
     assert_eq!(next_payload(&mut requests).await, b"prompt");
     // The server handled the publish before the echo: a delivery to `snooped` would be here.
     assert!(sync_with_server(&ingress).await);
