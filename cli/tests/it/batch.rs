@@ -174,6 +174,30 @@ pub(crate) async fn submit(base: &str, key: &str, input: &str, window: &str) -> 
 }
 
 /// [`submit`] for the batch `endpoint`.
+/// A 24 h batch as [`KEY_A`] on `endpoint` of one line per body of `bodies` (custom ids
+/// `{prefix}0`, `{prefix}1`, …), run to its end: its id, the finished batch and its output lines.
+async fn run_batch(
+    base: &str,
+    endpoint: &str,
+    prefix: &str,
+    bodies: &[Value],
+) -> (String, Value, Vec<Value>) {
+    let input = bodies
+        .iter()
+        .enumerate()
+        .map(|(i, body)| {
+            json!({"custom_id": format!("{prefix}{i}"), "method": "POST", "url": endpoint,
+                   "body": body})
+            .to_string()
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let batch = submit_for(base, KEY_A, &input, "24h", endpoint).await;
+    let id = batch["id"].as_str().unwrap().to_owned();
+    let (done, out) = finished(base, KEY_A, &id, bodies.len()).await;
+    (id, done, out)
+}
+
 pub(crate) async fn submit_for(
     base: &str,
     key: &str,
@@ -736,19 +760,10 @@ async fn batch_leaves_live_traffic_its_share_of_the_target_limits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embeddings_batch_returns_live_bodies() {
     let (gw, _dir) = gateway(json!({})).await;
-    let input = ["alpha beta", "gamma"]
-        .iter()
-        .enumerate()
-        .map(|(i, text)| {
-            json!({"custom_id": format!("e{i}"), "method": "POST", "url": "/v1/embeddings",
-                   "body": {"model": "gpt-t", "input": text, "dimensions": 4}})
-            .to_string()
-        })
-        .collect::<Vec<_>>()
-        .join("\n");
-    let batch = submit_for(&gw.base, KEY_A, &input, "24h", "/v1/embeddings").await;
-    let id = batch["id"].as_str().unwrap();
-    let (done, out) = finished(&gw.base, KEY_A, id, 2).await;
+    let bodies = ["alpha beta", "gamma"]
+        .map(|text| json!({"model": "gpt-t", "input": text, "dimensions": 4}));
+    let (id, done, out) = run_batch(&gw.base, "/v1/embeddings", "e", &bodies).await;
+    let id = id.as_str();
     let e0 = out.iter().find(|l| l["custom_id"] == "e0").unwrap();
     assert_eq!(e0["response"]["body"]["object"], "list");
     assert_eq!(
@@ -768,17 +783,11 @@ async fn embeddings_batch_returns_live_bodies() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn responses_batch_returns_response_objects() {
     let (gw, _dir) = gateway(json!({})).await;
-    let input = (0..3)
-        .map(|i| {
-            json!({"custom_id": format!("r{i}"), "method": "POST", "url": "/v1/responses",
-                   "body": {"model": "gpt-t", "input": "#mock prompt_tokens=5 completion_tokens=2\nhello", "store": false}})
-            .to_string()
-        })
-        .collect::<Vec<_>>()
-        .join("\n");
-    let batch = submit_for(&gw.base, KEY_A, &input, "24h", "/v1/responses").await;
-    let id = batch["id"].as_str().unwrap();
-    let (done, out) = finished(&gw.base, KEY_A, id, 3).await;
+    let bodies = [(); 3].map(|()| {
+        json!({"model": "gpt-t", "input": "#mock prompt_tokens=5 completion_tokens=2\nhello",
+               "store": false})
+    });
+    let (_, done, out) = run_batch(&gw.base, "/v1/responses", "r", &bodies).await;
     for l in &out {
         let body = &l["response"]["body"];
         assert_eq!(body["object"], "response");
