@@ -41,6 +41,11 @@ async fn post_response(base: &str, key: &str, body: &Value) -> reqwest::Response
     .await
 }
 
+/// `GET /v1/responses/{id}` as `key`: the status and body.
+async fn retrieve(base: &str, key: &str, id: &str) -> (u16, Value) {
+    get(base, key, &format!("/v1/responses/{id}")).await
+}
+
 /// `DELETE /v1/responses/{id}`, the response not read yet.
 async fn delete(base: &str, key: &str, id: &str) -> reqwest::Response {
     let path = format!("/v1/responses/{id}");
@@ -305,7 +310,7 @@ async fn stored_responses_are_tenant_scoped_and_shared_by_replicas() {
     let events = stream(&gw.base, KEY_A, &body).await;
     let final_response = events.last().unwrap().1["response"].clone();
     let id = final_response["id"].as_str().unwrap().to_owned();
-    let (status, got) = get(&other, KEY_A2, &format!("/v1/responses/{id}")).await;
+    let (status, got) = retrieve(&other, KEY_A2, &id).await;
     assert_eq!(status, 200);
     assert_eq!(got, final_response);
     let follow =
@@ -369,15 +374,10 @@ async fn stored_responses_are_tenant_scoped_and_shared_by_replicas() {
         resp.json::<Value>().await.unwrap(),
         json!({"id": id, "object": "response", "deleted": true})
     );
-    let (status, _) = get(&other, KEY_A, &format!("/v1/responses/{id}")).await;
+    let (status, _) = retrieve(&other, KEY_A, &id).await;
     assert_eq!(status, 404);
     // The follow-up stays retrievable; `store: false` leaves nothing.
-    let (status, _) = get(
-        &gw.base,
-        KEY_A,
-        &format!("/v1/responses/{}", r2["id"].as_str().unwrap()),
-    )
-    .await;
+    let (status, _) = retrieve(&gw.base, KEY_A, r2["id"].as_str().unwrap()).await;
     assert_eq!(status, 200);
     let (_, _, r3) = create(
         &gw.base,
@@ -385,12 +385,7 @@ async fn stored_responses_are_tenant_scoped_and_shared_by_replicas() {
         &json!({"model": "demo/mock", "input": "x", "store": false}),
     )
     .await;
-    let (status, _) = get(
-        &gw.base,
-        KEY_A,
-        &format!("/v1/responses/{}", r3["id"].as_str().unwrap()),
-    )
-    .await;
+    let (status, _) = retrieve(&gw.base, KEY_A, r3["id"].as_str().unwrap()).await;
     assert_eq!(status, 404);
 }
 
