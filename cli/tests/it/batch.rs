@@ -65,19 +65,17 @@ pub(crate) async fn upload(base: &str, key: &str, content: &str) -> Value {
          --{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n\
          Content-Type: application/jsonl\r\n\r\n{content}\r\n--{boundary}--\r\n"
     );
-    let resp = reqwest::Client::new()
-        .post(format!("{base}/v1/files"))
-        .bearer_auth(key)
-        .header(
-            "content-type",
-            format!("multipart/form-data; boundary={boundary}"),
-        )
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    resp.json().await.unwrap()
+    crate::common::json_ok(
+        reqwest::Client::new()
+            .post(format!("{base}/v1/files"))
+            .bearer_auth(key)
+            .header(
+                "content-type",
+                format!("multipart/form-data; boundary={boundary}"),
+            )
+            .body(body),
+    )
+    .await
 }
 
 /// [`crate::common::call`] with bearer `key`.

@@ -225,18 +225,16 @@ async fn streamed_function_calls_one_item_each() {
         );
         assert_eq!(names.last(), Some(&"response.completed"));
         // Per call: added, deltas, arguments.done, item.done — the second after the first.
-        let added: Vec<usize> = events
-            .iter()
-            .enumerate()
-            .filter(|(_, (n, _))| n == "response.output_item.added")
-            .map(|(i, _)| i)
-            .collect();
-        let dones: Vec<usize> = events
-            .iter()
-            .enumerate()
-            .filter(|(_, (n, _))| n == "response.output_item.done")
-            .map(|(i, _)| i)
-            .collect();
+        let positions = |name: &str| -> Vec<usize> {
+            events
+                .iter()
+                .enumerate()
+                .filter(|(_, (n, _))| n == name)
+                .map(|(i, _)| i)
+                .collect()
+        };
+        let added = positions("response.output_item.added");
+        let dones = positions("response.output_item.done");
         assert_eq!(added.len(), 2, "{model}: {names:?}");
         assert!(added[0] < dones[0] && dones[0] < added[1] && added[1] < dones[1]);
         let last = &events.last().unwrap().1["response"];
