@@ -579,6 +579,28 @@ pub(crate) async fn post_to(
     (status, headers, resp.text().await.unwrap())
 }
 
+/// The budget store's entry of scope `kind` `id` (a key or tenant), once no reservation is open
+/// (every request settled), waiting up to 10 s.
+pub(crate) async fn settled_budget(
+    gw: &Gateway,
+    kind: &'static str,
+    id: &str,
+) -> switchyard_ingress::budget::Spend {
+    let scope = switchyard_ingress::budget::Scope {
+        kind,
+        id: id.into(),
+        budget: switchyard_schemas::tenancy::Budget::default(),
+    };
+    eventually(Duration::from_secs(10), || {
+        let (app, scope) = (gw.ingress.clone(), scope.clone());
+        async move {
+            let s = app.budgets.peek(&scope).await.unwrap();
+            s.held.is_empty().then_some(s)
+        }
+    })
+    .await
+}
+
 /// Waits until the ledger holds `n` usage rows for `id` and returns them.
 pub(crate) async fn ledger_rows(
     ledger: &switchyard_billing::Ledger,
@@ -729,6 +751,13 @@ pub(crate) async fn json_ok(req: reqwest::RequestBuilder) -> serde_json::Value {
 /// The `error.message` of an error body (OpenAI's or Anthropic's shape).
 pub(crate) fn error_message(body: &serde_json::Value) -> &str {
     body["error"]["message"].as_str().unwrap()
+}
+
+/// Asserts `body` is an `insufficient_quota` refusal whose message starts with `prefix`.
+pub(crate) fn assert_quota_refused(body: &serde_json::Value, prefix: &str) {
+    assert_eq!(body["error"]["code"], "insufficient_quota");
+    let msg = error_message(body);
+    assert!(msg.starts_with(prefix), "{msg}");
 }
 
 /// The request id a response names in `x-request-id`.
