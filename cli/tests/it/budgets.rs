@@ -5,8 +5,6 @@
 use crate::common::*;
 use rust_decimal::Decimal;
 use serde_json::{Value, json};
-use std::time::Duration;
-use switchyard_ingress::budget::{Scope, Spend};
 use switchyard_schemas::UsageKind;
 use switchyard_schemas::tenancy::Budget;
 
@@ -68,23 +66,6 @@ async fn call(
     read_json(req.send().await.unwrap()).await
 }
 
-/// The budget state of a key or tenant once no reservation is open (every request settled).
-async fn settled(gw: &Gateway, kind: &'static str, id: &str) -> Spend {
-    let scope = Scope {
-        kind,
-        id: id.into(),
-        budget: Budget::default(),
-    };
-    eventually(Duration::from_secs(10), || {
-        let (app, scope) = (gw.ingress.clone(), scope.clone());
-        async move {
-            let s = app.budgets.peek(&scope).await.unwrap();
-            s.held.is_empty().then_some(s)
-        }
-    })
-    .await
-}
-
 /// FC-23: a key with a $0.010 daily budget and nothing spent; 5 concurrent non-streaming
 /// requests with `max_tokens: 100` to a model priced $10 / $30; the mock waits 500 ms and reports
 /// 100 + 100 tokens ($0.004 each). Exactly 2 succeed, 3 get 429 `insufficient_quota`, recorded
@@ -107,12 +88,7 @@ async fn fc23(billing_url: Option<String>) {
     assert_eq!((ok.len(), refused.len()), (2, 3), "{results:?}");
     for (_, _, body) in &refused {
         assert_eq!(body["error"]["type"], "insufficient_quota");
-        assert_eq!(body["error"]["code"], "insufficient_quota");
-        let msg = error_message(body);
-        assert!(
-            msg.starts_with("The daily budget of key `fc23-key` would be exceeded"),
-            "{msg}"
-        );
+        assert_quota_refused(body, "The daily budget of key `fc23-key` would be exceeded");
     }
     for (_, _, body) in &ok {
         assert_eq!(body["usage"]["prompt_tokens"], 100);
@@ -141,7 +117,7 @@ async fn fc23(billing_url: Option<String>) {
     assert_eq!(ledger.count().await.unwrap(), 4);
 
     // The budget store settled to the same $0.008 with nothing left reserved.
-    let spent = settled(&gw, "key", "fc23-key").await;
+    let spent = settled_budget(&gw, "key", "fc23-key").await;
     assert_eq!((spent.day_usd, spent.day_tokens), (d("0.008"), 400));
 }
 
@@ -213,7 +189,10 @@ async fn tenant_budget_is_shared_by_its_keys() {
     let gw = start_config(config(dir.path(), keys, tenants)).await;
     let (s1, _, _) = call(&gw.base, Some(FC23_KEY), "test/fc23").await;
     assert_eq!(s1, 200);
-    assert_eq!(settled(&gw, "tenant", "acme").await.day_usd, d("0.004"));
+    assert_eq!(
+        settled_budget(&gw, "tenant", "acme").await.day_usd,
+        d("0.004")
+    );
     let (s2, _, body) = call(&gw.base, Some(OTHER_KEY), "test/fc23").await;
     assert_eq!(s2, 429, "{body}");
     assert!(
@@ -233,7 +212,7 @@ async fn token_quota_per_minute() {
     let gw = start_config(config(dir.path(), keys, json!([]))).await;
     let (s1, _, _) = call(&gw.base, Some(FC23_KEY), "test/cheap").await;
     assert_eq!(s1, 200);
-    let spend = settled(&gw, "key", "k1").await;
+    let spend = settled_budget(&gw, "key", "k1").await;
     // Unless the clock minute turned in between, the 200 settled tokens count.
     if spend.minute_tokens == 200 {
         let (s2, h, body) = call(&gw.base, Some(FC23_KEY), "test/cheap").await;
@@ -263,7 +242,7 @@ async fn past_downgrade_share_the_cheaper_model_serves() {
     assert_eq!(s1, 200);
     assert_eq!(h1["x-switchyard-target"], "fc23");
     assert!(h1.get("x-switchyard-downgraded-from").is_none());
-    assert_eq!(settled(&gw, "key", "k1").await.day_usd, d("0.004"));
+    assert_eq!(settled_budget(&gw, "key", "k1").await.day_usd, d("0.004"));
     // $0.004 of $1 = 0.4 % ≥ 0.3 %.
     let (s2, h2, body) = call(&gw.base, Some(FC23_KEY), "test/fc23").await;
     assert_eq!(s2, 200, "{body}");

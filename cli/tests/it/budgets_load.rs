@@ -62,12 +62,7 @@ async fn exactly_k_of_1000_concurrent_requests_are_admitted_through_two_ingresse
     assert_admitted(&results, |r| r.status, K);
     for Answer { status, body, .. } in &results {
         if *status == 429 {
-            assert_eq!(body["error"]["code"], "insufficient_quota");
-            let msg = error_message(body);
-            assert!(
-                msg.starts_with("The daily budget of tenant `acme` would be exceeded"),
-                "{msg}"
-            );
+            assert_quota_refused(body, "The daily budget of tenant `acme` would be exceeded");
         } else {
             assert_eq!(body["usage"]["completion_tokens"], OUTPUT_TOKENS);
         }
