@@ -52,11 +52,7 @@ pub(crate) async fn watch(gw: &Gateway, handle: &ConfigHandle, stop: &Cancellati
 /// Two replicas: `gw.base` (on `gw.config`) and a second one on its own handle, both watching
 /// the live config, which holds `text`.
 pub(crate) async fn two_replicas(text: &str, c: GatewayConfig) -> (Gateway, String, ConfigHandle) {
-    let gw = start(Options {
-        config: c.clone(),
-        ..Default::default()
-    })
-    .await;
+    let gw = start_config(c.clone()).await;
     let admin = async_nats::connect(gw.nats.url()).await.unwrap();
     let version = switchyard::reload::push(&admin, text).await.unwrap();
     let b_config = ConfigHandle::new(c);
@@ -379,11 +375,7 @@ async fn a_replica_that_cannot_confirm_its_config_fails_closed() {
         {"id": "ops", "key_sha256": sha256_hex(ADMIN_KEY)}], "stale_after_ms": 300},
         "keys": [{"id": "b-1", "tenant": "team-b", "key_sha256": sha256_hex(CLIENT_KEY)},
                  {"id": "b-2", "tenant": "team-b", "key_sha256": sha256_hex(OTHER)}]}));
-    let gw = start(Options {
-        config: c.clone(),
-        ..Default::default()
-    })
-    .await;
+    let gw = start_config(c.clone()).await;
     let admin = async_nats::connect(gw.nats.url()).await.unwrap();
     switchyard::reload::push(&admin, &text).await.unwrap();
     let handle = ConfigHandle::new(c);
@@ -487,13 +479,7 @@ async fn config_routes_show_redacted_validate_and_apply() {
         async move { (v >= version).then_some(()) }
     })
     .await;
-    let resp = reqwest::Client::new()
-        .post(format!("{b}/v1/chat/completions"))
-        .bearer_auth(CLIENT_KEY)
-        .json(&chat("demo/renamed", "hi", false))
-        .send()
-        .await
-        .unwrap();
+    let resp = post_keyed(&b, CLIENT_KEY, &chat("demo/renamed", "hi", false)).await;
     assert_eq!(resp.status().as_u16(), 200);
 
     let (s, health) = get_as(format!("{a}/admin/health"), ADMIN_KEY).await;

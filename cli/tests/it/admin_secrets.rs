@@ -78,13 +78,7 @@ async fn encrypted_provider_key_is_decrypted_only_by_the_worker_and_sent_upstrea
     switchyard::reload::push(&client, &text).await.unwrap();
     assert!(!stored(&gw.nats.url()).await.contains(plain));
 
-    let resp = reqwest::Client::new()
-        .post(format!("{}/v1/chat/completions", gw.base))
-        .bearer_auth(CLIENT_KEY)
-        .json(&chat("demo/mock", "hi", false))
-        .send()
-        .await
-        .unwrap();
+    let resp = post_keyed(&gw.base, CLIENT_KEY, &chat("demo/mock", "hi", false)).await;
     assert_eq!(resp.status().as_u16(), 200);
     let seen = gw.mock.requests();
     assert_eq!(seen.len(), 1);
@@ -105,11 +99,7 @@ async fn encrypted_provider_key_is_decrypted_only_by_the_worker_and_sent_upstrea
 #[tokio::test]
 async fn secret_commands_push_show_rotate_and_a_wrong_master_key() {
     let (text, c) = config(json!({}));
-    let gw = start(Options {
-        config: c,
-        ..Default::default()
-    })
-    .await;
+    let gw = start_config(c).await;
     let url = gw.nats.url();
     let dir = tempfile::tempdir().unwrap();
 
@@ -245,11 +235,7 @@ async fn secret_commands_push_show_rotate_and_a_wrong_master_key() {
 #[tokio::test]
 async fn key_commands_go_through_the_admin_api() {
     let (text, c) = config(json!({}));
-    let gw = start(Options {
-        config: c,
-        ..Default::default()
-    })
-    .await;
+    let gw = start_config(c).await;
     let admin = async_nats::connect(gw.nats.url()).await.unwrap();
     switchyard::reload::push(&admin, &text).await.unwrap();
     watch(&gw, &gw.config, &gw.shutdown).await;

@@ -27,10 +27,7 @@ async fn post_messages(base: &str, body: &Value) -> reqwest::Response {
 }
 
 async fn post_message_json(base: &str, body: &Value) -> (u16, reqwest::header::HeaderMap, Value) {
-    let resp = post_messages(base, body).await;
-    let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    (status, headers, resp.json().await.unwrap())
+    read_json(post_messages(base, body).await).await
 }
 
 /// A streamed answer: `(event name, data)` pairs in order.
@@ -81,11 +78,7 @@ async fn non_streamed_text_and_usage_from_both_upstream_formats() {
         assert_eq!(status, 200, "{body}");
         let request_id = headers["request-id"].to_str().unwrap();
         assert_eq!(headers["x-request-id"], request_id);
-        let simple = request_id
-            .parse::<uuid::Uuid>()
-            .unwrap()
-            .simple()
-            .to_string();
+        let simple = crate::common::request_id(&headers).simple().to_string();
         assert_eq!(body["id"], format!("msg_{simple}"));
         assert_eq!(body["type"], "message");
         assert_eq!(body["role"], "assistant");

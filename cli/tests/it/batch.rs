@@ -4,7 +4,8 @@
 //! cancellation, expiry, and a worker restart in the middle of a 1,000-item batch.
 
 use crate::common::{
-    Gateway, eventually, get_as, post_empty, spawn_ingress, spawn_worker, start_billed, test_config,
+    Gateway, catalog_file, eventually, get_as, post_empty, spawn_ingress, spawn_worker,
+    start_billed, test_config,
 };
 use rust_decimal::Decimal;
 use serde_json::{Value, json};
@@ -15,15 +16,12 @@ pub(crate) const KEY_A: &str = "sk-batch-tenant-a-0001";
 pub(crate) const KEY_B: &str = "sk-batch-tenant-b-0002";
 
 pub(crate) fn write_catalog(dir: &std::path::Path) -> String {
-    let path = dir.join("catalog.yaml");
-    std::fs::write(
-        &path,
+    catalog_file(
+        dir,
         "currency: USD\nas_of: 2026-12-01\n\
          upstream:\n  gpt-t-upstream: {input: 2.5, output: 10, batch_discount: 0.5}\n\
          standard:\n  gpt-t: {input: 2.5, output: 10, batch_discount: 0.5}\n",
     )
-    .unwrap();
-    path.display().to_string()
 }
 
 pub(crate) async fn gateway(extra: Value) -> (Gateway, tempfile::TempDir) {
@@ -67,19 +65,17 @@ pub(crate) async fn upload(base: &str, key: &str, content: &str) -> Value {
          --{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n\
          Content-Type: application/jsonl\r\n\r\n{content}\r\n--{boundary}--\r\n"
     );
-    let resp = reqwest::Client::new()
-        .post(format!("{base}/v1/files"))
-        .bearer_auth(key)
-        .header(
-            "content-type",
-            format!("multipart/form-data; boundary={boundary}"),
-        )
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    resp.json().await.unwrap()
+    crate::common::json_ok(
+        reqwest::Client::new()
+            .post(format!("{base}/v1/files"))
+            .bearer_auth(key)
+            .header(
+                "content-type",
+                format!("multipart/form-data; boundary={boundary}"),
+            )
+            .body(body),
+    )
+    .await
 }
 
 /// [`crate::common::call`] with bearer `key`.
@@ -113,6 +109,21 @@ async fn create_batch_for(
     .await;
     assert_eq!(status, 200, "{b}");
     b
+}
+
+/// `POST /v1/batches` as `key` of `file_id` for `/v1/chat/completions` in 24 h, no metadata: the
+/// status and body, whatever the status.
+pub(crate) async fn post_batch(base: &str, key: &str, file_id: &str) -> (u16, Value) {
+    call(
+        reqwest::Method::POST,
+        format!("{base}/v1/batches"),
+        key,
+        Some(
+            json!({"input_file_id": file_id, "endpoint": "/v1/chat/completions",
+                    "completion_window": "24h"}),
+        ),
+    )
+    .await
 }
 
 pub(crate) async fn retrieve(base: &str, key: &str, id: &str) -> Value {
@@ -161,6 +172,30 @@ pub(crate) async fn submit(base: &str, key: &str, input: &str, window: &str) -> 
 }
 
 /// [`submit`] for the batch `endpoint`.
+/// A 24 h batch as [`KEY_A`] on `endpoint` of one line per body of `bodies` (custom ids
+/// `{prefix}0`, `{prefix}1`, …), run to its end: its id, the finished batch and its output lines.
+async fn run_batch(
+    base: &str,
+    endpoint: &str,
+    prefix: &str,
+    bodies: &[Value],
+) -> (String, Value, Vec<Value>) {
+    let input = bodies
+        .iter()
+        .enumerate()
+        .map(|(i, body)| {
+            json!({"custom_id": format!("{prefix}{i}"), "method": "POST", "url": endpoint,
+                   "body": body})
+            .to_string()
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let batch = submit_for(base, KEY_A, &input, "24h", endpoint).await;
+    let id = batch["id"].as_str().unwrap().to_owned();
+    let (done, out) = finished(base, KEY_A, &id, bodies.len()).await;
+    (id, done, out)
+}
+
 pub(crate) async fn submit_for(
     base: &str,
     key: &str,
@@ -502,13 +537,7 @@ async fn tenants_never_see_each_others_files_or_batches() {
         let (status, body) = call(method.clone(), url.clone(), KEY_B, None).await;
         assert_eq!(status, 404, "{method} {url}: {body}");
     }
-    let (status, e) = call(
-        M::POST,
-        format!("{b}/v1/batches"),
-        KEY_B,
-        Some(json!({"input_file_id": fid, "endpoint": "/v1/chat/completions", "completion_window": "24h"})),
-    )
-    .await;
+    let (status, e) = post_batch(b, KEY_B, fid).await;
     assert_eq!(status, 404, "{e}");
     let (_, files) = get_as(format!("{b}/v1/files"), KEY_B).await;
     assert_eq!(files["data"], json!([]));
@@ -729,19 +758,10 @@ async fn batch_leaves_live_traffic_its_share_of_the_target_limits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embeddings_batch_returns_live_bodies() {
     let (gw, _dir) = gateway(json!({})).await;
-    let input = ["alpha beta", "gamma"]
-        .iter()
-        .enumerate()
-        .map(|(i, text)| {
-            json!({"custom_id": format!("e{i}"), "method": "POST", "url": "/v1/embeddings",
-                   "body": {"model": "gpt-t", "input": text, "dimensions": 4}})
-            .to_string()
-        })
-        .collect::<Vec<_>>()
-        .join("\n");
-    let batch = submit_for(&gw.base, KEY_A, &input, "24h", "/v1/embeddings").await;
-    let id = batch["id"].as_str().unwrap();
-    let (done, out) = finished(&gw.base, KEY_A, id, 2).await;
+    let bodies = ["alpha beta", "gamma"]
+        .map(|text| json!({"model": "gpt-t", "input": text, "dimensions": 4}));
+    let (id, done, out) = run_batch(&gw.base, "/v1/embeddings", "e", &bodies).await;
+    let id = id.as_str();
     let e0 = out.iter().find(|l| l["custom_id"] == "e0").unwrap();
     assert_eq!(e0["response"]["body"]["object"], "list");
     assert_eq!(
@@ -761,17 +781,11 @@ async fn embeddings_batch_returns_live_bodies() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn responses_batch_returns_response_objects() {
     let (gw, _dir) = gateway(json!({})).await;
-    let input = (0..3)
-        .map(|i| {
-            json!({"custom_id": format!("r{i}"), "method": "POST", "url": "/v1/responses",
-                   "body": {"model": "gpt-t", "input": "#mock prompt_tokens=5 completion_tokens=2\nhello", "store": false}})
-            .to_string()
-        })
-        .collect::<Vec<_>>()
-        .join("\n");
-    let batch = submit_for(&gw.base, KEY_A, &input, "24h", "/v1/responses").await;
-    let id = batch["id"].as_str().unwrap();
-    let (done, out) = finished(&gw.base, KEY_A, id, 3).await;
+    let bodies = [(); 3].map(|()| {
+        json!({"model": "gpt-t", "input": "#mock prompt_tokens=5 completion_tokens=2\nhello",
+               "store": false})
+    });
+    let (_, done, out) = run_batch(&gw.base, "/v1/responses", "r", &bodies).await;
     for l in &out {
         let body = &l["response"]["body"];
         assert_eq!(body["object"], "response");

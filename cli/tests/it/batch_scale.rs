@@ -15,8 +15,6 @@ use serde_json::{Value, json};
 use std::collections::BTreeSet;
 use std::str::FromStr;
 use std::time::Duration;
-use switchyard_ingress::budget::Scope;
-use switchyard_schemas::tenancy::Budget;
 
 /// A batch of `n` items (custom ids `{prefix}0…`, 20 ms each, 10 + 2 tokens) of tenant A, once
 /// 100 of them have completed (reads failing meanwhile count as not yet): its id.
@@ -87,11 +85,7 @@ async fn nats_restart_mid_batch_bills_once_and_reruns_at_most_the_window() {
         json!({"total": ITEMS, "completed": ITEMS, "failed": 0})
     );
     let out = file_lines(&gw.base, KEY_A, &done, "output_file_id").await;
-    let cids: BTreeSet<&str> = out
-        .iter()
-        .map(|l| l["custom_id"].as_str().unwrap())
-        .collect();
-    assert_eq!((out.len(), cids.len()), (ITEMS, ITEMS));
+    assert_one_line_per_item(&out, ITEMS);
     // 400 × (10 × 2.5 + 2 × 10) / 1M × 50 %.
     assert_billed_once(&gw, &id, &out, "0.009").await;
     // Every upstream row (the lost answers' included) joins its item's one charge row:
@@ -167,31 +161,26 @@ async fn ingress_restart_mid_batch_runs_every_item_once() {
     let second = tokio_util::sync::CancellationToken::new();
     let _runner = spawn_runner_ingress(&gw, second.clone()).await;
     let (_, out) = finished(&gw.base, KEY_A, &id, ITEMS).await;
-    let cids: BTreeSet<&str> = out
-        .iter()
-        .map(|l| l["custom_id"].as_str().unwrap())
-        .collect();
-    assert_eq!((out.len(), cids.len()), (ITEMS, ITEMS));
+    assert_one_line_per_item(&out, ITEMS);
     // 300 × (10 × 2.5 + 2 × 10) / 1M × 50 %.
     assert_billed_once(&gw, &id, &out, "0.00675").await;
     assert_eq!(gw.mock.request_count(), ITEMS);
     second.cancel();
 }
 
+/// Asserts the output `out` has `items` lines, each of its own item (custom id).
+fn assert_one_line_per_item(out: &[Value], items: usize) {
+    let cids: BTreeSet<&str> = out
+        .iter()
+        .map(|l| l["custom_id"].as_str().unwrap())
+        .collect();
+    assert_eq!((out.len(), cids.len()), (items, items));
+}
+
 async fn key_spend(gw: &Gateway, key_id: &str) -> Decimal {
-    let scope = Scope {
-        kind: "key",
-        id: key_id.into(),
-        budget: Budget::default(),
-    };
-    eventually(Duration::from_secs(10), || {
-        let (app, scope) = (gw.ingress.clone(), scope.clone());
-        async move {
-            let s = app.budgets.peek(&scope).await.unwrap();
-            s.held.is_empty().then_some(s.day_usd)
-        }
-    })
-    .await
+    crate::common::settled_budget(gw, "key", key_id)
+        .await
+        .day_usd
 }
 
 /// FC-33 at scale: a finished 3-item batch is read 1,000 times at once — the batch object and

@@ -8,7 +8,7 @@
 //! index ([`tokens`]), so every expected total is known exactly; the mock's recorded request
 //! bodies say which upstream calls were really made.
 
-use crate::common::{Gateway, Options, metric_value, start, test_config};
+use crate::common::{Gateway, metric_value, start_config, test_config};
 use futures::StreamExt as _;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -183,12 +183,7 @@ fn spawn_billing(url: String, subjects: Subjects, ledger: Ledger) -> tokio::task
 
 /// A gateway without the harness's billing (the tests run their own consumer) on `prefix`.
 async fn gateway(prefix: &str) -> (Gateway, Subjects) {
-    let gw = start(Options {
-        config: test_config(serde_json::json!({"subject_prefix": prefix})),
-        billing: false,
-        ..Options::default()
-    })
-    .await;
+    let gw = start_config(test_config(serde_json::json!({"subject_prefix": prefix}))).await;
     (gw, Subjects::new(prefix))
 }
 
@@ -337,6 +332,20 @@ async fn check_ledger(ledger: &Ledger, sent: &[Sent], calls: &[u64]) -> Vec<Requ
 /// ledger checks tie those to the failed HTTP answers) while the upstream call behind it completed,
 /// its answer lost with the fault: `admitted_not_settled` (one finding per such request). Returns the number of
 /// explained findings; `failed` bounds how many requests may have them.
+/// Every one of the `n` requests `sent` was answered 200 and called the upstream once; the
+/// ledger settles (up to 60 s) at their `2 × n` rows, each request's rows check out
+/// ([`check_ledger`]) and reconciliation finds nothing.
+async fn assert_all_billed_once(gw: &Gateway, ledger: &Ledger, sent: &[Sent], n: u64) {
+    let bad: Vec<_> = sent.iter().filter(|s| s.status != 200).take(5).collect();
+    assert!(bad.is_empty(), "failed requests: {bad:?}");
+    let calls = upstream_calls(gw);
+    assert_eq!(calls.len() as u64, n);
+    settled(gw, ledger, 2 * n, Duration::from_secs(60)).await;
+    let requests = check_ledger(ledger, sent, &calls).await;
+    assert_eq!(requests.len() as u64, n);
+    assert_eq!(check_reconciliation(ledger, &requests, 0).await, 0);
+}
+
 async fn check_reconciliation(ledger: &Ledger, requests: &[RequestRows], failed: u64) -> u64 {
     let r = switchyard_billing::reconcile(ledger, 0, u64::MAX, 100_000)
         .await
@@ -390,14 +399,7 @@ async fn billing_consumer_killed_under_load_loses_and_doubles_nothing() {
     let sent = load.await.unwrap();
     let load_s = t0.elapsed().as_secs_f64();
 
-    let bad: Vec<_> = sent.iter().filter(|s| s.status != 200).take(5).collect();
-    assert!(bad.is_empty(), "failed requests: {bad:?}");
-    let calls = upstream_calls(&gw);
-    assert_eq!(calls.len() as u64, N);
-    settled(&gw, &ledger, 2 * N, Duration::from_secs(60)).await;
-    let requests = check_ledger(&ledger, &sent, &calls).await;
-    assert_eq!(requests.len() as u64, N);
-    assert_eq!(check_reconciliation(&ledger, &requests, 0).await, 0);
+    assert_all_billed_once(&gw, &ledger, &sent, N).await;
     restarted.abort();
     eprintln!(
         "billing consumer kill: {N} requests in {load_s:.1} s, {at_kill} rows at the kill, settled after {:.1} s",
@@ -507,17 +509,22 @@ impl PgCluster {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
     }
 
-    async fn run(&self, tool: &str, args: &[&str]) -> Result<(), String> {
+    /// The server binary `tool`, to run as the cluster's owner (`runuser` when root).
+    fn command(&self, tool: &str) -> std::process::Command {
         let exe = self.bin.join(tool);
-        let mut cmd = match &self.as_user {
+        match &self.as_user {
             Some(user) => {
-                let mut c = tokio::process::Command::new("runuser");
+                let mut c = std::process::Command::new("runuser");
                 c.args(["-u", user, "--"]).arg(&exe);
                 c
             }
-            None => tokio::process::Command::new(&exe),
-        };
-        let out = cmd
+            None => std::process::Command::new(&exe),
+        }
+    }
+
+    async fn run(&self, tool: &str, args: &[&str]) -> Result<(), String> {
+        let exe = self.bin.join(tool);
+        let out = tokio::process::Command::from(self.command(tool))
             .args(args)
             .current_dir(&self.sockets)
             .stdin(std::process::Stdio::null())
@@ -562,16 +569,8 @@ impl PgCluster {
 
 impl Drop for PgCluster {
     fn drop(&mut self) {
-        let pg_ctl = self.bin.join("pg_ctl");
-        let mut cmd = match &self.as_user {
-            Some(user) => {
-                let mut c = std::process::Command::new("runuser");
-                c.args(["-u", user, "--"]).arg(&pg_ctl);
-                c
-            }
-            None => std::process::Command::new(&pg_ctl),
-        };
-        let _ = cmd
+        let _ = self
+            .command("pg_ctl")
             .arg("-D")
             .arg(&self.data)
             .args(["-m", "immediate", "-w", "stop"])
@@ -642,14 +641,7 @@ async fn postgres_outage_of_60s_loses_and_doubles_nothing() {
     );
 
     let n = BEFORE + DURING + AFTER;
-    let bad: Vec<_> = sent.iter().filter(|s| s.status != 200).take(5).collect();
-    assert!(bad.is_empty(), "failed requests: {bad:?}");
-    let calls = upstream_calls(&gw);
-    assert_eq!(calls.len() as u64, n);
-    settled(&gw, &ledger, 2 * n, Duration::from_secs(60)).await;
-    let requests = check_ledger(&ledger, &sent, &calls).await;
-    assert_eq!(requests.len() as u64, n);
-    assert_eq!(check_reconciliation(&ledger, &requests, 0).await, 0);
+    assert_all_billed_once(&gw, &ledger, &sent, n).await;
     eprintln!(
         "postgres outage: {n} requests, outage {outage_s:.1} s, total {:.1} s",
         t0.elapsed().as_secs_f64()
@@ -762,12 +754,8 @@ async fn nats_outage_shows_publish_errors_and_spool_on_metrics() {
         .unwrap();
     r.bytes().await.unwrap();
     let spool = gw.spool.clone();
-    let during = crate::common::eventually(Duration::from_secs(20), || {
-        let base = base.clone();
-        async move {
-            let t = crate::common::metrics_text(&base).await;
-            (metric_value(&t, events) == Some(1.0)).then_some(t)
-        }
+    let during = crate::common::wait_metrics(&base, Duration::from_secs(20), |t| {
+        metric_value(t, events) == Some(1.0)
     })
     .await;
     let spooled = tokio::task::spawn_blocking(move || spool.size())
@@ -788,12 +776,8 @@ async fn nats_outage_shows_publish_errors_and_spool_on_metrics() {
     );
 
     tokio::task::block_in_place(|| gw.nats.restart()).unwrap();
-    let after = crate::common::eventually(Duration::from_secs(30), || {
-        let base = base.clone();
-        async move {
-            let t = crate::common::metrics_text(&base).await;
-            (metric_value(&t, events) == Some(0.0)).then_some(t)
-        }
+    let after = crate::common::wait_metrics(&base, Duration::from_secs(30), |t| {
+        metric_value(t, events) == Some(0.0)
     })
     .await;
     assert_eq!(metric_value(&after, bytes), Some(0.0), "{after}");

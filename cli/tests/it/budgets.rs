@@ -5,8 +5,6 @@
 use crate::common::*;
 use rust_decimal::Decimal;
 use serde_json::{Value, json};
-use std::time::Duration;
-use switchyard_ingress::budget::{Scope, Spend};
 use switchyard_schemas::UsageKind;
 use switchyard_schemas::tenancy::Budget;
 
@@ -19,15 +17,12 @@ fn d(s: &str) -> Decimal {
 
 /// Prices per 1M tokens: `test/fc23` $10 in / $30 out (FC-23), `test/cheap` $1 / $3.
 fn write_catalog(dir: &std::path::Path) -> String {
-    let path = dir.join("catalog.yaml");
-    std::fs::write(
-        &path,
+    catalog_file(
+        dir,
         "currency: USD\nas_of: 2026-11-29\n\
          upstream:\n  fc23-upstream: {input: 10, output: 30}\n  cheap-upstream: {input: 1, output: 3}\n\
          standard:\n  test/fc23: {input: 10, output: 30}\n  test/cheap: {input: 1, output: 3}\n",
     )
-    .unwrap();
-    path.display().to_string()
 }
 
 /// The FC-23 gateway: the mock waits 500 ms and reports 100 + 100 tokens on every model.
@@ -68,27 +63,7 @@ async fn call(
     if let Some(k) = key {
         req = req.bearer_auth(k);
     }
-    let resp = req.send().await.unwrap();
-    let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    (status, headers, resp.json().await.unwrap())
-}
-
-/// The budget state of a key or tenant once no reservation is open (every request settled).
-async fn settled(gw: &Gateway, kind: &'static str, id: &str) -> Spend {
-    let scope = Scope {
-        kind,
-        id: id.into(),
-        budget: Budget::default(),
-    };
-    eventually(Duration::from_secs(10), || {
-        let (app, scope) = (gw.ingress.clone(), scope.clone());
-        async move {
-            let s = app.budgets.peek(&scope).await.unwrap();
-            s.held.is_empty().then_some(s)
-        }
-    })
-    .await
+    read_json(req.send().await.unwrap()).await
 }
 
 /// FC-23: a key with a $0.010 daily budget and nothing spent; 5 concurrent non-streaming
@@ -113,12 +88,7 @@ async fn fc23(billing_url: Option<String>) {
     assert_eq!((ok.len(), refused.len()), (2, 3), "{results:?}");
     for (_, _, body) in &refused {
         assert_eq!(body["error"]["type"], "insufficient_quota");
-        assert_eq!(body["error"]["code"], "insufficient_quota");
-        let msg = error_message(body);
-        assert!(
-            msg.starts_with("The daily budget of key `fc23-key` would be exceeded"),
-            "{msg}"
-        );
+        assert_quota_refused(body, "The daily budget of key `fc23-key` would be exceeded");
     }
     for (_, _, body) in &ok {
         assert_eq!(body["usage"]["prompt_tokens"], 100);
@@ -147,7 +117,7 @@ async fn fc23(billing_url: Option<String>) {
     assert_eq!(ledger.count().await.unwrap(), 4);
 
     // The budget store settled to the same $0.008 with nothing left reserved.
-    let spent = settled(&gw, "key", "fc23-key").await;
+    let spent = settled_budget(&gw, "key", "fc23-key").await;
     assert_eq!((spent.day_usd, spent.day_tokens), (d("0.008"), 400));
 }
 
@@ -163,11 +133,7 @@ async fn keys_are_required_and_checked_in_each_front_doors_error_shape() {
         {"id": "a", "tenant": "acme", "key": FC23_KEY},
         {"id": "off", "tenant": "acme", "key": OTHER_KEY, "enabled": false}
     ]);
-    let gw = start(Options {
-        config: config(dir.path(), keys, json!([])),
-        ..Options::default()
-    })
-    .await;
+    let gw = start_config(config(dir.path(), keys, json!([]))).await;
     let (status, _, body) = call(&gw.base, None, "test/cheap").await;
     assert_eq!(status, 401);
     assert_eq!(body["error"]["type"], "invalid_request_error");
@@ -220,14 +186,13 @@ async fn tenant_budget_is_shared_by_its_keys() {
     ]);
     // $0.005: room for one $0.004 request (reserved at ~$0.0034), not two.
     let tenants = json!([{"id": "acme", "budget": {"daily_usd": 0.005}}]);
-    let gw = start(Options {
-        config: config(dir.path(), keys, tenants),
-        ..Options::default()
-    })
-    .await;
+    let gw = start_config(config(dir.path(), keys, tenants)).await;
     let (s1, _, _) = call(&gw.base, Some(FC23_KEY), "test/fc23").await;
     assert_eq!(s1, 200);
-    assert_eq!(settled(&gw, "tenant", "acme").await.day_usd, d("0.004"));
+    assert_eq!(
+        settled_budget(&gw, "tenant", "acme").await.day_usd,
+        d("0.004")
+    );
     let (s2, _, body) = call(&gw.base, Some(OTHER_KEY), "test/fc23").await;
     assert_eq!(s2, 429, "{body}");
     assert!(
@@ -244,14 +209,10 @@ async fn token_quota_per_minute() {
     let dir = tempfile::tempdir().unwrap();
     let keys = json!([{"id": "k1", "tenant": "acme", "key": FC23_KEY,
                        "budget": {"tokens_per_minute": 300}}]);
-    let gw = start(Options {
-        config: config(dir.path(), keys, json!([])),
-        ..Options::default()
-    })
-    .await;
+    let gw = start_config(config(dir.path(), keys, json!([]))).await;
     let (s1, _, _) = call(&gw.base, Some(FC23_KEY), "test/cheap").await;
     assert_eq!(s1, 200);
-    let spend = settled(&gw, "key", "k1").await;
+    let spend = settled_budget(&gw, "key", "k1").await;
     // Unless the clock minute turned in between, the 200 settled tokens count.
     if spend.minute_tokens == 200 {
         let (s2, h, body) = call(&gw.base, Some(FC23_KEY), "test/cheap").await;
@@ -276,16 +237,12 @@ async fn past_downgrade_share_the_cheaper_model_serves() {
     let dir = tempfile::tempdir().unwrap();
     let keys = json!([{"id": "k1", "tenant": "acme", "key": FC23_KEY,
                        "budget": {"daily_usd": 1, "downgrade_at": 0.003}}]);
-    let gw = start(Options {
-        config: config(dir.path(), keys, json!([])),
-        ..Options::default()
-    })
-    .await;
+    let gw = start_config(config(dir.path(), keys, json!([]))).await;
     let (s1, h1, _) = call(&gw.base, Some(FC23_KEY), "test/fc23").await;
     assert_eq!(s1, 200);
     assert_eq!(h1["x-switchyard-target"], "fc23");
     assert!(h1.get("x-switchyard-downgraded-from").is_none());
-    assert_eq!(settled(&gw, "key", "k1").await.day_usd, d("0.004"));
+    assert_eq!(settled_budget(&gw, "key", "k1").await.day_usd, d("0.004"));
     // $0.004 of $1 = 0.4 % ≥ 0.3 %.
     let (s2, h2, body) = call(&gw.base, Some(FC23_KEY), "test/fc23").await;
     assert_eq!(s2, 200, "{body}");
@@ -310,11 +267,7 @@ async fn embeddings_respect_token_quotas() {
         serde_json::from_value(json!({"id": "openai/text-embedding-3-small", "targets": ["emb"]}))
             .unwrap(),
     );
-    let gw = start(Options {
-        config,
-        ..Options::default()
-    })
-    .await;
+    let gw = start_config(config).await;
     let embed = |input: &str| {
         reqwest::Client::new()
             .post(format!("{}/v1/embeddings", gw.base))

@@ -52,12 +52,7 @@ async fn exactly_k_of_1000_concurrent_requests_are_admitted_through_two_ingresse
         "budgets": {"safety_margin": 0},
         "timeouts": {"first_frame_ms": 30000, "worker_silence_ms": 30000, "heartbeat_ms": 1000, "total_ms": 120000}
     }));
-    let gw = start(Options {
-        config,
-        billing: true,
-        ..Options::default()
-    })
-    .await;
+    let gw = start_billed(config).await;
     let (second, _) = spawn_ingress(&gw).await;
     let bases = [gw.base.clone(), second];
 
@@ -67,12 +62,7 @@ async fn exactly_k_of_1000_concurrent_requests_are_admitted_through_two_ingresse
     assert_admitted(&results, |r| r.status, K);
     for Answer { status, body, .. } in &results {
         if *status == 429 {
-            assert_eq!(body["error"]["code"], "insufficient_quota");
-            let msg = error_message(body);
-            assert!(
-                msg.starts_with("The daily budget of tenant `acme` would be exceeded"),
-                "{msg}"
-            );
+            assert_quota_refused(body, "The daily budget of tenant `acme` would be exceeded");
         } else {
             assert_eq!(body["usage"]["completion_tokens"], OUTPUT_TOKENS);
         }

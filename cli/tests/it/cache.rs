@@ -421,13 +421,7 @@ async fn answers_are_never_shared_across_tenants() {
     let ask_as = |key: &'static str| {
         let (base, body) = (gw.base.clone(), body.clone());
         async move {
-            let resp = reqwest::Client::new()
-                .post(format!("{base}/v1/chat/completions"))
-                .bearer_auth(key)
-                .json(&body)
-                .send()
-                .await
-                .unwrap();
+            let resp = post_keyed(&base, key, &body).await;
             assert_eq!(resp.status(), 200);
             header(resp.headers(), "x-switchyard-cache")
         }

@@ -176,11 +176,7 @@ async fn n3_with_logprobs_streamed_like_the_upstream() {
 /// with such a target and an OpenAI one is served by the OpenAI one.
 #[tokio::test]
 async fn n_needs_a_native_provider() {
-    let gw = start(Options {
-        config: config(),
-        ..Options::default()
-    })
-    .await;
+    let gw = start_config(config()).await;
     for (model, target, provider) in [
         ("demo/claude", "claude", "anthropic"),
         ("demo/gemini", "gemini", "gemini"),
@@ -227,24 +223,14 @@ async fn reservation_counts_every_choice() {
         "keys": [{"id": "k1", "tenant": "acme", "key": KEY, "budget": {"tokens_per_minute": 1000}}]
     }));
     config.keys = extra.keys;
-    let gw = start(Options {
-        config,
-        ..Options::default()
-    })
-    .await;
+    let gw = start_config(config).await;
     let call = |n: u32| {
         let base = gw.base.clone();
         async move {
             let mut b = chat("openai/gpt-4o-mini", "hi", false);
             b["n"] = json!(n);
             b["max_tokens"] = json!(300);
-            let resp = reqwest::Client::new()
-                .post(format!("{base}/v1/chat/completions"))
-                .bearer_auth(KEY)
-                .json(&b)
-                .send()
-                .await
-                .unwrap();
+            let resp = post_keyed(&base, KEY, &b).await;
             (resp.status().as_u16(), resp.json::<Value>().await.unwrap())
         }
     };

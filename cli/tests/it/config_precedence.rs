@@ -5,6 +5,7 @@
 //! request and used for the next budget reservation; `config history` and `config rollback`.
 
 use crate::common::up::{self, admin_cli};
+use crate::common::{post_keyed, post_keyless};
 use rust_decimal::Decimal;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
@@ -68,16 +69,15 @@ async fn charge_of_next_request(up: &up::Up) -> Decimal {
     // Billing has migrated the ledger once ready (no concurrent migration from here).
     up.wait_ready().await;
     let (base, data_dir) = (&up.base, &up.data_dir);
-    let r = reqwest::Client::new()
-        .post(format!("{base}/v1/chat/completions"))
-        .json(&crate::common::chat(
+    let r = post_keyless(
+        base,
+        &crate::common::chat(
             "demo/mock",
             &format!("price me {}", uuid::Uuid::now_v7()),
             false,
-        ))
-        .send()
-        .await
-        .unwrap();
+        ),
+    )
+    .await;
     assert_eq!(r.status(), 200);
     let id = crate::common::request_id(r.headers());
     let ledger =
@@ -91,22 +91,56 @@ async fn charge_of_next_request(up: &up::Up) -> Decimal {
     .await
 }
 
+/// `switchyard ARGS…` as the admin against `nats_url`: asserts it succeeds printing `said`, then
+/// waits (up to 10 s) for `up` to log that it reloaded config `version`.
+async fn config_cli_reloads(
+    up: &mut up::Up,
+    nats_url: &str,
+    args: &[&str],
+    said: &str,
+    version: u32,
+) {
+    let (ok, out, err) = admin_cli(&up.data_dir, nats_url, args).await;
+    assert!(ok, "{err}");
+    assert_eq!(out, said);
+    up.wait_log(
+        &format!("config reloaded version={version}"),
+        Duration::from_secs(10),
+    )
+    .await;
+}
+
+/// `switchyard config push FILE` as the admin: it says `version` is live and `up` reloads it.
+async fn push_reloads(up: &mut up::Up, nats_url: &str, file: &Path, version: u32) {
+    let args = ["config", "push", file.to_str().unwrap()];
+    let said = format!("config version {version} is live\n");
+    config_cli_reloads(up, nats_url, &args, &said, version).await;
+}
+
+/// A temp dir, its `data` dir's path and two catalogs in it: `cheap.yaml` ($1 / $2 per 1M) and
+/// `dear.yaml` ($3 / $4).
+fn scene() -> (tempfile::TempDir, PathBuf, PathBuf, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let data = dir.join("data");
+    let cheap = catalog(dir, "cheap.yaml", "1", "2");
+    let dear = catalog(dir, "dear.yaml", "3", "4");
+    (tmp, data, cheap, dear)
+}
+
 fn usd(s: &str) -> Decimal {
     Decimal::from_str(s).unwrap()
 }
 
 #[tokio::test]
 async fn flag_and_file_win_over_kv_and_a_pushed_price_is_charged_on_the_next_request() {
-    let tmp = tempfile::tempdir().unwrap();
+    let (tmp, data, cheap, dear) = scene();
     let dir = tmp.path();
-    let data = dir.join("data");
-    let cheap = catalog(dir, "cheap.yaml", "1", "2");
-    let dear = catalog(dir, "dear.yaml", "3", "4");
 
     // First run: its file becomes the live config; then someone pushes another config that
     // names another listen address and other models.
     let first = write_config(dir, "first.yaml", "demo/first", &cheap, json!({}));
-    let mut up1 = up::spawn(up::command(&data, "127.0.0.1:0", Some(&first)), &data).await;
+    let mut up1 = up::start(&data, &first).await;
     let url = up1.nats_url().await;
     up1.wait_log(
         "no live config in KV yet; pushed the config file",
@@ -120,12 +154,7 @@ async fn flag_and_file_win_over_kv_and_a_pushed_price_is_charged_on_the_next_req
         &cheap,
         json!({"listen": "127.0.0.1:1", "data_dir": "/nonexistent"}),
     );
-    let (ok, out, err) =
-        admin_cli(&data, &url, &["config", "push", pushed.to_str().unwrap()]).await;
-    assert!(ok, "{err}");
-    assert_eq!(out, "config version 2 is live\n");
-    up1.wait_log("config reloaded version=2", Duration::from_secs(10))
-        .await;
+    push_reloads(&mut up1, &url, &pushed, 2).await;
     // Shared settings apply live; the pushed listen address and data dir do not.
     assert_eq!(model_ids(&up1.base).await, ["demo/mock", "demo/pushed"]);
     assert_eq!(charge_of_next_request(&up1).await, usd("0.20"));
@@ -151,12 +180,7 @@ async fn flag_and_file_win_over_kv_and_a_pushed_price_is_charged_on_the_next_req
     // A price change pushed while it runs is charged on the very next request.
     let url = up2.nats_url().await;
     let repriced = write_config(dir, "repriced.yaml", "demo/third", &dear, json!({}));
-    let (ok, out, err) =
-        admin_cli(&data, &url, &["config", "push", repriced.to_str().unwrap()]).await;
-    assert!(ok, "{err}");
-    assert_eq!(out, "config version 4 is live\n");
-    up2.wait_log("config reloaded version=4", Duration::from_secs(10))
-        .await;
+    push_reloads(&mut up2, &url, &repriced, 4).await;
     // 100,000 at $3/M + 50,000 at $4/M.
     assert_eq!(charge_of_next_request(&up2).await, usd("0.50"));
 
@@ -172,11 +196,14 @@ async fn flag_and_file_win_over_kv_and_a_pushed_price_is_charged_on_the_next_req
         [("1", false), ("2", false), ("3", false), ("4", true)],
         "{out}"
     );
-    let (ok, out, err) = admin_cli(&data, &url, &["config", "rollback", "3"]).await;
-    assert!(ok, "{err}");
-    assert_eq!(out, "config version 5 is live (the text of version 3)\n");
-    up2.wait_log("config reloaded version=5", Duration::from_secs(10))
-        .await;
+    config_cli_reloads(
+        &mut up2,
+        &url,
+        &["config", "rollback", "3"],
+        "config version 5 is live (the text of version 3)\n",
+        5,
+    )
+    .await;
     assert_eq!(charge_of_next_request(&up2).await, usd("0.20"));
     let (ok, _, err) = admin_cli(&data, &url, &["config", "rollback", "99"]).await;
     assert!(!ok);
@@ -194,23 +221,14 @@ const BUDGET_KEY: &str = "sk-precedence-budget-0123456789";
 async fn reserve_100k(base: &str) -> (u16, Value) {
     let mut body = crate::common::chat("demo/mock", "reserve room for me", false);
     body["max_tokens"] = json!(100_000);
-    let r = reqwest::Client::new()
-        .post(format!("{base}/v1/chat/completions"))
-        .bearer_auth(BUDGET_KEY)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let r = post_keyed(base, BUDGET_KEY, &body).await;
     (r.status().as_u16(), r.json().await.unwrap())
 }
 
 #[tokio::test]
 async fn a_pushed_price_is_used_for_the_next_reservation() {
-    let tmp = tempfile::tempdir().unwrap();
+    let (tmp, data, cheap, dear) = scene();
     let dir = tmp.path();
-    let data = dir.join("data");
-    let cheap = catalog(dir, "cheap.yaml", "1", "2");
-    let dear = catalog(dir, "dear.yaml", "3", "4");
     // A key with $0.30 a day; the mock answers 10 + 10 tokens, so what it spends stays tiny
     // and the reservation (100,000 output tokens at the sale price, +10 %) decides.
     let more = || {
@@ -225,7 +243,7 @@ async fn a_pushed_price_is_used_for_the_next_reservation() {
         })
     };
     let file = write_config(dir, "cheap-config.yaml", "demo/first", &cheap, more());
-    let mut up = up::spawn(up::command(&data, "127.0.0.1:0", Some(&file)), &data).await;
+    let mut up = up::start(&data, &file).await;
     up.wait_ready().await;
     // At $2/M output the reservation is about $0.22: admitted.
     let (status, body) = reserve_100k(&up.base).await;
@@ -235,12 +253,7 @@ async fn a_pushed_price_is_used_for_the_next_reservation() {
     // At $4/M output it is about $0.44, over the $0.30: refused before any upstream call.
     let url = up.nats_url().await;
     let repriced = write_config(dir, "dear-config.yaml", "demo/first", &dear, more());
-    let (ok, out, err) =
-        admin_cli(&data, &url, &["config", "push", repriced.to_str().unwrap()]).await;
-    assert!(ok, "{err}");
-    assert_eq!(out, "config version 2 is live\n");
-    up.wait_log("config reloaded version=2", Duration::from_secs(10))
-        .await;
+    push_reloads(&mut up, &url, &repriced, 2).await;
     let (status, body) = reserve_100k(&up.base).await;
     assert_eq!(status, 429, "{body}");
     assert_eq!(body["error"]["type"], "insufficient_quota");
@@ -254,29 +267,31 @@ async fn a_pushed_price_is_used_for_the_next_reservation() {
     );
 
     // Back to the old prices: the same request is admitted again (the spend did not change).
-    let (ok, out, err) = admin_cli(&data, &url, &["config", "rollback", "1"]).await;
-    assert!(ok, "{err}");
-    assert_eq!(out, "config version 3 is live (the text of version 1)\n");
-    up.wait_log("config reloaded version=3", Duration::from_secs(10))
-        .await;
+    config_cli_reloads(
+        &mut up,
+        &url,
+        &["config", "rollback", "1"],
+        "config version 3 is live (the text of version 1)\n",
+        3,
+    )
+    .await;
     let (status, body) = reserve_100k(&up.base).await;
     assert_eq!(status, 200, "{body}");
     up.stop().await;
 }
 
 async fn chat_status(base: &str) -> u16 {
-    reqwest::Client::new()
-        .post(format!("{base}/v1/chat/completions"))
-        .json(&crate::common::chat(
+    post_keyless(
+        base,
+        &crate::common::chat(
             "demo/mock",
             &format!("still here {}", uuid::Uuid::now_v7()),
             false,
-        ))
-        .send()
-        .await
-        .unwrap()
-        .status()
-        .as_u16()
+        ),
+    )
+    .await
+    .status()
+    .as_u16()
 }
 
 #[tokio::test]
@@ -295,7 +310,7 @@ async fn a_pushed_nats_url_is_ignored_the_process_keeps_its_file_or_flag_value()
         &cheap,
         json!({"nats_url": nats_url}),
     );
-    let mut up1 = up::spawn(up::command(&data, "127.0.0.1:0", Some(&first)), &data).await;
+    let mut up1 = up::start(&data, &first).await;
     up1.wait_log(
         "no live config in KV yet; pushed the config file",
         Duration::from_secs(5),
@@ -314,16 +329,7 @@ async fn a_pushed_nats_url_is_ignored_the_process_keeps_its_file_or_flag_value()
         &cheap,
         json!({"nats_url": dead}),
     );
-    let (ok, out, err) = admin_cli(
-        &data,
-        &nats_url,
-        &["config", "push", pushed.to_str().unwrap()],
-    )
-    .await;
-    assert!(ok, "{err}");
-    assert_eq!(out, "config version 2 is live\n");
-    up1.wait_log("config reloaded version=2", Duration::from_secs(10))
-        .await;
+    push_reloads(&mut up1, &nats_url, &pushed, 2).await;
     // The shared settings apply; the process stays on the file's NATS and serves.
     assert_eq!(model_ids(&up1.base).await, ["demo/mock", "demo/pushed"]);
     assert_eq!(chat_status(&up1.base).await, 200);

@@ -140,19 +140,17 @@ async fn fallback_is_recorded_like_chat() {
     .await;
     assert_eq!(status, 502);
     let text = metrics_text(&gw.base).await;
-    for line in [
-        "switchyard_requests_total{route=\"/v1/embeddings\",model=\"demo/fallback\",status=\"200\"} 1",
-        "switchyard_requests_total{route=\"/v1/embeddings\",model=\"demo/dead\",status=\"502\"} 1",
-        "switchyard_provider_requests_total{target=\"mock\",status=\"200\"} 1",
-        "switchyard_fallbacks_total{model=\"demo/fallback\",depth=\"1\"} 1",
-        "switchyard_in_flight{target=\"mock\"} 0",
-        "switchyard_in_flight{target=\"dead\"} 0",
-    ] {
-        assert!(
-            text.lines().any(|l| l == line),
-            "missing `{line}` in\n{text}"
-        );
-    }
+    assert_metric_lines(
+        &text,
+        &[
+            "switchyard_requests_total{route=\"/v1/embeddings\",model=\"demo/fallback\",status=\"200\"} 1",
+            "switchyard_requests_total{route=\"/v1/embeddings\",model=\"demo/dead\",status=\"502\"} 1",
+            "switchyard_provider_requests_total{target=\"mock\",status=\"200\"} 1",
+            "switchyard_fallbacks_total{model=\"demo/fallback\",depth=\"1\"} 1",
+            "switchyard_in_flight{target=\"mock\"} 0",
+            "switchyard_in_flight{target=\"dead\"} 0",
+        ],
+    );
     let ledger = gw.ledger.clone().unwrap();
     let id: uuid::Uuid = id.parse().unwrap();
     let charge = eventually(std::time::Duration::from_secs(10), || {

@@ -6,20 +6,21 @@ use crate::common::*;
 use switchyard_schemas::usage::UsageStatus;
 use switchyard_schemas::{ErrorClass, UsageKind};
 
+/// A `demo/claude` stream whose mock upstream replays `fixture`.
+async fn claude_fixture_sse(base: &str, fixture: &str) -> SseBody {
+    post_sse(
+        base,
+        &chat("demo/claude", &format!("#mock fixture={fixture}"), true),
+    )
+    .await
+}
+
 /// FC-06: Anthropic stream `Hi`, ` there`, then `event: error` overloaded_error and a close without
 /// `message_stop`: the client gets `Hi there` then an error, never `stop`/`[DONE]`; class overloaded.
 #[tokio::test]
 async fn fc06_anthropic_error_after_content() {
     let gw = billed_gateway().await;
-    let r = post_sse(
-        &gw.base,
-        &chat(
-            "demo/claude",
-            "#mock fixture=fc06_anthropic_overloaded",
-            true,
-        ),
-    )
-    .await;
+    let r = claude_fixture_sse(&gw.base, "fc06_anthropic_overloaded").await;
     assert_eq!(r.status, 200);
     assert_eq!(r.content(), "Hi there");
     assert_eq!(r.done_count(), 0);
@@ -140,15 +141,7 @@ async fn fc12_usage_chunk_only_when_asked() {
 #[tokio::test]
 async fn fc17_anthropic_tool_use_blocks_to_openai_indexes() {
     let gw = start(Options::default()).await;
-    let r = post_sse(
-        &gw.base,
-        &chat(
-            "demo/claude",
-            "#mock fixture=fc17_anthropic_two_tools",
-            true,
-        ),
-    )
-    .await;
+    let r = claude_fixture_sse(&gw.base, "fc17_anthropic_two_tools").await;
     assert_eq!(r.status, 200);
     assert_eq!(r.content(), "Let me check.");
     assert_eq!(r.finish_reason().as_deref(), Some("tool_calls"));

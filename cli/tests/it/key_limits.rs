@@ -85,11 +85,7 @@ async fn fc44_key_headers_upstream_headers_under_a_prefix_and_an_upstream_429() 
         "models": [{"id": "fc44/gpt", "targets": ["oai"]}, {"id": "fc44/claude", "targets": ["ant"]}],
         "keys": keys,
     }));
-    let gw = start(Options {
-        config,
-        ..Options::default()
-    })
-    .await;
+    let gw = start_config(config).await;
     let http = reqwest::Client::new();
     let own = |headers: &reqwest::header::HeaderMap| {
         assert_eq!(
@@ -225,11 +221,7 @@ async fn exactly_k_of_1000_concurrent_requests_fit_a_key_rpm_through_two_ingress
         "keys": keys,
         "timeouts": {"first_frame_ms": 30000, "worker_silence_ms": 30000, "heartbeat_ms": 1000, "total_ms": 120000}
     }));
-    let gw = start(Options {
-        config,
-        ..Options::default()
-    })
-    .await;
+    let gw = start_config(config).await;
     let (second, _) = spawn_ingress(&gw).await;
     let bases = [gw.base.clone(), second];
     // A round that straddles a minute boundary counts two windows: it runs again on a fresh key
@@ -300,11 +292,7 @@ async fn concurrency_refusals_do_not_use_up_rpm() {
                         "limits": {"rpm": RPM, "max_concurrent": 2}})
         })
         .collect();
-    let gw = start(Options {
-        config: test_config(json!({"keys": keys})),
-        ..Options::default()
-    })
-    .await;
+    let gw = start_config(test_config(json!({"keys": keys}))).await;
     let (second, _) = spawn_ingress(&gw).await;
     let http = reqwest::Client::new();
     for round in 0..3 {

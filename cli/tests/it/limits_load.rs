@@ -19,11 +19,7 @@ async fn rpm_admits_exactly_capacity_of_1000_concurrent_through_two_workers() {
         "models": [{"id": "test/hot", "targets": ["hot"]}],
         "timeouts": {"first_frame_ms": 30000, "worker_silence_ms": 30000, "heartbeat_ms": 1000, "total_ms": 120000}
     }));
-    let gw = start(Options {
-        config,
-        ..Options::default()
-    })
-    .await;
+    let gw = start_config(config).await;
     let stop = CancellationToken::new();
     spawn_worker(&gw, gw.config.clone(), "worker-b", stop.clone()).await;
     let _stop = stop.drop_guard();

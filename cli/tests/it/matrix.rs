@@ -88,11 +88,7 @@ fn tools() -> Value {
 }
 
 async fn gateway() -> Gateway {
-    start(Options {
-        config: matrix_config(),
-        ..Options::default()
-    })
-    .await
+    start_config(matrix_config()).await
 }
 
 #[tokio::test]

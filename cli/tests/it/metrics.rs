@@ -12,16 +12,13 @@ const BROKE: &str = "sk-metrics-broke-0123456789";
 const LIMITED: &str = "sk-metrics-limited-0123456789";
 
 fn catalog(dir: &std::path::Path) -> String {
-    let path = dir.join("catalog.yaml");
-    std::fs::write(
-        &path,
+    catalog_file(
+        dir,
         "currency: USD\nas_of: 2026-11-29\n\
          upstream:\n  mock: {input: 1, output: 2}\n\
          standard:\n  demo/mock: {input: 2, output: 4}\n  demo/fallback: {input: 2, output: 4}\n  \
          demo/retry: {input: 2, output: 4}\n  demo/cached: {input: 2, output: 4}\n  demo/slow: {input: 2, output: 4}\n",
     )
-    .unwrap();
-    path.display().to_string()
 }
 
 async fn send(base: &str, key: &str, body: &Value) -> reqwest::Response {
@@ -150,16 +147,11 @@ async fn one_scrape_shows_every_family_after_mixed_traffic() {
     drop(r);
 
     let chat_route = "route=\"/v1/chat/completions\"";
-    let text = eventually(Duration::from_secs(10), || {
-        let base = base.clone();
-        async move {
-            let t = metrics_text(&base).await;
-            let series = format!(
-                "switchyard_requests_total{{{chat_route},model=\"demo/slow\",status=\"499\"}}"
-            );
-            let billed = metric_value(&t, "switchyard_billing_pending_messages") == Some(0.0);
-            (metric_value(&t, &series) == Some(1.0) && billed).then_some(t)
-        }
+    let series =
+        format!("switchyard_requests_total{{{chat_route},model=\"demo/slow\",status=\"499\"}}");
+    let text = wait_metrics(base, Duration::from_secs(10), |t| {
+        let billed = metric_value(t, "switchyard_billing_pending_messages") == Some(0.0);
+        metric_value(t, &series) == Some(1.0) && billed
     })
     .await;
     let exact = |series: String, want: f64| {
@@ -297,11 +289,7 @@ async fn a_thousand_keys_through_two_ingresses_add_no_series() {
     let keys: Vec<Value> = (0..1000)
         .map(|i| json!({"id": format!("k{i}"), "tenant": format!("t{i}"), "key": key(i)}))
         .collect();
-    let gw = start(Options {
-        config: test_config(json!({"keys": keys})),
-        ..Options::default()
-    })
-    .await;
+    let gw = start_config(test_config(json!({"keys": keys}))).await;
     let (second, _state) = spawn_ingress(&gw).await;
     let bases = [gw.base.clone(), second];
     let body = chat("demo/mock", "#mock text=ok", true);
@@ -370,14 +358,11 @@ async fn billing_lag_is_the_age_of_the_oldest_unacknowledged_event() {
     assert_eq!(r.status(), 200);
     r.bytes().await.unwrap();
     // The worker's `upstream` and ingress's `charge` events: two messages, unacknowledged.
-    let text = eventually(Duration::from_secs(10), || {
-        let base = gw.base.clone();
-        async move {
-            let t = metrics_text(&base).await;
-            let lag = metric_value(&t, "switchyard_billing_lag_seconds")?;
-            (metric_value(&t, "switchyard_billing_pending_messages") == Some(2.0) && lag > 0.0)
-                .then_some(t)
-        }
+    let text = wait_metrics(&gw.base, Duration::from_secs(10), |t| {
+        let lag = metric_value(t, "switchyard_billing_lag_seconds");
+        lag.is_some_and(|lag| {
+            metric_value(t, "switchyard_billing_pending_messages") == Some(2.0) && lag > 0.0
+        })
     })
     .await;
     let lag = metric_value(&text, "switchyard_billing_lag_seconds").unwrap();

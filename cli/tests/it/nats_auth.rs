@@ -58,6 +58,46 @@ async fn next_error(rx: &mut mpsc::UnboundedReceiver<String>) -> String {
         .unwrap()
 }
 
+/// A worker's client subscribed to every request subject (`sy.req.>`), the subscription in place
+/// on the server: the client and the subscription.
+async fn worker_on_requests(
+    url: &str,
+    creds: &Credentials,
+) -> (async_nats::Client, async_nats::Subscriber) {
+    let worker = connect_as(url, Some(creds), Identity::Worker).await;
+    let requests = worker.subscribe("sy.req.>").await.unwrap();
+    assert!(sync_with_server(&worker).await);
+    (worker, requests)
+}
+
+/// Publishes `payload` on a chat request subject (`sy.req.chat.openai`) as `client`.
+async fn publish_request(client: &async_nats::Client, payload: &'static str) {
+    client
+        .publish("sy.req.chat.openai", payload.into())
+        .await
+        .unwrap();
+}
+
+/// The payload of the next message on `sub`, waiting up to 5 s.
+async fn next_payload(sub: &mut async_nats::Subscriber) -> Vec<u8> {
+    tokio::time::timeout(Duration::from_secs(5), sub.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .payload
+        .to_vec()
+}
+
+/// The live config's revision and text, read by `client`.
+async fn config_entry(client: &async_nats::Client) -> (u64, String) {
+    let kv = switchyard::reload::bucket(client).await.unwrap();
+    let entry = kv.entry(switchyard::reload::KEY).await.unwrap().unwrap();
+    (
+        entry.revision,
+        String::from_utf8_lossy(&entry.value).into_owned(),
+    )
+}
+
 #[tokio::test]
 async fn a_client_without_or_with_wrong_credentials_cannot_connect() {
     let (nats, creds) = server();
@@ -98,15 +138,7 @@ async fn a_worker_cannot_write_the_config_bucket_or_publish_requests() {
         next_error(&mut errors).await,
         "Permissions Violation for Publish to \"$KV.SY_CONFIG.gateway\""
     );
-    let kv = switchyard::reload::bucket(&admin).await.unwrap();
-    let entry = kv.entry(switchyard::reload::KEY).await.unwrap().unwrap();
-    assert_eq!(
-        (
-            entry.revision,
-            String::from_utf8_lossy(&entry.value).as_ref()
-        ),
-        (v1, CONFIG_V1)
-    );
+    assert_eq!(config_entry(&admin).await, (v1, CONFIG_V1.to_owned()));
     // Nor can it delete or recreate the bucket's stream.
     let js = async_nats::jetstream::new(worker.clone());
     assert!(js.delete_stream("KV_SY_CONFIG").await.is_err());
@@ -116,28 +148,16 @@ async fn a_worker_cannot_write_the_config_bucket_or_publish_requests() {
     );
 
     // A worker's request never reaches the (other) workers subscribed to requests.
-    let listener = connect_as(&nats.url(), Some(&creds), Identity::Worker).await;
-    let mut requests = listener.subscribe("sy.req.>").await.unwrap();
-    assert!(sync_with_server(&listener).await);
-    worker
-        .publish("sy.req.chat.openai", "forged".into())
-        .await
-        .unwrap();
+    let (_listener, mut requests) = worker_on_requests(&nats.url(), &creds).await;
+    publish_request(&worker, "forged").await;
     assert!(sync_with_server(&worker).await);
     assert_eq!(
         next_error(&mut errors).await,
         "Permissions Violation for Publish to \"sy.req.chat.openai\""
     );
     let ingress = connect_as(&nats.url(), Some(&creds), Identity::Ingress).await;
-    ingress
-        .publish("sy.req.chat.openai", "genuine".into())
-        .await
-        .unwrap();
-    let first = tokio::time::timeout(Duration::from_secs(5), requests.next())
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(first.payload.as_ref(), b"genuine");
+    publish_request(&ingress, "genuine").await;
+    assert_eq!(next_payload(&mut requests).await, b"genuine");
 }
 
 #[tokio::test]
@@ -149,18 +169,9 @@ async fn ingress_cannot_subscribe_to_requests_and_only_admin_writes_config() {
         next_error(&mut errors).await,
         "Permissions Violation for Subscription to \"sy.req.>\""
     );
-    let worker = connect_as(&nats.url(), Some(&creds), Identity::Worker).await;
-    let mut requests = worker.subscribe("sy.req.>").await.unwrap();
-    assert!(sync_with_server(&worker).await);
-    ingress
-        .publish("sy.req.chat.openai", "prompt".into())
-        .await
-        .unwrap();
-    let got = tokio::time::timeout(Duration::from_secs(5), requests.next())
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(got.payload.as_ref(), b"prompt");
+    let (_worker, mut requests) = worker_on_requests(&nats.url(), &creds).await;
+    publish_request(&ingress, "prompt").await;
+    assert_eq!(next_payload(&mut requests).await, b"prompt");
     // The server handled the publish before the echo: a delivery to `snooped` would be here.
     assert!(sync_with_server(&ingress).await);
     assert!(!matches!(snooped.next().now_or_never(), Some(Some(_))));
@@ -182,10 +193,7 @@ async fn ingress_cannot_subscribe_to_requests_and_only_admin_writes_config() {
     }
     let admin = connect_as(&nats.url(), Some(&creds), Identity::Admin).await;
     let v = switchyard::reload::push(&admin, CONFIG_V1).await.unwrap();
-    let kv = switchyard::reload::bucket(&ingress).await.unwrap();
-    let entry = kv.entry(switchyard::reload::KEY).await.unwrap().unwrap();
-    assert_eq!(entry.revision, v);
-    assert_eq!(String::from_utf8_lossy(&entry.value), CONFIG_V1);
+    assert_eq!(config_entry(&ingress).await, (v, CONFIG_V1.to_owned()));
 }
 
 /// The whole pipeline with each component on its own identity: chat (non-streaming and
@@ -239,14 +247,11 @@ async fn the_pipeline_works_with_each_service_on_its_own_identity() {
     assert_eq!(sse.done_count(), 1);
 
     let http = reqwest::Client::new();
-    let resp = http
-        .post(format!("{}/v1/embeddings", gw.base))
-        .json(&serde_json::json!({"model": "demo/mock", "input": "hi"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let v: serde_json::Value = resp.json().await.unwrap();
+    let v = json_ok(
+        http.post(format!("{}/v1/embeddings", gw.base))
+            .json(&serde_json::json!({"model": "demo/mock", "input": "hi"})),
+    )
+    .await;
     assert_eq!(v["object"], "list");
     assert_eq!(v["data"][0]["object"], "embedding");
 
@@ -263,14 +268,11 @@ async fn the_pipeline_works_with_each_service_on_its_own_identity() {
     assert_eq!(usage["object"], "usage");
 
     // Stored responses (SY_RESPONSES) and files (the SY_FILES object store).
-    let resp = http
-        .post(format!("{}/v1/responses", gw.base))
-        .json(&serde_json::json!({"model": "demo/mock", "input": "hi"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let created: serde_json::Value = resp.json().await.unwrap();
+    let created = json_ok(
+        http.post(format!("{}/v1/responses", gw.base))
+            .json(&serde_json::json!({"model": "demo/mock", "input": "hi"})),
+    )
+    .await;
     let rid = created["id"].as_str().unwrap();
     let url = format!("{}/v1/responses/{rid}", gw.base);
     let (_, fetched) = crate::common::call(reqwest::Method::GET, url, None, None).await;
@@ -284,26 +286,13 @@ async fn the_pipeline_works_with_each_service_on_its_own_identity() {
             "file",
             reqwest::multipart::Part::bytes(format!("{line}\n").into_bytes()).file_name("a.jsonl"),
         );
-    let resp = http
-        .post(format!("{}/v1/files", gw.base))
-        .multipart(form)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let file: serde_json::Value = resp.json().await.unwrap();
+    let file = json_ok(http.post(format!("{}/v1/files", gw.base)).multipart(form)).await;
     assert_eq!(file["status"], "processed");
-    let resp = http
-        .post(format!("{}/v1/batches", gw.base))
-        .json(
-            &serde_json::json!({"input_file_id": file["id"], "endpoint": "/v1/chat/completions",
+    let batch = json_ok(http.post(format!("{}/v1/batches", gw.base)).json(
+        &serde_json::json!({"input_file_id": file["id"], "endpoint": "/v1/chat/completions",
             "completion_window": "24h"}),
-        )
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let batch: serde_json::Value = resp.json().await.unwrap();
+    ))
+    .await;
     let bid = batch["id"].as_str().unwrap().to_owned();
     let done: serde_json::Value = eventually(Duration::from_secs(20), || {
         let (http, url) = (http.clone(), format!("{}/v1/batches/{bid}", gw.base));
@@ -315,17 +304,12 @@ async fn the_pipeline_works_with_each_service_on_its_own_identity() {
     .await;
     assert_eq!(done["request_counts"]["completed"], 1);
     // Deleting a file purges its chunks from the object store.
-    let resp = http
-        .delete(format!(
-            "{}/v1/files/{}",
-            gw.base,
-            file["id"].as_str().unwrap()
-        ))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let deleted: serde_json::Value = resp.json().await.unwrap();
+    let deleted = json_ok(http.delete(format!(
+        "{}/v1/files/{}",
+        gw.base,
+        file["id"].as_str().unwrap()
+    )))
+    .await;
     assert_eq!(deleted["deleted"], true);
 }
 
@@ -343,12 +327,7 @@ async fn the_cache_works_on_its_own_identity() {
     .await;
     let body = chat("demo/mock", "How do I turn on dark mode?", false);
     let ask = || async {
-        let resp = reqwest::Client::new()
-            .post(format!("{}/v1/chat/completions", gw.base))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
+        let resp = post_keyless(&gw.base, &body).await;
         assert_eq!(resp.status(), 200);
         let outcome = resp.headers()["x-switchyard-cache"]
             .to_str()

@@ -82,6 +82,28 @@ fn one<'a>(spans: &[&'a Received], name: &str) -> &'a Received {
     v[0]
 }
 
+/// The test's half of a gateway whose worker and ingress run as processes: `config` written to a
+/// file under `dir` ([`config_file`]), then NATS, the mock upstream and, with `billing`, the
+/// ledger in this process (no worker). Returns the gateway, the config file's path, the NATS URL
+/// and the mock upstream's `/v1` URL.
+async fn in_process_half(
+    dir: &std::path::Path,
+    config: switchyard_schemas::config::GatewayConfig,
+    billing: bool,
+) -> (common::Gateway, String, String, String) {
+    let (config, path) = config_file(dir, config);
+    let gw = common::start(Options {
+        config,
+        billing,
+        worker: false,
+        ..Options::default()
+    })
+    .await;
+    let nats = gw.nats.url();
+    let mock = format!("{}/v1", gw.mock.base_url());
+    (gw, path, nats, mock)
+}
+
 /// The lookup's client span (ingress) and its server span (the cache process, its child).
 fn cache_spans<'a>(trace: &[&'a Received]) -> (&'a Received, &'a Received) {
     let lookups = named(trace, "switchyard.cache.lookup");
@@ -106,20 +128,13 @@ fn cache_spans<'a>(trace: &[&'a Received]) -> (&'a Received, &'a Received) {
 async fn one_trace_per_request_across_ingress_and_worker_processes() {
     let collector = Collector::start().await;
     let tmp = tempfile::tempdir().unwrap();
-    let (config, path) = config_file(
+    // NATS, the mock upstream and billing (the audit log) in this process; no worker here.
+    let (gw, path, nats, mock) = in_process_half(
         tmp.path(),
         common::test_config(json!({"tracing": {"endpoint": collector.url}})),
-    );
-    // NATS, the mock upstream and billing (the audit log) in this process; no worker here.
-    let gw = common::start(Options {
-        config,
-        billing: true,
-        worker: false,
-        ..Options::default()
-    })
+        true,
+    )
     .await;
-    let nats = gw.nats.url();
-    let mock = format!("{}/v1", gw.mock.base_url());
     let envs = [("OTEL_BSP_SCHEDULE_DELAY", EXPORT_DELAY_MS)];
     let worker = Service::worker(&path, &nats, &mock, &envs).await;
     // The cache service (exact layer only): its lookups continue the ingress's traces.
@@ -435,12 +450,7 @@ async fn a_reused_client_request_id_never_merges_requests_through_two_ingresses(
         "timeouts": {"first_frame_ms": 30000, "worker_silence_ms": 30000, "heartbeat_ms": 1000,
                      "total_ms": 120000}
     }));
-    let gw = common::start(Options {
-        config,
-        billing: true,
-        ..Options::default()
-    })
-    .await;
+    let gw = common::start_billed(config).await;
     let (second, _) = common::spawn_ingress(&gw).await;
     let bases = [gw.base.clone(), second];
     let results = common::fan_out(REQUESTS, |http, i| {
@@ -527,20 +537,14 @@ async fn a_hung_collector_never_slows_requests() {
         }
     });
     let tmp = tempfile::tempdir().unwrap();
-    let (config, path) = config_file(
+    let (_gw, path, nats, mock) = in_process_half(
         tmp.path(),
         common::test_config(json!({
             "tracing": {"endpoint": endpoint, "export_timeout_ms": EXPORT_TIMEOUT_MS}
         })),
-    );
-    let gw = common::start(Options {
-        config,
-        worker: false,
-        ..Options::default()
-    })
+        false,
+    )
     .await;
-    let nats = gw.nats.url();
-    let mock = format!("{}/v1", gw.mock.base_url());
     // Export every 100 ms: the first export reaches the collector (and hangs) at once.
     let envs = [("OTEL_BSP_SCHEDULE_DELAY", "100")];
     let worker = Service::worker(&path, &nats, &mock, &envs).await;
@@ -589,17 +593,12 @@ async fn measure_span_export_overhead() {
         } else {
             json!({})
         };
-        let (config, path) = config_file(
+        let (_gw, path, nats, mock) = in_process_half(
             tmp.path(),
             common::test_config(json!({ "tracing": tracing })),
-        );
-        let gw = common::start(Options {
-            config,
-            worker: false,
-            ..Options::default()
-        })
+            false,
+        )
         .await;
-        let (nats, mock) = (gw.nats.url(), format!("{}/v1", gw.mock.base_url()));
         let worker = Service::worker(&path, &nats, &mock, &[]).await;
         let ingress = Service::ingress(&[], &path, &nats, &[]).await;
         let base = ingress.base_url();
@@ -671,15 +670,7 @@ async fn worker_and_billing_processes_serve_their_metrics() {
         .unwrap(),
     );
     config.validate().unwrap();
-    let (config, path) = config_file(tmp.path(), config);
-    let gw = common::start(Options {
-        config,
-        worker: false,
-        ..Options::default()
-    })
-    .await;
-    let nats = gw.nats.url();
-    let mock = format!("{}/v1", gw.mock.base_url());
+    let (_gw, path, nats, mock) = in_process_half(tmp.path(), config, false).await;
     let db = format!("sqlite://{}/ledger.db?mode=rwc", tmp.path().display());
     let (worker, worker_url) = with_metrics(
         &[
@@ -720,8 +711,7 @@ async fn worker_and_billing_processes_serve_their_metrics() {
         assert_eq!(a.status, 200);
         ids.push(uuid::Uuid::parse_str(&a.gateway_id).unwrap());
     }
-    let scrape = |url: String| async move { common::metrics_text(&url).await };
-    let text = scrape(worker_url.clone()).await;
+    let text = common::metrics_text(&worker_url).await;
     let exact = |text: &str, series: &str, want: f64| {
         assert_eq!(
             common::metric_value(text, series),
@@ -745,13 +735,8 @@ async fn worker_and_billing_processes_serve_their_metrics() {
     for id in ids {
         common::wait_charged(&ledger, id, Duration::from_secs(20)).await;
     }
-    let text = common::eventually(Duration::from_secs(20), || {
-        let url = billing_url.clone();
-        async move {
-            let t = scrape(url).await;
-            (common::metric_value(&t, "switchyard_billing_pending_messages") == Some(0.0))
-                .then_some(t)
-        }
+    let text = common::wait_metrics(&billing_url, Duration::from_secs(20), |t| {
+        common::metric_value(t, "switchyard_billing_pending_messages") == Some(0.0)
     })
     .await;
     exact(&text, "switchyard_billing_lag_seconds", 0.0);

@@ -129,12 +129,11 @@ async fn error_after_content_is_an_error_event_not_a_silent_end() {
 async fn upstream_errors_map_to_openai_shape_and_status() {
     let gw = start(Options::default()).await;
     // 429 with Retry-After, single target: passed on with the header.
-    let resp = reqwest::Client::new()
-        .post(format!("{}/v1/chat/completions", gw.base))
-        .json(&chat("demo/mock", "#mock status=429 retry_after=7", false))
-        .send()
-        .await
-        .unwrap();
+    let resp = post_keyless(
+        &gw.base,
+        &chat("demo/mock", "#mock status=429 retry_after=7", false),
+    )
+    .await;
     assert_eq!(resp.status().as_u16(), 429);
     assert_eq!(resp.headers()["retry-after"], "7");
     let body: serde_json::Value = resp.json().await.unwrap();
@@ -198,11 +197,7 @@ async fn heartbeats_keep_a_slow_model_alive() {
     // heartbeats prove the worker is alive.
     let mut config = test_config(serde_json::json!({}));
     config.timeouts.first_frame_ms = 1000;
-    let gw = start(Options {
-        config,
-        ..Options::default()
-    })
-    .await;
+    let gw = start_config(config).await;
     let r = post_sse(
         &gw.base,
         &chat("demo/mock", "#mock ttft_ms=3500 text=late", true),
@@ -241,16 +236,11 @@ async fn usage_reaches_the_ledger_once_per_side() {
 #[tokio::test]
 async fn client_disconnect_cancels_the_upstream_call() {
     let gw = billed_gateway().await;
-    let resp = reqwest::Client::new()
-        .post(format!("{}/v1/chat/completions", gw.base))
-        .json(&chat(
-            "demo/mock",
-            "#mock text_len=2000 chunk_delay_ms=100",
-            true,
-        ))
-        .send()
-        .await
-        .unwrap();
+    let resp = post_keyless(
+        &gw.base,
+        &chat("demo/mock", "#mock text_len=2000 chunk_delay_ms=100", true),
+    )
+    .await;
     let id = request_id(resp.headers());
     let mut stream = resp.bytes_stream();
     use futures::StreamExt;

@@ -58,24 +58,14 @@ async fn probes_find_an_outage_and_the_recovery_without_traffic() {
     };
     // No client request at all: the probes alone open the breaker.
     next_state(&mut events, HealthState::Unhealthy).await;
-    assert!(
-        gw.mock
-            .state()
-            .count_matching(|r| r.path.contains("status=503"))
-            >= 2
-    );
+    assert!(calls_naming(&gw, "status=503") >= 2);
     // The upstream recovers (a live config change points the target at a healthy mock path);
     // the next half-open probe succeeds and closes the breaker.
     let mut healthy = config("text=ok");
     healthy.targets[0].probe.as_mut().unwrap().interval_ms = 60_000;
     gw.config.set(1, healthy);
     next_state(&mut events, HealthState::Healthy).await;
-    assert!(
-        gw.mock
-            .state()
-            .count_matching(|r| r.path.contains("text=ok"))
-            >= 1
-    );
+    assert!(calls_naming(&gw, "text=ok") >= 1);
     // Every probe is a real upstream call with a usage event; none reached a client.
     assert_eq!(
         gw.mock.state().count_matching(
@@ -92,12 +82,7 @@ async fn probes_find_an_outage_and_the_recovery_without_traffic() {
 async fn probe_calls_are_billed_as_probes_not_as_discrepancies() {
     let mut c = config("text=ok");
     c.targets[0].probe.as_mut().unwrap().interval_ms = 100;
-    let gw = start(Options {
-        config: c,
-        billing: true,
-        ..Options::default()
-    })
-    .await;
+    let gw = start_billed(c).await;
     let ledger = gw.ledger.as_ref().unwrap();
     let rows = eventually(Duration::from_secs(20), || async {
         let n = ledger.count().await.unwrap();

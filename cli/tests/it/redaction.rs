@@ -3,11 +3,29 @@
 //! other upstream error text has anything shaped like a key redacted — in the client's body and
 //! in the ledger row.
 
-use crate::common::{Options, eventually, post_json, start, test_config};
-use serde_json::json;
+use crate::common::{Options, eventually, percent_encode, post_json, start, test_config};
+use serde_json::{Value, json};
 use std::time::Duration;
 
 const UPSTREAM_KEY: &str = "sk-upstream-0123456789abcdefSECRET";
+
+/// A chat on `demo/keyed` whose upstream answers `status` with the error message `message`: the
+/// gateway's status, headers and body.
+async fn upstream_error(
+    base: &str,
+    status: u16,
+    message: &str,
+) -> (u16, reqwest::header::HeaderMap, Value) {
+    let directive = format!(
+        "#mock status={status} error_message={}\nhi",
+        percent_encode(message)
+    );
+    post_json(
+        base,
+        &json!({"model": "demo/keyed", "messages": [{"role": "user", "content": directive}]}),
+    )
+    .await
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_errors_never_carry_the_credential() {
@@ -23,15 +41,7 @@ async fn upstream_errors_never_carry_the_credential() {
     .await;
     // 401 echoing the Authorization header, as OpenAI's "Incorrect API key provided" does.
     let echo = format!("Incorrect API key provided: Bearer {UPSTREAM_KEY}");
-    let directive = format!(
-        "#mock status=401 error_message={}\nhi",
-        echo.replace(' ', "+").replace(':', "%3A")
-    );
-    let (status, _, body) = post_json(
-        &gw.base,
-        &json!({"model": "demo/keyed", "messages": [{"role": "user", "content": directive}]}),
-    )
-    .await;
+    let (status, _, body) = upstream_error(&gw.base, 401, &echo).await;
     assert_eq!(status, 502, "{body}");
     let text = body.to_string();
     assert!(!text.contains("0123456789abcdef"), "{text}");
@@ -42,15 +52,7 @@ async fn upstream_errors_never_carry_the_credential() {
     );
     // A 400 whose message quotes a key: redacted, the rest kept.
     let echo = format!("Invalid value for api_key={UPSTREAM_KEY}");
-    let directive = format!(
-        "#mock status=400 error_message={}\nhi",
-        echo.replace(' ', "+").replace('=', "%3D")
-    );
-    let (status, headers, body) = post_json(
-        &gw.base,
-        &json!({"model": "demo/keyed", "messages": [{"role": "user", "content": directive}]}),
-    )
-    .await;
+    let (status, headers, body) = upstream_error(&gw.base, 400, &echo).await;
     assert_eq!(status, 400, "{body}");
     // A failed admitted request still names its id, which finds its ledger rows.
     let id: uuid::Uuid = headers["x-request-id"].to_str().unwrap().parse().unwrap();

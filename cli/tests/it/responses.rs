@@ -41,6 +41,11 @@ async fn post_response(base: &str, key: &str, body: &Value) -> reqwest::Response
     .await
 }
 
+/// `GET /v1/responses/{id}` as `key`: the status and body.
+async fn retrieve(base: &str, key: &str, id: &str) -> (u16, Value) {
+    get(base, key, &format!("/v1/responses/{id}")).await
+}
+
 /// `DELETE /v1/responses/{id}`, the response not read yet.
 async fn delete(base: &str, key: &str, id: &str) -> reqwest::Response {
     let path = format!("/v1/responses/{id}");
@@ -48,10 +53,7 @@ async fn delete(base: &str, key: &str, id: &str) -> reqwest::Response {
 }
 
 async fn create(base: &str, key: &str, body: &Value) -> (u16, reqwest::header::HeaderMap, Value) {
-    let resp = post_response(base, key, body).await;
-    let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    (status, headers, resp.json().await.unwrap())
+    read_json(post_response(base, key, body).await).await
 }
 
 async fn get(base: &str, key: &str, path: &str) -> (u16, Value) {
@@ -89,13 +91,7 @@ async fn non_streamed_response_object_is_exact() {
             "max_output_tokens": 100, "metadata": {"k": "v"}});
         let (status, headers, r) = create(&gw.base, "sk-x", &body).await;
         assert_eq!(status, 200, "{r}");
-        let hex = headers["x-request-id"]
-            .to_str()
-            .unwrap()
-            .parse::<uuid::Uuid>()
-            .unwrap()
-            .simple()
-            .to_string();
+        let hex = request_id(&headers).simple().to_string();
         assert_eq!(r["id"], format!("resp_{hex}"));
         assert_eq!(r["object"], "response");
         assert_eq!(r["status"], "completed");
@@ -229,18 +225,16 @@ async fn streamed_function_calls_one_item_each() {
         );
         assert_eq!(names.last(), Some(&"response.completed"));
         // Per call: added, deltas, arguments.done, item.done — the second after the first.
-        let added: Vec<usize> = events
-            .iter()
-            .enumerate()
-            .filter(|(_, (n, _))| n == "response.output_item.added")
-            .map(|(i, _)| i)
-            .collect();
-        let dones: Vec<usize> = events
-            .iter()
-            .enumerate()
-            .filter(|(_, (n, _))| n == "response.output_item.done")
-            .map(|(i, _)| i)
-            .collect();
+        let positions = |name: &str| -> Vec<usize> {
+            events
+                .iter()
+                .enumerate()
+                .filter(|(_, (n, _))| n == name)
+                .map(|(i, _)| i)
+                .collect()
+        };
+        let added = positions("response.output_item.added");
+        let dones = positions("response.output_item.done");
         assert_eq!(added.len(), 2, "{model}: {names:?}");
         assert!(added[0] < dones[0] && dones[0] < added[1] && added[1] < dones[1]);
         let last = &events.last().unwrap().1["response"];
@@ -305,11 +299,7 @@ fn tenants_config() -> switchyard_schemas::config::GatewayConfig {
 
 #[tokio::test]
 async fn stored_responses_are_tenant_scoped_and_shared_by_replicas() {
-    let gw = start(Options {
-        config: tenants_config(),
-        ..Options::default()
-    })
-    .await;
+    let gw = start_config(tenants_config()).await;
     let (other, _) = spawn_ingress(&gw).await;
 
     // Streamed and stored through ingress 1; the follow-up goes to ingress 2 right after the
@@ -318,7 +308,7 @@ async fn stored_responses_are_tenant_scoped_and_shared_by_replicas() {
     let events = stream(&gw.base, KEY_A, &body).await;
     let final_response = events.last().unwrap().1["response"].clone();
     let id = final_response["id"].as_str().unwrap().to_owned();
-    let (status, got) = get(&other, KEY_A2, &format!("/v1/responses/{id}")).await;
+    let (status, got) = retrieve(&other, KEY_A2, &id).await;
     assert_eq!(status, 200);
     assert_eq!(got, final_response);
     let follow =
@@ -382,15 +372,10 @@ async fn stored_responses_are_tenant_scoped_and_shared_by_replicas() {
         resp.json::<Value>().await.unwrap(),
         json!({"id": id, "object": "response", "deleted": true})
     );
-    let (status, _) = get(&other, KEY_A, &format!("/v1/responses/{id}")).await;
+    let (status, _) = retrieve(&other, KEY_A, &id).await;
     assert_eq!(status, 404);
     // The follow-up stays retrievable; `store: false` leaves nothing.
-    let (status, _) = get(
-        &gw.base,
-        KEY_A,
-        &format!("/v1/responses/{}", r2["id"].as_str().unwrap()),
-    )
-    .await;
+    let (status, _) = retrieve(&gw.base, KEY_A, r2["id"].as_str().unwrap()).await;
     assert_eq!(status, 200);
     let (_, _, r3) = create(
         &gw.base,
@@ -398,12 +383,7 @@ async fn stored_responses_are_tenant_scoped_and_shared_by_replicas() {
         &json!({"model": "demo/mock", "input": "x", "store": false}),
     )
     .await;
-    let (status, _) = get(
-        &gw.base,
-        KEY_A,
-        &format!("/v1/responses/{}", r3["id"].as_str().unwrap()),
-    )
-    .await;
+    let (status, _) = retrieve(&gw.base, KEY_A, r3["id"].as_str().unwrap()).await;
     assert_eq!(status, 404);
 }
 
@@ -496,11 +476,7 @@ async fn namespace_tool_calls_carry_their_namespace() {
 async fn ttl_is_the_buckets_max_age() {
     let config = test_config(json!({"responses": {"ttl_s": 3600}}));
     config.validate().unwrap();
-    let gw = start(Options {
-        config,
-        ..Options::default()
-    })
-    .await;
+    let gw = start_config(config).await;
     let js = async_nats::jetstream::new(async_nats::connect(gw.nats.url()).await.unwrap());
     let max_age = |js: async_nats::jetstream::Context| async move {
         let s = js.get_stream("KV_SY_RESPONSES").await.unwrap();

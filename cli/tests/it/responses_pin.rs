@@ -26,11 +26,7 @@ async fn gateway() -> Gateway {
         serde_json::from_value(json!({"id": MODEL, "targets": ["resp-a", "resp-b"]})).unwrap(),
     );
     config.validate().unwrap();
-    start(Options {
-        config,
-        ..Options::default()
-    })
-    .await
+    start_config(config).await
 }
 
 async fn create(base: &str, headers: &[(&str, &str)], body: &Value) -> (u16, String, Value) {

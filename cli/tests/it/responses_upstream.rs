@@ -31,11 +31,7 @@ async fn gateway() -> Gateway {
         serde_json::from_value(json!({"id": AZURE, "targets": ["azure-responses"]})).unwrap(),
     );
     config.validate().unwrap();
-    start(Options {
-        config,
-        ..Options::default()
-    })
-    .await
+    start_config(config).await
 }
 
 async fn responses(base: &str, body: &Value) -> reqwest::Response {

@@ -76,11 +76,7 @@ fn config() -> GatewayConfig {
 }
 
 async fn gateway() -> Gateway {
-    start(Options {
-        config: config(),
-        ..Options::default()
-    })
-    .await
+    start_config(config()).await
 }
 
 /// A short non-streamed request to `model`; returns the serving target (or the status on error).
@@ -535,28 +531,26 @@ async fn metrics_count_requests_exactly() {
     let (status, _, _) = post_json(&gw.base, &chat("demo/dead", "hi", false)).await;
     assert_eq!(status, 502);
     let text = metrics_text(&gw.base).await;
-    for line in [
-        "switchyard_requests_total{route=\"/v1/chat/completions\",model=\"demo/mock\",status=\"200\"} 5",
-        "switchyard_requests_total{route=\"/v1/chat/completions\",model=\"demo/fallback\",status=\"200\"} 1",
-        "switchyard_requests_total{route=\"/v1/chat/completions\",model=\"demo/dead\",status=\"502\"} 1",
-        "switchyard_provider_requests_total{target=\"mock\",status=\"200\"} 6",
-        "switchyard_provider_requests_total{target=\"dead\",status=\"502\"} 2",
-        "switchyard_fallbacks_total{model=\"demo/fallback\",depth=\"1\"} 1",
-        "switchyard_time_to_first_token_seconds_count{route=\"/v1/chat/completions\",model=\"demo/mock\"} 5",
-        "switchyard_time_to_first_token_seconds_count{route=\"/v1/chat/completions\",model=\"demo/fallback\"} 1",
-        "switchyard_provider_time_to_first_token_seconds_count{target=\"mock\"} 6",
-        "switchyard_request_duration_seconds_count{route=\"/v1/chat/completions\",model=\"demo/mock\"} 5",
-        "switchyard_request_duration_seconds_count{route=\"/v1/chat/completions\",model=\"demo/dead\"} 1",
-        "switchyard_gateway_overhead_seconds_count{route=\"/v1/chat/completions\",model=\"demo/mock\"} 5",
-        "switchyard_in_flight{target=\"mock\"} 0",
-        "switchyard_in_flight{target=\"dead\"} 0",
-        "# TYPE switchyard_requests_total counter",
-        "# TYPE switchyard_time_to_first_token_seconds histogram",
-    ] {
-        assert!(
-            text.lines().any(|l| l == line),
-            "missing `{line}` in\n{text}"
-        );
-    }
+    assert_metric_lines(
+        &text,
+        &[
+            "switchyard_requests_total{route=\"/v1/chat/completions\",model=\"demo/mock\",status=\"200\"} 5",
+            "switchyard_requests_total{route=\"/v1/chat/completions\",model=\"demo/fallback\",status=\"200\"} 1",
+            "switchyard_requests_total{route=\"/v1/chat/completions\",model=\"demo/dead\",status=\"502\"} 1",
+            "switchyard_provider_requests_total{target=\"mock\",status=\"200\"} 6",
+            "switchyard_provider_requests_total{target=\"dead\",status=\"502\"} 2",
+            "switchyard_fallbacks_total{model=\"demo/fallback\",depth=\"1\"} 1",
+            "switchyard_time_to_first_token_seconds_count{route=\"/v1/chat/completions\",model=\"demo/mock\"} 5",
+            "switchyard_time_to_first_token_seconds_count{route=\"/v1/chat/completions\",model=\"demo/fallback\"} 1",
+            "switchyard_provider_time_to_first_token_seconds_count{target=\"mock\"} 6",
+            "switchyard_request_duration_seconds_count{route=\"/v1/chat/completions\",model=\"demo/mock\"} 5",
+            "switchyard_request_duration_seconds_count{route=\"/v1/chat/completions\",model=\"demo/dead\"} 1",
+            "switchyard_gateway_overhead_seconds_count{route=\"/v1/chat/completions\",model=\"demo/mock\"} 5",
+            "switchyard_in_flight{target=\"mock\"} 0",
+            "switchyard_in_flight{target=\"dead\"} 0",
+            "# TYPE switchyard_requests_total counter",
+            "# TYPE switchyard_time_to_first_token_seconds histogram",
+        ],
+    );
     assert!(!text.contains("switchyard_fallbacks_total{model=\"demo/mock\""));
 }

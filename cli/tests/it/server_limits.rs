@@ -2,7 +2,7 @@
 //! by 10,000 connections, SIGTERM during 50 streams, the in-flight cap. The first two run the
 //! built `switchyard up` as a child process (its own descriptor limit, a real signal).
 
-use crate::common::{Options, chat, eventually, start, test_config};
+use crate::common::{Options, chat, eventually, start, start_config, test_config};
 use serde_json::json;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -379,11 +379,7 @@ async fn sigterm_lets_fifty_streams_finish_and_bills_them() {
 #[tokio::test]
 async fn requests_beyond_the_in_flight_cap_get_a_fast_503() {
     const CAP: usize = 3;
-    let gw = start(Options {
-        config: test_config(json!({"server": {"max_in_flight": CAP}})),
-        ..Options::default()
-    })
-    .await;
+    let gw = start_config(test_config(json!({"server": {"max_in_flight": CAP}}))).await;
     let client = reqwest::Client::new();
     let url = format!("{}/v1/chat/completions", gw.base);
     // CAP streams of ~3 s hold every slot (a stream counts until its last byte).
@@ -454,10 +450,9 @@ async fn requests_beyond_the_in_flight_cap_get_a_fast_503() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_stops_reading_is_cut_after_the_write_stall() {
-    let gw = start(Options {
-        config: test_config(json!({"server": {"max_in_flight": 1, "write_stall_ms": 500}})),
-        ..Options::default()
-    })
+    let gw = start_config(test_config(
+        json!({"server": {"max_in_flight": 1, "write_stall_ms": 500}}),
+    ))
     .await;
     // 8 MB of stream: more than the loopback socket buffers hold, so writes stall.
     let body = serde_json::to_vec(&chat(
@@ -552,11 +547,7 @@ async fn slow_bodies_get_408_and_idle_keep_alive_connections_are_closed() {
 
 #[tokio::test]
 async fn connections_beyond_the_cap_get_a_fast_503_and_are_closed() {
-    let gw = start(Options {
-        config: test_config(json!({"server": {"max_connections": 2}})),
-        ..Options::default()
-    })
-    .await;
+    let gw = start_config(test_config(json!({"server": {"max_connections": 2}}))).await;
     let addr: std::net::SocketAddr = gw.base.trim_start_matches("http://").parse().unwrap();
     // Two connections that say nothing hold both slots.
     let a = tokio::net::TcpStream::connect(addr).await.unwrap();

@@ -28,11 +28,7 @@ async fn gateway() -> Gateway {
             {"id": "demo/gemini", "targets": ["gemini"]}
         ]
     }));
-    start(Options {
-        config,
-        ..Options::default()
-    })
-    .await
+    start_config(config).await
 }
 
 /// The OpenAI `response_format` a Pydantic `Weather(city: str, temp_c: int)` becomes in the
@@ -238,15 +234,13 @@ async fn responses_text_format_on_claude() {
     let body = json!({"model": "demo/claude", "store": false,
         "input": format!("Weather in Paris?\n{WEATHER_DIRECTIVE}"),
         "text": {"format": format}});
-    let resp = reqwest::Client::new()
-        .post(format!("{}/v1/responses", gw.base))
-        .bearer_auth("sk-test")
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let b: Value = resp.json().await.unwrap();
+    let b = json_ok(
+        reqwest::Client::new()
+            .post(format!("{}/v1/responses", gw.base))
+            .bearer_auth("sk-test")
+            .json(&body),
+    )
+    .await;
     let output = b["output"].as_array().unwrap();
     assert_eq!(output.len(), 1, "{b}");
     assert_eq!(output[0]["type"], "message");

@@ -6,7 +6,7 @@
 //! delete; a `previous_response_id` naming B's is 400 `previous_response_not_found`). Exact
 //! statuses and bodies; afterwards B's things are all still there.
 
-use crate::batch::{call, upload};
+use crate::batch::{call, post_batch, upload};
 use crate::common::{eventually, get_as, start_billed};
 use reqwest::Method as M;
 use serde_json::{Value, json};
@@ -104,16 +104,7 @@ async fn tenant_a_gets_404_for_every_resource_of_tenant_b() {
         "body": {"model": "demo/mock", "messages": [{"role": "user", "content": "#mock ttft_ms=3000\nslow"}]}});
     let file = upload(&b, KEY_B, &item.to_string()).await;
     let fid = file["id"].as_str().unwrap().to_owned();
-    let (s, batch) = call(
-        M::POST,
-        format!("{b}/v1/batches"),
-        KEY_B,
-        Some(
-            json!({"input_file_id": fid, "endpoint": "/v1/chat/completions",
-                    "completion_window": "24h"}),
-        ),
-    )
-    .await;
+    let (s, batch) = post_batch(&b, KEY_B, &fid).await;
     assert_eq!(s, 200, "{batch}");
     let bid = batch["id"].as_str().unwrap().to_owned();
     let (s, mb) = call(
@@ -188,16 +179,7 @@ async fn tenant_a_gets_404_for_every_resource_of_tenant_b() {
         let (s, e) = call(method.clone(), format!("{b}{path}"), KEY_A, None).await;
         assert_eq!((s, &e), (404, want), "{method} {path}");
     }
-    let (s, e) = call(
-        M::POST,
-        format!("{b}/v1/batches"),
-        KEY_A,
-        Some(
-            json!({"input_file_id": fid, "endpoint": "/v1/chat/completions",
-                    "completion_window": "24h"}),
-        ),
-    )
-    .await;
+    let (s, e) = post_batch(&b, KEY_A, &fid).await;
     assert_eq!(s, 404, "{e}");
     assert_eq!(e["error"]["type"], "invalid_request_error");
     for path in ["/v1/files", "/v1/batches"] {

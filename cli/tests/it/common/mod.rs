@@ -234,6 +234,15 @@ pub(crate) async fn billed_gateway() -> Gateway {
     start_billed(test_config(serde_json::json!({}))).await
 }
 
+/// [`start`] on `config`, everything else as by default (a worker; no billing, cache or auth).
+pub(crate) async fn start_config(config: GatewayConfig) -> Gateway {
+    start(Options {
+        config,
+        ..Options::default()
+    })
+    .await
+}
+
 /// [`start`] on `config` with billing (SQLite ledger) and everything else as by default.
 pub(crate) async fn start_billed(config: GatewayConfig) -> Gateway {
     start(Options {
@@ -523,6 +532,23 @@ pub(crate) async fn post(base: &str, body: &serde_json::Value) -> reqwest::Respo
     send_with(base, &[], body).await
 }
 
+/// POSTs chat `body` to `{base}/v1/chat/completions` without credentials: the response, not read.
+pub(crate) async fn post_keyless(base: &str, body: &serde_json::Value) -> reqwest::Response {
+    post_request(base, "/v1/chat/completions", &[], body).await
+}
+
+/// POSTs chat `body` with bearer `key`: the response, not read.
+pub(crate) async fn post_keyed(
+    base: &str,
+    key: &str,
+    body: &serde_json::Value,
+) -> reqwest::Response {
+    chat_request(&reqwest::Client::new(), base, key, body)
+        .send()
+        .await
+        .unwrap()
+}
+
 /// POSTs JSON `body` to `{base}{path}` with the `headers` given and no others (no bearer): the
 /// response, not read.
 pub(crate) async fn post_request(
@@ -551,6 +577,28 @@ pub(crate) async fn post_to(
     let status = resp.status().as_u16();
     let headers = resp.headers().clone();
     (status, headers, resp.text().await.unwrap())
+}
+
+/// The budget store's entry of scope `kind` `id` (a key or tenant), once no reservation is open
+/// (every request settled), waiting up to 10 s.
+pub(crate) async fn settled_budget(
+    gw: &Gateway,
+    kind: &'static str,
+    id: &str,
+) -> switchyard_ingress::budget::Spend {
+    let scope = switchyard_ingress::budget::Scope {
+        kind,
+        id: id.into(),
+        budget: switchyard_schemas::tenancy::Budget::default(),
+    };
+    eventually(Duration::from_secs(10), || {
+        let (app, scope) = (gw.ingress.clone(), scope.clone());
+        async move {
+            let s = app.budgets.peek(&scope).await.unwrap();
+            s.held.is_empty().then_some(s)
+        }
+    })
+    .await
 }
 
 /// Waits until the ledger holds `n` usage rows for `id` and returns them.
@@ -603,14 +651,20 @@ pub(crate) async fn post_sse(base: &str, body: &serde_json::Value) -> SseBody {
     }
 }
 
+/// A response read as JSON: its status, headers and body.
+pub(crate) async fn read_json(
+    resp: reqwest::Response,
+) -> (u16, reqwest::header::HeaderMap, serde_json::Value) {
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    (status, headers, resp.json().await.unwrap())
+}
+
 pub(crate) async fn post_json(
     base: &str,
     body: &serde_json::Value,
 ) -> (u16, reqwest::header::HeaderMap, serde_json::Value) {
-    let resp = post(base, body).await;
-    let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    (status, headers, resp.json().await.unwrap())
+    read_json(post(base, body).await).await
 }
 
 /// POSTs `body` to `/v1/chat/completions` with extra headers; returns status, headers and JSON.
@@ -619,10 +673,7 @@ pub(crate) async fn post_with(
     headers: &[(&str, &str)],
     body: &serde_json::Value,
 ) -> (u16, reqwest::header::HeaderMap, serde_json::Value) {
-    let resp = send_with(base, headers, body).await;
-    let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    (status, headers, resp.json().await.unwrap())
+    read_json(send_with(base, headers, body).await).await
 }
 
 /// The `data:` JSON payloads of an OpenAI-style SSE body, without the closing `[DONE]`.
@@ -680,18 +731,33 @@ pub(crate) async fn post_chat_as(
     key: &str,
     body: &serde_json::Value,
 ) -> (u16, reqwest::header::HeaderMap, serde_json::Value) {
-    let resp = chat_request(&reqwest::Client::new(), base, key, body)
-        .send()
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    (status, headers, resp.json().await.unwrap())
+    read_json(post_keyed(base, key, body).await).await
+}
+
+/// Writes the pricing catalog `yaml` to `dir/catalog.yaml`: its path (for `pricing_file`).
+pub(crate) fn catalog_file(dir: &std::path::Path, yaml: &str) -> String {
+    let path = dir.join("catalog.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    path.display().to_string()
+}
+
+/// Sends `req`, asserts the answer is 200 and returns its JSON body.
+pub(crate) async fn json_ok(req: reqwest::RequestBuilder) -> serde_json::Value {
+    let resp = req.send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.json().await.unwrap()
 }
 
 /// The `error.message` of an error body (OpenAI's or Anthropic's shape).
 pub(crate) fn error_message(body: &serde_json::Value) -> &str {
     body["error"]["message"].as_str().unwrap()
+}
+
+/// Asserts `body` is an `insufficient_quota` refusal whose message starts with `prefix`.
+pub(crate) fn assert_quota_refused(body: &serde_json::Value, prefix: &str) {
+    assert_eq!(body["error"]["code"], "insufficient_quota");
+    let msg = error_message(body);
+    assert!(msg.starts_with(prefix), "{msg}");
 }
 
 /// The request id a response names in `x-request-id`.
@@ -725,6 +791,36 @@ pub(crate) async fn metrics_text(base: &str) -> String {
         .text()
         .await
         .unwrap()
+}
+
+/// Asserts each of `lines` is a whole line of the `/metrics` text `text`.
+pub(crate) fn assert_metric_lines(text: &str, lines: &[&str]) {
+    for line in lines {
+        assert!(
+            text.lines().any(|l| l == *line),
+            "missing `{line}` in\n{text}"
+        );
+    }
+}
+
+/// How many calls the gateway's mock upstream received whose path contains `needle` (a `#mock`
+/// directive's text, e.g. `status=503`).
+pub(crate) fn calls_naming(gw: &Gateway, needle: &str) -> usize {
+    gw.mock.state().count_matching(|r| r.path.contains(needle))
+}
+
+/// Polls `{base}/metrics` (up to `limit`) until `ready` holds for its text; returns that text.
+pub(crate) async fn wait_metrics(
+    base: &str,
+    limit: Duration,
+    ready: impl Fn(&str) -> bool,
+) -> String {
+    let ready = &ready;
+    eventually(limit, || async move {
+        let t = metrics_text(base).await;
+        ready(&t).then_some(t)
+    })
+    .await
 }
 
 /// The value of the series `series` (name and labels exactly, as exposed) in a `/metrics` text.

@@ -84,6 +84,12 @@ pub(crate) async fn spawn(mut cmd: tokio::process::Command, data_dir: &Path) -> 
     }
 }
 
+/// [`spawn`] of [`command`] on the config file `config` with the data dir `data_dir`, listening
+/// on a free port.
+pub(crate) async fn start(data_dir: &Path, config: &Path) -> Up {
+    spawn(command(data_dir, "127.0.0.1:0", Some(config)), data_dir).await
+}
+
 impl Up {
     /// Waits up to `limit` for a log line containing `needle` (seen before or later); returns it.
     pub(crate) async fn wait_log(&mut self, needle: &str, limit: Duration) -> String {
