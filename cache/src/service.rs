@@ -440,9 +440,20 @@ pub async fn bucket(
     }
 }
 
+/// The part of a stored entry's JSON that tells whether the index already holds it.
+#[derive(serde::Deserialize)]
+struct Stamp {
+    stored_ms: u64,
+}
+
 fn apply_kv(service: &Service, entry: &async_nats::jetstream::kv::Entry) {
     use async_nats::jetstream::kv::Operation;
     match entry.operation {
+        // The watch also delivers this instance's own stores: those are recognised from the
+        // stamp alone, without building the whole entry again.
+        Operation::Put
+            if serde_json::from_slice::<Stamp>(&entry.value)
+                .is_ok_and(|s| service.index.read().has(&entry.key, s.stored_ms)) => {}
         Operation::Put => match serde_json::from_slice::<Entry>(&entry.value) {
             Ok(e) => service.apply_shared(e),
             Err(e) => {
@@ -505,6 +516,30 @@ async fn rebuild_and_watch(
         }
     });
     Ok(())
+}
+
+/// Writes `key` like [`async_nats::jetstream::kv::Store::put`] but as a plain publish with no
+/// reply subject, so JetStream stores it without sending an acknowledgement: one NATS message
+/// fewer per store. A cache entry is best effort (this instance already serves it), and what
+/// JetStream refuses is the same as a lost put. With a JetStream API prefix (a domain) the
+/// acknowledged put is used, since the subject then depends on the context's private prefix.
+async fn put_unacknowledged(
+    nats: &async_nats::Client,
+    kv: &async_nats::jetstream::kv::Store,
+    key: &str,
+    body: Vec<u8>,
+) -> Result<(), String> {
+    if kv.use_jetstream_prefix {
+        return kv
+            .put(key, body.into())
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string());
+    }
+    let prefix = kv.put_prefix.as_ref().unwrap_or(&kv.prefix);
+    nats.publish(format!("{prefix}{key}"), body.into())
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// Largest entry written to KV; bigger answers are served from this instance's memory only.
@@ -699,8 +734,13 @@ pub async fn run_with_ready(
                     };
                     let Some(entry) = entry else { continue };
                     if let Some((key, body, evicted)) = index_entry(&service, entry) {
-                        let kv = kv.clone();
-                        tasks.spawn(async move { share_entry(&kv, &key, body, &evicted).await });
+                        if evicted.is_empty() && !kv.use_jetstream_prefix {
+                            // An unacknowledged put only queues a message: no task needed.
+                            share_entry(&nats, &kv, &key, body, &[]).await;
+                        } else {
+                            let (nats, kv) = (nats.clone(), kv.clone());
+                            tasks.spawn(async move { share_entry(&nats, &kv, &key, body, &evicted).await });
+                        }
                     }
                 } else if subject == purge_subject {
                     let Some(reply) = msg.reply.clone() else { continue };
@@ -759,13 +799,14 @@ fn index_entry(service: &Service, entry: Entry) -> Option<(String, Vec<u8>, Vec<
 /// Writes an entry to the shared KV bucket (so the other cache instances learn it) and deletes
 /// what the index evicted.
 async fn share_entry(
+    nats: &async_nats::Client,
     kv: &async_nats::jetstream::kv::Store,
     key: &str,
     body: Vec<u8>,
     evicted: &[String],
 ) {
     if body.len() <= MAX_KV_ENTRY {
-        if let Err(e) = kv.put(key, body.into()).await {
+        if let Err(e) = put_unacknowledged(nats, kv, key, body).await {
             tracing::warn!(error = %e, "cache KV put failed; entry kept in this instance only");
         }
     } else {
