@@ -7,6 +7,7 @@
 //! charges since the first top-up ([`crate::balance`]).
 
 use crate::{BillingError, Ledger};
+use futures::TryStreamExt;
 use rust_decimal::Decimal;
 use sqlx::Row;
 use std::collections::BTreeMap;
@@ -38,14 +39,14 @@ pub async fn spend_from_ledger(
     let month_start = crate::report::utc_day_bounds(&format!("{month}-01"))
         .map_err(|e| BillingError::Budgets(e.to_string()))?
         .0;
-    let rows = sqlx::query(
+    // Streamed, not fetched whole: a month of charges can be far more rows than fit in memory.
+    let mut rows = sqlx::query(
         "SELECT key_id, tenant, ts_ms, prompt_tokens, completion_tokens, cost_usd, \
          CASE WHEN cache_hit THEN 1 ELSE 0 END AS cache_hit \
          FROM usage_events WHERE kind = 'charge' AND ts_ms >= $1",
     )
     .bind(crate::reconcile::ms_param(month_start))
-    .fetch_all(ledger.pool())
-    .await?;
+    .fetch(ledger.pool());
     let empty = || Spend {
         day: day.clone(),
         month: month.clone(),
@@ -53,7 +54,7 @@ pub async fn spend_from_ledger(
         ..Spend::default()
     };
     let (mut all, mut earlier) = (BTreeMap::new(), BTreeMap::new());
-    for row in rows {
+    while let Some(row) = rows.try_next().await? {
         let ts: i64 = row.try_get("ts_ms")?;
         let ts = u64::try_from(ts).unwrap_or(0);
         let hit = row.try_get::<i64, _>("cache_hit")? != 0;
