@@ -5,6 +5,7 @@
 //! [`Query::Balance`](crate::Query::Balance)) and read by the budget rebuild.
 
 use crate::{BillingError, Ledger};
+use futures::TryStreamExt;
 use rust_decimal::Decimal;
 use sqlx::Row;
 use std::str::FromStr;
@@ -117,7 +118,7 @@ pub async fn ledger_balance(
     let mut charged_usd = Decimal::ZERO;
     let mut charges = Vec::new();
     if let Some(since) = since_ms {
-        let rows = sqlx::query(
+        let mut rows = sqlx::query(
             "SELECT request_id, model, ts_ms, cost_usd, \
              CASE WHEN cache_hit THEN 1 ELSE 0 END AS cache_hit \
              FROM usage_events WHERE kind = 'charge' AND tenant = $1 AND ts_ms >= $2 \
@@ -125,9 +126,9 @@ pub async fn ledger_balance(
         )
         .bind(tenant)
         .bind(crate::reconcile::ms_param(since))
-        .fetch_all(ledger.pool())
-        .await?;
-        for r in rows {
+        // Streamed: a tenant's charges since its first top-up can be more rows than fit in memory.
+        .fetch(ledger.pool());
+        while let Some(r) = rows.try_next().await? {
             let hit = r.try_get::<i64, _>("cache_hit")? != 0;
             let usd = match r.try_get::<Option<String>, _>("cost_usd")? {
                 Some(c) if !hit => decimal("cost_usd", &c)?,
