@@ -63,27 +63,21 @@ impl RateScope {
 
 /// The limited scopes of `caller` under `config` (key first, then tenant).
 pub fn scopes(config: &GatewayConfig, caller: &Caller) -> Vec<RateScope> {
-    let mut out = Vec::new();
     let (key, tenant) = caller.entries(config);
-    if let Some(k) = key
-        && !k.limits.is_none()
-    {
-        out.push(RateScope {
-            kind: "key",
-            id: k.id.clone(),
-            limits: k.limits,
-        });
-    }
-    if let Some(t) = tenant
-        && !t.limits.is_none()
-    {
-        out.push(RateScope {
-            kind: "tenant",
-            id: t.id.clone(),
-            limits: t.limits,
-        });
-    }
-    out
+    [
+        ("key", key.map(|k| (&k.id, k.limits))),
+        ("tenant", tenant.map(|t| (&t.id, t.limits))),
+    ]
+    .into_iter()
+    .filter_map(|(kind, entry)| {
+        let (id, limits) = entry.filter(|(_, l)| !l.is_none())?;
+        Some(RateScope {
+            kind,
+            id: id.clone(),
+            limits,
+        })
+    })
+    .collect()
 }
 
 /// The shared rate store of this ingress process (a handle to [`RATES_BUCKET`]).
