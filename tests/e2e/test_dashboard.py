@@ -197,6 +197,8 @@ def test_dashboard_shows_the_run_and_renders_in_chromium(procs, tmp_path):
     cookie = ok.headers["set-cookie"]
     for attr in ("HttpOnly", "SameSite=Strict", "Path=/", "Max-Age=43200"):
         assert attr in cookie, cookie
+    # A signed session naming the admin key's id, never the key itself.
+    assert cookie.startswith("switchyard_admin=v1.") and ADMIN_KEY not in cookie, cookie
     jar = {"cookie": cookie.split(";")[0]}
     assert httpx.get(f"{base}/admin/dashboard.json", headers=jar, timeout=15.0).status_code == 200
     # The cookie is good for the dashboard's read-only data route only.

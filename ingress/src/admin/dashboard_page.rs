@@ -7,9 +7,11 @@
 //! /dashboard?key=…` (for scripts and headless browsers; answered with a 303 to `/dashboard`,
 //! so the key leaves the address bar and history) checks the key like the admin API does and
 //! sets `switchyard_admin` (`HttpOnly`, `SameSite=Strict`, `Path=/`, `Max-Age` 12 h, `Secure`
-//! when the request came through TLS per `X-Forwarded-Proto: https`). The cookie holds the key
-//! itself (percent-encoded): every replica accepts it without shared session state, and removing
-//! or rotating the admin key signs its browsers out at once. It is accepted on exactly one admin
+//! when the request came through TLS per `X-Forwarded-Proto: https`). The cookie holds a signed
+//! session token, never the key ([`session_token`]): `v1.<expiry, Unix s>.<MAC>.<admin key id>`,
+//! the MAC an HMAC-SHA256 keyed by the admin key's SHA-256, so every replica checks it without
+//! shared session state, and removing or rotating the admin key signs its browsers out at once.
+//! It is accepted on exactly one admin
 //! route, `GET /admin/dashboard.json` (read-only, so a cross-site request forged with it could
 //! change nothing). `POST /dashboard/logout` clears it. Every page carries a Content Security
 //! Policy that allows no other origin (`connect-src 'self'`), no framing and no referrer.
@@ -50,8 +52,8 @@ pub(super) struct LoginForm {
     key: String,
 }
 
-/// The admin key in the request's `switchyard_admin` cookie, if any.
-pub(super) fn cookie_key(headers: &HeaderMap) -> Option<String> {
+/// The session token in the request's `switchyard_admin` cookie, if any.
+pub(super) fn cookie_session(headers: &HeaderMap) -> Option<String> {
     headers
         .get_all(header::COOKIE)
         .iter()
@@ -70,12 +72,85 @@ enum Check {
     Invalid,
 }
 
-fn check(app: &AppState, key: &str) -> Check {
-    match resolve(app, key) {
+fn check(caller: Option<super::AdminCaller>) -> Check {
+    match caller {
         Some(c) if c.tenant.is_none() => Check::Global,
         Some(_) => Check::TenantOnly,
         None => Check::Invalid,
     }
+}
+
+/// Domain separation of the session MAC (a MAC for nothing else can be replayed as one).
+const SESSION_CONTEXT: &str = "switchyard-dashboard-session";
+
+/// A dashboard session token for admin key `id` (whose SHA-256 hex is `key_sha256`), valid until
+/// `expires_s` (Unix seconds): `v1.<expires_s>.<MAC>.<id>`, the MAC an HMAC-SHA256 (RFC 2104)
+/// keyed by `key_sha256` over the context, the expiry and the id, base64url without padding.
+/// The key itself is not in it and cannot be recovered from it.
+pub(super) fn session_token(id: &str, key_sha256: &str, expires_s: u64) -> String {
+    use base64::Engine as _;
+    use hmac::Mac as _;
+    let mac = session_mac(id, key_sha256, expires_s)
+        .finalize()
+        .into_bytes();
+    let mac = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(mac);
+    format!("v1.{expires_s}.{mac}.{id}")
+}
+
+fn session_mac(id: &str, key_sha256: &str, expires_s: u64) -> hmac::Hmac<sha2::Sha256> {
+    use hmac::Mac as _;
+    // HMAC takes a key of any length, so this cannot fail.
+    let mut mac = <hmac::Hmac<sha2::Sha256> as hmac::Mac>::new_from_slice(key_sha256.as_bytes())
+        .unwrap_or_else(|_| unreachable!("HMAC accepts any key length"));
+    mac.update(format!("{SESSION_CONTEXT}\n{expires_s}\n{id}").as_bytes());
+    mac
+}
+
+/// A parsed session token (see [`session_token`]); [`Session::valid`] checks it.
+pub(super) struct Session<'a> {
+    id: &'a str,
+    expires_s: u64,
+    mac: Vec<u8>,
+}
+
+impl<'a> Session<'a> {
+    /// The token's parts; `None` when it is not a `v1` token.
+    pub(super) fn parse(token: &'a str) -> Option<Self> {
+        use base64::Engine as _;
+        let mut parts = token.splitn(4, '.');
+        let (version, expires, mac, id) =
+            (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+        (version == "v1" && !id.is_empty()).then_some(())?;
+        Some(Self {
+            id,
+            expires_s: expires.parse().ok()?,
+            mac: base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(mac)
+                .ok()?,
+        })
+    }
+
+    /// The admin key id the token names.
+    pub(super) fn id(&self) -> &str {
+        self.id
+    }
+
+    /// Whether the token was issued for the key hashing to `key_sha256` (MAC compared in
+    /// constant time) and has not expired at `now_s`.
+    pub(super) fn valid(&self, key_sha256: &str, now_s: u64) -> bool {
+        use hmac::Mac as _;
+        now_s < self.expires_s
+            && session_mac(self.id, key_sha256, self.expires_s)
+                .verify_slice(&self.mac)
+                .is_ok()
+    }
+}
+
+/// Seconds since the Unix epoch.
+pub(super) fn unix_now_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 async fn dashboard(
@@ -92,11 +167,13 @@ async fn dashboard(
     if let Some(key) = exchanged {
         return sign_in(&app, &headers, &key);
     }
-    match cookie_key(&headers).map(|k| check(&app, &k)) {
+    match cookie_session(&headers).map(|t| check(super::resolve_session(&app, &t))) {
         Some(Check::Global) => page(StatusCode::OK, PAGE.to_owned(), None),
         Some(_) => page(
             StatusCode::UNAUTHORIZED,
-            login_page("Your session's admin key is no longer valid; sign in again."),
+            login_page(
+                "Your session has expired or its admin key is no longer valid; sign in again.",
+            ),
             Some(clear_cookie()),
         ),
         None => page(StatusCode::OK, login_page(""), None),
@@ -127,15 +204,22 @@ async fn logout() -> Response {
 /// Checks `key` and answers with the cookie and a 303 to `/dashboard`, or the form again.
 fn sign_in(app: &AppState, headers: &HeaderMap, key: &str) -> Response {
     let key = key.trim();
-    match check(app, key) {
-        Check::Global => {
+    let caller = resolve(app, key);
+    let id = caller.as_ref().map(|c| c.id.clone());
+    match (check(caller), id) {
+        (Check::Global, Some(id)) => {
+            let token = session_token(
+                &id,
+                &switchyard_schemas::tenancy::sha256_hex(key),
+                unix_now_s() + COOKIE_MAX_AGE_S,
+            );
             let mut r = redirect();
-            if let Ok(v) = HeaderValue::from_str(&session_cookie(key, tls(headers))) {
+            if let Ok(v) = HeaderValue::from_str(&session_cookie(&token, tls(headers))) {
                 r.headers_mut().insert(header::SET_COOKIE, v);
             }
             r
         }
-        Check::TenantOnly => page(
+        (Check::TenantOnly, _) => page(
             StatusCode::FORBIDDEN,
             login_page(
                 "This admin key is limited to one tenant; the dashboard needs a gateway-wide \
@@ -143,7 +227,7 @@ fn sign_in(app: &AppState, headers: &HeaderMap, key: &str) -> Response {
             ),
             None,
         ),
-        Check::Invalid => page(
+        (Check::Invalid | Check::Global, _) => page(
             StatusCode::UNAUTHORIZED,
             login_page("That is not a valid admin key."),
             None,
@@ -159,11 +243,11 @@ fn tls(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.eq_ignore_ascii_case("https"))
 }
 
-/// The `Set-Cookie` value holding `key`.
-pub(super) fn session_cookie(key: &str, secure: bool) -> String {
+/// The `Set-Cookie` value holding session `token`.
+pub(super) fn session_cookie(token: &str, secure: bool) -> String {
     format!(
         "{COOKIE}={}; Path=/; Max-Age={COOKIE_MAX_AGE_S}; HttpOnly; SameSite=Strict{}",
-        percent_encode(key),
+        percent_encode(token),
         if secure { "; Secure" } else { "" }
     )
 }
@@ -239,7 +323,7 @@ for 12 hours; use TLS in front of the gateway.</p></form></body></html>"
     )
 }
 
-/// `s` with every byte outside `A-Z a-z 0-9 - . _ ~` as `%XX` (a valid cookie value for any key).
+/// `s` with every byte outside `A-Z a-z 0-9 - . _ ~` as `%XX` (a valid cookie value for any id).
 fn percent_encode(s: &str) -> String {
     s.bytes()
         .map(|b| match b {
@@ -275,7 +359,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_cookie_round_trips_any_key() {
+    fn the_cookie_round_trips_any_token() {
         for key in ["sk-admin-0123", "a b;c=d,e\"f%", "ключ"] {
             let set = session_cookie(key, false);
             let value = set.split(';').next().unwrap();
@@ -284,7 +368,7 @@ mod tests {
                 header::COOKIE,
                 HeaderValue::from_str(&format!("other=1; {value}")).unwrap(),
             );
-            assert_eq!(cookie_key(&h).as_deref(), Some(key));
+            assert_eq!(cookie_session(&h).as_deref(), Some(key));
         }
         assert_eq!(
             session_cookie("k", true),
@@ -295,12 +379,46 @@ mod tests {
             header::COOKIE,
             HeaderValue::from_static("switchyard_admin=%Z1"),
         );
-        assert_eq!(cookie_key(&h), None);
+        assert_eq!(cookie_session(&h), None);
         h.insert(
             header::COOKIE,
             HeaderValue::from_static("switchyard_admin="),
         );
-        assert_eq!(cookie_key(&h), None);
+        assert_eq!(cookie_session(&h), None);
+    }
+
+    #[test]
+    fn a_session_token_names_its_admin_and_holds_no_key() {
+        let hash = switchyard_schemas::tenancy::sha256_hex("sk-admin-0123");
+        let token = session_token("ops.eu", &hash, 1_000);
+        assert!(
+            token.starts_with("v1.1000.") && token.ends_with(".ops.eu"),
+            "{token}"
+        );
+        assert!(!token.contains("sk-admin-0123") && !token.contains(&hash));
+        let s = Session::parse(&token).unwrap();
+        assert_eq!(s.id(), "ops.eu");
+        assert!(s.valid(&hash, 999));
+        // Expired at its expiry second; another key (rotated) or a changed claim fails.
+        assert!(!s.valid(&hash, 1_000));
+        assert!(!s.valid(
+            &switchyard_schemas::tenancy::sha256_hex("sk-admin-other"),
+            999
+        ));
+        let later = token.replacen("v1.1000.", "v1.9000.", 1);
+        assert!(!Session::parse(&later).unwrap().valid(&hash, 999));
+        let other_id = format!("{}.ops2", token.rsplit_once(".ops.eu").unwrap().0);
+        assert!(!Session::parse(&other_id).unwrap().valid(&hash, 999));
+        for bad in [
+            "",
+            "v1",
+            "v2.1000.AAAA.ops",
+            "v1.x.AAAA.ops",
+            "v1.1000.%%.ops",
+            "v1.1000.AAAA.",
+        ] {
+            assert!(Session::parse(bad).is_none(), "{bad}");
+        }
     }
 
     #[test]

@@ -145,33 +145,50 @@ async fn unknown() -> ApiError {
 /// (or `x-api-key`); only `GET /admin/dashboard.json` also takes the dashboard's session cookie
 /// (docs/dashboard.md: a read-only route, so a forged cross-site request can change nothing).
 async fn authenticate(State(app): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    let from_cookie = || {
-        (req.method() == axum::http::Method::GET && req.uri().path() == "/admin/dashboard.json")
-            .then(|| dashboard_page::cookie_key(req.headers()))
-            .flatten()
-    };
-    let Some(key) = crate::auth::presented_key(req.headers())
-        .map(str::to_owned)
-        .or_else(from_cookie)
-    else {
-        return unauthorized(
+    let dashboard_data =
+        req.method() == axum::http::Method::GET && req.uri().path() == "/admin/dashboard.json";
+    let cookie = dashboard_data
+        .then(|| dashboard_page::cookie_session(req.headers()))
+        .flatten();
+    let caller = match (crate::auth::presented_key(req.headers()), cookie) {
+        (Some(key), _) => resolve(&app, key).ok_or_else(|| {
+            unauthorized(
+                "invalid_admin_key",
+                format!(
+                    "Incorrect admin key provided: {}.",
+                    crate::auth::masked(key)
+                ),
+            )
+        }),
+        (None, Some(token)) => resolve_session(&app, &token).ok_or_else(|| {
+            unauthorized(
+                "invalid_admin_key",
+                "The dashboard session has expired or its admin key is no longer valid; sign \
+                 in again at /dashboard."
+                    .into(),
+            )
+        }),
+        (None, None) => Err(unauthorized(
             "missing_admin_key",
             "The admin API needs an admin key: send it as `Authorization: Bearer <admin key>`."
                 .into(),
-        )
-        .into_response();
+        )),
     };
-    match resolve(&app, &key) {
-        Some(c) => ADMIN.scope(c, next.run(req)).await,
-        None => unauthorized(
-            "invalid_admin_key",
-            format!(
-                "Incorrect admin key provided: {}.",
-                crate::auth::masked(&key)
-            ),
-        )
-        .into_response(),
+    match caller {
+        Ok(c) => ADMIN.scope(c, next.run(req)).await,
+        Err(e) => e.into_response(),
     }
+}
+
+/// The admin a dashboard session token ([`dashboard_page::session_token`]) was issued to, while
+/// that admin key is still configured with the same hash and the token has not expired.
+fn resolve_session(app: &AppState, token: &str) -> Option<AdminCaller> {
+    let session = dashboard_page::Session::parse(token)?;
+    let now_s = dashboard_page::unix_now_s();
+    table(app)
+        .iter()
+        .find(|(hash, c)| c.id == session.id() && session.valid(hash, now_s))
+        .map(|(_, c)| c.clone())
 }
 
 /// The admin key `key` is, if any: its SHA-256 compared with every configured hash in constant
