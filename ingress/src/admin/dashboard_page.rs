@@ -80,6 +80,9 @@ fn check(caller: Option<super::AdminCaller>) -> Check {
     }
 }
 
+/// Clock difference tolerated between the replica that issued a session and the one checking
+/// it, seconds.
+const CLOCK_SKEW_S: u64 = 300;
 /// Domain separation of the session MAC (a MAC for nothing else can be replayed as one).
 const SESSION_CONTEXT: &str = "switchyard-dashboard-session";
 
@@ -121,9 +124,12 @@ impl<'a> Session<'a> {
         let (version, expires, mac, id) =
             (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
         (version == "v1" && !id.is_empty()).then_some(())?;
+        let expires_s: u64 = expires.parse().ok()?;
+        // One spelling per token (no `+1000` or `01000` for `1000`).
+        (expires_s.to_string() == expires).then_some(())?;
         Some(Self {
             id,
-            expires_s: expires.parse().ok()?,
+            expires_s,
             mac: base64::engine::general_purpose::URL_SAFE_NO_PAD
                 .decode(mac)
                 .ok()?,
@@ -136,10 +142,12 @@ impl<'a> Session<'a> {
     }
 
     /// Whether the token was issued for the key hashing to `key_sha256` (MAC compared in
-    /// constant time) and has not expired at `now_s`.
+    /// constant time), has not expired at `now_s`, and expires no later than a session issued
+    /// now would (plus [`CLOCK_SKEW_S`] between replicas).
     pub(super) fn valid(&self, key_sha256: &str, now_s: u64) -> bool {
         use hmac::Mac as _;
         now_s < self.expires_s
+            && self.expires_s <= now_s + COOKIE_MAX_AGE_S + CLOCK_SKEW_S
             && session_mac(self.id, key_sha256, self.expires_s)
                 .verify_slice(&self.mac)
                 .is_ok()
@@ -318,8 +326,8 @@ p.hint{{color:#6b7785;font-size:13px}}</style></head><body>\
 <form method=\"post\" action=\"/dashboard/login\" id=\"login\"><h1>Switchyard dashboard</h1>{note}\
 <label for=\"key\">Admin key (<code>admin.keys</code>)</label>\
 <input id=\"key\" name=\"key\" type=\"password\" autocomplete=\"current-password\" required autofocus>\
-<button type=\"submit\">Sign in</button><p class=\"hint\">The key is kept in an HttpOnly cookie \
-for 12 hours; use TLS in front of the gateway.</p></form></body></html>"
+<button type=\"submit\">Sign in</button><p class=\"hint\">A signed 12-hour session (not the key) \
+is kept in an HttpOnly cookie; use TLS in front of the gateway.</p></form></body></html>"
     )
 }
 
@@ -390,14 +398,14 @@ mod tests {
     #[test]
     fn a_session_token_names_its_admin_and_holds_no_key() {
         let hash = switchyard_schemas::tenancy::sha256_hex("sk-admin-0123");
-        let token = session_token("ops.eu", &hash, 1_000);
+        let token = session_token("ops-eu", &hash, 1_000);
         assert!(
-            token.starts_with("v1.1000.") && token.ends_with(".ops.eu"),
+            token.starts_with("v1.1000.") && token.ends_with(".ops-eu"),
             "{token}"
         );
         assert!(!token.contains("sk-admin-0123") && !token.contains(&hash));
         let s = Session::parse(&token).unwrap();
-        assert_eq!(s.id(), "ops.eu");
+        assert_eq!(s.id(), "ops-eu");
         assert!(s.valid(&hash, 999));
         // Expired at its expiry second; another key (rotated) or a changed claim fails.
         assert!(!s.valid(&hash, 1_000));
@@ -407,13 +415,25 @@ mod tests {
         ));
         let later = token.replacen("v1.1000.", "v1.9000.", 1);
         assert!(!Session::parse(&later).unwrap().valid(&hash, 999));
-        let other_id = format!("{}.ops2", token.rsplit_once(".ops.eu").unwrap().0);
+        let other_id = format!("{}.ops2", token.rsplit_once(".ops-eu").unwrap().0);
         assert!(!Session::parse(&other_id).unwrap().valid(&hash, 999));
+        // No session lives longer than one issued now would (12 h plus the clock skew).
+        let edge = 999 + COOKIE_MAX_AGE_S + CLOCK_SKEW_S;
+        assert!(
+            Session::parse(&session_token("ops", &hash, edge))
+                .unwrap()
+                .valid(&hash, 999)
+        );
+        let far = session_token("ops", &hash, edge + 1);
+        assert!(!Session::parse(&far).unwrap().valid(&hash, 999));
+        let padded = token.replacen("v1.1000.", "v1.01000.", 1);
         for bad in [
             "",
             "v1",
             "v2.1000.AAAA.ops",
             "v1.x.AAAA.ops",
+            "v1.+1000.AAAA.ops",
+            &padded,
             "v1.1000.%%.ops",
             "v1.1000.AAAA.",
         ] {
