@@ -471,14 +471,28 @@ async fn embeddings_and_cache_hits_count_and_carry_the_headers() {
             r1.status().as_u16(),
             h(r1.headers(), "x-ratelimit-remaining-requests").to_owned(),
         );
+        let entries = || async {
+            let nats = async_nats::connect(gw.nats.url()).await.unwrap();
+            let kv = async_nats::jetstream::new(nats)
+                .get_key_value(switchyard_cache::BUCKET)
+                .await
+                .unwrap();
+            kv.status().await.unwrap().values()
+        };
+        let before = entries().await;
         let r2 = send_chat(&http, &gw.base, KEY, &chat).await;
         let s2 = (
             r2.status().as_u16(),
             h(r2.headers(), "x-switchyard-cache").to_owned(),
         );
         drop(r2.bytes().await);
-        // The store of the first answer is asynchronous: ask until the cache answers (each
-        // miss before it takes a request too).
+        // The store of the first answer is asynchronous: wait (without spending requests) until
+        // the cache service has shared it in KV, which it does after indexing it.
+        eventually(Duration::from_secs(10), || async {
+            (entries().await > before).then_some(())
+        })
+        .await;
+        // Then ask until the cache answers (a miss before it would take a request too).
         let tries = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         let hit = eventually(Duration::from_secs(10), || {
             let (http, base, chat, tries) =
