@@ -65,21 +65,6 @@ pub(super) fn cookie_session(headers: &HeaderMap) -> Option<String> {
         .filter(|k| !k.is_empty())
 }
 
-/// What a presented key is worth here.
-enum Check {
-    Global,
-    TenantOnly,
-    Invalid,
-}
-
-fn check(caller: Option<super::AdminCaller>) -> Check {
-    match caller {
-        Some(c) if c.tenant.is_none() => Check::Global,
-        Some(_) => Check::TenantOnly,
-        None => Check::Invalid,
-    }
-}
-
 /// Clock difference tolerated between the replica that issued a session and the one checking
 /// it, seconds.
 const CLOCK_SKEW_S: u64 = 300;
@@ -175,8 +160,10 @@ async fn dashboard(
     if let Some(key) = exchanged {
         return sign_in(&app, &headers, &key);
     }
-    match cookie_session(&headers).map(|t| check(super::resolve_session(&app, &t))) {
-        Some(Check::Global) => page(StatusCode::OK, PAGE.to_owned(), None),
+    match cookie_session(&headers).map(|t| super::resolve_session(&app, &t)) {
+        Some(Some(caller)) if caller.tenant.is_none() => {
+            page(StatusCode::OK, PAGE.to_owned(), None)
+        }
         Some(_) => page(
             StatusCode::UNAUTHORIZED,
             login_page(
@@ -212,12 +199,10 @@ async fn logout() -> Response {
 /// Checks `key` and answers with the cookie and a 303 to `/dashboard`, or the form again.
 fn sign_in(app: &AppState, headers: &HeaderMap, key: &str) -> Response {
     let key = key.trim();
-    let caller = resolve(app, key);
-    let id = caller.as_ref().map(|c| c.id.clone());
-    match (check(caller), id) {
-        (Check::Global, Some(id)) => {
+    match resolve(app, key) {
+        Some(caller) if caller.tenant.is_none() => {
             let token = session_token(
-                &id,
+                &caller.id,
                 &switchyard_schemas::tenancy::sha256_hex(key),
                 unix_now_s() + COOKIE_MAX_AGE_S,
             );
@@ -227,7 +212,7 @@ fn sign_in(app: &AppState, headers: &HeaderMap, key: &str) -> Response {
             }
             r
         }
-        (Check::TenantOnly, _) => page(
+        Some(_) => page(
             StatusCode::FORBIDDEN,
             login_page(
                 "This admin key is limited to one tenant; the dashboard needs a gateway-wide \
@@ -235,7 +220,7 @@ fn sign_in(app: &AppState, headers: &HeaderMap, key: &str) -> Response {
             ),
             None,
         ),
-        (Check::Invalid | Check::Global, _) => page(
+        None => page(
             StatusCode::UNAUTHORIZED,
             login_page("That is not a valid admin key."),
             None,
