@@ -15,7 +15,8 @@
 //!   identical (system prompt, the whole earlier conversation, tools, parameters);
 //! * **query** = the final user message's text, the only thing the semantic layer compares.
 
-use serde_json::{Map, Value, json};
+use serde::ser::{Serialize, SerializeMap, Serializer};
+use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use switchyard_schemas::cache::CacheKey;
 use switchyard_schemas::request::{Content, ContentPart, Message, Role};
@@ -33,21 +34,37 @@ pub struct Canonical {
     pub user_turns: usize,
 }
 
-fn sorted(v: &Value) -> Value {
-    match v {
-        Value::Object(m) => {
-            let mut keys: Vec<&String> = m.keys().collect();
-            keys.sort();
-            let mut out = Map::new();
-            for k in keys {
-                if let Some(x) = m.get(k) {
-                    out.insert(k.clone(), sorted(x));
+/// `v` serialized with the keys of every object in sorted order, without copying it.
+struct Sorted<'a>(&'a Value);
+
+impl Serialize for Sorted<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.0 {
+            Value::Object(m) => {
+                let mut entries: Vec<(&String, &Value)> = m.iter().collect();
+                entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+                let mut map = s.serialize_map(Some(entries.len()))?;
+                for (k, v) in entries {
+                    map.serialize_entry(k, &Sorted(v))?;
                 }
+                map.end()
             }
-            Value::Object(out)
+            Value::Array(a) => s.collect_seq(a.iter().map(Sorted)),
+            other => other.serialize(s),
         }
-        Value::Array(a) => Value::Array(a.iter().map(sorted).collect()),
-        other => other.clone(),
+    }
+}
+
+/// Feeds serialized bytes to SHA-256 (no intermediate string).
+struct Hashing(Sha256);
+
+impl std::io::Write for Hashing {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.update(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -79,13 +96,12 @@ fn message_value(m: &Message, content: Value) -> Result<Value, serde_json::Error
     Ok(v)
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
+/// Hex SHA-256 of `v` as compact JSON with sorted keys (what earlier versions hashed through a
+/// sorted copy and a string, so stored keys stay valid).
 fn hash(v: &Value) -> Result<String, serde_json::Error> {
-    let text = serde_json::to_string(&sorted(v))?;
-    Ok(hex(&Sha256::digest(text.as_bytes())))
+    let mut h = Hashing(Sha256::new());
+    serde_json::to_writer(&mut h, &Sorted(v))?;
+    Ok(hex::encode(h.0.finalize()))
 }
 
 /// The final user message's text, when the conversation ends with a text-only user message.
@@ -164,6 +180,37 @@ mod tests {
 
     fn canonical(key: &CacheKey) -> Canonical {
         super::canonical(key).unwrap()
+    }
+
+    /// How keys were hashed before: a sorted copy, then a string.
+    fn hash_of_sorted_copy(v: &Value) -> String {
+        fn sorted(v: &Value) -> Value {
+            match v {
+                Value::Object(m) => {
+                    let mut keys: Vec<&String> = m.keys().collect();
+                    keys.sort();
+                    Value::Object(
+                        keys.into_iter()
+                            .map(|k| (k.clone(), sorted(&m[k])))
+                            .collect(),
+                    )
+                }
+                Value::Array(a) => Value::Array(a.iter().map(sorted).collect()),
+                other => other.clone(),
+            }
+        }
+        hex::encode(Sha256::digest(serde_json::to_string(&sorted(v)).unwrap()))
+    }
+
+    #[test]
+    fn keys_hash_as_they_did_through_a_sorted_copy() {
+        let v =
+            json!({"z": [{"b": 1, "a": "\u{e9}\"x"}, null], "a": {"y": 2.5, "x": true}, "m": []});
+        assert_eq!(hash(&v).unwrap(), hash_of_sorted_copy(&v));
+        assert_eq!(
+            hash(&json!({"b": 1, "a": 2})).unwrap(),
+            "d3626ac30a87e6f7a6428233b3c68299976865fa5508e4267c5415c76af7a772"
+        );
     }
 
     fn base() -> serde_json::Value {

@@ -364,7 +364,8 @@ impl Charge {
         let rate = self.rate.take();
         let sink = self.sink.take();
         // Tracked: shutdown waits for the settlement and the acknowledged publish.
-        self.app.tasks.spawn(async move {
+        // Boxed: the future holds the whole event (~3 KB); a box is moved instead.
+        self.app.tasks.spawn(Box::pin(async move {
             if let Some(h) = rate {
                 let refund = e.error_class == Some(ErrorClass::RateLimited);
                 h.settle(e.usage.prompt_tokens + e.usage.completion_tokens, refund)
@@ -401,7 +402,7 @@ impl Charge {
                     app.usage.publish(e).await;
                 }
             }
-        });
+        }));
     }
 }
 

@@ -268,8 +268,7 @@ fn opt_usd<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Decimal>, D::Error>
 /// Lower-case hex SHA-256 of `key` (how keys are stored and matched).
 pub fn sha256_hex(key: &str) -> String {
     use sha2::Digest as _;
-    let digest = sha2::Sha256::digest(key.as_bytes());
-    digest.iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(sha2::Sha256::digest(key.as_bytes()))
 }
 
 /// A new random API key: `sk-sy-` + 40 letters and digits (~238 bits), from the OS-seeded

@@ -344,7 +344,7 @@ pub fn tenant_token(tenant: Option<&str>) -> String {
         None => "_".into(),
         Some(t) => {
             let d = Sha256::digest(t.as_bytes());
-            d[..8].iter().map(|b| format!("{b:02x}")).collect()
+            hex::encode(&d[..8])
         }
     }
 }
