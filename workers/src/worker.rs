@@ -192,9 +192,8 @@ impl Worker {
         let http = http_client(config.timeouts.connect_ms)?;
         let js = async_nats::jetstream::new(nats.clone());
         let limiter = Limiter::connect(&js).await;
-        if config.targets.iter().any(|t| t.limits.tpm.is_some()) {
-            crate::limits::warm_tokenizer();
-        }
+        // No tokenizer warm-up: ingress sends its prompt estimate with each request, so a worker
+        // loads o200k (~37 MB) only for a request that comes without one.
         let (breakers, health) = Breakers::new(opts.worker_id.clone());
         let background = TaskTracker::new();
         let health_stop = CancellationToken::new();

@@ -90,9 +90,13 @@ pub async fn admit<'c>(
     let timeouts = RequestTimeouts::of(config, policy);
     let deadline = admitted + timeouts.total;
     let deadline_ms = now_ms() + timeouts.total.as_millis() as u64;
-    // Tokenized once, only for a caller with a budget or a TPM limit; the estimate travels
-    // with the request so workers do not tokenize it again for their TPM limits.
-    let prompt_tokens = if scopes.is_empty() && !crate::rate_limit::counts_tokens(config, &caller) {
+    // Tokenized once, only for a caller with a budget or a TPM limit or a model with a
+    // TPM-limited target; the estimate travels with the request, so workers need no tokenizer
+    // (o200k is ~37 MB resident) for their TPM limits.
+    let prompt_tokens = if scopes.is_empty()
+        && !crate::rate_limit::counts_tokens(config, &caller)
+        && !targets_count_tokens(config, model)
+    {
         None
     } else {
         Some(
@@ -186,4 +190,13 @@ pub async fn admit<'c>(
         deadline,
         ledger: Ledger { charge, outcome },
     })
+}
+
+/// Whether an enabled target of `model` has a TPM limit (its worker charges the prompt estimate).
+fn targets_count_tokens(config: &GatewayConfig, model: &ModelConfig) -> bool {
+    model
+        .targets
+        .iter()
+        .filter_map(|id| config.target(id))
+        .any(|t| t.enabled && t.limits.tpm.is_some())
 }

@@ -281,13 +281,14 @@ impl ChatStream<'_> {
                 tracing::info!(request = %self.req.id, target = %target.id, dropped = cut.dropped,
                     tokens = cut.tokens, "trimmed the conversation to the context window");
                 self.req.messages = cut.messages;
-                self.req.prompt_tokens = None;
+                // The kept messages' estimate (per-message tokens add up).
+                self.req.prompt_tokens = self.req.prompt_tokens.map(|_| cut.tokens);
                 Some(cut.dropped)
             }
             None => {
                 if self.req.messages.len() != t.original.len() {
                     self.req.messages = t.original.clone();
-                    self.req.prompt_tokens = None;
+                    self.req.prompt_tokens = self.req.prompt_tokens.map(|_| t.estimate.total());
                 }
                 None
             }

@@ -413,12 +413,6 @@ fn batch_cap(max: u32, batch: bool) -> u32 {
     }
 }
 
-/// Loads the process-wide tokenizer ([`switchyard_schemas::tokens`], shared with ingress) on the
-/// blocking pool, so the first TPM-limited request does not pay for it.
-pub fn warm_tokenizer() {
-    tokio::task::spawn_blocking(tokens::warm_up);
-}
-
 /// Tokens of `text` under o200k_base (GPT-4o's encoding; 4 bytes per token if it cannot load).
 /// Blocking.
 pub fn count_tokens(text: &str) -> u64 {
