@@ -21,6 +21,7 @@ use crate::provider::{
 use crate::sse::SseEvent;
 use futures::FutureExt;
 
+mod chunk;
 mod request;
 use parking_lot::Mutex;
 pub use request::{
@@ -347,8 +348,32 @@ pub fn parse_usage(u: &Value) -> Option<Usage> {
 /// `usage` with the service tier of `response` (a chat completion or chunk): OpenAI reports the
 /// tier that served the request in the top-level `service_tier` (`default`, `flex`,
 /// `priority`, …; API reference, "The chat completion object").
-pub fn with_service_tier(mut usage: Usage, response: &Value) -> Usage {
-    if let Some(t) = response.get("service_tier").and_then(Value::as_str) {
+pub fn with_service_tier(usage: Usage, response: &Value) -> Usage {
+    with_tier(usage, response.get("service_tier").and_then(Value::as_str))
+}
+
+/// The text pieces of a delta as frames: reasoning (compatible servers: DeepSeek and vLLM send
+/// `reasoning_content`, OpenRouter and Ollama `reasoning`), then content; empty pieces are
+/// skipped.
+fn on_text(
+    reasoning: Option<&str>,
+    content: Option<&str>,
+    out: &mut VecDeque<Result<FrameBody, ErrorInfo>>,
+) {
+    if let Some(text) = reasoning.filter(|t| !t.is_empty()) {
+        out.push_back(Ok(FrameBody::Reasoning {
+            text: text.to_owned(),
+        }));
+    }
+    if let Some(text) = content.filter(|t| !t.is_empty()) {
+        out.push_back(Ok(FrameBody::Text {
+            text: text.to_owned(),
+        }));
+    }
+}
+
+fn with_tier(mut usage: Usage, tier: Option<&str>) -> Usage {
+    if let Some(t) = tier {
         usage.service_tier = switchyard_schemas::usage::ServiceTier::from_provider(t);
     }
     usage
@@ -365,41 +390,138 @@ impl OpenAiTranslator {
         let Some(delta) = choice.get("delta") else {
             return;
         };
-        // Reasoning text of compatible servers (DeepSeek, vLLM: `reasoning_content`;
-        // OpenRouter, Ollama: `reasoning`).
-        let reasoning = delta
-            .get("reasoning_content")
-            .or_else(|| delta.get("reasoning"))
-            .and_then(Value::as_str);
-        if let Some(text) = reasoning.filter(|t| !t.is_empty()) {
-            out.push_back(Ok(FrameBody::Reasoning {
-                text: text.to_owned(),
-            }));
-        }
-        if let Some(text) = delta.get("content").and_then(Value::as_str)
-            && !text.is_empty()
-        {
-            out.push_back(Ok(FrameBody::Text {
-                text: text.to_owned(),
-            }));
-        }
+        let text = |k: &str| delta.get(k).and_then(Value::as_str);
+        on_text(
+            text("reasoning_content").or_else(|| text("reasoning")),
+            text("content"),
+            out,
+        );
         if let Some(calls) = delta.get("tool_calls").and_then(Value::as_array) {
             for (i, c) in calls.iter().enumerate() {
-                let f = c.get("function");
+                let f = |k: &str| {
+                    c.get("function")
+                        .and_then(|f| f.get(k))
+                        .and_then(Value::as_str)
+                };
                 out.push_back(Ok(FrameBody::ToolCall {
                     index: c.get("index").and_then(Value::as_u64).unwrap_or(i as u64) as u32,
                     id: c.get("id").and_then(Value::as_str).map(str::to_owned),
-                    name: f
-                        .and_then(|f| f.get("name"))
-                        .and_then(Value::as_str)
-                        .map(str::to_owned),
-                    arguments: f
-                        .and_then(|f| f.get("arguments"))
-                        .and_then(Value::as_str)
-                        .unwrap_or("")
-                        .to_owned(),
+                    name: f("name").map(str::to_owned),
+                    arguments: f("arguments").unwrap_or("").to_owned(),
                 }));
             }
+        }
+    }
+
+    /// [`SseTranslator::on_event`] for a [`chunk::Chunk`]: what [`Self::on_value`] does for the
+    /// same chunk read as a `Value`.
+    fn on_chunk(
+        &mut self,
+        chunk: chunk::Chunk<'_>,
+        out: &mut VecDeque<Result<FrameBody, ErrorInfo>>,
+    ) -> bool {
+        if let Some(u) = chunk.usage.as_ref().and_then(parse_usage) {
+            let usage_only = chunk.choices.as_ref().is_some_and(Vec::is_empty);
+            if self.on_usage(with_tier(u, chunk.service_tier.as_deref()), usage_only, out) {
+                return true;
+            }
+        }
+        for (i, choice) in chunk.choices.into_iter().flatten().enumerate() {
+            let index = choice.index.unwrap_or(i as u64) as u32;
+            self.switch_to(index, out);
+            if let Some(d) = &choice.delta {
+                let reasoning = d.reasoning_content.as_deref().or(d.reasoning.as_deref());
+                on_text(reasoning, d.content.as_deref(), out);
+                for (j, c) in d.tool_calls.iter().flatten().enumerate() {
+                    let f = c.function.as_ref();
+                    out.push_back(Ok(FrameBody::ToolCall {
+                        index: c.index.unwrap_or(j as u64) as u32,
+                        id: c.id.as_deref().map(str::to_owned),
+                        name: f.and_then(|f| f.name.as_deref()).map(str::to_owned),
+                        arguments: f
+                            .and_then(|f| f.arguments.as_deref())
+                            .unwrap_or("")
+                            .to_owned(),
+                    }));
+                }
+            }
+            if let Some(fr) = choice.finish_reason.as_deref() {
+                self.on_finish_reason(index, fr, out);
+            }
+        }
+        false
+    }
+
+    /// [`SseTranslator::on_event`] for a chunk read as a `Value`: any shape, errors included.
+    fn on_value(&mut self, v: &Value, out: &mut VecDeque<Result<FrameBody, ErrorInfo>>) -> bool {
+        // Errors can arrive inside an HTTP 200 stream, also in vLLM's top-level shape.
+        if v.get("error").is_some() || v.get("object").and_then(Value::as_str) == Some("error") {
+            out.push_back(Err(crate::providers::classify::stream_error(v)));
+            return true;
+        }
+        if let Some(u) = v
+            .get("usage")
+            .and_then(parse_usage)
+            .map(|u| with_service_tier(u, v))
+        {
+            let usage_only = v
+                .get("choices")
+                .and_then(Value::as_array)
+                .is_some_and(Vec::is_empty);
+            if self.on_usage(u, usage_only, out) {
+                return true;
+            }
+        }
+        let choices = v.get("choices").and_then(Value::as_array);
+        for (i, choice) in choices.into_iter().flatten().enumerate() {
+            let index = choice
+                .get("index")
+                .and_then(Value::as_u64)
+                .unwrap_or(i as u64) as u32;
+            self.switch_to(index, out);
+            self.on_choice(choice, out);
+            if let Some(fr) = choice.get("finish_reason").and_then(Value::as_str) {
+                self.on_finish_reason(index, fr, out);
+            }
+        }
+        false
+    }
+
+    /// A chunk's usage. Some servers repeat cumulative usage on every chunk: keep the last, never
+    /// sum. True when it ends the stream.
+    fn on_usage(
+        &mut self,
+        usage: Usage,
+        usage_only: bool,
+        out: &mut VecDeque<Result<FrameBody, ErrorInfo>>,
+    ) -> bool {
+        self.usage = Some(usage);
+        // The `choices: []` usage chunk is the last one before `[DONE]` (OpenAI "Streaming"
+        // docs). Finish here: an upstream that then only sends keep-alives and never `[DONE]`
+        // (FC-08) must not hold the client.
+        if usage_only && self.finish.is_some() {
+            self.finish(out);
+            return true;
+        }
+        false
+    }
+
+    fn on_finish_reason(
+        &mut self,
+        index: u32,
+        reason: &str,
+        out: &mut VecDeque<Result<FrameBody, ErrorInfo>>,
+    ) {
+        let finish_reason = map_finish(reason);
+        if self.multi {
+            out.push_back(Ok(FrameBody::ChoiceEnd {
+                index,
+                finish_reason,
+            }));
+        }
+        // `end` carries choice 0's reason.
+        if index == 0 || self.finish.is_none() {
+            self.finish = Some(finish_reason);
         }
     }
 
@@ -422,56 +544,13 @@ impl SseTranslator for OpenAiTranslator {
         if data.is_empty() {
             return false;
         }
-        let Some(v) = crate::providers::shared::parse_event(data, "chunk", out) else {
-            return true;
-        };
-        // Errors can arrive inside an HTTP 200 stream, also in vLLM's top-level shape.
-        if v.get("error").is_some() || v.get("object").and_then(Value::as_str) == Some("error") {
-            out.push_back(Err(crate::providers::classify::stream_error(&v)));
-            return true;
+        if let Some(chunk) = chunk::parse(data) {
+            return self.on_chunk(chunk, out);
         }
-        if let Some(u) = v
-            .get("usage")
-            .and_then(parse_usage)
-            .map(|u| with_service_tier(u, &v))
-        {
-            // Some servers repeat cumulative usage on every chunk: keep the last, never sum.
-            self.usage = Some(u);
-            // The `choices: []` usage chunk is the last one before `[DONE]` (OpenAI "Streaming"
-            // docs). Finish here: an upstream that then only sends keep-alives and never
-            // `[DONE]` (FC-08) must not hold the client.
-            let usage_only = v
-                .get("choices")
-                .and_then(Value::as_array)
-                .is_some_and(Vec::is_empty);
-            if usage_only && self.finish.is_some() {
-                self.finish(out);
-                return true;
-            }
+        match crate::providers::shared::parse_event(data, "chunk", out) {
+            Some(v) => self.on_value(&v, out),
+            None => true,
         }
-        let choices = v.get("choices").and_then(Value::as_array);
-        for (i, choice) in choices.into_iter().flatten().enumerate() {
-            let index = choice
-                .get("index")
-                .and_then(Value::as_u64)
-                .unwrap_or(i as u64) as u32;
-            self.switch_to(index, out);
-            self.on_choice(choice, out);
-            if let Some(fr) = choice.get("finish_reason").and_then(Value::as_str) {
-                let finish_reason = map_finish(fr);
-                if self.multi {
-                    out.push_back(Ok(FrameBody::ChoiceEnd {
-                        index,
-                        finish_reason,
-                    }));
-                }
-                // `end` carries choice 0's reason.
-                if index == 0 || self.finish.is_none() {
-                    self.finish = Some(finish_reason);
-                }
-            }
-        }
-        false
     }
 
     fn on_eof(&mut self, out: &mut VecDeque<Result<FrameBody, ErrorInfo>>) {

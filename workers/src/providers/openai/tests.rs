@@ -1,4 +1,4 @@
-//! Unit tests of the OpenAI adapter's request bodies.
+//! Unit tests of the OpenAI adapter: request bodies, and the stream translator's two read paths.
 #![allow(clippy::unwrap_used)]
 use super::*;
 use serde_json::json;
@@ -128,4 +128,62 @@ fn embed_bodies() {
         json!({"model": "up", "input": ["a", "b"], "encoding_format": "float",
             "dimensions": 8, "user": "u-1"})
     );
+}
+
+/// Every chunk reads the same on the typed path ([`chunk::parse`]) as on the `Value` path, for
+/// one choice and for several; chunks the typed path declines are read by the `Value` path.
+#[test]
+fn typed_and_value_paths_agree() {
+    let typed = [
+        r#"{"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}"#,
+        r#"{"choices":[{"index":0,"delta":{"content":"Hel\"lo \u00e9"}}]}"#,
+        r#"{"choices":[{"index":0,"delta":{"reasoning_content":"think"}}]}"#,
+        r#"{"choices":[{"index":0,"delta":{"reasoning":"r2","content":"c"}}]}"#,
+        r#"{"choices":[{"index":0,"delta":{"reasoning_content":null,"reasoning":"r3"}}]}"#,
+        r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"get","arguments":""}}]}}]}"#,
+        r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"a\":1}"}}]}}]}"#,
+        r#"{"choices":[{"index":1,"delta":{"content":"second"}}]}"#,
+        r#"{"choices":[{"delta":{"content":"no index"},"logprobs":null}]}"#,
+        r#"{"choices":[{"index":0,"delta":{"content":"u"}}],"usage":{"prompt_tokens":1,"completion_tokens":1}}"#,
+        r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#,
+        r#"{"choices":[{"index":1,"delta":null,"finish_reason":"length"}]}"#,
+    ];
+    let declined = [
+        r#"{"choices":[{"index":0,"delta":{"content":"x"},"logprobs":{"content":[{"token":"x","logprob":-0.1}]}}]}"#,
+        r#"{"choices":[{"index":0.0,"delta":{"content":[1]}}]}"#,
+        r#"{"choices":[{"index":0,"delta":{"content":"a","content":"b"}}]}"#,
+        r#"{"choices":[],"object":"error","message":"overloaded"}"#,
+    ];
+    let last = r#"{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":7,"prompt_tokens_details":{"cached_tokens":2}},"service_tier":"flex"}"#;
+    for c in typed.iter().chain([&last]) {
+        assert!(chunk::parse(c).is_some(), "typed path declined {c}");
+    }
+    for c in declined {
+        assert!(chunk::parse(c).is_none(), "typed path took {c}");
+    }
+    for multi in [false, true] {
+        let new = || OpenAiTranslator {
+            multi,
+            ..OpenAiTranslator::default()
+        };
+        let (mut by_event, mut by_value) = (new(), new());
+        let (mut a, mut b) = (VecDeque::new(), VecDeque::new());
+        for c in typed.iter().chain(&declined).chain([&last]) {
+            let ev = SseEvent {
+                data: (*c).to_owned(),
+                ..SseEvent::default()
+            };
+            let ended = by_event.on_event(ev, &mut a);
+            assert_eq!(
+                ended,
+                by_value.on_value(&serde_json::from_str(c).unwrap(), &mut b),
+                "{c}"
+            );
+            assert_eq!(format!("{a:?}"), format!("{b:?}"), "{c}");
+        }
+        assert!(
+            format!("{a:?}").contains("service_tier: Some(Flex)"),
+            "{a:?}"
+        );
+    }
 }
