@@ -59,6 +59,9 @@ pub struct Admitted<'c> {
     pub deadline: Instant,
     /// Charge event and metrics outcome.
     pub ledger: Ledger,
+    /// The prompt's token estimate per message, when admission tokenized it (its total is
+    /// `req.prompt_tokens`); planning reuses it instead of tokenizing again.
+    pub estimate: Option<crate::trim::Estimate>,
 }
 
 /// Admits `inbound`: the routed model (`x-switchyard-route` or the body's), the cost-priority
@@ -93,18 +96,15 @@ pub async fn admit<'c>(
     // Tokenized once, only for a caller with a budget or a TPM limit or a model with a
     // TPM-limited target; the estimate travels with the request, so workers need no tokenizer
     // (o200k is ~37 MB resident) for their TPM limits.
-    let prompt_tokens = if scopes.is_empty()
+    let estimate = if scopes.is_empty()
         && !crate::rate_limit::counts_tokens(config, &caller)
         && !targets_count_tokens(config, model)
     {
         None
     } else {
-        Some(
-            crate::trim::Estimate::of_async(&inbound.messages, &inbound.tools)
-                .await
-                .total(),
-        )
+        Some(crate::trim::Estimate::of_async(&inbound.messages, &inbound.tools).await)
     };
+    let prompt_tokens = estimate.as_ref().map(crate::trim::Estimate::total);
     let rate = crate::rate_limit::admit(
         app,
         config,
@@ -189,6 +189,7 @@ pub async fn admit<'c>(
         timeouts,
         deadline,
         ledger: Ledger { charge, outcome },
+        estimate,
     })
 }
 

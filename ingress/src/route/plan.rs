@@ -5,9 +5,9 @@ use super::{RequestHints, observe};
 use crate::AppState;
 use crate::strategy::{self, Needs};
 use crate::trim;
-use switchyard_schemas::config::{GatewayConfig, ModelConfig, TargetConfig};
+use switchyard_schemas::ErrorInfo;
+use switchyard_schemas::config::{GatewayConfig, TargetConfig};
 use switchyard_schemas::request::Message;
-use switchyard_schemas::{ChatRequest, ErrorInfo};
 
 /// The ordered candidates of one request.
 pub struct Planned<'c> {
@@ -39,7 +39,7 @@ pub async fn plan<'c>(
     let req = &admitted.req;
     let trim_on = admitted.policy.is_some_and(|p| p.trim_context);
     let mut needs = Needs::chat(&req.messages, &req.tools, &req.params);
-    let estimate = prompt_estimate(config, admitted.model, req, needs.max_tokens).await;
+    let estimate = prompt_estimate(config, admitted, needs.max_tokens).await;
     if let Some(e) = &estimate {
         needs.prompt_tokens = Some(e.total());
         if trim_on {
@@ -82,11 +82,12 @@ pub async fn plan<'c>(
 /// tokenized off the executor).
 async fn prompt_estimate(
     config: &GatewayConfig,
-    model: &ModelConfig,
-    req: &ChatRequest,
+    admitted: &Admitted<'_>,
     max_tokens: u64,
 ) -> Option<trim::Estimate> {
-    let smallest = model
+    let req = &admitted.req;
+    let smallest = admitted
+        .model
         .targets
         .iter()
         .filter_map(|id| config.target(id))
@@ -96,5 +97,9 @@ async fn prompt_estimate(
     if trim::upper_bound(&req.messages, &req.tools) + max_tokens <= smallest {
         return None;
     }
-    Some(trim::Estimate::of_async(&req.messages, &req.tools).await)
+    // Admission's estimate when it made one (the same messages: nothing changed them since).
+    match &admitted.estimate {
+        Some(e) => Some(e.clone()),
+        None => Some(trim::Estimate::of_async(&req.messages, &req.tools).await),
+    }
 }
