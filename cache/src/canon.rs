@@ -120,11 +120,30 @@ fn final_query(messages: &[Message]) -> Option<String> {
 /// Computes the keys of `key`. Fails when a part cannot be encoded as JSON: a part left out
 /// (`null`, empty) could make two different requests share a key.
 pub fn canonical(key: &CacheKey) -> Result<Canonical, serde_json::Error> {
+    let query = final_query(&key.messages);
+    let (exact, scope) = hashes(key, Some(query.is_some()))?;
+    Ok(Canonical {
+        exact,
+        scope: scope.unwrap_or_default(),
+        query,
+        user_turns: key.messages.iter().filter(|m| m.role == Role::User).count(),
+    })
+}
+
+/// [`Canonical::exact`] alone (one hash instead of two): what ingress's key set checks.
+pub fn exact_key(key: &CacheKey) -> Result<String, serde_json::Error> {
+    hashes(key, None).map(|(exact, _)| exact)
+}
+
+/// The exact key, and the scope key when `scope` says whether to blank the final user text.
+fn hashes(
+    key: &CacheKey,
+    scope: Option<bool>,
+) -> Result<(String, Option<String>), serde_json::Error> {
     let mut params = serde_json::to_value(&key.params)?;
     if let Value::Object(m) = &mut params {
         m.remove("user");
     }
-    let query = final_query(&key.messages);
     let n = key.messages.len();
     let messages = |blank_last: bool| -> Result<Vec<Value>, serde_json::Error> {
         key.messages
@@ -160,13 +179,11 @@ pub fn canonical(key: &CacheKey) -> Result<Canonical, serde_json::Error> {
         d
     };
     let exact = hash(&doc(messages(false)?))?;
-    let scope = hash(&doc(messages(query.is_some())?))?;
-    Ok(Canonical {
-        exact,
-        scope,
-        query,
-        user_turns: key.messages.iter().filter(|m| m.role == Role::User).count(),
-    })
+    let scope = match scope {
+        Some(blank_last) => Some(hash(&doc(messages(blank_last)?))?),
+        None => None,
+    };
+    Ok((exact, scope))
 }
 
 #[cfg(test)]
@@ -231,6 +248,7 @@ mod tests {
         assert_eq!(a.query.as_deref(), Some("How do I reset my password?"));
         assert_eq!(a.user_turns, 1);
         assert_eq!(a.exact.len(), 64);
+        assert_eq!(super::exact_key(&key(base())).unwrap(), a.exact);
     }
 
     #[test]

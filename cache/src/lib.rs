@@ -6,13 +6,15 @@
 //! whole index in memory, so a store taken by one instance is served by all, and a restarted or
 //! added instance rebuilds its index from KV before it answers. Ingress may keep an exact-layer
 //! copy of the index the same way ([`replica`], `cache_replica` in the config) and answer
-//! lookups locally.
+//! lookups locally, or keep only the set of stored keys ([`key_set`], on by default) and answer an
+//! exact-only route's miss without asking.
 //!
 //! * [`canon`] — canonical request, exact key, scope and query text;
 //! * [`embed`] — fastembed model loading (ONNX Runtime checked first) and the [`embed::Embed`] trait;
 //! * [`onnx_rows`] — keeps the model's int8 embedding table int8 in memory (a graph rewrite);
 //! * [`verify`] — the measurable rule set that rejects close but different questions;
 //! * [`index`] — the in-memory index (exact search per scope, LRU capacity);
+//! * [`key_set`] — the stored exact keys, fed by a headers-only consumer (ingress);
 //! * [`service`] — lookup, store, purge and the KV persistence;
 //! * [`eval`] — precision / recall / hit rate over labelled pairs (`switchyard cache eval`);
 //! * [`bench`] — lookup latency (`switchyard cache bench`).
@@ -22,6 +24,7 @@ pub mod canon;
 pub mod embed;
 pub mod eval;
 pub mod index;
+pub mod key_set;
 pub mod onnx_rows;
 pub mod service;
 pub mod verify;

@@ -65,6 +65,10 @@ pub(crate) struct BenchArgs {
     /// Run ingress with its exact-cache replica (`cache_replica: {enabled: true}`).
     #[arg(long)]
     pub cache_replica: bool,
+    /// Run ingress without its cache key set (`cache_replica: {key_set: false}`): every lookup
+    /// asks the cache service, as before the key set (an A/B switch).
+    #[arg(long)]
+    pub no_cache_key_set: bool,
 }
 
 /// The other benchmarks of `switchyard bench`.
@@ -163,7 +167,9 @@ async fn js_writes(
 }
 
 /// The gateway's config: one JSON and one streaming model on the mock, a budgeted key, limits.
-fn config_yaml(dir: &Path, listen: u16, mock: u16, stream_ms: u64, replica: bool) -> String {
+/// `cache` is the `cache_replica` block's (`enabled`, `key_set`).
+fn config_yaml(dir: &Path, listen: u16, mock: u16, stream_ms: u64, cache: (bool, bool)) -> String {
+    let (replica, key_set) = cache;
     let delay = stream_ms / CHUNKS;
     let limits = "{rpm: 100000000, tpm: 100000000000, max_concurrency: 100000}";
     format!(
@@ -181,7 +187,7 @@ fn config_yaml(dir: &Path, listen: u16, mock: u16, stream_ms: u64, replica: bool
          tenants:\n\
          \x20 - {{id: bench, budget: {{daily_usd: 1000000}}}}\n\
          timeouts: {{first_frame_ms: 10000, worker_silence_ms: 10000}}\n\
-         cache_replica: {{enabled: {replica}}}\n",
+         cache_replica: {{enabled: {replica}, key_set: {key_set}}}\n",
         data = dir.join("data").display(),
         prices = dir.join("prices.yaml").display(),
     )
@@ -407,7 +413,13 @@ pub(crate) async fn run(args: BenchArgs) -> Result<(), String> {
     let config = dir.join("bench.yaml");
     std::fs::write(
         &config,
-        config_yaml(&dir, port, mock_port, args.stream_ms, args.cache_replica),
+        config_yaml(
+            &dir,
+            port,
+            mock_port,
+            args.stream_ms,
+            (args.cache_replica, !args.no_cache_key_set),
+        ),
     )
     .map_err(|e| e.to_string())?;
     let config_arg = config.display().to_string();
@@ -762,13 +774,20 @@ mod tests {
     /// ingress cache replica.
     #[test]
     fn the_bench_config_parses_with_and_without_the_cache_replica() {
-        for replica in [false, true] {
+        for cache in [(false, true), (true, true), (false, false)] {
             let dir = std::path::Path::new("/tmp/bench");
-            let text = super::config_yaml(dir, 8080, 9090, 100, replica);
+            let text = super::config_yaml(dir, 8080, 9090, 100, cache);
             let config = crate::config::parse("bench", &text, |_| None).unwrap();
-            assert_eq!(config.cache_replica.enabled, replica);
+            let c = &config.cache_replica;
+            assert_eq!((c.enabled, c.key_set), cache);
         }
-        let text = super::config_yaml(std::path::Path::new("/tmp/bench"), 8080, 9090, 100, false);
+        let text = super::config_yaml(
+            std::path::Path::new("/tmp/bench"),
+            8080,
+            9090,
+            100,
+            (false, true),
+        );
         let config = crate::config::parse("bench", &text, |_| None).unwrap();
         assert!(
             config

@@ -306,8 +306,8 @@ pub fn users(creds: &Credentials, prefix: &str) -> Vec<User> {
                     ] {
                         publish.extend(kv_owner(b));
                     }
-                    // `cache_replica`: watches the cache entries (and creates the bucket when
-                    // the cache service has not yet); it never writes them.
+                    // `cache_replica` and its key set (headers only): watch the cache entries
+                    // (and create the bucket when the cache service has not yet); never write.
                     let cache_kv = format!("KV_{}", switchyard_cache::BUCKET);
                     publish.extend(stream_reader(&cache_kv));
                     publish.push(api("STREAM.CREATE", &cache_kv));

@@ -46,6 +46,8 @@ pub struct CacheClient {
     timeout_ms: Timeout,
     /// The exact-layer replica (`cache_replica` in the config), when on.
     replica: Option<Arc<switchyard_cache::Service>>,
+    /// The stored exact keys (`cache_replica.key_set`, when the replica is off).
+    key_set: Option<Arc<switchyard_cache::key_set::KeySet>>,
 }
 
 impl std::fmt::Debug for CacheClient {
@@ -53,6 +55,7 @@ impl std::fmt::Debug for CacheClient {
         f.debug_struct("CacheClient")
             .field("timeout_ms", &self.timeout_ms.0)
             .field("replica", &self.replica.as_ref().map(|r| r.len()))
+            .field("key_set", &self.key_set.as_ref().map(|k| k.len()))
             .finish()
     }
 }
@@ -79,10 +82,44 @@ impl CacheClient {
         }
     }
 
-    /// Starts the exact-layer replica when `cache_replica.enabled` (rebuilt from the KV bucket
-    /// before this returns; the watch is a task on `tasks` that ends when `stop` is cancelled);
-    /// `None` when off or when the bucket cannot be read (then every lookup asks the service).
-    pub async fn start_replica(
+    /// The client of `config`: with the exact-layer replica when `cache_replica.enabled`, else
+    /// with the key set unless `cache_replica.key_set: false`. Either is rebuilt from the KV
+    /// bucket before this returns; its feed is a task on `tasks` that ends when `stop` is
+    /// cancelled. One that cannot be started is left out (then every lookup asks the service).
+    pub async fn start(
+        nats: &async_nats::Client,
+        config: &switchyard_schemas::config::GatewayConfig,
+        subjects: &switchyard_schemas::subjects::Subjects,
+        tasks: &tokio_util::task::TaskTracker,
+        stop: tokio_util::sync::CancellationToken,
+    ) -> Self {
+        let settings = &config.cache_replica;
+        if settings.enabled {
+            return Self::with_replica(
+                Self::start_replica(nats, config, subjects, tasks, stop).await,
+            );
+        }
+        if !settings.key_set {
+            return Self::default();
+        }
+        let max_ttl_s = switchyard_cache::ServiceOptions::new(subjects.clone(), None).max_ttl_s;
+        let bucket = switchyard_cache::BUCKET;
+        match switchyard_cache::key_set::start(nats.clone(), bucket, max_ttl_s, stop, tasks).await {
+            Ok(k) => {
+                tracing::info!(keys = k.len(), "cache key set rebuilt from KV");
+                Self {
+                    key_set: Some(k),
+                    ..Self::default()
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cache key set unavailable; every lookup asks the cache service");
+                Self::default()
+            }
+        }
+    }
+
+    async fn start_replica(
         nats: &async_nats::Client,
         config: &switchyard_schemas::config::GatewayConfig,
         subjects: &switchyard_schemas::subjects::Subjects,
@@ -90,9 +127,6 @@ impl CacheClient {
         stop: tokio_util::sync::CancellationToken,
     ) -> Option<Arc<switchyard_cache::Service>> {
         let settings = &config.cache_replica;
-        if !settings.enabled {
-            return None;
-        }
         let opts = switchyard_cache::ServiceOptions {
             max_entries: settings.max_entries,
             ..switchyard_cache::ServiceOptions::new(subjects.clone(), None)
@@ -111,17 +145,36 @@ impl CacheClient {
 
     /// The replica's answer to `req`, when it may give it: any answer on an exact-only route,
     /// and on a semantic route anything but an exact miss (that one the semantic layer of the
-    /// cache service may still answer).
-    pub fn local(&self, req: &LookupRequest) -> Option<LookupReply> {
-        let reply = self.replica.as_ref()?.lookup_exact(req).ok()?;
-        (!req.semantic || reply.outcome != CacheOutcome::Miss).then_some(reply)
+    /// cache service may still answer). Without a replica, the key set's miss of an exact-only
+    /// route whose key (`exact`, when computed) no cache instance holds.
+    pub fn local(&self, req: &LookupRequest, exact: Option<&str>) -> Option<LookupReply> {
+        if let Some(r) = &self.replica {
+            let reply = r.lookup_exact(req).ok()?;
+            return (!req.semantic || reply.outcome != CacheOutcome::Miss).then_some(reply);
+        }
+        let held = self.key_set.as_ref()?.contains(exact?)?;
+        (!req.semantic && !held)
+            .then(|| LookupReply::empty(CacheOutcome::Miss, "exact miss (key set)"))
+    }
+
+    /// The exact key of `key` when the key set may answer its lookups (an exact-only route) or
+    /// must learn its store; `None` otherwise (no key set, or not encodable: then the service
+    /// decides, as without a key set).
+    fn exact_key(&self, key: &CacheKey, semantic: bool) -> Option<String> {
+        if semantic || self.key_set.is_none() {
+            return None;
+        }
+        switchyard_cache::canon::exact_key(key).ok()
     }
 
     /// Adds a store of this process to its replica at once (read-your-writes on one ingress;
     /// the cache service's copy replaces it when the KV watch delivers it). The local copy lives
     /// at most [`LOCAL_TTL_S`]: one the service never stores (it was down, or the answer was too
     /// large for KV) does not outlive a purge for long.
-    fn remember(&self, req: &StoreRequest) {
+    fn remember(&self, req: &StoreRequest, exact: Option<&str>) {
+        if let (Some(k), Some(exact)) = (&self.key_set, exact) {
+            k.insert(exact);
+        }
         if let Some(r) = &self.replica {
             let mut local = req.clone();
             local.ttl_s = local.ttl_s.min(LOCAL_TTL_S);
@@ -190,6 +243,8 @@ pub struct Check {
     caches: bool,
     /// Where a fresh answer is stored, when it may be.
     store: Option<(CacheKey, u64)>,
+    /// The exact key, when the key set is consulted ([`CacheClient::local`]).
+    exact: Option<String>,
     admitted: Instant,
     prompt_bytes: usize,
 }
@@ -203,6 +258,7 @@ impl Check {
             route: String::new(),
             caches,
             store: None,
+            exact: None,
             admitted,
             prompt_bytes: 0,
         }
@@ -257,6 +313,7 @@ impl Check {
         Some(Capture {
             app: app.clone(),
             key,
+            exact: self.exact.clone(),
             ttl_s,
             target: served.target.clone(),
             upstream_model,
@@ -323,13 +380,14 @@ pub async fn check(app: &Arc<AppState>, headers: &HeaderMap, inbound: &Inbound) 
         route: model.id.clone(),
         caches: true,
         store: (!directives.no_store && ttl_s > 0).then(|| (key.clone(), ttl_s)),
+        exact: app.cache.exact_key(&key, settings.semantic),
         admitted,
         prompt_bytes,
     };
     if directives.no_cache {
         return check;
     }
-    let reply = lookup(app, key, &settings).await;
+    let reply = lookup(app, key, check.exact.as_deref(), &settings).await;
     check.outcome = reply.outcome;
     if matches!(reply.outcome, CacheOutcome::Hit | CacheOutcome::SemanticHit) {
         match reply.answer {
@@ -346,14 +404,20 @@ pub async fn check(app: &Arc<AppState>, headers: &HeaderMap, inbound: &Inbound) 
     check
 }
 
-async fn lookup(app: &AppState, key: CacheKey, settings: &RouteCache) -> LookupReply {
+async fn lookup(
+    app: &AppState,
+    key: CacheKey,
+    exact: Option<&str>,
+    settings: &RouteCache,
+) -> LookupReply {
     let req = LookupRequest {
         key,
         semantic: settings.semantic,
         threshold: settings.threshold(),
     };
-    // Answered by this process's replica: no round trip (same reply, so same headers and metrics).
-    if let Some(reply) = app.cache.local(&req) {
+    // Answered by this process's replica or key set: no round trip (same reply, so same headers
+    // and metrics).
+    if let Some(reply) = app.cache.local(&req, exact) {
         return reply;
     }
     let Ok(body) = serde_json::to_vec(&req) else {
@@ -395,6 +459,7 @@ async fn lookup(app: &AppState, key: CacheKey, settings: &RouteCache) -> LookupR
 pub struct Capture {
     app: Arc<AppState>,
     key: CacheKey,
+    exact: Option<String>,
     ttl_s: u64,
     target: String,
     upstream_model: Option<String>,
@@ -474,7 +539,7 @@ impl Capture {
             return;
         };
         self.failed = true; // once
-        self.app.cache.remember(&req);
+        self.app.cache.remember(&req, self.exact.as_deref());
         self.app.metrics.cache("store");
         let app = self.app.clone();
         // Tracked: a store still in flight at shutdown is published before the process exits.
@@ -586,25 +651,31 @@ mod tests {
             .unwrap()
         };
         let client = CacheClient::with_replica(Some(replica));
-        client.remember(&StoreRequest {
-            key: key("stored"),
-            answer: CachedAnswer {
-                chunks: vec!["yes".into()],
-                tool_calls: vec![],
-                finish_reason: FinishReason::Stop,
-                usage: Usage::default(),
+        client.remember(
+            &StoreRequest {
+                key: key("stored"),
+                answer: CachedAnswer {
+                    chunks: vec!["yes".into()],
+                    tool_calls: vec![],
+                    finish_reason: FinishReason::Stop,
+                    usage: Usage::default(),
+                },
+                target: None,
+                upstream_model: None,
+                ttl_s: 60,
             },
-            target: None,
-            upstream_model: None,
-            ttl_s: 60,
-        });
+            None,
+        );
         let ask = |text: &str, semantic: bool| {
             client
-                .local(&LookupRequest {
-                    key: key(text),
-                    semantic,
-                    threshold: 0.9,
-                })
+                .local(
+                    &LookupRequest {
+                        key: key(text),
+                        semantic,
+                        threshold: 0.9,
+                    },
+                    None,
+                )
                 .map(|r| r.outcome)
         };
         assert_eq!(ask("stored", false), Some(CacheOutcome::Hit));
@@ -613,11 +684,14 @@ mod tests {
         assert_eq!(ask("other", true), None);
         assert_eq!(
             CacheClient::default()
-                .local(&LookupRequest {
-                    key: key("stored"),
-                    semantic: false,
-                    threshold: 0.9,
-                })
+                .local(
+                    &LookupRequest {
+                        key: key("stored"),
+                        semantic: false,
+                        threshold: 0.9,
+                    },
+                    None
+                )
                 .map(|r| r.outcome),
             None
         );

@@ -215,8 +215,7 @@ pub async fn state_with(
     };
     let responses =
         responses::store::ResponseStore::connect(&js, config.get().responses.ttl_s).await;
-    // Loading the tokenizer takes a moment: do it now, off the request path.
-    let replica = cache_client::CacheClient::start_replica(
+    let cache = cache_client::CacheClient::start(
         &nats,
         &config.get(),
         &subjects,
@@ -224,6 +223,7 @@ pub async fn state_with(
         stop_background.clone(),
     )
     .await;
+    // Loading the tokenizer takes a moment: do it now, off the request path.
     tokio::task::spawn_blocking(trim::warm_up);
     let usage = switchyard_publish::UsagePublisher::start(js.clone(), subjects.clone(), spool);
     Ok(Arc::new(AppState {
@@ -237,7 +237,7 @@ pub async fn state_with(
         stats: Arc::new(target_health::TargetStats::default()),
         capabilities: strategy::CapabilityTable::default(),
         metrics: metrics::Metrics::with_registry(registry),
-        cache: cache_client::CacheClient::with_replica(replica),
+        cache,
         keys: auth::KeyTable::default(),
         budgets,
         rates,

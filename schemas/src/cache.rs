@@ -84,7 +84,7 @@ impl RouteCache {
 /// The `cache_replica:` block of the config (read at ingress start): each ingress keeps its own
 /// copy of the cache's exact layer, fed by the KV bucket's watch like a cache instance, and answers
 /// lookups of exact-only routes (`semantic: false`) and exact hits of any route without asking
-/// the cache service. Off by default.
+/// the cache service. Off by default; the key set ([`CacheReplica::key_set`]) is on instead.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CacheReplica {
@@ -94,6 +94,10 @@ pub struct CacheReplica {
     /// `--max-entries`; memory grows with it as in a cache instance (answers, no vectors).
     /// Default 100,000.
     pub max_entries: usize,
+    /// When the replica is off: ingress keeps only the set of stored exact keys (8 bytes each,
+    /// fed by a headers-only consumer on the bucket) and answers an exact-only route's miss
+    /// without asking the cache service (`switchyard_cache::key_set`). Default on.
+    pub key_set: bool,
 }
 
 impl Default for CacheReplica {
@@ -101,6 +105,7 @@ impl Default for CacheReplica {
         Self {
             enabled: false,
             max_entries: 100_000,
+            key_set: true,
         }
     }
 }

@@ -12,9 +12,9 @@ use std::time::Duration;
 use switchyard_schemas::cache::PurgeRequest;
 use switchyard_schemas::subjects::Subjects;
 
-const EXACT: &str = "demo/exact";
-const SEMANTIC: &str = "demo/mock";
-const WAIT: Duration = Duration::from_secs(10);
+pub(crate) const EXACT: &str = "demo/exact";
+pub(crate) const SEMANTIC: &str = "demo/mock";
+pub(crate) const WAIT: Duration = Duration::from_secs(10);
 
 async fn replica_gateway() -> Gateway {
     replica_gateway_with(false).await
@@ -37,12 +37,12 @@ async fn replica_gateway_with(auth: bool) -> Gateway {
     .await
 }
 
-fn user(model: &str, text: &str) -> Value {
+pub(crate) fn user(model: &str, text: &str) -> Value {
     json!({"model": model, "messages": [{"role": "user", "content": text}]})
 }
 
 /// Sends `body` and returns (x-switchyard-cache, content).
-async fn ask(base: &str, body: &Value, headers: &[(&str, &str)]) -> (String, String) {
+pub(crate) async fn ask(base: &str, body: &Value, headers: &[(&str, &str)]) -> (String, String) {
     let resp = send_with(base, headers, body).await;
     assert_eq!(resp.status(), 200);
     let outcome = resp
@@ -61,7 +61,7 @@ async fn ask(base: &str, body: &Value, headers: &[(&str, &str)]) -> (String, Str
 
 /// Counts the messages on `<prefix>.cache.lookup` with a plain subscription (outside the cache
 /// service's queue group, so it sees every lookup without taking any).
-struct LookupCounter {
+pub(crate) struct LookupCounter {
     nats: async_nats::Client,
     seen: Arc<AtomicUsize>,
     sentinels: Arc<AtomicUsize>,
@@ -70,7 +70,7 @@ struct LookupCounter {
 const SENTINEL: &[u8] = b"sentinel";
 
 impl LookupCounter {
-    async fn start(gw: &Gateway) -> Self {
+    pub(crate) async fn start(gw: &Gateway) -> Self {
         let nats = gw.nats_as(switchyard::nats_auth::Identity::Admin).await;
         let mut sub = nats
             .subscribe(Subjects::default().cache_lookup())
@@ -98,7 +98,7 @@ impl LookupCounter {
 
     /// The lookups seen so far: publishes a sentinel (no reply subject, which the cache service
     /// ignores) and waits for it, so every lookup the server took before it has been counted.
-    async fn count(&self) -> usize {
+    pub(crate) async fn count(&self) -> usize {
         let want = self.sentinels.load(Ordering::SeqCst) + 1;
         self.nats
             .publish(Subjects::default().cache_lookup(), SENTINEL.into())

@@ -15,6 +15,7 @@ mod billing_faults;
 mod budgets;
 mod budgets_load;
 mod cache;
+mod cache_key_set;
 mod cache_replica;
 mod choices;
 mod common;
