@@ -775,6 +775,7 @@ impl GatewayConfig {
             validate_rates(&format!("keys[{i}].limits"), &k.limits)?;
         }
         let mut admin_ids = HashSet::new();
+        let mut admin_hashes = HashSet::new();
         for (i, k) in self.admin.keys.iter().enumerate() {
             if !valid_id(&k.id) || !admin_ids.insert(k.id.as_str()) {
                 return Err(err(
@@ -784,10 +785,19 @@ impl GatewayConfig {
             }
             match (&k.key_sha256, &k.key) {
                 (Some(h), None) if h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()) => {
-                    if hashes.contains(&h.to_ascii_lowercase()) {
+                    let h = h.to_ascii_lowercase();
+                    if hashes.contains(&h) {
                         return Err(err(
                             format!("admin.keys[{i}]"),
                             "an admin key must not also be a client key",
+                        ));
+                    }
+                    // One key under two ids would sign in as whichever comes first, and
+                    // revoking one id would leave the key working under the other.
+                    if !admin_hashes.insert(h) {
+                        return Err(err(
+                            format!("admin.keys[{i}]"),
+                            "the same admin key is configured twice",
                         ));
                     }
                 }
@@ -978,6 +988,22 @@ mod tests {
         let r: Result<AwsTarget, _> = serde_json::from_value(serde_json::json!({"region": "x",
             "access_key_id": "a", "secret_access_key": "b", "profile": "p"}));
         assert!(r.unwrap_err().to_string().contains("profile"));
+    }
+
+    #[test]
+    fn an_admin_key_hash_under_two_ids_is_rejected() {
+        let h = "ab".repeat(32);
+        let mut c = base();
+        c.admin = serde_json::from_value(serde_json::json!({"keys": [
+            {"id": "ops", "key_sha256": h},
+            {"id": "ops-2", "key_sha256": h.to_ascii_uppercase()}
+        ]}))
+        .unwrap();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("admin.keys[1]"), "{e}");
+        assert!(e.contains("the same admin key is configured twice"), "{e}");
+        c.admin.keys.pop();
+        assert!(c.validate().is_ok());
     }
 
     #[test]
