@@ -1,6 +1,8 @@
-//! The exact-layer cache replica in ingress (`cache_replica: {enabled: true}`): exact-only routes
-//! are answered without a `<prefix>.cache.lookup` round trip, a store made through one ingress is
-//! a hit on another through the KV watch, and a purge reaches every replica.
+//! What ingress keeps of the cache, in its two modes: the exact-layer replica
+//! (`cache_replica: {enabled: true}`) answers exact-only routes without a `<prefix>.cache.lookup`
+//! round trip, hits included; the key set (the default) answers only an exact-only route's miss
+//! so, and asks the service for a held key. In both, a store made through one ingress reaches
+//! another through the bucket, and a purge reaches every ingress.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use crate::common::*;
@@ -16,20 +18,27 @@ pub(crate) const EXACT: &str = "demo/exact";
 pub(crate) const SEMANTIC: &str = "demo/mock";
 pub(crate) const WAIT: Duration = Duration::from_secs(10);
 
-async fn replica_gateway() -> Gateway {
-    replica_gateway_with(false).await
+/// What ingress keeps of the cache.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Replica,
+    KeySet,
 }
 
-/// With `auth`: `up`'s NATS identities and permissions (ingress watches `KV_SY_CACHE`).
-async fn replica_gateway_with(auth: bool) -> Gateway {
+/// An exact-only and a semantic route with the cache on; with `auth`, `up`'s NATS identities
+/// and permissions (ingress watches `KV_SY_CACHE`).
+pub(crate) async fn cache_gateway(mode: Mode, auth: bool) -> Gateway {
+    let mut config = json!({
+        "models": [
+            {"id": EXACT, "targets": ["mock"], "cache": {"semantic": false}},
+            {"id": SEMANTIC, "targets": ["mock"]}
+        ]
+    });
+    if mode == Mode::Replica {
+        config["cache_replica"] = json!({"enabled": true});
+    }
     start(Options {
-        config: test_config(json!({
-            "models": [
-                {"id": EXACT, "targets": ["mock"], "cache": {"semantic": false}},
-                {"id": SEMANTIC, "targets": ["mock"]}
-            ],
-            "cache_replica": {"enabled": true}
-        })),
+        config: test_config(config),
         cache: true,
         auth,
         ..Options::default()
@@ -121,26 +130,42 @@ fn metric(text: &str, series: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// An exact-only route never asks the cache service (miss, then a hit with the same content, same
-/// headers and metrics as the service's answers); a semantic route asks it on an exact miss only.
+/// The replica answers an exact-only route itself, miss and hit (same content, headers and
+/// metrics as the service's answers); a semantic route asks it on an exact miss only.
 #[tokio::test]
 async fn exact_only_routes_are_answered_by_the_replica() {
-    exact_only_routes(false).await;
+    exact_only_routes(Mode::Replica, false).await;
 }
 
 /// The same under NATS auth: ingress's identity may watch (and create) the cache bucket.
 #[tokio::test]
 async fn the_replica_works_under_nats_auth() {
-    exact_only_routes(true).await;
+    exact_only_routes(Mode::Replica, true).await;
 }
 
-async fn exact_only_routes(auth: bool) {
-    let gw = replica_gateway_with(auth).await;
+/// The key set answers an exact-only route's miss without a lookup; the hit that follows is asked
+/// for once and served by the service; a semantic route asks on every lookup.
+#[tokio::test]
+async fn an_absent_key_is_a_miss_without_a_lookup() {
+    exact_only_routes(Mode::KeySet, false).await;
+}
+
+/// The same under NATS auth: ingress may create its headers-only consumer.
+#[tokio::test]
+async fn the_key_set_works_under_nats_auth() {
+    exact_only_routes(Mode::KeySet, true).await;
+}
+
+async fn exact_only_routes(mode: Mode, auth: bool) {
+    // Lookups the service gets for an exact hit: none from the replica, one with the key set.
+    let per_hit = usize::from(mode == Mode::KeySet);
+    let gw = cache_gateway(mode, auth).await;
     let lookups = LookupCounter::start(&gw).await;
     let q = user(EXACT, "What is the boiling point of water?");
     let (first, content) = ask(&gw.base, &q, &[]).await;
     assert_eq!(first, "miss");
     assert!(!content.is_empty());
+    assert_eq!(lookups.count().await, 0, "a miss asked the cache service");
     let upstream = gw.mock.request_count();
     let (second, replayed) = ask(&gw.base, &q, &[]).await;
     assert_eq!(second, "hit");
@@ -150,11 +175,7 @@ async fn exact_only_routes(auth: bool) {
         upstream,
         "a hit makes no upstream call"
     );
-    assert_eq!(
-        lookups.count().await,
-        0,
-        "no lookup reached the cache service"
-    );
+    assert_eq!(lookups.count().await, per_hit);
     let text = metrics_text(&gw.base).await;
     assert_eq!(
         metric(&text, "switchyard_cache_outcomes_total{outcome=\"hit\"}"),
@@ -164,20 +185,31 @@ async fn exact_only_routes(auth: bool) {
         metric(&text, "switchyard_cache_outcomes_total{outcome=\"miss\"}"),
         1.0
     );
-    // A semantic route: the exact miss goes to the service (its semantic layer), the exact hit
-    // of the identical second request does not.
+    // A semantic route: the exact miss goes to the service (its semantic layer); the replica
+    // answers the exact hit of the identical second request itself, the key set asks.
     let s = user(SEMANTIC, "What is the boiling point of mercury?");
     assert_eq!(ask(&gw.base, &s, &[]).await.0, "miss");
-    assert_eq!(lookups.count().await, 1);
+    assert_eq!(lookups.count().await, per_hit + 1);
     assert_eq!(ask(&gw.base, &s, &[]).await.0, "hit");
-    assert_eq!(lookups.count().await, 1);
+    assert_eq!(lookups.count().await, 2 * per_hit + 1);
 }
 
-/// A store made through one ingress becomes a hit on another (the KV watch), and a purge removes
-/// it from both replicas.
+/// Replica: a store made through one ingress becomes a hit on another (the KV watch), and a purge
+/// removes it from both replicas.
 #[tokio::test]
 async fn stores_and_purges_reach_every_replica() {
-    let gw = replica_gateway().await;
+    stores_and_purges(Mode::Replica).await;
+}
+
+/// Key set: another ingress learns a store from the bucket (and asks for it), and a purge takes
+/// the key out of both sets, after which their misses ask nobody.
+#[tokio::test]
+async fn stores_and_purges_reach_every_key_set() {
+    stores_and_purges(Mode::KeySet).await;
+}
+
+async fn stores_and_purges(mode: Mode) {
+    let gw = cache_gateway(mode, false).await;
     let (other, _state) = spawn_ingress(&gw).await;
     let lookups = LookupCounter::start(&gw).await;
     let q = user(EXACT, "How many legs does a spider have?");
@@ -187,6 +219,7 @@ async fn stores_and_purges_reach_every_replica() {
     assert_eq!(ask(&other, &q, &no_store).await.0, "miss");
     let (first, content) = ask(&gw.base, &q, &[]).await;
     assert_eq!(first, "miss");
+    assert_eq!(lookups.count().await, 0);
     let replayed = eventually(WAIT, || {
         let (other, q) = (other.clone(), q.clone());
         async move {
@@ -197,7 +230,9 @@ async fn stores_and_purges_reach_every_replica() {
     .await;
     assert_eq!(replayed, content);
     assert_eq!(ask(&gw.base, &q, &no_store).await.0, "hit");
-    assert_eq!(lookups.count().await, 0);
+    if mode == Mode::Replica {
+        assert_eq!(lookups.count().await, 0);
+    }
     // Purge the route, as `switchyard cache purge --route` does.
     let req = PurgeRequest {
         route: Some(EXACT.into()),
@@ -212,4 +247,10 @@ async fn stores_and_purges_reach_every_replica() {
         })
         .await;
     }
+    // Both have dropped the key: misses make no lookup.
+    let before = lookups.count().await;
+    for base in [&gw.base, &other] {
+        assert_eq!(ask(base, &q, &no_store).await.0, "miss");
+    }
+    assert_eq!(lookups.count().await, before);
 }
