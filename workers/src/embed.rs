@@ -10,8 +10,11 @@ use switchyard_schemas::{ErrorClass, ErrorInfo, Usage, UsageEvent, UsageKind, no
 
 /// Serves one embeddings request message, in its span ([`crate::spans::worker`]) and with its
 /// request id for the upstream's `X-Request-Id` ([`crate::spans::in_request`]).
-pub(crate) async fn handle(shared: Arc<Shared>, msg: async_nats::Message) {
-    crate::spans::in_request(msg, |msg| handle_request(shared, msg)).await
+pub(crate) fn handle(
+    shared: Arc<Shared>,
+    msg: async_nats::Message,
+) -> impl std::future::Future<Output = ()> {
+    crate::spans::in_request(msg, |msg| handle_request(shared, msg))
 }
 
 async fn handle_request(shared: Arc<Shared>, msg: async_nats::Message) {

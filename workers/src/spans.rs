@@ -14,7 +14,11 @@ use tracing::Span;
 
 /// Runs `handle(msg)` (one request message's handling) in the message's [`worker`] span and
 /// with its request id for the upstream's `X-Request-Id` ([`crate::provider::with_request_id`]).
-pub async fn in_request<F, Fut>(msg: async_nats::Message, handle: F) -> Fut::Output
+/// Not an `async fn`, for the reason given at [`crate::provider::with_request_id`].
+pub fn in_request<F, Fut>(
+    msg: async_nats::Message,
+    handle: F,
+) -> impl std::future::Future<Output = Fut::Output>
 where
     F: FnOnce(async_nats::Message) -> Fut,
     Fut: std::future::Future,
@@ -22,7 +26,7 @@ where
     let span = worker(msg.headers.as_ref());
     let id = switchyard_schemas::trace::request_id(msg.headers.as_ref());
     let run = crate::provider::with_request_id(id, handle(msg));
-    tracing::Instrument::instrument(run, span).await
+    tracing::Instrument::instrument(run, span)
 }
 
 /// The span of one request message (`headers`: its NATS headers).
