@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import REPO_ROOT, start_up, switchyard_bin, wait_until
+from conftest import REPO_ROOT, http_ok, start_up, switchyard_bin, wait_until
 
 ADMIN_KEY = "sk-sy-admin-dash-0123456789abcdef"
 TEAM_A = "sk-sy-team-a-dash-0123456789abcdef"
@@ -119,6 +119,10 @@ def test_dashboard_shows_the_run_and_renders_in_chromium(procs, tmp_path):
     browser = chromium()
     up = start_up(procs, tmp_path / "data", "--config", str(config(tmp_path)), "--no-local-model")
     base = up.base_url
+    # The cache service (embedding model included) may get ready after ingress answers; the
+    # miss asserted below needs it, or the lookup is a `bypass` (no cache instance yet).
+    wait_until("switchyard up /readyz (the cache service)", lambda: http_ok(f"{base}/readyz"),
+               30.0, [up.proc])
 
     # team-a (tenant acme, $0.001 a day): two requests, each settled before the next is
     # reserved (the budget store is the event waited on), ending at 80 % of the budget.
