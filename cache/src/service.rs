@@ -717,30 +717,15 @@ pub async fn run_with_ready(
                         }
                     }
                 } else if subject == store_subject {
-                    let req: StoreRequest = match serde_json::from_slice(&msg.payload) {
+                    let reqs = match StoreRequest::decode_batch(&msg.payload) {
                         Ok(r) => r,
                         Err(e) => {
                             tracing::warn!(error = %e, "bad cache store ignored");
                             continue;
                         }
                     };
-                    // Prepared and indexed before the next message (a lookup that follows
-                    // its store finds it); without an embedding model that is only hashing.
-                    let entry = if service.embedder().is_none() {
-                        service.prepare(&req)
-                    } else {
-                        let svc = service.clone();
-                        tokio::task::spawn_blocking(move || svc.prepare(&req)).await.ok().flatten()
-                    };
-                    let Some(entry) = entry else { continue };
-                    if let Some((key, body, evicted)) = index_entry(&service, entry) {
-                        if evicted.is_empty() && !kv.use_jetstream_prefix {
-                            // An unacknowledged put only queues a message: no task needed.
-                            share_entry(&nats, &kv, &key, body, &[]).await;
-                        } else {
-                            let (nats, kv) = (nats.clone(), kv.clone());
-                            tasks.spawn(async move { share_entry(&nats, &kv, &key, body, &evicted).await });
-                        }
+                    for req in reqs {
+                        store(&service, &nats, &kv, &tasks, req).await;
                     }
                 } else if subject == purge_subject {
                     let Some(reply) = msg.reply.clone() else { continue };
@@ -762,6 +747,37 @@ pub async fn run_with_ready(
     background.close();
     background.wait().await;
     result
+}
+
+/// Stores one answer: prepared and indexed before the loop takes the next message (a lookup
+/// that follows its store finds it; without an embedding model that is only hashing), then
+/// shared through KV.
+async fn store(
+    service: &Arc<Service>,
+    nats: &async_nats::Client,
+    kv: &async_nats::jetstream::kv::Store,
+    tasks: &tokio_util::task::TaskTracker,
+    req: StoreRequest,
+) {
+    let entry = if service.embedder().is_none() {
+        service.prepare(&req)
+    } else {
+        let svc = service.clone();
+        tokio::task::spawn_blocking(move || svc.prepare(&req))
+            .await
+            .ok()
+            .flatten()
+    };
+    let Some(entry) = entry else { return };
+    if let Some((key, body, evicted)) = index_entry(service, entry) {
+        if evicted.is_empty() && !kv.use_jetstream_prefix {
+            // An unacknowledged put only queues a message: no task needed.
+            share_entry(nats, kv, &key, body, &[]).await;
+        } else {
+            let (nats, kv) = (nats.clone(), kv.clone());
+            tasks.spawn(async move { share_entry(&nats, &kv, &key, body, &evicted).await });
+        }
+    }
 }
 
 /// Publishes a lookup's answer to its requester, noting the outcome on the lookup's span.

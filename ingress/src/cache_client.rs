@@ -5,7 +5,9 @@
 //!   ([`DEFAULT_TIMEOUT_MS`]); no answer in time, no cache instance, or any error is a `bypass`:
 //!   the cache can slow a request by at most the timeout and never fail it.
 //! * **Store** — after a successful, complete answer (finish `stop`, `length` or `tool_calls`, no
-//!   error frame) ingress publishes the answer on `<prefix>.cache.store`, fire-and-forget.
+//!   error frame) ingress publishes the answer on `<prefix>.cache.store`, fire-and-forget; the
+//!   stores of [`STORE_LINGER_MS`] go out as one message (a JSON array), and a lookup that must
+//!   ask the service first sends what is queued, so it follows its own ingress's stores.
 //! * **Client control** — `Cache-Control: no-cache` skips the lookup (the fresh answer is still
 //!   stored), `no-store` skips the store, `x-switchyard-cache-ttl: <seconds>` sets the stored
 //!   answer's time to live; a route opts out with `cache: {enabled: false}` in the config.
@@ -40,9 +42,20 @@ pub const DEFAULT_TIMEOUT_MS: u64 = 50;
 /// (delivered by the KV watch, with the full TTL) replaces it, seconds.
 pub const LOCAL_TTL_S: u64 = 60;
 
+/// How long a store waits for others to share its message, ms. One message per answer was a
+/// sixth of the request path's NATS messages at 1,000 requests/s (docs/BENCHMARKS.md, "Usage
+/// and store linger"); other ingresses see a store this much later (its own ingress at once,
+/// through the key set or replica and the flush before a lookup).
+pub const STORE_LINGER_MS: u64 = 5;
+/// Most stores in one message (each is the answer's text plus its key: a few KB at most, far
+/// below the server's `max_payload`).
+const STORE_BATCH: usize = 64;
+
 /// The cache client of one ingress process.
 #[derive(Default)]
 pub struct CacheClient {
+    /// Stores waiting to go out together.
+    stores: parking_lot::Mutex<Vec<StoreRequest>>,
     timeout_ms: Timeout,
     /// The exact-layer replica (`cache_replica` in the config), when on.
     replica: Option<Arc<switchyard_cache::Service>>,
@@ -181,6 +194,48 @@ impl CacheClient {
             if let Some(entry) = r.prepare(&local) {
                 r.apply(entry);
             }
+        }
+    }
+
+    /// Queues `req` for the cache service: it goes out with the others queued within
+    /// [`STORE_LINGER_MS`] (at once when [`STORE_BATCH`] are queued), from a task on `app.tasks`
+    /// (a shutdown waits for it).
+    fn queue_store(app: &Arc<AppState>, req: StoreRequest) {
+        let (first, full) = {
+            let mut q = app.cache.stores.lock();
+            q.push(req);
+            (q.len() == 1, q.len() >= STORE_BATCH)
+        };
+        if !first && !full {
+            return;
+        }
+        let app = app.clone();
+        app.tasks.clone().spawn(async move {
+            if !full {
+                tokio::time::sleep(Duration::from_millis(STORE_LINGER_MS)).await;
+            }
+            app.cache.flush_stores(&app).await;
+        });
+    }
+
+    /// Publishes the queued stores (one object alone, else an array), if any.
+    async fn flush_stores(&self, app: &AppState) {
+        let batch = std::mem::take(&mut *self.stores.lock());
+        let body = match batch.as_slice() {
+            [] => return,
+            [one] => serde_json::to_vec(one),
+            many => serde_json::to_vec(many),
+        };
+        let Ok(body) = body else {
+            tracing::debug!("cache stores not encodable");
+            return;
+        };
+        if let Err(e) = app
+            .nats
+            .publish(app.subjects.cache_store(), body.into())
+            .await
+        {
+            tracing::debug!(error = %e, "cache store not published");
         }
     }
 
@@ -423,6 +478,9 @@ async fn lookup(
     let Ok(body) = serde_json::to_vec(&req) else {
         return LookupReply::empty(CacheOutcome::Bypass, "unserialisable request");
     };
+    // The service sees this ingress's queued stores before the lookup (one connection keeps
+    // the order), so a repeat of an answer just given finds it.
+    app.cache.flush_stores(app).await;
     let timeout = app.cache.timeout();
     let span = crate::spans::client("switchyard.cache.lookup");
     let mut headers = async_nats::HeaderMap::new();
@@ -535,23 +593,10 @@ impl Capture {
             upstream_model: self.upstream_model.clone(),
             ttl_s: self.ttl_s,
         };
-        let Ok(body) = serde_json::to_vec(&req) else {
-            return;
-        };
         self.failed = true; // once
         self.app.cache.remember(&req, self.exact.as_deref());
         self.app.metrics.cache("store");
-        let app = self.app.clone();
-        // Tracked: a store still in flight at shutdown is published before the process exits.
-        self.app.tasks.spawn(async move {
-            if let Err(e) = app
-                .nats
-                .publish(app.subjects.cache_store(), body.into())
-                .await
-            {
-                tracing::debug!(error = %e, "cache store not published");
-            }
-        });
+        CacheClient::queue_store(&self.app, req);
     }
 }
 

@@ -4,11 +4,11 @@
 //! costs a publish, an acknowledgement, a delivery to billing and billing's ack — four NATS
 //! messages and a JetStream store write per event. A [`UsagePublisher`] publishes the events a
 //! process produces as **one** message whose payload is a JSON array of events, per kind
-//! subject (`<prefix>.usage.<kind>`), by group commit: an event published while no batch awaits
-//! its acknowledgement goes out at once; the events that arrive while one does wait for it and
-//! go out together (up to [`MAX_EVENTS`]). No event waits longer than one acknowledgement round
-//! trip, so a process killed with `SIGKILL` loses no more than it could before batching (the
-//! events of the acknowledgement in flight), and under load the batches grow by themselves.
+//! subject (`<prefix>.usage.<kind>`), by group commit with a linger: the first event of a batch
+//! waits [`LINGER_MS`] for others; if a batch still awaits its acknowledgement then, the events
+//! wait for it too and go out together (up to [`MAX_EVENTS`]). No event waits longer than the
+//! linger plus one acknowledgement round trip, so a process killed with `SIGKILL` loses at most
+//! the events of that window, and under load the batches grow by themselves.
 //!
 //! Guarantees are those of [`crate::publish::publish_usage_event`]: [`UsagePublisher::publish`]
 //! returns once the event is acknowledged by the stream or durably spooled (each event of a
@@ -36,6 +36,16 @@ pub const MAX_EVENTS: usize = 256;
 const QUEUE: usize = 16_384;
 /// Batches awaiting their acknowledgement at once (one: the next batch gathers meanwhile).
 const IN_FLIGHT: usize = 1;
+/// How long the first event of a batch waits for others before the batch goes out, ms.
+///
+/// Group commit alone batches only while an acknowledgement is in flight (≈ 0.3–1 ms on one
+/// box), so at 1,000 requests/s most batches held one event: four NATS messages per event
+/// (publish, ack, delivery to billing, billing's ack), a third of the request path's messages.
+/// Lingering gathers ~5 events per message at that rate (docs/BENCHMARKS.md, "Usage linger").
+/// The client never waits for it (usage goes out after the answer); the price is a wider window
+/// in which a `SIGKILL`ed process loses the events it holds (at most this long plus one
+/// acknowledgement), and a batch item's completion, which waits for its usage, 5 ms later.
+pub const LINGER_MS: u64 = 5;
 
 /// One queued event and whom to tell that it is stored.
 struct Pending {
@@ -131,11 +141,19 @@ async fn run(mut rx: mpsc::Receiver<Pending>, sink: Sink, subjects: Subjects, cl
             }
         };
         let Some(first) = first else { break };
-        // Wait for the batch in flight, then take everything that queued meanwhile.
+        let mut batch = vec![first];
+        // Linger (not while closing: shutdown publishes at once), then wait for the batch in
+        // flight, then take everything that queued meanwhile.
+        let linger = tokio::time::Instant::now() + std::time::Duration::from_millis(LINGER_MS);
+        while !closing && batch.len() < MAX_EVENTS {
+            match tokio::time::timeout_at(linger, rx.recv()).await {
+                Ok(Some(p)) => batch.push(p),
+                Ok(None) | Err(_) => break,
+            }
+        }
         while in_flight.len() >= IN_FLIGHT {
             in_flight.join_next().await;
         }
-        let mut batch = vec![first];
         while batch.len() < MAX_EVENTS {
             match rx.try_recv() {
                 Ok(p) => batch.push(p),

@@ -263,7 +263,9 @@ impl CachedAnswer {
     }
 }
 
-/// `<prefix>.cache.store` message (fire-and-forget).
+/// `<prefix>.cache.store` message (fire-and-forget): one `StoreRequest` object, or a JSON array
+/// of them (an ingress sends the stores of a few ms as one message; see
+/// [`StoreRequest::decode_batch`]).
 #[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StoreRequest {
@@ -277,6 +279,17 @@ pub struct StoreRequest {
     pub upstream_model: Option<String>,
     /// Time to live, seconds.
     pub ttl_s: u64,
+}
+
+impl StoreRequest {
+    /// A store message's requests, in order: an array, or one object (older ingresses).
+    /// Errors: the payload is neither.
+    pub fn decode_batch(payload: &[u8]) -> serde_json::Result<Vec<Self>> {
+        match payload.iter().find(|b| !b.is_ascii_whitespace()) {
+            Some(b'[') => serde_json::from_slice(payload),
+            _ => serde_json::from_slice(payload).map(|one| vec![one]),
+        }
+    }
 }
 
 /// `<prefix>.cache.purge` request: entries matching every given filter are deleted (from the KV
@@ -316,6 +329,27 @@ pub struct PurgeReply {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn a_store_message_is_one_request_or_an_array_of_them() {
+        let one = serde_json::json!({
+            "key": {"route": "r", "messages": [{"role": "user", "content": "hi"}]},
+            "answer": {"chunks": ["a"], "finish_reason": "stop", "usage": {"prompt_tokens": 1, "completion_tokens": 1}},
+            "ttl_s": 60,
+        });
+        let single = serde_json::to_vec(&one).unwrap();
+        let parsed = StoreRequest::decode_batch(&single).unwrap();
+        assert_eq!(parsed.len(), 1);
+        assert_eq!(parsed[0].answer.chunks, ["a"]);
+        let mut two = one.clone();
+        two["answer"]["chunks"] = serde_json::json!(["b"]);
+        let array = serde_json::to_vec(&serde_json::json!([one, two])).unwrap();
+        let parsed = StoreRequest::decode_batch(&array).unwrap();
+        let chunks: Vec<_> = parsed.iter().map(|r| r.answer.chunks.concat()).collect();
+        assert_eq!(chunks, ["a", "b"]);
+        assert!(StoreRequest::decode_batch(b" [").is_err());
+        assert!(StoreRequest::decode_batch(b"{}").is_err());
+    }
 
     #[test]
     fn route_cache_defaults_and_thresholds() {

@@ -352,6 +352,11 @@ struct Outcome {
     /// `usage` is a provisional report (e.g. Anthropic's `message_start` input counts) of a call
     /// the client abandoned: its output is billed from the text delivered.
     partial_usage: bool,
+    /// A batch item's `end` frame, sent only once its `upstream` usage event is stored: a worker
+    /// killed between the answer and the publish would otherwise leave a stored result whose
+    /// upstream call has no usage record. (Interactive requests do not wait: the client's latency
+    /// would pay a JetStream round trip.)
+    held_end: Option<FrameBody>,
 }
 
 enum Waited<T> {
@@ -476,16 +481,22 @@ async fn handle_request(shared: Arc<Shared>, msg: async_nats::Message) {
         target: &target,
         req: &req,
     };
-    let outcome = call.run(&mut sink, &token, permit).await;
-    shared.cancels.lock().remove(&req.id);
-    shared.credits.lock().remove(&flow_key);
+    let mut outcome = call.run(&mut sink, &token, permit).await;
     let (usage, estimated) = final_usage(&req, &outcome);
     let latency_ms = started.elapsed().as_millis() as u64;
     if outcome.called_upstream {
-        publish_usage(
+        let published = publish_usage(
             &shared, &req, &target, &outcome, usage, estimated, latency_ms,
         );
+        if let Some(end) = outcome.held_end.take() {
+            published.await;
+            sink.send(end).await;
+        } else {
+            shared.usage_tasks.spawn(published);
+        }
     }
+    shared.cancels.lock().remove(&req.id);
+    shared.credits.lock().remove(&flow_key);
     // Corrects the TPM charge with what the attempt used; then the concurrency slot is freed.
     shared
         .limiter
@@ -581,6 +592,7 @@ impl Call<'_> {
             output_chars: 0,
             finish_reason: None,
             partial_usage: false,
+            held_end: None,
         };
         if left.is_zero() {
             let e = ErrorInfo::new(
@@ -751,6 +763,10 @@ impl Call<'_> {
                     add_usage(out, usage.take());
                     if let Some(usage) = out.usage {
                         sink.send(FrameBody::Usage { usage }).await;
+                    }
+                    if self.req.batch_id.is_some() {
+                        out.held_end = Some(end);
+                        break CallEnd::Done;
                     }
                     sink.send(end).await;
                     if sink.halted.is_some() {
@@ -936,6 +952,7 @@ fn final_usage(req: &ChatRequest, o: &Outcome) -> (Usage, bool) {
     }
 }
 
+/// The attempt's `upstream` usage event, as a future that returns once it is stored or spooled.
 fn publish_usage(
     shared: &Arc<Shared>,
     req: &ChatRequest,
@@ -944,7 +961,7 @@ fn publish_usage(
     usage: Usage,
     estimated: bool,
     latency_ms: u64,
-) {
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'static>> {
     let event = UsageEvent {
         attempt: req.attempt,
         tenant: req.tenant.clone(),
@@ -962,7 +979,7 @@ fn publish_usage(
         ..UsageEvent::new(req.id, UsageKind::Upstream, now_ms(), req.model.clone())
     };
     let usage = shared.usage.clone();
-    shared.usage_tasks.spawn(Box::pin(async move {
+    Box::pin(async move {
         usage.publish(event).await;
-    }));
+    })
 }
