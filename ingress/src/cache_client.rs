@@ -47,15 +47,27 @@ pub const LOCAL_TTL_S: u64 = 60;
 /// and store linger"); other ingresses see a store this much later (its own ingress at once,
 /// through the key set or replica and the flush before a lookup).
 pub const STORE_LINGER_MS: u64 = 5;
-/// Most stores in one message (each is the answer's text plus its key: a few KB at most, far
-/// below the server's `max_payload`).
+/// Most stores in one message.
 const STORE_BATCH: usize = 64;
+/// Most bytes of stores in one message (a store carries its whole prompt, up to the server's
+/// `max_payload` itself): a larger store goes alone, as before batching.
+const STORE_BATCH_BYTES: usize = 256 * 1024;
+
+/// This ingress's stores waiting to go out together, each already encoded.
+#[derive(Default)]
+struct StoreQueue {
+    stores: Vec<Vec<u8>>,
+    bytes: usize,
+}
 
 /// The cache client of one ingress process.
 #[derive(Default)]
 pub struct CacheClient {
     /// Stores waiting to go out together.
-    stores: parking_lot::Mutex<Vec<StoreRequest>>,
+    stores: parking_lot::Mutex<StoreQueue>,
+    /// Held from taking the queued stores until they are handed to the connection, so a lookup
+    /// that flushes first cannot overtake a batch another task took a moment earlier.
+    sending: tokio::sync::Mutex<()>,
     timeout_ms: Timeout,
     /// The exact-layer replica (`cache_replica` in the config), when on.
     replica: Option<Arc<switchyard_cache::Service>>,
@@ -200,11 +212,19 @@ impl CacheClient {
     /// Queues `req` for the cache service: it goes out with the others queued within
     /// [`STORE_LINGER_MS`] (at once when [`STORE_BATCH`] are queued), from a task on `app.tasks`
     /// (a shutdown waits for it).
-    fn queue_store(app: &Arc<AppState>, req: StoreRequest) {
+    fn queue_store(app: &Arc<AppState>, req: &StoreRequest) {
+        let Ok(body) = serde_json::to_vec(req) else {
+            tracing::debug!("cache store not encodable");
+            return;
+        };
         let (first, full) = {
             let mut q = app.cache.stores.lock();
-            q.push(req);
-            (q.len() == 1, q.len() >= STORE_BATCH)
+            q.bytes += body.len();
+            q.stores.push(body);
+            (
+                q.stores.len() == 1,
+                q.stores.len() >= STORE_BATCH || q.bytes >= STORE_BATCH_BYTES,
+            )
         };
         if !first && !full {
             return;
@@ -218,24 +238,19 @@ impl CacheClient {
         });
     }
 
-    /// Publishes the queued stores (one object alone, else an array), if any.
+    /// Publishes the queued stores, if any: a JSON array of at most [`STORE_BATCH_BYTES`] per
+    /// message (a lone or larger store as itself).
     async fn flush_stores(&self, app: &AppState) {
-        let batch = std::mem::take(&mut *self.stores.lock());
-        let body = match batch.as_slice() {
-            [] => return,
-            [one] => serde_json::to_vec(one),
-            many => serde_json::to_vec(many),
-        };
-        let Ok(body) = body else {
-            tracing::debug!("cache stores not encodable");
-            return;
-        };
-        if let Err(e) = app
-            .nats
-            .publish(app.subjects.cache_store(), body.into())
-            .await
-        {
-            tracing::debug!(error = %e, "cache store not published");
+        let _sending = self.sending.lock().await;
+        let queued = std::mem::take(&mut *self.stores.lock());
+        for body in store_messages(queued.stores) {
+            if let Err(e) = app
+                .nats
+                .publish(app.subjects.cache_store(), body.into())
+                .await
+            {
+                tracing::debug!(error = %e, "cache store not published");
+            }
         }
     }
 
@@ -596,8 +611,46 @@ impl Capture {
         self.failed = true; // once
         self.app.cache.remember(&req, self.exact.as_deref());
         self.app.metrics.cache("store");
-        CacheClient::queue_store(&self.app, req);
+        CacheClient::queue_store(&self.app, &req);
     }
+}
+
+/// Encoded stores grouped into messages: consecutive stores joined into one JSON array while it
+/// stays within [`STORE_BATCH_BYTES`]; a group of one is sent as itself.
+fn store_messages(stores: Vec<Vec<u8>>) -> Vec<Vec<u8>> {
+    let mut groups: Vec<Vec<Vec<u8>>> = Vec::new();
+    let mut size = 0;
+    for s in stores {
+        match groups.last_mut() {
+            Some(g) if size + s.len() < STORE_BATCH_BYTES => {
+                size += s.len() + 1;
+                g.push(s);
+            }
+            _ => {
+                size = s.len() + 2;
+                groups.push(vec![s]);
+            }
+        }
+    }
+    groups
+        .into_iter()
+        .map(|g| match <[Vec<u8>; 1]>::try_from(g) {
+            Ok([one]) => one,
+            Err(many) => {
+                let mut body =
+                    Vec::with_capacity(many.iter().map(|s| s.len() + 1).sum::<usize>() + 1);
+                body.push(b'[');
+                for (i, s) in many.iter().enumerate() {
+                    if i > 0 {
+                        body.push(b',');
+                    }
+                    body.extend_from_slice(s);
+                }
+                body.push(b']');
+                body
+            }
+        })
+        .collect()
 }
 
 /// The answer as the frames a worker would have sent (text pieces, tool calls, usage, end).
@@ -657,6 +710,26 @@ fn charge_hit(app: &Arc<AppState>, check: &Check, usage: Usage) -> Uuid {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn stores_are_grouped_into_arrays_within_the_byte_cap() {
+        let store = |n: usize| serde_json::to_vec(&"x".repeat(n)).unwrap();
+        let msgs = store_messages(vec![store(1), store(2)]);
+        assert_eq!(msgs, [br#"["x","xx"]"#.to_vec()]);
+        // A lone store goes as itself; one past the cap starts a new message.
+        let big = STORE_BATCH_BYTES;
+        let msgs = store_messages(vec![store(1), store(big), store(3), store(4)]);
+        let values: Vec<serde_json::Value> = msgs
+            .iter()
+            .map(|m| serde_json::from_slice(m).unwrap())
+            .collect();
+        assert_eq!(values.len(), 3);
+        assert_eq!(values[0], serde_json::json!("x"));
+        assert_eq!(values[1], serde_json::json!("x".repeat(big)));
+        assert_eq!(values[2], serde_json::json!(["xxx", "xxxx"]));
+        assert!(msgs.iter().all(|m| m.len() <= STORE_BATCH_BYTES + 2));
+        assert!(store_messages(Vec::new()).is_empty());
+    }
 
     #[test]
     fn directives_from_headers() {

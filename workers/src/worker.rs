@@ -484,24 +484,31 @@ async fn handle_request(shared: Arc<Shared>, msg: async_nats::Message) {
     let mut outcome = call.run(&mut sink, &token, permit).await;
     let (usage, estimated) = final_usage(&req, &outcome);
     let latency_ms = started.elapsed().as_millis() as u64;
-    if outcome.called_upstream {
-        let published = publish_usage(
+    let held_end = outcome.held_end.take();
+    // Tracked: a shutdown waits for the publication.
+    let published = outcome.called_upstream.then(|| {
+        shared.usage_tasks.spawn(publish_usage(
             &shared, &req, &target, &outcome, usage, estimated, latency_ms,
-        );
-        if let Some(end) = outcome.held_end.take() {
-            published.await;
-            sink.send(end).await;
-        } else {
-            shared.usage_tasks.spawn(published);
-        }
-    }
-    shared.cancels.lock().remove(&req.id);
-    shared.credits.lock().remove(&flow_key);
+        ))
+    });
     // Corrects the TPM charge with what the attempt used; then the concurrency slot is freed.
     shared
         .limiter
         .settle(&admission, usage.total_tokens())
         .await;
+    if let Some(end) = held_end {
+        // A batch item: `end` once its usage event is stored, with heartbeats meanwhile (a
+        // JetStream stall must not look like a dead worker); at the deadline or on a cancel
+        // `end` goes anyway (the publication goes on in its task).
+        if let Some(published) = published {
+            let heartbeat = TargetTimeouts::of(&config, &target).heartbeat;
+            let left = Duration::from_millis(req.deadline_ms.saturating_sub(now_ms()));
+            let _ = wait_beating(published, left, heartbeat, &mut sink, &token).await;
+        }
+        sink.send(end).await;
+    }
+    shared.cancels.lock().remove(&req.id);
+    shared.credits.lock().remove(&flow_key);
 }
 
 /// The target's base URL, with `builtin:` addresses resolved; `builtin:mock/x/<spec>` becomes
@@ -764,7 +771,7 @@ impl Call<'_> {
                     if let Some(usage) = out.usage {
                         sink.send(FrameBody::Usage { usage }).await;
                     }
-                    if self.req.batch_id.is_some() {
+                    if self.req.batch_id.is_some() && sink.halted.is_none() {
                         out.held_end = Some(end);
                         break CallEnd::Done;
                     }
