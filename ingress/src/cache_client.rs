@@ -493,10 +493,13 @@ async fn lookup(
     let Ok(body) = serde_json::to_vec(&req) else {
         return LookupReply::empty(CacheOutcome::Bypass, "unserialisable request");
     };
-    // The service sees this ingress's queued stores before the lookup (one connection keeps
-    // the order), so a repeat of an answer just given finds it.
-    app.cache.flush_stores(app).await;
     let timeout = app.cache.timeout();
+    let deadline = tokio::time::Instant::now() + timeout;
+    // The service sees this ingress's queued stores before the lookup (one connection keeps
+    // the order), so a repeat of an answer just given finds it. Within the lookup's deadline:
+    // a connection that takes no messages (NATS away, its buffer full) must not hold the
+    // request longer than a lookup could.
+    let _ = tokio::time::timeout_at(deadline, app.cache.flush_stores(app)).await;
     let span = crate::spans::client("switchyard.cache.lookup");
     let mut headers = async_nats::HeaderMap::new();
     let hints = route::current_hints();
@@ -506,21 +509,21 @@ async fn lookup(
     let asked = app
         .nats
         .request_with_headers(app.subjects.cache_lookup(), headers, body.into());
-    let reply =
-        match tracing::Instrument::instrument(tokio::time::timeout(timeout, asked), span.clone())
-            .await
-        {
-            Ok(Ok(msg)) => serde_json::from_slice(&msg.payload).unwrap_or_else(|e| {
-                LookupReply::empty(CacheOutcome::Bypass, format!("bad cache reply: {e}"))
-            }),
-            Ok(Err(e)) => {
-                LookupReply::empty(CacheOutcome::Bypass, format!("cache unavailable: {e}"))
-            }
-            Err(_) => LookupReply::empty(
-                CacheOutcome::Bypass,
-                format!("no cache answer within {} ms", timeout.as_millis()),
-            ),
-        };
+    let reply = match tracing::Instrument::instrument(
+        tokio::time::timeout_at(deadline, asked),
+        span.clone(),
+    )
+    .await
+    {
+        Ok(Ok(msg)) => serde_json::from_slice(&msg.payload).unwrap_or_else(|e| {
+            LookupReply::empty(CacheOutcome::Bypass, format!("bad cache reply: {e}"))
+        }),
+        Ok(Err(e)) => LookupReply::empty(CacheOutcome::Bypass, format!("cache unavailable: {e}")),
+        Err(_) => LookupReply::empty(
+            CacheOutcome::Bypass,
+            format!("no cache answer within {} ms", timeout.as_millis()),
+        ),
+    };
     if !span.is_none() {
         use switchyard_schemas::trace::OpenTelemetrySpanExt;
         span.set_attribute("switchyard.cache.outcome", reply.outcome.as_str());
