@@ -43,8 +43,8 @@ pub const DEFAULT_TIMEOUT_MS: u64 = 50;
 pub const LOCAL_TTL_S: u64 = 60;
 
 /// How long a store waits for others to share its message, ms. One message per answer was a
-/// sixth of the request path's NATS messages at 1,000 requests/s (docs/BENCHMARKS.md, "Usage
-/// and store linger"); other ingresses see a store this much later (its own ingress at once,
+/// sixth of the request path's NATS messages at 1,000 requests/s (docs/BENCHMARKS.md, "Fewer
+/// messages per request"); other ingresses see a store this much later (its own ingress at once,
 /// through the key set or replica and the flush before a lookup).
 pub const STORE_LINGER_MS: u64 = 5;
 /// Most stores in one message.
@@ -637,20 +637,11 @@ fn store_messages(stores: Vec<Vec<u8>>) -> Vec<Vec<u8>> {
     }
     groups
         .into_iter()
-        .map(|g| match <[Vec<u8>; 1]>::try_from(g) {
-            Ok([one]) => one,
-            Err(many) => {
-                let mut body =
-                    Vec::with_capacity(many.iter().map(|s| s.len() + 1).sum::<usize>() + 1);
-                body.push(b'[');
-                for (i, s) in many.iter().enumerate() {
-                    if i > 0 {
-                        body.push(b',');
-                    }
-                    body.extend_from_slice(s);
-                }
-                body.push(b']');
-                body
+        .map(|mut g| {
+            if g.len() == 1 {
+                g.swap_remove(0)
+            } else {
+                [&b"["[..], &g.join(&b','), b"]"].concat()
             }
         })
         .collect()

@@ -41,7 +41,7 @@ const IN_FLIGHT: usize = 1;
 /// Group commit alone batches only while an acknowledgement is in flight (≈ 0.3–1 ms on one
 /// box), so at 1,000 requests/s most batches held one event: four NATS messages per event
 /// (publish, ack, delivery to billing, billing's ack), a third of the request path's messages.
-/// Lingering gathers ~5 events per message at that rate (docs/BENCHMARKS.md, "Usage linger").
+/// Lingering gathers ~5 events per message at that rate (docs/BENCHMARKS.md, "Fewer messages per request").
 /// The client never waits for it (usage goes out after the answer); the price is a wider window
 /// in which a `SIGKILL`ed process loses the events it holds (at most this long plus one
 /// acknowledgement), and a batch item's completion, which waits for its usage, 5 ms later.

@@ -968,7 +968,7 @@ fn publish_usage(
     usage: Usage,
     estimated: bool,
     latency_ms: u64,
-) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'static>> {
+) -> futures::future::BoxFuture<'static, ()> {
     let event = UsageEvent {
         attempt: req.attempt,
         tenant: req.tenant.clone(),
