@@ -450,13 +450,20 @@ pub fn is_json_answer(resp: &reqwest::Response) -> bool {
         .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
 }
 
+/// A fast reader of a complete JSON answer's bytes into typed structs (no `serde_json::Value`,
+/// whose objects cost an `IndexMap` with SipHash each). It returns `None` for any body it would
+/// not read exactly as the provider's `Value` reader does, which then reads it.
+pub type TypedParse = fn(&[u8]) -> Option<Answer>;
+
 /// Reads a complete JSON answer (at most [`MAX_JSON_ANSWER`] bytes) and translates it with
-/// `parse`. Lazy: the body is read when the stream is first polled, so the worker keeps sending
-/// heartbeats while it waits. A body holding an error object (`{"error":…}`, vLLM's
-/// `{"object":"error"}`, Anthropic's `{"type":"error"}`) is classified by
-/// [`crate::providers::classify::stream_error`]; an unreadable body is a `protocol` error.
+/// `typed` when that reads it, else with `parse`. Lazy: the body is read when the stream is
+/// first polled, so the worker keeps sending heartbeats while it waits. A body holding an error
+/// object (`{"error":…}`, vLLM's `{"object":"error"}`, Anthropic's `{"type":"error"}`) is
+/// classified by [`crate::providers::classify::stream_error`]; an unreadable body is a
+/// `protocol` error.
 pub fn translate_json(
     resp: reqwest::Response,
+    typed: Option<TypedParse>,
     parse: fn(&serde_json::Value) -> Result<Answer, ErrorInfo>,
 ) -> EventStream {
     use futures::StreamExt;
@@ -483,6 +490,9 @@ pub fn translate_json(
                     ))];
                 }
             }
+        }
+        if let Some(answer) = typed.and_then(|t| t(&body)) {
+            return first.into_iter().chain(answer.frames()).map(Ok).collect();
         }
         let v: serde_json::Value = match serde_json::from_slice(&body) {
             Ok(v) => v,

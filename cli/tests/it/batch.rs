@@ -255,7 +255,10 @@ pub(crate) fn lines(text: &str) -> Vec<Value> {
 /// charge row of the batch is `ok` and under the request id its line names, and they sum to
 /// `total` USD. Waits for the rows to arrive, then checks no more than those exist.
 pub(crate) async fn assert_billed_once(gw: &Gateway, batch_id: &str, out: &[Value], total: &str) {
-    let rows = eventually(Duration::from_secs(30), || async move {
+    // 60 s: a charge spooled while NATS was away reaches the ledger at the spool's next retry.
+    let limit = Duration::from_secs(60);
+    let deadline = tokio::time::Instant::now() + limit;
+    let rows = loop {
         let rows = sqlx::query_as::<_, (String, String, Option<String>)>(
             "SELECT request_id, status, cost_usd FROM usage_events \
              WHERE batch_id = $1 AND kind = 'charge'",
@@ -264,9 +267,17 @@ pub(crate) async fn assert_billed_once(gw: &Gateway, batch_id: &str, out: &[Valu
         .fetch_all(gw.ledger.as_ref().unwrap().pool())
         .await
         .unwrap();
-        (rows.len() >= out.len()).then_some(rows)
-    })
-    .await;
+        if rows.len() >= out.len() {
+            break rows;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} of {} charge rows of {batch_id} within {limit:?}",
+            rows.len(),
+            out.len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     assert_eq!(rows.len(), out.len(), "charge rows of {batch_id}");
     assert!(rows.iter().all(|r| r.1 == "ok"), "a charge row is not ok");
     let charged: std::collections::BTreeSet<uuid::Uuid> =

@@ -76,6 +76,7 @@ pub fn call(
         let resp = send_checked(rb).await?;
         Ok(read_answer(
             resp,
+            None,
             parse_response,
             ResponsesTranslator::default(),
         ))

@@ -13,7 +13,7 @@ use switchyard_schemas::request::{Content, ContentPart, FilePart, ToolCall};
 use switchyard_schemas::{ErrorClass, ErrorInfo, FrameBody};
 
 use crate::provider::{
-    Answer, EventStream, SseTranslator, is_json_answer, translate_json, translate_sse,
+    Answer, EventStream, SseTranslator, TypedParse, is_json_answer, translate_json, translate_sse,
 };
 
 /// Name of the synthetic tool that carries a `response_format` JSON answer on providers that
@@ -104,15 +104,17 @@ pub(crate) fn api_key_header(target: &TargetConfig) -> Result<Option<HeaderValue
     secret_header(target.api_key.expose()).map(Some)
 }
 
-/// Reads a successful answer by its `Content-Type`: one JSON object through `parse`, or an SSE
+/// Reads a successful answer by its `Content-Type`: one JSON object through `typed` (when it
+/// reads it) or `parse`, or an SSE
 /// stream through `translator`.
 pub(crate) fn read_answer<T: SseTranslator>(
     resp: reqwest::Response,
+    typed: Option<TypedParse>,
     parse: fn(&Value) -> Result<Answer, ErrorInfo>,
     translator: T,
 ) -> EventStream {
     if is_json_answer(&resp) {
-        translate_json(resp, parse)
+        translate_json(resp, typed, parse)
     } else {
         translate_sse(resp, translator)
     }

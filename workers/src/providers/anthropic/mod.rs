@@ -46,7 +46,7 @@ impl Provider for AnthropicProvider {
                 parse_message
             };
             let translator = AnthropicTranslator::new(structured);
-            Ok(read_answer(resp, parse, translator))
+            Ok(read_answer(resp, None, parse, translator))
         })
     }
 

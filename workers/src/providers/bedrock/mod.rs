@@ -97,7 +97,7 @@ impl Provider for BedrockProvider {
         Box::pin(async move {
             let resp = send(builder?).await?;
             if is_json_answer(&resp) {
-                return Ok(translate_json(resp, parse_converse));
+                return Ok(translate_json(resp, None, parse_converse));
             }
             Ok(translate_event_stream(resp.bytes_stream()))
         })

@@ -68,7 +68,7 @@ impl Provider for GeminiProvider {
                 structured,
                 ..GeminiTranslator::default()
             };
-            Ok(read_answer(resp, parse, translator))
+            Ok(read_answer(resp, None, parse, translator))
         })
     }
 }

@@ -22,6 +22,7 @@ use crate::sse::SseEvent;
 use futures::FutureExt;
 
 mod chunk;
+mod completion;
 mod request;
 use parking_lot::Mutex;
 pub use request::{
@@ -191,7 +192,7 @@ pub async fn send_chat(
 /// Reads a successful chat answer by its `Content-Type`: one `chat.completion` JSON object
 /// ([`parse_completion`]) or a chunk stream through `translator`.
 pub fn read_answer<T: SseTranslator>(resp: reqwest::Response, translator: T) -> EventStream {
-    crate::providers::shared::read_answer(resp, parse_completion, translator)
+    crate::providers::shared::read_answer(resp, Some(completion::parse), parse_completion, translator)
 }
 
 /// Reads a `chat.completion` object (OpenAI API reference, "The chat completion object"): each

@@ -187,3 +187,37 @@ fn typed_and_value_paths_agree() {
         );
     }
 }
+
+/// Every `chat.completion` reads the same on the typed path ([`completion::parse`]) as on the
+/// `Value` path ([`parse_completion`]); bodies the typed path declines are read by the `Value`
+/// path.
+#[test]
+fn typed_and_value_completions_agree() {
+    let typed = [
+        r#"{"id":"c","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"Hel\"lo \u00e9","refusal":null},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":12,"total_tokens":21,"prompt_tokens_details":{"cached_tokens":3,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":4,"audio_tokens":1,"accepted_prediction_tokens":0}},"service_tier":"flex","system_fingerprint":"fp"}"#,
+        r#"{"choices":[{"message":{"content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"get","arguments":"{\"a\":1}"}},{"type":"function","function":{"name":"put"}}]},"finish_reason":"tool_calls"}]}"#,
+        r#"{"choices":[{"index":1,"message":{"content":"second"},"finish_reason":"length"},{"index":0,"message":{"content":"first","reasoning_content":"think"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":2}}"#,
+        r#"{"choices":[{"index":0,"message":{"content":"x","reasoning_content":""}}],"usage":null,"service_tier":null}"#,
+        r#"{"choices":[{"index":0,"message":null,"finish_reason":"content_filter"}],"usage":{"prompt_tokens":null,"prompt_tokens_details":null}}"#,
+        r#"{"choices":[{"index":0,"message":{"content":"x","tool_calls":null}}]}"#,
+    ];
+    let declined = [
+        r#"{"choices":[{"index":0,"message":{"content":"x"},"logprobs":{"content":[{"token":"x","logprob":-0.1}]}}]}"#,
+        r#"{"choices":[{"index":0,"message":{"content":[{"type":"text","text":"parts"}]}}]}"#,
+        r#"{"choices":[{"index":0,"message":{"content":"a","content":"b"}}]}"#,
+        r#"{"choices":[{"index":0,"message":{"content":"a","tool_calls":[{"id":"c","function":{"name":"f","arguments":{"a":1}}}]}}]}"#,
+        r#"{"choices":[{"index":0.0,"message":{"content":"a"}}]}"#,
+        r#"{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":0}}"#,
+        r#"{"object":"chat.completion"}"#,
+        r#"{"choices":[{"index":0,"message":{"content":"a"}}],"error":null}"#,
+        r#"{"choices":[{"index":0,"message":{"content":"a"}}],"usage":{"prompt_tokens":"7"}}"#,
+    ];
+    for body in typed {
+        let fast = completion::parse(body.as_bytes());
+        let slow = parse_completion(&serde_json::from_str(body).unwrap());
+        assert_eq!(fast, Some(slow.unwrap()), "{body}");
+    }
+    for body in declined {
+        assert_eq!(completion::parse(body.as_bytes()), None, "typed path took {body}");
+    }
+}

@@ -1,0 +1,167 @@
+//! The common shape of a `chat.completion` object (OpenAI API reference, "The chat completion
+//! object"), read into typed structs instead of a `serde_json::Value`, as [`super::chunk`] does
+//! for stream chunks: each `Value` object costs an `IndexMap` with SipHash, most of a
+//! non-streamed answer's read.
+//!
+//! [`parse`] returns `None` for anything else: a body that names `"error"` (an error object,
+//! FC-07), `logprobs`, content given as parts, arguments that are not a string, a field of an
+//! unexpected type, a duplicate key, no choices. [`super::parse_completion`] then reads the body
+//! as a `Value`, as before, so the typed path only ever handles what the `Value` path reads the
+//! same way (`tests::typed_and_value_completions_agree`).
+
+use super::{map_finish, with_tier};
+use crate::provider::Answer;
+use serde::Deserialize;
+use serde::de::IgnoredAny;
+use std::borrow::Cow;
+use switchyard_schemas::request::ThinkingBlock;
+use switchyard_schemas::{FinishReason, Usage};
+
+#[derive(Deserialize)]
+struct Completion<'a> {
+    #[serde(borrow)]
+    choices: Vec<Choice<'a>>,
+    #[serde(default)]
+    usage: Option<UsageIn>,
+    #[serde(borrow, default)]
+    service_tier: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct Choice<'a> {
+    #[serde(default)]
+    index: Option<u64>,
+    /// Only checked for absence (`null` counts as absent): log probabilities take the `Value`
+    /// path.
+    #[serde(default)]
+    logprobs: Option<IgnoredAny>,
+    #[serde(borrow, default)]
+    message: Option<Message<'a>>,
+    #[serde(borrow, default)]
+    finish_reason: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct Message<'a> {
+    #[serde(borrow, default)]
+    content: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    reasoning_content: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    tool_calls: Option<Vec<ToolCall<'a>>>,
+}
+
+#[derive(Deserialize)]
+struct ToolCall<'a> {
+    #[serde(borrow, default)]
+    id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    function: Option<Function<'a>>,
+}
+
+#[derive(Deserialize)]
+struct Function<'a> {
+    #[serde(borrow, default)]
+    name: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    arguments: Option<Cow<'a, str>>,
+}
+
+/// OpenAI's `usage` object, the fields [`super::parse_usage`] reads.
+#[derive(Deserialize)]
+struct UsageIn {
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+    #[serde(default)]
+    prompt_tokens_details: Option<Details>,
+    #[serde(default)]
+    completion_tokens_details: Option<Details>,
+}
+
+#[derive(Deserialize)]
+struct Details {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
+    #[serde(default)]
+    audio_tokens: Option<u64>,
+    #[serde(default)]
+    reasoning_tokens: Option<u64>,
+}
+
+/// `body` as a plain `chat.completion`, or `None` when the `Value` path must read it (see the
+/// module docs).
+pub(super) fn parse(body: &[u8]) -> Option<Answer> {
+    if body.windows(7).any(|w| w == b"\"error\"") {
+        return None;
+    }
+    let c: Completion<'_> = serde_json::from_slice(body).ok()?;
+    if c.choices.iter().any(|c| c.logprobs.is_some()) {
+        return None;
+    }
+    let mut choices = c.choices;
+    choices.sort_by_key(|c| c.index.unwrap_or(0));
+    let mut answers = choices.into_iter().map(answer);
+    let mut first = answers.next()?;
+    first.more_choices = answers.collect();
+    first.usage = c
+        .usage
+        .map(|u| with_tier(usage(&u), c.service_tier.as_deref()));
+    Some(first)
+}
+
+fn answer(choice: Choice<'_>) -> Answer {
+    let message = choice.message.unwrap_or(Message {
+        content: None,
+        reasoning_content: None,
+        tool_calls: None,
+    });
+    let owned = |s: Option<Cow<'_, str>>| s.map(Cow::into_owned);
+    let tool_calls = message
+        .tool_calls
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            let (name, arguments) = c.function.map_or((None, None), |f| (f.name, f.arguments));
+            (owned(c.id), owned(name), owned(arguments).unwrap_or_default())
+        })
+        .collect();
+    let thinking = message
+        .reasoning_content
+        .filter(|t| !t.is_empty())
+        .map(|t| ThinkingBlock::Thinking {
+            thinking: t.into_owned(),
+            signature: None,
+        })
+        .into_iter()
+        .collect();
+    Answer {
+        text: owned(message.content).unwrap_or_default(),
+        tool_calls,
+        usage: None,
+        finish_reason: choice
+            .finish_reason
+            .as_deref()
+            .map_or(FinishReason::Stop, map_finish),
+        thinking,
+        logprobs: Vec::new(),
+        more_choices: Vec::new(),
+    }
+}
+
+fn usage(u: &UsageIn) -> Usage {
+    let detail = |d: &Option<Details>, f: fn(&Details) -> Option<u64>| {
+        d.as_ref().and_then(f).unwrap_or(0)
+    };
+    Usage {
+        prompt_tokens: u.prompt_tokens.unwrap_or(0),
+        cached_tokens: detail(&u.prompt_tokens_details, |d| d.cached_tokens),
+        cache_write_tokens: 0,
+        completion_tokens: u.completion_tokens.unwrap_or(0),
+        reasoning_tokens: detail(&u.completion_tokens_details, |d| d.reasoning_tokens),
+        audio_input_tokens: detail(&u.prompt_tokens_details, |d| d.audio_tokens),
+        audio_output_tokens: detail(&u.completion_tokens_details, |d| d.audio_tokens),
+        ..Usage::default()
+    }
+}
