@@ -142,6 +142,7 @@ pub fn run(
                 target: None,
                 upstream_model: Some("m".into()),
                 ttl_s: 3600,
+                semantic: true,
             };
             let entry = svc.prepare(&req).ok_or("store rejected")?;
             svc.apply(entry);
@@ -191,6 +192,7 @@ pub fn run(
             target: None,
             upstream_model: Some("m".into()),
             ttl_s: 3600,
+            semantic: true,
         };
         if let Some(e) = svc.prepare(&req) {
             svc.apply(e);

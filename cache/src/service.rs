@@ -329,7 +329,8 @@ impl Service {
         }
         let mut vector = None;
         let mut embed_model = None;
-        if let (Some(embedder), Some(query)) = (self.embedder(), c.query.as_deref()) {
+        let embedder = self.embedder().filter(|_| req.semantic);
+        if let (Some(embedder), Some(query)) = (embedder, c.query.as_deref()) {
             let cached = self.recent.lock().map.get(&c.exact).cloned();
             let v = match cached {
                 Some(v) => Some(v),
@@ -759,7 +760,7 @@ async fn store(
     tasks: &tokio_util::task::TaskTracker,
     req: StoreRequest,
 ) {
-    let entry = if service.embedder().is_none() {
+    let entry = if service.embedder().is_none() || !req.semantic {
         service.prepare(&req)
     } else {
         let svc = service.clone();
@@ -879,6 +880,7 @@ mod tests {
             target: Some("t".into()),
             upstream_model: Some("m".into()),
             ttl_s: 60,
+            semantic: true,
         }
     }
 
@@ -920,6 +922,22 @@ mod tests {
         // Another max_tokens is another scope.
         let r = s.lookup(&lookup("How do I turn on dark mode?", 400, 0.1));
         assert_eq!(r.outcome, CacheOutcome::Miss);
+    }
+
+    /// A store from an exact-only route is not embedded (no lookup could compare its vector),
+    /// and the exact layer still answers it.
+    #[test]
+    fn an_exact_only_store_is_not_embedded() {
+        let s = service();
+        let mut st = store("How do I turn on dark mode?", 16);
+        st.semantic = false;
+        let e = s.prepare(&st).unwrap();
+        assert_eq!(e.vector, None);
+        assert_eq!(e.embed_model, None);
+        s.apply(e);
+        let mut l = lookup("How do I turn on dark mode?", 16, 0.5);
+        l.semantic = false;
+        assert_eq!(s.lookup(&l).outcome, CacheOutcome::Hit);
     }
 
     /// The model loads only when a semantic lookup needs it, once; meanwhile the exact layer

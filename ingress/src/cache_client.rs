@@ -311,8 +311,9 @@ pub struct Check {
     route: String,
     /// The route caches answers (else the audit outcome is `off`).
     caches: bool,
-    /// Where a fresh answer is stored, when it may be.
-    store: Option<(CacheKey, u64)>,
+    /// Where a fresh answer is stored, when it may be: the key, TTL (s) and whether the route
+    /// is semantic.
+    store: Option<(CacheKey, u64, bool)>,
     /// The exact key, when the key set is consulted ([`CacheClient::local`]).
     exact: Option<String>,
     admitted: Instant,
@@ -374,7 +375,7 @@ impl Check {
     /// A recorder that stores the answer of the routed request once it completes (`None` when
     /// storing is off for this request).
     pub fn capture(&self, app: &Arc<AppState>, served: &Served) -> Option<Capture> {
-        let (key, ttl_s) = self.store.clone()?;
+        let (key, ttl_s, semantic) = self.store.clone()?;
         let upstream_model = app
             .config
             .get()
@@ -385,6 +386,7 @@ impl Check {
             key,
             exact: self.exact.clone(),
             ttl_s,
+            semantic,
             target: served.target.clone(),
             upstream_model,
             answer: CachedAnswer {
@@ -449,7 +451,7 @@ pub async fn check(app: &Arc<AppState>, headers: &HeaderMap, inbound: &Inbound) 
         answer: None,
         route: model.id.clone(),
         caches: true,
-        store: (!directives.no_store && ttl_s > 0).then(|| (key.clone(), ttl_s)),
+        store: (!directives.no_store && ttl_s > 0).then(|| (key.clone(), ttl_s, settings.semantic)),
         exact: app.cache.exact_key(&key, settings.semantic),
         admitted,
         prompt_bytes,
@@ -537,6 +539,8 @@ pub struct Capture {
     key: CacheKey,
     exact: Option<String>,
     ttl_s: u64,
+    /// The route is semantic (see [`StoreRequest::semantic`]).
+    semantic: bool,
     target: String,
     upstream_model: Option<String>,
     answer: CachedAnswer,
@@ -610,6 +614,7 @@ impl Capture {
             target: Some(self.target.clone()),
             upstream_model: self.upstream_model.clone(),
             ttl_s: self.ttl_s,
+            semantic: self.semantic,
         };
         self.failed = true; // once
         self.app.cache.remember(&req, self.exact.as_deref());
@@ -775,6 +780,7 @@ mod tests {
                 target: None,
                 upstream_model: None,
                 ttl_s: 60,
+                semantic: false,
             },
             None,
         );

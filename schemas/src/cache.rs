@@ -279,6 +279,17 @@ pub struct StoreRequest {
     pub upstream_model: Option<String>,
     /// Time to live, seconds.
     pub ttl_s: u64,
+    /// Whether the route looks answers up by meaning (`cache.semantic`): only then does the
+    /// cache service embed the query for its semantic index. An exact-only route's entries are
+    /// found by key alone (their scope names the route, so no other route's semantic lookup can
+    /// match them), and an embedding per store would be wasted work ahead of the lookups queued
+    /// behind it. Absent (older ingresses): true.
+    #[serde(default = "semantic_default")]
+    pub semantic: bool,
+}
+
+fn semantic_default() -> bool {
+    true
 }
 
 impl StoreRequest {
