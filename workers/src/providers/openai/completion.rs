@@ -3,11 +3,15 @@
 //! for stream chunks: each `Value` object costs an `IndexMap` with SipHash, most of a
 //! non-streamed answer's read.
 //!
-//! [`parse`] returns `None` for anything else: a body that names `"error"` (an error object,
-//! FC-07), `logprobs`, content given as parts, arguments that are not a string, a field of an
-//! unexpected type, a duplicate key, no choices. [`super::parse_completion`] then reads the body
-//! as a `Value`, as before, so the typed path only ever handles what the `Value` path reads the
-//! same way (`tests::typed_and_value_completions_agree`).
+//! [`parse`] returns `None` for anything else: a body with an `error` key, or an `object` or
+//! `type` of `"error"` (an error object, FC-07; read after JSON unescaping, so an escaped key
+//! is caught too), `logprobs`, content given as parts, arguments that are not a string, a field
+//! of an unexpected type, a duplicate key, no choices. [`super::parse_completion`] then reads
+//! the body as a `Value`, as before, so on every well-formed body the typed path only handles
+//! what the `Value` path reads the same way (`tests::typed_and_value_completions_agree`).
+//! On malformed ones it is more lenient, like serde derive: an array where an object belongs is
+//! read by position, and values of fields it skips are not validated (a lone surrogate, a
+//! number out of range); no upstream sends these.
 
 use super::{map_finish, with_tier};
 use crate::provider::Answer;
@@ -19,6 +23,13 @@ use switchyard_schemas::{FinishReason, Usage};
 
 #[derive(Deserialize)]
 struct Completion<'a> {
+    /// Present (any value, `null` included): the `Value` path decides.
+    #[serde(default, deserialize_with = "super::chunk::present")]
+    error: Option<()>,
+    #[serde(borrow, default)]
+    object: Option<Cow<'a, str>>,
+    #[serde(borrow, default, rename = "type")]
+    kind: Option<Cow<'a, str>>,
     #[serde(borrow)]
     choices: Vec<Choice<'a>>,
     #[serde(default)]
@@ -93,11 +104,11 @@ struct Details {
 /// `body` as a plain `chat.completion`, or `None` when the `Value` path must read it (see the
 /// module docs).
 pub(super) fn parse(body: &[u8]) -> Option<Answer> {
-    if body.windows(7).any(|w| w == b"\"error\"") {
-        return None;
-    }
     let c: Completion<'_> = serde_json::from_slice(body).ok()?;
-    if c.choices.iter().any(|c| c.logprobs.is_some()) {
+    let named_error = [&c.object, &c.kind]
+        .into_iter()
+        .any(|k| k.as_deref() == Some("error"));
+    if c.error.is_some() || named_error || c.choices.iter().any(|c| c.logprobs.is_some()) {
         return None;
     }
     let mut choices = c.choices;
@@ -124,7 +135,11 @@ fn answer(choice: Choice<'_>) -> Answer {
         .flatten()
         .map(|c| {
             let (name, arguments) = c.function.map_or((None, None), |f| (f.name, f.arguments));
-            (owned(c.id), owned(name), owned(arguments).unwrap_or_default())
+            (
+                owned(c.id),
+                owned(name),
+                owned(arguments).unwrap_or_default(),
+            )
         })
         .collect();
     let thinking = message
@@ -151,9 +166,8 @@ fn answer(choice: Choice<'_>) -> Answer {
 }
 
 fn usage(u: &UsageIn) -> Usage {
-    let detail = |d: &Option<Details>, f: fn(&Details) -> Option<u64>| {
-        d.as_ref().and_then(f).unwrap_or(0)
-    };
+    let detail =
+        |d: &Option<Details>, f: fn(&Details) -> Option<u64>| d.as_ref().and_then(f).unwrap_or(0);
     Usage {
         prompt_tokens: u.prompt_tokens.unwrap_or(0),
         cached_tokens: detail(&u.prompt_tokens_details, |d| d.cached_tokens),

@@ -192,7 +192,12 @@ pub async fn send_chat(
 /// Reads a successful chat answer by its `Content-Type`: one `chat.completion` JSON object
 /// ([`parse_completion`]) or a chunk stream through `translator`.
 pub fn read_answer<T: SseTranslator>(resp: reqwest::Response, translator: T) -> EventStream {
-    crate::providers::shared::read_answer(resp, Some(completion::parse), parse_completion, translator)
+    crate::providers::shared::read_answer(
+        resp,
+        Some(completion::parse),
+        parse_completion,
+        translator,
+    )
 }
 
 /// Reads a `chat.completion` object (OpenAI API reference, "The chat completion object"): each

@@ -153,6 +153,10 @@ fn typed_and_value_paths_agree() {
         r#"{"choices":[{"index":0.0,"delta":{"content":[1]}}]}"#,
         r#"{"choices":[{"index":0,"delta":{"content":"a","content":"b"}}]}"#,
         r#"{"choices":[],"object":"error","message":"overloaded"}"#,
+        r#"{"\u0065rror":{"message":"overloaded","code":400},"choices":[]}"#,
+        r#"{"choices":[],"object":"\u0065rror","message":"overloaded"}"#,
+        r#"{"choices":[], "type" : "error"}"#,
+        r#"{"choices":[{"index":0,"delta":{"content":"x"}}],"error":null}"#,
     ];
     let last = r#"{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":7,"prompt_tokens_details":{"cached_tokens":2}},"service_tier":"flex"}"#;
     for c in typed.iter().chain([&last]) {
@@ -211,6 +215,9 @@ fn typed_and_value_completions_agree() {
         r#"{"object":"chat.completion"}"#,
         r#"{"choices":[{"index":0,"message":{"content":"a"}}],"error":null}"#,
         r#"{"choices":[{"index":0,"message":{"content":"a"}}],"usage":{"prompt_tokens":"7"}}"#,
+        r#"{"\u0065rror":{"message":"overloaded"},"choices":[{"message":{"content":"hi"}}]}"#,
+        r#"{"object":"\u0065rror","choices":[{"message":{"content":"hi"}}]}"#,
+        r#"{"type" : "err\u006fr","choices":[{"message":{"content":"hi"}}]}"#,
     ];
     for body in typed {
         let fast = completion::parse(body.as_bytes());
@@ -218,6 +225,10 @@ fn typed_and_value_completions_agree() {
         assert_eq!(fast, Some(slow.unwrap()), "{body}");
     }
     for body in declined {
-        assert_eq!(completion::parse(body.as_bytes()), None, "typed path took {body}");
+        assert_eq!(
+            completion::parse(body.as_bytes()),
+            None,
+            "typed path took {body}"
+        );
     }
 }
