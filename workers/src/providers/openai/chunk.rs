@@ -8,9 +8,10 @@
 //! an escaped key is caught too), `logprobs`, a field of an unexpected type, a duplicate key.
 //! The translator then reads the chunk as a `Value`, as before. So on every well-formed chunk the
 //! typed path only handles what the `Value` path reads the same way
-//! (`tests::typed_and_value_paths_agree`); on malformed ones it is more lenient, like serde
-//! derive (an array where an object belongs is read by position; skipped values are not
-//! validated).
+//! (`tests::typed_and_value_paths_agree`). Every object is read as an object only ([`Obj`]:
+//! serde derive would also take an array, by position). On malformed JSON the typed path is
+//! more lenient in one way: values of fields it skips are not validated (a lone surrogate, a
+//! number out of range); no upstream sends these.
 
 use serde::Deserialize;
 use serde::de::IgnoredAny;
@@ -27,7 +28,7 @@ pub(super) struct Chunk<'a> {
     #[serde(borrow, default, rename = "type")]
     kind: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    pub(super) choices: Option<Vec<Choice<'a>>>,
+    pub(super) choices: Option<Vec<Obj<Choice<'a>>>>,
     #[serde(default)]
     pub(super) usage: Option<serde_json::Value>,
     #[serde(borrow, default)]
@@ -44,7 +45,7 @@ pub(super) struct Choice<'a> {
     #[serde(default)]
     logprobs: Option<IgnoredAny>,
     #[serde(borrow, default)]
-    pub(super) delta: Option<Delta<'a>>,
+    pub(super) delta: Option<Obj<Delta<'a>>>,
     #[serde(borrow, default)]
     pub(super) finish_reason: Option<Cow<'a, str>>,
 }
@@ -59,7 +60,7 @@ pub(super) struct Delta<'a> {
     #[serde(borrow, default)]
     pub(super) content: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    pub(super) tool_calls: Option<Vec<ToolCall<'a>>>,
+    pub(super) tool_calls: Option<Vec<Obj<ToolCall<'a>>>>,
 }
 
 /// A piece of a tool call.
@@ -70,7 +71,7 @@ pub(super) struct ToolCall<'a> {
     #[serde(borrow, default)]
     pub(super) id: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    pub(super) function: Option<Function<'a>>,
+    pub(super) function: Option<Obj<Function<'a>>>,
 }
 
 /// A tool call's name and a piece of its arguments.
@@ -84,7 +85,7 @@ pub(super) struct Function<'a> {
 
 /// `data` as a plain chunk, or `None` when the `Value` path must read it (see the module docs).
 pub(super) fn parse(data: &str) -> Option<Chunk<'_>> {
-    let chunk: Chunk<'_> = serde_json::from_str(data).ok()?;
+    let chunk = serde_json::from_str::<Obj<Chunk<'_>>>(data).ok()?.0;
     let named_error = [&chunk.object, &chunk.kind]
         .into_iter()
         .any(|k| k.as_deref() == Some("error"));
@@ -96,4 +97,48 @@ pub(super) fn parse(data: &str) -> Option<Chunk<'_>> {
 /// `Option` reads `null` as absent).
 pub(super) fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<()>, D::Error> {
     IgnoredAny::deserialize(d).map(|_| Some(()))
+}
+
+/// A struct read from a JSON object only. serde derive also reads a struct from an array, field
+/// by field in order (`[0,null,"x"]`), which the `Value` path never does; this wrapper asks the
+/// deserializer for a map, so an array is an error and the `Value` path decides.
+pub(super) struct Obj<T>(pub(super) T);
+
+impl<T> std::ops::Deref for Obj<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Obj<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        T::deserialize(MapOnly(d)).map(Obj)
+    }
+}
+
+/// A deserializer that reads a struct as a map (`deserialize_map`, which takes `{` only).
+struct MapOnly<D>(D);
+
+impl<'de, D: serde::Deserializer<'de>> serde::Deserializer<'de> for MapOnly<D> {
+    type Error = D::Error;
+
+    fn deserialize_any<V: serde::de::Visitor<'de>>(self, v: V) -> Result<V::Value, D::Error> {
+        self.0.deserialize_any(v)
+    }
+
+    fn deserialize_struct<V: serde::de::Visitor<'de>>(
+        self,
+        _name: &'static str,
+        _fields: &'static [&'static str],
+        v: V,
+    ) -> Result<V::Value, D::Error> {
+        self.0.deserialize_map(v)
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+        option unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier
+        ignored_any
+    }
 }

@@ -9,10 +9,11 @@
 //! of an unexpected type, a duplicate key, no choices. [`super::parse_completion`] then reads
 //! the body as a `Value`, as before, so on every well-formed body the typed path only handles
 //! what the `Value` path reads the same way (`tests::typed_and_value_completions_agree`).
-//! On malformed ones it is more lenient, like serde derive: an array where an object belongs is
-//! read by position, and values of fields it skips are not validated (a lone surrogate, a
-//! number out of range); no upstream sends these.
+//! Every object is read as an object only ([`Obj`]). On malformed JSON the typed path is more
+//! lenient in one way: values of fields it skips are not validated (a lone surrogate, a number
+//! out of range); no upstream sends these.
 
+use super::chunk::{Obj, present};
 use super::{map_finish, with_tier};
 use crate::provider::Answer;
 use serde::Deserialize;
@@ -24,16 +25,16 @@ use switchyard_schemas::{FinishReason, Usage};
 #[derive(Deserialize)]
 struct Completion<'a> {
     /// Present (any value, `null` included): the `Value` path decides.
-    #[serde(default, deserialize_with = "super::chunk::present")]
+    #[serde(default, deserialize_with = "present")]
     error: Option<()>,
     #[serde(borrow, default)]
     object: Option<Cow<'a, str>>,
     #[serde(borrow, default, rename = "type")]
     kind: Option<Cow<'a, str>>,
     #[serde(borrow)]
-    choices: Vec<Choice<'a>>,
+    choices: Vec<Obj<Choice<'a>>>,
     #[serde(default)]
-    usage: Option<UsageIn>,
+    usage: Option<Obj<UsageIn>>,
     #[serde(borrow, default)]
     service_tier: Option<Cow<'a, str>>,
 }
@@ -47,7 +48,7 @@ struct Choice<'a> {
     #[serde(default)]
     logprobs: Option<IgnoredAny>,
     #[serde(borrow, default)]
-    message: Option<Message<'a>>,
+    message: Option<Obj<Message<'a>>>,
     #[serde(borrow, default)]
     finish_reason: Option<Cow<'a, str>>,
 }
@@ -59,7 +60,7 @@ struct Message<'a> {
     #[serde(borrow, default)]
     reasoning_content: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    tool_calls: Option<Vec<ToolCall<'a>>>,
+    tool_calls: Option<Vec<Obj<ToolCall<'a>>>>,
 }
 
 #[derive(Deserialize)]
@@ -67,7 +68,7 @@ struct ToolCall<'a> {
     #[serde(borrow, default)]
     id: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    function: Option<Function<'a>>,
+    function: Option<Obj<Function<'a>>>,
 }
 
 #[derive(Deserialize)]
@@ -86,9 +87,9 @@ struct UsageIn {
     #[serde(default)]
     completion_tokens: Option<u64>,
     #[serde(default)]
-    prompt_tokens_details: Option<Details>,
+    prompt_tokens_details: Option<Obj<Details>>,
     #[serde(default)]
-    completion_tokens_details: Option<Details>,
+    completion_tokens_details: Option<Obj<Details>>,
 }
 
 #[derive(Deserialize)]
@@ -104,7 +105,7 @@ struct Details {
 /// `body` as a plain `chat.completion`, or `None` when the `Value` path must read it (see the
 /// module docs).
 pub(super) fn parse(body: &[u8]) -> Option<Answer> {
-    let c: Completion<'_> = serde_json::from_slice(body).ok()?;
+    let c = serde_json::from_slice::<Obj<Completion<'_>>>(body).ok()?.0;
     let named_error = [&c.object, &c.kind]
         .into_iter()
         .any(|k| k.as_deref() == Some("error"));
@@ -113,7 +114,7 @@ pub(super) fn parse(body: &[u8]) -> Option<Answer> {
     }
     let mut choices = c.choices;
     choices.sort_by_key(|c| c.index.unwrap_or(0));
-    let mut answers = choices.into_iter().map(answer);
+    let mut answers = choices.into_iter().map(|c| answer(c.0));
     let mut first = answers.next()?;
     first.more_choices = answers.collect();
     first.usage = c
@@ -123,7 +124,7 @@ pub(super) fn parse(body: &[u8]) -> Option<Answer> {
 }
 
 fn answer(choice: Choice<'_>) -> Answer {
-    let message = choice.message.unwrap_or(Message {
+    let message = choice.message.map(|m| m.0).unwrap_or(Message {
         content: None,
         reasoning_content: None,
         tool_calls: None,
@@ -134,7 +135,10 @@ fn answer(choice: Choice<'_>) -> Answer {
         .into_iter()
         .flatten()
         .map(|c| {
-            let (name, arguments) = c.function.map_or((None, None), |f| (f.name, f.arguments));
+            let c = c.0;
+            let (name, arguments) = c
+                .function
+                .map_or((None, None), |f| (f.0.name, f.0.arguments));
             (
                 owned(c.id),
                 owned(name),
@@ -166,8 +170,9 @@ fn answer(choice: Choice<'_>) -> Answer {
 }
 
 fn usage(u: &UsageIn) -> Usage {
-    let detail =
-        |d: &Option<Details>, f: fn(&Details) -> Option<u64>| d.as_ref().and_then(f).unwrap_or(0);
+    let detail = |d: &Option<Obj<Details>>, f: fn(&Details) -> Option<u64>| {
+        d.as_deref().and_then(f).unwrap_or(0)
+    };
     Usage {
         prompt_tokens: u.prompt_tokens.unwrap_or(0),
         cached_tokens: detail(&u.prompt_tokens_details, |d| d.cached_tokens),

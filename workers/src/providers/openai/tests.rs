@@ -157,6 +157,10 @@ fn typed_and_value_paths_agree() {
         r#"{"choices":[],"object":"\u0065rror","message":"overloaded"}"#,
         r#"{"choices":[], "type" : "error"}"#,
         r#"{"choices":[{"index":0,"delta":{"content":"x"}}],"error":null}"#,
+        r#"[[[0,null,{"content":"by position"}]]]"#,
+        r#"{"choices":[[0,null,{"content":"by position"},"stop"]]}"#,
+        r#"{"choices":[{"index":0,"delta":[null,null,"x"]}]}"#,
+        r#"{"choices":[{"index":0,"delta":{"tool_calls":[[0,"id",["f","{}"]]]}}]}"#,
     ];
     let last = r#"{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":7,"prompt_tokens_details":{"cached_tokens":2}},"service_tier":"flex"}"#;
     for c in typed.iter().chain([&last]) {
@@ -218,6 +222,12 @@ fn typed_and_value_completions_agree() {
         r#"{"\u0065rror":{"message":"overloaded"},"choices":[{"message":{"content":"hi"}}]}"#,
         r#"{"object":"\u0065rror","choices":[{"message":{"content":"hi"}}]}"#,
         r#"{"type" : "err\u006fr","choices":[{"message":{"content":"hi"}}]}"#,
+        r#"[[[]]]"#,
+        r#"{"choices":[[0,null,["hi"],"length"]]}"#,
+        r#"{"choices":[{"message":["a"]}]}"#,
+        r#"{"choices":[{"message":{"content":"a"}}],"usage":[3,4]}"#,
+        r#"{"choices":[{"message":{"content":"a"}}],"usage":{"prompt_tokens":1,"prompt_tokens_details":[5]}}"#,
+        r#"{"choices":[{"message":{"content":"a","tool_calls":[["id",["f","{}"]]]}}]}"#,
     ];
     for body in typed {
         let fast = completion::parse(body.as_bytes());
