@@ -86,11 +86,23 @@ pub(super) struct Function<'a> {
 /// `data` as a plain chunk, or `None` when the `Value` path must read it (see the module docs).
 pub(super) fn parse(data: &str) -> Option<Chunk<'_>> {
     let chunk = serde_json::from_str::<Obj<Chunk<'_>>>(data).ok()?.0;
-    let named_error = [&chunk.object, &chunk.kind]
-        .into_iter()
-        .any(|k| k.as_deref() == Some("error"));
+    let error = marks_error(chunk.error, &chunk.object, &chunk.kind);
     let plain = chunk.choices.iter().flatten().all(|c| c.logprobs.is_none());
-    (chunk.error.is_none() && !named_error && plain).then_some(chunk)
+    (!error && plain).then_some(chunk)
+}
+
+/// Whether a typed body carries an error marker: an `error` key (any value), or an `object` or
+/// `type` of `"error"`. A superset of what the `Value` paths classify as an error body, so such
+/// a body always goes to them.
+pub(super) fn marks_error(
+    error: Option<()>,
+    object: &Option<Cow<'_, str>>,
+    kind: &Option<Cow<'_, str>>,
+) -> bool {
+    error.is_some()
+        || [object, kind]
+            .into_iter()
+            .any(|k| k.as_deref() == Some("error"))
 }
 
 /// `Some(())` whenever the field is present, whatever its value (`null` included; a plain

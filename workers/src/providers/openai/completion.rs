@@ -13,7 +13,7 @@
 //! lenient in one way: values of fields it skips are not validated (a lone surrogate, a number
 //! out of range); no upstream sends these.
 
-use super::chunk::{Obj, present};
+use super::chunk::{Obj, marks_error, present};
 use super::{map_finish, with_tier};
 use crate::provider::Answer;
 use serde::Deserialize;
@@ -106,10 +106,7 @@ struct Details {
 /// module docs).
 pub(super) fn parse(body: &[u8]) -> Option<Answer> {
     let c = serde_json::from_slice::<Obj<Completion<'_>>>(body).ok()?.0;
-    let named_error = [&c.object, &c.kind]
-        .into_iter()
-        .any(|k| k.as_deref() == Some("error"));
-    if c.error.is_some() || named_error || c.choices.iter().any(|c| c.logprobs.is_some()) {
+    if marks_error(c.error, &c.object, &c.kind) || c.choices.iter().any(|c| c.logprobs.is_some()) {
         return None;
     }
     let mut choices = c.choices;
