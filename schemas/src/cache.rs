@@ -284,12 +284,8 @@ pub struct StoreRequest {
     /// found by key alone (their scope names the route, so no other route's semantic lookup can
     /// match them), and an embedding per store would be wasted work ahead of the lookups queued
     /// behind it. Absent (older ingresses): true.
-    #[serde(default = "semantic_default")]
+    #[serde(default = "yes")]
     pub semantic: bool,
-}
-
-fn semantic_default() -> bool {
-    true
 }
 
 impl StoreRequest {

@@ -13,7 +13,7 @@
 //! lenient in one way: values of fields it skips are not validated (a lone surrogate, a number
 //! out of range); no upstream sends these.
 
-use super::chunk::{Obj, marks_error, present};
+use super::chunk::{Obj, ToolCall, marks_error, present};
 use super::{map_finish, with_tier};
 use crate::provider::Answer;
 use serde::Deserialize;
@@ -59,24 +59,10 @@ struct Message<'a> {
     content: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     reasoning_content: Option<Cow<'a, str>>,
+    /// The stream's tool-call shape; a non-streamed call has no `index` (its position is its
+    /// index), so one given is ignored, as the `Value` path does.
     #[serde(borrow, default)]
     tool_calls: Option<Vec<Obj<ToolCall<'a>>>>,
-}
-
-#[derive(Deserialize)]
-struct ToolCall<'a> {
-    #[serde(borrow, default)]
-    id: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    function: Option<Obj<Function<'a>>>,
-}
-
-#[derive(Deserialize)]
-struct Function<'a> {
-    #[serde(borrow, default)]
-    name: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    arguments: Option<Cow<'a, str>>,
 }
 
 /// OpenAI's `usage` object, the fields [`super::parse_usage`] reads.
