@@ -13,9 +13,10 @@
 //! Guarantees are those of [`crate::publish::publish_usage_event`]: [`UsagePublisher::publish`]
 //! returns once the event is acknowledged by the stream or durably spooled (each event of a
 //! batch that could not be published is spooled on its own, with its own `Nats-Msg-Id`). A
-//! batch's `Nats-Msg-Id` is `batch:<first event's id>:<events>`, so a retried batch is deduplicated
-//! by JetStream; an event that reaches the stream twice (in a batch and later from the spool)
-//! is dropped by the ledger's primary key (request id, kind, attempt).
+//! batch's `Nats-Msg-Id` names exactly its events ([`batch_msg_id`]), so a retried batch is
+//! deduplicated by JetStream while a different batch never is; an event that reaches the stream
+//! twice (in two batches, or in a batch and later from the spool) is dropped by the ledger's
+//! primary key (request id, kind, attempt).
 //!
 //! The latency of the client's request is unaffected: producers publish usage after the answer,
 //! in tasks their shutdown waits for.
@@ -187,6 +188,25 @@ struct Sink {
     spool: Option<Arc<Spool>>,
 }
 
+/// The `Nats-Msg-Id` of a batch of several events: `batch:` and 32 hex digits of the SHA-256 of
+/// its events' own ids (`<request-id>:<kind>:<attempt>`, in order, one per line).
+///
+/// It must name every event, not only the first: the same event can be published twice (a batch
+/// item run again after its answer was lost publishes its charge again) with different company,
+/// and JetStream drops a message whose id it has seen — with an id made of the first event and
+/// the count, the second batch and the other events in it were lost.
+fn batch_msg_id(events: &[&UsageEvent]) -> String {
+    use sha2::{Digest as _, Sha256};
+    let mut hash = Sha256::new();
+    for e in events {
+        hash.update(msg_id_of(e).as_bytes());
+        hash.update(b"\n");
+    }
+    let digest = hash.finalize();
+    let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+    format!("batch:{hex}")
+}
+
 /// Publishes one group as a JSON array (a lone event as itself) and tells each producer.
 async fn publish_batch(sink: Sink, subject: String, group: Vec<Pending>) {
     let events: Vec<&UsageEvent> = group.iter().map(|p| &p.event).collect();
@@ -199,7 +219,7 @@ async fn publish_batch(sink: Sink, subject: String, group: Vec<Pending>) {
             let msg_id = if group.len() == 1 {
                 msg_id_of(&first.event)
             } else {
-                format!("batch:{}:{}", msg_id_of(&first.event), group.len())
+                batch_msg_id(&events)
             };
             let entries = group
                 .iter()
@@ -227,5 +247,60 @@ async fn publish_batch(sink: Sink, subject: String, group: Vec<Pending>) {
     };
     for p in group {
         let _ = p.done.send(stored);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::test_support::{event, messages, server};
+    use switchyard_schemas::usage::UsageKind;
+
+    /// Publishes `events` as one batch; returns whether it was stored.
+    async fn batch(sink: &Sink, subjects: &Subjects, events: &[&UsageEvent]) -> bool {
+        let mut group = Vec::new();
+        let mut stored = Vec::new();
+        for e in events {
+            let (done, rx) = oneshot::channel();
+            group.push(Pending {
+                event: (*e).clone(),
+                done,
+            });
+            stored.push(rx);
+        }
+        let subject = subject_of(subjects, events[0]);
+        publish_batch(sink.clone(), subject, group).await;
+        let mut all = true;
+        for rx in stored {
+            all &= rx.await.unwrap();
+        }
+        all
+    }
+
+    /// The same event in two different batches (a batch item's charge published again after a
+    /// re-run) leaves both batches in the stream, so no other event is lost; the very same batch
+    /// again (a retried publish) is dropped by JetStream's duplicate window.
+    #[tokio::test]
+    async fn a_batch_is_deduplicated_only_against_the_same_events() {
+        let (_server, js, mut stream) = server().await;
+        let subjects = Subjects::default();
+        let sink = Sink { js, spool: None };
+        let [a, b, c] = [(); 3].map(|()| event(UsageKind::Charge));
+        assert!(batch(&sink, &subjects, &[&a, &b]).await);
+        assert!(batch(&sink, &subjects, &[&a, &c]).await);
+        assert_eq!(messages(&mut stream).await, 2);
+        assert!(batch(&sink, &subjects, &[&a, &b]).await);
+        assert_eq!(messages(&mut stream).await, 2);
+        let mut stored = Vec::new();
+        for seq in 1..=2 {
+            let m = stream.get_raw_message(seq).await.unwrap();
+            let events: Vec<UsageEvent> = serde_json::from_slice(&m.payload).unwrap();
+            stored.extend(events.into_iter().map(|e| e.request_id));
+        }
+        assert_eq!(
+            stored,
+            vec![a.request_id, b.request_id, a.request_id, c.request_id]
+        );
     }
 }

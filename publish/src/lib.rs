@@ -23,6 +23,8 @@ pub mod batch;
 pub mod metrics;
 pub mod publish;
 pub mod spool;
+#[cfg(test)]
+mod test_support;
 
 pub use batch::UsagePublisher;
 pub use metrics::add_process_collectors;

@@ -542,22 +542,8 @@ mod tests {
     #![allow(clippy::disallowed_methods, reason = "tasks end with their test")]
     use super::*;
     use crate::publish::{msg_id_of, publish_usage_event};
-    use async_nats::jetstream;
-    use switchyard_schemas::usage::{Usage, UsageEvent, UsageKind};
-
-    fn event(kind: UsageKind) -> UsageEvent {
-        UsageEvent {
-            target: Some("mock".into()),
-            upstream_model: Some("mock".into()),
-            usage: Usage {
-                prompt_tokens: 7,
-                completion_tokens: 3,
-                ..Usage::default()
-            },
-            latency_ms: 1,
-            ..UsageEvent::new(uuid::Uuid::now_v7(), kind, 1, "demo/mock")
-        }
-    }
+    use crate::test_support::{event, messages, server};
+    use switchyard_schemas::usage::{UsageEvent, UsageKind};
 
     fn entry(subjects: &Subjects, e: &UsageEvent) -> Entry {
         Entry {
@@ -565,33 +551,6 @@ mod tests {
             msg_id: msg_id_of(e),
             event: e.clone(),
         }
-    }
-
-    /// A server with the usage stream (2 min duplicate window) and a client whose JetStream
-    /// requests time out after 200 ms, so a publish gives up quickly while the server is down.
-    async fn server() -> (
-        switchyard_natsd::NatsServer,
-        jetstream::Context,
-        jetstream::stream::Stream,
-    ) {
-        let server = switchyard_natsd::NatsServer::start_temp().unwrap();
-        let client = async_nats::connect(server.url()).await.unwrap();
-        let mut js = jetstream::new(client);
-        let stream = js
-            .create_stream(jetstream::stream::Config {
-                name: switchyard_schemas::subjects::USAGE_STREAM.into(),
-                subjects: vec![Subjects::default().usage_all()],
-                duplicate_window: Duration::from_secs(120),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-        js.set_timeout(Duration::from_millis(200));
-        (server, js, stream)
-    }
-
-    async fn messages(stream: &mut jetstream::stream::Stream) -> u64 {
-        stream.info().await.unwrap().state.messages
     }
 
     /// Polls `f` every 20 ms until it is true; fails after `limit`.

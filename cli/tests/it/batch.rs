@@ -251,6 +251,33 @@ pub(crate) fn lines(text: &str) -> Vec<Value> {
         .collect()
 }
 
+/// For a failed [`assert_billed_once`]: the answered request ids without a charge row, and every
+/// ledger row of the first few of them (kind, attempt, status, batch id).
+async fn missing_charges(
+    gw: &Gateway,
+    rows: &[(String, String, Option<String>)],
+    out: &[Value],
+) -> String {
+    let charged: std::collections::BTreeSet<&str> = rows.iter().map(|r| r.0.as_str()).collect();
+    let missing: Vec<&str> = out
+        .iter()
+        .filter_map(|l| l["response"]["request_id"].as_str())
+        .filter(|id| !charged.contains(id))
+        .collect();
+    let mut text = format!("{} answered without a charge row", missing.len());
+    for id in missing.iter().take(5) {
+        let found = sqlx::query_as::<_, (String, i64, String, Option<String>)>(
+            "SELECT kind, attempt, status, batch_id FROM usage_events WHERE request_id = $1",
+        )
+        .bind(*id)
+        .fetch_all(gw.ledger.as_ref().unwrap().pool())
+        .await
+        .unwrap();
+        text.push_str(&format!("; {id}: {found:?}"));
+    }
+    text
+}
+
 /// Exactly one `charge` row per line of `out` (the output file's lines) for `batch_id`: every
 /// charge row of the batch is `ok` and under the request id its line names, and they sum to
 /// `total` USD. Waits for the rows to arrive, then checks no more than those exist.
@@ -270,12 +297,14 @@ pub(crate) async fn assert_billed_once(gw: &Gateway, batch_id: &str, out: &[Valu
         if rows.len() >= out.len() {
             break rows;
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{} of {} charge rows of {batch_id} within {limit:?}",
-            rows.len(),
-            out.len()
-        );
+        if tokio::time::Instant::now() >= deadline {
+            panic!(
+                "{} of {} charge rows of {batch_id} within {limit:?}; {}",
+                rows.len(),
+                out.len(),
+                missing_charges(gw, &rows, out).await
+            );
+        }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert_eq!(rows.len(), out.len(), "charge rows of {batch_id}");

@@ -182,9 +182,9 @@ async fn ordinary(http: reqwest::Client, base: String) -> Result<(), String> {
             .json(&body)
             .send()
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| format!("{e:?}"))?;
         let status = resp.status().as_u16();
-        let text = resp.text().await.map_err(|e| e.to_string())?;
+        let text = resp.text().await.map_err(|e| format!("{e:?}"))?;
         if status != 200 {
             return Err(format!("status {status}: {text}"));
         }
@@ -377,7 +377,14 @@ async fn non_readers_stall_only_their_own_upstream_calls() {
 
     let mut ingress = start_ingress(&config_path, &nats.url()).await;
     let pid = ingress.child.id().unwrap();
-    let http = reqwest::Client::new();
+    // Pooled connections are dropped by the client before ingress closes them as idle (10 s),
+    // as httpx (5 s) and undici (4 s) do by default: a request written on a connection the
+    // server is closing at that instant fails with no answer (the HTTP/1.1 keep-alive race), and
+    // the pauses between rounds here are about that long.
+    let http = reqwest::Client::builder()
+        .pool_idle_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
     eventually(Duration::from_secs(20), || {
         let (http, base) = (http.clone(), ingress.base.clone());
         async move {
