@@ -133,6 +133,11 @@ impl Index {
         Some(slot.clone())
     }
 
+    /// The entry with this key, live or expired (does not mark it used).
+    pub fn get(&self, key: &str) -> Option<&Arc<Slot>> {
+        self.by_key.get(key)
+    }
+
     /// Whether an entry with this key and store time is already held.
     pub fn has(&self, key: &str, stored_ms: u64) -> bool {
         self.by_key

@@ -16,6 +16,7 @@
 //! * [`index`] — the in-memory index (exact search per scope, LRU capacity);
 //! * [`key_set`] — the stored exact keys, fed by a headers-only consumer (ingress);
 //! * [`service`] — lookup, store, purge and the KV persistence;
+//! * [`store`] — the store path: index, embed off the message loop, write to KV;
 //! * [`eval`] — precision / recall / hit rate over labelled pairs (`switchyard cache eval`);
 //! * [`bench`] — lookup latency (`switchyard cache bench`).
 
@@ -27,6 +28,7 @@ pub mod index;
 pub mod key_set;
 pub mod onnx_rows;
 pub mod service;
+pub mod store;
 pub mod verify;
 
 pub use service::{CacheError, Service, ServiceOptions, replica, run, run_with_ready};

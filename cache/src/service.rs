@@ -2,12 +2,14 @@
 //!
 //! Ordering: stores are applied in the order they arrive (in the subscription loop), lookups are
 //! answered concurrently after everything received before them was applied — so on one instance a
-//! lookup that follows a store sees it. Across instances a store becomes visible when the KV watch
-//! delivers it (a few milliseconds).
+//! lookup that follows a store sees it (a semantic lookup waits for the store's embedding, see
+//! [`crate::store`]). Across instances a store becomes visible when the KV watch delivers it
+//! (a few milliseconds; a semantic route's store once it is embedded).
 
 use crate::canon::{self, Canonical};
 use crate::embed::{Embed, OnDemand};
 use crate::index::{self, Entry, Index};
+use crate::store::{Pending, StoreEmbeddings, store};
 use crate::verify;
 use futures::StreamExt;
 use parking_lot::{Mutex, RwLock};
@@ -41,6 +43,8 @@ fn kv_err(e: impl std::fmt::Display) -> CacheError {
 pub struct SemanticProbe {
     c: Canonical,
     embedder: Arc<dyn Embed>,
+    /// The scope's latest pending store embedding, to wait for before comparing.
+    wait_for: Option<u64>,
 }
 
 /// Settings of one cache instance.
@@ -131,6 +135,8 @@ pub struct Service {
     opts: ServiceOptions,
     index: RwLock<Index>,
     recent: Mutex<Recent>,
+    /// Store embeddings not finished yet, by scope.
+    pub(crate) pending: Pending,
 }
 
 impl Service {
@@ -139,6 +145,7 @@ impl Service {
         Self {
             index: RwLock::new(Index::new(opts.max_entries)),
             recent: Mutex::new(Recent::default()),
+            pending: Pending::default(),
             opts,
         }
     }
@@ -246,19 +253,24 @@ impl Service {
         let Some(embedder) = self.embedder().filter(|_| c.query.is_some()) else {
             return Ok(LookupReply::empty(CacheOutcome::Miss, "exact miss"));
         };
-        // Nothing to compare with: answer at once, without embedding.
-        if !self.index.read().has_vectors(&c.scope) {
+        // Nothing to compare with, nor any store of the scope being embedded: answer at once.
+        let wait_for = self.pending.latest(&c.scope);
+        if wait_for.is_none() && !self.index.read().has_vectors(&c.scope) {
             return Ok(LookupReply::empty(
                 CacheOutcome::Miss,
                 "exact miss; no entry in this scope",
             ));
         }
-        Err(SemanticProbe { c, embedder })
+        Err(SemanticProbe {
+            c,
+            embedder,
+            wait_for,
+        })
     }
 
     /// The semantic layer of a lookup whose exact part missed (CPU work: embeds the query).
     pub fn lookup_semantic(&self, req: &LookupRequest, probe: SemanticProbe) -> LookupReply {
-        let SemanticProbe { c, embedder } = probe;
+        let SemanticProbe { c, embedder, .. } = probe;
         let now = now_ms();
         let Some(query) = c.query.as_deref() else {
             return LookupReply::empty(CacheOutcome::Miss, "exact miss");
@@ -312,6 +324,28 @@ impl Service {
 
     /// Turns a store request into an entry (CPU work: the embedding when not cached).
     pub fn prepare(&self, req: &StoreRequest) -> Option<Entry> {
+        let (mut entry, unembedded) = self.prepare_unembedded(req)?;
+        if let (true, Some(embedder), Some(query)) =
+            (unembedded, self.embedder(), entry.query.as_deref())
+        {
+            match embedder.embed(&[query]) {
+                Ok(mut v) if !v.is_empty() => {
+                    entry.vector = Some(index::encode_vector(&v.swap_remove(0)));
+                    entry.embed_model = Some(embedder.model_id().to_owned());
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "embedding a stored query failed; exact layer only");
+                }
+            }
+        }
+        Some(entry)
+    }
+
+    /// The cheap part of [`Service::prepare`] (no embedding): the entry, with its vector when a
+    /// recent lookup of the same text embedded it, and whether it still wants one (a semantic
+    /// route's store with a query and a model loaded).
+    pub(crate) fn prepare_unembedded(&self, req: &StoreRequest) -> Option<(Entry, bool)> {
         if req.key.params.n.is_some_and(|n| n > 1) {
             return None;
         }
@@ -329,26 +363,18 @@ impl Service {
         }
         let mut vector = None;
         let mut embed_model = None;
+        let mut unembedded = false;
         let embedder = self.embedder().filter(|_| req.semantic);
-        if let (Some(embedder), Some(query)) = (embedder, c.query.as_deref()) {
-            let cached = self.recent.lock().map.get(&c.exact).cloned();
-            let v = match cached {
-                Some(v) => Some(v),
-                None => match embedder.embed(&[query]) {
-                    Ok(mut v) if !v.is_empty() => Some(v.swap_remove(0)),
-                    Ok(_) => None,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "embedding a stored query failed; exact layer only");
-                        None
-                    }
-                },
-            };
-            if let Some(v) = v {
-                vector = Some(index::encode_vector(&v));
-                embed_model = Some(embedder.model_id().to_owned());
+        if let (Some(embedder), Some(_)) = (embedder, c.query.as_deref()) {
+            match self.recent.lock().map.get(&c.exact) {
+                Some(v) => {
+                    vector = Some(index::encode_vector(v));
+                    embed_model = Some(embedder.model_id().to_owned());
+                }
+                None => unembedded = true,
             }
         }
-        Some(Entry {
+        let entry = Entry {
             key: c.exact,
             scope: c.scope,
             route: req.key.route.clone(),
@@ -360,7 +386,32 @@ impl Service {
             answer: req.answer.clone(),
             stored_ms: now,
             expires_ms: now.saturating_add(ttl_s.saturating_mul(1000)),
-        })
+        };
+        Some((entry, unembedded))
+    }
+
+    /// Gives the held entry `key` stored at `stored_ms` its `vector` (encoded, with the model
+    /// id) and returns it; `None` when the index no longer holds that entry (a newer store of the
+    /// key replaced it, or it was purged or evicted).
+    pub(crate) fn attach_vector(
+        &self,
+        key: &str,
+        stored_ms: u64,
+        vector: Option<(String, String)>,
+    ) -> Option<Entry> {
+        let mut ix = self.index.write();
+        let mut entry = ix
+            .get(key)
+            .filter(|s| s.entry.stored_ms == stored_ms)?
+            .entry
+            .clone();
+        if let Some((v, model)) = vector {
+            entry.vector = Some(v);
+            entry.embed_model = Some(model);
+            // Replaces the slot: the index size is unchanged, so nothing is evicted.
+            let _ = ix.insert(entry.clone());
+        }
+        Some(entry)
     }
 
     /// Adds `entry` to the index (unless already there); returns the evicted keys.
@@ -519,34 +570,7 @@ async fn rebuild_and_watch(
     Ok(())
 }
 
-/// Writes `key` like [`async_nats::jetstream::kv::Store::put`] but as a plain publish with no
-/// reply subject, so JetStream stores it without sending an acknowledgement: one NATS message
-/// fewer per store. A cache entry is best effort (this instance already serves it), and what
-/// JetStream refuses is the same as a lost put. With a JetStream API prefix (a domain) the
-/// acknowledged put is used, since the subject then depends on the context's private prefix.
-async fn put_unacknowledged(
-    nats: &async_nats::Client,
-    kv: &async_nats::jetstream::kv::Store,
-    key: &str,
-    body: Vec<u8>,
-) -> Result<(), String> {
-    if kv.use_jetstream_prefix {
-        return kv
-            .put(key, body.into())
-            .await
-            .map(drop)
-            .map_err(|e| e.to_string());
-    }
-    let prefix = kv.put_prefix.as_ref().unwrap_or(&kv.prefix);
-    nats.publish(format!("{prefix}{key}"), body.into())
-        .await
-        .map_err(|e| e.to_string())
-}
-
-/// Largest entry written to KV; bigger answers are served from this instance's memory only.
-const MAX_KV_ENTRY: usize = 900 * 1024;
-
-async fn delete_keys(kv: &async_nats::jetstream::kv::Store, keys: &[String]) -> u64 {
+pub(crate) async fn delete_keys(kv: &async_nats::jetstream::kv::Store, keys: &[String]) -> u64 {
     let mut n = 0;
     for k in keys {
         match kv.purge(k).await {
@@ -681,8 +705,10 @@ pub async fn run_with_ready(
     }
     tracing::info!("cache service ready");
     on_ready();
-    // Lookups waiting on an embedding and stores writing KV; shutdown waits for them.
+    // Lookups waiting on an embedding, stores writing KV and the store embeddings; shutdown
+    // waits for them.
     let tasks = tokio_util::task::TaskTracker::new();
+    let embeddings = StoreEmbeddings::start(service.clone(), nats.clone(), kv.clone(), &tasks);
     tokio::pin!(shutdown);
     let result = loop {
         tokio::select! {
@@ -708,6 +734,9 @@ pub async fn run_with_ready(
                         Err(probe) => {
                             let (service, nats) = (service.clone(), nats.clone());
                             tasks.spawn(async move {
+                                if let Some(seq) = probe.wait_for {
+                                    service.pending.wait(seq).await;
+                                }
                                 let answer = tokio::task::spawn_blocking(move || service.lookup_semantic(&req, probe)).await;
                                 let reply_body = match answer {
                                     Ok(r) => r,
@@ -726,7 +755,7 @@ pub async fn run_with_ready(
                         }
                     };
                     for req in reqs {
-                        store(&service, &nats, &kv, &tasks, req).await;
+                        store(&service, &nats, &kv, &tasks, &embeddings, req).await;
                     }
                 } else if subject == purge_subject {
                     let Some(reply) = msg.reply.clone() else { continue };
@@ -742,43 +771,14 @@ pub async fn run_with_ready(
             }
         }
     };
+    // The embedding worker finishes what is queued, then ends.
+    drop(embeddings);
     tasks.close();
     tasks.wait().await;
     stop.cancel();
     background.close();
     background.wait().await;
     result
-}
-
-/// Stores one answer: prepared and indexed before the loop takes the next message (a lookup
-/// that follows its store finds it; without an embedding model that is only hashing), then
-/// shared through KV.
-async fn store(
-    service: &Arc<Service>,
-    nats: &async_nats::Client,
-    kv: &async_nats::jetstream::kv::Store,
-    tasks: &tokio_util::task::TaskTracker,
-    req: StoreRequest,
-) {
-    let entry = if service.embedder().is_none() || !req.semantic {
-        service.prepare(&req)
-    } else {
-        let svc = service.clone();
-        tokio::task::spawn_blocking(move || svc.prepare(&req))
-            .await
-            .ok()
-            .flatten()
-    };
-    let Some(entry) = entry else { return };
-    if let Some((key, body, evicted)) = index_entry(service, entry) {
-        if evicted.is_empty() && !kv.use_jetstream_prefix {
-            // An unacknowledged put only queues a message: no task needed.
-            share_entry(nats, kv, &key, body, &[]).await;
-        } else {
-            let (nats, kv) = (nats.clone(), kv.clone());
-            tasks.spawn(async move { share_entry(&nats, &kv, &key, body, &evicted).await });
-        }
-    }
 }
 
 /// Publishes a lookup's answer to its requester, noting the outcome on the lookup's span.
@@ -797,42 +797,6 @@ async fn send_lookup_reply(
     if let Err(e) = nats.publish(reply, body.into()).await {
         tracing::warn!(error = %e, "cache reply failed");
     }
-}
-
-/// Adds a prepared entry to this instance's index: its KV key, its JSON body and the keys the
-/// index evicted, for [`share_entry`]; `None` when it cannot be serialised.
-fn index_entry(service: &Service, entry: Entry) -> Option<(String, Vec<u8>, Vec<String>)> {
-    let body = match serde_json::to_vec(&entry) {
-        Ok(b) => b,
-        Err(e) => {
-            tracing::warn!(error = %e, "cache entry not serialisable");
-            return None;
-        }
-    };
-    let key = entry.key.clone();
-    Some((key, body, service.apply(entry)))
-}
-
-/// Writes an entry to the shared KV bucket (so the other cache instances learn it) and deletes
-/// what the index evicted.
-async fn share_entry(
-    nats: &async_nats::Client,
-    kv: &async_nats::jetstream::kv::Store,
-    key: &str,
-    body: Vec<u8>,
-    evicted: &[String],
-) {
-    if body.len() <= MAX_KV_ENTRY {
-        if let Err(e) = put_unacknowledged(nats, kv, key, body).await {
-            tracing::warn!(error = %e, "cache KV put failed; entry kept in this instance only");
-        }
-    } else {
-        tracing::info!(
-            bytes = body.len(),
-            "cache entry too large for KV; kept in this instance only"
-        );
-    }
-    delete_keys(kv, evicted).await;
 }
 
 /// The server span of one lookup (`switchyard.cache.lookup`, docs/tracing.md), child of the
