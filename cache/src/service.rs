@@ -9,7 +9,7 @@
 use crate::canon::{self, Canonical};
 use crate::embed::{Embed, OnDemand};
 use crate::index::{self, Entry, Index};
-use crate::store::{Pending, StoreEmbeddings, store};
+use crate::store::{Pending, StoreEmbeddings, WAIT, put_current, store};
 use crate::verify;
 use futures::StreamExt;
 use parking_lot::{Mutex, RwLock};
@@ -390,28 +390,28 @@ impl Service {
         Some((entry, unembedded))
     }
 
-    /// Gives the held entry `key` stored at `stored_ms` its `vector` (encoded, with the model
-    /// id) and returns it; `None` when the index no longer holds that entry (a newer store of the
-    /// key replaced it, or it was purged or evicted).
-    pub(crate) fn attach_vector(
-        &self,
-        key: &str,
-        stored_ms: u64,
-        vector: Option<(String, String)>,
-    ) -> Option<Entry> {
+    /// Gives the held entry `key` stored at `stored_ms` its `vector` (encoded) of `model`;
+    /// nothing when the index no longer holds that entry (a newer store of the key replaced it,
+    /// or it was purged or evicted).
+    pub(crate) fn attach_vector(&self, key: &str, stored_ms: u64, vector: String, model: &str) {
         let mut ix = self.index.write();
-        let mut entry = ix
-            .get(key)
-            .filter(|s| s.entry.stored_ms == stored_ms)?
-            .entry
-            .clone();
-        if let Some((v, model)) = vector {
-            entry.vector = Some(v);
-            entry.embed_model = Some(model);
-            // Replaces the slot: the index size is unchanged, so nothing is evicted.
-            let _ = ix.insert(entry.clone());
-        }
-        Some(entry)
+        let Some(slot) = ix.get(key).filter(|s| s.entry.stored_ms == stored_ms) else {
+            return;
+        };
+        let mut entry = slot.entry.clone();
+        entry.vector = Some(vector);
+        entry.embed_model = Some(model.to_owned());
+        // Replaces the slot: the index size is unchanged, so nothing is evicted.
+        let _ = ix.insert(entry);
+    }
+
+    /// A copy of the held entry `key` stored at `stored_ms`, unless it was replaced, removed or
+    /// has expired.
+    pub(crate) fn current(&self, key: &str, stored_ms: u64) -> Option<Entry> {
+        let ix = self.index.read();
+        let slot = ix.get(key)?;
+        (slot.entry.stored_ms == stored_ms && slot.entry.expires_ms > now_ms())
+            .then(|| slot.entry.clone())
     }
 
     /// Adds `entry` to the index (unless already there); returns the evicted keys.
@@ -604,10 +604,12 @@ async fn purge(
         keys.sort();
         keys.dedup();
     }
-    let deleted = delete_keys(kv, &keys).await;
+    // Out of the index first: nothing of this instance writes them to KV again (its KV writes
+    // check the index, see `crate::store`).
     for k in &keys {
         service.remove(k);
     }
+    let deleted = delete_keys(kv, &keys).await;
     tracing::info!(?req, deleted, "cache purge");
     PurgeReply {
         deleted,
@@ -683,10 +685,10 @@ pub async fn run_with_ready(
                     _ = tick.tick() => {
                         let expired = service.expired();
                         if !expired.is_empty() {
-                            let n = delete_keys(&kv, &expired).await;
                             for k in &expired {
                                 service.remove(k);
                             }
+                            let n = delete_keys(&kv, &expired).await;
                             tracing::debug!(expired = n, "cache sweep");
                         }
                     }
@@ -708,11 +710,14 @@ pub async fn run_with_ready(
     // Lookups waiting on an embedding, stores writing KV and the store embeddings; shutdown
     // waits for them.
     let tasks = tokio_util::task::TaskTracker::new();
-    let embeddings = StoreEmbeddings::start(service.clone(), nats.clone(), kv.clone(), &tasks);
+    let mut embeddings = StoreEmbeddings::start(service.clone(), &tasks);
     tokio::pin!(shutdown);
     let result = loop {
         tokio::select! {
             _ = &mut shutdown => break Ok(()),
+            Some((key, stored_ms)) = embeddings.finished() => {
+                put_current(&service, &nats, &kv, &tasks, &key, stored_ms).await;
+            }
             msg = sub.next() => {
                 let Some(msg) = msg else { break Ok(()) };
                 let subject = msg.subject.as_str();
@@ -733,9 +738,17 @@ pub async fn run_with_ready(
                         Ok(reply_body) => send_lookup_reply(&nats, reply, span, reply_body).await,
                         Err(probe) => {
                             let (service, nats) = (service.clone(), nats.clone());
+                            let received = tokio::time::Instant::now();
                             tasks.spawn(async move {
+                                let limit = req.timeout_ms.map_or(WAIT, |ms| WAIT.min(Duration::from_millis(ms)));
                                 if let Some(seq) = probe.wait_for {
-                                    service.pending.wait(seq).await;
+                                    service.pending.wait(seq, received + limit).await;
+                                }
+                                if req.timeout_ms.is_some() && received.elapsed() >= limit {
+                                    // The asker has stopped waiting: no embedding for nobody.
+                                    let why = "exact miss; the scope's store embeddings outlasted the lookup's timeout";
+                                    send_lookup_reply(&nats, reply, span, LookupReply::empty(CacheOutcome::Bypass, why)).await;
+                                    return;
                                 }
                                 let answer = tokio::task::spawn_blocking(move || service.lookup_semantic(&req, probe)).await;
                                 let reply_body = match answer {
@@ -771,8 +784,15 @@ pub async fn run_with_ready(
             }
         }
     };
-    // The embedding worker finishes what is queued, then ends.
-    drop(embeddings);
+    // No more messages to this instance (the queue group sends them to the others), then the
+    // embedding worker finishes what is queued and this loop writes it to KV.
+    if let Err(e) = sub.unsubscribe().await {
+        tracing::warn!(error = %e, "cache unsubscribe failed");
+    }
+    embeddings.close();
+    while let Some((key, stored_ms)) = embeddings.finished().await {
+        put_current(&service, &nats, &kv, &tasks, &key, stored_ms).await;
+    }
     tasks.close();
     tasks.wait().await;
     stop.cancel();
@@ -853,6 +873,7 @@ mod tests {
             key: key(text, max_tokens),
             semantic: true,
             threshold,
+            timeout_ms: None,
         }
     }
 

@@ -11,10 +11,15 @@
 //! instances learn it with its vector.
 //!
 //! Ordering: a semantic lookup of a scope with store embeddings pending waits for them (at most
-//! [`WAIT`]), so on one instance a lookup that follows a store still finds it semantically.
+//! [`WAIT`], or the lookup's own `timeout_ms`, after which it is answered `bypass` without being
+//! embedded), so on one instance a lookup that follows a store still finds it semantically.
+//!
+//! KV: every KV write of an instance happens in its message loop, in order with its stores and
+//! purges, each after checking that the index still holds that entry unexpired
+//! ([`put_current`]); so a purge, an eviction or a newer store of the key always wins.
 //! Backpressure: beyond [`QUEUE`] queued embeddings a store stays exact-only (counted, logged).
 
-use crate::index::{self, Entry};
+use crate::index;
 use crate::service::{Service, delete_keys};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -57,10 +62,10 @@ impl Pending {
         self.scopes.lock().0.get(scope).copied()
     }
 
-    /// Waits (at most [`WAIT`]) until embedding `seq` and all before it have finished.
-    pub(crate) async fn wait(&self, seq: u64) {
+    /// Waits until embedding `seq` and all before it have finished, or `deadline`.
+    pub(crate) async fn wait(&self, seq: u64, deadline: tokio::time::Instant) {
         let mut done = self.done.subscribe();
-        let _ = tokio::time::timeout(WAIT, done.wait_for(|d| *d >= seq)).await;
+        let _ = tokio::time::timeout_at(deadline, done.wait_for(|d| *d >= seq)).await;
     }
 
     fn begin(&self, scope: &str) -> u64 {
@@ -85,35 +90,38 @@ struct Job {
     query: String,
 }
 
-/// The queue of store embeddings of one cache instance; dropping it lets the worker finish what
-/// is queued and end.
+/// The queue of store embeddings of one cache instance. The worker hands every entry it is done
+/// with back through [`StoreEmbeddings::finished`], and the message loop writes it to KV.
 pub(crate) struct StoreEmbeddings {
-    tx: mpsc::Sender<Job>,
+    tx: Option<mpsc::Sender<Job>>,
     service: Arc<Service>,
+    /// (key, stored_ms) of entries embedded (or given up on), to be written to KV.
+    finished: mpsc::Receiver<(String, u64)>,
 }
 
 impl StoreEmbeddings {
-    /// Starts the worker on `tasks`: it embeds for `service` and writes finished entries to `kv`.
-    pub(crate) fn start(
-        service: Arc<Service>,
-        nats: async_nats::Client,
-        kv: async_nats::jetstream::kv::Store,
-        tasks: &tokio_util::task::TaskTracker,
-    ) -> Self {
+    /// Starts the worker on `tasks`, embedding for `service`.
+    pub(crate) fn start(service: Arc<Service>, tasks: &tokio_util::task::TaskTracker) -> Self {
         let (tx, rx) = mpsc::channel(QUEUE);
-        tasks.spawn(work(rx, service.clone(), nats, kv));
-        Self { tx, service }
+        let (done_tx, finished) = mpsc::channel(QUEUE);
+        tasks.spawn(work(rx, done_tx, service.clone()));
+        Self {
+            tx: Some(tx),
+            service,
+            finished,
+        }
     }
 
-    /// Queues the embedding of `entry` (already indexed without its vector); false when the
-    /// queue is full (the entry stays exact-only; the caller writes it to KV as it is).
-    pub(crate) fn queue(&self, entry: &Entry) -> bool {
-        let Some(query) = entry.query.clone() else {
+    /// Queues the embedding of `query`, the query of the entry `key` of `scope` stored at
+    /// `stored_ms` (already indexed without its vector); false when the queue is full or closed
+    /// (the entry stays exact-only).
+    fn queue(&self, scope: &str, key: &str, stored_ms: u64, query: &str) -> bool {
+        let Some(tx) = &self.tx else {
             return false;
         };
         let pending = &self.service.pending;
         // The permit first: a sequence number is only taken by a job that will finish it.
-        let Ok(permit) = self.tx.try_reserve() else {
+        let Ok(permit) = tx.try_reserve() else {
             let n = pending.skipped.fetch_add(1, Ordering::Relaxed);
             if n.is_multiple_of(1000) {
                 tracing::warn!(
@@ -125,82 +133,83 @@ impl StoreEmbeddings {
             return false;
         };
         permit.send(Job {
-            seq: pending.begin(&entry.scope),
-            key: entry.key.clone(),
-            stored_ms: entry.stored_ms,
-            query,
+            seq: pending.begin(scope),
+            key: key.to_owned(),
+            stored_ms,
+            query: query.to_owned(),
         });
         true
     }
+
+    /// The next entry the worker is done with: (key, stored_ms); `None` once the worker ended
+    /// (after [`Self::close`]).
+    pub(crate) async fn finished(&mut self) -> Option<(String, u64)> {
+        self.finished.recv().await
+    }
+
+    /// Takes no more jobs: the worker finishes what is queued, hands it over and ends.
+    pub(crate) fn close(&mut self) {
+        self.tx = None;
+    }
 }
 
-/// The worker: batches of queued jobs, one model call each, then the vectors into the index and
-/// the entries into KV.
+/// The worker: batches of queued jobs, one model call each, the vectors into the index, then
+/// the entries back to the loop.
 async fn work(
     mut rx: mpsc::Receiver<Job>,
+    done: mpsc::Sender<(String, u64)>,
     service: Arc<Service>,
-    nats: async_nats::Client,
-    kv: async_nats::jetstream::kv::Store,
 ) {
     let mut jobs = Vec::with_capacity(BATCH);
     while rx.recv_many(&mut jobs, BATCH).await > 0 {
         let last = jobs.last().map_or(0, |j| j.seq);
-        let batch = std::mem::take(&mut jobs);
+        let texts: Vec<String> = jobs.iter().map(|j| j.query.clone()).collect();
         let embedder = service.embedder();
         let embedded = tokio::task::spawn_blocking(move || {
-            let vectors = embedder.as_ref().map(|e| {
-                let texts: Vec<&str> = batch.iter().map(|j| j.query.as_str()).collect();
+            embedder.map(|e| {
+                let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
                 e.embed(&texts)
                     .map(|v| (v, e.model_id().to_owned()))
                     .map_err(|err| err.to_string())
-            });
-            (batch, vectors)
+            })
         })
         .await;
-        let Ok((batch, vectors)) = embedded else {
-            // The blocking task panicked: its entries stay exact-only and out of KV.
-            tracing::error!("cache store embedding task failed");
-            service.pending.finish(last);
-            continue;
-        };
-        let vectors = match vectors {
-            Some(Ok((v, model))) if v.len() == batch.len() => Some((v, model)),
-            Some(Ok(_)) => {
+        let vectors = match embedded {
+            Ok(Some(Ok((v, model)))) if v.len() == jobs.len() => Some((v, model)),
+            Ok(Some(Ok(_))) => {
                 tracing::warn!(
                     "embedding returned a wrong number of vectors; entries kept exact-only"
                 );
                 None
             }
-            Some(Err(e)) => {
+            Ok(Some(Err(e))) => {
                 tracing::warn!(error = %e, "embedding stored queries failed; entries kept exact-only");
                 None
             }
-            None => None,
+            Ok(None) => None,
+            Err(e) => {
+                tracing::error!(error = %e, "cache store embedding task failed; entries kept exact-only");
+                None
+            }
         };
-        let mut vectors = vectors.map(|(v, model)| (v.into_iter(), model));
-        let mut finished = Vec::with_capacity(batch.len());
-        for job in batch {
-            let vector = vectors
-                .as_mut()
-                .and_then(|(v, model)| Some((index::encode_vector(&v.next()?), model.clone())));
-            if let Some(entry) = service.attach_vector(&job.key, job.stored_ms, vector) {
-                finished.push(entry);
+        if let Some((vectors, model)) = vectors {
+            for (job, v) in jobs.iter().zip(vectors) {
+                service.attach_vector(&job.key, job.stored_ms, index::encode_vector(&v), &model);
             }
         }
         // The index has the vectors: lookups waiting on them may go.
         service.pending.finish(last);
-        for entry in finished {
-            match serde_json::to_vec(&entry) {
-                Ok(body) => share_entry(&nats, &kv, &entry.key, body, &[]).await,
-                Err(e) => tracing::warn!(error = %e, "cache entry not serialisable"),
-            }
+        for job in jobs.drain(..) {
+            // The loop is gone only after it stopped taking these: nothing left to write.
+            let _ = done.send((job.key, job.stored_ms)).await;
         }
     }
 }
 
 /// Stores one answer: prepared (hashing only) and indexed before the loop takes the next
 /// message, so a lookup that follows its store finds it, then shared through KV. An entry that
-/// wants its query embedded is written to KV by [`StoreEmbeddings`] once it has its vector.
+/// wants its query embedded is written to KV once [`StoreEmbeddings`] is done with it
+/// ([`put_current`]).
 pub(crate) async fn store(
     service: &Arc<Service>,
     nats: &async_nats::Client,
@@ -212,55 +221,61 @@ pub(crate) async fn store(
     let Some((entry, unembedded)) = service.prepare_unembedded(&req) else {
         return;
     };
-    let queued = unembedded && embeddings.queue(&entry);
-    let Some((key, body, evicted)) = index_entry(service, entry, !queued) else {
-        return;
+    let (key, stored_ms) = (entry.key.clone(), entry.stored_ms);
+    let embed = (unembedded.then(|| entry.scope.clone()), entry.query.clone());
+    // Indexed before it is queued, so the worker always finds it.
+    let evicted = service.apply(entry);
+    let queued = match embed {
+        (Some(scope), Some(query)) => embeddings.queue(&scope, &key, stored_ms, &query),
+        _ => false,
     };
-    if evicted.is_empty() && !kv.use_jetstream_prefix {
-        // An unacknowledged put only queues a message: no task needed.
-        if let Some(body) = body {
-            share_entry(nats, kv, &key, body, &[]).await;
-        }
-    } else {
-        let (nats, kv) = (nats.clone(), kv.clone());
+    if !evicted.is_empty() {
+        let kv = kv.clone();
         tasks.spawn(async move {
-            match body {
-                Some(body) => share_entry(&nats, &kv, &key, body, &evicted).await,
-                None => {
-                    delete_keys(&kv, &evicted).await;
-                }
-            }
+            delete_keys(&kv, &evicted).await;
         });
+    }
+    if !queued {
+        put_current(service, nats, kv, tasks, &key, stored_ms).await;
     }
 }
 
-/// Adds a prepared entry to this instance's index: its KV key, its JSON body (with `body`;
-/// else the entry goes to KV later) and the keys the index evicted, for [`share_entry`]; `None`
-/// when it cannot be serialised.
-fn index_entry(
+/// Writes the entry `key` stored at `stored_ms` to KV if the index still holds it unexpired (a
+/// purge, eviction or newer store since wins).
+pub(crate) async fn put_current(
     service: &Service,
-    entry: Entry,
-    body: bool,
-) -> Option<(String, Option<Vec<u8>>, Vec<String>)> {
-    let body = match body.then(|| serde_json::to_vec(&entry)).transpose() {
+    nats: &async_nats::Client,
+    kv: &async_nats::jetstream::kv::Store,
+    tasks: &tokio_util::task::TaskTracker,
+    key: &str,
+    stored_ms: u64,
+) {
+    let Some(entry) = service.current(key, stored_ms) else {
+        return;
+    };
+    let body = match serde_json::to_vec(&entry) {
         Ok(b) => b,
         Err(e) => {
             tracing::warn!(error = %e, "cache entry not serialisable");
-            return None;
+            return;
         }
     };
-    let key = entry.key.clone();
-    Some((key, body, service.apply(entry)))
+    if kv.use_jetstream_prefix {
+        // An acknowledged put: on a task, so the loop does not wait for it.
+        let (nats, kv, key) = (nats.clone(), kv.clone(), key.to_owned());
+        tasks.spawn(async move { share_entry(&nats, &kv, &key, body).await });
+    } else {
+        // An unacknowledged put only queues a message: no task needed.
+        share_entry(nats, kv, key, body).await;
+    }
 }
 
-/// Writes an entry to the shared KV bucket (so the other cache instances learn it) and deletes
-/// what the index evicted.
+/// Writes an entry to the shared KV bucket, so the other cache instances learn it.
 async fn share_entry(
     nats: &async_nats::Client,
     kv: &async_nats::jetstream::kv::Store,
     key: &str,
     body: Vec<u8>,
-    evicted: &[String],
 ) {
     if body.len() <= MAX_KV_ENTRY {
         if let Err(e) = put_unacknowledged(nats, kv, key, body).await {
@@ -272,7 +287,6 @@ async fn share_entry(
             "cache entry too large for KV; kept in this instance only"
         );
     }
-    delete_keys(kv, evicted).await;
 }
 
 /// Writes `key` like [`async_nats::jetstream::kv::Store::put`] but as a plain publish with no
@@ -309,22 +323,37 @@ mod tests {
     use crate::embed::{Embed, EmbedError, TrigramEmbedder};
     use crate::service::{ServiceOptions, run_with_ready};
     use futures::StreamExt as _;
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::{Arc, Condvar, Mutex};
     use std::time::Duration;
     use switchyard_schemas::FinishReason;
     use switchyard_schemas::cache::{
-        CacheKey, CacheOutcome, CachedAnswer, LookupReply, LookupRequest, StoreRequest,
+        CacheKey, CacheOutcome, CachedAnswer, LookupReply, LookupRequest, PurgeReply, PurgeRequest,
+        StoreRequest, purge_subject,
     };
     use switchyard_schemas::subjects::Subjects;
 
     /// [`TrigramEmbedder`] behind a gate: every call waits until the test opens it.
-    struct Gated(Arc<(Mutex<bool>, Condvar)>);
+    #[derive(Default)]
+    struct Gated {
+        open: Mutex<bool>,
+        cv: Condvar,
+        /// Texts embedded so far.
+        texts: AtomicUsize,
+    }
+
+    impl Gated {
+        fn open(&self) {
+            *self.open.lock().unwrap() = true;
+            self.cv.notify_all();
+        }
+    }
 
     impl Embed for Gated {
         fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
-            let (open, cv) = &*self.0;
-            let guard = open.lock().unwrap();
-            drop(cv.wait_while(guard, |o| !*o).unwrap());
+            let guard = self.open.lock().unwrap();
+            drop(self.cv.wait_while(guard, |o| !*o).unwrap());
+            self.texts.fetch_add(texts.len(), Ordering::SeqCst);
             TrigramEmbedder.embed(texts)
         }
         fn dims(&self) -> usize {
@@ -335,17 +364,87 @@ mod tests {
         }
     }
 
+    /// A nats-server and a cache service whose model is a shut [`Gated`].
+    struct Setup {
+        _server: switchyard_natsd::NatsServer,
+        nats: async_nats::Client,
+        kv: async_nats::jetstream::kv::Store,
+        gate: Arc<Gated>,
+        stop: tokio::sync::oneshot::Sender<()>,
+        service: tokio::task::JoinHandle<Result<(), crate::CacheError>>,
+    }
+
+    impl Setup {
+        async fn start() -> Self {
+            let server = switchyard_natsd::NatsServer::start_temp().unwrap();
+            let nats = async_nats::connect(server.url()).await.unwrap();
+            let gate = Arc::new(Gated::default());
+            let opts = ServiceOptions::new(Subjects::default(), Some(gate.clone()));
+            let (ready_tx, ready) = tokio::sync::oneshot::channel();
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let service = tokio::spawn(run_with_ready(
+                nats.clone(),
+                opts,
+                async {
+                    let _ = stopped.await;
+                },
+                move || {
+                    let _ = ready_tx.send(());
+                },
+            ));
+            ready.await.unwrap();
+            let js = async_nats::jetstream::new(nats.clone());
+            let kv = js.get_key_value(crate::BUCKET).await.unwrap();
+            Self {
+                _server: server,
+                nats,
+                kv,
+                gate,
+                stop,
+                service,
+            }
+        }
+
+        async fn store(&self, text: &str) -> String {
+            let store = StoreRequest {
+                key: key(text),
+                answer: CachedAnswer {
+                    chunks: vec![format!("answer to {text}")],
+                    tool_calls: vec![],
+                    finish_reason: FinishReason::Stop,
+                    usage: Default::default(),
+                },
+                target: Some("t".into()),
+                upstream_model: Some("m".into()),
+                ttl_s: 60,
+                semantic: true,
+            };
+            let body = serde_json::to_vec(&[&store]).unwrap();
+            self.nats
+                .publish(Subjects::default().cache_store(), body.into())
+                .await
+                .unwrap();
+            crate::canon::canonical(&store.key).unwrap().exact
+        }
+
+        async fn stop(self) {
+            self.stop.send(()).unwrap();
+            self.service.await.unwrap().unwrap();
+        }
+    }
+
     fn key(text: &str) -> CacheKey {
         serde_json::from_value(serde_json::json!({"route": "r",
             "messages": [{"role": "user", "content": text}], "params": {"max_tokens": 16}}))
         .unwrap()
     }
 
-    async fn lookup(nats: &async_nats::Client, text: &str) -> LookupReply {
+    async fn lookup(nats: &async_nats::Client, text: &str, timeout_ms: Option<u64>) -> LookupReply {
         let req = LookupRequest {
             key: key(text),
             semantic: true,
             threshold: 0.5,
+            timeout_ms,
         };
         let body = serde_json::to_vec(&req).unwrap();
         let msg = tokio::time::timeout(
@@ -358,76 +457,93 @@ mod tests {
         serde_json::from_slice(&msg.payload).unwrap()
     }
 
+    /// The next KV change of the bucket: (key, stored entry; `None` for a delete).
+    async fn next_change(
+        watch: &mut async_nats::jetstream::kv::Watch,
+    ) -> (String, Option<crate::index::Entry>) {
+        let e = tokio::time::timeout(Duration::from_secs(10), watch.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        let entry = (e.operation == async_nats::jetstream::kv::Operation::Put)
+            .then(|| serde_json::from_slice(&e.value).unwrap());
+        (e.key, entry)
+    }
+
     /// While a semantic route's store waits for its embedding, the exact layer answers it at
     /// once; a semantic lookup sent after the store waits for the embedding and then finds it;
     /// the entry reaches KV with its vector.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_store_embedding_holds_up_no_exact_lookup_and_semantic_lookups_wait_for_it() {
-        let server = switchyard_natsd::NatsServer::start_temp().unwrap();
-        let nats = async_nats::connect(server.url()).await.unwrap();
-        let gate = Arc::new((Mutex::new(false), Condvar::new()));
-        let opts = ServiceOptions::new(Subjects::default(), Some(Arc::new(Gated(gate.clone()))));
-        let (ready_tx, ready) = tokio::sync::oneshot::channel();
-        let (stop_tx, stop) = tokio::sync::oneshot::channel::<()>();
-        let service = tokio::spawn(run_with_ready(
-            nats.clone(),
-            opts,
-            async {
-                let _ = stop.await;
-            },
-            move || {
-                let _ = ready_tx.send(());
-            },
-        ));
-        ready.await.unwrap();
-
+        let s = Setup::start().await;
+        let mut watch = s.kv.watch_all().await.unwrap();
         let text = "How do I turn on dark mode?";
-        let store = StoreRequest {
-            key: key(text),
-            answer: CachedAnswer {
-                chunks: vec!["Settings, then Appearance.".into()],
-                tool_calls: vec![],
-                finish_reason: FinishReason::Stop,
-                usage: Default::default(),
-            },
-            target: Some("t".into()),
-            upstream_model: Some("m".into()),
-            ttl_s: 60,
-            semantic: true,
-        };
-        let body = serde_json::to_vec(&[&store]).unwrap();
-        nats.publish(Subjects::default().cache_store(), body.into())
-            .await
-            .unwrap();
+        let entry_key = s.store(text).await;
         // The gate is shut: only an answer that needs no embedding can come back.
-        let exact = lookup(&nats, text).await;
+        let exact = lookup(&s.nats, text, None).await;
         assert_eq!(exact.outcome, CacheOutcome::Hit, "{:?}", exact.reason);
         let near = {
-            let nats = nats.clone();
-            tokio::spawn(async move { lookup(&nats, "how do I turn on dark mode").await })
+            let nats = s.nats.clone();
+            tokio::spawn(async move { lookup(&nats, "how do I turn on dark mode", None).await })
         };
-        // The KV entry appears only once embedded: watch for it before opening the gate.
-        let js = async_nats::jetstream::new(nats.clone());
-        let kv = js.get_key_value(crate::BUCKET).await.unwrap();
-        let entry_key = crate::canon::canonical(&store.key).unwrap().exact;
-        let mut watch = kv.watch_with_history(&entry_key).await.unwrap();
-        {
-            let (open, cv) = &*gate;
-            *open.lock().unwrap() = true;
-            cv.notify_all();
-        }
+        s.gate.open();
         let near = near.await.unwrap();
         assert_eq!(near.outcome, CacheOutcome::SemanticHit, "{:?}", near.reason);
-        assert_eq!(near.answer.unwrap().text(), "Settings, then Appearance.");
-        let put = tokio::time::timeout(Duration::from_secs(10), watch.next())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
-        let stored: crate::index::Entry = serde_json::from_slice(&put.value).unwrap();
+        assert_eq!(near.answer.unwrap().text(), format!("answer to {text}"));
+        // The first KV write of the entry already carries its vector.
+        let (k, stored) = next_change(&mut watch).await;
+        assert_eq!(k, entry_key);
+        let stored = stored.unwrap();
         assert_eq!(stored.embed_model.as_deref(), Some("trigram:256"));
         assert!(stored.vector.is_some());
-        stop_tx.send(()).unwrap();
-        service.await.unwrap().unwrap();
+        s.stop().await;
+    }
+
+    /// An entry purged while its embedding is pending does not come back: its embedding ends
+    /// without a KV write (a store queued after it is written, and nothing of the purged one
+    /// before it).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_purge_during_a_pending_embedding_is_not_undone() {
+        let s = Setup::start().await;
+        let purged = s.store("What is Rust?").await;
+        let req = serde_json::to_vec(&PurgeRequest {
+            all: true,
+            ..Default::default()
+        })
+        .unwrap();
+        let reply = s
+            .nats
+            .request(purge_subject(&Subjects::default()), req.into())
+            .await
+            .unwrap();
+        let reply: PurgeReply = serde_json::from_slice(&reply.payload).unwrap();
+        assert_eq!(reply.error, None);
+        let mut watch = s.kv.watch_all().await.unwrap();
+        let kept = s.store("What is Go?").await;
+        s.gate.open();
+        let (k, stored) = next_change(&mut watch).await;
+        assert_eq!((k.as_str(), stored.is_some()), (kept.as_str(), true));
+        assert_ne!(k, purged);
+        let lookup_purged = lookup(&s.nats, "What is Rust?", None).await;
+        assert_eq!(lookup_purged.outcome, CacheOutcome::Miss);
+        s.stop().await;
+    }
+
+    /// A semantic lookup whose scope's store embeddings outlast its `timeout_ms` is answered
+    /// `bypass` once that passes, and its query is not embedded.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lookup_gives_up_at_its_timeout_without_embedding() {
+        let s = Setup::start().await;
+        s.store("What is Rust?").await;
+        // Were it to wait the service's 2 s and then embed, the shut gate would hold it past
+        // this request's 10 s.
+        let r = lookup(&s.nats, "what is Rust", Some(100)).await;
+        assert_eq!(r.outcome, CacheOutcome::Bypass, "{:?}", r.reason);
+        s.gate.open();
+        let gate = s.gate.clone();
+        s.stop().await;
+        // Only the store's query was embedded.
+        assert_eq!(gate.texts.load(Ordering::SeqCst), 1);
     }
 }
