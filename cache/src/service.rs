@@ -836,7 +836,7 @@ fn lookup_span(headers: Option<&async_nats::HeaderMap>) -> tracing::Span {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::embed::TrigramEmbedder;
@@ -844,7 +844,8 @@ mod tests {
     use switchyard_schemas::FinishReason;
     use switchyard_schemas::cache::{CacheKey, CachedAnswer};
 
-    fn key(text: &str, max_tokens: u32) -> CacheKey {
+    /// A one-message request of route `r`.
+    pub(crate) fn key(text: &str, max_tokens: u32) -> CacheKey {
         serde_json::from_value(
             json!({"route": "r", "messages": [{"role": "user", "content": text}],
             "params": {"max_tokens": max_tokens}}),
@@ -852,7 +853,8 @@ mod tests {
         .unwrap()
     }
 
-    fn store(text: &str, max_tokens: u32) -> StoreRequest {
+    /// A store of `key(text, max_tokens)` answered "answer to {text}" (a semantic route's).
+    pub(crate) fn store(text: &str, max_tokens: u32) -> StoreRequest {
         StoreRequest {
             key: key(text, max_tokens),
             answer: CachedAnswer {

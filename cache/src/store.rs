@@ -321,15 +321,14 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     #![allow(clippy::disallowed_methods, reason = "tasks end with their test")]
     use crate::embed::{Embed, EmbedError, TrigramEmbedder};
+    use crate::service::tests::key;
     use crate::service::{ServiceOptions, run_with_ready};
     use futures::StreamExt as _;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::{Arc, Condvar, Mutex};
     use std::time::Duration;
-    use switchyard_schemas::FinishReason;
     use switchyard_schemas::cache::{
-        CacheKey, CacheOutcome, CachedAnswer, LookupReply, LookupRequest, PurgeReply, PurgeRequest,
-        StoreRequest, purge_subject,
+        CacheOutcome, LookupReply, LookupRequest, PurgeReply, PurgeRequest, purge_subject,
     };
     use switchyard_schemas::subjects::Subjects;
 
@@ -406,19 +405,7 @@ mod tests {
         }
 
         async fn store(&self, text: &str) -> String {
-            let store = StoreRequest {
-                key: key(text),
-                answer: CachedAnswer {
-                    chunks: vec![format!("answer to {text}")],
-                    tool_calls: vec![],
-                    finish_reason: FinishReason::Stop,
-                    usage: Default::default(),
-                },
-                target: Some("t".into()),
-                upstream_model: Some("m".into()),
-                ttl_s: 60,
-                semantic: true,
-            };
+            let store = crate::service::tests::store(text, 16);
             let body = serde_json::to_vec(&[&store]).unwrap();
             self.nats
                 .publish(Subjects::default().cache_store(), body.into())
@@ -433,15 +420,9 @@ mod tests {
         }
     }
 
-    fn key(text: &str) -> CacheKey {
-        serde_json::from_value(serde_json::json!({"route": "r",
-            "messages": [{"role": "user", "content": text}], "params": {"max_tokens": 16}}))
-        .unwrap()
-    }
-
     async fn lookup(nats: &async_nats::Client, text: &str, timeout_ms: Option<u64>) -> LookupReply {
         let req = LookupRequest {
-            key: key(text),
+            key: key(text, 16),
             semantic: true,
             threshold: 0.5,
             timeout_ms,
