@@ -69,6 +69,23 @@ pub(crate) struct BenchArgs {
     /// asks the cache service, as before the key set (an A/B switch).
     #[arg(long)]
     pub no_cache_key_set: bool,
+    /// Give the bench routes the semantic cache layer (`cache: {semantic: true}`): `up` loads
+    /// the embedding model, and every stored answer and every lookup of the routes' one scope
+    /// is embedded (the prompts differ only in a number, so the verification rules reject every
+    /// candidate and each request is still a miss).
+    #[arg(long)]
+    pub semantic: bool,
+}
+
+/// How the bench config sets up the answer cache (see [`BenchArgs`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct CacheSetup {
+    /// `cache_replica.enabled`.
+    replica: bool,
+    /// `cache_replica.key_set`.
+    key_set: bool,
+    /// The routes' `cache.semantic`.
+    semantic: bool,
 }
 
 /// The other benchmarks of `switchyard bench`.
@@ -167,9 +184,12 @@ async fn js_writes(
 }
 
 /// The gateway's config: one JSON and one streaming model on the mock, a budgeted key, limits.
-/// `cache` is the `cache_replica` block's (`enabled`, `key_set`).
-fn config_yaml(dir: &Path, listen: u16, mock: u16, stream_ms: u64, cache: (bool, bool)) -> String {
-    let (replica, key_set) = cache;
+fn config_yaml(dir: &Path, listen: u16, mock: u16, stream_ms: u64, cache: CacheSetup) -> String {
+    let CacheSetup {
+        replica,
+        key_set,
+        semantic,
+    } = cache;
     let delay = stream_ms / CHUNKS;
     let limits = "{rpm: 100000000, tpm: 100000000000, max_concurrency: 100000}";
     format!(
@@ -180,8 +200,8 @@ fn config_yaml(dir: &Path, listen: u16, mock: u16, stream_ms: u64, cache: (bool,
          \x20 - {{id: json, provider: openai, base_url: \"http://127.0.0.1:{mock}/v1\", upstream_model: mock, limits: {limits}}}\n\
          \x20 - {{id: stream, provider: openai, base_url: \"http://127.0.0.1:{mock}/x/chunks={CHUNKS},chunk_delay_ms={delay}/v1\", upstream_model: mock, limits: {limits}}}\n\
          models:\n\
-         \x20 - {{id: bench/json, targets: [json], cache: {{enabled: true, semantic: false}}}}\n\
-         \x20 - {{id: bench/stream, targets: [stream], cache: {{enabled: true, semantic: false}}}}\n\
+         \x20 - {{id: bench/json, targets: [json], cache: {{enabled: true, semantic: {semantic}}}}}\n\
+         \x20 - {{id: bench/stream, targets: [stream], cache: {{enabled: true, semantic: {semantic}}}}}\n\
          keys:\n\
          \x20 - {{id: bench, tenant: bench, key: {KEY}}}\n\
          tenants:\n\
@@ -418,7 +438,11 @@ pub(crate) async fn run(args: BenchArgs) -> Result<(), String> {
             port,
             mock_port,
             args.stream_ms,
-            (args.cache_replica, !args.no_cache_key_set),
+            CacheSetup {
+                replica: args.cache_replica,
+                key_set: !args.no_cache_key_set,
+                semantic: args.semantic,
+            },
         ),
     )
     .map_err(|e| e.to_string())?;
@@ -770,30 +794,33 @@ async fn batch_phase(
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    /// The bench config parses, its routes are exact-only, and `--cache-replica` switches the
-    /// ingress cache replica.
+    use super::CacheSetup;
+
+    /// The bench config parses; `--cache-replica`, `--no-cache-key-set` and `--semantic`
+    /// switch what they name, and the routes are exact-only without `--semantic`.
     #[test]
-    fn the_bench_config_parses_with_and_without_the_cache_replica() {
-        for cache in [(false, true), (true, true), (false, false)] {
+    fn the_bench_config_parses_with_each_cache_setup() {
+        for (replica, key_set, semantic) in [
+            (false, true, false),
+            (true, true, false),
+            (false, false, false),
+            (false, true, true),
+        ] {
+            let cache = CacheSetup {
+                replica,
+                key_set,
+                semantic,
+            };
             let dir = std::path::Path::new("/tmp/bench");
             let text = super::config_yaml(dir, 8080, 9090, 100, cache);
             let config = crate::config::parse("bench", &text, |_| None).unwrap();
             let c = &config.cache_replica;
-            assert_eq!((c.enabled, c.key_set), cache);
+            assert_eq!((c.enabled, c.key_set), (replica, key_set));
+            assert!(config.models.iter().all(|m| {
+                m.cache
+                    .as_ref()
+                    .is_some_and(|c| c.enabled && c.semantic == semantic)
+            }));
         }
-        let text = super::config_yaml(
-            std::path::Path::new("/tmp/bench"),
-            8080,
-            9090,
-            100,
-            (false, true),
-        );
-        let config = crate::config::parse("bench", &text, |_| None).unwrap();
-        assert!(
-            config
-                .models
-                .iter()
-                .all(|m| m.cache.as_ref().is_some_and(|c| c.enabled && !c.semantic))
-        );
     }
 }
