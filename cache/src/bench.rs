@@ -163,7 +163,6 @@ pub fn run(
                 key: key(route, &text(i)),
                 semantic: true,
                 threshold,
-                timeout_ms: None,
             };
             let t = Instant::now();
             let r = svc.lookup(&req);

@@ -2,14 +2,15 @@
 //!
 //! Ordering: stores are applied in the order they arrive (in the subscription loop), lookups are
 //! answered concurrently after everything received before them was applied — so on one instance a
-//! lookup that follows a store sees it (a semantic lookup waits for the store's embedding, see
-//! [`crate::store`]). Across instances a store becomes visible when the KV watch delivers it
-//! (a few milliseconds; a semantic route's store once it is embedded).
+//! lookup that follows a store sees it through the exact layer, and through the semantic layer
+//! once the store's query is embedded (off the loop, see [`crate::store`]). Across instances a
+//! store becomes visible when the KV watch delivers it (a few milliseconds; a semantic route's
+//! store once it is embedded).
 
 use crate::canon::{self, Canonical};
 use crate::embed::{Embed, OnDemand};
 use crate::index::{self, Entry, Index};
-use crate::store::{Pending, StoreEmbeddings, WAIT, put_current, store};
+use crate::store::{StoreEmbeddings, put_current, store};
 use crate::verify;
 use futures::StreamExt;
 use parking_lot::{Mutex, RwLock};
@@ -17,7 +18,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 use switchyard_schemas::cache::{
-    CacheOutcome, LookupReply, LookupRequest, PurgeReply, PurgeRequest, StoreRequest, purge_subject,
+    CacheKey, CacheOutcome, LookupReply, LookupRequest, PurgeReply, PurgeRequest, StoreRequest,
+    purge_subject,
 };
 use switchyard_schemas::now_ms;
 use switchyard_schemas::subjects::Subjects;
@@ -43,8 +45,6 @@ fn kv_err(e: impl std::fmt::Display) -> CacheError {
 pub struct SemanticProbe {
     c: Canonical,
     embedder: Arc<dyn Embed>,
-    /// The scope's latest pending store embedding, to wait for before comparing.
-    wait_for: Option<u64>,
 }
 
 /// Settings of one cache instance.
@@ -135,8 +135,6 @@ pub struct Service {
     opts: ServiceOptions,
     index: RwLock<Index>,
     recent: Mutex<Recent>,
-    /// Store embeddings not finished yet, by scope.
-    pub(crate) pending: Pending,
 }
 
 impl Service {
@@ -145,7 +143,6 @@ impl Service {
         Self {
             index: RwLock::new(Index::new(opts.max_entries)),
             recent: Mutex::new(Recent::default()),
-            pending: Pending::default(),
             opts,
         }
     }
@@ -173,10 +170,12 @@ impl Service {
         self.index.read().is_empty()
     }
 
-    /// Why the semantic layer may not answer `req`, if it may not.
-    fn semantic_block(&self, req: &LookupRequest, c: &Canonical) -> Option<String> {
-        let p = &req.key.params;
-        if !req.semantic {
+    /// Why the semantic layer may not answer a request with `key` (canonical form `c`) on a
+    /// route whose `cache.semantic` is `semantic`, if it may not. The same rules decide whether
+    /// a store is embedded: an entry no lookup of its scope may compare needs no vector.
+    fn semantic_block(&self, semantic: bool, key: &CacheKey, c: &Canonical) -> Option<String> {
+        let p = &key.params;
+        if !semantic {
             return Some("semantic layer off for this route".into());
         }
         if self.embedder().is_none() {
@@ -244,7 +243,7 @@ impl Service {
                 reason: None,
             });
         }
-        if let Some(why) = self.semantic_block(req, &c) {
+        if let Some(why) = self.semantic_block(req.semantic, &req.key, &c) {
             return Ok(LookupReply::empty(
                 CacheOutcome::Miss,
                 format!("exact miss; {why}"),
@@ -253,24 +252,19 @@ impl Service {
         let Some(embedder) = self.embedder().filter(|_| c.query.is_some()) else {
             return Ok(LookupReply::empty(CacheOutcome::Miss, "exact miss"));
         };
-        // Nothing to compare with, nor any store of the scope being embedded: answer at once.
-        let wait_for = self.pending.latest(&c.scope);
-        if wait_for.is_none() && !self.index.read().has_vectors(&c.scope) {
+        // Nothing to compare with: answer at once, without embedding.
+        if !self.index.read().has_vectors(&c.scope) {
             return Ok(LookupReply::empty(
                 CacheOutcome::Miss,
                 "exact miss; no entry in this scope",
             ));
         }
-        Err(SemanticProbe {
-            c,
-            embedder,
-            wait_for,
-        })
+        Err(SemanticProbe { c, embedder })
     }
 
     /// The semantic layer of a lookup whose exact part missed (CPU work: embeds the query).
     pub fn lookup_semantic(&self, req: &LookupRequest, probe: SemanticProbe) -> LookupReply {
-        let SemanticProbe { c, embedder, .. } = probe;
+        let SemanticProbe { c, embedder } = probe;
         let now = now_ms();
         let Some(query) = c.query.as_deref() else {
             return LookupReply::empty(CacheOutcome::Miss, "exact miss");
@@ -343,8 +337,9 @@ impl Service {
     }
 
     /// The cheap part of [`Service::prepare`] (no embedding): the entry, with its vector when a
-    /// recent lookup of the same text embedded it, and whether it still wants one (a semantic
-    /// route's store with a query and a model loaded).
+    /// recent lookup of the same text embedded it, and whether it still wants one: a semantic
+    /// route's store that its scope's lookups may compare by meaning (the lookup's rules:
+    /// temperature, turns, a final user text), with a model loaded.
     pub(crate) fn prepare_unembedded(&self, req: &StoreRequest) -> Option<(Entry, bool)> {
         if req.key.params.n.is_some_and(|n| n > 1) {
             return None;
@@ -364,8 +359,10 @@ impl Service {
         let mut vector = None;
         let mut embed_model = None;
         let mut unembedded = false;
-        let embedder = self.embedder().filter(|_| req.semantic);
-        if let (Some(embedder), Some(_)) = (embedder, c.query.as_deref()) {
+        let embedder = self
+            .embedder()
+            .filter(|_| self.semantic_block(req.semantic, &req.key, &c).is_none());
+        if let Some(embedder) = embedder {
             match self.recent.lock().map.get(&c.exact) {
                 Some(v) => {
                     vector = Some(index::encode_vector(v));
@@ -738,18 +735,7 @@ pub async fn run_with_ready(
                         Ok(reply_body) => send_lookup_reply(&nats, reply, span, reply_body).await,
                         Err(probe) => {
                             let (service, nats) = (service.clone(), nats.clone());
-                            let received = tokio::time::Instant::now();
                             tasks.spawn(async move {
-                                let limit = req.timeout_ms.map_or(WAIT, |ms| WAIT.min(Duration::from_millis(ms)));
-                                if let Some(seq) = probe.wait_for {
-                                    service.pending.wait(seq, received + limit).await;
-                                }
-                                if req.timeout_ms.is_some() && received.elapsed() >= limit {
-                                    // The asker has stopped waiting: no embedding for nobody.
-                                    let why = "exact miss; the scope's store embeddings outlasted the lookup's timeout";
-                                    send_lookup_reply(&nats, reply, span, LookupReply::empty(CacheOutcome::Bypass, why)).await;
-                                    return;
-                                }
                                 let answer = tokio::task::spawn_blocking(move || service.lookup_semantic(&req, probe)).await;
                                 let reply_body = match answer {
                                     Ok(r) => r,
@@ -768,7 +754,7 @@ pub async fn run_with_ready(
                         }
                     };
                     for req in reqs {
-                        store(&service, &nats, &kv, &tasks, &embeddings, req).await;
+                        store(&service, &nats, &kv, &tasks, &mut embeddings, req).await;
                     }
                 } else if subject == purge_subject {
                     let Some(reply) = msg.reply.clone() else { continue };
@@ -842,7 +828,7 @@ pub(crate) mod tests {
     use crate::embed::TrigramEmbedder;
     use serde_json::json;
     use switchyard_schemas::FinishReason;
-    use switchyard_schemas::cache::{CacheKey, CachedAnswer};
+    use switchyard_schemas::cache::CachedAnswer;
 
     /// A one-message request of route `r`.
     pub(crate) fn key(text: &str, max_tokens: u32) -> CacheKey {
@@ -875,7 +861,6 @@ pub(crate) mod tests {
             key: key(text, max_tokens),
             semantic: true,
             threshold,
-            timeout_ms: None,
         }
     }
 
@@ -925,6 +910,19 @@ pub(crate) mod tests {
         let mut l = lookup("How do I turn on dark mode?", 16, 0.5);
         l.semantic = false;
         assert_eq!(s.lookup(&l).outcome, CacheOutcome::Hit);
+    }
+
+    /// A semantic route's store that no lookup of its scope could compare by meaning (here a
+    /// temperature above the semantic layer's limit) is not embedded either.
+    #[test]
+    fn a_store_its_lookups_cannot_compare_is_not_embedded() {
+        let s = service();
+        let mut st = store("What is Rust?", 16);
+        st.key.params.temperature = Some(1.5);
+        let (e, unembedded) = s.prepare_unembedded(&st).unwrap();
+        assert_eq!((e.vector, unembedded), (None, false));
+        let (e, unembedded) = s.prepare_unembedded(&store("What is Rust?", 16)).unwrap();
+        assert_eq!((e.vector, unembedded), (None, true));
     }
 
     /// The model loads only when a semantic lookup needs it, once; meanwhile the exact layer

@@ -1,90 +1,40 @@
 //! The store path of the cache service: index an entry, embed its query off the message loop,
 //! write it to KV.
 //!
-//! A store from a semantic route needs its query embedded: milliseconds of CPU with the real
-//! model. Embedded inside the subscription loop, it held up every message behind it, exact
-//! lookups included, which then missed ingress's lookup timeout under load. Now the loop indexes
-//! the entry at once without its vector (an exact lookup finds it) and queues the embedding here.
-//! One task takes queued queries in batches of up to [`BATCH`], embeds them in one call on the
-//! blocking pool, swaps each vector into its entry if the index still holds that very entry (same
-//! `stored_ms`; a newer store of the key or a purge wins), then writes the entry to KV, so other
-//! instances learn it with its vector.
+//! A store from a semantic route needs its query embedded, unless a lookup of the same text
+//! embedded it a moment before (the service keeps recent lookup vectors): milliseconds of CPU
+//! with the real model. Embedded inside the subscription loop, it held up every message behind
+//! it, exact lookups included, which then missed ingress's lookup timeout under load; that is the
+//! first store of every conversation turn, whose scope (the history) was new to its lookup. Now
+//! the loop indexes the entry at once without its vector (an exact lookup finds it) and queues
+//! the embedding here. One task takes queued queries in batches of up to [`BATCH`], embeds them
+//! in one call on the blocking pool, and swaps each vector into its entry if the index still
+//! holds that very entry (same `stored_ms`; a newer store of the key or a purge wins).
 //!
-//! Ordering: a semantic lookup of a scope with store embeddings pending waits for them (at most
-//! [`WAIT`], or the lookup's own `timeout_ms`, after which it is answered `bypass` without being
-//! embedded), so on one instance a lookup that follows a store still finds it semantically.
+//! Lookups do not wait for queued embeddings: a near-duplicate asked while its original is
+//! still being embedded misses (one upstream call) instead of every lookup of a busy scope
+//! queueing behind the stores, which under load fed on itself (docs/BENCHMARKS.md).
 //!
 //! KV: every KV write of an instance happens in its message loop, in order with its stores and
 //! purges, each after checking that the index still holds that entry unexpired
-//! ([`put_current`]); so a purge, an eviction or a newer store of the key always wins.
+//! ([`put_current`]); so a purge, an eviction or a newer store of the key always wins. An entry
+//! being embedded reaches KV once it has its vector.
+//!
 //! Backpressure: beyond [`QUEUE`] queued embeddings a store stays exact-only (counted, logged).
 
 use crate::index;
 use crate::service::{Service, delete_keys};
-use parking_lot::Mutex;
-use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 use switchyard_schemas::cache::StoreRequest;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 
 /// Store embeddings queued at most; one more leaves its entry exact-only.
 pub const QUEUE: usize = 1024;
 /// Queries embedded in one model call at most.
 pub const BATCH: usize = 16;
-/// Longest a semantic lookup waits for its scope's pending store embeddings.
-pub const WAIT: Duration = Duration::from_secs(2);
-
-/// Store embeddings queued or running, by scope: what a semantic lookup must wait for.
-pub(crate) struct Pending {
-    /// Per scope, the sequence number of its latest queued embedding; and the next number.
-    scopes: Mutex<(HashMap<String, u64>, u64)>,
-    /// The sequence number up to which every embedding has finished (they finish in order).
-    done: watch::Sender<u64>,
-    /// Stores left exact-only because the queue was full.
-    skipped: AtomicU64,
-}
-
-impl Default for Pending {
-    fn default() -> Self {
-        Self {
-            scopes: Mutex::new((HashMap::new(), 1)),
-            done: watch::channel(0).0,
-            skipped: AtomicU64::new(0),
-        }
-    }
-}
-
-impl Pending {
-    /// The sequence number a lookup of `scope` must wait for, if an embedding of it is pending.
-    pub(crate) fn latest(&self, scope: &str) -> Option<u64> {
-        self.scopes.lock().0.get(scope).copied()
-    }
-
-    /// Waits until embedding `seq` and all before it have finished, or `deadline`.
-    pub(crate) async fn wait(&self, seq: u64, deadline: tokio::time::Instant) {
-        let mut done = self.done.subscribe();
-        let _ = tokio::time::timeout_at(deadline, done.wait_for(|d| *d >= seq)).await;
-    }
-
-    fn begin(&self, scope: &str) -> u64 {
-        let mut s = self.scopes.lock();
-        let seq = s.1;
-        s.1 += 1;
-        s.0.insert(scope.to_owned(), seq);
-        seq
-    }
-
-    fn finish(&self, up_to: u64) {
-        self.scopes.lock().0.retain(|_, s| *s > up_to);
-        self.done.send_replace(up_to);
-    }
-}
 
 /// One entry waiting for its vector.
 struct Job {
-    seq: u64,
     key: String,
     stored_ms: u64,
     query: String,
@@ -94,7 +44,8 @@ struct Job {
 /// with back through [`StoreEmbeddings::finished`], and the message loop writes it to KV.
 pub(crate) struct StoreEmbeddings {
     tx: Option<mpsc::Sender<Job>>,
-    service: Arc<Service>,
+    /// Stores left exact-only because the queue was full.
+    skipped: u64,
     /// (key, stored_ms) of entries embedded (or given up on), to be written to KV.
     finished: mpsc::Receiver<(String, u64)>,
 }
@@ -107,33 +58,30 @@ impl StoreEmbeddings {
         tasks.spawn(work(rx, done_tx, service.clone()));
         Self {
             tx: Some(tx),
-            service,
+            skipped: 0,
             finished,
         }
     }
 
-    /// Queues the embedding of `query`, the query of the entry `key` of `scope` stored at
+    /// Queues the embedding of `query`, the query of the entry `key` stored at
     /// `stored_ms` (already indexed without its vector); false when the queue is full or closed
     /// (the entry stays exact-only).
-    fn queue(&self, scope: &str, key: &str, stored_ms: u64, query: &str) -> bool {
+    fn queue(&mut self, key: &str, stored_ms: u64, query: &str) -> bool {
         let Some(tx) = &self.tx else {
             return false;
         };
-        let pending = &self.service.pending;
-        // The permit first: a sequence number is only taken by a job that will finish it.
         let Ok(permit) = tx.try_reserve() else {
-            let n = pending.skipped.fetch_add(1, Ordering::Relaxed);
-            if n.is_multiple_of(1000) {
+            self.skipped += 1;
+            if self.skipped % 1000 == 1 {
                 tracing::warn!(
                     queued = QUEUE,
-                    skipped = n + 1,
+                    skipped = self.skipped,
                     "cache store embeddings queue full; entry kept exact-only"
                 );
             }
             return false;
         };
         permit.send(Job {
-            seq: pending.begin(scope),
             key: key.to_owned(),
             stored_ms,
             query: query.to_owned(),
@@ -162,7 +110,6 @@ async fn work(
 ) {
     let mut jobs = Vec::with_capacity(BATCH);
     while rx.recv_many(&mut jobs, BATCH).await > 0 {
-        let last = jobs.last().map_or(0, |j| j.seq);
         let texts: Vec<String> = jobs.iter().map(|j| j.query.clone()).collect();
         let embedder = service.embedder();
         let embedded = tokio::task::spawn_blocking(move || {
@@ -197,8 +144,6 @@ async fn work(
                 service.attach_vector(&job.key, job.stored_ms, index::encode_vector(&v), &model);
             }
         }
-        // The index has the vectors: lookups waiting on them may go.
-        service.pending.finish(last);
         for job in jobs.drain(..) {
             // The loop is gone only after it stopped taking these: nothing left to write.
             let _ = done.send((job.key, job.stored_ms)).await;
@@ -215,20 +160,17 @@ pub(crate) async fn store(
     nats: &async_nats::Client,
     kv: &async_nats::jetstream::kv::Store,
     tasks: &tokio_util::task::TaskTracker,
-    embeddings: &StoreEmbeddings,
+    embeddings: &mut StoreEmbeddings,
     req: StoreRequest,
 ) {
     let Some((entry, unembedded)) = service.prepare_unembedded(&req) else {
         return;
     };
     let (key, stored_ms) = (entry.key.clone(), entry.stored_ms);
-    let embed = (unembedded.then(|| entry.scope.clone()), entry.query.clone());
+    let query = entry.query.clone().filter(|_| unembedded);
     // Indexed before it is queued, so the worker always finds it.
     let evicted = service.apply(entry);
-    let queued = match embed {
-        (Some(scope), Some(query)) => embeddings.queue(&scope, &key, stored_ms, &query),
-        _ => false,
-    };
+    let queued = query.is_some_and(|q| embeddings.queue(&key, stored_ms, &q));
     if !evicted.is_empty() {
         let kv = kv.clone();
         tasks.spawn(async move {
@@ -420,12 +362,11 @@ mod tests {
         }
     }
 
-    async fn lookup(nats: &async_nats::Client, text: &str, timeout_ms: Option<u64>) -> LookupReply {
+    async fn lookup(nats: &async_nats::Client, text: &str) -> LookupReply {
         let req = LookupRequest {
             key: key(text, 16),
             semantic: true,
             threshold: 0.5,
-            timeout_ms,
         };
         let body = serde_json::to_vec(&req).unwrap();
         let msg = tokio::time::timeout(
@@ -453,31 +394,29 @@ mod tests {
     }
 
     /// While a semantic route's store waits for its embedding, the exact layer answers it at
-    /// once; a semantic lookup sent after the store waits for the embedding and then finds it;
-    /// the entry reaches KV with its vector.
+    /// once and a semantic lookup misses at once (nothing waits for the model); the entry reaches
+    /// KV with its vector, and from then on the semantic layer finds it.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_store_embedding_holds_up_no_exact_lookup_and_semantic_lookups_wait_for_it() {
+    async fn a_store_embedding_holds_up_no_lookup() {
         let s = Setup::start().await;
         let mut watch = s.kv.watch_all().await.unwrap();
         let text = "How do I turn on dark mode?";
         let entry_key = s.store(text).await;
-        // The gate is shut: only an answer that needs no embedding can come back.
-        let exact = lookup(&s.nats, text, None).await;
+        // The gate is shut: only answers that need no embedding can come back.
+        let exact = lookup(&s.nats, text).await;
         assert_eq!(exact.outcome, CacheOutcome::Hit, "{:?}", exact.reason);
-        let near = {
-            let nats = s.nats.clone();
-            tokio::spawn(async move { lookup(&nats, "how do I turn on dark mode", None).await })
-        };
+        let near = lookup(&s.nats, "how do I turn on dark mode").await;
+        assert_eq!(near.outcome, CacheOutcome::Miss, "{:?}", near.reason);
         s.gate.open();
-        let near = near.await.unwrap();
-        assert_eq!(near.outcome, CacheOutcome::SemanticHit, "{:?}", near.reason);
-        assert_eq!(near.answer.unwrap().text(), format!("answer to {text}"));
         // The first KV write of the entry already carries its vector.
         let (k, stored) = next_change(&mut watch).await;
         assert_eq!(k, entry_key);
         let stored = stored.unwrap();
         assert_eq!(stored.embed_model.as_deref(), Some("trigram:256"));
         assert!(stored.vector.is_some());
+        let near = lookup(&s.nats, "how do I turn on dark mode").await;
+        assert_eq!(near.outcome, CacheOutcome::SemanticHit, "{:?}", near.reason);
+        assert_eq!(near.answer.unwrap().text(), format!("answer to {text}"));
         s.stop().await;
     }
 
@@ -506,25 +445,8 @@ mod tests {
         let (k, stored) = next_change(&mut watch).await;
         assert_eq!((k.as_str(), stored.is_some()), (kept.as_str(), true));
         assert_ne!(k, purged);
-        let lookup_purged = lookup(&s.nats, "What is Rust?", None).await;
+        let lookup_purged = lookup(&s.nats, "What is Rust?").await;
         assert_eq!(lookup_purged.outcome, CacheOutcome::Miss);
         s.stop().await;
-    }
-
-    /// A semantic lookup whose scope's store embeddings outlast its `timeout_ms` is answered
-    /// `bypass` once that passes, and its query is not embedded.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_lookup_gives_up_at_its_timeout_without_embedding() {
-        let s = Setup::start().await;
-        s.store("What is Rust?").await;
-        // Were it to wait the service's 2 s and then embed, the shut gate would hold it past
-        // this request's 10 s.
-        let r = lookup(&s.nats, "what is Rust", Some(100)).await;
-        assert_eq!(r.outcome, CacheOutcome::Bypass, "{:?}", r.reason);
-        s.gate.open();
-        let gate = s.gate.clone();
-        s.stop().await;
-        // Only the store's query was embedded.
-        assert_eq!(gate.texts.load(Ordering::SeqCst), 1);
     }
 }

@@ -75,6 +75,12 @@ pub(crate) struct BenchArgs {
     /// candidate and each request is still a miss).
     #[arg(long)]
     pub semantic: bool,
+    /// Make each request the second turn of a conversation of its own (a first question, its
+    /// answer, then the request's question): no two requests share a cache scope, so a semantic
+    /// lookup has nothing to compare with and every stored answer is embedded — a chat
+    /// workload's later turns.
+    #[arg(long)]
+    pub own_conversations: bool,
 }
 
 /// How the bench config sets up the answer cache (see [`BenchArgs`]).
@@ -293,6 +299,8 @@ struct Path2 {
     url: String,
     model: &'static str,
     key: bool,
+    /// See [`BenchArgs::own_conversations`].
+    own_conversations: bool,
 }
 
 /// One request scheduled at `at`; latency (µs, from `at`) to the full body or, when `stream`,
@@ -304,8 +312,18 @@ async fn one(
     stream: bool,
     at: Instant,
 ) -> Result<(u64, Vec<u64>), String> {
+    let question = serde_json::json!({"role": "user", "content": format!("bench request {n}")});
+    let messages = if path.own_conversations {
+        serde_json::json!([
+            {"role": "user", "content": format!("bench conversation {n}")},
+            {"role": "assistant", "content": "Go on."},
+            question,
+        ])
+    } else {
+        serde_json::json!([question])
+    };
     let body = serde_json::json!({"model": path.model, "stream": stream, "max_tokens": 64,
-        "messages": [{"role": "user", "content": format!("bench request {n}")}]});
+        "messages": messages});
     let mut req = http.post(&path.url).json(&body);
     if path.key {
         req = req.bearer_auth(KEY);
@@ -467,11 +485,13 @@ pub(crate) async fn run(args: BenchArgs) -> Result<(), String> {
         url: format!("http://{mock_listen}/v1/chat/completions"),
         model: "mock",
         key: false,
+        own_conversations: args.own_conversations,
     };
     let via_json = Path2 {
         url: format!("{gateway}/v1/chat/completions"),
         model: "bench/json",
         key: true,
+        own_conversations: args.own_conversations,
     };
     let delay = args.stream_ms / CHUNKS;
     let direct_stream = Path2 {
@@ -480,11 +500,13 @@ pub(crate) async fn run(args: BenchArgs) -> Result<(), String> {
         ),
         model: "mock",
         key: false,
+        own_conversations: args.own_conversations,
     };
     let via_stream = Path2 {
         url: via_json.url.clone(),
         model: "bench/stream",
         key: true,
+        own_conversations: args.own_conversations,
     };
     eprintln!(
         "switchyard bench: waiting for `switchyard up` (log: {})",

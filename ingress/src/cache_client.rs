@@ -482,12 +482,10 @@ async fn lookup(
     exact: Option<&str>,
     settings: &RouteCache,
 ) -> LookupReply {
-    let timeout = app.cache.timeout();
     let req = LookupRequest {
         key,
         semantic: settings.semantic,
         threshold: settings.threshold(),
-        timeout_ms: Some(timeout.as_millis() as u64),
     };
     // Answered by this process's replica or key set: no round trip (same reply, so same headers
     // and metrics).
@@ -497,6 +495,7 @@ async fn lookup(
     let Ok(body) = serde_json::to_vec(&req) else {
         return LookupReply::empty(CacheOutcome::Bypass, "unserialisable request");
     };
+    let timeout = app.cache.timeout();
     let deadline = tokio::time::Instant::now() + timeout;
     // The service sees this ingress's queued stores before the lookup (one connection keeps
     // the order), so a repeat of an answer just given finds it. Within the lookup's deadline:
@@ -792,7 +791,6 @@ mod tests {
                         key: key(text),
                         semantic,
                         threshold: 0.9,
-                        timeout_ms: None,
                     },
                     None,
                 )
@@ -809,7 +807,6 @@ mod tests {
                         key: key("stored"),
                         semantic: false,
                         threshold: 0.9,
-                        timeout_ms: None,
                     },
                     None
                 )

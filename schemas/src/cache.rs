@@ -140,11 +140,6 @@ pub struct LookupRequest {
     pub semantic: bool,
     /// The route's similarity threshold.
     pub threshold: f32,
-    /// How long the asker waits for the reply, ms (ingress's cache timeout): a semantic lookup
-    /// still waiting for its scope's store embeddings then is answered `bypass` without being
-    /// embedded. Absent (older ingresses): the service's own limit.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub timeout_ms: Option<u64>,
 }
 
 fn yes() -> bool {

@@ -358,7 +358,6 @@ async fn cache_answers(probe: &async_nats::Client, subjects: &Subjects) {
         },
         semantic: false,
         threshold: 1.0,
-        timeout_ms: None,
     })
     .unwrap();
     let subject = subjects.cache_lookup();
