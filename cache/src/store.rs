@@ -168,6 +168,13 @@ pub(crate) async fn store(
     };
     let (key, stored_ms) = (entry.key.clone(), entry.stored_ms);
     let query = entry.query.clone().filter(|_| unembedded);
+    // An entry that needs no vector is serialised before it moves into the index, so the hot
+    // path (every exact-only store) copies nothing out of the index again.
+    let body = if query.is_none() {
+        encode(&entry)
+    } else {
+        None
+    };
     // Indexed before it is queued, so the worker always finds it.
     let evicted = service.apply(entry);
     let queued = query.is_some_and(|q| embeddings.queue(&key, stored_ms, &q));
@@ -177,8 +184,11 @@ pub(crate) async fn store(
             delete_keys(&kv, &evicted).await;
         });
     }
-    if !queued {
-        put_current(service, nats, kv, tasks, &key, stored_ms).await;
+    match body {
+        Some(body) => write(nats, kv, tasks, &key, body).await,
+        // The queue was full: written as it is.
+        None if !queued => put_current(service, nats, kv, tasks, &key, stored_ms).await,
+        None => {}
     }
 }
 
@@ -192,22 +202,31 @@ pub(crate) async fn put_current(
     key: &str,
     stored_ms: u64,
 ) {
-    let Some(entry) = service.current(key, stored_ms) else {
-        return;
-    };
-    let body = match serde_json::to_vec(&entry) {
-        Ok(b) => b,
-        Err(e) => {
-            tracing::warn!(error = %e, "cache entry not serialisable");
-            return;
-        }
-    };
+    if let Some(body) = service.current(key, stored_ms).as_ref().and_then(encode) {
+        write(nats, kv, tasks, key, body).await;
+    }
+}
+
+/// An entry's KV value (JSON); `None`, logged, when it cannot be serialised.
+fn encode(entry: &index::Entry) -> Option<Vec<u8>> {
+    serde_json::to_vec(entry)
+        .inspect_err(|e| tracing::warn!(error = %e, "cache entry not serialisable"))
+        .ok()
+}
+
+/// Writes `body` as KV key `key`: in the loop when that is only queueing a message, else (an
+/// acknowledged put, with a JetStream domain) on a task, so the loop does not wait.
+async fn write(
+    nats: &async_nats::Client,
+    kv: &async_nats::jetstream::kv::Store,
+    tasks: &tokio_util::task::TaskTracker,
+    key: &str,
+    body: Vec<u8>,
+) {
     if kv.use_jetstream_prefix {
-        // An acknowledged put: on a task, so the loop does not wait for it.
         let (nats, kv, key) = (nats.clone(), kv.clone(), key.to_owned());
         tasks.spawn(async move { share_entry(&nats, &kv, &key, body).await });
     } else {
-        // An unacknowledged put only queues a message: no task needed.
         share_entry(nats, kv, key, body).await;
     }
 }
