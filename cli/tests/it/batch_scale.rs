@@ -65,7 +65,8 @@ fn ids(list: &Value) -> Vec<String> {
 /// provider saw at most the items plus twice the in-flight window (`batch.max_in_flight` = 16):
 /// an item whose result was stored before the restart is not dispatched again when its message
 /// is redelivered; only items in flight across the restart run again (a lost answer retried,
-/// and a try that finished while NATS was away redelivered).
+/// and a try that finished while NATS was away redelivered), and each of its calls left exactly
+/// one `upstream` ledger row (a run again numbers its attempts after the earlier runs').
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn nats_restart_mid_batch_bills_once_and_reruns_at_most_the_window() {
     const ITEMS: usize = 400;
@@ -108,6 +109,43 @@ async fn nats_restart_mid_batch_bills_once_and_reruns_at_most_the_window() {
         (ITEMS..=ITEMS + 2 * 16).contains(&calls),
         "{calls} upstream calls for {ITEMS} items"
     );
+    assert_one_usage_row_per_call(&gw).await;
+}
+
+/// Every call the mock upstream received left exactly one `upstream` ledger row: per request id
+/// (the `X-Request-Id` the worker sends), the calls equal the rows, within 30 s (a row spooled
+/// while NATS was away arrives at the spool's next retry).
+async fn assert_one_usage_row_per_call(gw: &Gateway) {
+    let mut calls: std::collections::BTreeMap<String, i64> = Default::default();
+    for r in gw.mock.requests() {
+        let id = r.header("x-request-id").expect("X-Request-Id").to_owned();
+        *calls.entry(id).or_default() += 1;
+    }
+    let ledger = gw.ledger.clone().unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let rows: std::collections::BTreeMap<String, i64> = sqlx::query_as(
+            "SELECT request_id, COUNT(*) FROM usage_events WHERE kind = 'upstream' \
+             GROUP BY request_id",
+        )
+        .fetch_all(ledger.pool())
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+        if rows == calls {
+            return;
+        }
+        if tokio::time::Instant::now() > deadline {
+            let differ: Vec<_> = calls
+                .iter()
+                .filter(|(id, n)| rows.get(*id) != Some(*n))
+                .map(|(id, n)| (id, *n, rows.get(id).copied().unwrap_or(0)))
+                .collect();
+            panic!("(request, calls, upstream rows) that differ after 30 s: {differ:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Starts an ingress process's worth of state that runs batch items (its own config handle

@@ -265,10 +265,13 @@ pub struct Item {
     pub not_before_ms: u64,
 }
 
-/// Wire attempt numbers reserved per try of an item: try `t`'s attempts (one per target it
-/// tries) are numbered from `t × ATTEMPTS_PER_TRY`, so every upstream call of every try keeps its
-/// own `upstream` ledger key (request id, kind, attempt) under the item's one request id.
-pub const ATTEMPTS_PER_TRY: u32 = 100;
+/// Wire attempt numbers reserved per run of an item (one execution of one try, from one
+/// delivery): run `r` ([`super::store::BatchStore::claim_run`]) numbers its attempts (one per
+/// target it tries, plus a worker retry) from `r × ATTEMPTS_PER_RUN`, so every upstream call of
+/// every run keeps its own `upstream` ledger key (request id, kind, attempt) under the item's
+/// one request id. The ledger keeps the first row of a key: two calls sharing one would leave
+/// one of them without its usage record.
+pub const ATTEMPTS_PER_RUN: u32 = 100;
 
 impl Item {
     /// The item's request id: a UUIDv7 at the batch's creation time whose random bits are a hash
@@ -283,11 +286,6 @@ impl Item {
         let mut random = [0u8; 10];
         random.copy_from_slice(&digest[..10]);
         uuid::Builder::from_unix_timestamp_millis(batch_created_ms, &random).into_uuid()
-    }
-
-    /// The first wire attempt number of this try ([`ATTEMPTS_PER_TRY`]).
-    pub fn attempt_base(&self) -> u32 {
-        self.try_no.saturating_mul(ATTEMPTS_PER_TRY)
     }
 }
 
@@ -430,7 +428,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn request_ids_are_stable_across_tries_and_attempts_are_not() {
+    fn request_ids_are_stable_across_tries() {
         let item = |try_no| Item {
             batch_id: "batch_1".into(),
             batch_key: "b._.batch_1".into(),
@@ -445,7 +443,6 @@ mod tests {
         assert_eq!(item(0).request_id(t), item(0).request_id(t));
         assert_eq!(item(0).request_id(t), item(1).request_id(t));
         assert_eq!(item(0).request_id(t).get_version_num(), 7);
-        assert_eq!((item(0).attempt_base(), item(2).attempt_base()), (0, 200));
     }
 
     #[test]

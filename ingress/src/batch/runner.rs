@@ -13,8 +13,10 @@
 //! traffic goes first and batches use what is left.
 //!
 //! **Exactly once.** An item has one request id for all its tries and redeliveries
-//! ([`Item::request_id`]); try `t` numbers its upstream attempts from `t × ATTEMPTS_PER_TRY`, so
-//! every upstream call keeps its own `upstream` ledger row under that id. The request's `charge`
+//! ([`Item::request_id`]); each run of it (any try, any delivery, any replica) claims a run
+//! number `r` ([`BatchStore::claim_run`]) and numbers its upstream attempts from
+//! `r × ATTEMPTS_PER_RUN`, so every upstream call keeps its own `upstream` ledger row under that
+//! id (every call to the provider leaves exactly one usage record). The request's `charge`
 //! event comes back to the runner ([`ChargeSlot`]) instead of going out: a retryable failure
 //! (429, 408, 5xx) is not a result — the item is queued again as try `n + 1` after a backoff
 //! and this try's charge is dropped — for a 429 (workers refuse batch items beyond half of each
@@ -22,8 +24,11 @@
 //! up to [`MAX_TRIES`]. The last try publishes its charge, then stores the result, then
 //! acknowledges the message, so each executed item leaves exactly one `charge` row whatever
 //! dies when. A runner that dies before the acknowledgement leaves the message to be redelivered
-//! (after the consumer's `ack_wait`); a redelivered message, or a later try, whose item already
-//! has a stored result ([`BatchStore::has_result`]) is acknowledged without running. What can
+//! (after the consumer's `ack_wait`); a message whose item already has a stored result
+//! ([`BatchStore::has_result`], looked up before every run: a restarted nats-server can
+//! redeliver an item it had already handed out, with its delivery count back at 1) is
+//! acknowledged without running, and one whose item is running on this runner right now waits
+//! ([`Running`]). What can
 //! still reach the provider twice is a call in flight when its answer was lost (the worker or
 //! nats-server died after the upstream answered): at most the items in flight then
 //! (`batch.max_in_flight` per ingress) — billed once all the same.
@@ -102,6 +107,7 @@ pub async fn run(app: Arc<AppState>, store: Arc<BatchStore>, stop: CancellationT
             }
         })
     };
+    let running = Running::default();
     let max = app.config.get().batch.max_in_flight.max(1);
     let permits = Arc::new(tokio::sync::Semaphore::new(max));
     // Pull only as many items as there are free slots: a prefetched item waiting for a slot would
@@ -150,10 +156,10 @@ pub async fn run(app: Arc<AppState>, store: Arc<BatchStore>, stop: CancellationT
                 let _ = msg.ack_with(AckKind::Nak(None)).await;
                 break;
             };
-            let (app, store) = (app.clone(), store.clone());
+            let (app, store, running) = (app.clone(), store.clone(), running.clone());
             tasks.spawn(async move {
                 let _permit = permit;
-                handle(&app, &store, msg).await;
+                handle(&app, &store, &running, msg).await;
             });
         }
     }
@@ -178,7 +184,40 @@ async fn yield_to_live(app: &AppState, stop: &CancellationToken) {
     }
 }
 
-async fn handle(app: &Arc<AppState>, store: &BatchStore, msg: async_nats::jetstream::Message) {
+/// The items (batch id, index) running on this runner now. A second delivery of one of them
+/// (nats-server restarted and handed it out again) waits until the first run has ended.
+#[derive(Clone, Default)]
+struct Running(Arc<parking_lot::Mutex<std::collections::HashSet<(String, u64)>>>);
+
+/// An item's place in [`Running`], released on drop.
+struct RunningGuard {
+    running: Running,
+    key: (String, u64),
+}
+
+impl Running {
+    /// Marks `item` running, or `None` when it already is.
+    fn enter(&self, item: &Item) -> Option<RunningGuard> {
+        let key = (item.batch_id.clone(), item.index);
+        self.0.lock().insert(key.clone()).then(|| RunningGuard {
+            running: self.clone(),
+            key,
+        })
+    }
+}
+
+impl Drop for RunningGuard {
+    fn drop(&mut self) {
+        self.running.0.lock().remove(&self.key);
+    }
+}
+
+async fn handle(
+    app: &Arc<AppState>,
+    store: &BatchStore,
+    running: &Running,
+    msg: async_nats::jetstream::Message,
+) {
     let item: Item = match serde_json::from_slice(&msg.payload) {
         Ok(i) => i,
         Err(e) => {
@@ -186,6 +225,11 @@ async fn handle(app: &Arc<AppState>, store: &BatchStore, msg: async_nats::jetstr
             let _ = msg.ack_with(AckKind::Term).await;
             return;
         }
+    };
+    let Some(_running) = running.enter(&item) else {
+        // Its first run acknowledges (or gives back) the message; this delivery comes back then.
+        let _ = msg.ack_with(AckKind::Nak(Some(ack_wait(app)))).await;
+        return;
     };
     let ack = match run_item(app, store, &msg, &item).await {
         Ok(Step::Done) => msg.ack().await,
@@ -250,16 +294,18 @@ async fn run_item(
         // Not yet: give the slot back and come back after the backoff.
         return Ok(Step::Later(Duration::from_millis(wait)));
     }
-    // A redelivered message (its runner died, or its acknowledgement was lost with nats-server,
-    // after the result was stored) or a later try (an earlier one's redelivery may have ended
-    // the item meanwhile): an item that has its result is not dispatched again.
-    let redelivered = msg.info().map(|i| i.delivered > 1).unwrap_or(true);
-    if (redelivered || item.try_no > 0) && store.has_result(&batch.id, item.index).await? {
+    // An item that has its result is not dispatched again: a redelivered message (its runner
+    // died, or its acknowledgement was lost with nats-server, after the result was stored), a
+    // later try (an earlier one's redelivery may have ended the item meanwhile), or an item a
+    // restarted nats-server handed out again as a first delivery.
+    if store.has_result(&batch.id, item.index).await? {
         tracing::info!(batch = %batch.id, index = item.index, "batch item already has its result; not run again");
         return Ok(Step::Done);
     }
+    let run_no = store.claim_run(&batch.id, item.index).await?;
     let request_id = item.request_id(batch.created_ms);
-    let run = execute(app, &batch, item, request_id);
+    let attempt_base = run_no.saturating_mul(super::records::ATTEMPTS_PER_RUN);
+    let run = execute(app, &batch, item, request_id, attempt_base);
     tokio::pin!(run);
     // A running item tells JetStream it is alive (`+WPI`) three times per `ack_wait`, so long
     // items are not redelivered while they run.
@@ -332,6 +378,7 @@ async fn execute(
     batch: &BatchRecord,
     item: &Item,
     request_id: uuid::Uuid,
+    attempt_base: u32,
 ) -> Result<(u16, serde_json::Value, Option<UsageEvent>), StoreError> {
     let (slot, charge) = ChargeSlot::new();
     let caller = Caller {
@@ -343,7 +390,7 @@ async fn execute(
         batch: Some(BatchItem {
             batch_id: batch.id.clone(),
             request_id,
-            attempt_base: item.attempt_base(),
+            attempt_base,
             charge: slot.clone(),
         }),
         client: std::sync::Arc::new(crate::route::ClientInfo {

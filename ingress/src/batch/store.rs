@@ -489,6 +489,55 @@ impl BatchStore {
         }
     }
 
+    /// Claims the next run number of item `index` of `batch_id`: 0 for its first run, then 1, 2,
+    /// … across every try, redelivery and replica — a counter on subject
+    /// `<prefix>.batch.result.<batch>.run.<index>.n` of the results stream, advanced by a
+    /// publish that expects the subject's last sequence (`Nats-Expected-Last-Subject-Sequence`,
+    /// so two claimants cannot both get one number; the loser reads again). JetStream's own
+    /// delivery count cannot number runs: a restarted nats-server can redeliver an item with its
+    /// count back at 1 while the first delivery still runs. The counter is purged with the
+    /// batch's results ([`Self::purge_results`]).
+    pub async fn claim_run(&self, batch_id: &str, index: u64) -> Result<u32, StoreError> {
+        let subject = format!("{}.run.{index}.n", self.result_prefix(batch_id));
+        loop {
+            let (last_seq, runs) =
+                match self.results.get_last_raw_message_by_subject(&subject).await {
+                    Ok(m) => {
+                        let runs = std::str::from_utf8(&m.payload)
+                            .ok()
+                            .and_then(|v| v.parse::<u32>().ok())
+                            .ok_or_else(|| StoreError::Corrupt {
+                                key: subject.clone(),
+                                reason: "not a run count".into(),
+                            })?;
+                        (m.sequence, runs)
+                    }
+                    Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => (0, 0),
+                    Err(e) => return Err(nats(e)),
+                };
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert(
+                "Nats-Expected-Last-Subject-Sequence",
+                last_seq.to_string().as_str(),
+            );
+            let next = runs.saturating_add(1).to_string();
+            let ack = self
+                .js
+                .publish_with_headers(subject.clone(), headers, next.into())
+                .await
+                .map_err(nats)?
+                .await;
+            match ack {
+                Ok(_) => return Ok(runs),
+                // Another claimant advanced it first: read again.
+                Err(e) if e.kind() == jetstream::context::PublishErrorKind::WrongLastSequence => {
+                    continue;
+                }
+                Err(e) => return Err(nats(e)),
+            }
+        }
+    }
+
     /// Stores an item's result (acknowledged; a second result for the same index within
     /// [`RESULT_DEDUP`] is dropped by the stream).
     pub async fn append_result(
@@ -569,6 +618,10 @@ impl BatchStore {
                     )));
                 }
             };
+            // A run counter ([`Self::claim_run`]) is not a result and not counted in `expected`.
+            if msg.subject.ends_with(".n") {
+                continue;
+            }
             seen += 1;
             let r: ItemResult =
                 serde_json::from_slice(&msg.payload).map_err(|e| StoreError::Corrupt {

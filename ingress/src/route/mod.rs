@@ -164,8 +164,8 @@ pub struct BatchItem {
     /// The item's request id, derived from the batch id and the `custom_id` (the same for every
     /// try of the item), so a re-run writes the same usage keys (the ledger keeps one).
     pub request_id: Uuid,
-    /// Added to the wire attempt numbers of this try (`try_no ×
-    /// crate::batch::records::ATTEMPTS_PER_TRY`), so each try's `upstream` rows keep their own
+    /// Added to the wire attempt numbers of this run of the item (its run number ×
+    /// `crate::batch::records::ATTEMPTS_PER_RUN`), so each run's `upstream` rows keep their own
     /// ledger keys under the item's one request id.
     pub attempt_base: u32,
     /// Where the request's `charge` event goes instead of JetStream: the runner publishes it
