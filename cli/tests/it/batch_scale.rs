@@ -148,6 +148,36 @@ async fn assert_one_usage_row_per_call(gw: &Gateway) {
     }
 }
 
+/// 200 concurrent run claims of one item, from two connections (two ingress processes' worth),
+/// get the numbers 0‥199 once each; an item first run at try 3 starts at run 3; the run counters
+/// are not results (progress and results read none) and go with the batch's purge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn run_claims_are_unique_across_replicas() {
+    use switchyard_ingress::batch::store::BatchStore;
+    let (gw, _dir) = gateway(json!({})).await;
+    let prefix = gw.config.get().subject_prefix.clone();
+    let mut stores = Vec::new();
+    for _ in 0..2 {
+        let client = gw.nats_as(switchyard::nats_auth::Identity::Ingress).await;
+        let js = async_nats::jetstream::new(client);
+        stores.push(BatchStore::open(&js, &prefix).await.unwrap());
+    }
+    let claims = futures::future::join_all((0..200).map(|i| {
+        let store = stores[i % 2].clone();
+        async move { store.claim_run("batch_claims", 7, 0).await.unwrap() }
+    }))
+    .await;
+    let got: BTreeSet<u32> = claims.iter().copied().collect();
+    assert_eq!(got, (0..200).collect::<BTreeSet<u32>>());
+    assert_eq!(claims.len(), 200);
+    assert_eq!(stores[0].claim_run("batch_claims", 8, 3).await.unwrap(), 3);
+    assert_eq!(stores[1].claim_run("batch_claims", 8, 0).await.unwrap(), 4);
+    assert!(stores[0].progress("batch_claims").await.unwrap().is_empty());
+    assert!(stores[0].results("batch_claims").await.unwrap().is_empty());
+    stores[0].purge_results("batch_claims").await.unwrap();
+    assert_eq!(stores[1].claim_run("batch_claims", 7, 0).await.unwrap(), 0);
+}
+
 /// Starts an ingress process's worth of state that runs batch items (its own config handle
 /// with `batch.run` on, while the gateway's own ingress has it off), served until `stop`; the
 /// handle ends once its drain (and its runner's items in flight) finished.

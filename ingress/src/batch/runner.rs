@@ -27,8 +27,8 @@
 //! (after the consumer's `ack_wait`); a message whose item already has a stored result
 //! ([`BatchStore::has_result`], looked up before every run: a restarted nats-server can
 //! redeliver an item it had already handed out, with its delivery count back at 1) is
-//! acknowledged without running, and one whose item is running on this runner right now waits
-//! ([`Running`]). What can
+//! acknowledged without running, and one whose item is running on this runner right now is given
+//! back until that run ends ([`Running`]). What can
 //! still reach the provider twice is a call in flight when its answer was lost (the worker or
 //! nats-server died after the upstream answered): at most the items in flight then
 //! (`batch.max_in_flight` per ingress) — billed once all the same.
@@ -184,21 +184,26 @@ async fn yield_to_live(app: &AppState, stop: &CancellationToken) {
     }
 }
 
-/// The items (batch id, index) running on this runner now. A second delivery of one of them
-/// (nats-server restarted and handed it out again) waits until the first run has ended.
+/// The item messages (batch id, index, try) running on this runner now. A second delivery of
+/// one of them (nats-server restarted and handed it out again) is given back with a delay
+/// ([`DUPLICATE_DELAY`]) until the first run has ended.
 #[derive(Clone, Default)]
-struct Running(Arc<parking_lot::Mutex<std::collections::HashSet<(String, u64)>>>);
+struct Running(Arc<parking_lot::Mutex<std::collections::HashSet<(String, u64, u32)>>>);
+
+/// How long a second delivery of a running item message waits before it comes back.
+const DUPLICATE_DELAY: Duration = Duration::from_secs(1);
 
 /// An item's place in [`Running`], released on drop.
 struct RunningGuard {
     running: Running,
-    key: (String, u64),
+    key: (String, u64, u32),
 }
 
 impl Running {
-    /// Marks `item` running, or `None` when it already is.
+    /// Marks `item` running, or `None` when it already is. The try is part of the key: a try
+    /// queues its successor before it acknowledges, and the successor need not wait for that.
     fn enter(&self, item: &Item) -> Option<RunningGuard> {
-        let key = (item.batch_id.clone(), item.index);
+        let key = (item.batch_id.clone(), item.index, item.try_no);
         self.0.lock().insert(key.clone()).then(|| RunningGuard {
             running: self.clone(),
             key,
@@ -227,8 +232,9 @@ async fn handle(
         }
     };
     let Some(_running) = running.enter(&item) else {
-        // Its first run acknowledges (or gives back) the message; this delivery comes back then.
-        let _ = msg.ack_with(AckKind::Nak(Some(ack_wait(app)))).await;
+        // Its first run acknowledges the message (which drops this delivery too) or gives it
+        // back; until then this delivery keeps coming back.
+        let _ = msg.ack_with(AckKind::Nak(Some(DUPLICATE_DELAY))).await;
         return;
     };
     let ack = match run_item(app, store, &msg, &item).await {
@@ -302,7 +308,7 @@ async fn run_item(
         tracing::info!(batch = %batch.id, index = item.index, "batch item already has its result; not run again");
         return Ok(Step::Done);
     }
-    let run_no = store.claim_run(&batch.id, item.index).await?;
+    let run_no = store.claim_run(&batch.id, item.index, item.try_no).await?;
     let request_id = item.request_id(batch.created_ms);
     let attempt_base = run_no.saturating_mul(super::records::ATTEMPTS_PER_RUN);
     let run = execute(app, &batch, item, request_id, attempt_base);

@@ -9,6 +9,7 @@
 //! | batches not yet terminal | KV [`ACTIVE_BUCKET`], key = batch id, value = the record's key |
 //! | items to run | work-queue stream [`ITEMS_STREAM`] on `<prefix>.batch.item.<batch>`, removed when acknowledged |
 //! | item results | stream [`RESULTS_STREAM`] on `<prefix>.batch.result.<batch>.<outcome>.<index>`, `Nats-Msg-Id` = `<batch>.<index>` |
+//! | item run counters | stream [`RESULTS_STREAM`] on `<prefix>.batch.result.<batch>.run.<index>.n` (one more token than a result, so result filters `<batch>.*.*` skip them; [`BatchStore::claim_run`]) |
 //!
 //! The results stream's duplicate window ([`RESULT_DEDUP`]) is longer than an item's
 //! redelivery delay, so an item that ran twice (its runner died before acknowledging) stores one
@@ -470,6 +471,11 @@ impl BatchStore {
         format!("{}.batch.result.{batch_id}", self.prefix)
     }
 
+    /// The subjects of `batch_id`'s results (`<outcome>.<index>`), not its run counters.
+    fn results_filter(&self, batch_id: &str) -> String {
+        format!("{}.*.*", self.result_prefix(batch_id))
+    }
+
     fn result_subject(&self, batch_id: &str, outcome: Outcome, index: u64) -> String {
         format!(
             "{}.{}.{index}",
@@ -489,15 +495,22 @@ impl BatchStore {
         }
     }
 
-    /// Claims the next run number of item `index` of `batch_id`: 0 for its first run, then 1, 2,
-    /// … across every try, redelivery and replica — a counter on subject
+    /// Claims the next run number of item `index` of `batch_id`: `at_least` (the item's
+    /// `try_no`: a try queued before run numbers existed numbered its attempts `try × 100`) for
+    /// its first run, then one more for each run after it, across every try, redelivery and
+    /// replica — a counter on subject
     /// `<prefix>.batch.result.<batch>.run.<index>.n` of the results stream, advanced by a
     /// publish that expects the subject's last sequence (`Nats-Expected-Last-Subject-Sequence`,
     /// so two claimants cannot both get one number; the loser reads again). JetStream's own
     /// delivery count cannot number runs: a restarted nats-server can redeliver an item with its
     /// count back at 1 while the first delivery still runs. The counter is purged with the
     /// batch's results ([`Self::purge_results`]).
-    pub async fn claim_run(&self, batch_id: &str, index: u64) -> Result<u32, StoreError> {
+    pub async fn claim_run(
+        &self,
+        batch_id: &str,
+        index: u64,
+        at_least: u32,
+    ) -> Result<u32, StoreError> {
         let subject = format!("{}.run.{index}.n", self.result_prefix(batch_id));
         loop {
             let (last_seq, runs) =
@@ -515,6 +528,7 @@ impl BatchStore {
                     Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => (0, 0),
                     Err(e) => return Err(nats(e)),
                 };
+            let runs = runs.max(at_least);
             let mut headers = async_nats::HeaderMap::new();
             headers.insert(
                 "Nats-Expected-Last-Subject-Sequence",
@@ -564,7 +578,7 @@ impl BatchStore {
     /// Results stored so far per outcome (message counts; a duplicate a crash let through the
     /// window would count twice until finalization dedupes by index).
     pub async fn progress(&self, batch_id: &str) -> Result<HashMap<Outcome, u64>, StoreError> {
-        let filter = format!("{}.>", self.result_prefix(batch_id));
+        let filter = self.results_filter(batch_id);
         let mut info = self
             .results
             .info_with_subjects(&filter)
@@ -590,7 +604,7 @@ impl BatchStore {
 
     /// Every stored result of `batch_id`, one per index (the first stored wins), by index.
     pub async fn results(&self, batch_id: &str) -> Result<Vec<ItemResult>, StoreError> {
-        let filter = format!("{}.>", self.result_prefix(batch_id));
+        let filter = self.results_filter(batch_id);
         let expected: u64 = self.progress(batch_id).await?.values().sum();
         let mut by_index: std::collections::BTreeMap<u64, ItemResult> = Default::default();
         if expected == 0 {
@@ -618,10 +632,6 @@ impl BatchStore {
                     )));
                 }
             };
-            // A run counter ([`Self::claim_run`]) is not a result and not counted in `expected`.
-            if msg.subject.ends_with(".n") {
-                continue;
-            }
             seen += 1;
             let r: ItemResult =
                 serde_json::from_slice(&msg.payload).map_err(|e| StoreError::Corrupt {
@@ -633,7 +643,7 @@ impl BatchStore {
         Ok(by_index.into_values().collect())
     }
 
-    /// Drops the results of a finalized batch (they live on in its files).
+    /// Drops the results (and run counters) of a finalized batch (they live on in its files).
     pub async fn purge_results(&self, batch_id: &str) -> Result<(), StoreError> {
         let filter = format!("{}.>", self.result_prefix(batch_id));
         self.results.purge().filter(filter).await.map_err(nats)?;

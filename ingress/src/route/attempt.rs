@@ -78,7 +78,7 @@ pub async fn attempts<'c, D: Dispatch>(
     let mut last_err: Option<ErrorInfo> = None;
     // The soonest retry any 429 failure (a target's own limits, or the upstream's) suggested.
     let mut soonest: Option<u64> = None;
-    // A batch item's later try numbers its attempts after the earlier tries' (same request id).
+    // A batch item's later run numbers its attempts after the earlier runs' (same request id).
     let base = crate::route::current_attempt_base();
     let mut queue: VecDeque<&'c TargetConfig> = targets.into();
     // One more attempt on the same target after its worker was lost (a killed or stuck worker

@@ -162,7 +162,7 @@ pub struct BatchItem {
     /// The batch id (`batch_…` or `msgbatch_…`).
     pub batch_id: String,
     /// The item's request id, derived from the batch id and the `custom_id` (the same for every
-    /// try of the item), so a re-run writes the same usage keys (the ledger keeps one).
+    /// run of the item), so a re-run writes the same `charge` key (the ledger keeps one).
     pub request_id: Uuid,
     /// Added to the wire attempt numbers of this run of the item (its run number ×
     /// `crate::batch::records::ATTEMPTS_PER_RUN`), so each run's `upstream` rows keep their own
