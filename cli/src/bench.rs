@@ -259,6 +259,53 @@ fn tree_usage(pid: u32) -> (u64, u64) {
     (rss, cpu)
 }
 
+/// The processes that share the machine in a phase, for the split of its CPU: the `up` process
+/// (ingress, worker, billing, cache service), its nats-server, the mock upstream and the load
+/// generator (this process).
+struct Cores {
+    up: u32,
+    nats: Option<u32>,
+    mock: u32,
+    generator: u32,
+}
+
+impl Cores {
+    /// CPU time (clock ticks) of each process alone: up, nats-server, mock, generator.
+    fn ticks(&self) -> [u64; 4] {
+        let of = |p: u32| stat_field(p, 11).unwrap_or(0) + stat_field(p, 12).unwrap_or(0);
+        [
+            of(self.up),
+            self.nats.map_or(0, of),
+            of(self.mock),
+            of(self.generator),
+        ]
+    }
+
+    /// `ticks` over `wall` as cores busy, e.g. `up 0.91, nats-server 0.42, mock 0.10, load
+    /// generator 0.31 of 2`.
+    fn describe(ticks: &[u64; 4], wall: Duration) -> String {
+        let wall = wall.as_secs_f64().max(1e-9);
+        let c = |t: u64| t as f64 / TICKS_PER_S / wall;
+        format!(
+            "up {:.2}, nats-server {:.2}, mock {:.2}, load generator {:.2} of {}",
+            c(ticks[0]),
+            c(ticks[1]),
+            c(ticks[2]),
+            c(ticks[3]),
+            std::thread::available_parallelism().map_or(0, |n| n.get())
+        )
+    }
+}
+
+/// The first child of `pid` whose command name is `name`.
+fn child_named(pid: u32, name: &str) -> Option<u32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let p = e.file_name().to_str()?.parse::<u32>().ok()?;
+        let comm = std::fs::read_to_string(format!("/proc/{p}/comm")).ok()?;
+        (stat_field(p, 1)? == u64::from(pid) && comm.trim() == name).then_some(p)
+    })
+}
+
 /// Field `n` (0 = state) after the command name of /proc/PID/stat: 1 = ppid, 11 = utime,
 /// 12 = stime (proc(5)).
 fn stat_field(pid: u32, n: usize) -> Option<u64> {
@@ -442,7 +489,7 @@ pub(crate) async fn run(args: BenchArgs) -> Result<(), String> {
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let (mock_port, port, monitor) = (free_port()?, free_port()?, free_port()?);
     let mock_listen = format!("127.0.0.1:{mock_port}");
-    let _mock = spawn(
+    let mock = spawn(
         &["mock-upstream", "--listen", &mock_listen],
         &dir.join("mock.log"),
         None,
@@ -528,6 +575,12 @@ pub(crate) async fn run(args: BenchArgs) -> Result<(), String> {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let (idle_rss, _) = tree_usage(up_pid);
+    let cores = Cores {
+        up: up_pid,
+        nats: child_named(up_pid, "nats-server"),
+        mock: mock.0.id(),
+        generator: std::process::id(),
+    };
     println!(
         "`switchyard up` process tree RSS idle: {} MB\n",
         idle_rss / 1024
@@ -573,6 +626,8 @@ pub(crate) async fn run(args: BenchArgs) -> Result<(), String> {
         let length = Duration::from_secs_f64(args.seconds as f64 / f64::from(args.slices.max(1)));
         let mut peak_rss = 0;
         let mut cpu_ticks = 0;
+        let mut split = [0u64; 4];
+        let mut via_wall = Duration::ZERO;
         let mut nats_msgs = (0, 0);
         let mut writes: std::collections::BTreeMap<String, u64> = Default::default();
         let (dp, vp) = if stream {
@@ -583,6 +638,8 @@ pub(crate) async fn run(args: BenchArgs) -> Result<(), String> {
         for _ in 0..args.slices.max(1) {
             slice(&http, dp, rate, length, stream, &counter, &direct).await;
             let (_, cpu0) = tree_usage(up_pid);
+            let split0 = cores.ticks();
+            let wall0 = Instant::now();
             let msgs0 = nats_counts(&http, monitor).await;
             let writes0 = js_writes(&http, monitor).await;
             let sampling = Arc::new(AtomicU64::new(0));
@@ -605,6 +662,10 @@ pub(crate) async fn run(args: BenchArgs) -> Result<(), String> {
             sampling.store(1, Ordering::Relaxed);
             peak_rss = peak_rss.max(sampler.await.unwrap_or(0));
             cpu_ticks += tree_usage(up_pid).1.saturating_sub(cpu0);
+            via_wall += wall0.elapsed();
+            for (sum, (after, before)) in split.iter_mut().zip(cores.ticks().iter().zip(split0)) {
+                *sum += after.saturating_sub(before);
+            }
             if let (Some(a), Some(b)) = (msgs0, nats_counts(&http, monitor).await) {
                 nats_msgs.0 += b.0.saturating_sub(a.0);
                 nats_msgs.1 += b.1.saturating_sub(a.1);
@@ -644,6 +705,7 @@ pub(crate) async fn run(args: BenchArgs) -> Result<(), String> {
         let cpu_ms = cpu_ticks as f64 / TICKS_PER_S * 1000.0 / requests;
         summary.push(format!(
             "{name}: added {what} p50 {:+.3} ms, p99 {:+.3} ms{}; CPU of the up tree {:.3} ms/request; \
+             cores busy during its slices: {}; \
              NATS messages/request {:.1} in, {:.1} out; JetStream writes/request {}; peak RSS {} MB; errors direct {} / switchyard {}{}",
             added(0.5, &d.latency, &v.latency),
             added(0.99, &d.latency, &v.latency),
@@ -656,6 +718,7 @@ pub(crate) async fn run(args: BenchArgs) -> Result<(), String> {
                 String::new()
             },
             cpu_ms,
+            Cores::describe(&split, via_wall),
             nats_msgs.0 as f64 / requests,
             nats_msgs.1 as f64 / requests,
             writes
