@@ -80,6 +80,17 @@ impl std::fmt::Debug for BatchStore {
     }
 }
 
+/// A counter's value (decimal text) stored under `key` (a KV key or a subject).
+fn parse_count<T: std::str::FromStr>(value: &[u8], key: &str) -> Result<T, StoreError> {
+    std::str::from_utf8(value)
+        .ok()
+        .and_then(|v| v.parse::<T>().ok())
+        .ok_or_else(|| StoreError::Corrupt {
+            key: key.to_owned(),
+            reason: "not a count".into(),
+        })
+}
+
 /// Gets or creates the KV bucket `bucket` keeping one revision per key.
 async fn latest_only_kv(js: &jetstream::Context, bucket: &str) -> Result<kv::Store, StoreError> {
     match js.get_key_value(bucket).await {
@@ -255,14 +266,7 @@ impl BatchStore {
         let n = loop {
             match self.records.entry(&counter).await.map_err(nats)? {
                 Some(e) if e.operation == kv::Operation::Put => {
-                    let n = std::str::from_utf8(&e.value)
-                        .ok()
-                        .and_then(|v| v.parse::<u64>().ok())
-                        .ok_or_else(|| StoreError::Corrupt {
-                            key: counter.clone(),
-                            reason: "not a number".into(),
-                        })?
-                        + 1;
+                    let n = parse_count::<u64>(&e.value, &counter)? + 1;
                     match self
                         .records
                         .update(&counter, n.to_string().into(), e.revision)
@@ -515,16 +519,7 @@ impl BatchStore {
         loop {
             let (last_seq, runs) =
                 match self.results.get_last_raw_message_by_subject(&subject).await {
-                    Ok(m) => {
-                        let runs = std::str::from_utf8(&m.payload)
-                            .ok()
-                            .and_then(|v| v.parse::<u32>().ok())
-                            .ok_or_else(|| StoreError::Corrupt {
-                                key: subject.clone(),
-                                reason: "not a run count".into(),
-                            })?;
-                        (m.sequence, runs)
-                    }
+                    Ok(m) => (m.sequence, parse_count::<u32>(&m.payload, &subject)?),
                     Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => (0, 0),
                     Err(e) => return Err(nats(e)),
                 };
