@@ -254,7 +254,7 @@ fn tree_usage(pid: u32) -> (u64, u64) {
                     .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
             })
             .unwrap_or(0);
-        cpu += stat_field(p, 11).unwrap_or(0) + stat_field(p, 12).unwrap_or(0);
+        cpu += cpu_ticks(p);
     }
     (rss, cpu)
 }
@@ -272,12 +272,11 @@ struct Cores {
 impl Cores {
     /// CPU time (clock ticks) of each process alone: up, nats-server, mock, generator.
     fn ticks(&self) -> [u64; 4] {
-        let of = |p: u32| stat_field(p, 11).unwrap_or(0) + stat_field(p, 12).unwrap_or(0);
         [
-            of(self.up),
-            self.nats.map_or(0, of),
-            of(self.mock),
-            of(self.generator),
+            cpu_ticks(self.up),
+            self.nats.map_or(0, cpu_ticks),
+            cpu_ticks(self.mock),
+            cpu_ticks(self.generator),
         ]
     }
 
@@ -304,6 +303,11 @@ fn child_named(pid: u32, name: &str) -> Option<u32> {
         let comm = std::fs::read_to_string(format!("/proc/{p}/comm")).ok()?;
         (stat_field(p, 1)? == u64::from(pid) && comm.trim() == name).then_some(p)
     })
+}
+
+/// CPU time (clock ticks, user + system) of `pid` alone; 0 when it is gone.
+fn cpu_ticks(pid: u32) -> u64 {
+    stat_field(pid, 11).unwrap_or(0) + stat_field(pid, 12).unwrap_or(0)
 }
 
 /// Field `n` (0 = state) after the command name of /proc/PID/stat: 1 = ppid, 11 = utime,
