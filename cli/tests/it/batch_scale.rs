@@ -149,7 +149,8 @@ async fn assert_one_usage_row_per_call(gw: &Gateway) {
 }
 
 /// 200 concurrent run claims of one item, from two connections (two ingress processes' worth),
-/// get the numbers 0‥199 once each; an item first run at try 3 starts at run 3; the run counters
+/// get the numbers 0‥199 once each; 1,000 concurrent claims over 250 items get 0‥3 per item; an
+/// item first run at try 3 starts at run 3; the run counters
 /// are not results (progress and results read none) and go with the batch's purge.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn run_claims_are_unique_across_replicas() {
@@ -170,6 +171,27 @@ async fn run_claims_are_unique_across_replicas() {
     let got: BTreeSet<u32> = claims.iter().copied().collect();
     assert_eq!(got, (0..200).collect::<BTreeSet<u32>>());
     assert_eq!(claims.len(), 200);
+    // 1,000 claims at once over 250 items, four each, from both connections: each item's
+    // claimants get 0‥3.
+    let claims = futures::future::join_all((0..1000u64).map(|i| {
+        let store = stores[(i % 2) as usize].clone();
+        async move {
+            (
+                i / 4,
+                store.claim_run("batch_many", i / 4, 0).await.unwrap(),
+            )
+        }
+    }))
+    .await;
+    let mut per_item: std::collections::BTreeMap<u64, BTreeSet<u32>> = Default::default();
+    for (item, run) in claims {
+        assert!(
+            per_item.entry(item).or_default().insert(run),
+            "run {run} of item {item} twice"
+        );
+    }
+    assert_eq!(per_item.len(), 250);
+    assert!(per_item.values().all(|runs| *runs == (0..4).collect()));
     assert_eq!(stores[0].claim_run("batch_claims", 8, 3).await.unwrap(), 3);
     assert_eq!(stores[1].claim_run("batch_claims", 8, 0).await.unwrap(), 4);
     assert!(stores[0].progress("batch_claims").await.unwrap().is_empty());
