@@ -18,6 +18,8 @@
 //! that `N` streams are open at once. TTFT is measured to the first content chunk; every gap
 //! between two content chunks goes into the inter-chunk histogram.
 
+pub(crate) mod floor;
+
 use hdrhistogram::Histogram;
 use parking_lot::Mutex;
 use std::path::{Path, PathBuf};
@@ -75,12 +77,21 @@ pub(crate) struct BenchArgs {
     /// candidate and each request is still a miss).
     #[arg(long)]
     pub semantic: bool,
+    /// Turn the answer cache off on the bench routes (no lookup, no store): an A/B switch for
+    /// what the cache costs per request.
+    #[arg(long)]
+    pub no_cache: bool,
     /// Make each request the second turn of a conversation of its own (a first question, its
     /// answer, then the request's question): no two requests share a cache scope, so a semantic
     /// lookup has nothing to compare with and every stored answer is embedded — a chat
     /// workload's later turns.
     #[arg(long)]
     pub own_conversations: bool,
+    /// Also run two minimal gateways in each JSON phase, at the same rate and in the same run:
+    /// a bare HTTP proxy, and the same proxy with one NATS request/reply hop (see
+    /// `bench/floor.rs`): the floor the design itself puts under the added latency and CPU.
+    #[arg(long)]
+    pub floors: bool,
 }
 
 /// How the bench config sets up the answer cache (see [`BenchArgs`]).
@@ -92,6 +103,8 @@ struct CacheSetup {
     key_set: bool,
     /// The routes' `cache.semantic`.
     semantic: bool,
+    /// The routes' `cache.enabled`.
+    enabled: bool,
 }
 
 /// The other benchmarks of `switchyard bench`.
@@ -195,6 +208,7 @@ fn config_yaml(dir: &Path, listen: u16, mock: u16, stream_ms: u64, cache: CacheS
         replica,
         key_set,
         semantic,
+        enabled,
     } = cache;
     let delay = stream_ms / CHUNKS;
     let limits = "{rpm: 100000000, tpm: 100000000000, max_concurrency: 100000}";
@@ -206,8 +220,8 @@ fn config_yaml(dir: &Path, listen: u16, mock: u16, stream_ms: u64, cache: CacheS
          \x20 - {{id: json, provider: openai, base_url: \"http://127.0.0.1:{mock}/v1\", upstream_model: mock, limits: {limits}}}\n\
          \x20 - {{id: stream, provider: openai, base_url: \"http://127.0.0.1:{mock}/x/chunks={CHUNKS},chunk_delay_ms={delay}/v1\", upstream_model: mock, limits: {limits}}}\n\
          models:\n\
-         \x20 - {{id: bench/json, targets: [json], cache: {{enabled: true, semantic: {semantic}}}}}\n\
-         \x20 - {{id: bench/stream, targets: [stream], cache: {{enabled: true, semantic: {semantic}}}}}\n\
+         \x20 - {{id: bench/json, targets: [json], cache: {{enabled: {enabled}, semantic: {semantic}}}}}\n\
+         \x20 - {{id: bench/stream, targets: [stream], cache: {{enabled: {enabled}, semantic: {semantic}}}}}\n\
          keys:\n\
          \x20 - {{id: bench, tenant: bench, key: {KEY}}}\n\
          tenants:\n\
@@ -483,6 +497,21 @@ async fn cool_down(http: &reqwest::Client, via: &Path2, counter: &Arc<AtomicU64>
     }
 }
 
+/// One table row: the percentiles of `h` (ms), `s`'s achieved rate and errors.
+fn print_row(phase: &str, path: &str, s: &PathStats, h: &Histogram<u64>) {
+    let ms = |us: u64| us as f64 / 1000.0;
+    println!(
+        "| {phase} | {path} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.0} | {} |",
+        ms(h.value_at_quantile(0.5)),
+        ms(h.value_at_quantile(0.9)),
+        ms(h.value_at_quantile(0.99)),
+        ms(h.value_at_quantile(0.999)),
+        ms(h.max()),
+        s.ok as f64 / s.busy.as_secs_f64().max(1e-9),
+        s.errors
+    );
+}
+
 /// Runs the benchmark and prints the report.
 pub(crate) async fn run(args: BenchArgs) -> Result<(), String> {
     if let Some(BenchWhat::Billing(billing)) = args.what {
@@ -511,6 +540,7 @@ pub(crate) async fn run(args: BenchArgs) -> Result<(), String> {
                 replica: args.cache_replica,
                 key_set: !args.no_cache_key_set,
                 semantic: args.semantic,
+                enabled: !args.no_cache,
             },
         ),
     )
@@ -589,6 +619,19 @@ pub(crate) async fn run(args: BenchArgs) -> Result<(), String> {
         "`switchyard up` process tree RSS idle: {} MB\n",
         idle_rss / 1024
     );
+    let mut floors = match args.floors {
+        true => Some(
+            floor::Floors::start(
+                &dir,
+                &direct_json.url,
+                &direct_stream.url,
+                &http,
+                args.own_conversations,
+            )
+            .await?,
+        ),
+        false => None,
+    };
     // Warm-up: connections, the cache's index, JIT-free but page-cache-warm.
     let warm = Arc::new(Mutex::new(PathStats::new()?));
     for p in [&direct_json, &via_json] {
@@ -602,6 +645,10 @@ pub(crate) async fn run(args: BenchArgs) -> Result<(), String> {
             &warm,
         )
         .await;
+    }
+    if let Some(f) = floors.as_mut() {
+        f.slice(&http, 200, Duration::from_secs(2), false, &counter)
+            .await;
     }
 
     println!(
@@ -639,8 +686,15 @@ pub(crate) async fn run(args: BenchArgs) -> Result<(), String> {
         } else {
             (&direct_json, &via_json)
         };
+        let mut phase_floors = floors.as_mut();
+        if let Some(f) = phase_floors.as_deref_mut() {
+            f.reset()?;
+        }
         for _ in 0..args.slices.max(1) {
             slice(&http, dp, rate, length, stream, &counter, &direct).await;
+            if let Some(f) = phase_floors.as_deref_mut() {
+                f.slice(&http, rate, length, stream, &counter).await;
+            }
             let (_, cpu0) = tree_usage(up_pid);
             let split0 = cores.ticks();
             let wall0 = Instant::now();
@@ -682,19 +736,7 @@ pub(crate) async fn run(args: BenchArgs) -> Result<(), String> {
             }
         }
         let (d, v) = (direct.lock(), via.lock());
-        let ms = |us: u64| us as f64 / 1000.0;
-        let row = |path: &str, s: &PathStats, h: &Histogram<u64>| {
-            println!(
-                "| {name} | {path} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.0} | {} |",
-                ms(h.value_at_quantile(0.5)),
-                ms(h.value_at_quantile(0.9)),
-                ms(h.value_at_quantile(0.99)),
-                ms(h.value_at_quantile(0.999)),
-                ms(h.max()),
-                s.ok as f64 / s.busy.as_secs_f64().max(1e-9),
-                s.errors
-            );
-        };
+        let row = |path: &str, s: &PathStats, h: &Histogram<u64>| print_row(&name, path, s, h);
         let what = if stream { "TTFT" } else { "latency" };
         row(&format!("direct {what}"), &d, &d.latency);
         row(&format!("switchyard {what}"), &v, &v.latency);
@@ -702,6 +744,7 @@ pub(crate) async fn run(args: BenchArgs) -> Result<(), String> {
             row("direct inter-chunk gap", &d, &d.gap);
             row("switchyard inter-chunk gap", &v, &v.gap);
         }
+        let floor_summary = phase_floors.map(|f| f.report(&name, stream, &d));
         let added = |q: f64, a: &Histogram<u64>, b: &Histogram<u64>| {
             (b.value_at_quantile(q) as f64 - a.value_at_quantile(q) as f64) / 1000.0
         };
@@ -739,6 +782,7 @@ pub(crate) async fn run(args: BenchArgs) -> Result<(), String> {
                 .map(|e| format!(" (first: {e})"))
                 .unwrap_or_default()
         ));
+        summary.extend(floor_summary);
     }
     if args.batch_items > 0 {
         let rate = args.rates.iter().copied().find(|r| *r > 0).unwrap_or(1000);
@@ -885,20 +929,22 @@ mod tests {
 
     use super::CacheSetup;
 
-    /// The bench config parses; `--cache-replica`, `--no-cache-key-set` and `--semantic`
-    /// switch what they name, and the routes are exact-only without `--semantic`.
+    /// The bench config parses; `--cache-replica`, `--no-cache-key-set`, `--semantic` and
+    /// `--no-cache` switch what they name, and the routes are exact-only without `--semantic`.
     #[test]
     fn the_bench_config_parses_with_each_cache_setup() {
-        for (replica, key_set, semantic) in [
-            (false, true, false),
-            (true, true, false),
-            (false, false, false),
-            (false, true, true),
+        for (replica, key_set, semantic, enabled) in [
+            (false, true, false, true),
+            (true, true, false, true),
+            (false, false, false, true),
+            (false, true, true, true),
+            (false, true, false, false),
         ] {
             let cache = CacheSetup {
                 replica,
                 key_set,
                 semantic,
+                enabled,
             };
             let dir = std::path::Path::new("/tmp/bench");
             let text = super::config_yaml(dir, 8080, 9090, 100, cache);
@@ -908,7 +954,7 @@ mod tests {
             assert!(config.models.iter().all(|m| {
                 m.cache
                     .as_ref()
-                    .is_some_and(|c| c.enabled && c.semantic == semantic)
+                    .is_some_and(|c| c.enabled == enabled && c.semantic == semantic)
             }));
         }
     }

@@ -170,6 +170,9 @@ enum Command {
     Pricing(pricing_cmd::PricingArgs),
     /// Measures the latency Switchyard adds (p50/p99, direct to the mock vs through the gateway).
     Bench(bench::BenchArgs),
+    /// A minimal gateway for `switchyard bench --floors` (see `bench/floor.rs`).
+    #[command(hide = true)]
+    BenchFloor(bench::floor::FloorArgs),
     /// Batch jobs on a running gateway: `submit FILE.jsonl [--wait]` (progress bar), `status ID`,
     /// `list`, `cancel ID`, `results ID --out FILE`.
     Batch(batch_cmd::BatchArgs),
@@ -332,7 +335,8 @@ fn serves(command: &Command) -> bool {
         | Command::Worker { .. }
         | Command::Billing { .. }
         | Command::MockUpstream { .. }
-        | Command::Bench(_) => true,
+        | Command::Bench(_)
+        | Command::BenchFloor(_) => true,
         Command::Cache(args) => args.action.is_none(),
         _ => false,
     }
@@ -493,6 +497,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Balance { action } => balance_cmd::run(action).await.map_err(msg),
         Command::Secret { action } => secret_cmd::run(action).await.map_err(msg),
         Command::Bench(args) => bench::run(args).await.map_err(msg),
+        Command::BenchFloor(args) => bench::floor::run(args, shutdown_token()).await.map_err(msg),
         Command::Batch(args) => batch_cmd::run(args).await.map_err(msg),
         Command::NatsConfig { prefix, passwords } => {
             if passwords {
