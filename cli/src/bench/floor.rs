@@ -17,6 +17,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use axum::serve::ListenerExt;
 use futures::StreamExt;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -115,9 +116,14 @@ pub(crate) async fn run(args: FloorArgs, shutdown: CancellationToken) -> Result<
     let app = axum::Router::new()
         .route("/v1/chat/completions", axum::routing::post(chat))
         .with_state(state);
+    // TCP_NODELAY as ingress sets it (`ingress/src/server.rs`): with Nagle on, an SSE chunk
+    // after the head waits for the client's delayed ACK (≈ 40 ms).
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string())?
+        .tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
     let stop = shutdown.clone();
     let served = axum::serve(listener, app)
         .with_graceful_shutdown(async move { stop.cancelled().await })
