@@ -87,7 +87,7 @@ pub(crate) struct BenchArgs {
     /// workload's later turns.
     #[arg(long)]
     pub own_conversations: bool,
-    /// Also run two minimal gateways in each JSON phase, at the same rate and in the same run:
+    /// Also run two minimal gateways in each phase, at the same rate and in the same run:
     /// a bare HTTP proxy, and the same proxy with one NATS request/reply hop (see
     /// `bench/floor.rs`): the floor the design itself puts under the added latency and CPU.
     #[arg(long)]
@@ -145,7 +145,11 @@ fn spawn(args: &[&str], log: &Path, monitor: Option<u16>) -> Result<Proc, String
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let out = std::fs::File::create(log).map_err(|e| e.to_string())?;
     let err = out.try_clone().map_err(|e| e.to_string())?;
-    let child = Command::new(exe)
+    let mut command = Command::new(exe);
+    // A bench stopped by a signal takes its mock, `up` and floors with it (SIGTERM: `up` then
+    // stops its own nats-server). Called from the main thread, which the death signal follows.
+    switchyard_natsd::sys::die_with_parent(&mut command);
+    let child = command
         .args(args)
         .env("RUST_LOG", "warn")
         .envs(monitor.map(|p| ("SWITCHYARD_NATS_MONITOR_PORT", p.to_string())))

@@ -27,6 +27,10 @@ use tokio_util::task::TaskTracker;
 
 /// The subject the NATS floor's responder serves (queue group `workers`).
 const SUBJECT: &str = "floor.chat";
+/// Header of a streaming request (the responder reads no JSON to tell).
+const STREAM: &str = "Floor-Stream";
+/// Header of the empty message that ends a failed stream.
+const FAILED: &str = "Floor-Failed";
 
 /// Options of `switchyard bench-floor`.
 #[derive(Debug, Clone, clap::Args)]
@@ -40,7 +44,8 @@ pub(crate) struct FloorArgs {
     /// The upstream's chat completions URL for `"stream": true` requests.
     #[arg(long)]
     pub stream_upstream: String,
-    /// Put the upstream call behind NATS (a nats-server child of this process).
+    /// Put the upstream call behind NATS (a nats-server child of this process, which dies with
+    /// it).
     #[arg(long)]
     pub nats: bool,
 }
@@ -83,7 +88,10 @@ pub(crate) async fn run(args: FloorArgs, shutdown: CancellationToken) -> Result<
     // Held until the end: dropping it stops the nats-server child.
     let mut server = None;
     let hop = if args.nats {
-        let nats = switchyard_natsd::NatsServer::start_temp().map_err(|e| e.to_string())?;
+        // Owned (like `up`'s): it dies with this process even on SIGKILL.
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let nats = switchyard_natsd::NatsServer::start_owned(dir.path(), None, &[])
+            .map_err(|e| e.to_string())?;
         let ingress = async_nats::connect(nats.url())
             .await
             .map_err(|e| e.to_string())?;
@@ -103,7 +111,7 @@ pub(crate) async fn run(args: FloorArgs, shutdown: CancellationToken) -> Result<
             tasks.clone(),
             shutdown.clone(),
         ));
-        server = Some(nats);
+        server = Some((nats, dir));
         Hop::Nats(ingress)
     } else {
         Hop::Direct
@@ -158,16 +166,25 @@ async fn chat(State(floor): State<Arc<Floor>>, body: Bytes) -> Response {
                 let Ok(chunks) = client.subscribe(inbox.clone()).await else {
                     return StatusCode::BAD_GATEWAY.into_response();
                 };
+                let mut headers = async_nats::HeaderMap::new();
+                headers.insert(STREAM, "1");
                 if client
-                    .publish_with_reply(SUBJECT, inbox, request.into())
+                    .publish_with_reply_and_headers(SUBJECT, inbox, headers, request.into())
                     .await
                     .is_err()
                 {
                     return StatusCode::BAD_GATEWAY.into_response();
                 }
+                // Ends at the empty message; a message with headers is the responder's failure
+                // mark, which aborts the body (the client sees a broken stream, not a clean end).
                 let chunks = chunks
-                    .take_while(|m| futures::future::ready(!m.payload.is_empty()))
-                    .map(|m| Ok::<_, std::convert::Infallible>(m.payload));
+                    .take_while(|m| {
+                        futures::future::ready(!m.payload.is_empty() || m.headers.is_some())
+                    })
+                    .map(|m| match m.headers {
+                        Some(_) => Err(std::io::Error::other("upstream stream failed")),
+                        None => Ok(m.payload),
+                    });
                 sse(Body::from_stream(chunks))
             }
         };
@@ -210,22 +227,37 @@ async fn respond(
         let Some(reply) = msg.reply else { continue };
         let (client, http, upstream) = (client.clone(), http.clone(), upstream.clone());
         tasks.spawn(async move {
-            let stream = serde_json::from_slice::<serde_json::Value>(&msg.payload)
-                .is_ok_and(|r| r["stream"].as_bool() == Some(true));
+            let stream = msg
+                .headers
+                .as_ref()
+                .is_some_and(|h| h.get(STREAM).is_some());
             if !stream {
                 let answer = call(&http, &upstream.json, msg.payload).await;
                 let _ = client.publish(reply, answer.unwrap_or_default()).await;
                 return;
             }
+            let mut failed = true;
             if let Some(resp) = send(&http, &upstream.stream, msg.payload).await {
                 let mut chunks = resp.bytes_stream();
-                while let Some(Ok(chunk)) = chunks.next().await {
+                failed = false;
+                while let Some(chunk) = chunks.next().await {
+                    let Ok(chunk) = chunk else {
+                        failed = true;
+                        break;
+                    };
                     if client.publish(reply.clone(), chunk).await.is_err() {
                         return;
                     }
                 }
             }
-            let _ = client.publish(reply, Bytes::new()).await;
+            let _ = match failed {
+                true => {
+                    let mut mark = async_nats::HeaderMap::new();
+                    mark.insert(FAILED, "1");
+                    client.publish_with_headers(reply, mark, Bytes::new()).await
+                }
+                false => client.publish(reply, Bytes::new()).await,
+            };
         });
     }
 }
@@ -372,7 +404,7 @@ impl Floors {
             let requests = (s.ok + s.errors).max(1) as f64;
             let per_request = |ticks: u64| ticks as f64 / super::TICKS_PER_S * 1000.0 / requests;
             parts.push(format!(
-                "{} added {what} p50 {:+.3} ms, p99 {:+.3} ms{}, CPU of its tree {:.3} ms/request{}, errors {}",
+                "{} added {what} p50 {:+.3} ms, p99 {:+.3} ms{}, CPU of its tree {:.3} ms/request{}, errors {}{}",
                 f.name,
                 added(0.5, &direct.latency, &s.latency),
                 added(0.99, &direct.latency, &s.latency),
@@ -387,7 +419,11 @@ impl Floors {
                 } else {
                     String::new()
                 },
-                s.errors
+                s.errors,
+                s.first_error
+                    .as_ref()
+                    .map(|e| format!(" (first: {e})"))
+                    .unwrap_or_default()
             ));
         }
         format!("{phase}, floors: {}", parts.join("; "))
@@ -420,8 +456,44 @@ mod tests {
         (status, vec![content.to_owned()])
     }
 
+    /// Starts a floor on a free port; its chat URL once it accepts connections, its stop token
+    /// and its task.
+    async fn start(
+        json: String,
+        stream: String,
+        nats: bool,
+    ) -> (
+        String,
+        CancellationToken,
+        tokio::task::JoinHandle<Result<(), String>>,
+    ) {
+        let listen = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let stop = CancellationToken::new();
+        let args = FloorArgs {
+            listen,
+            upstream: json,
+            stream_upstream: stream,
+            nats,
+        };
+        #[expect(clippy::disallowed_methods, reason = "awaited by the test")]
+        let floor = tokio::spawn(run(args, stop.clone()));
+        // Up once it accepts a connection (a nats-server start can take a second).
+        tokio::time::timeout(Duration::from_secs(20), async {
+            while tokio::net::TcpStream::connect(listen).await.is_err() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .unwrap();
+        (format!("http://{listen}/v1/chat/completions"), stop, floor)
+    }
+
     /// Both floors (bare proxy, proxy + NATS hop) answer what the mock answers directly: the
-    /// same content for JSON, the same number of SSE events ending in `[DONE]` for a stream.
+    /// same content for JSON, the same number of SSE events ending in `[DONE]` for a stream; a
+    /// failed upstream stream never ends as a clean answer.
     #[tokio::test]
     async fn both_floors_pass_the_mocks_answers_through() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -441,38 +513,28 @@ mod tests {
         assert_eq!(direct_stream.0, 200);
         assert_eq!(direct_stream.1[1], "data: [DONE]");
         for nats in [false, true] {
-            let listen = std::net::TcpListener::bind("127.0.0.1:0")
+            let (url, stop, floor) = start(json.clone(), stream.clone(), nats).await;
+            assert_eq!(answer(&http, &url, false).await, direct_json, "{nats}");
+            assert_eq!(answer(&http, &url, true).await, direct_stream, "{nats}");
+            stop.cancel();
+            tokio::time::timeout(Duration::from_secs(20), floor)
+                .await
                 .unwrap()
-                .local_addr()
+                .unwrap()
                 .unwrap();
-            let stop = CancellationToken::new();
-            let args = FloorArgs {
-                listen,
-                upstream: json.clone(),
-                stream_upstream: stream.clone(),
-                nats,
-            };
-            #[expect(clippy::disallowed_methods, reason = "awaited below")]
-            let floor = tokio::spawn(run(args, stop.clone()));
-            let url = format!("http://{listen}/v1/chat/completions");
-            // Up once it accepts a connection (a nats-server start can take a second).
-            tokio::time::timeout(Duration::from_secs(20), async {
-                while tokio::net::TcpStream::connect(listen).await.is_err() {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-            })
-            .await
-            .unwrap();
-            assert_eq!(
-                answer(&http, &url, false).await,
-                direct_json,
-                "nats: {nats}"
-            );
-            assert_eq!(
-                answer(&http, &url, true).await,
-                direct_stream,
-                "nats: {nats}"
-            );
+        }
+        // A failed upstream stream is never a clean answer: 502 from the bare proxy, a broken
+        // body over NATS (the head went out before the responder knew).
+        let failing = format!("http://{mock}/x/status=503/v1/chat/completions");
+        for nats in [false, true] {
+            let (url, stop, floor) = start(json.clone(), failing.clone(), nats).await;
+            let body = serde_json::json!({"model": "mock", "stream": true,
+                "messages": [{"role": "user", "content": "floor"}]});
+            let resp = http.post(&url).json(&body).send().await.unwrap();
+            match nats {
+                false => assert_eq!(resp.status().as_u16(), 502),
+                true => assert!(resp.text().await.is_err(), "a clean end after a failure"),
+            }
             stop.cancel();
             tokio::time::timeout(Duration::from_secs(20), floor)
                 .await
