@@ -491,6 +491,19 @@ mod tests {
         (format!("http://{listen}/v1/chat/completions"), stop, floor)
     }
 
+    /// Stops a floor from [`start`] and waits (at most 20 s) for it to return `Ok`.
+    async fn shut_down(
+        stop: CancellationToken,
+        floor: tokio::task::JoinHandle<Result<(), String>>,
+    ) {
+        stop.cancel();
+        tokio::time::timeout(Duration::from_secs(20), floor)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+    }
+
     /// Both floors (bare proxy, proxy + NATS hop) answer what the mock answers directly: the
     /// same content for JSON, the same number of SSE events ending in `[DONE]` for a stream; a
     /// failed upstream stream never ends as a clean answer.
@@ -516,12 +529,7 @@ mod tests {
             let (url, stop, floor) = start(json.clone(), stream.clone(), nats).await;
             assert_eq!(answer(&http, &url, false).await, direct_json, "{nats}");
             assert_eq!(answer(&http, &url, true).await, direct_stream, "{nats}");
-            stop.cancel();
-            tokio::time::timeout(Duration::from_secs(20), floor)
-                .await
-                .unwrap()
-                .unwrap()
-                .unwrap();
+            shut_down(stop, floor).await;
         }
         // A failed upstream stream is never a clean answer: 502 from the bare proxy, a broken
         // body over NATS (the head went out before the responder knew).
@@ -535,12 +543,7 @@ mod tests {
                 false => assert_eq!(resp.status().as_u16(), 502),
                 true => assert!(resp.text().await.is_err(), "a clean end after a failure"),
             }
-            stop.cancel();
-            tokio::time::timeout(Duration::from_secs(20), floor)
-                .await
-                .unwrap()
-                .unwrap()
-                .unwrap();
+            shut_down(stop, floor).await;
         }
         mock_task.abort();
     }
