@@ -521,6 +521,50 @@ fn print_row(phase: &str, path: &str, s: &PathStats, h: &Histogram<u64>) {
     );
 }
 
+/// Added latency at quantile `q`, ms: `h`'s value minus `base`'s (same run, same percentile).
+fn added_ms(q: f64, base: &Histogram<u64>, h: &Histogram<u64>) -> f64 {
+    (h.value_at_quantile(q) as f64 - base.value_at_quantile(q) as f64) / 1000.0
+}
+
+impl PathStats {
+    /// CPU `ticks` spent on this path's requests, as ms per request.
+    fn ms_per_request(&self, ticks: u64) -> f64 {
+        ticks as f64 / TICKS_PER_S * 1000.0 / (self.ok + self.errors).max(1) as f64
+    }
+
+    /// ` (first: …)` after an error count, or nothing without errors.
+    fn first_error_note(&self) -> String {
+        self.first_error
+            .as_ref()
+            .map(|e| format!(" (first: {e})"))
+            .unwrap_or_default()
+    }
+}
+
+/// Waits until `path` answers a request, at most `limit`; `what` names it in the error.
+async fn wait_answering(
+    http: &reqwest::Client,
+    path: &Path2,
+    counter: &Arc<AtomicU64>,
+    limit: Duration,
+    what: &str,
+) -> Result<(), String> {
+    let ready = Instant::now();
+    loop {
+        let n = counter.fetch_add(1, Ordering::Relaxed);
+        if one(http, path, n, false, Instant::now()).await.is_ok() {
+            return Ok(());
+        }
+        if ready.elapsed() > limit {
+            return Err(format!(
+                "{what} did not answer within {} s",
+                limit.as_secs()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Runs the benchmark and prints the report.
 pub(crate) async fn run(args: BenchArgs) -> Result<(), String> {
     if let Some(BenchWhat::Billing(billing)) = args.what {
@@ -603,20 +647,14 @@ pub(crate) async fn run(args: BenchArgs) -> Result<(), String> {
         dir.join("up.log").display()
     );
     let counter = Arc::new(AtomicU64::new(0));
-    let ready = Instant::now();
-    loop {
-        let n = counter.fetch_add(1, Ordering::Relaxed);
-        if one(&http, &via_json, n, false, Instant::now())
-            .await
-            .is_ok()
-        {
-            break;
-        }
-        if ready.elapsed() > Duration::from_secs(120) {
-            return Err("`switchyard up` did not answer within 120 s".into());
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_answering(
+        &http,
+        &via_json,
+        &counter,
+        Duration::from_secs(120),
+        "`switchyard up`",
+    )
+    .await?;
     let (idle_rss, _) = tree_usage(up_pid);
     let cores = Cores {
         up: up_pid,
@@ -635,6 +673,7 @@ pub(crate) async fn run(args: BenchArgs) -> Result<(), String> {
                 &direct_json.url,
                 &direct_stream.url,
                 &http,
+                &counter,
                 args.own_conversations,
             )
             .await?,
@@ -754,11 +793,9 @@ pub(crate) async fn run(args: BenchArgs) -> Result<(), String> {
             row("switchyard inter-chunk gap", &v, &v.gap);
         }
         let floor_summary = phase_floors.map(|f| f.report(&name, stream, &d));
-        let added = |q: f64, a: &Histogram<u64>, b: &Histogram<u64>| {
-            (b.value_at_quantile(q) as f64 - a.value_at_quantile(q) as f64) / 1000.0
-        };
+        let added = added_ms;
         let requests = (v.ok + v.errors).max(1) as f64;
-        let cpu_ms = cpu_ticks as f64 / TICKS_PER_S * 1000.0 / requests;
+        let cpu_ms = v.ms_per_request(cpu_ticks);
         summary.push(format!(
             "{name}: added {what} p50 {:+.3} ms, p99 {:+.3} ms{}; CPU of the up tree {:.3} ms/request; \
              cores busy during its slices: {}; \
@@ -786,10 +823,7 @@ pub(crate) async fn run(args: BenchArgs) -> Result<(), String> {
             peak_rss / 1024,
             d.errors,
             v.errors,
-            v.first_error
-                .as_ref()
-                .map(|e| format!(" (first: {e})"))
-                .unwrap_or_default()
+            v.first_error_note()
         ));
         summary.extend(floor_summary);
     }

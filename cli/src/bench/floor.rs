@@ -304,6 +304,7 @@ impl Floors {
         json: &str,
         stream: &str,
         http: &reqwest::Client,
+        counter: &Arc<std::sync::atomic::AtomicU64>,
         own_conversations: bool,
     ) -> Result<Self, String> {
         let mut list = Vec::new();
@@ -329,19 +330,8 @@ impl Floors {
                 key: false,
                 own_conversations,
             };
-            let ready = std::time::Instant::now();
-            while super::one(http, &path, 0, false, std::time::Instant::now())
-                .await
-                .is_err()
-            {
-                if ready.elapsed() > Duration::from_secs(30) {
-                    return Err(format!(
-                        "{name} did not answer within 30 s ({})",
-                        log.display()
-                    ));
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
+            let what = format!("the {name} (log: {})", log.display());
+            super::wait_answering(http, &path, counter, Duration::from_secs(30), &what).await?;
             list.push(FloorPath {
                 name,
                 proc,
@@ -397,12 +387,8 @@ impl Floors {
             if stream {
                 super::print_row(phase, &format!("{} inter-chunk gap", f.name), &s, &s.gap);
             }
-            let added =
-                |q: f64, a: &hdrhistogram::Histogram<u64>, b: &hdrhistogram::Histogram<u64>| {
-                    (b.value_at_quantile(q) as f64 - a.value_at_quantile(q) as f64) / 1000.0
-                };
-            let requests = (s.ok + s.errors).max(1) as f64;
-            let per_request = |ticks: u64| ticks as f64 / super::TICKS_PER_S * 1000.0 / requests;
+            let added = super::added_ms;
+            let per_request = |ticks| s.ms_per_request(ticks);
             parts.push(format!(
                 "{} added {what} p50 {:+.3} ms, p99 {:+.3} ms{}, CPU of its tree {:.3} ms/request{}, errors {}{}",
                 f.name,
@@ -420,10 +406,7 @@ impl Floors {
                     String::new()
                 },
                 s.errors,
-                s.first_error
-                    .as_ref()
-                    .map(|e| format!(" (first: {e})"))
-                    .unwrap_or_default()
+                s.first_error_note()
             ));
         }
         format!("{phase}, floors: {}", parts.join("; "))
