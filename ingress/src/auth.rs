@@ -14,31 +14,15 @@
 //! that saw a revision it could not apply refuses the keys that revision changes.
 
 use crate::AppState;
-use crate::charge::Caller;
+use crate::context::Caller;
 use crate::error::ApiError;
-use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
 use switchyard_schemas::config::GatewayConfig;
 use switchyard_schemas::tenancy::sha256_hex;
-
-tokio::task_local! {
-    static CALLER: Caller;
-}
-
-/// The caller of the request being handled (anonymous outside [`authenticate`]).
-pub fn current_caller() -> Caller {
-    CALLER.try_with(Clone::clone).unwrap_or_default()
-}
-
-/// Runs `fut` as `caller` (how a batch item runs as the key that created its batch).
-pub async fn as_caller<F: std::future::Future>(caller: Caller, fut: F) -> F::Output {
-    CALLER.scope(caller, fut).await
-}
 
 /// Key hash → caller, rebuilt when the config version changes.
 #[derive(Debug, Default)]
@@ -202,19 +186,19 @@ fn unauthorized(message: impl Into<String>) -> ApiError {
     )
 }
 
-/// Middleware: authenticates `/v1/*` and makes the caller available to handlers through
-/// [`current_caller`]. `/healthz`, `/readyz`, `/metrics` and unknown routes pass unauthenticated.
-pub async fn authenticate(State(app): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    if !req.uri().path().starts_with("/v1/") {
-        return next.run(req).await;
-    }
-    match app.keys.resolve(&app, req.headers()).await {
-        Ok(caller) => {
-            crate::refusal_audit::note_caller(&caller);
-            CALLER.scope(caller, next.run(req)).await
-        }
-        Err(e) if req.uri().path().starts_with("/v1/messages") => e.into_anthropic_response(),
-        Err(e) => e.into_response(),
+/// Whether requests to `path` are authenticated with a virtual key: `/v1/*`; `/healthz`,
+/// `/readyz`, `/metrics` and unknown routes pass unauthenticated (the admin routes have their
+/// own keys).
+pub fn authenticates(path: &str) -> bool {
+    path.starts_with("/v1/")
+}
+
+/// The refusal of an unauthenticated `/v1/*` request, in its front door's error shape.
+pub fn refusal(path: &str, e: ApiError) -> Response {
+    if path.starts_with("/v1/messages") {
+        e.into_anthropic_response()
+    } else {
+        e.into_response()
     }
 }
 

@@ -33,7 +33,7 @@
 //! budgets gets 503 rather than unmetered spend.
 
 use crate::AppState;
-use crate::charge::Caller;
+use crate::context::Caller;
 use crate::error::ApiError;
 use axum::http::StatusCode;
 use rust_decimal::Decimal;

@@ -22,6 +22,7 @@
 
 use crate::AppState;
 use crate::charge::Charge;
+use crate::context::RequestContext;
 use crate::route::{self, Aggregate, Inbound, Served};
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::Response;
@@ -353,9 +354,9 @@ impl Check {
 
     /// On a hit: publishes its `charge` event (a new request id, no upstream call) and returns
     /// that id with the stored answer.
-    pub fn hit(&self, app: &Arc<AppState>) -> Option<(Uuid, &CachedAnswer)> {
+    pub fn hit(&self, app: &Arc<AppState>, ctx: &RequestContext) -> Option<(Uuid, &CachedAnswer)> {
         let answer = self.answer.as_ref()?;
-        Some((charge_hit(app, self, answer.usage), answer))
+        Some((charge_hit(app, ctx, self, answer.usage), answer))
     }
 
     /// Adds `x-switchyard-cache` (and the similarity on semantic hits).
@@ -417,11 +418,16 @@ fn shapes_answer(inbound: &Inbound) -> bool {
 /// Asks the cache about `inbound` (a `bypass` when the route opts out, the client said
 /// `no-cache`, `n` > 1, a provider passthrough field may shape the answer, or the cache does not
 /// answer within the timeout).
-pub async fn check(app: &Arc<AppState>, headers: &HeaderMap, inbound: &Inbound) -> Check {
+pub async fn check(
+    app: &Arc<AppState>,
+    ctx: &RequestContext,
+    headers: &HeaderMap,
+    inbound: &Inbound,
+) -> Check {
     let admitted = Instant::now();
     let directives = Directives::from_headers(headers);
     let config = app.config.get();
-    let Ok(model) = route::routed_model(&config, &inbound.model, &route::current_hints()) else {
+    let Ok(model) = route::routed_model(&config, &inbound.model, &ctx.hints) else {
         return Check::bypass(admitted, false);
     };
     let settings = model.cache.clone().unwrap_or_default();
@@ -437,7 +443,7 @@ pub async fn check(app: &Arc<AppState>, headers: &HeaderMap, inbound: &Inbound) 
         tools: inbound.tools.clone(),
         tool_choice: inbound.tool_choice.clone(),
         params: inbound.params.clone(),
-        tenant: crate::auth::current_caller().tenant,
+        tenant: ctx.caller.tenant.clone(),
     };
     let ttl_s = directives.ttl_s.or(settings.ttl_s).unwrap_or(DEFAULT_TTL_S);
     let prompt_bytes = key
@@ -459,7 +465,7 @@ pub async fn check(app: &Arc<AppState>, headers: &HeaderMap, inbound: &Inbound) 
     if directives.no_cache {
         return check;
     }
-    let reply = lookup(app, key, check.exact.as_deref(), &settings).await;
+    let reply = lookup(app, ctx, key, check.exact.as_deref(), &settings).await;
     check.outcome = reply.outcome;
     if matches!(reply.outcome, CacheOutcome::Hit | CacheOutcome::SemanticHit) {
         match reply.answer {
@@ -478,6 +484,7 @@ pub async fn check(app: &Arc<AppState>, headers: &HeaderMap, inbound: &Inbound) 
 
 async fn lookup(
     app: &AppState,
+    ctx: &RequestContext,
     key: CacheKey,
     exact: Option<&str>,
     settings: &RouteCache,
@@ -504,9 +511,10 @@ async fn lookup(
     let _ = tokio::time::timeout_at(deadline, app.cache.flush_stores(app)).await;
     let span = crate::spans::client("switchyard.cache.lookup");
     let mut headers = async_nats::HeaderMap::new();
-    let hints = route::current_hints();
-    if let Some(id) = hints.gateway_id {
-        span.in_scope(|| crate::spans::nats_headers(&mut headers, id));
+    // A batch item's lookup carries no request id (it has no HTTP request).
+    if ctx.batch.is_none() {
+        let shown = ctx.shown_request_id(ctx.gateway_id);
+        span.in_scope(|| crate::spans::nats_headers(&mut headers, &shown));
     }
     let asked = app
         .nats
@@ -689,13 +697,14 @@ pub(crate) fn aggregate(answer: &CachedAnswer) -> Aggregate {
 }
 
 /// Publishes the hit's `charge` event and returns its new request id.
-fn charge_hit(app: &Arc<AppState>, check: &Check, usage: Usage) -> Uuid {
-    let id = crate::route::current_hints().new_request_id();
+fn charge_hit(app: &Arc<AppState>, ctx: &RequestContext, check: &Check, usage: Usage) -> Uuid {
+    let id = ctx.new_request_id();
     let mut charge = Charge::start(
         app.clone(),
+        ctx,
         id,
         &check.route,
-        crate::auth::current_caller(),
+        ctx.caller.clone(),
         check.prompt_bytes,
         check.admitted,
     );

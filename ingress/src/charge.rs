@@ -4,6 +4,8 @@
 
 use crate::AppState;
 use crate::budget::{self, Demand, Reservation};
+use crate::context::Caller;
+use crate::context::RequestContext;
 use crate::rate_limit::RateHold;
 use std::sync::Arc;
 use std::time::Instant;
@@ -17,73 +19,6 @@ use switchyard_schemas::{
 /// Longest failed-attempt error message kept in the audit log, bytes.
 const MAX_ATTEMPT_ERROR_BYTES: usize = 512;
 
-/// Who is calling (empty while authentication is off).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Caller {
-    /// Tenant.
-    pub tenant: Option<String>,
-    /// Key id.
-    pub key_id: Option<String>,
-    /// The key may read every tenant's usage.
-    pub admin: bool,
-}
-
-impl Caller {
-    /// This caller's key and tenant entries in `config` (`None` where it has no such id, or
-    /// `config` lists none).
-    pub fn entries<'a>(
-        &self,
-        config: &'a switchyard_schemas::config::GatewayConfig,
-    ) -> (
-        Option<&'a switchyard_schemas::tenancy::KeyConfig>,
-        Option<&'a switchyard_schemas::tenancy::TenantConfig>,
-    ) {
-        let key = self
-            .key_id
-            .as_deref()
-            .and_then(|id| config.keys.iter().find(|k| k.id == id));
-        let tenant = self
-            .tenant
-            .as_deref()
-            .and_then(|id| config.tenants.iter().find(|t| t.id == id));
-        (key, tenant)
-    }
-}
-
-/// The hand-over of a batch item's `charge` event: the request's [`Charge`] takes the sender
-/// when it starts and, once settled, sends the event here instead of publishing it; the batch
-/// runner publishes it when the try is the item's last and drops it when the item is retried
-/// (so a retried item leaves one `charge` row, its last try's, under its one request id).
-#[derive(Clone, Default)]
-pub struct ChargeSlot(Arc<parking_lot::Mutex<Option<tokio::sync::oneshot::Sender<UsageEvent>>>>);
-
-impl ChargeSlot {
-    /// A new slot and the receiver of the event its charge sends.
-    pub fn new() -> (Self, tokio::sync::oneshot::Receiver<UsageEvent>) {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        (Self(Arc::new(parking_lot::Mutex::new(Some(tx)))), rx)
-    }
-
-    /// Takes the sender (`None` once taken).
-    pub fn take(&self) -> Option<tokio::sync::oneshot::Sender<UsageEvent>> {
-        self.0.lock().take()
-    }
-}
-
-impl PartialEq for ChargeSlot {
-    fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
-    }
-}
-
-impl Eq for ChargeSlot {}
-
-impl std::fmt::Debug for ChargeSlot {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ChargeSlot")
-    }
-}
-
 /// Accumulates what the tenant is charged for one request; publishes once.
 pub struct Charge {
     app: Arc<AppState>,
@@ -96,7 +31,7 @@ pub struct Charge {
     reservation: Option<Reservation>,
     /// The key/tenant rate-limit hold, settled (and refunded after a 429) when it is published.
     rate: Option<RateHold>,
-    /// A batch item's: the event goes to its runner, not to JetStream ([`ChargeSlot`]).
+    /// A batch item's: the event goes to its runner, not to JetStream ([`crate::context::ChargeSlot`]).
     sink: Option<tokio::sync::oneshot::Sender<UsageEvent>>,
     /// The audit log's fields (docs/audit.md), moved into the event when it is published
     /// (boxed: every request future holding a `Charge` stays small).
@@ -110,7 +45,12 @@ pub struct Charge {
 
 impl Charge {
     /// Starts the record for `req` at admission time `admitted`.
-    pub fn new(app: Arc<AppState>, req: &ChatRequest, admitted: Instant) -> Self {
+    pub fn new(
+        app: Arc<AppState>,
+        ctx: &RequestContext,
+        req: &ChatRequest,
+        admitted: Instant,
+    ) -> Self {
         let who = Caller {
             tenant: req.tenant.clone(),
             key_id: req.key_id.clone(),
@@ -118,6 +58,7 @@ impl Charge {
         };
         let charge = Self::start(
             app,
+            ctx,
             req.id,
             &req.model,
             who,
@@ -135,17 +76,19 @@ impl Charge {
         charge
     }
 
-    /// Starts the record of any request: `prompt_bytes` feeds the estimate used on abort.
+    /// Starts the record of any request of `ctx`: `prompt_bytes` feeds the estimate used on
+    /// abort.
     pub fn start(
         app: Arc<AppState>,
+        ctx: &RequestContext,
         request_id: uuid::Uuid,
         model: &str,
         who: Caller,
         prompt_bytes: usize,
         admitted: Instant,
     ) -> Self {
-        crate::refusal_audit::note_admitted();
-        let client = crate::route::current_client();
+        ctx.note_admitted();
+        let client = &ctx.client;
         let audit = Box::new(AuditInfo {
             front_door: client.front_door.map(str::to_owned),
             client_ip: client.client_ip.clone(),
@@ -165,7 +108,7 @@ impl Charge {
             status: UsageStatus::Cancelled,
             error_class: Some(ErrorClass::Cancelled),
             // Every charge of a batch item (live answer, cache hit, embeddings) is marked.
-            batch_id: crate::route::current_batch_id(),
+            batch_id: ctx.batch_id(),
             ..UsageEvent::new(request_id, UsageKind::Charge, now_ms(), model)
         };
         Self {
@@ -176,10 +119,10 @@ impl Charge {
             output_bytes: 0,
             reservation: None,
             rate: None,
-            sink: crate::route::take_batch_charge(),
+            sink: ctx.take_batch_charge(),
             audit,
             capture,
-            span: crate::spans::root(),
+            span: ctx.span.clone(),
         }
     }
 

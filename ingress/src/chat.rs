@@ -22,10 +22,11 @@ pub use crate::front_door::sse_response;
 /// The handler.
 pub async fn chat_completions(
     State(app): State<Arc<AppState>>,
+    ctx: crate::context::Ctx,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    front_door::serve(OpenAiChat::default(), app, &headers, &body).await
+    front_door::serve(OpenAiChat::default(), app, &ctx, &headers, &body).await
 }
 
 /// The OpenAI Chat Completions protocol, for one request: [`FrontDoor::parse`] records whether

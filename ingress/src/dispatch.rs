@@ -120,8 +120,9 @@ impl Dispatcher {
         })
     }
 
-    /// Publishes one attempt of `req` to its target's provider queue and returns its reply reader.
-    pub async fn send(&self, req: &ChatRequest) -> Result<Attempt, ErrorInfo> {
+    /// Publishes one attempt of `req` to its target's provider queue and returns its reply reader;
+    /// `shown` is the request id its NATS headers carry (`X-Request-Id`).
+    pub async fn send(&self, req: &ChatRequest, shown: &str) -> Result<Attempt, ErrorInfo> {
         let key = (req.id, req.attempt);
         let window = if req.stream {
             STREAM_WINDOW
@@ -164,7 +165,7 @@ impl Dispatcher {
         let reply = format!("{}.{shard}.{}.{}", self.inbox, req.id, req.attempt);
         let mut headers = async_nats::HeaderMap::new();
         headers.insert(WINDOW_HEADER, window.to_string().as_str());
-        crate::spans::nats_headers(&mut headers, req.id);
+        crate::spans::nats_headers(&mut headers, shown);
         self.nats
             .publish_with_reply_and_headers(subject, reply, headers, payload.into())
             .await

@@ -6,6 +6,7 @@
 
 use crate::AppState;
 use crate::charge::Charge;
+use crate::context::RequestContext;
 use crate::error::ApiError;
 use crate::metrics::Outcome;
 use crate::route::{self, Ledger, attempt};
@@ -49,17 +50,26 @@ enum RawInput {
 /// The handler.
 /// The caller's key rate-limit headers (`x-ratelimit-*`, [`crate::rate_limit`]) ride on every
 /// answer, refusals included, as on the chat door.
-pub async fn embeddings(State(app): State<Arc<AppState>>, body: Bytes) -> Response {
-    crate::metrics::body_read();
-    let (out, rates) = crate::rate_limit::reporting(Box::pin(handle(app.clone(), &body))).await;
+pub async fn embeddings(
+    State(app): State<Arc<AppState>>,
+    ctx: crate::context::Ctx,
+    body: Bytes,
+) -> Response {
+    serve(app, &ctx, &body).await
+}
+
+/// Serves one embeddings body for the request `ctx` (the handler's and a batch item's way in).
+pub async fn serve(app: Arc<AppState>, ctx: &RequestContext, body: &[u8]) -> Response {
+    ctx.clock.body_read();
+    let out = Box::pin(handle(app.clone(), ctx, body)).await;
     let mut resp = match out {
         Ok(r) => r,
         Err(e) => e.into_response(),
     };
-    if let Some(r) = rates {
+    if let Some(r) = ctx.rates() {
         r.apply(&mut resp);
     }
-    crate::metrics::response_head(&app, None, &mut resp);
+    crate::front_door::response_head(&app, ctx, None, &mut resp);
     resp
 }
 
@@ -113,21 +123,24 @@ fn parse(body: &[u8]) -> Result<(EmbeddingsBody, EmbedInput, bool), ApiError> {
     Ok((b, input, base64))
 }
 
-async fn handle(app: Arc<AppState>, body: &[u8]) -> Result<Response, ApiError> {
+async fn handle(
+    app: Arc<AppState>,
+    ctx: &RequestContext,
+    body: &[u8],
+) -> Result<Response, ApiError> {
     // Parse.
     route::check_size(&app, body.len())?;
     let (b, input, base64) = parse(body)?;
     let config = app.config.get();
-    let hints = route::current_hints();
     let asked = b.model.clone();
     // Admit.
     let Admitted {
         model,
         mut ledger,
         mut dispatch,
-    } = admit(&app, &config, &hints, b, input).await?;
+    } = admit(&app, ctx, &config, b, input).await?;
     // Plan: only providers with an embeddings API qualify.
-    let prefs = hints.preferences(dispatch.req.user.as_deref());
+    let prefs = ctx.hints.preferences(dispatch.req.user.as_deref());
     let plan = match strategy::plan(
         &config,
         model,
@@ -141,7 +154,8 @@ async fn handle(app: Arc<AppState>, body: &[u8]) -> Result<Response, ApiError> {
     };
     // Attempts.
     let id = dispatch.req.id;
-    let won = match attempt::attempts(&app, id, &mut ledger, plan.targets, &mut dispatch).await {
+    let won = match attempt::attempts(&app, ctx, id, &mut ledger, plan.targets, &mut dispatch).await
+    {
         Ok(w) => w,
         Err(e) => return Err(ledger.fail(e)),
     };
@@ -188,14 +202,14 @@ struct Admitted<'a> {
 /// per token (no tokenizer on this path). A refusal leaves no usage record.
 async fn admit<'a>(
     app: &'a Arc<AppState>,
+    ctx: &RequestContext,
     config: &'a GatewayConfig,
-    hints: &route::RequestHints,
     b: EmbeddingsBody,
     input: EmbedInput,
 ) -> Result<Admitted<'a>, ApiError> {
-    let model = route::routed_model(config, &b.model, hints)?;
+    let model = route::routed_model(config, &b.model, &ctx.hints)?;
     let admitted = Instant::now();
-    let id = hints.new_request_id();
+    let id = ctx.new_request_id();
     let policy = model.policy.as_deref().and_then(|p| config.policy(p));
     let t = &config.timeouts;
     let total = policy
@@ -211,18 +225,18 @@ async fn admit<'a>(
         EmbedInput::Texts(v) => v.iter().map(String::len).sum(),
         EmbedInput::Tokens(v) => v.iter().map(|x| x.len() * 4).sum(),
     };
-    let caller = crate::auth::current_caller();
+    let caller = ctx.caller.clone();
     let prompt_tokens = prompt_bytes.div_ceil(4) as u64;
     // Key and tenant RPM/TPM/concurrency as on the chat door (no output tokens).
     let rate = crate::rate_limit::admit(
         app,
+        ctx,
         config,
-        &caller,
         Some(prompt_tokens),
         Some(0),
         1,
         now_ms() + total + config.budgets.hold_grace_ms,
-        hints.batch.is_some(),
+        ctx.batch.is_some(),
     )
     .await?;
     let reservation = match crate::budget::reserve_tokens(
@@ -246,7 +260,15 @@ async fn admit<'a>(
         }
     };
     let (tenant, key_id) = (caller.tenant.clone(), caller.key_id.clone());
-    let mut charge = Charge::start(app.clone(), id, &model.id, caller, prompt_bytes, admitted);
+    let mut charge = Charge::start(
+        app.clone(),
+        ctx,
+        id,
+        &model.id,
+        caller,
+        prompt_bytes,
+        admitted,
+    );
     if let Some(r) = reservation {
         charge.reserved(r);
     }
@@ -255,7 +277,7 @@ async fn admit<'a>(
     }
     let ledger = Ledger {
         charge,
-        outcome: Outcome::new(&app.metrics, &model.id, admitted),
+        outcome: Outcome::new(&app.metrics, &ctx.clock, &model.id, admitted),
     };
     let req = EmbedRequest {
         id,
@@ -273,14 +295,16 @@ async fn admit<'a>(
         user: b.user,
         deadline_ms: now_ms() + total,
         attempt: 0,
-        batch_id: hints.batch.as_ref().map(|b| b.batch_id.clone()),
+        batch_id: ctx.batch_id(),
     };
+    let shown = ctx.shown_request_id(id);
     Ok(Admitted {
         model,
         ledger,
         dispatch: Embed {
             app,
             req,
+            shown,
             first_byte,
             deadline,
         },
@@ -300,6 +324,8 @@ struct Reply {
 struct Embed<'a> {
     app: &'a AppState,
     req: EmbedRequest,
+    /// The request id its NATS headers carry ([`RequestContext::shown_request_id`]).
+    shown: String,
     first_byte: Duration,
     deadline: Instant,
 }
@@ -317,16 +343,21 @@ impl attempt::Dispatch for Embed<'_> {
         let limit = self
             .first_byte
             .min(self.deadline.saturating_duration_since(Instant::now()));
-        call(self.app, &self.req, limit).await
+        call(self.app, &self.req, &self.shown, limit).await
     }
 }
 
-async fn call(app: &AppState, req: &EmbedRequest, limit: Duration) -> Result<Reply, ErrorInfo> {
+async fn call(
+    app: &AppState,
+    req: &EmbedRequest,
+    shown: &str,
+    limit: Duration,
+) -> Result<Reply, ErrorInfo> {
     let payload =
         serde_json::to_vec(req).map_err(|e| ErrorInfo::new(ErrorClass::Internal, e.to_string()))?;
     let subject = app.subjects.request(CAP_EMBED, &req.target.provider);
     let mut headers = async_nats::HeaderMap::new();
-    crate::spans::nats_headers(&mut headers, req.id);
+    crate::spans::nats_headers(&mut headers, shown);
     let request = async_nats::Request::new()
         .payload(payload.into())
         .headers(headers)

@@ -14,6 +14,7 @@
 
 use crate::AppState;
 use crate::cache_client::{self, Capture};
+use crate::context::RequestContext;
 use crate::error::ApiError;
 use crate::route::{self, Aggregate, FrameFeed, Inbound};
 use axum::body::Body;
@@ -83,19 +84,34 @@ pub trait FrontDoor: Send + Sync + 'static {
 pub async fn serve<D: FrontDoor>(
     door: D,
     app: Arc<AppState>,
+    ctx: &RequestContext,
     headers: &HeaderMap,
     body: &[u8],
 ) -> Response {
-    crate::metrics::body_read();
+    ctx.clock.body_read();
     let parsed = route::check_size(&app, body.len()).and_then(|()| door.parse(body));
     match parsed {
-        Ok(inbound) => serve_inbound(door, app, headers, inbound).await,
+        Ok(inbound) => serve_inbound(door, app, ctx, headers, inbound).await,
         Err(e) => {
             let mut resp = door.error(e);
-            crate::metrics::response_head(&app, None, &mut resp);
+            response_head(&app, ctx, None, &mut resp);
             resp
         }
     }
+}
+
+/// Ends the request's overhead clock at its response head ([`crate::metrics::response_head`])
+/// and notes the `model` it named for a refusal's audit record.
+pub fn response_head(
+    app: &AppState,
+    ctx: &RequestContext,
+    model: Option<&str>,
+    resp: &mut Response,
+) {
+    if let Some(m) = model {
+        ctx.note_model(m);
+    }
+    crate::metrics::response_head(app, &ctx.clock, model, resp);
 }
 
 /// Serves one request `door` has already parsed (and size-checked with [`route::check_size`]).
@@ -106,6 +122,7 @@ pub async fn serve<D: FrontDoor>(
 pub async fn serve_inbound<D: FrontDoor>(
     door: D,
     app: Arc<AppState>,
+    ctx: &RequestContext,
     headers: &HeaderMap,
     inbound: Inbound,
 ) -> Response {
@@ -113,26 +130,25 @@ pub async fn serve_inbound<D: FrontDoor>(
     if let Err(e) = switchyard_schemas::input::check_conversation(&inbound.messages, &inbound.tools)
     {
         let mut resp = door.error(e.into());
-        crate::metrics::response_head(&app, Some(&model), &mut resp);
+        response_head(&app, ctx, Some(&model), &mut resp);
         return resp;
     }
-    let (out, rates) =
-        crate::rate_limit::reporting(Box::pin(pipeline(&door, app.clone(), headers, inbound)))
-            .await;
+    let out = Box::pin(pipeline(&door, app.clone(), ctx, headers, inbound)).await;
     let mut resp = match out {
         Ok(r) => r,
         Err(e) => door.error(e),
     };
-    if let Some(r) = rates {
+    if let Some(r) = ctx.rates() {
         r.apply(&mut resp);
     }
-    crate::metrics::response_head(&app, Some(&model), &mut resp);
+    response_head(&app, ctx, Some(&model), &mut resp);
     resp
 }
 
 async fn pipeline<D: FrontDoor>(
     door: &D,
     app: Arc<AppState>,
+    ctx: &RequestContext,
     headers: &HeaderMap,
     inbound: Inbound,
 ) -> Result<Response, ApiError> {
@@ -140,22 +156,20 @@ async fn pipeline<D: FrontDoor>(
         (inbound.stream, inbound.model.clone(), inbound.include_usage);
 
     // Cache: a hit is replayed through the same encoder as a live answer.
-    let cache = cache_client::check(&app, headers, &inbound).await;
+    let cache = cache_client::check(&app, ctx, headers, &inbound).await;
     app.metrics.cache(cache.outcome.as_str());
     if cache.is_hit() {
         // A cached answer is still a request of the key: it takes one RPM (and no tokens, it
         // is free) and carries the key's `x-ratelimit-*` headers like any answer.
         let config = app.config.get();
-        let caller = crate::auth::current_caller();
         let until_ms = switchyard_schemas::now_ms() + config.timeouts.total_ms;
         if let Some(h) =
-            crate::rate_limit::admit(&app, &config, &caller, None, Some(0), 1, until_ms, false)
-                .await?
+            crate::rate_limit::admit(&app, ctx, &config, None, Some(0), 1, until_ms, false).await?
         {
             h.settle(0, false).await;
         }
     }
-    if let Some((request_id, answer)) = cache.hit(&app) {
+    if let Some((request_id, answer)) = cache.hit(&app, ctx) {
         let meta = ReplyMeta {
             request_id,
             model,
@@ -195,7 +209,7 @@ async fn pipeline<D: FrontDoor>(
     }
 
     // Admit, plan, attempts.
-    let feed = route::route(&app, inbound, cache.audit_outcome()).await?;
+    let feed = route::route(&app, ctx, inbound, cache.audit_outcome()).await?;
     let served = feed.served.clone();
     let meta = ReplyMeta {
         request_id: served.request_id,

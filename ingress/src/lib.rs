@@ -25,10 +25,12 @@ pub mod budget;
 pub mod cache_client;
 pub mod charge;
 pub mod chat;
+pub mod context;
 pub mod dispatch;
 pub mod embeddings;
 pub mod error;
 pub mod front_door;
+pub mod gate;
 pub mod metrics;
 pub mod openai;
 mod query_string;
@@ -291,14 +293,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
-            auth::authenticate,
+            gate::gate,
         ))
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            refusal_audit::record,
-        ))
-        .layer(axum::middleware::from_fn(route::capture_hints))
-        .layer(axum::middleware::from_fn(metrics::clocked))
         // A memory guard only: the real limit is the NATS server's max_payload (413 in chat.rs).
         .layer(axum::extract::DefaultBodyLimit::max(64 * 1024 * 1024))
         .with_state(state)
@@ -382,9 +378,12 @@ async fn model(
 
 /// `GET /v1/usage?from&to&group_by&tenant&key`: the caller's usage from the ledger (see
 /// [`usage_api`]).
-async fn usage(State(app): State<Arc<AppState>>, uri: axum::http::Uri) -> Response {
-    let caller = auth::current_caller();
-    usage_api::handle(&app, &caller, uri.query().unwrap_or("")).await
+async fn usage(
+    State(app): State<Arc<AppState>>,
+    ctx: context::Ctx,
+    uri: axum::http::Uri,
+) -> Response {
+    usage_api::handle(&app, &ctx.caller, uri.query().unwrap_or("")).await
 }
 
 async fn healthz(State(app): State<Arc<AppState>>) -> Response {

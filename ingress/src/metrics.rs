@@ -9,16 +9,16 @@
 //! Hot path: the series of one (route, model) and of one target are registered once and kept
 //! ([`RequestSeries`], [`ProviderSeries`]); a request then only looks them up and updates atomics.
 //!
-//! **Gateway overhead** ([`HEADER_OVERHEAD`]): a task-local [`Clock`] per HTTP request
-//! ([`clocked`]) starts when the body has been read ([`body_read`]) and accumulates the time the
+//! **Gateway overhead** ([`HEADER_OVERHEAD`]): a [`Clock`] per HTTP request (in its
+//! [`crate::context::RequestContext`]) starts when the body has been read ([`Clock::body_read`]) and accumulates the time the
 //! request waited on an attempt (from dispatch to its commit or failure). The overhead is the time
 //! to the response head minus that wait: for a streamed answer the time before the first byte
 //! (the head goes out at the first content), for a complete answer everything but the upstream.
 
 use parking_lot::{Mutex, RwLock};
-use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use switchyard_schemas::Usage;
 use switchyard_schemas::metrics::{
@@ -301,16 +301,70 @@ pub fn refusal_kind(code: Option<&str>) -> Option<&'static str> {
     }
 }
 
-/// The per-HTTP-request clock of the gateway overhead (see the module docs).
-pub struct Clock {
-    route: &'static str,
-    started: Cell<Instant>,
-    upstream: Cell<Duration>,
-    series: RefCell<Option<Arc<RequestSeries>>>,
+/// The per-request clock of the gateway overhead (see the module docs): a cheap handle, shared
+/// by the request's context and its [`Outcome`] (which adds the attempts' waits).
+#[derive(Clone)]
+pub struct Clock(Arc<ClockState>);
+
+struct ClockState {
+    /// The `route` label; `None`: not an HTTP model request (a batch item), which records no
+    /// overhead and is labelled `batch`.
+    route: Option<&'static str>,
+    base: Instant,
+    /// When the gateway's time started, µs after `base`.
+    started_us: AtomicU64,
+    /// Time waited on attempts, µs.
+    upstream_us: AtomicU64,
+    series: OnceLock<Arc<RequestSeries>>,
 }
 
-tokio::task_local! {
-    static CLOCK: Clock;
+impl std::fmt::Debug for Clock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Clock")
+            .field("route", &self.0.route)
+            .finish()
+    }
+}
+
+impl Clock {
+    /// A clock started now for a request on `route` ([`route_of`]; `None` for a batch item).
+    pub fn new(route: Option<&'static str>) -> Self {
+        Self(Arc::new(ClockState {
+            route,
+            base: Instant::now(),
+            started_us: AtomicU64::new(0),
+            upstream_us: AtomicU64::new(0),
+            series: OnceLock::new(),
+        }))
+    }
+
+    /// The `route` label (`batch` outside an HTTP model request).
+    fn route(&self) -> &'static str {
+        self.0.route.unwrap_or("batch")
+    }
+
+    /// Restarts the clock: the body has been read (a slow upload is not the gateway's time).
+    pub fn body_read(&self) {
+        let us = self.0.base.elapsed().as_micros() as u64;
+        self.0.started_us.store(us, Ordering::Relaxed);
+    }
+
+    /// Adds `d` of waiting on an attempt.
+    fn waited(&self, d: Duration) {
+        self.0
+            .upstream_us
+            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// The gateway's own time so far.
+    fn overhead(&self) -> Duration {
+        let s = &self.0;
+        let now = s.base.elapsed().as_micros() as u64;
+        let own = now
+            .saturating_sub(s.started_us.load(Ordering::Relaxed))
+            .saturating_sub(s.upstream_us.load(Ordering::Relaxed));
+        Duration::from_micros(own)
+    }
 }
 
 /// The `route` label of a front-door path (`None`: not a model request).
@@ -325,67 +379,28 @@ pub fn route_of(path: &str) -> Option<&'static str> {
     })
 }
 
-/// Middleware: runs a model request under its [`Clock`].
-pub async fn clocked(
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    match route_of(req.uri().path()) {
-        Some(route) => {
-            let clock = Clock {
-                route,
-                started: Cell::new(Instant::now()),
-                upstream: Cell::new(Duration::ZERO),
-                series: RefCell::new(None),
-            };
-            CLOCK.scope(clock, next.run(req)).await
-        }
-        None => next.run(req).await,
-    }
-}
-
-/// The route of the request being handled (`batch` outside an HTTP request).
-fn current_route() -> &'static str {
-    CLOCK.try_with(|c| c.route).unwrap_or("batch")
-}
-
-/// Restarts the clock: the body has been read (a slow upload is not the gateway's time).
-pub fn body_read() {
-    let _ = CLOCK.try_with(|c| c.started.set(Instant::now()));
-}
-
-/// Adds `d` of waiting on an attempt.
-fn waited(d: Duration) {
-    let _ = CLOCK.try_with(|c| c.upstream.set(c.upstream.get() + d));
-}
-
 /// Ends the clock of the request being handled at its response head: sets
 /// [`HEADER_OVERHEAD`] on `resp` and records the overhead. A request that was never routed
 /// (a client error before admission, a cache hit) is counted here in [`REQUESTS`] with
 /// `model` = `model` when it is a configured model id, else `none`.
 pub fn response_head(
     app: &crate::AppState,
+    clock: &Clock,
     model: Option<&str>,
     resp: &mut axum::response::Response,
 ) {
-    // The model a refusal's audit record names (crate::refusal_audit).
-    if let Some(m) = model {
-        crate::refusal_audit::note_model(m);
-    }
-    let Ok((overhead, series)) = CLOCK.try_with(|c| {
-        let own = c.started.get().elapsed().saturating_sub(c.upstream.get());
-        (own, c.series.borrow().clone())
-    }) else {
+    if clock.0.route.is_none() {
         return;
-    };
-    let series = match series {
-        Some(s) => s,
+    }
+    let overhead = clock.overhead();
+    let series = match clock.0.series.get() {
+        Some(s) => s.clone(),
         None => {
             let config = app.config.get();
             let label = model
                 .and_then(|m| config.models.iter().find(|c| c.id == m))
                 .map_or("none", |m| m.id.as_str());
-            let s = app.metrics.request_series(current_route(), label);
+            let s = app.metrics.request_series(clock.route(), label);
             app.metrics.request_status(&s, resp.status().as_u16());
             s
         }
@@ -401,6 +416,7 @@ pub fn response_head(
 /// unfinished counts it as 499 (the client went away).
 pub struct Outcome {
     metrics: Metrics,
+    clock: Clock,
     series: Arc<RequestSeries>,
     /// The target being tried, and whether its attempt's outcome is still to be counted.
     target: Option<(Arc<ProviderSeries>, bool)>,
@@ -413,12 +429,14 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    /// Starts the record of a request routed by `model`, admitted at `admitted`.
-    pub fn new(metrics: &Metrics, model: &str, admitted: Instant) -> Self {
-        let series = metrics.request_series(current_route(), model);
-        let _ = CLOCK.try_with(|c| *c.series.borrow_mut() = Some(series.clone()));
+    /// Starts the record of a request routed by `model`, admitted at `admitted`, timed by
+    /// `clock` (its request's).
+    pub fn new(metrics: &Metrics, clock: &Clock, model: &str, admitted: Instant) -> Self {
+        let series = metrics.request_series(clock.route(), model);
+        let _ = clock.0.series.set(series.clone());
         Self {
             metrics: metrics.clone(),
+            clock: clock.clone(),
             series,
             target: None,
             attempt_started: admitted,
@@ -459,7 +477,7 @@ impl Outcome {
 
     /// The attempt being tried failed with `status` (before committing).
     pub fn attempt_failed(&mut self, status: u16) {
-        waited(self.attempt_started.elapsed());
+        self.clock.waited(self.attempt_started.elapsed());
         if let Some((t, open)) = self.target.as_mut()
             && std::mem::replace(open, false)
         {
@@ -469,7 +487,7 @@ impl Outcome {
 
     /// The attempt being tried committed (its outcome is counted when the request finishes).
     pub fn committed(&self) {
-        waited(self.attempt_started.elapsed());
+        self.clock.waited(self.attempt_started.elapsed());
     }
 
     /// Records the time of the first content of the serving attempt.
@@ -524,7 +542,7 @@ mod tests {
         let m = Metrics::new();
         let t0 = Instant::now();
         for status in [200, 200, 503] {
-            let mut o = Outcome::new(&m, "demo/mock", t0);
+            let mut o = Outcome::new(&m, &Clock::new(None), "demo/mock", t0);
             o.attempt("a");
             if status == 503 {
                 o.attempt_failed(502);
@@ -534,7 +552,7 @@ mod tests {
             o.first_content(Instant::now());
             o.finish(status);
         }
-        drop(Outcome::new(&m, "demo/mock", t0));
+        drop(Outcome::new(&m, &Clock::new(None), "demo/mock", t0));
         let text = m.render();
         let r = "route=\"batch\",model=\"demo/mock\"";
         for line in [
@@ -572,7 +590,7 @@ mod tests {
         let n = 200_000u32;
         let t0 = Instant::now();
         for _ in 0..n {
-            let mut o = Outcome::new(&m, "demo/mock", Instant::now());
+            let mut o = Outcome::new(&m, &Clock::new(None), "demo/mock", Instant::now());
             o.streamed(true);
             o.attempt("a");
             o.committed();

@@ -29,11 +29,11 @@
 //! OpenAI's (`20ms`, `1.5s`, `6m0s`).
 
 use crate::AppState;
-use crate::charge::Caller;
+pub use crate::context::RateHeaders;
+use crate::context::{Caller, RequestContext};
 use crate::error::ApiError;
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::Response;
-use parking_lot::Mutex;
 use std::sync::Arc;
 use switchyard_budgets::{RateError, RateStore, Refusal, Window};
 use switchyard_schemas::config::GatewayConfig;
@@ -126,17 +126,6 @@ impl RateHold {
     }
 }
 
-/// The `x-ratelimit-*` values of one answer (the caller's key).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RateHeaders {
-    /// `(limit, remaining)` requests, with `rpm`.
-    pub requests: Option<(u64, u64)>,
-    /// `(limit, remaining)` tokens, with `tpm`.
-    pub tokens: Option<(u64, u64)>,
-    /// Time until the counts reset, ms.
-    pub reset_ms: u64,
-}
-
 impl RateHeaders {
     fn of(limits: &RateLimits, w: &Window) -> Option<Self> {
         let requests = limits.rpm.map(|l| (l, l.saturating_sub(w.requests)));
@@ -192,28 +181,6 @@ pub fn openai_duration(ms: u64) -> String {
     }
 }
 
-tokio::task_local! {
-    static REPORT: Mutex<Option<RateHeaders>>;
-}
-
-/// Runs `fut` (one request's pipeline) and returns, with its output, the `x-ratelimit-*` values
-/// its admission recorded.
-pub async fn reporting<F: std::future::Future>(fut: F) -> (F::Output, Option<RateHeaders>) {
-    REPORT
-        .scope(Mutex::new(None), async move {
-            let out = fut.await;
-            let report = REPORT.try_with(|r| *r.lock()).ok().flatten();
-            (out, report)
-        })
-        .await
-}
-
-fn report(h: Option<RateHeaders>) {
-    if let Some(h) = h {
-        let _ = REPORT.try_with(|r| *r.lock() = Some(h));
-    }
-}
-
 /// Whether `caller`'s key or tenant has a TPM limit, i.e. whether [`admit`] needs the prompt
 /// estimate (tokens) it takes.
 pub fn counts_tokens(config: &GatewayConfig, caller: &Caller) -> bool {
@@ -222,21 +189,22 @@ pub fn counts_tokens(config: &GatewayConfig, caller: &Caller) -> bool {
         .any(|s| s.limits.tpm.is_some())
 }
 
-/// Admits a request of `caller` in its limited scopes ([`scopes`]): `Ok(None)` when none apply
-/// (or it is a batch item), else the hold to settle when it ends; a refusal is the 429 to
-/// answer. `until_ms` bounds how long its in-flight slot may outlive a dead ingress.
+/// Admits a request of `ctx`'s caller in its limited scopes ([`scopes`]): `Ok(None)` when none
+/// apply (or it is a batch item), else the hold to settle when it ends; a refusal is the 429 to
+/// answer. `until_ms` bounds how long its in-flight slot may outlive a dead ingress. The key's
+/// `x-ratelimit-*` values are recorded in `ctx` ([`RequestContext::report_rates`]).
 #[allow(clippy::too_many_arguments)]
 pub async fn admit(
     app: &AppState,
+    ctx: &RequestContext,
     config: &GatewayConfig,
-    caller: &Caller,
     prompt_tokens: Option<u64>,
     max_tokens: Option<u32>,
     choices: u32,
     until_ms: u64,
     batch: bool,
 ) -> Result<Option<RateHold>, ApiError> {
-    let scopes = scopes(config, caller);
+    let scopes = scopes(config, &ctx.caller);
     if scopes.is_empty() || batch {
         return Ok(None);
     }
@@ -287,7 +255,9 @@ pub async fn admit(
                     ),
                     None => None,
                 };
-                report(shown);
+                if let Some(h) = shown {
+                    ctx.report_rates(h);
+                }
                 hold.settle(0, true).await;
                 app.metrics.refusal(match refusal {
                     Refusal::Concurrent { .. } => "rate_limit_concurrency",
@@ -298,7 +268,9 @@ pub async fn admit(
             }
         }
     }
-    report(key_window.and_then(|(l, w)| RateHeaders::of(&l, &w)));
+    if let Some(h) = key_window.and_then(|(l, w)| RateHeaders::of(&l, &w)) {
+        ctx.report_rates(h);
+    }
     Ok(Some(hold))
 }
 

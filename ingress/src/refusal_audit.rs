@@ -14,12 +14,9 @@
 //! crowd out the charge events of other clients.
 
 use crate::AppState;
-use crate::charge::Caller;
-use axum::extract::{Request, State};
-use axum::middleware::Next;
+use crate::context::RequestContext;
 use axum::response::Response;
 use parking_lot::Mutex;
-use std::cell::RefCell;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
@@ -32,38 +29,6 @@ use switchyard_schemas::{ErrorClass, UsageEvent, UsageKind, now_ms};
 pub const MAX_IN_FLIGHT: usize = 1024;
 /// Largest error body read for its `code`, bytes (gateway error bodies are far smaller).
 const MAX_ERROR_BODY: usize = 64 * 1024;
-
-/// What the handler learnt about the request before it was refused.
-#[derive(Debug, Default)]
-struct Seen {
-    /// A [`crate::charge::Charge`] was started: the charge event carries the record.
-    admitted: bool,
-    /// The authenticated caller.
-    caller: Option<Caller>,
-    /// The `model` the body named.
-    model: Option<String>,
-}
-
-tokio::task_local! {
-    static SEEN: RefCell<Seen>;
-}
-
-/// Marks the request being handled as admitted (called when its charge starts).
-pub fn note_admitted() {
-    let _ = SEEN.try_with(|s| s.borrow_mut().admitted = true);
-}
-
-/// Notes the request's authenticated caller (key id and tenant for its record).
-pub fn note_caller(caller: &Caller) {
-    let _ = SEEN.try_with(|s| s.borrow_mut().caller = Some(caller.clone()));
-}
-
-/// Notes the `model` the request's body named (cut to 256 bytes).
-pub fn note_model(model: &str) {
-    let _ = SEEN.try_with(|s| {
-        s.borrow_mut().model = Some(switchyard_schemas::audit::clip(model, 256));
-    });
-}
 
 /// The caps of [`record`] (module docs).
 #[derive(Debug, Default)]
@@ -104,7 +69,7 @@ impl Limiter {
 }
 
 /// The front door of a `/v1` model endpoint path (`None`: not one).
-fn front_door(path: &str) -> Option<&'static str> {
+pub fn front_door(path: &str) -> Option<&'static str> {
     match path {
         "/v1/chat/completions" | "/v1/completions" => Some("openai"),
         "/v1/messages" | "/v1/messages/count_tokens" => Some("anthropic"),
@@ -138,21 +103,18 @@ fn code_of(body: &[u8]) -> Option<String> {
         .map(|c| switchyard_schemas::audit::clip(c, 64))
 }
 
-/// Middleware on the `/v1` model endpoints (outside authentication): a response of status 400
-/// or more for a request that was never admitted publishes its audit record (module docs). The
-/// record's request id is the gateway's id of the request, the response's
-/// `x-switchyard-request-id`.
-pub async fn record(State(app): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    let Some(door) = front_door(req.uri().path()) else {
-        return next.run(req).await;
-    };
-    let started = Instant::now();
-    let (resp, seen) = SEEN
-        .scope(RefCell::new(Seen::default()), async move {
-            let resp = next.run(req).await;
-            (resp, SEEN.with(|s| std::mem::take(&mut *s.borrow_mut())))
-        })
-        .await;
+/// Called by the gate ([`crate::gate`]) with the answer `resp` of a request to the `/v1` model
+/// endpoint `door` ([`front_door`]) that arrived at `started`: a response of status 400 or more
+/// for a request that was never admitted publishes its audit record (module docs). The record's
+/// request id is the gateway's id of the request, the response's `x-switchyard-request-id`.
+pub async fn record(
+    app: &Arc<AppState>,
+    ctx: &RequestContext,
+    door: &'static str,
+    started: Instant,
+    resp: Response,
+) -> Response {
+    let seen = ctx.take_seen();
     let status = resp.status().as_u16();
     if status < 400 || seen.admitted {
         return resp;
@@ -175,19 +137,17 @@ pub async fn record(State(app): State<Arc<AppState>>, req: Request, next: Next) 
     } else {
         (body, None)
     };
-    // The gateway's id of this HTTP request (`capture_hints`, which adds it to the response as
+    // The gateway's id of this HTTP request (the gate adds it to the response as
     // `x-switchyard-request-id`); the client's own `X-Request-Id` is `client_request_id`.
-    let request_id = crate::route::current_hints()
-        .gateway_id
-        .unwrap_or_else(uuid::Uuid::now_v7);
+    let request_id = ctx.gateway_id;
     let resp = Response::from_parts(parts, body);
     let per_second = app.config.get().audit.refused_per_second;
     if !app.refusals.take(per_second) {
         app.metrics.audit_dropped();
         return resp;
     }
-    let client = crate::route::current_client();
-    let caller = seen.caller.unwrap_or_default();
+    let client = &ctx.client;
+    let caller = ctx.caller.clone();
     let event = UsageEvent {
         tenant: caller.tenant,
         key_id: caller.key_id,

@@ -12,10 +12,6 @@ use switchyard_schemas::UsageEvent;
 use switchyard_schemas::trace::{OpenTelemetrySpanExt, Value, enabled};
 use tracing::Span;
 
-tokio::task_local! {
-    static ROOT: Span;
-}
-
 /// An internal span named `name` under the current one; none outside a request's span (a batch
 /// item's attempts make no trace of their own).
 pub fn internal(name: &'static str) -> Span {
@@ -34,14 +30,11 @@ pub fn client(name: &'static str) -> Span {
     tracing::info_span!(target: "switchyard::ingress", "span", otel.name = name, otel.kind = "client")
 }
 
-/// Adds the request id (`X-Request-Id`: the client's, else `id`) and the current span's
-/// `traceparent` to the NATS headers of a message sent on the request's behalf.
-pub fn nats_headers(headers: &mut async_nats::HeaderMap, id: uuid::Uuid) {
-    let shown = crate::route::current_client()
-        .request_id
-        .clone()
-        .unwrap_or_else(|| id.to_string());
-    headers.insert(switchyard_schemas::trace::REQUEST_ID_HEADER, shown.as_str());
+/// Adds the request id `shown` (`X-Request-Id`: the client's, else the gateway's, see
+/// [`crate::context::RequestContext::shown_request_id`]) and the current span's `traceparent`
+/// to the NATS headers of a message sent on the request's behalf.
+pub fn nats_headers(headers: &mut async_nats::HeaderMap, shown: &str) {
+    headers.insert(switchyard_schemas::trace::REQUEST_ID_HEADER, shown);
     switchyard_schemas::trace::inject(&Span::current(), headers);
 }
 
@@ -84,16 +77,6 @@ pub fn request(req: &axum::extract::Request, request_id: &str, gateway_id: &str)
 
 fn opentelemetry_cx(headers: &axum::http::HeaderMap) -> switchyard_schemas::trace::Context {
     switchyard_schemas::trace::extract(|k| headers.get(k).and_then(|v| v.to_str().ok()))
-}
-
-/// Runs `fut` with `span` as the request's server span ([`root`]).
-pub async fn with_root<F: std::future::Future>(span: Span, fut: F) -> F::Output {
-    ROOT.scope(span, fut).await
-}
-
-/// The server span of the request being handled ([`Span::none`] outside one, e.g. batch items).
-pub fn root() -> Span {
-    ROOT.try_with(Clone::clone).unwrap_or_else(|_| Span::none())
 }
 
 /// Records the request's outcome on its server span from its charge event `e`: the GenAI

@@ -25,7 +25,7 @@
 
 use crate::AppState;
 use crate::billing_rpc::{self, Purpose};
-use crate::charge::Caller;
+use crate::context::Caller;
 use crate::error::ApiError;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};

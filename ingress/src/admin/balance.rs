@@ -8,7 +8,7 @@
 //! top-up or balance read). No billing running → 503; the budget store unreachable → 503.
 
 use super::keys::tenant_map;
-use super::{caller, json_body, not_found, unavailable};
+use super::{AdminCaller, json_body, not_found, unavailable};
 use crate::AppState;
 use crate::billing_rpc::{self, Purpose};
 use crate::budget::Scope;
@@ -43,10 +43,11 @@ const MAX_TOPUP_USD: i64 = 1_000_000_000;
 /// default 20) most recent movements from the ledger.
 pub(super) async fn show(
     State(app): State<Arc<AppState>>,
+    admin: AdminCaller,
     Path(id): Path<String>,
     uri: axum::http::Uri,
 ) -> Result<Response, ApiError> {
-    known(&app, &id)?;
+    known(&app, &admin, &id)?;
     let limit = limit(uri.query().unwrap_or(""))?;
     let ledger = match ask(
         &app,
@@ -70,12 +71,13 @@ pub(super) async fn show(
 /// itself).
 pub(super) async fn top_up(
     State(app): State<Arc<AppState>>,
+    admin: AdminCaller,
     Path(id): Path<String>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    caller().require_global()?;
-    known(&app, &id)?;
+    admin.require_global()?;
+    known(&app, &admin, &id)?;
     let req: TopUpBody = json_body(&body)?;
     if req.amount_usd <= Decimal::ZERO || req.amount_usd > Decimal::from(MAX_TOPUP_USD) {
         return Err(ApiError::invalid(
@@ -140,7 +142,7 @@ pub(super) async fn top_up(
     };
     let spend = raise(&app, &id, topped_up.0, topped_up.1).await?;
     tracing::info!(tenant = %id, topup = %topup.id, amount_usd = %topup.amount_usd, created,
-        admin = %caller().id, "balance top-up");
+        admin = %admin.id, "balance top-up");
     let body = json!({
         "object": "balance.topup",
         "id": topup.id,
@@ -160,8 +162,8 @@ pub(super) async fn top_up(
 }
 
 /// 404 unless the caller sees a tenant `id` of the config (`tenants:` or a key's tenant).
-fn known(app: &AppState, id: &str) -> Result<(), ApiError> {
-    match tenant_map(app, &caller()).contains_key(id) {
+fn known(app: &AppState, admin: &AdminCaller, id: &str) -> Result<(), ApiError> {
+    match tenant_map(app, admin).contains_key(id) {
         true => Ok(()),
         false => Err(not_found("id", format!("No tenant with id `{id}`."))),
     }

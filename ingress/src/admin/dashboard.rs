@@ -17,7 +17,7 @@
 //! (a tenant admin key gets 403). The spend history may be a few seconds old on a large ledger
 //! ([`SPEND_REUSE_FACTOR`]).
 
-use super::{caller, requests};
+use super::{AdminCaller, requests};
 use crate::AppState;
 use crate::error::ApiError;
 use axum::extract::State;
@@ -115,9 +115,13 @@ pub(super) fn parse(query: &str) -> Result<Params, ApiError> {
 }
 
 /// The handler.
-pub(super) async fn json(State(app): State<Arc<AppState>>, uri: axum::http::Uri) -> Response {
+pub(super) async fn json(
+    State(app): State<Arc<AppState>>,
+    admin: AdminCaller,
+    uri: axum::http::Uri,
+) -> Response {
     let answer = async {
-        caller().require_global()?;
+        admin.require_global()?;
         let params = parse(uri.query().unwrap_or(""))?;
         Ok::<_, ApiError>(build(&app, params, switchyard_schemas::now_ms()).await)
     };

@@ -2,7 +2,7 @@
 //! only its SHA-256 is stored —, list, get, update expiry/enabled/budget, revoke, rotate, delete)
 //! and the tenants they belong to.
 
-use super::{AdminCaller, caller, json_body, not_found};
+use super::{AdminCaller, json_body, not_found};
 use crate::AppState;
 use crate::error::ApiError;
 use axum::body::Bytes;
@@ -135,8 +135,12 @@ fn yaml<T: serde::Serialize>(v: &T) -> Value {
 }
 
 /// `GET /admin/keys[?tenant=T]`.
-pub(super) async fn list(State(app): State<Arc<AppState>>, uri: axum::http::Uri) -> Response {
-    let who = caller();
+pub(super) async fn list(
+    State(app): State<Arc<AppState>>,
+    admin: AdminCaller,
+    uri: axum::http::Uri,
+) -> Response {
+    let who = admin;
     let tenant = uri.query().and_then(|q| {
         q.split('&')
             .find_map(|kv| kv.strip_prefix("tenant="))
@@ -157,18 +161,20 @@ pub(super) async fn list(State(app): State<Arc<AppState>>, uri: axum::http::Uri)
 /// `GET /admin/keys/{id}`.
 pub(super) async fn get_one(
     State(app): State<Arc<AppState>>,
+    admin: AdminCaller,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let k = visible(&app, &caller(), &id)?;
+    let k = visible(&app, &admin, &id)?;
     Ok(axum::Json(view(&k, now_s())).into_response())
 }
 
 /// `POST /admin/keys`: 201 with the key (shown once) and the config version that admits it.
 pub(super) async fn create(
     State(app): State<Arc<AppState>>,
+    admin: AdminCaller,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let who = caller();
+    let who = admin;
     let req: CreateKey = json_body(if body.is_empty() { b"{}" } else { &body })?;
     let tenant = match (&who.tenant, req.tenant) {
         (Some(own), Some(t)) if *own != t => {
@@ -271,15 +277,16 @@ pub(super) async fn create(
 /// Applies `change` to key `id`'s stored entry and answers its new view.
 async fn change(
     app: &AppState,
+    admin: &AdminCaller,
     id: &str,
     change: impl Fn(&mut Mapping) -> Result<Option<String>, ApiError>,
 ) -> Result<Response, ApiError> {
-    let who = caller();
+    let who = admin;
     let (key, written) = app
         .admin
-        .edit(app, |root| change(entry_of(root, &who, id)?))
+        .edit(app, |root| change(entry_of(root, who, id)?))
         .await?;
-    let mut body = match visible(app, &who, id) {
+    let mut body = match visible(app, who, id) {
         Ok(k) => view(&k, now_s()),
         Err(_) => json!({"object": "api_key", "id": id}),
     };
@@ -293,9 +300,10 @@ async fn change(
 /// `POST /admin/keys/{id}/revoke`: `enabled: false` (401 on every replica within 1 s).
 pub(super) async fn revoke(
     State(app): State<Arc<AppState>>,
+    admin: AdminCaller,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    change(&app, &id, |m| {
+    change(&app, &admin, &id, |m| {
         m.insert("enabled".into(), false.into());
         Ok(None)
     })
@@ -305,9 +313,10 @@ pub(super) async fn revoke(
 /// `POST /admin/keys/{id}/rotate`: a new key (shown once) replaces the old one at once.
 pub(super) async fn rotate(
     State(app): State<Arc<AppState>>,
+    admin: AdminCaller,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    change(&app, &id, |m| Ok(Some(set_new_key(m)))).await
+    change(&app, &admin, &id, |m| Ok(Some(set_new_key(m)))).await
 }
 
 /// Reads field `name`'s JSON value `v` as a `T`; an error names the field inside it
@@ -329,6 +338,7 @@ fn nested<T: serde::de::DeserializeOwned>(name: &str, v: &Json) -> Result<T, Api
 /// `budget`, `limits`.
 pub(super) async fn update(
     State(app): State<Arc<AppState>>,
+    admin: AdminCaller,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
@@ -359,7 +369,7 @@ pub(super) async fn update(
             }
         }
     }
-    change(&app, &id, |m| {
+    change(&app, &admin, &id, |m| {
         for (name, v) in &set {
             match v {
                 Some(v) => m.insert((*name).into(), v.clone()),
@@ -374,9 +384,10 @@ pub(super) async fn update(
 /// `DELETE /admin/keys/{id}`: removes the entry.
 pub(super) async fn delete(
     State(app): State<Arc<AppState>>,
+    admin: AdminCaller,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let who = caller();
+    let who = admin;
     let ((), written) = app
         .admin
         .edit(&app, |root| {
@@ -411,8 +422,8 @@ fn tenant_view(id: &str, keys: usize, budget: &Budget) -> Json {
 }
 
 /// `GET /admin/tenants`.
-pub(super) async fn tenants(State(app): State<Arc<AppState>>) -> Response {
-    let data: Vec<Json> = tenant_map(&app, &caller())
+pub(super) async fn tenants(State(app): State<Arc<AppState>>, admin: AdminCaller) -> Response {
+    let data: Vec<Json> = tenant_map(&app, &admin)
         .iter()
         .map(|(id, (n, b))| tenant_view(id, *n, b))
         .collect();
@@ -422,9 +433,10 @@ pub(super) async fn tenants(State(app): State<Arc<AppState>>) -> Response {
 /// `GET /admin/tenants/{id}`.
 pub(super) async fn tenant(
     State(app): State<Arc<AppState>>,
+    admin: AdminCaller,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let map = tenant_map(&app, &caller());
+    let map = tenant_map(&app, &admin);
     let (n, b) = map
         .get(&id)
         .ok_or_else(|| not_found("id", format!("No tenant with id `{id}`.")))?;

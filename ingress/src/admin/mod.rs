@@ -98,15 +98,24 @@ impl AdminCaller {
     }
 }
 
-tokio::task_local! {
-    static ADMIN: AdminCaller;
-}
+/// A handler extractor: the admin the admin middleware authenticated (put in the request's
+/// extensions); outside it, an admin of the empty tenant, which sees nothing.
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for AdminCaller {
+    type Rejection = std::convert::Infallible;
 
-fn caller() -> AdminCaller {
-    ADMIN.try_with(Clone::clone).unwrap_or(AdminCaller {
-        id: String::new(),
-        tenant: Some(String::new()),
-    })
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        Ok(parts
+            .extensions
+            .get::<AdminCaller>()
+            .cloned()
+            .unwrap_or(AdminCaller {
+                id: String::new(),
+                tenant: Some(String::new()),
+            }))
+    }
 }
 
 /// The `/admin` routes (merged into [`crate::router`]).
@@ -144,7 +153,7 @@ async fn unknown() -> ApiError {
 /// Middleware: resolves the admin key or answers 401. The key comes from `Authorization: Bearer`
 /// (or `x-api-key`); only `GET /admin/dashboard.json` also takes the dashboard's session cookie
 /// (docs/dashboard.md: a read-only route, so a forged cross-site request can change nothing).
-async fn authenticate(State(app): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+async fn authenticate(State(app): State<Arc<AppState>>, mut req: Request, next: Next) -> Response {
     let dashboard_data =
         req.method() == axum::http::Method::GET && req.uri().path() == "/admin/dashboard.json";
     let cookie = dashboard_data
@@ -175,7 +184,10 @@ async fn authenticate(State(app): State<Arc<AppState>>, req: Request, next: Next
         )),
     };
     match caller {
-        Ok(c) => ADMIN.scope(c, next.run(req)).await,
+        Ok(c) => {
+            req.extensions_mut().insert(c);
+            next.run(req).await
+        }
         Err(e) => e.into_response(),
     }
 }

@@ -1,9 +1,9 @@
 //! `/admin/config` (show redacted, validate, apply), `/admin/health`, `/admin/cache/purge` and
 //! `/admin/usage`.
 
-use super::{caller, json_body, unavailable};
+use super::{AdminCaller, json_body, unavailable};
 use crate::AppState;
-use crate::charge::Caller;
+use crate::context::Caller;
 use crate::error::ApiError;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -31,8 +31,11 @@ fn text_body(body: &[u8]) -> Result<&str, ApiError> {
 }
 
 /// `GET /admin/config`: the live config text with every literal credential redacted.
-pub(super) async fn config_show(State(app): State<Arc<AppState>>) -> Result<Response, ApiError> {
-    caller().require_global()?;
+pub(super) async fn config_show(
+    State(app): State<Arc<AppState>>,
+    admin: AdminCaller,
+) -> Result<Response, ApiError> {
+    admin.require_global()?;
     let (version, text) = app.admin.current(&app).await?;
     Ok(axum::Json(json!({
         "object": "config",
@@ -44,8 +47,8 @@ pub(super) async fn config_show(State(app): State<Arc<AppState>>) -> Result<Resp
 }
 
 /// `POST /admin/config/validate`: 200 `{valid: true, warnings}` or 400 naming the field.
-pub(super) async fn config_validate(body: Bytes) -> Result<Response, ApiError> {
-    caller().require_global()?;
+pub(super) async fn config_validate(admin: AdminCaller, body: Bytes) -> Result<Response, ApiError> {
+    admin.require_global()?;
     let p = super::store::prepare(text_body(&body)?)?;
     Ok(
         axum::Json(json!({"object": "config.validation", "valid": true,
@@ -57,9 +60,10 @@ pub(super) async fn config_validate(body: Bytes) -> Result<Response, ApiError> {
 /// `PUT /admin/config`: validates and stores the body as the live config (as `config push`).
 pub(super) async fn config_apply(
     State(app): State<Arc<AppState>>,
+    admin: AdminCaller,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    caller().require_global()?;
+    admin.require_global()?;
     let w = app.admin.put(&app, text_body(&body)?).await?;
     Ok(axum::Json(json!({"object": "config", "version": w.version,
         "warnings": w.warnings}))
@@ -68,8 +72,11 @@ pub(super) async fn config_apply(
 
 /// `GET /admin/health`: every target's health as this replica sees it (worker reports on
 /// `<prefix>.health.>` plus passive failures), with its in-flight count and TTFT average.
-pub(super) async fn health(State(app): State<Arc<AppState>>) -> Result<Response, ApiError> {
-    caller().require_global()?;
+pub(super) async fn health(
+    State(app): State<Arc<AppState>>,
+    admin: AdminCaller,
+) -> Result<Response, ApiError> {
+    admin.require_global()?;
     let config = app.config.get();
     let data: Vec<serde_json::Value> = config
         .targets
@@ -93,9 +100,10 @@ pub(super) async fn health(State(app): State<Arc<AppState>>) -> Result<Response,
 /// asks the cache service over `<prefix>.cache.purge`, as `switchyard cache purge` does.
 pub(super) async fn cache_purge(
     State(app): State<Arc<AppState>>,
+    admin: AdminCaller,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    caller().require_global()?;
+    admin.require_global()?;
     let req: PurgeRequest = json_body(&body)?;
     if !req.is_valid() {
         return Err(ApiError::invalid(
@@ -128,8 +136,12 @@ pub(super) async fn cache_purge(
 
 /// `GET /admin/usage?…`: the usage API (`GET /v1/usage`'s parameters and answer) for every
 /// tenant, or the admin key's own tenant only.
-pub(super) async fn usage(State(app): State<Arc<AppState>>, uri: axum::http::Uri) -> Response {
-    let who = caller();
+pub(super) async fn usage(
+    State(app): State<Arc<AppState>>,
+    admin: AdminCaller,
+    uri: axum::http::Uri,
+) -> Response {
+    let who = admin;
     let as_caller = match &who.tenant {
         None => Caller {
             admin: true,

@@ -7,7 +7,7 @@
 //! records only (another tenant is 403). Ingress asks billing over NATS
 //! (`<prefix>.billing.audit`, [`switchyard_schemas::audit::AuditQuery`]); no billing running → 503.
 
-use super::caller;
+use super::AdminCaller;
 use crate::AppState;
 use crate::billing_rpc::{self, Purpose};
 use crate::error::ApiError;
@@ -25,16 +25,20 @@ const AUDIT: Purpose = Purpose {
 };
 
 /// The handler.
-pub(super) async fn list(State(app): State<Arc<AppState>>, uri: axum::http::Uri) -> Response {
-    match answer(&app, uri.query().unwrap_or("")).await {
+pub(super) async fn list(
+    State(app): State<Arc<AppState>>,
+    admin: AdminCaller,
+    uri: axum::http::Uri,
+) -> Response {
+    match answer(&app, &admin, uri.query().unwrap_or("")).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }
 }
 
-async fn answer(app: &AppState, query: &str) -> Result<Response, ApiError> {
+async fn answer(app: &AppState, admin: &AdminCaller, query: &str) -> Result<Response, ApiError> {
     let mut q = parse(query)?;
-    if let Some(own) = caller().tenant {
+    if let Some(own) = admin.tenant.clone() {
         if q.tenant.as_deref().is_some_and(|t| t != own) {
             return Err(ApiError::permission_denied(
                 format!("This admin key may read the requests of tenant `{own}` only."),

@@ -37,10 +37,11 @@ pub const COUNT_HEADER: &str = "x-switchyard-token-count";
 /// The handler.
 pub async fn count_tokens(
     State(app): State<Arc<AppState>>,
+    ctx: crate::context::Ctx,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    match handle(&app, &headers, &body).await {
+    match handle(&app, &ctx, &headers, &body).await {
         Ok(r) => r,
         Err(e) => e.into_anthropic_response(),
     }
@@ -48,6 +49,7 @@ pub async fn count_tokens(
 
 async fn handle(
     app: &Arc<AppState>,
+    ctx: &crate::context::RequestContext,
     headers: &HeaderMap,
     body: &[u8],
 ) -> Result<Response, ApiError> {
@@ -70,8 +72,8 @@ async fn handle(
     }
     let inbound = request::parse_with(v.to_string().as_bytes(), beta_header(headers).as_deref())?;
     let config = app.config.get();
-    let hints = route::current_hints();
-    let model = route::routed_model(&config, &inbound.model, &hints)?;
+    let hints = &ctx.hints;
+    let model = route::routed_model(&config, &inbound.model, hints)?;
     let needs = Needs::chat(&inbound.messages, &inbound.tools, &inbound.params);
     let prefs = hints.preferences(inbound.params.user.as_deref());
     let plan = strategy::plan(
@@ -85,7 +87,7 @@ async fn handle(
     .map_err(ApiError::from)?;
     let target = plan.targets[0];
     if target.provider.counts_tokens() {
-        let caller = crate::auth::current_caller();
+        let caller = ctx.caller.clone();
         let first_byte = Duration::from_millis(config.timeouts.first_byte_ms);
         let req = ChatRequest {
             prompt_tokens: None,

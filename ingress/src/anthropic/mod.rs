@@ -26,13 +26,14 @@ use std::sync::Arc;
 /// `anthropic-beta` header is carried to an Anthropic upstream.
 pub async fn messages(
     State(app): State<Arc<AppState>>,
+    ctx: crate::context::Ctx,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
     let door = AnthropicMessages {
         beta: beta_header(&headers),
     };
-    front_door::serve(door, app, &headers, &body).await
+    front_door::serve(door, app, &ctx, &headers, &body).await
 }
 
 /// The `anthropic-beta` header's values (all of its lines, comma-joined).

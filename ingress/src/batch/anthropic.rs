@@ -7,6 +7,7 @@
 use super::records::{Api, BatchRecord, Counts, FileRecord, ItemResult, Outcome, Status};
 use super::{FileSlot, store_error, store_of, submit};
 use crate::AppState;
+use crate::context::Caller;
 use crate::error::ApiError;
 use axum::Json;
 use axum::extract::{Path, Query, State};
@@ -92,6 +93,7 @@ pub struct CreateBatch {
 /// naming each (`requests[i]`) and nothing runs.
 pub async fn create(
     State(app): State<Arc<AppState>>,
+    caller: Caller,
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
@@ -124,7 +126,6 @@ pub async fn create(
             return fail(ApiError::invalid(message, Some("requests".into())));
         }
     };
-    let caller = crate::auth::current_caller();
     let record = BatchRecord::new(
         Api::Anthropic,
         "msgbatch_",
@@ -141,18 +142,23 @@ pub async fn create(
     }
 }
 
-async fn owned(app: &AppState, id: &str) -> Result<(BatchRecord, u64, String), ApiError> {
-    super::owned(app, Api::Anthropic, "message batch", id).await
+async fn owned(
+    app: &AppState,
+    caller: &Caller,
+    id: &str,
+) -> Result<(BatchRecord, u64, String), ApiError> {
+    super::owned(app, caller, Api::Anthropic, "message batch", id).await
 }
 
 /// `GET /v1/messages/batches/{id}`.
 pub async fn retrieve(
     State(app): State<Arc<AppState>>,
+    caller: Caller,
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Response {
     let r = async {
-        let (b, _, _) = owned(&app, &id).await?;
+        let (b, _, _) = owned(&app, &caller, &id).await?;
         let c = super::live_counts(&app, &b).await?;
         Ok::<_, ApiError>(batch_json(&b, &c, &base_url(&headers)))
     }
@@ -171,12 +177,13 @@ pub struct ListQuery {
 /// `GET /v1/messages/batches` (newest first; `after_id` pages on, `before_id` pages back).
 pub async fn list(
     State(app): State<Arc<AppState>>,
+    caller: Caller,
     headers: HeaderMap,
     Query(q): Query<ListQuery>,
 ) -> Response {
     let result = async {
         let store = store_of(&app)?;
-        let tenant = crate::auth::current_caller().tenant;
+        let tenant = caller.tenant.clone();
         let (id, ascending) = match &q.before_id {
             Some(before) => (Some(before.as_str()), true),
             None => (q.after_id.as_deref(), false),
@@ -207,11 +214,12 @@ pub async fn list(
 /// `POST /v1/messages/batches/{id}/cancel`.
 pub async fn cancel(
     State(app): State<Arc<AppState>>,
+    caller: Caller,
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Response {
     let r = async {
-        let (b, rev, key) = owned(&app, &id).await?;
+        let (b, rev, key) = owned(&app, &caller, &id).await?;
         let b = super::cancel(&app, &key, b, rev).await?;
         let c = super::live_counts(&app, &b).await?;
         Ok::<_, ApiError>(batch_json(&b, &c, &base_url(&headers)))
@@ -221,9 +229,13 @@ pub async fn cancel(
 }
 
 /// `GET /v1/messages/batches/{id}/results`: one JSON line per request, once the batch ended.
-pub async fn results(State(app): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+pub async fn results(
+    State(app): State<Arc<AppState>>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Response {
     let r = async {
-        let (b, _, _) = owned(&app, &id).await?;
+        let (b, _, _) = owned(&app, &caller, &id).await?;
         let Some(file) = b.output_file_id.clone().filter(|_| b.status.is_terminal()) else {
             return Err(ApiError::invalid(
                 format!("Message batch {id} has not ended yet; results are not available."),
@@ -250,9 +262,13 @@ pub async fn results(State(app): State<Arc<AppState>>, Path(id): Path<String>) -
 }
 
 /// `DELETE /v1/messages/batches/{id}` (an ended batch only).
-pub async fn delete(State(app): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+pub async fn delete(
+    State(app): State<Arc<AppState>>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Response {
     let r = async {
-        let (b, _, key) = owned(&app, &id).await?;
+        let (b, _, key) = owned(&app, &caller, &id).await?;
         if !b.status.is_terminal() {
             return Err(ApiError::invalid(
                 format!("Message batch {id} is still processing; cancel it first."),

@@ -16,6 +16,7 @@ pub mod store;
 pub mod validate;
 
 use crate::AppState;
+use crate::context::Caller;
 use crate::error::ApiError;
 use axum::Router;
 use axum::http::StatusCode;
@@ -112,6 +113,7 @@ pub fn not_found(what: &str, id: &str) -> ApiError {
 /// (`batch`, `message batch`) for a malformed id, another tenant's batch or the other API's.
 pub async fn owned(
     app: &AppState,
+    caller: &Caller,
     api: records::Api,
     what: &str,
     id: &str,
@@ -120,7 +122,6 @@ pub async fn owned(
     if !records::valid_id(id) {
         return Err(not_found(what, id));
     }
-    let caller = crate::auth::current_caller();
     let key = records::batch_key(caller.tenant.as_deref(), id);
     match store.batch(&key).await.map_err(store_error)? {
         Some((b, rev)) if b.api == api => Ok((b, rev, key)),

@@ -9,6 +9,7 @@ use super::records::{
 use super::store::BatchStore;
 use super::{Cursor, FileSlot, new_id, not_found, openai_list, parse_window, store_error, submit};
 use crate::AppState;
+use crate::context::Caller;
 use crate::error::ApiError;
 use axum::Json;
 use axum::extract::{Multipart, Path, Query, State};
@@ -60,7 +61,11 @@ pub fn batch_json(b: &BatchRecord, c: &Counts) -> Value {
 }
 
 /// `POST /v1/files` (multipart: `file`, `purpose`).
-pub async fn upload(State(app): State<Arc<AppState>>, mut form: Multipart) -> Response {
+pub async fn upload(
+    State(app): State<Arc<AppState>>,
+    caller: Caller,
+    mut form: Multipart,
+) -> Response {
     let store = match super::store_of(&app) {
         Ok(s) => s,
         Err(e) => return e.into_response(),
@@ -132,7 +137,6 @@ pub async fn upload(State(app): State<Arc<AppState>>, mut form: Multipart) -> Re
         .with_param("file")
         .into_response();
     }
-    let caller = crate::auth::current_caller();
     let record = FileRecord {
         id: new_id("file-"),
         bytes: content.len() as u64,
@@ -159,10 +163,14 @@ pub struct ListQuery {
 }
 
 /// `GET /v1/files` (newest first; `order=asc` oldest first; `purpose` filters).
-pub async fn list_files(State(app): State<Arc<AppState>>, Query(q): Query<ListQuery>) -> Response {
+pub async fn list_files(
+    State(app): State<Arc<AppState>>,
+    caller: Caller,
+    Query(q): Query<ListQuery>,
+) -> Response {
     let result = async {
         let store = super::store_of(&app)?;
-        let tenant = crate::auth::current_caller().tenant;
+        let tenant = caller.tenant.clone();
         let cursor = Cursor::of(&store, q.after.as_deref(), |id| {
             file_key(tenant.as_deref(), id)
         })
@@ -188,12 +196,15 @@ pub async fn list_files(State(app): State<Arc<AppState>>, Query(q): Query<ListQu
 
 /// The caller's file `id` and the store it is in: 503 without a store, 404 when the id is
 /// malformed or not the caller's, the store's error when it cannot be read.
-async fn owned_file(app: &AppState, id: &str) -> Result<(FileRecord, Arc<BatchStore>), ApiError> {
+async fn owned_file(
+    app: &AppState,
+    caller: &Caller,
+    id: &str,
+) -> Result<(FileRecord, Arc<BatchStore>), ApiError> {
     let store = super::store_of(app)?;
     if !valid_id(id) {
         return Err(not_found("file", id));
     }
-    let caller = crate::auth::current_caller();
     let file = store
         .file(&file_key(caller.tenant.as_deref(), id))
         .await
@@ -203,16 +214,24 @@ async fn owned_file(app: &AppState, id: &str) -> Result<(FileRecord, Arc<BatchSt
 }
 
 /// `GET /v1/files/{id}`.
-pub async fn get_file(State(app): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
-    match owned_file(&app, &id).await {
+pub async fn get_file(
+    State(app): State<Arc<AppState>>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Response {
+    match owned_file(&app, &caller, &id).await {
         Ok((f, _)) => Json(file_json(&f)).into_response(),
         Err(e) => e.into_response(),
     }
 }
 
 /// `GET /v1/files/{id}/content`: the raw bytes.
-pub async fn file_content(State(app): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
-    let (f, store) = match owned_file(&app, &id).await {
+pub async fn file_content(
+    State(app): State<Arc<AppState>>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Response {
+    let (f, store) = match owned_file(&app, &caller, &id).await {
         Ok(found) => found,
         Err(e) => return e.into_response(),
     };
@@ -230,8 +249,12 @@ pub async fn file_content(State(app): State<Arc<AppState>>, Path(id): Path<Strin
 }
 
 /// `DELETE /v1/files/{id}`.
-pub async fn delete_file(State(app): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
-    let (f, store) = match owned_file(&app, &id).await {
+pub async fn delete_file(
+    State(app): State<Arc<AppState>>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Response {
+    let (f, store) = match owned_file(&app, &caller, &id).await {
         Ok(found) => found,
         Err(e) => return e.into_response(),
     };
@@ -257,7 +280,11 @@ pub struct CreateBatch {
 
 /// `POST /v1/batches`: validates every line of the input file first; an invalid file gives a
 /// batch in status `failed` with `errors.data` naming each bad line, and costs no upstream call.
-pub async fn create(State(app): State<Arc<AppState>>, body: axum::body::Bytes) -> Response {
+pub async fn create(
+    State(app): State<Arc<AppState>>,
+    caller: Caller,
+    body: axum::body::Bytes,
+) -> Response {
     let de = &mut serde_json::Deserializer::from_slice(&body);
     let req: CreateBatch = match serde_path_to_error::deserialize(de) {
         Ok(r) => r,
@@ -284,7 +311,7 @@ pub async fn create(State(app): State<Arc<AppState>>, body: axum::body::Bytes) -
         Ok(w) => w,
         Err(e) => return e.into_response(),
     };
-    let (file, store) = match owned_file(&app, &req.input_file_id).await {
+    let (file, store) = match owned_file(&app, &caller, &req.input_file_id).await {
         Ok(found) => found,
         Err(e) => return e.into_response(),
     };
@@ -293,7 +320,6 @@ pub async fn create(State(app): State<Arc<AppState>>, body: axum::body::Bytes) -
         Err(e) => return store_error(e).into_response(),
     };
     let checked = super::validate::openai_file(&app, &req.endpoint, &content);
-    let caller = crate::auth::current_caller();
     let record = BatchRecord::new(
         Api::OpenAi,
         "batch_",
@@ -310,13 +336,21 @@ pub async fn create(State(app): State<Arc<AppState>>, body: axum::body::Bytes) -
     }
 }
 
-async fn owned_batch(app: &AppState, id: &str) -> Result<(BatchRecord, u64, String), ApiError> {
-    super::owned(app, Api::OpenAi, "batch", id).await
+async fn owned_batch(
+    app: &AppState,
+    caller: &Caller,
+    id: &str,
+) -> Result<(BatchRecord, u64, String), ApiError> {
+    super::owned(app, caller, Api::OpenAi, "batch", id).await
 }
 
 /// `GET /v1/batches/{id}`.
-pub async fn retrieve(State(app): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
-    match owned_batch(&app, &id).await {
+pub async fn retrieve(
+    State(app): State<Arc<AppState>>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Response {
+    match owned_batch(&app, &caller, &id).await {
         Ok((b, _, _)) => match super::live_counts(&app, &b).await {
             Ok(c) => Json(batch_json(&b, &c)).into_response(),
             Err(e) => e.into_response(),
@@ -326,10 +360,14 @@ pub async fn retrieve(State(app): State<Arc<AppState>>, Path(id): Path<String>) 
 }
 
 /// `GET /v1/batches?after&limit` (newest first).
-pub async fn list(State(app): State<Arc<AppState>>, Query(q): Query<ListQuery>) -> Response {
+pub async fn list(
+    State(app): State<Arc<AppState>>,
+    caller: Caller,
+    Query(q): Query<ListQuery>,
+) -> Response {
     let result = async {
         let store = super::store_of(&app)?;
-        let tenant = crate::auth::current_caller().tenant;
+        let tenant = caller.tenant.clone();
         let (batches, has_more) = super::batch_page(
             &store,
             tenant.as_deref(),
@@ -351,9 +389,13 @@ pub async fn list(State(app): State<Arc<AppState>>, Query(q): Query<ListQuery>) 
 
 /// `POST /v1/batches/{id}/cancel`: status `cancelling`; in-flight items finish, the rest are
 /// not run; the batch then ends `cancelled` with partial results.
-pub async fn cancel(State(app): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+pub async fn cancel(
+    State(app): State<Arc<AppState>>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Response {
     let result = async {
-        let (b, rev, key) = owned_batch(&app, &id).await?;
+        let (b, rev, key) = owned_batch(&app, &caller, &id).await?;
         let b = super::cancel(&app, &key, b, rev).await?;
         let c = super::live_counts(&app, &b).await?;
         Ok::<_, ApiError>(batch_json(&b, &c))

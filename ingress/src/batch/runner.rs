@@ -41,8 +41,7 @@
 use super::records::{BatchRecord, Item, ItemResult, Outcome, Status, usage_of};
 use super::store::{BatchStore, RUNNER_CONSUMER, StoreError};
 use crate::AppState;
-use crate::charge::{Caller, ChargeSlot};
-use crate::route::{BatchItem, RequestHints};
+use crate::context::{BatchItem, Caller, ChargeSlot, ClientInfo, RequestContext, RequestHints};
 use async_nats::jetstream::{AckKind, consumer};
 use axum::http::HeaderMap;
 use axum::response::Response;
@@ -392,19 +391,21 @@ async fn execute(
         key_id: batch.key_id.clone(),
         admin: false,
     };
-    let hints = RequestHints {
-        batch: Some(BatchItem {
-            batch_id: batch.id.clone(),
-            request_id,
-            attempt_base,
-            charge: slot.clone(),
-        }),
-        client: std::sync::Arc::new(crate::route::ClientInfo {
+    let ctx = RequestContext::new(
+        caller,
+        RequestHints::default(),
+        ClientInfo {
             front_door: Some("batch"),
-            ..crate::route::ClientInfo::default()
-        }),
-        ..RequestHints::default()
-    };
+            ..ClientInfo::default()
+        },
+        None,
+    )
+    .for_batch(BatchItem {
+        batch_id: batch.id.clone(),
+        request_id,
+        attempt_base,
+        charge: slot.clone(),
+    });
     let body = match serde_json::to_vec(&item.body) {
         Ok(b) => Bytes::from(b),
         // The item fails (500) rather than run with an empty body.
@@ -419,48 +420,30 @@ async fn execute(
     // Each handler's future is boxed: they are large (the whole front-door pipeline), and a
     // debug build polling them inline from this already deep task overflowed the 2 MiB stack of
     // a tokio worker thread.
-    let fut = async move {
-        match endpoint.as_str() {
-            "/v1/chat/completions" => {
-                Box::pin(crate::front_door::serve(
-                    crate::chat::OpenAiChat::default(),
-                    app2,
-                    &headers,
-                    &body,
-                ))
-                .await
-            }
-            "/v1/messages" => {
-                Box::pin(crate::front_door::serve(
-                    crate::anthropic::AnthropicMessages { beta: None },
-                    app2,
-                    &headers,
-                    &body,
-                ))
-                .await
-            }
-            "/v1/responses" => {
-                Box::pin(crate::responses::create(
-                    axum::extract::State(app2),
-                    headers,
-                    body,
-                ))
-                .await
-            }
-            _ => {
-                Box::pin(crate::embeddings::embeddings(
-                    axum::extract::State(app2),
-                    body,
-                ))
-                .await
-            }
+    let resp = match endpoint.as_str() {
+        "/v1/chat/completions" => {
+            Box::pin(crate::front_door::serve(
+                crate::chat::OpenAiChat::default(),
+                app2,
+                &ctx,
+                &headers,
+                &body,
+            ))
+            .await
         }
+        "/v1/messages" => {
+            Box::pin(crate::front_door::serve(
+                crate::anthropic::AnthropicMessages { beta: None },
+                app2,
+                &ctx,
+                &headers,
+                &body,
+            ))
+            .await
+        }
+        "/v1/responses" => Box::pin(crate::responses::serve(app2, &ctx, &headers, &body)).await,
+        _ => Box::pin(crate::embeddings::serve(app2, &ctx, &body)).await,
     };
-    let resp = Box::pin(crate::auth::as_caller(
-        caller,
-        crate::route::with_hints(hints, fut),
-    ))
-    .await;
     let (status, body) = read_response(resp).await;
     // No charge started: the sender is still here; dropping it ends the wait at once.
     drop(slot.take());

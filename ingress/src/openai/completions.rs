@@ -27,10 +27,11 @@ use switchyard_schemas::{FinishReason, FrameBody, Usage, now_ms};
 /// The handler.
 pub async fn completions(
     State(app): State<Arc<AppState>>,
+    ctx: crate::context::Ctx,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    front_door::serve(OpenAiCompletions, app, &headers, &body).await
+    front_door::serve(OpenAiCompletions, app, &ctx, &headers, &body).await
 }
 
 /// The legacy completions protocol.

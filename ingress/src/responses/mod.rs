@@ -24,7 +24,7 @@ pub mod store;
 pub mod stream;
 
 use crate::AppState;
-use crate::auth;
+use crate::context::RequestContext;
 use crate::error::ApiError;
 use crate::front_door::{self, FrontDoor, ReplyMeta};
 use crate::route::{self, Aggregate, Inbound};
@@ -46,17 +46,33 @@ use switchyard_schemas::request::Message;
 use uuid::Uuid;
 
 /// `POST /v1/responses`.
-pub async fn create(State(app): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
-    crate::metrics::body_read();
+pub async fn create(
+    State(app): State<Arc<AppState>>,
+    ctx: crate::context::Ctx,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    serve(app, &ctx, &headers, &body).await
+}
+
+/// Serves one `POST /v1/responses` body for the request `ctx` (the handler's and a batch
+/// item's way in).
+pub async fn serve(
+    app: Arc<AppState>,
+    ctx: &RequestContext,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Response {
+    ctx.clock.body_read();
     if let Err(e) = route::check_size(&app, body.len()) {
         return e.into_response();
     }
     let prefix = Uuid::now_v7().simple().to_string();
-    let parsed = match request::parse(&body, &prefix) {
+    let parsed = match request::parse(body, &prefix) {
         Ok(p) => p,
         Err(e) => return e.into_response(),
     };
-    let tenant = auth::current_caller().tenant;
+    let tenant = ctx.caller.tenant.clone();
     let mut pin = None;
     let history = match &parsed.previous_response_id {
         None => Vec::new(),
@@ -101,17 +117,15 @@ pub async fn create(State(app): State<Arc<AppState>>, headers: HeaderMap, body: 
         namespaces: Arc::new(parsed.namespaces),
         persist,
     };
-    let mut hints = route::current_hints();
-    if let Some((id, target)) = pin
-        && let Err(e) = pin_to(&app, &inbound.model, &mut hints, &id, &target)
-    {
+    let Some((id, target)) = pin else {
+        return front_door::serve_inbound(door, app, ctx, headers, inbound).await;
+    };
+    let mut hints = ctx.hints.clone();
+    if let Err(e) = pin_to(&app, &inbound.model, &mut hints, &id, &target) {
         return e.into_response();
     }
-    route::with_hints(
-        hints,
-        front_door::serve_inbound(door, app, &headers, inbound),
-    )
-    .await
+    let pinned = ctx.with_hints(hints);
+    front_door::serve_inbound(door, app, &pinned, headers, inbound).await
 }
 
 /// Whether `history` holds an encrypted `reasoning` item (readable by one deployment only).
@@ -327,9 +341,12 @@ fn store_failed(e: StoreError) -> Response {
     .into_response()
 }
 
-async fn lookup(store: &ResponseStore, id: &str) -> Result<StoredResponse, Response> {
-    let tenant = auth::current_caller().tenant;
-    match store.get(id, tenant.as_deref()).await {
+async fn lookup(
+    store: &ResponseStore,
+    tenant: Option<&str>,
+    id: &str,
+) -> Result<StoredResponse, Response> {
+    match store.get(id, tenant).await {
         Ok(Some(s)) => Ok(s),
         Ok(None) | Err(StoreError::Unavailable) => Err(not_found(id)),
         Err(e) => Err(store_failed(e)),
@@ -337,17 +354,28 @@ async fn lookup(store: &ResponseStore, id: &str) -> Result<StoredResponse, Respo
 }
 
 /// `GET /v1/responses/{id}`: the stored `response` object.
-pub async fn retrieve(State(app): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
-    match lookup(&app.responses, &id).await {
+pub async fn retrieve(
+    State(app): State<Arc<AppState>>,
+    ctx: crate::context::Ctx,
+    Path(id): Path<String>,
+) -> Response {
+    match lookup(&app.responses, ctx.caller.tenant.as_deref(), &id).await {
         Ok(s) => axum::Json(s.response).into_response(),
         Err(r) => r,
     }
 }
 
 /// `DELETE /v1/responses/{id}`: `{"id","object":"response","deleted":true}`.
-pub async fn delete(State(app): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
-    let tenant = auth::current_caller().tenant;
-    match app.responses.delete(&id, tenant.as_deref()).await {
+pub async fn delete(
+    State(app): State<Arc<AppState>>,
+    ctx: crate::context::Ctx,
+    Path(id): Path<String>,
+) -> Response {
+    match app
+        .responses
+        .delete(&id, ctx.caller.tenant.as_deref())
+        .await
+    {
         Ok(true) => {
             axum::Json(json!({"id": id, "object": "response", "deleted": true})).into_response()
         }
@@ -372,10 +400,11 @@ pub struct ListQuery {
 /// items, `order` `desc` by default (as OpenAI), `limit` 1–100 (default 20), `after` an item id.
 pub async fn input_items(
     State(app): State<Arc<AppState>>,
+    ctx: crate::context::Ctx,
     Path(id): Path<String>,
     Query(q): Query<ListQuery>,
 ) -> Response {
-    let stored = match lookup(&app.responses, &id).await {
+    let stored = match lookup(&app.responses, ctx.caller.tenant.as_deref(), &id).await {
         Ok(s) => s,
         Err(r) => return r,
     };

@@ -2,10 +2,11 @@
 //! ([`crate::rate_limit`]) and budgets admit it.
 
 use super::timeouts::RequestTimeouts;
-use super::{Inbound, RequestHints, routed_model};
+use super::{Inbound, routed_model};
 use crate::AppState;
 use crate::budget;
 use crate::charge::Charge;
+use crate::context::RequestContext;
 use crate::error::ApiError;
 use crate::metrics::Outcome;
 use std::sync::Arc;
@@ -70,20 +71,20 @@ pub struct Admitted<'c> {
 /// A refusal is counted in the metrics but leaves no usage record.
 pub async fn admit<'c>(
     app: &Arc<AppState>,
+    ctx: &RequestContext,
     config: &'c GatewayConfig,
     inbound: Inbound,
-    hints: &RequestHints,
 ) -> Result<Admitted<'c>, ApiError> {
-    let model = routed_model(config, &inbound.model, hints)?;
+    let model = routed_model(config, &inbound.model, &ctx.hints)?;
     let admitted = Instant::now();
-    let id = hints.new_request_id();
-    let caller = crate::auth::current_caller();
-    let scopes = budget::scopes(config, &caller);
+    let id = ctx.new_request_id();
+    let caller = &ctx.caller;
+    let scopes = budget::scopes(config, caller);
     let reject = |model: &ModelConfig, e: ApiError| {
         if let Some(kind) = crate::metrics::refusal_kind(e.code) {
             app.metrics.refusal(kind);
         }
-        Outcome::new(&app.metrics, &model.id, admitted).finish(e.status.as_u16());
+        Outcome::new(&app.metrics, &ctx.clock, &model.id, admitted).finish(e.status.as_u16());
         e
     };
     let (model, downgraded_from) = budget::choose_model(app, config, model, &scopes)
@@ -97,7 +98,7 @@ pub async fn admit<'c>(
     // TPM-limited target; the estimate travels with the request, so workers need no tokenizer
     // (o200k is ~37 MB resident) for their TPM limits.
     let estimate = if scopes.is_empty()
-        && !crate::rate_limit::counts_tokens(config, &caller)
+        && !crate::rate_limit::counts_tokens(config, caller)
         && !targets_count_tokens(config, model)
     {
         None
@@ -107,13 +108,13 @@ pub async fn admit<'c>(
     let prompt_tokens = estimate.as_ref().map(crate::trim::Estimate::total);
     let rate = crate::rate_limit::admit(
         app,
+        ctx,
         config,
-        &caller,
         prompt_tokens,
         inbound.params.max_tokens,
         inbound.params.n.unwrap_or(1),
         deadline_ms + config.budgets.hold_grace_ms,
-        hints.batch.is_some(),
+        ctx.batch.is_some(),
     )
     .await
     .map_err(|e| reject(model, e))?;
@@ -145,8 +146,8 @@ pub async fn admit<'c>(
     };
     let req = ChatRequest {
         id,
-        tenant: caller.tenant,
-        key_id: caller.key_id,
+        tenant: caller.tenant.clone(),
+        key_id: caller.key_id.clone(),
         // The configured model routed by: usage and prices key on it.
         model: model.id.clone(),
         target: TargetRef {
@@ -162,11 +163,11 @@ pub async fn admit<'c>(
         include_usage: inbound.include_usage,
         deadline_ms,
         attempt: 0,
-        batch_id: hints.batch.as_ref().map(|b| b.batch_id.clone()),
+        batch_id: ctx.batch_id(),
         passthrough: inbound.passthrough,
         prompt_tokens,
     };
-    let mut charge = Charge::new(app.clone(), &req, admitted);
+    let mut charge = Charge::new(app.clone(), ctx, &req, admitted);
     charge.capture_request(|| {
         // A marker, never an empty capture that reads as an empty request.
         serde_json::to_string(&req.messages).unwrap_or_else(|e| {
@@ -180,7 +181,7 @@ pub async fn admit<'c>(
     if let Some(h) = rate {
         charge.rate_limited(h);
     }
-    let outcome = Outcome::new(&app.metrics, &model.id, admitted);
+    let outcome = Outcome::new(&app.metrics, &ctx.clock, &model.id, admitted);
     Ok(Admitted {
         model,
         policy,

@@ -11,6 +11,7 @@ use super::feed::FrameFeed;
 use super::plan::{Planned, Trimming};
 use super::timeouts::{Expiry, RequestTimeouts};
 use crate::AppState;
+use crate::context::RequestContext;
 use crate::dispatch::Attempt;
 use crate::error::ApiError;
 use crate::target_health::InFlight;
@@ -70,6 +71,7 @@ pub struct Won<'c, C> {
 /// own limits) it carries the soonest `retry_after_ms` of every 429 seen.
 pub async fn attempts<'c, D: Dispatch>(
     app: &AppState,
+    ctx: &RequestContext,
     request: Uuid,
     ledger: &mut Ledger,
     targets: Vec<&'c TargetConfig>,
@@ -79,7 +81,7 @@ pub async fn attempts<'c, D: Dispatch>(
     // The soonest retry any 429 failure (a target's own limits, or the upstream's) suggested.
     let mut soonest: Option<u64> = None;
     // A batch item's later run numbers its attempts after the earlier runs' (same request id).
-    let base = crate::route::current_attempt_base();
+    let base = ctx.attempt_base();
     let mut queue: VecDeque<&'c TargetConfig> = targets.into();
     // One more attempt on the same target after its worker was lost (a killed or stuck worker
     // replica), once per request: another worker of the queue group takes it.
@@ -185,6 +187,7 @@ pub fn judge(app: &AppState, target: &str, error: &ErrorInfo) -> bool {
 /// committed feed. Errors are recorded in the ledger before they are returned.
 pub(super) async fn chat(
     app: &Arc<AppState>,
+    ctx: &RequestContext,
     admitted: Admitted<'_>,
     planned: Planned<'_>,
 ) -> Result<FrameFeed, ApiError> {
@@ -200,13 +203,23 @@ pub(super) async fn chat(
     let request_id = req.id;
     let mut stream = ChatStream {
         app,
+        shown: ctx.shown_request_id(request_id),
         req,
         trim: planned.trim,
         timeouts,
         deadline,
         lost_worker: false,
     };
-    let won = match attempts(app, request_id, &mut ledger, planned.targets, &mut stream).await {
+    let won = match attempts(
+        app,
+        ctx,
+        request_id,
+        &mut ledger,
+        planned.targets,
+        &mut stream,
+    )
+    .await
+    {
         Ok(w) => w,
         Err(e) => return Err(ledger.fail(e)),
     };
@@ -260,6 +273,8 @@ pub(super) struct Opened {
 /// terminal frame (non-streaming: it can still fall back, the client has seen nothing).
 pub(super) struct ChatStream<'a> {
     app: &'a AppState,
+    /// The request id its NATS headers carry ([`RequestContext::shown_request_id`]).
+    shown: String,
     req: ChatRequest,
     trim: Option<Trimming>,
     timeouts: RequestTimeouts,
@@ -317,7 +332,7 @@ impl Dispatch for ChatStream<'_> {
         let trimmed = self.trim_for(target);
         let dispatched = Instant::now();
         self.lost_worker = false;
-        let mut attempt = self.app.dispatcher.send(&self.req).await?;
+        let mut attempt = self.app.dispatcher.send(&self.req, &self.shown).await?;
         let t = self.timeouts;
         let mut buffered = VecDeque::new();
         let mut limit = t.first_frame;
