@@ -53,7 +53,8 @@ pub fn load(path: Option<&Path>) -> Result<GatewayConfig, ConfigLoadError> {
 /// `SWITCHYARD_MASTER_KEY`) in place: done only by processes that call upstreams (workers,
 /// `up`). A wrong or missing master key is an error naming the field.
 pub fn resolve_secrets(config: &mut GatewayConfig) -> Result<(), String> {
-    use switchyard_schemas::sealed::{MASTER_KEY_ENV, MasterKey, resolve_provider_secrets};
+    use switchyard_schemas::config::resolve_provider_secrets;
+    use switchyard_schemas::sealed::{MASTER_KEY_ENV, MasterKey};
     let master = MasterKey::from_env(MASTER_KEY_ENV).map_err(|e| e.to_string())?;
     resolve_provider_secrets(config, &|k| std::env::var(k).ok(), master.as_ref())
         .map_err(|e| e.to_string())

@@ -21,7 +21,8 @@
 //! The latency of the client's request is unaffected: producers publish usage after the answer,
 //! in tasks their shutdown waits for.
 
-use crate::publish::{Entry, msg_id_of, publish_usage_event, store, subject_of};
+use crate::message::{Entry, msg_id_of, subject_of};
+use crate::publish::{publish_usage_event, store};
 use crate::spool::Spool;
 use std::collections::HashMap;
 use std::sync::Arc;

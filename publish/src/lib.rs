@@ -20,6 +20,7 @@
 //! The message types and subjects are those of [`switchyard_schemas`].
 
 pub mod batch;
+mod message;
 pub mod metrics;
 pub mod publish;
 pub mod spool;

@@ -5,8 +5,8 @@
 //! Also the process-wide counters of failed publishes ([`PublishKind`], [`count_publish_error`],
 //! [`publish_errors`]) and [`sync_with_server`].
 
+use crate::message::{Entry, connected, msg_id_of, send, subject_of};
 use crate::spool::Spool;
-use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -139,26 +139,6 @@ pub(crate) async fn store(
     }
 }
 
-/// Whether the context's client is connected to a server right now.
-pub(crate) fn connected(js: &async_nats::jetstream::Context) -> bool {
-    js.client().connection_state() == async_nats::connection::State::Connected
-}
-
-/// The subject an event is published on: one per kind, never per request.
-pub(crate) fn subject_of(subjects: &Subjects, event: &UsageEvent) -> String {
-    subjects.usage_kind(event.kind.as_str())
-}
-
-/// The `Nats-Msg-Id` of an event: `<request-id>:<kind>:<attempt>`.
-pub(crate) fn msg_id_of(event: &UsageEvent) -> String {
-    format!(
-        "{}:{}:{}",
-        event.request_id,
-        event.kind.as_str(),
-        event.attempt
-    )
-}
-
 /// One acknowledged publish; the error says what failed.
 async fn publish_once(
     js: &async_nats::jetstream::Context,
@@ -170,28 +150,6 @@ async fn publish_once(
     ack.await
         .map(|_| ())
         .map_err(|e| format!("not acknowledged: {e}"))
-}
-
-/// Sends one publish and returns the future of its acknowledgement.
-pub(crate) async fn send(
-    js: &async_nats::jetstream::Context,
-    subject: &str,
-    msg_id: &str,
-    payload: &[u8],
-) -> Result<async_nats::jetstream::context::PublishAckFuture, String> {
-    let mut headers = async_nats::HeaderMap::new();
-    headers.insert("Nats-Msg-Id", msg_id);
-    js.publish_with_headers(subject.to_owned(), headers, payload.to_vec().into())
-        .await
-        .map_err(|e| format!("publish failed: {e}"))
-}
-
-/// One spooled event: where and with which `Nats-Msg-Id` it is to be published.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct Entry {
-    pub(crate) subject: String,
-    pub(crate) msg_id: String,
-    pub(crate) event: UsageEvent,
 }
 
 /// Waits until the server has processed everything `client` sent before (e.g. subscriptions):

@@ -19,6 +19,7 @@ pub mod config_text;
 pub mod count;
 pub mod embed;
 pub mod error;
+pub mod finish;
 pub mod frame;
 pub mod health;
 pub mod input;
@@ -42,7 +43,8 @@ pub mod usage;
 pub mod usage_query;
 
 pub use error::{Disposition, ErrorClass, ErrorInfo, TargetHealth};
-pub use frame::{FinishReason, Frame, FrameBody};
+pub use finish::FinishReason;
+pub use frame::{Frame, FrameBody};
 pub use request::ChatRequest;
 pub use secret::Secret;
 pub use usage::{Usage, UsageEvent, UsageKind};

@@ -8,8 +8,8 @@ use crate::admin::{ADMIN_KEY, CLIENT_KEY, config, watch};
 use crate::common::*;
 use serde_json::json;
 use std::process::Stdio;
-use switchyard_schemas::config::ConfigHandle;
-use switchyard_schemas::sealed::{MasterKey, resolve_provider_secrets};
+use switchyard_schemas::config::{ConfigHandle, resolve_provider_secrets};
+use switchyard_schemas::sealed::MasterKey;
 use tokio::io::AsyncWriteExt as _;
 
 const BIN: &str = env!("CARGO_BIN_EXE_switchyard");
