@@ -324,7 +324,7 @@ fn child_named(pid: u32, name: &str) -> Option<u32> {
 }
 
 /// CPU time (clock ticks, user + system) of `pid` alone; 0 when it is gone.
-fn cpu_ticks(pid: u32) -> u64 {
+pub(crate) fn cpu_ticks(pid: u32) -> u64 {
     stat_field(pid, 11).unwrap_or(0) + stat_field(pid, 12).unwrap_or(0)
 }
 
@@ -337,7 +337,7 @@ fn stat_field(pid: u32, n: usize) -> Option<u64> {
 }
 
 /// Clock ticks per second for `/proc` CPU times (USER_HZ, 100 on Linux).
-const TICKS_PER_S: f64 = 100.0;
+pub(crate) const TICKS_PER_S: f64 = 100.0;
 
 /// What one path recorded in one phase.
 struct PathStats {
