@@ -19,7 +19,7 @@
 //! one core, and since every copy of an event lands in the same part, two transactions never
 //! insert the same key.
 
-use crate::ledger::UsageRow;
+use crate::row::UsageRow;
 use crate::stream::{ensure_billing_consumer, ensure_usage_stream};
 use crate::{Backend, BillingError, Ledger, Query};
 use async_nats::jetstream::consumer::pull::{self, MessagesErrorKind};

@@ -185,7 +185,7 @@ async fn raw_inserts(
 /// CPU time (user + system) of this process so far.
 fn own_cpu() -> Duration {
     Duration::from_secs_f64(
-        crate::bench::cpu_ticks(std::process::id()) as f64 / crate::bench::TICKS_PER_S,
+        crate::proc_stat::cpu_ticks(std::process::id()) as f64 / crate::proc_stat::TICKS_PER_S,
     )
 }
 
