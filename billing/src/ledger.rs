@@ -27,8 +27,22 @@ use crate::row::{UsageRow, from_usage_row, parse_enum, to_uint, uint, usage_row_
 static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("./migrations/sqlite");
 static POSTGRES_MIGRATIONS: Migrator = sqlx::migrate!("./migrations/postgres");
 
-/// How long a SQLite connection waits for a competing writer's lock before failing.
-const SQLITE_BUSY_TIMEOUT_MS: u32 = 5_000;
+/// Per-connection SQLite settings (docs/architecture.md, "The ledger's writes"):
+/// - `busy_timeout`: a connection waits up to 5,000 ms for a competing writer's lock.
+/// - `synchronous = NORMAL`: in WAL mode a commit is written to the WAL without an fsync (the
+///   WAL is fsync'd at each checkpoint). A committed transaction survives a crash of the
+///   process (its pages are in the OS's cache), which is the failure billing acks against; an
+///   OS crash or power loss may roll back the last commits, as it may lose the events
+///   nats-server has not yet synced to its own store.
+/// - `wal_autocheckpoint`: SQLite checkpoints inside the commit that grows the WAL past this
+///   many pages (4 KiB each, so 40 MiB). The billing consumer runs a passive checkpoint every
+///   second after its acks ([`Ledger::checkpoint`]); this is the backstop for writers without
+///   the consumer.
+const SQLITE_PRAGMAS: [&str; 3] = [
+    "PRAGMA busy_timeout = 5000",
+    "PRAGMA synchronous = NORMAL",
+    "PRAGMA wal_autocheckpoint = 10000",
+];
 
 /// The durable record of usage events. Cheap to clone (shares one connection pool).
 #[derive(Debug, Clone)]
@@ -73,8 +87,10 @@ impl Ledger {
                     .max_connections(if in_memory { 1 } else { 4 })
                     .after_connect(|conn, _meta| {
                         Box::pin(async move {
-                            let pragma = format!("PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}");
-                            sqlx::query(&pragma).execute(conn).await.map(|_| ())
+                            for pragma in SQLITE_PRAGMAS {
+                                sqlx::query(pragma).execute(&mut *conn).await?;
+                            }
+                            Ok(())
                         })
                     })
                     .connect_with(connect_options(&url)?)
@@ -193,7 +209,7 @@ impl Ledger {
     pub async fn insert_batch(&self, events: &[UsageEvent]) -> Result<u64, BillingError> {
         let rows = events
             .iter()
-            .map(|event| UsageRow::from_event(event, None))
+            .map(|event| UsageRow::from_event(event.clone(), None))
             .collect::<Result<Vec<_>, _>>()?;
         self.insert_rows(&rows).await
     }
@@ -344,6 +360,19 @@ impl Ledger {
     ) -> Result<Option<String>, BillingError> {
         // `raw` is never NULL, so `None` means the event is missing.
         self.text_column_of("raw", request_id, kind, attempt).await
+    }
+
+    /// Copies what the WAL holds into a SQLite ledger's database file without waiting for
+    /// readers or writers (`PRAGMA wal_checkpoint(PASSIVE)`; pages a reader still needs stay for
+    /// the next one). Nothing to do on PostgreSQL, whose server checkpoints on its own
+    /// (`checkpoint_timeout`, `max_wal_size`).
+    pub async fn checkpoint(&self) -> Result<(), BillingError> {
+        if self.backend == Backend::Sqlite {
+            sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
+                .execute(&self.pool)
+                .await?;
+        }
+        Ok(())
     }
 
     /// Number of stored events (rows of `usage_events`).

@@ -17,6 +17,7 @@
 pub mod audit;
 pub mod balance;
 pub mod budget_rebuild;
+mod decode;
 mod error;
 pub mod lag;
 pub mod ledger;

@@ -9,6 +9,7 @@ use rust_decimal::Decimal;
 use serde::de::DeserializeOwned;
 use sqlx::Row;
 use sqlx::any::AnyRow;
+use switchyard_schemas::audit::AuditInfo;
 use switchyard_schemas::usage::{ServiceTier, Usage, UsageEvent, UsageStatus};
 use switchyard_schemas::{ErrorClass, FinishReason, UsageKind};
 
@@ -72,64 +73,65 @@ pub(crate) struct UsageRow {
 
 impl UsageRow {
     /// Checks `event` fits the columns (counts within `i64`, no NUL in strings, which PostgreSQL
-    /// `TEXT` rejects) and converts it. `raw` is the JSON to keep; `None` re-serialises `event`.
+    /// `TEXT` rejects) and converts it, moving its strings. `raw` is the event's JSON as received,
+    /// kept for the `raw` column; `None` (or captured bodies in the event's audit values, which
+    /// live in `audit_log` only, not in `raw`) serialises `event` instead. Its `budget_owed` is
+    /// not a column: the caller reads it first.
     pub(crate) fn from_event(
-        event: &UsageEvent,
-        raw: Option<String>,
+        mut event: UsageEvent,
+        raw: Option<&str>,
     ) -> Result<Self, BillingError> {
+        let (request_id, kind, attempt) = (event.request_id, event.kind, event.attempt);
         let invalid = |reason: String| BillingError::InvalidEvent {
-            request_id: event.request_id,
-            kind: event.kind.as_str(),
-            attempt: event.attempt,
+            request_id,
+            kind: kind.as_str(),
+            attempt,
             reason,
         };
         let int = |field: &str, value: u64| {
             i64::try_from(value).map_err(|_| invalid(format!("{field} = {value} exceeds i64::MAX")))
         };
-        let text = |field: &str, value: &str| {
+        let text = |field: &str, value: String| {
             if value.contains('\0') {
                 Err(invalid(format!("{field} contains a NUL character")))
             } else {
-                Ok(value.to_owned())
+                Ok(value)
             }
         };
-        let opt_text = |field: &str, value: &Option<String>| {
-            value.as_deref().map(|v| text(field, v)).transpose()
-        };
+        let opt_text =
+            |field: &str, value: Option<String>| value.map(|v| text(field, v)).transpose();
         // Captured bodies live in `audit_log` only (under its retention), not in `raw`.
-        let has_bodies = event
+        let bodies = event
             .audit
-            .as_ref()
-            .is_some_and(|a| a.request_body.is_some() || a.response_body.is_some());
+            .as_mut()
+            .map(|a| (a.request_body.take(), a.response_body.take()));
+        let has_bodies = matches!(bodies, Some((Some(_), _) | (_, Some(_))));
         let raw = match raw {
-            Some(raw) if !has_bodies => raw,
-            _ if has_bodies => {
-                let mut lean = event.clone();
-                if let Some(a) = lean.audit.as_mut() {
-                    a.request_body = None;
-                    a.response_body = None;
-                }
-                serde_json::to_string(&lean).map_err(|e| invalid(e.to_string()))?
-            }
-            _ => serde_json::to_string(event).map_err(|e| invalid(e.to_string()))?,
+            Some(raw) if !has_bodies => raw.to_owned(),
+            _ => serde_json::to_string(&event).map_err(|e| invalid(e.to_string()))?,
         };
-        let audit = match event.kind {
+        let audit = match kind {
             UsageKind::Charge | UsageKind::Audit => {
-                Some(Box::new(AuditValues::of(event).map_err(invalid)?))
+                let mut info = event.audit.take().map(|a| *a).unwrap_or_default();
+                if let Some((request_body, response_body)) = bodies {
+                    info.request_body = request_body;
+                    info.response_body = response_body;
+                }
+                Some(Box::new(AuditValues::of(info).map_err(invalid)?))
             }
             UsageKind::Upstream => None,
         };
         let usage = &event.usage;
         Ok(Self {
-            request_id: event.request_id.to_string(),
+            request_id: request_id.to_string(),
             kind: event.kind.as_str(),
             attempt: i64::from(event.attempt),
             ts_ms: int("ts_ms", event.ts_ms)?,
-            tenant: opt_text("tenant", &event.tenant)?,
-            key_id: opt_text("key_id", &event.key_id)?,
-            model: text("model", &event.model)?,
-            target: opt_text("target", &event.target)?,
-            upstream_model: opt_text("upstream_model", &event.upstream_model)?,
+            tenant: opt_text("tenant", event.tenant)?,
+            key_id: opt_text("key_id", event.key_id)?,
+            model: text("model", event.model)?,
+            target: opt_text("target", event.target)?,
+            upstream_model: opt_text("upstream_model", event.upstream_model)?,
             prompt_tokens: int("prompt_tokens", usage.prompt_tokens)?,
             cached_tokens: int("cached_tokens", usage.cached_tokens)?,
             cache_write_tokens: int("cache_write_tokens", usage.cache_write_tokens)?,
@@ -147,7 +149,7 @@ impl UsageRow {
             latency_ms: int("latency_ms", event.latency_ms)?,
             fallbacks: i64::from(event.fallbacks),
             cache_hit: event.cache_hit,
-            batch_id: opt_text("batch_id", &event.batch_id)?,
+            batch_id: opt_text("batch_id", event.batch_id)?,
             raw,
             audit,
         })
@@ -209,16 +211,18 @@ pub(crate) struct AuditValues {
 }
 
 impl AuditValues {
-    /// The values of `event`'s [`UsageEvent::audit`] (all empty when it has none). Fails when a
-    /// string holds a NUL (PostgreSQL `TEXT` rejects it) or a number exceeds `i64`.
-    pub(crate) fn of(event: &UsageEvent) -> Result<Self, String> {
-        let a = event.audit.as_deref().cloned().unwrap_or_default();
+    /// The values of an event's [`UsageEvent::audit`] (moved; all empty when it has none).
+    /// Fails when a string holds a NUL (PostgreSQL `TEXT` rejects it) or a number exceeds `i64`.
+    pub(crate) fn of(a: AuditInfo) -> Result<Self, String> {
         let text = |field: &str, v: Option<String>| match v {
             Some(v) if v.contains('\0') => Err(format!("audit.{field} contains a NUL character")),
             v => Ok(v),
         };
-        let attempts =
-            serde_json::to_string(&a.attempts).map_err(|e| format!("audit.attempts: {e}"))?;
+        let attempts = if a.attempts.is_empty() {
+            "[]".to_owned()
+        } else {
+            serde_json::to_string(&a.attempts).map_err(|e| format!("audit.attempts: {e}"))?
+        };
         if attempts.contains("\\u0000") {
             return Err("audit.attempts contains a NUL character".into());
         }
