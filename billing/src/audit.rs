@@ -1,19 +1,16 @@
 //! The audit log (docs/audit.md): the `audit_log` table, written from `charge` events in the
-//! ledger's insert transaction ([`insert`]), read by page queries ([`page`], served over NATS by
+//! ledger's insert transaction (`crate::ledger_write`), read by page queries ([`page`], served over NATS by
 //! [`crate::serve_queries`] with [`Query::Audit`](crate::Query::Audit)), and kept to `audit.retention_days` by [`purge_expired`] (batched
 //! deletes of [`PURGE_BATCH`] rows on this table only, run by [`run_retention`]).
 
-use crate::ledger::{UsageRow, from_columns};
-use crate::multi_row::{PerBackend, StatementTexts, insert_columns, statement_sizes};
-use crate::pricing::Cost;
-use crate::{Backend, BillingError, Ledger};
+use crate::row::{from_columns, parse_decimal};
+use crate::{BillingError, Ledger};
 use rust_decimal::Decimal;
 use sqlx::Row;
 use sqlx::any::AnyRow;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::future::Future;
 use std::time::Duration;
-use switchyard_schemas::UsageEvent;
 use switchyard_schemas::audit::{
     AuditAnswer, AuditAttempt, AuditPage, AuditQuery, AuditRecord, MAX_PAGE, cursor_of,
     parse_cursor,
@@ -25,145 +22,6 @@ pub const PURGE_BATCH: i64 = 1000;
 pub const PURGE_EVERY: Duration = Duration::from_secs(60);
 /// One day, ms.
 const DAY_MS: u64 = 86_400_000;
-
-/// The audit columns of a `charge` event that the usage row does not already hold, checked.
-#[derive(Debug, Clone)]
-pub(crate) struct AuditValues {
-    front_door: Option<String>,
-    http_status: Option<i64>,
-    finish_reason: Option<String>,
-    error_code: Option<String>,
-    overhead_ms: Option<i64>,
-    client_ip: Option<String>,
-    user_agent: Option<String>,
-    client_request_id: Option<String>,
-    attempts: String,
-    cache_outcome: Option<String>,
-    request_body: Option<String>,
-    response_body: Option<String>,
-}
-
-impl AuditValues {
-    /// The values of `event`'s [`UsageEvent::audit`] (all empty when it has none). Fails when a
-    /// string holds a NUL (PostgreSQL `TEXT` rejects it) or a number exceeds `i64`.
-    pub(crate) fn of(event: &UsageEvent) -> Result<Self, String> {
-        let a = event.audit.as_deref().cloned().unwrap_or_default();
-        let text = |field: &str, v: Option<String>| match v {
-            Some(v) if v.contains('\0') => Err(format!("audit.{field} contains a NUL character")),
-            v => Ok(v),
-        };
-        let attempts =
-            serde_json::to_string(&a.attempts).map_err(|e| format!("audit.attempts: {e}"))?;
-        if attempts.contains("\\u0000") {
-            return Err("audit.attempts contains a NUL character".into());
-        }
-        Ok(Self {
-            front_door: text("front_door", a.front_door)?,
-            http_status: a.http_status.map(i64::from),
-            finish_reason: text("finish_reason", a.finish_reason)?,
-            error_code: text("error_code", a.error_code)?,
-            overhead_ms: a
-                .overhead_ms
-                .map(|v| i64::try_from(v).map_err(|_| format!("audit.overhead_ms = {v}")))
-                .transpose()?,
-            client_ip: text("client_ip", a.client_ip)?,
-            user_agent: text("user_agent", a.user_agent)?,
-            client_request_id: text("client_request_id", a.client_request_id)?,
-            attempts,
-            cache_outcome: text("cache_outcome", a.cache_outcome)?,
-            request_body: text("request_body", a.request_body)?,
-            response_body: text("response_body", a.response_body)?,
-        })
-    }
-}
-
-insert_columns! {
-    audit_log, INSERT_HEAD, COLUMNS,
-    fn bind_audit<'q>(row: &'q UsageRow, a: &'q AuditValues, charge_usd: Option<&'q str>) {
-        request_id: row.request_id.as_str(),
-        ts_ms: row.ts_ms,
-        front_door: a.front_door.as_deref(),
-        key_id: row.key_id.as_deref(),
-        tenant: row.tenant.as_deref(),
-        model: row.model.as_str(),
-        target: row.target.as_deref(),
-        upstream_model: row.upstream_model.as_deref(),
-        status: row.status,
-        http_status: a.http_status,
-        error_class: row.error_class,
-        finish_reason: a.finish_reason.as_deref(),
-        fallbacks: row.fallbacks,
-        attempts: a.attempts.as_str(),
-        prompt_tokens: row.prompt_tokens,
-        completion_tokens: row.completion_tokens,
-        cached_tokens: row.cached_tokens,
-        charge_usd: charge_usd,
-        ttft_ms: row.ttft_ms,
-        latency_ms: row.latency_ms,
-        overhead_ms: a.overhead_ms,
-        cache_hit: row.cache_hit,
-        client_ip: a.client_ip.as_deref(),
-        user_agent: a.user_agent.as_deref(),
-        client_request_id: a.client_request_id.as_deref(),
-        request_body: a.request_body.as_deref(),
-        response_body: a.response_body.as_deref(),
-        error_code: a.error_code.as_deref(),
-        cache_outcome: a.cache_outcome.as_deref(),
-    }
-}
-/// 512 × 29 = 14,848 bind values, below SQLite's 32,766.
-const ROWS_PER_STATEMENT: usize = 512;
-const INSERT_TAIL: &str = " ON CONFLICT DO NOTHING";
-
-fn texts(backend: Backend) -> &'static StatementTexts {
-    static TEXTS: PerBackend<StatementTexts> = PerBackend::new();
-    TEXTS.get(backend, |backend| {
-        StatementTexts::build(
-            backend,
-            INSERT_HEAD,
-            COLUMNS,
-            ROWS_PER_STATEMENT,
-            INSERT_TAIL,
-        )
-    })
-}
-
-/// Inserts the audit row of every `charge` or `audit` row of `rows` whose event was newly
-/// stored (`stored`: the keys the event insert returned; `None`: every row, for `audit` events,
-/// which have no usage row), first occurrence only, inside `tx`. `costs[i]` is `rows[i]`'s price
-/// (the charge, for a `charge` row). Returns the audit rows newly inserted (`ON CONFLICT DO
-/// NOTHING` keyed by request id).
-pub(crate) async fn insert(
-    backend: Backend,
-    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
-    rows: &[&UsageRow],
-    costs: &[Option<Cost>],
-    stored: Option<&HashSet<(String, String, i64)>>,
-) -> Result<u64, BillingError> {
-    let mut seen = HashSet::new();
-    let audit: Vec<(&UsageRow, &AuditValues, Option<String>)> = rows
-        .iter()
-        .zip(costs)
-        .filter_map(|(&row, cost)| {
-            let values = row.audit.as_deref()?;
-            let key = (row.request_id.clone(), row.kind.to_owned(), row.attempt);
-            (stored.is_none_or(|s| s.contains(&key)) && seen.insert(row.request_id.as_str()))
-                .then(|| (row, values, cost.as_ref().map(|c| c.total.to_string())))
-        })
-        .collect();
-    let mut offset = 0;
-    let mut inserted = 0;
-    for size in statement_sizes(audit.len(), ROWS_PER_STATEMENT) {
-        let sql = texts(backend).get(size);
-        let mut query = sqlx::query(&sql);
-        for (row, a, charge) in audit.iter().skip(offset).take(size) {
-            query = bind_audit(query, row, a, charge.as_deref());
-        }
-        inserted += query.execute(&mut **tx).await?.rows_affected();
-        offset += size;
-    }
-    Ok(inserted)
-}
 
 /// Why an audit query was not answered.
 #[derive(Debug, thiserror::Error)]
@@ -304,7 +162,7 @@ async fn add_costs(ledger: &Ledger, data: &mut [AuditRecord]) -> Result<(), Bill
         let cost: Option<String> = row.try_get(1)?;
         if let Some(c) = cost {
             // A cost that does not parse fails the page rather than shrink the sum.
-            let c = crate::reconcile::parse_decimal(&id, &c)?;
+            let c = parse_decimal(&id, &c)?;
             *sums.entry(id).or_default() += c;
         }
     }

@@ -2,6 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use super::*;
+use switchyard_schemas::usage::{Usage, UsageStatus};
 
 fn event(kind: UsageKind, attempt: u32) -> UsageEvent {
     UsageEvent {

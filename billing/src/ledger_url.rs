@@ -2,7 +2,7 @@
 //! benchmarks and tests ([`ScratchSchema`]).
 
 use crate::BillingError;
-use crate::ledger::Backend;
+use crate::row::Backend;
 use uuid::Uuid;
 
 /// A throwaway PostgreSQL schema `<prefix>_<uuid>` for benchmarks: created empty by

@@ -3,7 +3,7 @@
 //! [`statement_sizes`] splits a run of rows into power-of-two statements, and [`StatementTexts`]
 //! holds each size's statement text, built once per backend.
 
-use crate::Backend;
+use crate::row::Backend;
 
 /// A query on the ledger's [`AnyPool`](sqlx::AnyPool) with its binds.
 pub(crate) type AnyQuery<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>>;

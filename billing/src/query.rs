@@ -1,7 +1,7 @@
 //! Usage queries over NATS: the billing side of ingress's `GET /v1/usage`.
 //!
 //! [`crate::serve_queries`] with [`Query::Usage`](crate::Query::Usage) subscribes
-//! `<prefix>.billing.usage` in queue group [`QUERY_QUEUE_GROUP`] (one billing instance answers
+//! `<prefix>.billing.usage` in queue group `billing` (one billing instance answers
 //! each query) and replies to every JSON [`UsageQuery`] with a JSON [`UsageAnswer`]. [`usage`] does the work and is usable without NATS.
 //!
 //! The figures are the daily report's ([`crate::report`]): the same rows
@@ -19,7 +19,6 @@ use switchyard_schemas::usage_query::{
     GroupBy, NONE_VALUE, UNKNOWN_PROVIDER, UsageAnswer, UsageQuery, UsageReply, UsageRow,
 };
 
-pub use crate::serve::{MAX_CONCURRENT_QUERIES, QUERY_QUEUE_GROUP};
 /// One hour, ms.
 const HOUR_MS: u64 = 3_600_000;
 /// One day, ms.

@@ -13,7 +13,7 @@
 //!
 //! Money (`cost_usd`) is read as exact decimal text into [`Decimal`]; nothing here sums in SQL.
 
-use crate::ledger::{from_usage_row, status_str, usage_row_columns};
+use crate::row::{from_usage_row, parse_decimal, status_str, usage_row_columns};
 use crate::{BillingError, Ledger};
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
@@ -575,12 +575,6 @@ fn row_from_sql(row: &AnyRow) -> Result<LedgerRow, BillingError> {
         unpriced: row.try_get("unpriced")?,
         request_id,
     }))
-}
-
-/// Parses a stored money string exactly.
-pub(crate) fn parse_decimal(request_id: &str, s: &str) -> Result<Decimal, BillingError> {
-    s.parse()
-        .map_err(|e| BillingError::CorruptRow(format!("cost_usd `{s}` of {request_id}: {e}")))
 }
 
 fn attempts(rows: &[LedgerRow]) -> String {

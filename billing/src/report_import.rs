@@ -11,8 +11,9 @@
 //! UTC date and `upstream_model`; `cost_usd` summed exactly (NULL = unpriced, counted as 0 and
 //! reported). Differences are export − ledger.
 
-use crate::reconcile::{ms_param, parse_decimal};
+use crate::reconcile::ms_param;
 use crate::report::{ReportError, money, parse_utc_date, render_table, utc_date};
+use crate::row::parse_decimal;
 use crate::{BillingError, Ledger};
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};

@@ -19,7 +19,8 @@
 //! one core, and since every copy of an event lands in the same part, two transactions never
 //! insert the same key.
 
-use crate::ledger::UsageRow;
+use crate::decode::{Owed, decode};
+use crate::row::UsageRow;
 use crate::stream::{ensure_billing_consumer, ensure_usage_stream};
 use crate::{Backend, BillingError, Ledger, Query};
 use async_nats::jetstream::consumer::pull::{self, MessagesErrorKind};
@@ -29,7 +30,6 @@ use std::future::Future;
 use std::pin::{Pin, pin};
 use std::time::Duration;
 use switchyard_budgets::{BudgetStore, Demand};
-use switchyard_schemas::UsageEvent;
 use switchyard_schemas::subjects::{BILLING_CONSUMER, Subjects, USAGE_STREAM};
 use switchyard_schemas::usage::BudgetOwed;
 use tokio::time::Instant;
@@ -39,7 +39,12 @@ use tokio::time::Instant;
 pub struct ServiceConfig {
     /// Most messages stored in one batch (default 1,000; split among [`Self::writers`]).
     pub batch_max: usize,
-    /// Longest wait for more messages once a batch has its first one (default 50 ms).
+    /// Most usage events (rows) in one batch, rows (default 256): a message carries up to 256
+    /// events, so this, not [`Self::batch_max`], bounds a transaction's work. A batch closes at
+    /// the message that reaches it.
+    pub batch_rows: usize,
+    /// Longest wait for more messages once a batch has its first one (default 20 ms). Shorter
+    /// waits make more, smaller transactions: each one a shorter burst on a core.
     pub batch_wait: Duration,
     /// Consumer `max_ack_pending`: delivered-but-unacked messages allowed (default 10 000; must
     /// exceed `2 * batch_max`, as the client pulls ahead while a batch is being stored).
@@ -58,7 +63,8 @@ impl Default for ServiceConfig {
     fn default() -> Self {
         Self {
             batch_max: 1000,
-            batch_wait: Duration::from_millis(50),
+            batch_rows: 256,
+            batch_wait: Duration::from_millis(20),
             max_ack_pending: 10_000,
             ack_wait: Duration::from_secs(30),
             retry_delay: Duration::from_secs(1),
@@ -92,7 +98,12 @@ pub struct BillingService {
     stats: BillingStats,
     /// Opened by [`Self::run`]: applies `budget_owed` settlements.
     budgets: Option<BudgetStore>,
+    /// When [`Self::checkpoint`] last ran.
+    checkpointed: Instant,
 }
+
+/// How often the consumer checkpoints a SQLite ledger's WAL ([`Ledger::checkpoint`]), at most.
+const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
 
 /// Consecutive transient pull errors after which the message stream is re-created.
 const MAX_TRANSIENT_ERRORS: u32 = 3;
@@ -161,11 +172,8 @@ fn spawn_served(
 
 /// What waiting for a batch produced.
 enum Collected {
-    /// Messages to store; `stop` when shutdown was requested meanwhile.
-    Batch {
-        messages: Vec<jetstream::Message>,
-        stop: bool,
-    },
+    /// Decoded messages to store; `stop` when shutdown was requested meanwhile.
+    Batch { batch: Decoded, stop: bool },
     /// Shutdown requested with nothing in hand.
     Shutdown,
     /// Time for the periodic budget bucket check, with nothing in hand.
@@ -184,6 +192,7 @@ impl BillingService {
             config: ServiceConfig::default(),
             stats: BillingStats::default(),
             budgets: None,
+            checkpointed: Instant::now(),
         }
     }
 
@@ -229,8 +238,11 @@ impl BillingService {
                         bucket_check.run(&self.ledger, store, backlog).await;
                     }
                 }
-                Collected::Batch { messages, stop } => {
-                    let ok = self.process(messages).await;
+                Collected::Batch { batch, stop } => {
+                    let ok = self.process(batch).await;
+                    if ok {
+                        self.checkpoint().await;
+                    }
                     if stop || (!ok && pause(self.config.retry_delay, &mut shutdown).await) {
                         break;
                     }
@@ -279,9 +291,11 @@ impl BillingService {
     }
 
     /// Waits for a first message (or shutdown), then gathers more for up to `batch_wait` or until
-    /// `batch_max` are in hand.
+    /// `batch_max` messages or `batch_rows` rows are in hand. Each message is decoded as it
+    /// arrives (an unstorable one is terminated at once), so decoding is spread over the wait
+    /// instead of added to the store.
     async fn collect<F: Future>(
-        &self,
+        &mut self,
         stream: &mut pull::Stream,
         tick: &mut tokio::time::Interval,
         shutdown: &mut Pin<&mut F>,
@@ -310,17 +324,20 @@ impl BillingService {
                 }
             }
         };
-        let mut messages = vec![first];
+        let mut batch = Decoded::default();
+        self.take(&mut batch, first).await;
         let deadline = Instant::now() + self.config.batch_wait;
-        while messages.len() < self.config.batch_max {
+        while batch.messages.len() < self.config.batch_max
+            && batch.rows.len() < self.config.batch_rows.max(1)
+        {
             let next = tokio::select! {
                 biased;
-                _ = shutdown.as_mut() => return Collected::Batch { messages, stop: true },
+                _ = shutdown.as_mut() => return Collected::Batch { batch, stop: true },
                 _ = tokio::time::sleep_until(deadline) => break,
                 next = stream.next() => next,
             };
             match next {
-                Some(Ok(message)) => messages.push(message),
+                Some(Ok(message)) => self.take(&mut batch, message).await,
                 // Store what is in hand; the next `collect` reports the error again if it lasts.
                 Some(Err(e)) => {
                     tracing::warn!(error = %e, "pulling usage events failed mid-batch");
@@ -329,38 +346,37 @@ impl BillingService {
                 None => break,
             }
         }
-        Collected::Batch {
-            messages,
-            stop: false,
-        }
+        Collected::Batch { batch, stop: false }
     }
 
-    /// Decodes, stores and acks one batch. Returns false when an insert failed (its messages
-    /// nak'ed). A message may carry several events (a JSON array, see
-    /// `switchyard_publish::batch`); it is acked once every row it carries committed.
-    async fn process(&mut self, batch: Vec<jetstream::Message>) -> bool {
-        let mut rows: Vec<(UsageRow, Owed, usize)> = Vec::with_capacity(batch.len());
-        let mut messages = Vec::with_capacity(batch.len());
-        for message in batch {
-            match decode(&message.payload) {
-                Ok(events) => {
-                    let i = messages.len();
-                    rows.extend(events.into_iter().map(|(row, owed)| (row, owed, i)));
-                    messages.push(message);
-                }
-                Err(reason) => {
-                    self.stats.terminated += 1;
-                    tracing::warn!(
-                        subject = %message.subject,
-                        %reason,
-                        "terminating usage message that is not a storable UsageEvent"
-                    );
-                    if let Err(e) = message.ack_with(AckKind::Term).await {
-                        tracing::warn!(subject = %message.subject, error = %e, "term failed");
-                    }
+    /// Decodes `message` into `batch`; a message that is not a storable [`UsageEvent`]
+    /// (`switchyard_schemas::UsageEvent`) is logged and terminated instead.
+    async fn take(&mut self, batch: &mut Decoded, message: jetstream::Message) {
+        match decode(&message.payload) {
+            Ok(events) => {
+                let i = batch.messages.len();
+                (batch.rows).extend(events.into_iter().map(|(row, owed)| (row, owed, i)));
+                batch.messages.push(message);
+            }
+            Err(reason) => {
+                self.stats.terminated += 1;
+                tracing::warn!(
+                    subject = %message.subject,
+                    %reason,
+                    "terminating usage message that is not a storable UsageEvent"
+                );
+                if let Err(e) = message.ack_with(AckKind::Term).await {
+                    tracing::warn!(subject = %message.subject, error = %e, "term failed");
                 }
             }
         }
+    }
+
+    /// Stores and acks one decoded batch. Returns false when an insert failed (its messages
+    /// nak'ed). A message may carry several events (a JSON array, see
+    /// `switchyard_publish::batch`); it is acked once every row it carries committed.
+    async fn process(&mut self, batch: Decoded) -> bool {
+        let Decoded { rows, messages } = batch;
         let writers = match self.ledger.backend() {
             Backend::Sqlite => 1,
             Backend::Postgres => self.config.writers.max(1),
@@ -374,9 +390,12 @@ impl BillingService {
             }
         }
         parts.retain(|(rows, _)| !rows.is_empty());
+        let started = Instant::now();
         let results =
             futures::future::join_all(parts.iter().map(|(rows, _)| self.ledger.insert_rows(rows)))
                 .await;
+        let store_us = started.elapsed().as_micros();
+        tracing::debug!(events = rows_len(&parts), store_us, "usage batch stored");
         // A message is acked only when every part holding one of its rows committed and every
         // budget settlement it carries was applied.
         let mut ok = vec![true; messages.len()];
@@ -412,6 +431,20 @@ impl BillingService {
         all_ok
     }
 
+    /// A passive WAL checkpoint ([`Ledger::checkpoint`]) once [`CHECKPOINT_EVERY`] has passed:
+    /// run after a batch is acked, so its copy of WAL pages into the database file neither
+    /// lengthens a commit nor delays an ack (SQLite's own checkpoint at `wal_autocheckpoint`
+    /// pages runs inside the commit that crosses it).
+    async fn checkpoint(&mut self) {
+        if self.checkpointed.elapsed() < CHECKPOINT_EVERY {
+            return;
+        }
+        self.checkpointed = Instant::now();
+        if let Err(e) = self.ledger.checkpoint().await {
+            tracing::warn!(error = %e, "ledger WAL checkpoint failed");
+        }
+    }
+
     /// Counts one part's insert; returns whether it committed.
     fn record(&mut self, rows: usize, result: Result<u64, BillingError>) -> bool {
         match result {
@@ -419,7 +452,6 @@ impl BillingService {
                 self.stats.batches += 1;
                 self.stats.inserted += inserted;
                 self.stats.duplicates += (rows as u64).saturating_sub(inserted);
-                tracing::debug!(events = rows, inserted, "usage batch stored");
                 true
             }
             Err(e) => {
@@ -453,31 +485,21 @@ impl BillingService {
     }
 }
 
-/// A `charge` event's unwritten budget settlement: its request id and what it owes.
-type Owed = Option<(String, BudgetOwed)>;
+/// Messages decoded by [`BillingService::collect`]: their rows, each with its owed settlement
+/// and the index of its message.
+#[derive(Default)]
+struct Decoded {
+    rows: Vec<(UsageRow, Owed, usize)>,
+    messages: Vec<jetstream::Message>,
+}
 
 /// One writer's share of a batch: rows, and per row the index of its message and its owed
 /// settlement.
 type Part = (Vec<UsageRow>, Vec<(usize, Owed)>);
 
-/// Parses and checks one payload — one event, or a JSON array of events — into rows; the error
-/// says why it can never be stored (one bad event makes the whole message unstorable: producers
-/// never batch an event they could not encode).
-fn decode(payload: &[u8]) -> Result<Vec<(UsageRow, Owed)>, String> {
-    let one = |event: UsageEvent, raw: Option<String>| {
-        let row = UsageRow::from_event(&event, raw).map_err(|e| e.to_string())?;
-        let owed = event.budget_owed.map(|o| (event.request_id.to_string(), o));
-        Ok((row, owed))
-    };
-    if payload.trim_ascii_start().starts_with(b"[") {
-        let events: Vec<UsageEvent> =
-            serde_json::from_slice(payload).map_err(|e| format!("bad JSON: {e}"))?;
-        return events.into_iter().map(|e| one(e, None)).collect();
-    }
-    let event: UsageEvent =
-        serde_json::from_slice(payload).map_err(|e| format!("bad JSON: {e}"))?;
-    let raw = std::str::from_utf8(payload).ok().map(str::to_owned);
-    Ok(vec![one(event, raw)?])
+/// Rows in `parts`.
+fn rows_len(parts: &[Part]) -> usize {
+    parts.iter().map(|(rows, _)| rows.len()).sum()
 }
 
 /// Pull errors after which the message stream yields nothing more.

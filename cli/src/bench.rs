@@ -20,6 +20,7 @@
 
 pub(crate) mod floor;
 
+use crate::proc_stat::{TICKS_PER_S, cpu_ticks, stat_field};
 use hdrhistogram::Histogram;
 use parking_lot::Mutex;
 use std::path::{Path, PathBuf};
@@ -322,22 +323,6 @@ fn child_named(pid: u32, name: &str) -> Option<u32> {
         (stat_field(p, 1)? == u64::from(pid) && comm.trim() == name).then_some(p)
     })
 }
-
-/// CPU time (clock ticks, user + system) of `pid` alone; 0 when it is gone.
-fn cpu_ticks(pid: u32) -> u64 {
-    stat_field(pid, 11).unwrap_or(0) + stat_field(pid, 12).unwrap_or(0)
-}
-
-/// Field `n` (0 = state) after the command name of /proc/PID/stat: 1 = ppid, 11 = utime,
-/// 12 = stime (proc(5)).
-fn stat_field(pid: u32, n: usize) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &s[s.rfind(')')? + 2..];
-    rest.split(' ').nth(n)?.parse().ok()
-}
-
-/// Clock ticks per second for `/proc` CPU times (USER_HZ, 100 on Linux).
-const TICKS_PER_S: f64 = 100.0;
 
 /// What one path recorded in one phase.
 struct PathStats {

@@ -36,6 +36,11 @@ pub(crate) struct BillingBenchArgs {
     /// Skip the end-to-end measurement (raw `insert_batch` only).
     #[arg(long)]
     pub raw_only: bool,
+    /// Events per stream message in the end-to-end runs, as a JSON array of one kind the way
+    /// the producers' lingered batches carry them (about 10 at 2,000 requests/s); 1 publishes
+    /// each event alone, events.
+    #[arg(long, default_value_t = 10)]
+    pub per_message: usize,
 }
 
 /// An empty ledger for one measurement and what to clean up after it.
@@ -92,7 +97,8 @@ impl BenchLedger {
 }
 
 /// `n` priced events as ingress and the workers write them: per request one `upstream` event
-/// (gpt-4o-mini, cached and reasoning tokens, so three to four ledger lines) and one `charge`.
+/// (gpt-4o-mini, cached and reasoning tokens, so three to four ledger lines) and one `charge`
+/// with the audit values ingress sends (so an `audit_log` row too).
 fn events(n: u64) -> Vec<UsageEvent> {
     let now = switchyard_schemas::now_ms();
     let mut out = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
@@ -123,6 +129,19 @@ fn events(n: u64) -> Vec<UsageEvent> {
             },
             ttft_ms: Some(180),
             latency_ms: 950,
+            finish_reason: Some(switchyard_schemas::FinishReason::Stop),
+            audit: (!upstream).then(|| {
+                Box::new(switchyard_schemas::audit::AuditInfo {
+                    front_door: Some("openai".into()),
+                    http_status: Some(200),
+                    finish_reason: Some("stop".into()),
+                    overhead_ms: Some(1),
+                    client_ip: Some("10.0.0.7".into()),
+                    user_agent: Some("openai-python/1.54.0".into()),
+                    cache_outcome: Some("miss".into()),
+                    ..Default::default()
+                })
+            }),
             ..UsageEvent::new(request_id, kind, now + i, "openai/gpt-4o-mini")
         });
     }
@@ -163,6 +182,18 @@ async fn raw_inserts(
     Ok(start.elapsed())
 }
 
+/// CPU time (user + system) of this process so far.
+fn own_cpu() -> Duration {
+    Duration::from_secs_f64(
+        crate::proc_stat::cpu_ticks(std::process::id()) as f64 / crate::proc_stat::TICKS_PER_S,
+    )
+}
+
+/// `cpu` per row of `rows`, µs.
+fn cpu_per_row_us(cpu: Duration, rows: u64) -> f64 {
+    cpu.as_secs_f64() * 1e6 / rows.max(1) as f64
+}
+
 fn rate(rows: u64, elapsed: Duration) -> f64 {
     rows as f64 / elapsed.as_secs_f64().max(1e-9)
 }
@@ -188,17 +219,21 @@ pub(crate) async fn run(args: BillingBenchArgs) -> Result<(), String> {
     }
     for writers in runs {
         let target = BenchLedger::open(&args.database_url).await?;
+        let cpu = own_cpu();
         let raw = raw_inserts(&target.ledger, &events, batch, writers).await?;
+        let cpu = own_cpu().saturating_sub(cpu);
         let stored = target.ledger.count().await.map_err(|e| e.to_string())?;
         target.close().await;
         if stored != args.rows {
             return Err(format!("raw insert stored {stored} of {} rows", args.rows));
         }
         println!(
-            "insert_batch, {writers} writer(s): {:>7.0} rows/s  ({} rows in {:.3} s)",
+            "insert_batch, {writers} writer(s): {:>7.0} rows/s  ({} rows in {:.3} s; CPU {:.1} \
+             µs per row)",
             rate(args.rows, raw),
             args.rows,
-            raw.as_secs_f64()
+            raw.as_secs_f64(),
+            cpu_per_row_us(cpu, args.rows)
         );
     }
     if args.raw_only {
@@ -233,19 +268,10 @@ async fn end_to_end(
         .await
         .map_err(|e| e.to_string())?;
     let target = BenchLedger::open(&args.database_url).await?;
-    // Serialised up front: the producers' JSON encoding is ingress's work, not billing's.
-    let mut messages: Vec<(String, String, Vec<u8>)> = events
-        .iter()
-        .map(|e| {
-            let id = e.request_id.to_string();
-            let payload = serde_json::to_vec(e).map_err(|e| e.to_string())?;
-            Ok((
-                subjects.usage_kind(e.kind.as_str()),
-                format!("{id}:{}:{}", e.kind.as_str(), e.attempt),
-                payload,
-            ))
-        })
-        .collect::<Result<_, String>>()?;
+    // Serialised up front (the producers' JSON encoding is ingress's work, not billing's), as
+    // the producers' batches: a JSON array of up to `per_message` events of one kind.
+    let mut messages = messages(&subjects, events, args.per_message)?;
+    let message_count = messages.len() as u64;
     let published = if backlog {
         Some(
             spawn_publisher(js.clone(), std::mem::take(&mut messages), Instant::now())
@@ -271,6 +297,7 @@ async fn end_to_end(
     let service = BillingService::new(consumer_nats, subjects.clone(), target.ledger.clone())
         .with_config(config);
     let consumer_start = Instant::now();
+    let cpu = own_cpu();
     #[expect(
         clippy::disallowed_methods,
         reason = "awaited at the end of the run (the bench exits on an error before)"
@@ -298,7 +325,7 @@ async fn end_to_end(
         tokio::time::sleep(POLL).await;
         let acked = match stream.consumer_info(BILLING_CONSUMER).await {
             Ok(info) => {
-                info.ack_floor.stream_sequence >= args.rows
+                info.ack_floor.stream_sequence >= message_count
                     && info.num_ack_pending == 0
                     && info.num_pending == 0
             }
@@ -309,6 +336,7 @@ async fn end_to_end(
         }
     }
     let elapsed = start.elapsed();
+    let cpu = own_cpu().saturating_sub(cpu);
     let published = match publisher {
         Some(p) => p.await.map_err(|e| e.to_string())??,
         None => published.unwrap_or_default(),
@@ -332,11 +360,18 @@ async fn end_to_end(
         "end to end"
     };
     println!(
-        "{what}, {writers} writer(s): {:>9.0} rows/s  ({} rows in {:.3} s; published in {:.3} s \
-         = {:.0}/s{}; {} transactions)",
+        "{what}, {writers} writer(s): {:>9.0} rows/s  ({} rows in {:.3} s, {message_count} \
+         messages; CPU of this process {:.1} µs per row{}; published in {:.3} s = {:.0}/s{}; {} \
+         transactions)",
         rate(args.rows, elapsed),
         args.rows,
         elapsed.as_secs_f64(),
+        cpu_per_row_us(cpu, args.rows),
+        if backlog {
+            ", the consumer's alone"
+        } else {
+            ", publisher included"
+        },
         published.as_secs_f64(),
         rate(args.rows, published),
         if backlog {
@@ -347,6 +382,32 @@ async fn end_to_end(
         stats.batches
     );
     Ok(())
+}
+
+/// The stream messages (subject, `Nats-Msg-Id`, payload) carrying `events`: per kind, JSON
+/// arrays of up to `per_message` events (each event alone when `per_message` is 1).
+fn messages(
+    subjects: &Subjects,
+    events: &[UsageEvent],
+    per_message: usize,
+) -> Result<Vec<(String, String, Vec<u8>)>, String> {
+    let id = |e: &UsageEvent| format!("{}:{}:{}", e.request_id, e.kind.as_str(), e.attempt);
+    let mut out = Vec::new();
+    for kind in [UsageKind::Upstream, UsageKind::Charge] {
+        let of_kind: Vec<&UsageEvent> = events.iter().filter(|e| e.kind == kind).collect();
+        for chunk in of_kind.chunks(per_message.max(1)) {
+            let (msg_id, payload) = match chunk {
+                [one] => (id(one), serde_json::to_vec(one)),
+                _ => (
+                    format!("batch:{}:{}", id(chunk[0]), chunk.len()),
+                    serde_json::to_vec(chunk),
+                ),
+            };
+            let payload = payload.map_err(|e| e.to_string())?;
+            out.push((subjects.usage_kind(kind.as_str()), msg_id, payload));
+        }
+    }
+    Ok(out)
 }
 
 /// Publishes (subject, `Nats-Msg-Id`, payload) messages with up to [`PUBLISH_WINDOW`]

@@ -14,6 +14,7 @@ mod key_cmd;
 mod local_model;
 mod log_format;
 mod pricing_cmd;
+mod proc_stat;
 mod report_cmd;
 mod requests_cmd;
 mod secret_cmd;
