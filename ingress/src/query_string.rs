@@ -75,7 +75,7 @@ pub(crate) fn int(
 }
 
 /// The `from` and `to` parameters of `params` as ms since the Unix epoch
-/// ([`crate::usage_api::parse_time`]: `to` given as a date means its next midnight), or `None`
+/// ([`parse_time`]: `to` given as a date means its next midnight), or `None`
 /// where absent. `from` after `to` is an error naming `from`.
 pub(crate) fn time_range(
     params: &BTreeMap<String, String>,
@@ -83,7 +83,7 @@ pub(crate) fn time_range(
     let time = |name: &str, end_of_day| {
         params
             .get(name)
-            .map(|s| crate::usage_api::parse_time(s, end_of_day).map_err(|m| invalid(name, m)))
+            .map(|s| parse_time(s, end_of_day).map_err(|m| invalid(name, m)))
             .transpose()
     };
     let (from, to) = (time("from", false)?, time("to", true)?);
@@ -97,7 +97,6 @@ pub(crate) fn time_range(
 
 /// The error for a range whose start `from_ms` is after its end `to_ms`.
 pub(crate) fn after(from_ms: u64, to_ms: u64) -> ApiError {
-    use crate::usage_api::rfc3339;
     invalid(
         "from",
         format!(
@@ -110,6 +109,54 @@ pub(crate) fn after(from_ms: u64, to_ms: u64) -> ApiError {
 
 fn invalid(param: &str, message: String) -> ApiError {
     ApiError::invalid(message, Some(param.to_owned()))
+}
+
+/// A time parameter as ms since the Unix epoch: an RFC 3339 timestamp (parsed by the `time`
+/// crate; finer than ms is truncated), or a `YYYY-MM-DD` date meaning its midnight UTC, or with
+/// `end_of_day` the next midnight. The message says what is wrong.
+pub(crate) fn parse_time(s: &str, end_of_day: bool) -> Result<u64, String> {
+    use time::format_description::well_known::Rfc3339;
+    let bad = || {
+        format!(
+            "`{s}` is not a valid time: expected an RFC 3339 timestamp \
+             (e.g. 2025-11-05T10:00:00Z) or a date YYYY-MM-DD."
+        )
+    };
+    let t = if s.len() == 10 {
+        let date = time::Date::parse(s, time::macros::format_description!("[year]-[month]-[day]"))
+            .map_err(|_| bad())?;
+        let midnight = date.midnight().assume_utc();
+        if end_of_day {
+            // 9999-12-31 has no next day in `time`'s range: a 400, never a panic.
+            midnight
+                .checked_add(time::Duration::DAY)
+                .ok_or_else(|| format!("`{s}` is past the last supported date."))?
+        } else {
+            midnight
+        }
+    } else {
+        // An unencoded `+` in a query string decodes to a space: `…T10:00:00 01:00`.
+        let mut fixed = s.to_owned();
+        if fixed.len() > 6 && fixed.as_bytes()[fixed.len() - 6] == b' ' {
+            fixed.replace_range(fixed.len() - 6..fixed.len() - 5, "+");
+        }
+        time::OffsetDateTime::parse(&fixed, &Rfc3339).map_err(|_| bad())?
+    };
+    u64::try_from(t.unix_timestamp_nanos() / 1_000_000)
+        .map_err(|_| format!("`{s}` is before 1970-01-01T00:00:00Z."))
+}
+
+/// `ms` as RFC 3339 UTC, `YYYY-MM-DDTHH:MM:SS[.mmm]Z` (milliseconds only when not zero).
+pub fn rfc3339(ms: u64) -> String {
+    let t = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+    let (y, mo, d) = (t.year(), u8::from(t.month()), t.day());
+    let (h, mi, sec, frac) = (t.hour(), t.minute(), t.second(), ms % 1000);
+    if frac == 0 {
+        format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{sec:02}Z")
+    } else {
+        format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{sec:02}.{frac:03}Z")
+    }
 }
 
 #[cfg(test)]

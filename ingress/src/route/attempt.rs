@@ -5,20 +5,16 @@
 //! failure counts against the target's health. Chat plugs in `ChatStream` (publish, read frames
 //! until the attempt commits); embeddings a NATS request/reply (`crate::embeddings`).
 
-use super::Served;
-use super::admit::{Admitted, Ledger};
-use super::feed::FrameFeed;
-use super::plan::{Planned, Trimming};
+use super::admit::Ledger;
+use super::plan::Trimming;
 use super::timeouts::{Expiry, RequestTimeouts};
 use crate::AppState;
 use crate::context::RequestContext;
 use crate::dispatch::Attempt;
-use crate::error::ApiError;
 use crate::target_health::InFlight;
 use crate::trim;
 use std::collections::VecDeque;
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Instant;
 use switchyard_schemas::config::TargetConfig;
 use switchyard_schemas::request::TargetRef;
@@ -183,75 +179,6 @@ pub fn judge(app: &AppState, target: &str, error: &ErrorInfo) -> bool {
     d.fallback
 }
 
-/// The attempts stage of a chat request: [`attempts`] with the frame-stream dispatch, then the
-/// committed feed. Errors are recorded in the ledger before they are returned.
-pub(super) async fn chat(
-    app: &Arc<AppState>,
-    ctx: &RequestContext,
-    admitted: Admitted<'_>,
-    planned: Planned<'_>,
-) -> Result<FrameFeed, ApiError> {
-    let Admitted {
-        req,
-        timeouts,
-        deadline,
-        mut ledger,
-        downgraded_from,
-        ..
-    } = admitted;
-    ledger.outcome.streamed(req.stream);
-    let request_id = req.id;
-    let mut stream = ChatStream {
-        app,
-        shown: ctx.shown_request_id(request_id),
-        req,
-        trim: planned.trim,
-        timeouts,
-        deadline,
-        lost_worker: false,
-    };
-    let won = match attempts(
-        app,
-        ctx,
-        request_id,
-        &mut ledger,
-        planned.targets,
-        &mut stream,
-    )
-    .await
-    {
-        Ok(w) => w,
-        Err(e) => return Err(ledger.fail(e)),
-    };
-    let opened = won.committed;
-    let served = Served {
-        request_id,
-        target: won.target.id.clone(),
-        worker: opened.attempt.worker().unwrap_or("").to_owned(),
-        fallbacks: won.fallbacks,
-        trimmed: opened.trimmed,
-        downgraded_from,
-        upstream_headers: opened
-            .buffered
-            .iter()
-            .rev()
-            .find_map(|f| match f {
-                FrameBody::UpstreamHeaders { headers } => Some(headers.clone()),
-                _ => None,
-            })
-            .unwrap_or_default(),
-    };
-    Ok(FrameFeed::new(
-        app.clone(),
-        ledger,
-        served,
-        opened,
-        won.in_flight,
-        timeouts,
-        deadline,
-    ))
-}
-
 /// A chat attempt that committed: its reply stream and what was read before the commit.
 pub(super) struct Opened {
     /// The reply stream.
@@ -283,7 +210,28 @@ pub(super) struct ChatStream<'a> {
     lost_worker: bool,
 }
 
-impl ChatStream<'_> {
+impl<'a> ChatStream<'a> {
+    /// The dispatch of `req` (request id `shown` in its NATS headers), trimmed per target by
+    /// `trim`.
+    pub(super) fn new(
+        app: &'a AppState,
+        shown: String,
+        req: ChatRequest,
+        trim: Option<Trimming>,
+        timeouts: RequestTimeouts,
+        deadline: Instant,
+    ) -> Self {
+        Self {
+            app,
+            shown,
+            req,
+            trim,
+            timeouts,
+            deadline,
+            lost_worker: false,
+        }
+    }
+
     /// Fits the conversation to `target`'s context window, from the original every time;
     /// returns the messages dropped.
     fn trim_for(&mut self, target: &TargetConfig) -> Option<usize> {

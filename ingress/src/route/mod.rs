@@ -67,6 +67,7 @@ use crate::strategy::{self, Observed, Preferences};
 use axum::http::HeaderValue;
 use axum::response::Response;
 use std::sync::Arc;
+use switchyard_schemas::FrameBody;
 use switchyard_schemas::config::{GatewayConfig, ModelConfig, TargetConfig};
 use switchyard_schemas::request::{Message, SamplingParams, Tool};
 use uuid::Uuid;
@@ -236,5 +237,73 @@ pub async fn route(
         Ok(p) => p,
         Err(e) => return Err(admitted.ledger.fail(e)),
     };
-    attempt::chat(app, ctx, admitted, planned).await
+    chat(app, ctx, admitted, planned).await
+}
+
+/// The attempts stage of a chat request: [`attempt::attempts`] with the frame-stream dispatch, then the
+/// committed feed. Errors are recorded in the ledger before they are returned.
+async fn chat(
+    app: &Arc<AppState>,
+    ctx: &RequestContext,
+    admitted: Admitted<'_>,
+    planned: Planned<'_>,
+) -> Result<FrameFeed, ApiError> {
+    let Admitted {
+        req,
+        timeouts,
+        deadline,
+        mut ledger,
+        downgraded_from,
+        ..
+    } = admitted;
+    ledger.outcome.streamed(req.stream);
+    let request_id = req.id;
+    let mut stream = attempt::ChatStream::new(
+        app,
+        ctx.shown_request_id(request_id),
+        req,
+        planned.trim,
+        timeouts,
+        deadline,
+    );
+    let won = match attempt::attempts(
+        app,
+        ctx,
+        request_id,
+        &mut ledger,
+        planned.targets,
+        &mut stream,
+    )
+    .await
+    {
+        Ok(w) => w,
+        Err(e) => return Err(ledger.fail(e)),
+    };
+    let opened = won.committed;
+    let served = Served {
+        request_id,
+        target: won.target.id.clone(),
+        worker: opened.attempt.worker().unwrap_or("").to_owned(),
+        fallbacks: won.fallbacks,
+        trimmed: opened.trimmed,
+        downgraded_from,
+        upstream_headers: opened
+            .buffered
+            .iter()
+            .rev()
+            .find_map(|f| match f {
+                FrameBody::UpstreamHeaders { headers } => Some(headers.clone()),
+                _ => None,
+            })
+            .unwrap_or_default(),
+    };
+    Ok(FrameFeed::new(
+        app.clone(),
+        ledger,
+        served,
+        opened,
+        won.in_flight,
+        timeouts,
+        deadline,
+    ))
 }
