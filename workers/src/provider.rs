@@ -114,41 +114,7 @@ pub struct Embeddings {
     pub usage: Usage,
 }
 
-/// The longest upstream retry delay honoured, ms (1 day): a larger (or infinite) `Retry-After`
-/// reads as this, so no timer arithmetic on it can overflow.
-pub const MAX_RETRY_AFTER_MS: u64 = 86_400_000;
-
-/// Seconds (possibly fractional, negative, NaN or infinite, as an upstream may send them) as
-/// milliseconds in `0..=`[`MAX_RETRY_AFTER_MS`].
-pub fn delay_ms_from_secs(secs: f64) -> u64 {
-    delay_ms(secs * 1000.0)
-}
-
-fn delay_ms(ms: f64) -> u64 {
-    if ms.is_nan() {
-        return 0;
-    }
-    // `as` saturates: +inf → u64::MAX, negative → 0.
-    (ms as u64).min(MAX_RETRY_AFTER_MS)
-}
-
-/// Parses `Retry-After` (delta-seconds; RFC 9110 §10.2.3) and the OpenAI-style `retry-after-ms`
-/// header into milliseconds, at most [`MAX_RETRY_AFTER_MS`]. HTTP-date values are not honoured
-/// (no provider we target sends them).
-pub fn retry_after_ms(headers: &HeaderMap) -> Option<u64> {
-    if let Some(ms) = headers
-        .get("retry-after-ms")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<f64>().ok())
-    {
-        return Some(delay_ms(ms));
-    }
-    headers
-        .get(reqwest::header::RETRY_AFTER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .map(delay_ms_from_secs)
-}
+pub use crate::providers::classify::{MAX_RETRY_AFTER_MS, delay_ms_from_secs, retry_after_ms};
 
 /// Classifies a non-success upstream HTTP answer from its status and (possibly truncated) error
 /// body — OpenAI, Anthropic, Google and OpenAI-compatible shapes alike; see

@@ -30,7 +30,6 @@
 //! unlisted 4xx): a Google 400 `API_KEY_INVALID` is `auth`. An `invalid_request` whose message
 //! says the prompt does not fit is `context_length_exceeded`.
 
-use crate::provider::retry_after_ms;
 use reqwest::header::HeaderMap;
 use serde_json::Value;
 use switchyard_schemas::secret::redact_credentials;
@@ -183,7 +182,7 @@ pub fn read_facts(body: &Value) -> ErrorFacts {
             .and_then(|s| s.strip_suffix('s'))
             .and_then(|s| s.parse::<f64>().ok())
         {
-            f.retry_delay_ms = Some(crate::provider::delay_ms_from_secs(secs));
+            f.retry_delay_ms = Some(delay_ms_from_secs(secs));
         }
     }
     let take = |v: Option<&Value>, f: &mut ErrorFacts| match v {
@@ -349,6 +348,42 @@ pub fn named_stream_error(name: &str, message: &str) -> ErrorInfo {
     let class = named_class(name, message).unwrap_or(ErrorClass::Upstream5xx);
     let message = redact_credentials(message);
     ErrorInfo::new(class, format!("upstream stream error {name}: {message}"))
+}
+
+/// The longest upstream retry delay honoured, ms (1 day): a larger (or infinite) `Retry-After`
+/// reads as this, so no timer arithmetic on it can overflow.
+pub const MAX_RETRY_AFTER_MS: u64 = 86_400_000;
+
+/// Seconds (possibly fractional, negative, NaN or infinite, as an upstream may send them) as
+/// milliseconds in `0..=`[`MAX_RETRY_AFTER_MS`].
+pub fn delay_ms_from_secs(secs: f64) -> u64 {
+    delay_ms(secs * 1000.0)
+}
+
+fn delay_ms(ms: f64) -> u64 {
+    if ms.is_nan() {
+        return 0;
+    }
+    // `as` saturates: +inf → u64::MAX, negative → 0.
+    (ms as u64).min(MAX_RETRY_AFTER_MS)
+}
+
+/// Parses `Retry-After` (delta-seconds; RFC 9110 §10.2.3) and the OpenAI-style `retry-after-ms`
+/// header into milliseconds, at most [`MAX_RETRY_AFTER_MS`]. HTTP-date values are not honoured
+/// (no provider we target sends them).
+pub fn retry_after_ms(headers: &HeaderMap) -> Option<u64> {
+    if let Some(ms) = headers
+        .get("retry-after-ms")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<f64>().ok())
+    {
+        return Some(delay_ms(ms));
+    }
+    headers
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map(delay_ms_from_secs)
 }
 
 #[cfg(test)]

@@ -116,6 +116,7 @@ use crate::providers::shared::{api_key_header, protocol, read_answer};
 mod request;
 mod stream;
 pub mod structured;
+mod tools;
 
 pub use request::build_request;
 #[cfg(test)]

@@ -17,6 +17,7 @@ use switchyard_schemas::request::{
 };
 use switchyard_schemas::{ChatRequest, ErrorInfo};
 
+use super::tools::{Tool, ToolChoice};
 use super::{DEFAULT_MAX_TOKENS, structured};
 use crate::providers::shared::{
     PartCodec, Turn, bad_message, empty_object_schema, invalid, one_choice, push_turn, to_json,
@@ -160,41 +161,6 @@ impl ContentBlock {
         }
         self
     }
-}
-
-/// A tool declaration ("Messages" → `tools[]`, a client tool: `name`, `description`?,
-/// `input_schema`, a JSON Schema passed as given).
-#[serde_with::skip_serializing_none]
-#[derive(Debug, Serialize)]
-pub(crate) struct Tool {
-    pub(crate) name: String,
-    pub(crate) description: Option<String>,
-    pub(crate) input_schema: Value,
-}
-
-/// `tool_choice` ("Messages" → `tool_choice`), by its `type`; `disable_parallel_tool_use` is
-/// sent only when `true` (never on `none`, which has no such field).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub(crate) enum ToolChoice {
-    /// The model decides.
-    Auto {
-        #[serde(skip_serializing_if = "std::ops::Not::not")]
-        disable_parallel_tool_use: bool,
-    },
-    /// The model must call one of the tools.
-    Any {
-        #[serde(skip_serializing_if = "std::ops::Not::not")]
-        disable_parallel_tool_use: bool,
-    },
-    /// The model must call the tool `name`.
-    Tool {
-        name: String,
-        #[serde(skip_serializing_if = "std::ops::Not::not")]
-        disable_parallel_tool_use: bool,
-    },
-    /// The model must not call tools.
-    None,
 }
 
 /// `thinking` as [`map_reasoning_effort`] sets it ("Extended thinking":

@@ -28,7 +28,7 @@ use switchyard_schemas::ChatRequest;
 use switchyard_schemas::ErrorInfo;
 use switchyard_schemas::FinishReason;
 
-use super::request::{Tool, ToolChoice};
+use super::tools::{Tool, ToolChoice};
 use crate::provider::Answer;
 use crate::providers::shared::{invalid, json_tool_unclaimed, walk_schema};
 
