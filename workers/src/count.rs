@@ -1,8 +1,8 @@
 //! Token-count requests (`<prefix>.req.count.<provider>`): one NATS request, one
 //! [`CountReply`]. A count is not generation: no frames, no usage event, no RPM/TPM limit.
 
+use crate::context::{Shared, adapter, base_url};
 use crate::provider::Upstream;
-use crate::worker::{Shared, adapter, base_url};
 use std::sync::Arc;
 use std::time::Duration;
 use switchyard_schemas::count::CountReply;

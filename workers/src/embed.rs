@@ -1,7 +1,7 @@
 //! Embeddings requests: one NATS request, one [`EmbedReply`], one `upstream` usage event.
 
+use crate::context::{Shared, adapter, base_url};
 use crate::provider::Upstream;
-use crate::worker::{Shared, adapter, base_url};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use switchyard_schemas::embed::{EmbedReply, EmbedRequest};

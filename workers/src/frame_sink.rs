@@ -2,7 +2,7 @@
 //! within the flow-control window ingress grants (docs/architecture.md, "Flow control"), and
 //! coalesced into one message when ingress aggregates a non-streamed answer.
 
-use crate::worker::CallEnd;
+use crate::context::CallEnd;
 use std::time::Duration;
 use switchyard_schemas::{ErrorInfo, Frame, FrameBody};
 use tokio::sync::watch;

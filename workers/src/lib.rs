@@ -6,6 +6,7 @@
 //! state changes go out on the health subject ([`health`]).
 
 pub mod breaker;
+mod context;
 mod count;
 mod embed;
 mod frame_sink;

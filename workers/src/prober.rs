@@ -7,8 +7,8 @@
 //! `upstream` usage event, under the tenant [`PROBE_TENANT`].
 
 use crate::breaker::CallResult;
+use crate::context::{Shared, adapter, base_url};
 use crate::provider::Upstream;
-use crate::worker::{Shared, adapter, base_url};
 use futures::StreamExt;
 use std::collections::HashMap;
 use std::sync::Arc;
